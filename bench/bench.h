@@ -1,0 +1,12 @@
+/* gradgate-bench subcommands. Each takes the arguments after its name and
+ * returns the process exit status. */
+#ifndef GG_BENCH_H
+#define GG_BENCH_H
+
+struct gg_bench_cmd {
+	const char *name;
+	const char *summary;
+	int (*main)(int argc, char **argv);
+};
+
+#endif

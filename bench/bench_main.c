@@ -1,0 +1,41 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+#include "gg_build_config.h"
+#include "gg_common.h"
+
+static const struct gg_bench_cmd commands[] = {
+	{ NULL, NULL, NULL }, /* keeps the table non-empty while subcommands land */
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: gradgate-bench COMMAND [options]\n\ncommands:\n");
+	for (size_t i = 0; i < GG_ARRAY_LEN(commands); i++)
+		if (commands[i].name)
+			fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+	fprintf(f, "\n'gradgate-bench COMMAND --help' describes each command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		printf("gradgate-bench %s\n", GG_VERSION);
+		return 0;
+	}
+	for (size_t i = 0; i < GG_ARRAY_LEN(commands); i++)
+		if (commands[i].name && !strcmp(argv[1], commands[i].name))
+			return commands[i].main(argc - 1, argv + 1);
+	fprintf(stderr, "gradgate-bench: unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return 2;
+}

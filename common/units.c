@@ -1,0 +1,148 @@
+#include "units.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+struct unit {
+	const char *name;
+	uint64_t mult;
+};
+
+static const struct unit size_units[] = {
+	{ "B", 1 },
+	{ "KiB", 1ull << 10 }, { "MiB", 1ull << 20 }, { "GiB", 1ull << 30 }, { "TiB", 1ull << 40 },
+	{ "kB", 1000ull }, { "KB", 1000ull }, { "MB", 1000000ull }, { "GB", 1000000000ull },
+	{ "TB", 1000000000000ull },
+};
+
+static const struct unit duration_units[] = {
+	{ "us", 1 }, { "ms", 1000 }, { "s", 1000000 }, { "m", 60000000 }, { "h", 3600000000ull },
+};
+
+static int parse_number(const char **p, uint64_t *v)
+{
+	const char *s = *p;
+	uint64_t n = 0;
+
+	if (!isdigit((unsigned char)*s))
+		return -EINVAL;
+	for (; isdigit((unsigned char)*s) || *s == '_'; s++) {
+		if (*s == '_')
+			continue;
+		if (n > (UINT64_MAX - 9) / 10)
+			return -ERANGE;
+		n = n * 10 + (uint64_t)(*s - '0');
+	}
+	*p = s;
+	*v = n;
+	return 0;
+}
+
+static const struct unit *match_unit(const char **p, const struct unit *units, size_t n)
+{
+	const struct unit *best = NULL;
+	size_t best_len = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t len = strlen(units[i].name);
+		if (len > best_len && strncmp(*p, units[i].name, len) == 0) {
+			best = &units[i];
+			best_len = len;
+		}
+	}
+	if (best)
+		*p += best_len;
+	return best;
+}
+
+int gg_parse_size(const char *text, uint64_t *bytes, const char **why)
+{
+	const char *p = text;
+	uint64_t n;
+	int rc;
+
+	while (*p == ' ')
+		p++;
+	rc = parse_number(&p, &n);
+	if (rc) {
+		*why = rc == -ERANGE ? "size too large" : "expected a size like \"4MiB\", \"64KiB\" or \"1500B\"";
+		return rc;
+	}
+	while (*p == ' ')
+		p++;
+	if (*p == '\0') {
+		*bytes = n;
+		return 0;
+	}
+	const struct unit *u = match_unit(&p, size_units, GG_ARRAY_LEN(size_units));
+	if (!u || *p != '\0') {
+		*why = "unknown size unit (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)";
+		return -EINVAL;
+	}
+	if (n > UINT64_MAX / u->mult) {
+		*why = "size too large";
+		return -ERANGE;
+	}
+	*bytes = n * u->mult;
+	return 0;
+}
+
+int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
+{
+	const char *p = text;
+	uint64_t total = 0;
+	int parts = 0;
+
+	while (*p == ' ')
+		p++;
+	while (*p) {
+		uint64_t n;
+		int rc = parse_number(&p, &n);
+		if (rc) {
+			*why = rc == -ERANGE ? "duration too long"
+					     : "expected a duration like \"500ms\", \"2s\" or \"1m30s\"";
+			return rc;
+		}
+		const struct unit *u = match_unit(&p, duration_units, GG_ARRAY_LEN(duration_units));
+		if (!u) {
+			*why = "missing or unknown duration unit (use us, ms, s, m or h)";
+			return -EINVAL;
+		}
+		if (n > (UINT64_MAX - total) / u->mult) {
+			*why = "duration too long";
+			return -ERANGE;
+		}
+		total += n * u->mult;
+		parts++;
+	}
+	if (!parts) {
+		*why = "expected a duration like \"500ms\", \"2s\" or \"1m30s\"";
+		return -EINVAL;
+	}
+	*usec = total;
+	return 0;
+}
+
+static char *format_exact(uint64_t v, const struct unit *units, size_t n, char *buf, size_t size)
+{
+	const struct unit *best = &units[0];
+
+	for (size_t i = 0; i < n; i++)
+		if (units[i].mult > best->mult && v % units[i].mult == 0 && v != 0)
+			best = &units[i];
+	snprintf(buf, size, "%llu%s", (unsigned long long)(v / best->mult), best->name);
+	return buf;
+}
+
+char *gg_format_size(uint64_t bytes, char *buf, size_t size)
+{
+	/* Binary units only: they are what configs use for buffers. */
+	return format_exact(bytes, size_units, 5, buf, size);
+}
+
+char *gg_format_duration(uint64_t usec, char *buf, size_t size)
+{
+	return format_exact(usec, duration_units, GG_ARRAY_LEN(duration_units), buf, size);
+}
