@@ -1746,27 +1746,20 @@ static int parse_document(struct parser *P)
 		P->p += 3;
 	for (;;) {
 		skip_ws(P);
-		switch (at(P, 0)) {
-		case -1:
+		if (at(P, 0) == -1)
 			return 0;
-		case '#':
-		case '\n':
-			rc = end_of_line(P, "comment");
-			break;
-		case '[':
+		if (eat_newline(P))
+			continue;
+		if (at(P, 0) == '#') {
+			rc = skip_comment(P);
+		} else if (at(P, 0) == '[') {
 			rc = parse_header(P);
 			if (!rc)
 				rc = end_of_line(P, "table header");
-			break;
-		default:
-			if (eat_newline(P)) {
-				rc = 0;
-				break;
-			}
+		} else {
 			rc = parse_keyval(P, P->cur);
 			if (!rc)
 				rc = end_of_line(P, "value");
-			break;
 		}
 		if (rc)
 			return rc;
