@@ -122,7 +122,7 @@ static void *arena_grow(struct arena *a, void *p, size_t old, size_t size)
 		}
 	}
 	n = arena_alloc(a, size, _Alignof(max_align_t));
-	if (n && old)
+	if (n && p)
 		memcpy(n, p, old);
 	return n;
 }

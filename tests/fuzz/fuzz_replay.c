@@ -61,53 +61,57 @@ static int is_regular(const char *path)
 	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* Replays a file, or every regular file below a directory (at most
+ * `depth` levels down). Returns 0 when all could be read. */
+static int replay_path(const char *path, int depth, unsigned long *count)
+{
+	struct stat st;
+	struct dirent *de;
+	DIR *dir;
+	int failed = 0;
+
+	if (stat(path, &st) != 0) {
+		perror(path);
+		return 1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		if (replay_file(path))
+			return 1;
+		(*count)++;
+		return 0;
+	}
+	if (depth == 0)
+		return 0;
+	dir = opendir(path);
+	if (!dir) {
+		perror(path);
+		return 1;
+	}
+	while ((de = readdir(dir))) {
+		if (de->d_name[0] == '.')
+			continue;
+		size_t n = strlen(path) + strlen(de->d_name) + 2;
+		char *child = malloc(n);
+		if (!child) {
+			failed = 1;
+			break;
+		}
+		snprintf(child, n, "%s/%s", path, de->d_name);
+		if (is_regular(child) || depth > 1)
+			failed |= replay_path(child, depth - 1, count);
+		free(child);
+	}
+	closedir(dir);
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	unsigned long count = 0;
-	int i, failed = 0;
+	int failed = 0;
 
-	for (i = 1; i < argc; i++) {
-		struct stat st;
-		struct dirent *de;
-		DIR *dir;
-
-		if (stat(argv[i], &st) != 0) {
-			perror(argv[i]);
-			failed = 1;
-			continue;
-		}
-		if (!S_ISDIR(st.st_mode)) {
-			if (replay_file(argv[i]))
-				failed = 1;
-			else
-				count++;
-			continue;
-		}
-		dir = opendir(argv[i]);
-		if (!dir) {
-			perror(argv[i]);
-			failed = 1;
-			continue;
-		}
-		while ((de = readdir(dir))) {
-			size_t n = strlen(argv[i]) + strlen(de->d_name) + 2;
-			char *path = malloc(n);
-
-			if (!path) {
-				failed = 1;
-				break;
-			}
-			snprintf(path, n, "%s/%s", argv[i], de->d_name);
-			if (is_regular(path)) {
-				if (replay_file(path))
-					failed = 1;
-				else
-					count++;
-			}
-			free(path);
-		}
-		closedir(dir);
-	}
+	for (int i = 1; i < argc; i++)
+		failed |= replay_path(argv[i], 8, &count);
 	printf("replayed %lu inputs\n", count);
 	return failed;
 }
