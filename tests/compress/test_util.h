@@ -136,7 +136,7 @@ static inline const char *data_kind_name(enum data_kind kind)
 	return (unsigned)kind < DATA_KINDS ? names[kind] : "?";
 }
 
-static inline void *xmalloc(size_t n)
+__attribute__((noinline, unused)) static void *xmalloc(size_t n)
 {
 	void *p = malloc(n ? n : 1);
 	CHECK(p, "out of memory (%zu bytes)", n);
