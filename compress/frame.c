@@ -71,6 +71,8 @@ int gg_frame_encoder_init(struct gg_frame_encoder *enc, const struct gg_frame_co
 	int rc = gg_zstd_stage_init(&enc->zs, cfg->zstd_level, raw);
 	if (rc)
 		return rc;
+	if (cfg->zstd_min_saving_div)
+		enc->zs.min_saving_div = cfg->zstd_min_saving_div;
 	enc->scratch = malloc(raw ? raw : 1);
 	if (!enc->scratch) {
 		gg_zstd_stage_fini(&enc->zs);

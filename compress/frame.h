@@ -65,6 +65,7 @@ struct gg_frame_config {
 	bool zstd;          /* run the zstd stage (it still bypasses chunks that do not pay) */
 	int zstd_level;     /* GG_ZSTD_DEFAULT_LEVEL unless configured */
 	uint64_t max_elems; /* largest chunk this encoder takes */
+	unsigned zstd_min_saving_div; /* bypass rule (zstd_stage.h); 0: the default 8 */
 };
 
 struct gg_frame_encoder {

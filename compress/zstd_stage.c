@@ -2,8 +2,12 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <zstd.h>
 #include <zstd_errors.h>
+
+#define PROBE_BYTES (GG_ZSTD_PROBE_SLICES * GG_ZSTD_PROBE_SLICE_BYTES)
 
 int gg_zstd_stage_init(struct gg_zstd_stage *st, int level, size_t max_raw_bytes)
 {
@@ -13,7 +17,8 @@ int gg_zstd_stage_init(struct gg_zstd_stage *st, int level, size_t max_raw_bytes
 		return -EINVAL;
 	st->cctx = ZSTD_createCCtx();
 	st->dctx = ZSTD_createDCtx();
-	if (!st->cctx || !st->dctx)
+	st->probe = malloc(2 * PROBE_BYTES);
+	if (!st->cctx || !st->dctx || !st->probe)
 		goto nomem;
 	if (ZSTD_isError(ZSTD_CCtx_setParameter(st->cctx, ZSTD_c_compressionLevel, level)) ||
 	    ZSTD_isError(ZSTD_CCtx_setParameter(st->cctx, ZSTD_c_contentSizeFlag, 1)) ||
@@ -38,8 +43,10 @@ void gg_zstd_stage_fini(struct gg_zstd_stage *st)
 {
 	ZSTD_freeCCtx(st->cctx);
 	ZSTD_freeDCtx(st->dctx);
+	free(st->probe);
 	st->cctx = NULL;
 	st->dctx = NULL;
+	st->probe = NULL;
 }
 
 int gg_zstd_stage_compress(struct gg_zstd_stage *st, const void *src, size_t n, void *dst,
@@ -48,6 +55,21 @@ int gg_zstd_stage_compress(struct gg_zstd_stage *st, const void *src, size_t n, 
 	*out_bytes = 0;
 	if (n < GG_ZSTD_MIN_INPUT_BYTES)
 		return 0;
+	if (n >= GG_ZSTD_PROBE_MIN_INPUT_BYTES) {
+		size_t step = n / GG_ZSTD_PROBE_SLICES;
+		for (size_t k = 0; k < GG_ZSTD_PROBE_SLICES; k++)
+			memcpy(st->probe + k * GG_ZSTD_PROBE_SLICE_BYTES, (const uint8_t *)src + k * step,
+			       GG_ZSTD_PROBE_SLICE_BYTES);
+		size_t pr = ZSTD_compress2(st->cctx, st->probe + PROBE_BYTES,
+					   PROBE_BYTES - PROBE_BYTES / st->min_saving_div, st->probe, PROBE_BYTES);
+		st->probes++;
+		if (ZSTD_isError(pr)) {
+			if (ZSTD_getErrorCode(pr) == ZSTD_error_memory_allocation)
+				return -ENOMEM;
+			st->probe_bypasses++;
+			return 0;
+		}
+	}
 	size_t limit = n - n / st->min_saving_div;
 	size_t r = ZSTD_compress2(st->cctx, dst, GG_MIN(limit, dst_cap), src, n);
 	if (ZSTD_isError(r)) {

@@ -3,10 +3,13 @@
  *
  * Bypass rule: a chunk of n bytes is stored compressed only when n >=
  * GG_ZSTD_MIN_INPUT_BYTES and the zstd frame is at most n - n / min_saving_div
- * bytes (default 8: it must save 12.5%); otherwise it is stored raw. zstd
- * runs with a dstCapacity of exactly that bound, so a chunk that cannot make
- * it fails early instead of being compressed in full. See docs/codecs.md for
- * the measurements behind the default.
+ * bytes (default 8: it must save 12.5%); otherwise it is stored raw.
+ * Chunks of GG_ZSTD_PROBE_MIN_INPUT_BYTES and more are probed first: 8
+ * slices of 4 KiB spread evenly over the chunk (so both planes of bf16-split
+ * are seen) are compressed together, and when the probe misses the same
+ * bound the chunk is stored raw without compressing the rest. The decision
+ * only ever chooses between two valid encodings. See docs/codecs.md for the
+ * measurements behind these numbers.
  *
  * One stage object owns one ZSTD_CCtx and one ZSTD_DCtx, reused for every
  * chunk; it is not thread-safe (use one per thread). */
@@ -14,12 +17,16 @@
 #define GG_ZSTD_STAGE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gg_common.h"
 
 #define GG_ZSTD_DEFAULT_LEVEL 1
 #define GG_ZSTD_DEFAULT_MIN_SAVING_DIV 8
 #define GG_ZSTD_MIN_INPUT_BYTES 64
+#define GG_ZSTD_PROBE_MIN_INPUT_BYTES (128u << 10)
+#define GG_ZSTD_PROBE_SLICES 8
+#define GG_ZSTD_PROBE_SLICE_BYTES 4096u
 
 struct gg_zstd_stage {
 	void *cctx; /* ZSTD_CCtx */
@@ -27,6 +34,8 @@ struct gg_zstd_stage {
 	int level;
 	unsigned min_saving_div;
 	size_t max_raw_bytes;
+	uint8_t *probe; /* slices, then room for their compressed form */
+	unsigned long long probes, probe_bypasses; /* counters for benchmarks */
 };
 
 /* `level`: ZSTD_minCLevel()..ZSTD_maxCLevel(), 0 excluded (zstd would read

@@ -10,7 +10,8 @@
 
 static double ratio(enum gg_codec codec, const float *x, bool *used_zstd)
 {
-	struct gg_frame_config cfg = { gg_codec_defaults(codec), true, GG_ZSTD_DEFAULT_LEVEL, CHUNK_ELEMS };
+	struct gg_frame_config cfg = { .codec = gg_codec_defaults(codec), .zstd = true, .zstd_level = GG_ZSTD_DEFAULT_LEVEL,
+				       .max_elems = CHUNK_ELEMS };
 	struct gg_frame_encoder enc;
 	uint64_t bound;
 	size_t total = 0, fb;
@@ -46,10 +47,10 @@ int main(void)
 	for (size_t i = 0; i < GG_ARRAY_LEN(targets); i++) {
 		bool z;
 		double q = ratio(targets[i].codec, x, &z);
-		printf("%-10s %.3fx of fp32 (target >= %.1fx)%s\n", gg_codec_name(targets[i].codec), q,
+		printf("%-10s %.3fx of fp32 (target >= %.2fx)%s\n", gg_codec_name(targets[i].codec), q,
 		       targets[i].min_ratio, z ? ", zstd stage used" : ", zstd stage bypassed");
 		if (q < targets[i].min_ratio) {
-			fprintf(stderr, "%s: ratio %.3f below its target %.1f\n", gg_codec_name(targets[i].codec), q,
+			fprintf(stderr, "%s: ratio %.3f below its target %.2f\n", gg_codec_name(targets[i].codec), q,
 				targets[i].min_ratio);
 			failed = 1;
 		}

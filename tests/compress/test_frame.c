@@ -121,7 +121,8 @@ int main(void)
 	}
 
 	/* the zstd stage runs where it pays: split bf16 of gradients compresses */
-	struct gg_frame_config cfg = { gg_codec_defaults(GG_CODEC_BF16_SPLIT), true, 1, MAX_ELEMS };
+	struct gg_frame_config cfg = { .codec = gg_codec_defaults(GG_CODEC_BF16_SPLIT), .zstd = true, .zstd_level = 1,
+				       .max_elems = MAX_ELEMS };
 	struct gg_frame_encoder enc;
 	uint64_t bound;
 	CHECK(gg_frame_encoder_init(&enc, &cfg) == 0 && gg_frame_bound(&cfg.codec, MAX_ELEMS, &bound) == 0, "init");
@@ -144,9 +145,9 @@ int main(void)
 	free(frame);
 
 	/* encoder configs that cannot work */
-	struct gg_frame_config bad = { gg_codec_defaults(GG_CODEC_FP32), false, 1, 1ull << 31 };
+	struct gg_frame_config bad = { .codec = gg_codec_defaults(GG_CODEC_FP32), .max_elems = 1ull << 31 };
 	CHECK(gg_frame_encoder_init(&enc, &bad) == -EINVAL, "frame over 4 GiB");
-	bad = (struct gg_frame_config){ gg_codec_defaults(GG_CODEC_FP32), true, 0, 1000 };
+	bad = (struct gg_frame_config){ .codec = gg_codec_defaults(GG_CODEC_FP32), .zstd = true, .max_elems = 1000 };
 	CHECK(gg_frame_encoder_init(&enc, &bad) == -EINVAL, "zstd level 0");
 
 	gg_frame_decoder_fini(&dec);

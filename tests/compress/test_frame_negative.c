@@ -30,7 +30,8 @@ static void put64(uint8_t *p, uint64_t v)
 
 static void make_frame(enum gg_codec codec, bool zstd, const float *x, size_t n)
 {
-	struct gg_frame_config cfg = { gg_codec_defaults(codec), zstd, 1, 1u << 16 };
+	struct gg_frame_config cfg = { .codec = gg_codec_defaults(codec), .zstd = zstd, .zstd_level = 1,
+				       .max_elems = 1u << 16 };
 	struct gg_frame_encoder enc;
 	CHECK(gg_frame_encoder_init(&enc, &cfg) == 0, "encoder");
 	CHECK(gg_frame_encode(&enc, x, n, frame, sizeof(frame), &frame_bytes) == 0, "encode");
