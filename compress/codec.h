@@ -21,8 +21,9 @@
  *                                            a quiet NaN, sign kept)
  *     else:                              b = (u + 0x7fff + ((u >> 16) & 1)) >> 16
  *   i.e. round to nearest even on the bit pattern; subnormals round like
- *   normals, ±inf stay ±inf, finite values at or above 0x1.fffffep127 minus
- *   half a bf16 ulp become ±inf (IEEE overflow). Decoding: bits = b << 16.
+ *   normals, ±inf stay ±inf, and finite values from 0x1.ffp127 up (bits
+ *   0x7f7f8000, halfway between the largest bf16 and infinity) become ±inf
+ *   (IEEE overflow). Decoding: bits = b << 16.
  *   bf16 input is copied verbatim.
  *
  * bf16-split (id 3) — 2n bytes: the bf16 values b[i] defined above, stored
@@ -63,7 +64,7 @@
  *   decodes with
  *     |x' - x| <= 0.5 * s * (1 + 2^-14) + 2^-140
  *   (s32 <= (m / Q) * (1 + 2^-23); f16_ru adds at most a factor 1 + 2^-10
- *   above 2^-14). Only when m is within 2^-16 of FLT_MAX may q * s round to
+ *   above 2^-14). Only when m > FLT_MAX * (1 - 2^-16) may c * s round to
  *   ±inf: a finite input can then decode as inf, never the reverse.
  *
  * Decode-and-accumulate computes acc[i] = acc[i] + x'[i] (one fp32 add per

@@ -69,6 +69,9 @@ int main(void)
 		}
 	}
 
+	CHECK(st.probes > 0 && st.probe_bypasses > 0 && st.probe_bypasses < st.probes,
+	      "big chunks are probed (%llu probes, %llu bypassed)", st.probes, st.probe_bypasses);
+
 	memset(src, 0, 63);
 	CHECK(gg_zstd_stage_compress(&st, src, 63, z, MAX_RAW, &zn) == 0 && zn == 0, "63 bytes bypass");
 
