@@ -315,7 +315,7 @@ int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t fram
 		    size_t n, enum gg_frame_op op, struct gg_frame_info *info, char *err, size_t err_size)
 {
 	struct gg_frame_info fi;
-	const uint8_t *raw;
+	const uint8_t *raw = NULL;
 	int rc = gg_frame_unwrap(dec, frame, frame_bytes, &fi, &raw, err, err_size);
 
 	if (rc)
