@@ -282,6 +282,10 @@ static void api_errors(void)
 
 int main(void)
 {
+	/* read at first use: the cap that lets users and tests force a path */
+	CHECK(setenv("GG_CODEC_ISA", "scalar", 1) == 0, "setenv");
+	CHECK(gg_codec_isa() == GG_ISA_SCALAR, "GG_CODEC_ISA=scalar is ignored");
+	CHECK(gg_codec_set_isa((enum gg_isa)7) == -ENOTSUP, "unknown isa");
 	api_errors();
 	golden_bf16();
 	golden_int();
