@@ -6,7 +6,7 @@
 #include "gg_common.h"
 
 static const struct gg_bench_cmd commands[] = {
-	{ NULL, NULL, NULL }, /* keeps the table non-empty while subcommands land */
+	{ "codec", "codec ratio, speed and error on synthetic or given data", gg_bench_codec_main },
 };
 
 static void usage(FILE *f)
