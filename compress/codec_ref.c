@@ -1,0 +1,280 @@
+/* Scalar reference kernels: the definition in codec.h written as plainly as
+ * possible. Every other implementation is checked against these. */
+#include "codec_internal.h"
+
+static inline void put(float *out, size_t i, float v, bool acc)
+{
+	if (acc)
+		out[i] = out[i] + v;
+	else
+		out[i] = v;
+}
+
+static void fp32_encode_ref(const float *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, uint8_t *dst)
+{
+	if (n)
+		memcpy(dst, src, n * sizeof(float));
+}
+
+static inline void fp32_decode_any_ref(const uint8_t *src, size_t n, float *out, bool acc)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v;
+		memcpy(&v, src + 4 * i, sizeof(v));
+		put(out, i, v, acc);
+	}
+}
+
+static void fp32_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, float *out)
+{
+	if (n)
+		memcpy(out, src, n * sizeof(float));
+}
+
+static void fp32_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				enum gg_scale_kind scale, float *acc)
+{
+	fp32_decode_any_ref(src, n, acc, true);
+}
+
+static void bf16_encode_ref(const float *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, uint8_t *dst)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		memcpy(dst + 2 * i, &b, sizeof(b));
+	}
+}
+
+static inline void bf16_decode_any_ref(const uint8_t *src, size_t n, float *out, bool acc)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint16_t b;
+		memcpy(&b, src + 2 * i, sizeof(b));
+		put(out, i, gg_bf16_to_f32(b), acc);
+	}
+}
+
+static void bf16_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, float *out)
+{
+	bf16_decode_any_ref(src, n, out, false);
+}
+
+static void bf16_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				enum gg_scale_kind scale, float *acc)
+{
+	bf16_decode_any_ref(src, n, acc, true);
+}
+
+static void bf16_split_encode_ref(const float *src, size_t n, uint32_t block_elems,
+				  enum gg_scale_kind scale, uint8_t *dst)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		dst[i] = (uint8_t)b;
+		dst[n + i] = (uint8_t)(b >> 8);
+	}
+}
+
+static inline void bf16_split_decode_any_ref(const uint8_t *src, size_t n, float *out, bool acc)
+{
+	for (size_t i = 0; i < n; i++)
+		put(out, i, gg_bf16_to_f32((uint16_t)(src[i] | src[n + i] << 8)), acc);
+}
+
+static void bf16_split_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				  enum gg_scale_kind scale, float *out)
+{
+	bf16_split_decode_any_ref(src, n, out, false);
+}
+
+static void bf16_split_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				      enum gg_scale_kind scale, float *acc)
+{
+	bf16_split_decode_any_ref(src, n, acc, true);
+}
+
+static void int8_encode_ref(const float *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, uint8_t *dst)
+{
+	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
+	uint8_t *codes = dst + nb * sb;
+
+	for (size_t k = 0; k < nb; k++) {
+		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
+		float m = gg_absmax_finite_ref(src + off, len);
+		float s = gg_block_scale_ref(m, GG_INT8_QMAX, scale, dst + k * sb);
+		for (size_t i = off; i < off + len; i++)
+			codes[i] = (uint8_t)(int8_t)gg_quantize_ref(src[i], s, GG_INT8_QMAX);
+	}
+}
+
+static inline void int8_decode_any_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				       enum gg_scale_kind scale, float *out, bool acc)
+{
+	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
+	const uint8_t *codes = src + nb * sb;
+
+	for (size_t k = 0; k < nb; k++) {
+		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
+		float s = gg_block_scale_load(src + k * sb, scale);
+		for (size_t i = off; i < off + len; i++)
+			put(out, i, gg_dequantize_ref((int8_t)codes[i], s, GG_INT8_QMAX), acc);
+	}
+}
+
+static void int8_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, float *out)
+{
+	int8_decode_any_ref(src, n, block_elems, scale, out, false);
+}
+
+static void int8_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				enum gg_scale_kind scale, float *acc)
+{
+	int8_decode_any_ref(src, n, block_elems, scale, acc, true);
+}
+
+static inline void int4_put_code(uint8_t *codes, size_t i, int c)
+{
+	unsigned nib = (unsigned)c & 0xfu;
+
+	if (i & 1)
+		codes[i / 2] = (uint8_t)(codes[i / 2] | nib << 4);
+	else
+		codes[i / 2] = (uint8_t)nib;
+}
+
+static void int4_encode_ref(const float *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, uint8_t *dst)
+{
+	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
+	uint8_t *codes = dst + nb * sb;
+
+	for (size_t k = 0; k < nb; k++) {
+		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
+		float m = gg_absmax_finite_ref(src + off, len);
+		float s = gg_block_scale_ref(m, GG_INT4_QMAX, scale, dst + k * sb);
+		for (size_t i = off; i < off + len; i++)
+			int4_put_code(codes, i, gg_quantize_ref(src[i], s, GG_INT4_QMAX));
+	}
+}
+
+static inline void int4_decode_any_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				       enum gg_scale_kind scale, float *out, bool acc)
+{
+	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
+	const uint8_t *codes = src + nb * sb;
+
+	for (size_t k = 0; k < nb; k++) {
+		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
+		float s = gg_block_scale_load(src + k * sb, scale);
+		for (size_t i = off; i < off + len; i++) {
+			int c = gg_int4_sext((unsigned)codes[i / 2] >> (4 * (i & 1)));
+			put(out, i, gg_dequantize_ref(c, s, GG_INT4_QMAX), acc);
+		}
+	}
+}
+
+static void int4_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+			    enum gg_scale_kind scale, float *out)
+{
+	int4_decode_any_ref(src, n, block_elems, scale, out, false);
+}
+
+static void int4_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				enum gg_scale_kind scale, float *acc)
+{
+	int4_decode_any_ref(src, n, block_elems, scale, acc, true);
+}
+
+const struct gg_codec_kernels gg_codec_kernels_ref = {
+	.isa = GG_ISA_SCALAR,
+	.encode = {
+		[GG_CODEC_FP32] = fp32_encode_ref,
+		[GG_CODEC_BF16] = bf16_encode_ref,
+		[GG_CODEC_BF16_SPLIT] = bf16_split_encode_ref,
+		[GG_CODEC_INT8] = int8_encode_ref,
+		[GG_CODEC_INT4] = int4_encode_ref,
+	},
+	.decode = {
+		[GG_CODEC_FP32] = fp32_decode_ref,
+		[GG_CODEC_BF16] = bf16_decode_ref,
+		[GG_CODEC_BF16_SPLIT] = bf16_split_decode_ref,
+		[GG_CODEC_INT8] = int8_decode_ref,
+		[GG_CODEC_INT4] = int4_decode_ref,
+	},
+	.decode_acc = {
+		[GG_CODEC_FP32] = fp32_decode_acc_ref,
+		[GG_CODEC_BF16] = bf16_decode_acc_ref,
+		[GG_CODEC_BF16_SPLIT] = bf16_split_decode_acc_ref,
+		[GG_CODEC_INT8] = int8_decode_acc_ref,
+		[GG_CODEC_INT4] = int4_decode_acc_ref,
+	},
+};
+
+/* bf16 input: the values widen exactly, so the int codecs run the same
+ * rules on gg_bf16_to_f32(src[i]). */
+static float absmax_finite_bf16_ref(const uint16_t *x, size_t n)
+{
+	float m = 0.0f;
+
+	for (size_t i = 0; i < n; i++) {
+		float a = fabsf(gg_bf16_to_f32(x[i]));
+		if (gg_f32_is_finite(a) && a > m)
+			m = a;
+	}
+	return m;
+}
+
+static void int_encode_bf16_ref(const uint16_t *src, size_t n, uint32_t block_elems,
+				enum gg_scale_kind scale, int qmax, uint8_t *dst)
+{
+	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
+	uint8_t *codes = dst + nb * sb;
+
+	for (size_t k = 0; k < nb; k++) {
+		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
+		float m = absmax_finite_bf16_ref(src + off, len);
+		float s = gg_block_scale_ref(m, qmax, scale, dst + k * sb);
+		for (size_t i = off; i < off + len; i++) {
+			int c = gg_quantize_ref(gg_bf16_to_f32(src[i]), s, qmax);
+			if (qmax == GG_INT8_QMAX)
+				codes[i] = (uint8_t)(int8_t)c;
+			else
+				int4_put_code(codes, i, c);
+		}
+	}
+}
+
+void gg_codec_encode_bf16_ref(enum gg_codec codec, const uint16_t *src, size_t n,
+			      uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst)
+{
+	switch (codec) {
+	case GG_CODEC_FP32:
+		for (size_t i = 0; i < n; i++) {
+			float v = gg_bf16_to_f32(src[i]);
+			memcpy(dst + 4 * i, &v, sizeof(v));
+		}
+		break;
+	case GG_CODEC_BF16:
+		if (n)
+			memcpy(dst, src, 2 * n);
+		break;
+	case GG_CODEC_BF16_SPLIT:
+		for (size_t i = 0; i < n; i++) {
+			dst[i] = (uint8_t)src[i];
+			dst[n + i] = (uint8_t)(src[i] >> 8);
+		}
+		break;
+	case GG_CODEC_INT8:
+		int_encode_bf16_ref(src, n, block_elems, scale, GG_INT8_QMAX, dst);
+		break;
+	case GG_CODEC_INT4:
+		int_encode_bf16_ref(src, n, block_elems, scale, GG_INT4_QMAX, dst);
+		break;
+	}
+}

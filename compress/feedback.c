@@ -1,0 +1,85 @@
+#include "feedback.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec_internal.h"
+
+int gg_feedback_init(struct gg_feedback *fb, size_t elems, size_t max_chunk_elems)
+{
+	*fb = (struct gg_feedback){ .elems = elems, .max_chunk_elems = max_chunk_elems };
+	if (max_chunk_elems > elems || max_chunk_elems == 0)
+		return -EINVAL;
+	fb->residual = calloc(elems, sizeof(float));
+	fb->scratch = malloc(max_chunk_elems * sizeof(float));
+	if (!fb->residual || !fb->scratch) {
+		gg_feedback_fini(fb);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void gg_feedback_fini(struct gg_feedback *fb)
+{
+	free(fb->residual);
+	free(fb->scratch);
+	fb->residual = NULL;
+	fb->scratch = NULL;
+}
+
+void gg_feedback_reset(struct gg_feedback *fb)
+{
+	memset(fb->residual, 0, fb->elems * sizeof(float));
+}
+
+static bool in_range(const struct gg_feedback *fb, size_t offset, size_t n)
+{
+	return offset <= fb->elems && n <= fb->elems - offset;
+}
+
+int gg_feedback_compensate(struct gg_feedback *fb, size_t offset, const float *in, size_t n,
+			   float *to_encode)
+{
+	if (!in_range(fb, offset, n))
+		return -EINVAL;
+	const float *r = fb->residual + offset;
+	for (size_t i = 0; i < n; i++)
+		to_encode[i] = in[i] + r[i];
+	return 0;
+}
+
+int gg_feedback_commit(struct gg_feedback *fb, const struct gg_codec_params *p, size_t offset,
+		       const float *to_encode, size_t n, const void *encoded, size_t encoded_bytes)
+{
+	if (!in_range(fb, offset, n))
+		return -EINVAL;
+	float *r = fb->residual + offset;
+	/* The residual slice doubles as the decode buffer. */
+	int rc = gg_codec_decode(p, encoded, encoded_bytes, n, r);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < n; i++) {
+		float e = to_encode[i] - r[i];
+		r[i] = gg_f32_is_finite(e) ? e : 0.0f;
+	}
+	return 0;
+}
+
+int gg_feedback_encode(struct gg_feedback *fb, const struct gg_codec_params *p, size_t offset,
+		       const float *in, size_t n, void *dst, size_t dst_bytes)
+{
+	if (n > fb->max_chunk_elems)
+		return -EINVAL;
+	int rc = gg_feedback_compensate(fb, offset, in, n, fb->scratch);
+	if (rc)
+		return rc;
+	uint64_t bytes;
+	rc = gg_codec_encoded_bytes(p, n, &bytes);
+	if (rc)
+		return rc;
+	rc = gg_codec_encode(p, fb->scratch, n, dst, dst_bytes);
+	if (rc)
+		return rc;
+	return gg_feedback_commit(fb, p, offset, fb->scratch, n, dst, bytes);
+}
