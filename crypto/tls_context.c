@@ -142,7 +142,7 @@ static int load_cert(const struct gg_tls_options *o, SSL_CTX *sc, char *err, siz
 		goto out;
 	cert = PEM_read_bio_X509(bio, NULL, NULL, NULL);
 	if (!cert) {
-		rc = fail(err, size, -EINVAL, "certificate '%s': no PEM certificate (%s)", name, openssl_reason());
+		rc = fail(err, size, -EINVAL, "certificate '%s' holds no PEM certificate", name);
 		goto out;
 	}
 	if (X509_cmp_current_time(X509_get0_notAfter(cert)) < 0) {
@@ -211,16 +211,16 @@ static int load_key(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size
 	if (!key) {
 		rc = asked ? fail(err, size, -EINVAL,
 				  "private key '%s' is encrypted; store it unencrypted, readable by its owner only", name)
-			   : fail(err, size, -EINVAL, "private key '%s': no PEM private key (%s)", name, openssl_reason());
+			   : fail(err, size, -EINVAL, "private key '%s' holds no PEM private key", name);
 		goto out;
 	}
-	if (!SSL_CTX_use_PrivateKey(sc, key)) {
-		rc = fail(err, size, -EINVAL, "private key '%s': %s", name, openssl_reason());
-		goto out;
-	}
-	if (!SSL_CTX_check_private_key(sc))
+	if (!X509_check_private_key(SSL_CTX_get0_certificate(sc), key)) {
 		rc = fail(err, size, -EINVAL, "private key '%s' does not match certificate '%s'", name,
 			  source_name(o->cert_file, o->cert_pem));
+		goto out;
+	}
+	if (!SSL_CTX_use_PrivateKey(sc, key))
+		rc = fail(err, size, -EINVAL, "private key '%s': %s", name, openssl_reason());
 out:
 	EVP_PKEY_free(key);
 	BIO_free(bio);
