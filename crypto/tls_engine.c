@@ -285,7 +285,7 @@ int gg_tls_engine_handshake(struct gg_tls_engine *e)
 		return ssl_failed(e, ret);
 	if (!e->chk.is_server && !gg_tls_check_alpn_selected(e->ssl, &e->chk))
 		return record_failure(e);
-	e->established = true;
+	e->established = e->chk.established = true;
 	return 0;
 }
 

@@ -32,6 +32,7 @@ struct gg_tls_check {
 	char alpn_seen[96];   /* what the peer offered (server) or selected (client) */
 	bool timed_out;
 	uint64_t timeout_ms;
+	bool established;     /* the handshake had completed */
 	bool eof;             /* the peer closed its end */
 	bool saw_bytes;       /* the peer sent anything at all */
 };

@@ -527,7 +527,8 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 		   ssl_reason == SSL_R_TLSV1_ALERT_PROTOCOL_VERSION) {
 		r = (struct reason){ GG_TLS_FAIL_PROTOCOL_VERSION, "peer does not offer TLS 1.3 (protocol version)" };
 	} else if (chk->eof && (!chk->saw_bytes || !ssl_reason || ssl_reason == SSL_R_UNEXPECTED_EOF_WHILE_READING)) {
-		r = (struct reason){ GG_TLS_FAIL_CLOSED, "connection closed during the TLS handshake" };
+		r = (struct reason){ GG_TLS_FAIL_CLOSED, chk->established ? "connection closed without close_notify (data may be truncated)"
+									   : "connection closed during the TLS handshake" };
 	} else if (reason_is_not_tls(ssl_reason)) {
 		snprintf(text, sizeof(text), "peer did not start a TLS handshake (%s)", ssl_reason_text);
 		r = (struct reason){ GG_TLS_FAIL_NOT_TLS, text };

@@ -402,8 +402,57 @@ static void transfer(size_t total, size_t chunk, size_t rchunk, size_t ring)
 	char tail;
 	CHECK_EQ_INT(gg_tls_engine_read(s, &tail, 1), 0);
 	CHECK_EQ_INT(gg_tls_engine_failure(s), GG_TLS_OK);
+	CHECK_EQ_INT(gg_tls_engine_read(s, &tail, 1), 0);
+	/* TLS 1.3 half-close: the side that sent close_notify still reads. */
+	char reply[8];
+	CHECK_EQ_INT(gg_tls_engine_write(s, "result", 6), 6);
+	pump(s, c);
+	CHECK_EQ_INT(gg_tls_engine_read(c, reply, sizeof(reply)), 6);
+	CHECK(!memcmp(reply, "result", 6));
 	free(src);
 	free(dst);
+	gg_tls_engine_free(c);
+	gg_tls_engine_free(s);
+	gg_tls_context_free(cctx);
+	gg_tls_context_free(sctx);
+}
+
+static void test_truncation(void)
+{
+	struct gg_tls_context *cctx = make_ctx(ca, site_a_cert, NULL), *sctx = make_ctx(ca, site_b_cert, NULL);
+	struct gg_tls_site want = site("site-b", "dns:site-b.gradgate.test");
+	struct gg_tls_engine *c = make_engine(cctx, GG_TLS_CLIENT, "10.0.0.2:7001", &want, 1, 0);
+	struct gg_tls_engine *s = make_engine(sctx, GG_TLS_SERVER, "10.0.0.1:40000", site_a_only, 1, 0);
+	char buf[8];
+
+	struct outcome o = handshake(c, s);
+	CHECK(o.client_rc == 0 && o.server_rc == 0);
+	CHECK_EQ_INT(gg_tls_engine_write(c, "abc", 3), 3);
+	pump(c, s);
+	gg_tls_engine_rx_eof(s);
+	CHECK_EQ_INT(gg_tls_engine_read(s, buf, sizeof(buf)), 3);
+	CHECK_EQ_INT(gg_tls_engine_read(s, buf, sizeof(buf)), -ECONNRESET);
+	CHECK_EQ_INT(gg_tls_engine_failure(s), GG_TLS_FAIL_CLOSED);
+	CHECK_STR(gg_tls_engine_error(s), "peer 10.0.0.1:40000: connection closed without close_notify (data may be "
+					  "truncated) (expected identity dns:site-a.gradgate.test)");
+
+	/* A flipped ciphertext bit is caught by the AEAD tag. */
+	CHECK_EQ_INT(gg_tls_engine_write(s, "abc", 3), -ECONNRESET);
+	gg_tls_engine_free(s);
+	s = make_engine(sctx, GG_TLS_SERVER, "10.0.0.1:40001", site_a_only, 1, 0);
+	gg_tls_engine_free(c);
+	c = make_engine(cctx, GG_TLS_CLIENT, "10.0.0.2:7001", &want, 1, 0);
+	o = handshake(c, s);
+	CHECK(o.client_rc == 0 && o.server_rc == 0);
+	CHECK_EQ_INT(gg_tls_engine_write(c, "abcdef", 6), 6);
+	const uint8_t *src;
+	size_t n = gg_tls_engine_tx_data(c, &src);
+	CHECK(n > 10);
+	((uint8_t *)src)[7] ^= 1;
+	pump(c, s);
+	CHECK_EQ_INT(gg_tls_engine_read(s, buf, sizeof(buf)), -EPROTO);
+	CHECK_EQ_INT(gg_tls_engine_failure(s), GG_TLS_FAIL_PROTOCOL);
+	CHECK_CONTAINS(gg_tls_engine_error(s), "peer 10.0.0.1:40001: TLS failure: decryption failed or bad record mac");
 	gg_tls_engine_free(c);
 	gg_tls_engine_free(s);
 	gg_tls_context_free(cctx);
@@ -454,6 +503,7 @@ int main(void)
 	test_usage();
 	test_no_common_suite();
 	test_garbage_and_eof();
+	test_truncation();
 	test_bounded_rings();
 
 	static const size_t sizes[] = { 1, 7, 16383, 16384, 16385, 65536 + 3, 1000003 };
