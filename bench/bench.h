@@ -9,4 +9,6 @@ struct gg_bench_cmd {
 	int (*main)(int argc, char **argv);
 };
 
+int gg_bench_allreduce_main(int argc, char **argv);
+
 #endif

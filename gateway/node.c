@@ -206,8 +206,8 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	st->done(st->arg, st, status, message);
 }
 
-static void fail_step(struct gg_node *n, struct job *j, const char *fmt, ...) GG_PRINTF(3, 4);
-static void fail_step(struct gg_node *n, struct job *j, const char *fmt, ...)
+static void fail_step_code(struct gg_node *n, struct job *j, int code, const char *fmt, ...) GG_PRINTF(4, 5);
+static void fail_step_code(struct gg_node *n, struct job *j, int code, const char *fmt, ...)
 {
 	char msg[GG_NODE_ERROR_MAX];
 	va_list ap;
@@ -218,8 +218,10 @@ static void fail_step(struct gg_node *n, struct job *j, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	send_abort(n, j, j->step->seq, msg);
-	finish_step(n, j, -EIO, msg);
+	finish_step(n, j, code, msg);
 }
+
+#define fail_step(n, j, ...) fail_step_code(n, j, -EIO, __VA_ARGS__)
 
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
 {
@@ -1053,7 +1055,7 @@ static void timers(struct gg_node *n)
 		struct gg_ar_chunk_id id;
 		char buf[32];
 		if (gg_ar_step_first_missing(j->ar, &from, &id))
-			fail_step(n, j,
+			fail_step_code(n, j, -ETIMEDOUT,
 				  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for "
 				  "shard %u chunk %u",
 				  (unsigned long long)j->step->seq, j->name,
@@ -1061,8 +1063,8 @@ static void timers(struct gg_node *n)
 				  id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
 				  id.origin, id.chunk);
 		else
-			fail_step(n, j, "step %llu of job '%s' missed its deadline", (unsigned long long)j->step->seq,
-				  j->name);
+			fail_step_code(n, j, -ETIMEDOUT, "step %llu of job '%s' missed its deadline",
+				       (unsigned long long)j->step->seq, j->name);
 	}
 }
 
