@@ -772,8 +772,10 @@ static void conn_read(struct gg_node *n, int ci)
 		}
 		if (!c->used)
 			return;
-		memmove(c->rx, c->rx + off, c->rx_len - off);
-		c->rx_len -= off;
+		if (off) {
+			memmove(c->rx, c->rx + off, c->rx_len - off);
+			c->rx_len -= off;
+		}
 	}
 }
 
