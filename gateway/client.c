@@ -148,6 +148,7 @@ static int send_msg(int fd, const void *msg, size_t len, int pass_fd, uint64_t d
 static ssize_t recv_msg(int fd, union gg_ctrl_msg *msg, uint64_t deadline_ms)
 {
 	_Alignas(size_t) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	bool reset = false;
 
 	for (;;) {
 		struct iovec iov = { .iov_base = msg, .iov_len = sizeof(*msg) };
@@ -172,6 +173,13 @@ static ssize_t recv_msg(int fd, union gg_ctrl_msg *msg, uint64_t deadline_ms)
 		}
 		if (errno == EINTR)
 			continue;
+		/* A gateway that closes with our messages unread resets the
+		 * connection, which recv reports before the answers it sent
+		 * last (why it closed); those are still there to read. */
+		if (errno == ECONNRESET && !reset) {
+			reset = true;
+			continue;
+		}
 		if (errno != EAGAIN)
 			return -errno;
 		struct pollfd p = { .fd = fd, .events = POLLIN };

@@ -121,6 +121,11 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		snprintf(why, why_size, "%s message of %zu bytes; it has %zu", ctrl_types[type].name, len, want);
 		return GG_ERR_PROTOCOL;
 	}
+	if (len < h->length) {
+		snprintf(why, why_size, "truncated %s: %zu of %u bytes", ctrl_types[type].name, len,
+			 (unsigned)h->length);
+		return GG_ERR_PROTOCOL;
+	}
 	if (len != h->length) {
 		snprintf(why, why_size, "%s header says %u bytes but the packet has %zu", ctrl_types[type].name,
 			 (unsigned)h->length, len);

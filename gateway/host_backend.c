@@ -828,7 +828,7 @@ static void on_unmap(struct gg_host_backend *b, struct hb_conn *c)
 		return;
 	}
 	if (c->regions[id].users) {
-		conn_fatal(b, c, GG_ERR_PROTOCOL, "UNMAP of region %u while %u request%s still use it", id,
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "UNMAP of region %u while it holds %u request%s in flight", id,
 			   c->regions[id].users, c->regions[id].users == 1 ? "" : "s");
 		return;
 	}

@@ -269,6 +269,8 @@ size_t raw_recv(int fd, union gg_ctrl_msg *m)
 
 	CHECK(poll(&p, 1, 5000) == 1);
 	ssize_t n = recv(fd, m, sizeof(*m), 0);
+	if (n < 0 && errno == ECONNRESET) /* reported before what is still queued */
+		n = recv(fd, m, sizeof(*m), 0);
 	CHECK(n >= 0);
 	return (size_t)n;
 }
