@@ -315,6 +315,16 @@ static void pump(struct gg_session *s, uint64_t deadline_ms)
 	}
 }
 
+/* A send failed: the gateway's own last words (ERROR) say more than the
+ * errno, so read what it sent before the session ends. */
+static void send_failed(struct gg_session *s, int rc, const char *what)
+{
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		pump(s, 0);
+	if (!s->failed)
+		session_fail(s, GG_ERR_CLOSED, "%s to the gateway of site %s: %s", what, site_of(s), strerror(-rc));
+}
+
 static int parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struct gg_error *err)
 {
 	if (!endpoint)
@@ -542,8 +552,7 @@ static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms,
 	close(fd);
 	if (rc) {
 		munmap(base, size);
-		session_fail(s, GG_ERR_CLOSED, "sending a shared region to the gateway of site %s: %s", site_of(s),
-			     strerror(-rc));
+		send_failed(s, rc, "sending a shared region");
 		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
 	}
 	s->regions[id] = (struct region){ .base = base, .size = size };
@@ -620,8 +629,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	m.allreduce.timeout_ms = (uint32_t)timeout;
 	if ((rc = send_msg(s->fd, &m, mlen, -1, deadline))) {
 		free(r);
-		session_fail(s, GG_ERR_CLOSED, "sending the request to the gateway of site %s: %s", site_of(s),
-			     strerror(-rc));
+		send_failed(s, rc, "sending the request");
 		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
 	}
 

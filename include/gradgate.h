@@ -121,10 +121,12 @@ GRADGATE_API void gg_session_get_info(const struct gg_session *s, struct gg_sess
  *            answer within the deadline plus 2 seconds, the session fails
  *            (GG_ERR_TIMEOUT) and must be closed.
  *
- * Steps are numbered per session from 1 in call order; a failed step does
- * not break the session unless the error says the connection is lost
- * (GG_ERR_CLOSED, GG_ERR_PROTOCOL, or the timeout above): later calls then
- * return that same error. */
+ * Steps are numbered per session from 1 in call order; a call refused
+ * before anything is sent (GG_ERR_INVALID, GG_ERR_TOO_LARGE, GG_ERR_BUSY)
+ * uses no number, so the ranks stay in step. A failed step does not break
+ * the session unless the connection is lost (GG_ERR_CLOSED,
+ * GG_ERR_PROTOCOL, or the timeout above): later calls then return that
+ * same error. */
 GRADGATE_API int gg_allreduce(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
 			      uint32_t tensor_id, int timeout_ms, struct gg_error *err);
 

@@ -195,6 +195,11 @@ void harness_start(struct harness *h, const struct harness_options *opts)
 	}
 }
 
+void harness_stop_begin(struct harness *h)
+{
+	atomic_store(&h->stop, true);
+}
+
 void harness_stop(struct harness *h)
 {
 	atomic_store(&h->stop, true);
