@@ -30,7 +30,7 @@ static int arm_recv(struct gg_tls_stream *s)
 
 	if (s->recv_busy || s->peer_eof || !(n = gg_tls_engine_rx_space(s->tls, &buf)))
 		return 0;
-	rc = gg_loop_recv(s->loop, s->fd, buf, GG_MIN(n, s->opts.recv_max_bytes), ud(s, GG_OP_RECV));
+	rc = gg_loop_recv(s->loop, s->fd, buf, GG_MIN(n, s->opts.recv_max_bytes), 0, ud(s, GG_OP_RECV));
 	s->recv_busy = rc == 0;
 	return rc;
 }
