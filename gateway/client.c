@@ -386,7 +386,6 @@ static int handshake(struct gg_session *s, const char *path, int nranks, struct 
 	m.hello.version = GG_CTRL_VERSION;
 	m.hello.rank = (uint32_t)s->rank;
 	m.hello.nranks = (uint32_t)nranks;
-	m.hello.pid = (uint32_t)getpid();
 	gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), s->job);
 	int rc = send_msg(s->fd, &m, len, -1, deadline);
 	/* A gateway that refuses at once has closed already; its REFUSE waits. */

@@ -2,12 +2,17 @@
  * before a session exists, what ends a session, and that a rank breaking
  * the protocol fails the step of the job's other ranks with its name. */
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "host_harness.h"
 
 #define MAX_CLIENTS 4
+
+extern char **environ;
 
 static struct harness h;
 
@@ -131,6 +136,44 @@ static void test_job_refusals(void)
 	gg_session_close(s);
 	for (int r = 1; r < MAX_CLIENTS; r++)
 		gg_session_close(c[r]);
+	harness_wait_connections(&h, 0);
+}
+
+/* The child: rank 1 of job 'uid' as user nobody; exits 0 when refused
+ * as it should be. */
+static int other_user_main(const char *endpoint)
+{
+	struct gg_session *s;
+	struct gg_error err;
+
+	if (setgid(65534) || setuid(65534))
+		return 2;
+	if (gg_session_open(endpoint, "uid", 1, 2, &s, &err) != GG_ERR_REFUSED ||
+	    !strstr(err.message, "job 'uid' belongs to uid 0; rank 1 connects as uid 65534")) {
+		fprintf(stderr, "other user: %s\n", err.message);
+		return 1;
+	}
+	return 0;
+}
+
+/* A job's ranks all run as the user that started it. */
+static void test_other_user(void)
+{
+	char *argv[] = { "test_host_protocol", "--other-user", h.endpoint, NULL };
+	struct gg_session *s;
+	pid_t pid;
+	int status;
+
+	if (getuid() != 0) {
+		printf("other-user check skipped: needs root to become another user\n");
+		return;
+	}
+	open_ok("uid", 0, 2, &s);
+	CHECK(chmod(h.dir, 0711) == 0 && chmod(h.path, 0666) == 0);
+	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	gg_session_close(s);
 	harness_wait_connections(&h, 0);
 }
 
@@ -442,8 +485,11 @@ static void test_still_serving(void)
 	harness_wait_connections(&h, 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc == 3 && !strcmp(argv[1], "--other-user"))
+		return other_user_main(argv[2]);
+
 	struct harness_options o = {
 		.max_clients = MAX_CLIENTS,
 		.max_message_bytes = 4u << 20,
@@ -453,6 +499,7 @@ int main(void)
 	harness_start(&h, &o);
 	test_hello_refusals();
 	test_job_refusals();
+	test_other_user();
 	test_raw_allreduce();
 	test_violations();
 	test_still_serving();
