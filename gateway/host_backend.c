@@ -1237,12 +1237,12 @@ static bool hb_stop(struct gg_site_backend *base)
 	if (!b->stopping) {
 		char why[TEXT];
 		b->stopping = true;
-		if (b->accept_armed && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
-			b->cancels++;
 		snprintf(why, sizeof(why), "the gateway of site %s is shutting down", b->site);
 		for (unsigned i = 0; i < b->opts.max_clients; i++) {
 			struct hb_conn *c = &b->conns[i];
-			if (c->state != C_HELLO && c->state != C_ACTIVE)
+			if (c->state == C_HELLO)
+				conn_refuse(b, c, GG_ERR_CLOSED, "%s", why);
+			if (c->state != C_ACTIVE)
 				continue;
 			conn_detach(b, c, why);
 			union gg_ctrl_msg *m = out_push(c, GG_CTRL_ERROR);
@@ -1255,6 +1255,9 @@ static bool hb_stop(struct gg_site_backend *base)
 			conn_settle(b, c, b->loop->now_us);
 		}
 	}
+	/* Retried on every call should the ring have had no room. */
+	if (b->accept_armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
+		b->cancels++;
 	if (b->listen_fd >= 0 && !b->accept_armed && !b->cancels) {
 		struct stat st;
 		close(b->listen_fd);

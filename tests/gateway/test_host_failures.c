@@ -342,8 +342,11 @@ static void test_shutdown(void)
 	struct gg_session *s = open_rank(h.endpoint, "shut", 0, 2);
 	struct gg_error err;
 	float x = 1;
+	int quiet = raw_connect(&h); /* has not said HELLO yet */
 
+	harness_wait_connections(&h, 2);
 	harness_stop_begin(&h);
+	raw_expect_close(quiet, GG_CTRL_REFUSE, GG_ERR_CLOSED, "the gateway of site test-site is shutting down");
 	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 1, 0, &err), GG_ERR_CLOSED);
 	CHECK_ERR(err, GG_ERR_CLOSED, "step 1 (tensor 1): the gateway of site test-site is shutting down");
 	/* Step 2, or step 1 again when the first call had not sent it yet. */
