@@ -155,7 +155,7 @@ static void test_step_timeout(void)
 	for (unsigned r = 0; r < 2; r++) {
 		CHECK_ERR(c.err[r], GG_ERR_TIMEOUT,
 			  "step 1 (tensor 4): timed out after 1000 ms waiting for rank 2 of job 'slow'");
-		CHECK(c.elapsed_ms[r] >= STEP_TIMEOUT_MS - 20 && c.elapsed_ms[r] < STEP_TIMEOUT_MS + 500);
+		CHECK(c.elapsed_ms[r] >= STEP_TIMEOUT_MS - 20 && c.elapsed_ms[r] < STEP_TIMEOUT_MS + 1000);
 	}
 	CHECK_EQ_INT(gg_allreduce(c.sessions[2], &x, 1, GG_DTYPE_F32, 4, 0, &err), GG_ERR_TIMEOUT);
 	CHECK_ERR(err, GG_ERR_TIMEOUT, "step 1 (tensor 4): timed out after 1000 ms waiting for rank 2 of job 'slow'");
@@ -166,7 +166,7 @@ static void test_step_timeout(void)
 	struct gg_session *s = open_rank(h.endpoint, "lonely", 0, 3);
 	uint64_t t0 = now_ms();
 	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 6, 200, &err), GG_ERR_TIMEOUT);
-	CHECK(now_ms() - t0 < 700);
+	CHECK(now_ms() - t0 < 1200);
 	CHECK_ERR(err, GG_ERR_TIMEOUT, "step 1 (tensor 6): timed out after 200 ms waiting for ranks 1 (not connected), "
 		  "2 (not connected) of job 'lonely'");
 	gg_session_close(s);
@@ -239,7 +239,7 @@ static void test_rank_dies(void)
 	uint64_t t0 = now_ms();
 	kill_child(pid);
 	CHECK_EQ_INT(gg_wait(req, -1, &err), GG_ERR_RANK);
-	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS / 2);
+	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS); /* not the step timeout */
 	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 8): rank 1 of job 'die' disconnected during step 1");
 	gg_request_free(req);
 	/* Its later steps fail at once, with the same cause. */
@@ -261,7 +261,7 @@ static void test_rank_dies(void)
 	t0 = now_ms();
 	kill_child(pid);
 	CHECK_EQ_INT(gg_wait(req, -1, &err), GG_ERR_RANK);
-	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS / 2);
+	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS); /* not the step timeout */
 	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 8): rank 1 of job 'die' disconnected during step 1");
 	gg_request_free(req);
 	gg_session_close(s);
@@ -321,7 +321,7 @@ static void test_core_failures(void)
 	run_case(&c);
 	for (unsigned r = 0; r < 2; r++) {
 		CHECK_ERR(c.err[r], GG_ERR_TIMEOUT, "step 2 (tensor 7): " CORE_HOLD_TEXT);
-		CHECK(c.elapsed_ms[r] >= 180 && c.elapsed_ms[r] < 700);
+		CHECK(c.elapsed_ms[r] >= 180 && c.elapsed_ms[r] < 1200);
 	}
 
 	atomic_store(&h.core_mode, CORE_REFUSE);
