@@ -253,12 +253,12 @@ static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 	struct gg_request *r = s->head;
 
 	if (!r || d->seq != r->seq) {
-		session_fail(s, GG_ERR_PROTOCOL, "gateway of site %s answered step %llu, but step %llu was next",
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu, but step %llu was next",
 			     site_of(s), (unsigned long long)d->seq, r ? (unsigned long long)r->seq : 0ull);
 		return;
 	}
 	if (d->status > 0) {
-		session_fail(s, GG_ERR_PROTOCOL, "gateway of site %s answered step %llu with status %d",
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu with status %d",
 			     site_of(s), (unsigned long long)d->seq, (int)d->status);
 		return;
 	}

@@ -90,8 +90,9 @@ struct gg_request;
  * Blocks until the gateway accepts or refuses, at most 10 seconds. The
  * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it
  * does not speak, a rank out of range, a rank already connected, an
- * nranks different from what the job's first rank said, and connections
- * beyond its max_clients. */
+ * nranks different from what the job's first rank said, a process running
+ * as another user than the job's first rank, a job that failed and still
+ * has ranks connected, and connections beyond its max_clients. */
 GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
 				 struct gg_session **out, struct gg_error *err);
 

@@ -556,7 +556,7 @@ static void test_fake_gateway(void)
 
 	fake_gateway_check("bad-accept", GG_ERR_PROTOCOL, "accepted with limits this library cannot use");
 	fake_gateway_check("wrong-seq", GG_ERR_PROTOCOL,
-			   "step 1 (tensor 3): gateway of site fake answered step 7, but step 1 was next");
+			   "step 1 (tensor 3): the gateway of site fake answered step 7, but step 1 was next");
 	fake_gateway_check("garbage", GG_ERR_PROTOCOL,
 			   "step 1 (tensor 3): the gateway of site fake sent a bad message: not a gradgate control message");
 	fake_gateway_check("fd", GG_ERR_PROTOCOL, "step 1 (tensor 3): the gateway of site fake sent file descriptors");
