@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -336,6 +337,39 @@ static void bad_map_no_fd(struct raw_rank *rr)
 	raw_map(rr->fd, 1, 4096, -1);
 }
 
+/* MAP with n copies of the rank's memfd attached. */
+static void map_with_fds(struct raw_rank *rr, unsigned n)
+{
+	_Alignas(size_t) char cbuf[CMSG_SPACE(8 * sizeof(int))];
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_MAP);
+	struct iovec iov = { .iov_base = &m, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			     .msg_controllen = CMSG_SPACE(n * sizeof(int)) };
+
+	CHECK(n <= 8);
+	m.map.region = 1;
+	m.map.size_bytes = 4096;
+	memset(cbuf, 0, sizeof(cbuf));
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(n * sizeof(int));
+	for (unsigned i = 0; i < n; i++)
+		memcpy(CMSG_DATA(c) + i * sizeof(int), &rr->memfd, sizeof(int));
+	CHECK_EQ_INT(sendmsg(rr->fd, &mh, 0), (ssize_t)len);
+}
+
+static void bad_map_two_fds(struct raw_rank *rr)
+{
+	map_with_fds(rr, 2);
+}
+
+static void bad_map_many_fds(struct raw_rank *rr)
+{
+	map_with_fds(rr, 8);
+}
+
 static void bad_map_twice(struct raw_rank *rr)
 {
 	raw_map(rr->fd, 0, 4096, rr->memfd);
@@ -422,6 +456,8 @@ static const struct violation violations[] = {
 	{ "not-memfd", bad_not_memfd, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd (Invalid argument)", false },
 	{ "map-size", bad_map_size, GG_ERR_PROTOCOL, "MAP of region 1 says 8192 bytes, the memfd has 4096", false },
 	{ "map-no-fd", bad_map_no_fd, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not 0", false },
+	{ "map-two-fds", bad_map_two_fds, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not 2", false },
+	{ "map-many-fds", bad_map_many_fds, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not more than 4", false },
 	{ "map-twice", bad_map_twice, GG_ERR_PROTOCOL, "MAP of region 0, which is mapped already", false },
 	{ "map-id", bad_map_id, GG_ERR_PROTOCOL, "MAP of region 99; regions are 0..8", false },
 	{ "map-huge", bad_map_huge, GG_ERR_TOO_LARGE, "MAP of region 1 with 1099511627776 bytes; regions hold 1 to 8392704 bytes", false },
