@@ -1,6 +1,8 @@
-/* Replays fuzz inputs through a libFuzzer target without libFuzzer, so every
- * committed corpus file runs in the ordinary (and sanitizer) test suites.
- * Arguments are files or directories of files. */
+/* Runs a libFuzzer target over saved inputs without libFuzzer, so corpora
+ * can be replayed as ordinary (sanitized) tests. Each argument is a file or
+ * a directory whose regular files are read (not its subdirectories). */
+#define _POSIX_C_SOURCE 200809L
+
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,95 +12,102 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* The input gets a buffer of exactly its size, so overreads are caught. */
 static int replay_file(const char *path)
 {
 	FILE *f = fopen(path, "rb");
+	size_t len = 0, cap = 4096;
+	uint8_t *buf = NULL, *exact;
+
 	if (!f) {
 		perror(path);
 		return -1;
 	}
-	uint8_t *buf = NULL;
-	size_t len = 0, cap = 0;
 	for (;;) {
-		if (len == cap) {
-			cap = cap ? cap * 2 : 4096;
-			uint8_t *nb = realloc(buf, cap);
-			if (!nb) {
-				fprintf(stderr, "%s: out of memory\n", path);
-				free(buf);
-				fclose(f);
-				return -1;
-			}
-			buf = nb;
-		}
-		size_t n = fread(buf + len, 1, cap - len, f);
-		len += n;
-		if (n == 0)
+		uint8_t *grown = realloc(buf, cap);
+
+		if (!grown)
+			goto fail;
+		buf = grown;
+		len += fread(buf + len, 1, cap - len, f);
+		if (len < cap)
 			break;
+		cap *= 2;
 	}
-	int bad = ferror(f);
+	if (ferror(f))
+		goto fail;
 	fclose(f);
-	if (bad) {
-		fprintf(stderr, "%s: read error\n", path);
+	exact = malloc(len ? len : 1);
+	if (!exact) {
 		free(buf);
 		return -1;
 	}
-	LLVMFuzzerTestOneInput(buf, len);
+	memcpy(exact, buf, len);
 	free(buf);
+	LLVMFuzzerTestOneInput(exact, len);
+	free(exact);
 	return 0;
+fail:
+	perror(path);
+	free(buf);
+	fclose(f);
+	return -1;
 }
 
-static int replay_path(const char *path, unsigned *count)
+static int is_regular(const char *path)
 {
 	struct stat st;
-	if (stat(path, &st)) {
-		perror(path);
-		return -1;
-	}
-	if (!S_ISDIR(st.st_mode)) {
-		(*count)++;
-		return replay_file(path);
-	}
-	DIR *d = opendir(path);
-	if (!d) {
-		perror(path);
-		return -1;
-	}
-	int rc = 0;
-	struct dirent *e;
-	while (rc == 0 && (e = readdir(d))) {
-		if (e->d_name[0] == '.')
-			continue;
-		char child[4096];
-		if ((size_t)snprintf(child, sizeof(child), "%s/%s", path, e->d_name) >= sizeof(child)) {
-			fprintf(stderr, "%s/%s: path too long\n", path, e->d_name);
-			rc = -1;
-			break;
-		}
-		if (stat(child, &st) == 0 && S_ISREG(st.st_mode)) {
-			(*count)++;
-			rc = replay_file(child);
-		}
-	}
-	closedir(d);
-	return rc;
+
+	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 int main(int argc, char **argv)
 {
-	unsigned count = 0;
+	unsigned long count = 0;
+	int i, failed = 0;
 
-	if (argc < 2) {
-		fprintf(stderr, "usage: %s FILE|DIR...\n", argv[0]);
-		return 2;
+	for (i = 1; i < argc; i++) {
+		struct stat st;
+		struct dirent *de;
+		DIR *dir;
+
+		if (stat(argv[i], &st) != 0) {
+			perror(argv[i]);
+			failed = 1;
+			continue;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			if (replay_file(argv[i]))
+				failed = 1;
+			else
+				count++;
+			continue;
+		}
+		dir = opendir(argv[i]);
+		if (!dir) {
+			perror(argv[i]);
+			failed = 1;
+			continue;
+		}
+		while ((de = readdir(dir))) {
+			size_t n = strlen(argv[i]) + strlen(de->d_name) + 2;
+			char *path = malloc(n);
+
+			if (!path) {
+				failed = 1;
+				break;
+			}
+			snprintf(path, n, "%s/%s", argv[i], de->d_name);
+			if (is_regular(path)) {
+				if (replay_file(path))
+					failed = 1;
+				else
+					count++;
+			}
+			free(path);
+		}
+		closedir(dir);
 	}
-	for (int i = 1; i < argc; i++)
-		if (replay_path(argv[i], &count))
-			return 1;
-	if (count == 0) {
-		fprintf(stderr, "no inputs found\n");
-		return 1;
-	}
-	printf("replayed %u inputs\n", count);
-	return 0;
+	printf("replayed %lu inputs\n", count);
+	return failed;
 }

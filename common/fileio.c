@@ -1,0 +1,71 @@
+#include "fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int gg_read_small_file(const char *path, size_t max_bytes, char **text, size_t *len)
+{
+	struct stat st;
+	char *buf = NULL;
+	size_t used = 0;
+	int rc = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st)) {
+		rc = -errno;
+		goto out;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		rc = -EISDIR;
+		goto out;
+	}
+	/* Read to EOF rather than trusting st_size: /dev/stdin and pipes have none. */
+	size_t cap = S_ISREG(st.st_mode) && (size_t)st.st_size <= max_bytes ? (size_t)st.st_size + 1 : 4096;
+	buf = malloc(cap);
+	if (!buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (;;) {
+		if (used + 1 >= cap) {
+			if (cap > max_bytes + 1) {
+				rc = -EFBIG;
+				goto out;
+			}
+			char *nb = realloc(buf, cap * 2);
+			if (!nb) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+		ssize_t n = read(fd, buf + used, cap - used - 1);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = -errno;
+			goto out;
+		}
+		if (n == 0)
+			break;
+		used += (size_t)n;
+	}
+	if (used > max_bytes) {
+		rc = -EFBIG;
+		goto out;
+	}
+	buf[used] = '\0';
+	*text = buf;
+	*len = used;
+	buf = NULL;
+out:
+	free(buf);
+	close(fd);
+	return rc;
+}

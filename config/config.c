@@ -1,0 +1,914 @@
+#include "config.h"
+
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config_check.h"
+#include "toml.h"
+#include "fileio.h"
+#include "units.h"
+
+enum field_kind {
+	F_STRING,   /* char *, checked by field->check */
+	F_PATH,     /* char *, resolved against the config's folder */
+	F_INT,      /* int */
+	F_BOOL,     /* bool */
+	F_SIZE,     /* uint64_t bytes: integer or "4MiB" */
+	F_DURATION, /* uint64_t microseconds: "500ms" */
+	F_ENUM,     /* int index into choices */
+	F_SUITES,   /* char *, ':'-joined list of TLS 1.3 ciphersuites */
+};
+
+struct field {
+	const char *key;
+	enum field_kind kind;
+	size_t offset;
+	bool required;
+	const char *def; /* default in the field's text form; NULL: none or derived */
+	int64_t min, max;
+	const char *const *choices;
+	gg_check_fn check;
+	const char *help;
+};
+
+struct section {
+	const char *name;
+	const struct field *fields;
+	size_t count;
+};
+
+#define CFG(member) offsetof(struct gg_config, member)
+#define PEER(member) offsetof(struct gg_peer_config, member)
+
+static const char *const codec_names[] = { "fp32", "bf16", "bf16-split", "int8", "int4", NULL };
+static const char *const algo_names[] = { "direct", "ring", NULL };
+
+static const struct field site_fields[] = {
+	{ "name", F_STRING, CFG(site.name), true, NULL, 0, 0, NULL, gg_check_site_name,
+	  "this site's name; peers list it under this name" },
+	{ "listen", F_STRING, CFG(site.listen), true, NULL, 0, 0, NULL, gg_check_address,
+	  "host:port where peer gateways connect" },
+	{ "control", F_STRING, CFG(site.control), false, NULL, 0, 0, NULL, gg_check_control,
+	  "local client endpoint: unix:PATH or tcp:host:port" },
+	{ "threads", F_INT, CFG(site.threads), false, "2", 1, 64, NULL, NULL,
+	  "io_uring worker threads" },
+};
+
+static const struct field tls_fields[] = {
+	{ "ca", F_PATH, CFG(tls.ca), true, NULL, 0, 0, NULL, NULL,
+	  "CA bundle that every site certificate must chain to" },
+	{ "cert", F_PATH, CFG(tls.cert), true, NULL, 0, 0, NULL, NULL,
+	  "this site's certificate chain (PEM)" },
+	{ "key", F_PATH, CFG(tls.key), true, NULL, 0, 0, NULL, NULL,
+	  "this site's private key (PEM, mode 0600 or stricter)" },
+	{ "crl", F_PATH, CFG(tls.crl), false, NULL, 0, 0, NULL, NULL,
+	  "optional certificate revocation list (PEM)" },
+	{ "ciphersuites", F_SUITES, CFG(tls.ciphersuites), false,
+	  "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256",
+	  0, 0, NULL, NULL, "TLS 1.3 ciphersuites in preference order" },
+};
+
+static const struct field peer_fields[] = {
+	{ "site", F_STRING, PEER(site), true, NULL, 0, 0, NULL, gg_check_site_name,
+	  "the peer's site name" },
+	{ "address", F_STRING, PEER(address), true, NULL, 0, 0, NULL, gg_check_address,
+	  "host:port the peer listens on" },
+	{ "identity", F_STRING, PEER(identity), false, NULL, 0, 0, NULL, gg_check_identity,
+	  "dns:NAME or uri:URI its certificate must carry (default dns:SITE)" },
+};
+
+static const struct field transport_fields[] = {
+	{ "streams_per_peer", F_INT, CFG(transport.streams_per_peer), false, "4", 1, 64, NULL, NULL,
+	  "TCP streams per peer site, chunks striped over them" },
+	{ "chunk_size", F_SIZE, CFG(transport.chunk_bytes), false, "1MiB", 4 << 10, 64 << 20, NULL, NULL,
+	  "bytes of encoded payload per chunk" },
+	{ "socket_buffer", F_SIZE, CFG(transport.socket_buffer_bytes), false, "4MiB", 64 << 10, 256 << 20,
+	  NULL, NULL, "SO_SNDBUF / SO_RCVBUF per stream" },
+	{ "heartbeat_interval", F_DURATION, CFG(transport.heartbeat_interval_us), false, "1s",
+	  10000, 60000000, NULL, NULL, "how often an idle stream is probed (measures RTT)" },
+	{ "heartbeat_timeout", F_DURATION, CFG(transport.heartbeat_timeout_us), false, "10s",
+	  20000, 600000000, NULL, NULL, "silence after which a stream is declared dead" },
+	{ "connect_timeout", F_DURATION, CFG(transport.connect_timeout_us), false, "5s",
+	  1000, 600000000, NULL, NULL, "TCP connect deadline" },
+	{ "handshake_timeout", F_DURATION, CFG(transport.handshake_timeout_us), false, "5s",
+	  1000, 600000000, NULL, NULL, "TLS handshake deadline" },
+	{ "step_timeout", F_DURATION, CFG(transport.step_timeout_us), false, "60s",
+	  1000, 3600000000, NULL, NULL, "deadline of one all-reduce step at every site" },
+	{ "reconnect_min", F_DURATION, CFG(transport.reconnect_min_us), false, "100ms",
+	  1000, 600000000, NULL, NULL, "first reconnect back-off" },
+	{ "reconnect_max", F_DURATION, CFG(transport.reconnect_max_us), false, "10s",
+	  1000, 3600000000, NULL, NULL, "longest reconnect back-off" },
+};
+
+static const struct field compression_fields[] = {
+	{ "codec", F_ENUM, CFG(compression.codec), false, "bf16-split", 0, 0, codec_names, NULL,
+	  "fp32 | bf16 | bf16-split | int8 | int4 (must match at every site)" },
+	{ "block_size", F_INT, CFG(compression.block_size), false, "256", 16, 65536, NULL, NULL,
+	  "elements per int8/int4 scale block (must match at every site)" },
+	{ "zstd_level", F_INT, CFG(compression.zstd_level), false, "1", 0, 19, NULL, NULL,
+	  "zstd stage level; 0 turns the stage off" },
+	{ "error_feedback", F_BOOL, CFG(compression.error_feedback), false, "true", 0, 0, NULL, NULL,
+	  "carry what a lossy codec dropped into the next step" },
+};
+
+static const struct field allreduce_fields[] = {
+	{ "algorithm", F_ENUM, CFG(allreduce.algorithm), false, "ring", 0, 0, algo_names, NULL,
+	  "direct | ring (must match at every site)" },
+};
+
+static const struct field limits_fields[] = {
+	{ "memory", F_SIZE, CFG(limits.memory_bytes), false, "4GiB", 64 << 20, INT64_MAX, NULL, NULL,
+	  "buffer memory the gateway may hold" },
+	{ "inflight_per_peer", F_SIZE, CFG(limits.inflight_bytes_per_peer), false, "256MiB",
+	  64 << 10, INT64_MAX, NULL, NULL, "unacknowledged bytes towards one peer" },
+	{ "max_message", F_SIZE, CFG(limits.max_message_bytes), false, "2GiB", 4, INT64_MAX, NULL, NULL,
+	  "largest all-reduce a client may submit" },
+	{ "max_clients", F_INT, CFG(limits.max_clients), false, "64", 1, 4096, NULL, NULL,
+	  "local client connections" },
+};
+
+static const struct section sections[] = {
+	{ "site", site_fields, GG_ARRAY_LEN(site_fields) },
+	{ "tls", tls_fields, GG_ARRAY_LEN(tls_fields) },
+	{ "transport", transport_fields, GG_ARRAY_LEN(transport_fields) },
+	{ "compression", compression_fields, GG_ARRAY_LEN(compression_fields) },
+	{ "allreduce", allreduce_fields, GG_ARRAY_LEN(allreduce_fields) },
+	{ "limits", limits_fields, GG_ARRAY_LEN(limits_fields) },
+};
+
+static const struct section peers_section = { "peers", peer_fields, GG_ARRAY_LEN(peer_fields) };
+
+static const char *const tls13_suites[] = {
+	"TLS_AES_256_GCM_SHA384", "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256",
+	"TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256",
+};
+
+struct loader {
+	const char *source;
+	const char *base_dir;
+	struct gg_diag *diag;
+	int oom;
+};
+
+/* ---- diagnostics -------------------------------------------------------- */
+
+static GG_PRINTF(2, 3) void diag_add(struct gg_diag *diag, const char *fmt, ...)
+{
+	va_list ap;
+	char *line;
+
+	va_start(ap, fmt);
+	int n = vasprintf(&line, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if (diag->count == diag->cap) {
+		size_t cap = diag->cap ? diag->cap * 2 : 8;
+		char **lines = realloc(diag->lines, cap * sizeof(*lines));
+		if (!lines) {
+			free(line);
+			return;
+		}
+		diag->lines = lines;
+		diag->cap = cap;
+	}
+	diag->lines[diag->count++] = line;
+}
+
+void gg_diag_free(struct gg_diag *diag)
+{
+	for (size_t i = 0; i < diag->count; i++)
+		free(diag->lines[i]);
+	free(diag->lines);
+	memset(diag, 0, sizeof(*diag));
+}
+
+void gg_diag_print(const struct gg_diag *diag, FILE *out)
+{
+	for (size_t i = 0; i < diag->count; i++)
+		fprintf(out, "%s\n", diag->lines[i]);
+}
+
+#define AT(ld, pos) (ld)->source, (pos).line, (pos).col
+
+/* ---- suggestions -------------------------------------------------------- */
+
+static size_t edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	size_t row[64];
+
+	if (la >= GG_ARRAY_LEN(row) || lb >= GG_ARRAY_LEN(row))
+		return SIZE_MAX;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			size_t up = row[j];
+			size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+			row[j] = GG_MIN(GG_MIN(row[j] + 1, row[j - 1] + 1), diag + cost);
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+/* The closest of `names` to `key`, or NULL when none is close enough to be
+ * a plausible typo. */
+static const char *closest(const char *key, const char *const *names, size_t count)
+{
+	const char *best = NULL;
+	size_t best_d = SIZE_MAX;
+
+	for (size_t i = 0; i < count; i++) {
+		size_t d = edit_distance(key, names[i]);
+		if (d < best_d) {
+			best_d = d;
+			best = names[i];
+		}
+	}
+	size_t len = strlen(key);
+	if (best_d <= (len < 6 ? 1u : len / 3 + 1))
+		return best;
+	/* A shortened name ("streams" for "streams_per_peer") is a typo too. */
+	for (size_t i = 0; len >= 4 && i < count; i++)
+		if (!strncmp(names[i], key, len))
+			return names[i];
+	return NULL;
+}
+
+static void report_unknown(struct loader *ld, struct gg_toml_pos pos, const char *key,
+			   const char *where, const char *const *names, size_t count)
+{
+	const char *hint = closest(key, names, count);
+
+	if (hint)
+		diag_add(ld->diag, "%s:%u:%u: unknown key '%s' in %s (did you mean '%s'?)", AT(ld, pos),
+			 key, where, hint);
+	else
+		diag_add(ld->diag, "%s:%u:%u: unknown key '%s' in %s", AT(ld, pos), key, where);
+}
+
+/* Reports the i-th key of `t` when it is none of `names`. */
+static void check_known_key(struct loader *ld, const struct gg_toml_table *t, size_t i, const char *where,
+			    const char *const *names, size_t count)
+{
+	size_t len;
+	const char *key = gg_toml_table_key(t, i, &len);
+
+	for (size_t k = 0; k < count; k++)
+		if (strlen(names[k]) == len && !memcmp(key, names[k], len))
+			return;
+	if (strlen(key) != len)
+		diag_add(ld->diag, "%s:%u:%u: key in %s contains a NUL character", AT(ld, gg_toml_table_key_pos(t, i)),
+			 where);
+	else
+		report_unknown(ld, gg_toml_table_key_pos(t, i), key, where, names, count);
+}
+
+/* ---- field parsing ------------------------------------------------------ */
+
+static char *dup_or_oom(struct loader *ld, const char *s)
+{
+	char *d = strdup(s);
+	if (!d)
+		ld->oom = 1;
+	return d;
+}
+
+static char *resolve_path(struct loader *ld, const char *path)
+{
+	char *out;
+
+	if (path[0] == '/' || !ld->base_dir || !ld->base_dir[0] || !strcmp(ld->base_dir, "."))
+		return dup_or_oom(ld, path);
+	if (asprintf(&out, "%s/%s", ld->base_dir, path) < 0) {
+		ld->oom = 1;
+		return NULL;
+	}
+	return out;
+}
+
+static const char *article(enum gg_toml_kind kind)
+{
+	return strchr("aeiou", gg_toml_kind_name(kind)[0]) ? "an" : "a";
+}
+
+static bool want_kind(struct loader *ld, const struct field *f, const char *where,
+		      const struct gg_toml_value *v, enum gg_toml_kind kind, const char *what)
+{
+	if (v->kind == kind)
+		return true;
+	diag_add(ld->diag, "%s:%u:%u: '%s' in %s must be %s, not %s %s", AT(ld, v->pos), f->key, where,
+		 what, article(v->kind), gg_toml_kind_name(v->kind));
+	return false;
+}
+
+static char *format_int(uint64_t v, char *buf, size_t size)
+{
+	snprintf(buf, size, "%lld", (long long)v);
+	return buf;
+}
+
+/* `v` is read as signed for integer fields, unsigned for sizes/durations. */
+static bool in_range(struct loader *ld, const struct field *f, const char *where,
+		     struct gg_toml_pos pos, uint64_t v)
+{
+	char *(*fmt)(uint64_t, char *, size_t) = f->kind == F_SIZE ? gg_format_size
+					       : f->kind == F_DURATION ? gg_format_duration
+								       : format_int;
+	bool ok = f->kind == F_INT ? (int64_t)v >= f->min && (int64_t)v <= f->max
+				   : v >= (uint64_t)f->min && v <= (uint64_t)f->max;
+	if (ok)
+		return true;
+	char lo[32], hi[32], got[32];
+	fmt((uint64_t)f->min, lo, sizeof(lo));
+	fmt((uint64_t)f->max, hi, sizeof(hi));
+	fmt(v, got, sizeof(got));
+	if (f->max == INT64_MAX)
+		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s; it must be at least %s", AT(ld, pos), f->key,
+			 where, got, lo);
+	else
+		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s; it must be between %s and %s", AT(ld, pos),
+			 f->key, where, got, lo, hi);
+	return false;
+}
+
+static void set_suites(struct loader *ld, const struct field *f, const char *where,
+		       const struct gg_toml_value *v, void *dst)
+{
+	const struct gg_toml_array *a = v->u.array;
+	size_t n = gg_toml_array_len(a), total = 1;
+	bool ok = true;
+
+	if (n == 0) {
+		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; name at least one TLS 1.3 ciphersuite",
+			 AT(ld, v->pos), f->key, where);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct gg_toml_value *e = gg_toml_array_at(a, i);
+		if (e->kind != GG_TOML_STRING) {
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s must list strings, not %s %s", AT(ld, e->pos),
+				 f->key, where, article(e->kind), gg_toml_kind_name(e->kind));
+			ok = false;
+			continue;
+		}
+		size_t k;
+		for (k = 0; k < GG_ARRAY_LEN(tls13_suites); k++)
+			if (!strcmp(e->u.str.ptr, tls13_suites[k]))
+				break;
+		if (k == GG_ARRAY_LEN(tls13_suites)) {
+			const char *hint = closest(e->u.str.ptr, tls13_suites, GG_ARRAY_LEN(tls13_suites));
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not a TLS 1.3 ciphersuite%s%s%s",
+				 AT(ld, e->pos), f->key, where, e->u.str.ptr, hint ? " (did you mean '" : "",
+				 hint ? hint : "", hint ? "'?)" : "");
+			ok = false;
+			continue;
+		}
+		for (size_t j = 0; j < i; j++) {
+			const struct gg_toml_value *p = gg_toml_array_at(a, j);
+			if (p->kind == GG_TOML_STRING && !strcmp(p->u.str.ptr, e->u.str.ptr)) {
+				diag_add(ld->diag, "%s:%u:%u: '%s' in %s lists '%s' twice", AT(ld, e->pos),
+					 f->key, where, e->u.str.ptr);
+				ok = false;
+			}
+		}
+		total += e->u.str.len + 1;
+	}
+	if (!ok)
+		return;
+	char *joined = calloc(1, total);
+	if (!joined) {
+		ld->oom = 1;
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			strcat(joined, ":");
+		strcat(joined, gg_toml_array_at(a, i)->u.str.ptr);
+	}
+	free(*(char **)dst);
+	*(char **)dst = joined;
+}
+
+/* Parses `v` (NULL: the field's default text) into the field's slot in
+ * `base`. Problems go to the diagnostics; the slot keeps its old value. */
+static void set_field(struct loader *ld, const struct field *f, const char *where,
+		      const struct gg_toml_value *v, void *base)
+{
+	void *dst = (char *)base + f->offset;
+	struct gg_toml_pos pos = v ? v->pos : (struct gg_toml_pos){ 0, 0 };
+	const char *text = f->def;
+	const char *why = NULL;
+	char buf[256];
+
+	switch (f->kind) {
+	case F_STRING:
+	case F_PATH:
+	case F_ENUM:
+		if (v) {
+			if (!want_kind(ld, f, where, v, GG_TOML_STRING, "a string"))
+				return;
+			if (strlen(v->u.str.ptr) != v->u.str.len) {
+				diag_add(ld->diag, "%s:%u:%u: '%s' in %s contains a NUL character",
+					 AT(ld, pos), f->key, where);
+				return;
+			}
+			text = v->u.str.ptr;
+		}
+		if (f->kind == F_ENUM) {
+			for (int i = 0; f->choices[i]; i++) {
+				if (!strcmp(text, f->choices[i])) {
+					*(int *)dst = i;
+					return;
+				}
+			}
+			size_t n = 0;
+			buf[0] = '\0';
+			for (; f->choices[n]; n++)
+				snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", n ? ", " : "",
+					 f->choices[n]);
+			const char *hint = closest(text, f->choices, n);
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\"; expected one of %s%s%s%s", AT(ld, pos),
+				 f->key, where, text, buf, hint ? " (did you mean '" : "", hint ? hint : "",
+				 hint ? "'?)" : "");
+			return;
+		}
+		if (f->check && f->check(text, buf, sizeof(buf))) {
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: %s", AT(ld, pos), f->key, where, buf);
+			return;
+		}
+		if (f->kind == F_PATH && !text[0]) {
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; give a file path", AT(ld, pos),
+				 f->key, where);
+			return;
+		}
+		char *s = f->kind == F_PATH ? resolve_path(ld, text) : dup_or_oom(ld, text);
+		if (s) {
+			free(*(char **)dst);
+			*(char **)dst = s;
+		}
+		return;
+	case F_INT: {
+		int64_t n;
+		if (v) {
+			if (!want_kind(ld, f, where, v, GG_TOML_INTEGER, "an integer"))
+				return;
+			n = v->u.integer;
+		} else {
+			n = strtoll(text, NULL, 10);
+		}
+		if (in_range(ld, f, where, pos, (uint64_t)n))
+			*(int *)dst = (int)n;
+		return;
+	}
+	case F_BOOL:
+		if (v) {
+			if (want_kind(ld, f, where, v, GG_TOML_BOOL, "a boolean"))
+				*(bool *)dst = v->u.boolean;
+		} else {
+			*(bool *)dst = !strcmp(text, "true");
+		}
+		return;
+	case F_SIZE:
+	case F_DURATION: {
+		bool size = f->kind == F_SIZE;
+		uint64_t n;
+		if (v && size && v->kind == GG_TOML_INTEGER) {
+			if (v->u.integer < 0) {
+				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is negative", AT(ld, pos), f->key, where);
+				return;
+			}
+			n = (uint64_t)v->u.integer;
+		} else {
+			if (v && !want_kind(ld, f, where, v, GG_TOML_STRING,
+					    size ? "a size like \"4MiB\" or a byte count" : "a duration like \"500ms\""))
+				return;
+			if (v)
+				text = v->u.str.ptr;
+			if ((size ? gg_parse_size : gg_parse_duration)(text, &n, &why)) {
+				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\": %s", AT(ld, pos), f->key, where,
+					 text, why);
+				return;
+			}
+		}
+		if (in_range(ld, f, where, pos, n))
+			*(uint64_t *)dst = n;
+		return;
+	}
+	case F_SUITES:
+		if (v) {
+			if (want_kind(ld, f, where, v, GG_TOML_ARRAY, "an array of ciphersuite names"))
+				set_suites(ld, f, where, v, dst);
+		} else {
+			char *copy = dup_or_oom(ld, text);
+			if (copy) {
+				free(*(char **)dst);
+				*(char **)dst = copy;
+			}
+		}
+		return;
+	}
+}
+
+/* Fills every field of one table (or of a missing one, t == NULL). */
+static void load_table(struct loader *ld, const struct section *sec, const char *where,
+		       const struct gg_toml_table *t, struct gg_toml_pos table_pos, void *base)
+{
+	const char *names[16];
+
+	assert(sec->count <= GG_ARRAY_LEN(names));
+	for (size_t i = 0; i < sec->count; i++)
+		names[i] = sec->fields[i].key;
+
+	for (size_t i = 0; t && i < gg_toml_table_count(t); i++)
+		check_known_key(ld, t, i, where, names, sec->count);
+	for (size_t k = 0; k < sec->count; k++) {
+		const struct field *f = &sec->fields[k];
+		const struct gg_toml_value *v = t ? gg_toml_table_get(t, f->key) : NULL;
+		if (v) {
+			set_field(ld, f, where, v, base);
+		} else if (f->required) {
+			if (t)
+				diag_add(ld->diag, "%s:%u:%u: missing required key '%s' in %s", AT(ld, table_pos),
+					 f->key, where);
+			else
+				diag_add(ld->diag, "%s: missing required key '%s' in %s", ld->source, f->key, where);
+		} else if (f->def) {
+			set_field(ld, f, where, NULL, base);
+		}
+	}
+}
+
+static void load_peers(struct loader *ld, const struct gg_toml_value *v, struct gg_config *cfg)
+{
+	if (v->kind != GG_TOML_ARRAY) {
+		diag_add(ld->diag, "%s:%u:%u: 'peers' must be an array of tables: write each peer as [[peers]]",
+			 AT(ld, v->pos));
+		return;
+	}
+	const struct gg_toml_array *a = v->u.array;
+	size_t n = gg_toml_array_len(a);
+	if (n > GG_MAX_PEERS) {
+		diag_add(ld->diag, "%s:%u:%u: %zu peers configured; at most %d are supported (%d sites in all)",
+			 AT(ld, gg_toml_array_at(a, GG_MAX_PEERS)->pos), n, GG_MAX_PEERS, GG_MAX_PEERS + 1);
+		n = GG_MAX_PEERS;
+	}
+	cfg->peers = calloc(n ? n : 1, sizeof(*cfg->peers));
+	if (!cfg->peers) {
+		ld->oom = 1;
+		return;
+	}
+	cfg->peer_count = n;
+	for (size_t i = 0; i < n; i++) {
+		const struct gg_toml_value *e = gg_toml_array_at(a, i);
+		char where[32];
+		snprintf(where, sizeof(where), "[[peers]] #%zu", i + 1);
+		if (e->kind != GG_TOML_TABLE) {
+			diag_add(ld->diag, "%s:%u:%u: %s must be a table, not %s %s", AT(ld, e->pos), where,
+				 article(e->kind), gg_toml_kind_name(e->kind));
+			continue;
+		}
+		load_table(ld, &peers_section, where, e->u.table, e->pos, &cfg->peers[i]);
+	}
+}
+
+/* Site names and addresses must be unique, and no peer may be this site. */
+static void check_peers(struct loader *ld, const struct gg_config *cfg, const struct gg_toml_value *pv)
+{
+	for (size_t i = 0; i < cfg->peer_count; i++) {
+		const struct gg_peer_config *p = &cfg->peers[i];
+		struct gg_toml_pos pos = gg_toml_array_at(pv->u.array, i)->pos;
+		if (!p->site || !p->address)
+			continue;
+		if (cfg->site.name && !strcmp(p->site, cfg->site.name))
+			diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu is site '%s', which is this site itself",
+				 AT(ld, pos), i + 1, p->site);
+		if (cfg->site.listen && !strcmp(p->address, cfg->site.listen))
+			diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu address %s is this site's own listen address",
+				 AT(ld, pos), i + 1, p->address);
+		for (size_t j = 0; j < i; j++) {
+			const struct gg_peer_config *q = &cfg->peers[j];
+			if (q->site && !strcmp(p->site, q->site))
+				diag_add(ld->diag, "%s:%u:%u: duplicate peer: site '%s' is already [[peers]] #%zu",
+					 AT(ld, pos), p->site, j + 1);
+			else if (q->address && !strcmp(p->address, q->address))
+				diag_add(ld->diag, "%s:%u:%u: duplicate peer address %s: [[peers]] #%zu uses it too",
+					 AT(ld, pos), p->address, j + 1);
+		}
+	}
+}
+
+static void fill_derived(struct loader *ld, struct gg_config *cfg)
+{
+	if (!cfg->site.control && cfg->site.name &&
+	    asprintf(&cfg->site.control, "unix:/run/gradgate/%s.sock", cfg->site.name) < 0) {
+		cfg->site.control = NULL;
+		ld->oom = 1;
+	}
+	for (size_t i = 0; i < cfg->peer_count; i++) {
+		struct gg_peer_config *p = &cfg->peers[i];
+		if (!p->identity && p->site && asprintf(&p->identity, "dns:%s", p->site) < 0) {
+			p->identity = NULL;
+			ld->oom = 1;
+		}
+	}
+}
+
+/* Settings that are valid alone but not together. */
+static void check_combinations(struct loader *ld, const struct gg_config *cfg)
+{
+	const char *src = ld->source;
+	char a[32], b[32];
+
+	if (cfg->transport.heartbeat_timeout_us <= cfg->transport.heartbeat_interval_us)
+		diag_add(ld->diag, "%s: [transport] heartbeat_timeout (%s) must be longer than heartbeat_interval (%s)",
+			 src, gg_format_duration(cfg->transport.heartbeat_timeout_us, a, sizeof(a)),
+			 gg_format_duration(cfg->transport.heartbeat_interval_us, b, sizeof(b)));
+	if (cfg->transport.reconnect_min_us > cfg->transport.reconnect_max_us)
+		diag_add(ld->diag, "%s: [transport] reconnect_min (%s) is longer than reconnect_max (%s)", src,
+			 gg_format_duration(cfg->transport.reconnect_min_us, a, sizeof(a)),
+			 gg_format_duration(cfg->transport.reconnect_max_us, b, sizeof(b)));
+	if (cfg->limits.inflight_bytes_per_peer < cfg->transport.chunk_bytes)
+		diag_add(ld->diag, "%s: [limits] inflight_per_peer (%s) is smaller than one chunk ([transport] chunk_size = %s)",
+			 src, gg_format_size(cfg->limits.inflight_bytes_per_peer, a, sizeof(a)),
+			 gg_format_size(cfg->transport.chunk_bytes, b, sizeof(b)));
+	uint64_t need = cfg->limits.inflight_bytes_per_peer * (cfg->peer_count ? cfg->peer_count : 1);
+	if (cfg->limits.memory_bytes < need)
+		diag_add(ld->diag, "%s: [limits] memory (%s) cannot hold inflight_per_peer for %zu peers (%s)", src,
+			 gg_format_size(cfg->limits.memory_bytes, a, sizeof(a)), cfg->peer_count,
+			 gg_format_size(need, b, sizeof(b)));
+	if (cfg->compression.codec == GG_CODEC_INT4 && cfg->compression.block_size % 2)
+		diag_add(ld->diag, "%s: [compression] block_size %d must be even for int4 (two values per byte)",
+			 src, cfg->compression.block_size);
+}
+
+/* The certificate files must be readable now, not at the first handshake;
+ * the key must not be readable by anyone but its owner. */
+static void check_files(struct loader *ld, const struct gg_config *cfg)
+{
+	const struct {
+		const char *key;
+		const char *path;
+	} files[] = {
+		{ "ca", cfg->tls.ca }, { "cert", cfg->tls.cert }, { "key", cfg->tls.key }, { "crl", cfg->tls.crl },
+	};
+
+	for (size_t i = 0; i < GG_ARRAY_LEN(files); i++) {
+		const char *path = files[i].path;
+		struct stat st;
+		if (!path)
+			continue;
+		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		if (fd < 0 && errno == ELOOP)
+			fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			diag_add(ld->diag, "%s: [tls] %s file '%s' cannot be read: %s", ld->source, files[i].key, path,
+				 strerror(errno));
+			continue;
+		}
+		if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
+			diag_add(ld->diag, "%s: [tls] %s file '%s' is not a regular file", ld->source, files[i].key,
+				 path);
+		else if (!strcmp(files[i].key, "key") && (st.st_mode & 077))
+			diag_add(ld->diag,
+				 "%s: [tls] key file '%s' is readable by group or others (mode %04o); run: chmod 600 '%s'",
+				 ld->source, path, (unsigned)(st.st_mode & 07777), path);
+		close(fd);
+	}
+}
+
+static const char *const section_names[] = { "site", "tls", "peers", "transport", "compression",
+					      "allreduce", "limits" };
+
+int gg_config_load_text(const char *text, size_t len, const char *source, const char *base_dir,
+			struct gg_config *cfg, struct gg_diag *diag)
+{
+	struct loader ld = { .source = source, .base_dir = base_dir, .diag = diag };
+	struct gg_toml_doc *doc = NULL;
+	char err[512];
+	int rc;
+
+	memset(cfg, 0, sizeof(*cfg));
+	rc = gg_toml_parse(text, len, source, &doc, err, sizeof(err));
+	if (rc) {
+		diag_add(diag, "%s", err);
+		return rc == -ENOMEM ? rc : -EINVAL;
+	}
+	const struct gg_toml_table *root = gg_toml_root(doc);
+	size_t before = diag->count;
+
+	for (size_t i = 0; i < gg_toml_table_count(root); i++)
+		check_known_key(&ld, root, i, "the top level", section_names, GG_ARRAY_LEN(section_names));
+	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++) {
+		const struct section *sec = &sections[s];
+		const struct gg_toml_value *v = gg_toml_table_get(root, sec->name);
+		char where[32];
+		snprintf(where, sizeof(where), "[%s]", sec->name);
+		if (v && v->kind != GG_TOML_TABLE) {
+			diag_add(diag, "%s:%u:%u: '%s' must be a table ([%s]), not %s %s", AT(&ld, v->pos),
+				 sec->name, sec->name, article(v->kind), gg_toml_kind_name(v->kind));
+			continue;
+		}
+		load_table(&ld, sec, where, v ? v->u.table : NULL, v ? v->pos : (struct gg_toml_pos){ 0, 0 }, cfg);
+	}
+	const struct gg_toml_value *pv = gg_toml_table_get(root, "peers");
+	if (pv)
+		load_peers(&ld, pv, cfg);
+	if (cfg->peer_count == 0 && (!pv || pv->kind == GG_TOML_ARRAY))
+		diag_add(diag, "%s: no peers configured; add at least one [[peers]] table", source);
+	else
+		check_peers(&ld, cfg, pv);
+	fill_derived(&ld, cfg);
+	if (diag->count == before)
+		check_combinations(&ld, cfg);
+	check_files(&ld, cfg);
+
+	gg_toml_free(doc);
+	if (ld.oom || diag->count > before) {
+		gg_config_free(cfg);
+		return ld.oom ? -ENOMEM : -EINVAL;
+	}
+	cfg->source = strdup(source);
+	if (!cfg->source) {
+		gg_config_free(cfg);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag)
+{
+	char *text = NULL, *dir = NULL;
+	size_t len = 0;
+	int rc;
+
+	memset(cfg, 0, sizeof(*cfg));
+	rc = gg_read_small_file(path, GG_TOML_MAX_INPUT_BYTES, &text, &len);
+	if (rc) {
+		if (rc == -EFBIG)
+			diag_add(diag, "%s: file is larger than %u bytes; this is not a gateway config", path,
+				 GG_TOML_MAX_INPUT_BYTES);
+		else
+			diag_add(diag, "%s: cannot read config: %s", path, strerror(-rc));
+		return rc;
+	}
+	const char *slash = strrchr(path, '/');
+	dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : NULL;
+	if (slash && !dir) {
+		free(text);
+		return -ENOMEM;
+	}
+	rc = gg_config_load_text(text, len, path, dir, cfg, diag);
+	free(dir);
+	free(text);
+	return rc;
+}
+
+void gg_config_free(struct gg_config *cfg)
+{
+	free(cfg->source);
+	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++)
+		for (size_t k = 0; k < sections[s].count; k++) {
+			const struct field *f = &sections[s].fields[k];
+			if (f->kind == F_STRING || f->kind == F_PATH || f->kind == F_SUITES)
+				free(*(char **)((char *)cfg + f->offset));
+		}
+	for (size_t i = 0; i < cfg->peer_count; i++)
+		for (size_t k = 0; k < peers_section.count; k++)
+			free(*(char **)((char *)&cfg->peers[i] + peer_fields[k].offset));
+	free(cfg->peers);
+	memset(cfg, 0, sizeof(*cfg));
+}
+
+/* ---- printing ----------------------------------------------------------- */
+
+/* Appends `s` to buf as a TOML basic string. */
+static void render_string(char *buf, size_t size, const char *s)
+{
+	size_t n = strlen(buf);
+
+	for (n += (size_t)snprintf(buf + n, size - n, "\""); *s && n + 8 < size; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			n += (size_t)snprintf(buf + n, size - n, "\\%c", c);
+		else if (c < 0x20 || c == 0x7f)
+			n += (size_t)snprintf(buf + n, size - n, "\\u%04x", c);
+		else
+			buf[n++] = (char)c;
+	}
+	snprintf(buf + n, size - n, "\"");
+}
+
+/* Renders one field's value as TOML; returns false when it is unset. */
+static bool render_value(const struct field *f, const void *base, char *buf, size_t size)
+{
+	const void *src = (const char *)base + f->offset;
+	char tmp[32];
+
+	buf[0] = '\0';
+	switch (f->kind) {
+	case F_STRING:
+	case F_PATH:
+		if (!*(char *const *)src)
+			return false;
+		render_string(buf, size, *(char *const *)src);
+		return true;
+	case F_INT:
+		snprintf(buf, size, "%d", *(const int *)src);
+		return true;
+	case F_BOOL:
+		snprintf(buf, size, "%s", *(const bool *)src ? "true" : "false");
+		return true;
+	case F_SIZE:
+		render_string(buf, size, gg_format_size(*(const uint64_t *)src, tmp, sizeof(tmp)));
+		return true;
+	case F_DURATION:
+		render_string(buf, size, gg_format_duration(*(const uint64_t *)src, tmp, sizeof(tmp)));
+		return true;
+	case F_ENUM:
+		render_string(buf, size, f->choices[*(const int *)src]);
+		return true;
+	case F_SUITES: {
+		const char *s = *(char *const *)src;
+		size_t n = (size_t)snprintf(buf, size, "[");
+		for (bool first = true; s && *s && n < size; first = false) {
+			size_t len = strcspn(s, ":");
+			n += (size_t)snprintf(buf + n, size - n, "%s\"%.*s\"", first ? "" : ", ", (int)len, s);
+			s += len + (s[len] == ':');
+		}
+		if (n < size)
+			snprintf(buf + n, size - n, "]");
+		return true;
+	}
+	}
+	return false;
+}
+
+/* True when the field holds exactly what its default gives. */
+static bool is_default(const struct field *f, const void *base, const char *rendered)
+{
+	struct gg_config scratch;
+	struct gg_diag diag = { 0 };
+	struct loader ld = { .source = "", .diag = &diag };
+	char def[512];
+
+	if (!f->def)
+		return false;
+	memset(&scratch, 0, sizeof(scratch));
+	set_field(&ld, f, "", NULL, &scratch);
+	bool same = render_value(f, &scratch, def, sizeof(def)) && !strcmp(def, rendered);
+	if (f->kind == F_SUITES)
+		free(scratch.tls.ciphersuites);
+	gg_diag_free(&diag);
+	return same;
+}
+
+static void print_fields(FILE *out, const struct section *sec, const void *base)
+{
+	char value[PATH_MAX + 64];
+
+	for (size_t k = 0; k < sec->count; k++) {
+		const struct field *f = &sec->fields[k];
+		if (!render_value(f, base, value, sizeof(value)))
+			fprintf(out, "# %s: not set (%s)\n", f->key, f->help);
+		else
+			fprintf(out, "%s = %s  # %s%s\n", f->key, value,
+				is_default(f, base, value) ? "default; " : "", f->help);
+	}
+}
+
+void gg_config_print(const struct gg_config *cfg, FILE *out)
+{
+	fprintf(out, "# resolved configuration of %s\n", cfg->source ? cfg->source : "<memory>");
+	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++) {
+		fprintf(out, "\n[%s]\n", sections[s].name);
+		print_fields(out, &sections[s], cfg);
+		if (sections[s].fields == tls_fields)
+			for (size_t i = 0; i < cfg->peer_count; i++) {
+				fprintf(out, "\n[[peers]]\n");
+				print_fields(out, &peers_section, &cfg->peers[i]);
+			}
+	}
+}
+
+const char *gg_codec_kind_name(enum gg_codec_kind codec)
+{
+	return (unsigned)codec < GG_ARRAY_LEN(codec_names) - 1 ? codec_names[codec] : "?";
+}
+
+const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo)
+{
+	return (unsigned)algo < GG_ARRAY_LEN(algo_names) - 1 ? algo_names[algo] : "?";
+}

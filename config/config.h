@@ -1,0 +1,121 @@
+/* The gateway's configuration: one struct, filled from a TOML file with
+ * defaults, and validated so that every problem is reported at once with
+ * the place it comes from. */
+#ifndef GG_CONFIG_H
+#define GG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gg_common.h"
+
+#define GG_MAX_PEERS 7          /* eight sites in all */
+#define GG_SITE_NAME_MAX 63
+
+enum gg_codec_kind {
+	GG_CODEC_FP32,
+	GG_CODEC_BF16,
+	GG_CODEC_BF16_SPLIT,
+	GG_CODEC_INT8,
+	GG_CODEC_INT4,
+};
+
+enum gg_allreduce_algo {
+	GG_ALLREDUCE_DIRECT,
+	GG_ALLREDUCE_RING,
+};
+
+struct gg_peer_config {
+	char *site;     /* the peer's site name, as its own config says */
+	char *address;  /* "host:port" it listens on */
+	char *identity; /* "dns:NAME" or "uri:URI" its certificate must carry */
+};
+
+struct gg_config {
+	char *source; /* the file this came from, as given */
+
+	struct {
+		char *name;
+		char *listen;   /* "host:port" for peer gateways */
+		char *control;  /* "unix:PATH" or "tcp:host:port" for local clients */
+		int threads;    /* io_uring worker threads */
+	} site;
+
+	struct {
+		char *ca;        /* paths resolved against the config file's folder */
+		char *cert;
+		char *key;
+		char *crl;       /* NULL when not configured */
+		char *ciphersuites; /* OpenSSL TLS 1.3 list, ':'-separated, in preference order */
+	} tls;
+
+	struct gg_peer_config *peers;
+	size_t peer_count;
+
+	struct {
+		int streams_per_peer;
+		uint64_t chunk_bytes;
+		uint64_t socket_buffer_bytes;
+		uint64_t heartbeat_interval_us;
+		uint64_t heartbeat_timeout_us;
+		uint64_t connect_timeout_us;
+		uint64_t handshake_timeout_us;
+		uint64_t step_timeout_us;
+		uint64_t reconnect_min_us;
+		uint64_t reconnect_max_us;
+	} transport;
+
+	struct {
+		enum gg_codec_kind codec;
+		int block_size;
+		int zstd_level;  /* 0: zstd stage off */
+		bool error_feedback;
+	} compression;
+
+	struct {
+		enum gg_allreduce_algo algorithm;
+	} allreduce;
+
+	struct {
+		uint64_t memory_bytes;
+		uint64_t inflight_bytes_per_peer;
+		uint64_t max_message_bytes;
+		int max_clients;
+	} limits;
+};
+
+/* Problems found while loading, each one line ready for a person:
+ * "site.toml:12:1: error: unknown key 'chunk_sise' in [transport] (did you
+ * mean 'chunk_size'?)". */
+struct gg_diag {
+	char **lines;
+	size_t count;
+	size_t cap;
+};
+
+void gg_diag_free(struct gg_diag *diag);
+void gg_diag_print(const struct gg_diag *diag, FILE *out);
+
+/* Reads, parses and validates `path`. Returns 0 with *cfg filled (free with
+ * gg_config_free), or -EINVAL with every problem found in `diag` (the
+ * caller frees it with gg_diag_free; *cfg is then left zeroed), or another
+ * negative errno (-ENOMEM, or the file could not be read: also in diag). */
+GG_MUST_CHECK int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag);
+
+/* The same for TOML text already in memory; relative paths resolve against
+ * `base_dir` (NULL: the current directory). */
+GG_MUST_CHECK int gg_config_load_text(const char *text, size_t len, const char *source,
+				      const char *base_dir, struct gg_config *cfg, struct gg_diag *diag);
+
+void gg_config_free(struct gg_config *cfg);
+
+/* Prints the resolved configuration as TOML that loads back to the same
+ * struct; values left at their default are marked "# default". */
+void gg_config_print(const struct gg_config *cfg, FILE *out);
+
+const char *gg_codec_kind_name(enum gg_codec_kind codec);
+const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo);
+
+#endif

@@ -1,0 +1,19 @@
+/* Validators for the config's string values. Each returns 0, or -EINVAL
+ * with a sentence in `why` that says what is wrong with the value. */
+#ifndef GG_CONFIG_CHECK_H
+#define GG_CONFIG_CHECK_H
+
+#include <stddef.h>
+
+typedef int (*gg_check_fn)(const char *value, char *why, size_t why_size);
+
+/* 1-63 of [a-z0-9-], starting with a letter or digit. */
+int gg_check_site_name(const char *value, char *why, size_t why_size);
+/* "host:port" or "[v6addr]:port", port 1-65535. */
+int gg_check_address(const char *value, char *why, size_t why_size);
+/* "unix:/absolute/path" or "tcp:host:port". */
+int gg_check_control(const char *value, char *why, size_t why_size);
+/* "dns:NAME" or "uri:SCHEME:REST". */
+int gg_check_identity(const char *value, char *why, size_t why_size);
+
+#endif

@@ -1,0 +1,116 @@
+/* gradgate: the per-site gateway. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "gg_build_config.h"
+#include "gg_common.h"
+#if HAVE_CUDA
+#include "cuda_probe.h"
+#endif
+
+enum exit_code {
+	EXIT_OK = 0,
+	EXIT_CONFIG = 1, /* the configuration has problems */
+	EXIT_USAGE = 2,
+};
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: gradgate --check-config FILE...\n"
+		"       gradgate --version\n"
+		"\n"
+		"  --check-config FILE...  load and validate each site config; print the\n"
+		"                          resolved settings (defaults included), or every\n"
+		"                          problem found; exit 1 if any file has problems\n"
+		"  --version               print the version and what this build supports\n"
+		"  --help                  show this help\n");
+}
+
+static int check_configs(int count, char **paths)
+{
+	int bad = 0;
+
+	for (int i = 0; i < count; i++) {
+		struct gg_config cfg;
+		struct gg_diag diag = { 0 };
+		if (gg_config_load(paths[i], &cfg, &diag)) {
+			gg_diag_print(&diag, stderr);
+			fprintf(stderr, "%s: %zu problem%s found\n", paths[i], diag.count,
+				diag.count == 1 ? "" : "s");
+			bad++;
+		} else {
+			if (i)
+				putchar('\n');
+			gg_config_print(&cfg, stdout);
+			gg_config_free(&cfg);
+		}
+		gg_diag_free(&diag);
+	}
+	return bad ? EXIT_CONFIG : EXIT_OK;
+}
+
+static void print_version(void)
+{
+	printf("gradgate %s\n", GG_VERSION);
+#if HAVE_CUDA
+	struct gg_cuda_info info;
+	gg_cuda_probe(&info);
+	printf("cuda: runtime %d.%d", info.runtime_version / 1000, info.runtime_version % 1000 / 10);
+	if (info.device_count > 0)
+		printf(", %d device%s (%s, sm_%d%d)\n", info.device_count, info.device_count == 1 ? "" : "s",
+		       info.device_name, info.cc_major, info.cc_minor);
+	else
+		printf(", no usable device (%s)\n", info.error);
+	if (info.nccl_version)
+		printf("nccl: %d.%d.%d\n", info.nccl_version / 10000, info.nccl_version / 100 % 100,
+		       info.nccl_version % 100);
+	else
+		printf("nccl: not built\n");
+#else
+	printf("cuda: not built\nnccl: not built\n");
+#endif
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "check-config", no_argument, NULL, 'c' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	bool check = false;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c':
+			check = true;
+			break;
+		case 'V':
+			print_version();
+			return EXIT_OK;
+		case 'h':
+			usage(stdout);
+			return EXIT_OK;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	if (!check) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (optind == argc) {
+		fprintf(stderr, "gradgate: --check-config needs at least one FILE\n");
+		return EXIT_USAGE;
+	}
+	return check_configs(argc - optind, argv + optind);
+}

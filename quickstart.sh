@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# gradgate quickstart.
+#
+#   ./quickstart.sh        install missing build dependencies (apt-get), build
+#                          into build/, make the demo certificates, run the demo
+#   ./quickstart.sh test   the same set-up, then every test suite in the normal
+#                          build (build/) and the ASan+UBSan build (build-asan/)
+#
+# Both are idempotent: a second run rebuilds only what changed.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+mode=${1:-demo}
+case "$mode" in
+demo|test) ;;
+-h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+*) echo "quickstart.sh: unknown mode '$mode' (use no argument, or 'test')" >&2; exit 2 ;;
+esac
+
+say() { printf '==> %s\n' "$*"; }
+
+# CUDA and NCCL live under the usual prefix; nvcc on PATH turns cuda/ on.
+for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+	if [ -x "$d/nvcc" ]; then
+		PATH="$d:$PATH"
+		break
+	fi
+done
+export PATH
+
+install_deps() {
+	local pkgs=(meson ninja-build pkg-config gcc clang libclang-rt-14-dev
+		liburing-dev libssl-dev libzstd-dev openssl python3 iproute2)
+	local missing=()
+	for p in "${pkgs[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	say "installing ${missing[*]}"
+	local sudo=()
+	if [ "$(id -u)" != 0 ]; then
+		command -v sudo >/dev/null || {
+			echo "quickstart.sh: missing packages (${missing[*]}); run as root or install them" >&2
+			exit 1
+		}
+		sudo=(sudo)
+	fi
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# setup DIR [meson options...]: configure once; ninja re-runs meson by itself
+# when a meson.build changes.
+setup() {
+	local dir=$1
+	shift
+	if [ ! -f "$dir/build.ninja" ]; then
+		say "configuring $dir"
+		meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || {
+			cat "$dir.setup.log" >&2
+			exit 1
+		}
+		rm -f "$dir.setup.log"
+	fi
+	say "building $dir"
+	ninja -C "$dir" >/dev/null || ninja -C "$dir"
+}
+
+# Runs one build's tests; adds its counts to the totals.
+passed=0 failed=0 skipped=0
+run_tests() {
+	local dir=$1 rc=0
+	shift
+	say "testing $dir"
+	meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || rc=$?
+	read -r p f s < <(python3 - "$dir/meson-logs/testlog.json" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line).get("result")
+    if r in ("OK", "EXPECTEDFAIL"): p += 1
+    elif r == "SKIP": s += 1
+    else: f += 1
+print(p, f, s)
+PY
+)
+	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+	[ "$rc" = 0 ] || [ "$f" != 0 ] || failed=$((failed + 1))
+}
+
+install_deps
+setup build
+[ -f examples/certs/ca.pem ] || examples/make-certs.sh
+
+if [ "$mode" = demo ]; then
+	say "checking the example site configs"
+	build/gateway/gradgate --check-config examples/site-a.toml examples/site-b.toml examples/site-c.toml
+	say "all three site configs are valid"
+	exit 0
+fi
+
+# The sanitizer build uses clang, which also builds the libFuzzer targets.
+CC=clang setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+	-Dbuildtype=debug -Dcuda=disabled -Dnccl=disabled
+run_tests build
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run_tests build-asan
+echo "quickstart: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" = 0 ]

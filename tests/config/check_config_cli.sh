@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# gradgate --check-config as a person uses it: exit codes and what it prints.
+set -u
+gradgate=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+expect() { # description, condition result
+	if [ "$2" = 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi
+}
+
+printf 'x\n' >"$tmp/ca.pem"; printf 'x\n' >"$tmp/cert.pem"
+printf 'x\n' >"$tmp/key.pem"; chmod 600 "$tmp/key.pem"
+cat >"$tmp/good.toml" <<TOML
+[site]
+name = "site-a"
+listen = "127.0.0.1:7101"
+[tls]
+ca = "ca.pem"
+cert = "cert.pem"
+key = "key.pem"
+[[peers]]
+site = "site-b"
+address = "127.0.0.1:7102"
+TOML
+sed 's/^listen = .*/listen = "127.0.0.1"/; s/^site = "site-b"/site = "site-a"/' "$tmp/good.toml" >"$tmp/bad.toml"
+
+"$gradgate" --check-config "$tmp/good.toml" >"$tmp/out" 2>"$tmp/err"
+expect "valid config exits 0" $?
+grep -q '^name = "site-a"' "$tmp/out"; expect "resolved config names the site" $?
+grep -q '^streams_per_peer = 4  # default;' "$tmp/out"; expect "defaults are printed and marked" $?
+[ ! -s "$tmp/err" ]; expect "valid config prints nothing on stderr" $?
+
+"$gradgate" --check-config "$tmp/bad.toml" >"$tmp/out" 2>"$tmp/err"
+expect "invalid config exits 1" $(( $? != 1 ))
+grep -qF "$tmp/bad.toml:3:10: 'listen' in [site]: \"127.0.0.1\" is not host:port (the port is missing)" "$tmp/err"
+expect "problem names file:line:col and what is wrong" $?
+grep -qF "[[peers]] #1 is site 'site-a', which is this site itself" "$tmp/err"; expect "every problem is reported" $?
+grep -qF "$tmp/bad.toml: 2 problems found" "$tmp/err"; expect "problem count is summarised" $?
+[ ! -s "$tmp/out" ]; expect "nothing on stdout for an invalid config" $?
+
+"$gradgate" --check-config "$tmp/good.toml" "$tmp/bad.toml" >/dev/null 2>&1
+expect "one bad file among several exits 1" $(( $? != 1 ))
+
+"$gradgate" --check-config "$tmp/missing.toml" >/dev/null 2>"$tmp/err"
+expect "missing file exits 1" $(( $? != 1 ))
+grep -qF "$tmp/missing.toml: cannot read config: No such file or directory" "$tmp/err"; expect "missing file is named" $?
+
+"$gradgate" --check-config "$tmp" >/dev/null 2>"$tmp/err"
+grep -qF "$tmp: cannot read config: Is a directory" "$tmp/err"; expect "a folder is refused" $?
+
+"$gradgate" --check-config >/dev/null 2>"$tmp/err"
+expect "no file is a usage error (exit 2)" $(( $? != 2 ))
+"$gradgate" --frobnicate >/dev/null 2>&1
+expect "unknown option is a usage error (exit 2)" $(( $? != 2 ))
+"$gradgate" --version | grep -q '^gradgate [0-9]'; expect "--version prints the version" $?
+
+exit $fail
