@@ -85,8 +85,8 @@ struct server {
 	bool accept_armed; /* acceptor thread only */
 	pthread_t acceptor;
 	pthread_mutex_t lock;
-	pthread_t workers[MAX_SERVER_CONNS];
-	int worker_count;
+	pthread_cond_t idle;
+	int live_workers; /* detached, one per connection */
 };
 
 /* One connection and the loop of the thread that drives it, in the
@@ -465,6 +465,10 @@ out:
 		fprintf(stderr, "gradgate-bench: connection from %s: %s\n", addr, c.error);
 	conn_close(&c);
 	free(buf);
+	pthread_mutex_lock(&srv->lock);
+	if (--srv->live_workers == 0)
+		pthread_cond_broadcast(&srv->idle);
+	pthread_mutex_unlock(&srv->lock);
 	return NULL;
 }
 
@@ -483,19 +487,24 @@ static void on_accept(void *arg, const struct io_uring_cqe *cqe)
 		return;
 	}
 	pthread_mutex_lock(&srv->lock);
-	if (srv->worker_count == MAX_SERVER_CONNS || !(job = malloc(sizeof(*job)))) {
+	if (srv->live_workers == MAX_SERVER_CONNS || !(job = malloc(sizeof(*job)))) {
 		pthread_mutex_unlock(&srv->lock);
-		fprintf(stderr, "gradgate-bench: dropped a connection: %d served already\n", MAX_SERVER_CONNS);
+		fprintf(stderr, "gradgate-bench: dropped a connection: %d open already\n", MAX_SERVER_CONNS);
 		close(cqe->res);
 		return;
 	}
 	*job = (struct worker_job){ srv, cqe->res };
-	if (pthread_create(&srv->workers[srv->worker_count], NULL, server_worker, job)) {
+	pthread_t t;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &attr, server_worker, job)) {
 		close(job->fd);
 		free(job);
 	} else {
-		srv->worker_count++;
+		srv->live_workers++;
 	}
+	pthread_attr_destroy(&attr);
 	pthread_mutex_unlock(&srv->lock);
 }
 
@@ -526,6 +535,7 @@ static int server_start(struct server *srv, const struct options *opt, struct cr
 	srv->opt = opt;
 	srv->creds = creds;
 	pthread_mutex_init(&srv->lock, NULL);
+	pthread_cond_init(&srv->idle, NULL);
 	if (gg_net_addr_parse(listen_addr, &ss, &len, &why)) {
 		fprintf(stderr, "gradgate-bench: --listen %s: %s\n", listen_addr, why);
 		return -EINVAL;
@@ -547,8 +557,11 @@ static void server_stop(struct server *srv)
 	atomic_store(&srv->stop, true);
 	pthread_join(srv->acceptor, NULL);
 	close(srv->listen_fd);
-	for (int i = 0; i < srv->worker_count; i++)
-		pthread_join(srv->workers[i], NULL);
+	pthread_mutex_lock(&srv->lock);
+	while (srv->live_workers)
+		pthread_cond_wait(&srv->idle, &srv->lock);
+	pthread_mutex_unlock(&srv->lock);
+	pthread_cond_destroy(&srv->idle);
 	pthread_mutex_destroy(&srv->lock);
 }
 
@@ -1066,8 +1079,10 @@ static int parse_modes(const struct options *o, struct mode *modes, int *count)
 			fprintf(stderr, "gradgate-bench: unencrypted transport is asked for with --plain only\n");
 			return -EINVAL;
 		}
-		if (*count == MAX_MODES)
+		if (*count == MAX_MODES) {
+			fprintf(stderr, "gradgate-bench: at most %d modes per run\n", MAX_MODES);
 			return -EINVAL;
+		}
 		modes[(*count)++] = (struct mode){ tok, false };
 	}
 	return *count ? 0 : -EINVAL;
