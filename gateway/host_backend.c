@@ -1341,11 +1341,11 @@ int gg_host_backend_create(const struct gg_host_backend_options *opts, const str
 		snprintf(err, err_size, "host backend: the site name must have 1 to %zu characters", sizeof(b->site) - 1);
 		return -EINVAL;
 	}
-	if (opts->max_clients < 1 || opts->max_clients > 65536 || !opts->max_message_bytes ||
+	if (opts->max_clients < 1 || opts->max_clients > 4096 || !opts->max_message_bytes ||
 	    opts->max_message_bytes > MAX_MESSAGE_LIMIT || !opts->memory_bytes || opts->step_timeout_us < 1000 ||
 	    opts->hello_timeout_us < 1000 || opts->kind_base < GG_OP_USER ||
 	    opts->kind_base + GG_HOST_BACKEND_KINDS > 256 || !core_ops || !core_ops->submit) {
-		snprintf(err, err_size, "host backend: options out of range (max_clients 1..65536, max_message 1 "
+		snprintf(err, err_size, "host backend: options out of range (max_clients 1..4096, max_message 1 "
 			 "byte..1 TiB, timeouts >= 1 ms, kind_base >= GG_OP_USER, a core with submit)");
 		return -EINVAL;
 	}
