@@ -10,5 +10,7 @@ struct gg_bench_cmd {
 };
 
 int gg_bench_allreduce_main(int argc, char **argv);
+/* gradgate-bench transport: TLS vs plain throughput, CPU and latency. */
+int gg_bench_transport_main(int argc, char **argv);
 
 #endif

@@ -303,6 +303,8 @@ ssize_t gg_tls_engine_write(struct gg_tls_engine *e, const void *buf, size_t len
 		return e->fail_rc;
 	if (!e->established)
 		return -ENOTCONN;
+	if (!len)
+		return 0;
 	ERR_clear_error();
 	while (done < len) {
 		size_t chunk = GG_MIN(len - done, (size_t)GG_TLS_RECORD_PLAINTEXT_MAX), written;

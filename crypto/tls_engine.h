@@ -90,7 +90,7 @@ GG_MUST_CHECK int gg_tls_engine_handshake(struct gg_tls_engine *e);
 bool gg_tls_engine_established(const struct gg_tls_engine *e);
 
 /* Encrypts up to `len` bytes of plaintext into records in the tx ring.
- * Returns the number of bytes taken (> 0), -EAGAIN when the tx ring has no
+ * Returns the number of bytes taken (> 0; 0 for len 0), -EAGAIN when the tx ring has no
  * room for a record (send tx_data, then call again with the same bytes),
  * or a failure as for gg_tls_engine_handshake(). */
 GG_MUST_CHECK ssize_t gg_tls_engine_write(struct gg_tls_engine *e, const void *buf, size_t len);

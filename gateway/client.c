@@ -148,6 +148,7 @@ static int send_msg(int fd, const void *msg, size_t len, int pass_fd, uint64_t d
 static ssize_t recv_msg(int fd, union gg_ctrl_msg *msg, uint64_t deadline_ms)
 {
 	_Alignas(size_t) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	bool reset = false;
 
 	for (;;) {
 		struct iovec iov = { .iov_base = msg, .iov_len = sizeof(*msg) };
@@ -172,6 +173,13 @@ static ssize_t recv_msg(int fd, union gg_ctrl_msg *msg, uint64_t deadline_ms)
 		}
 		if (errno == EINTR)
 			continue;
+		/* A gateway that closes with our messages unread resets the
+		 * connection, which recv reports before the answers it sent
+		 * last (why it closed); those are still there to read. */
+		if (errno == ECONNRESET && !reset) {
+			reset = true;
+			continue;
+		}
 		if (errno != EAGAIN)
 			return -errno;
 		struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -245,12 +253,12 @@ static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 	struct gg_request *r = s->head;
 
 	if (!r || d->seq != r->seq) {
-		session_fail(s, GG_ERR_PROTOCOL, "gateway of site %s answered step %llu, but step %llu was next",
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu, but step %llu was next",
 			     site_of(s), (unsigned long long)d->seq, r ? (unsigned long long)r->seq : 0ull);
 		return;
 	}
 	if (d->status > 0) {
-		session_fail(s, GG_ERR_PROTOCOL, "gateway of site %s answered step %llu with status %d",
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu with status %d",
 			     site_of(s), (unsigned long long)d->seq, (int)d->status);
 		return;
 	}
@@ -305,6 +313,16 @@ static void pump(struct gg_session *s, uint64_t deadline_ms)
 		}
 		deadline_ms = 0; /* drain what is already there, then return */
 	}
+}
+
+/* A send failed: the gateway's own last words (ERROR) say more than the
+ * errno, so read what it sent before the session ends. */
+static void send_failed(struct gg_session *s, int rc, const char *what)
+{
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		pump(s, 0);
+	if (!s->failed)
+		session_fail(s, GG_ERR_CLOSED, "%s to the gateway of site %s: %s", what, site_of(s), strerror(-rc));
 }
 
 static int parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struct gg_error *err)
@@ -368,7 +386,6 @@ static int handshake(struct gg_session *s, const char *path, int nranks, struct 
 	m.hello.version = GG_CTRL_VERSION;
 	m.hello.rank = (uint32_t)s->rank;
 	m.hello.nranks = (uint32_t)nranks;
-	m.hello.pid = (uint32_t)getpid();
 	gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), s->job);
 	int rc = send_msg(s->fd, &m, len, -1, deadline);
 	/* A gateway that refuses at once has closed already; its REFUSE waits. */
@@ -534,8 +551,7 @@ static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms,
 	close(fd);
 	if (rc) {
 		munmap(base, size);
-		session_fail(s, GG_ERR_CLOSED, "sending a shared region to the gateway of site %s: %s", site_of(s),
-			     strerror(-rc));
+		send_failed(s, rc, "sending a shared region");
 		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
 	}
 	s->regions[id] = (struct region){ .base = base, .size = size };
@@ -612,8 +628,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	m.allreduce.timeout_ms = (uint32_t)timeout;
 	if ((rc = send_msg(s->fd, &m, mlen, -1, deadline))) {
 		free(r);
-		session_fail(s, GG_ERR_CLOSED, "sending the request to the gateway of site %s: %s", site_of(s),
-			     strerror(-rc));
+		send_failed(s, rc, "sending the request");
 		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
 	}
 

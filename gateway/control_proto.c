@@ -121,6 +121,11 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		snprintf(why, why_size, "%s message of %zu bytes; it has %zu", ctrl_types[type].name, len, want);
 		return GG_ERR_PROTOCOL;
 	}
+	if (len < h->length) {
+		snprintf(why, why_size, "truncated %s: %zu of %u bytes", ctrl_types[type].name, len,
+			 (unsigned)h->length);
+		return GG_ERR_PROTOCOL;
+	}
 	if (len != h->length) {
 		snprintf(why, why_size, "%s header says %u bytes but the packet has %zu", ctrl_types[type].name,
 			 (unsigned)h->length, len);
@@ -139,7 +144,7 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 	bool ok = true;
 	switch (type) {
 	case GG_CTRL_HELLO:
-		ok = text_ok(msg->hello.job, sizeof(msg->hello.job));
+		ok = !msg->hello.reserved && text_ok(msg->hello.job, sizeof(msg->hello.job));
 		break;
 	case GG_CTRL_ACCEPT:
 		ok = text_ok(msg->accept.site, sizeof(msg->accept.site));

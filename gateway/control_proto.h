@@ -63,7 +63,7 @@ struct gg_ctrl_hello {
 	uint32_t version;
 	uint32_t rank;
 	uint32_t nranks;
-	uint32_t pid; /* for the gateway's log only */
+	uint32_t reserved;
 	char job[GG_CTRL_NAME_SIZE];
 };
 

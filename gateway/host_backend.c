@@ -62,6 +62,9 @@ struct hb_conn {
 	size_t out_len[OUTQ];
 	unsigned out_head, out_count;
 	bool send_busy, recv_busy, shut;
+	int io_error;  /* a send could not be queued: dropped at the next tick */
+	uid_t uid;     /* of the peer process, from SO_PEERCRED */
+	pid_t pid;
 
 	union gg_ctrl_msg in;
 	struct iovec iov;
@@ -74,6 +77,7 @@ struct hb_job {
 	char name[GG_CTRL_NAME_SIZE];
 	unsigned nranks;
 	unsigned first_rank; /* the rank whose HELLO created the job */
+	uid_t uid;           /* every rank runs as the user that created the job */
 	unsigned connected;
 	struct hb_conn **ranks;
 	const void **inputs;
@@ -158,16 +162,16 @@ static void req_pop(struct hb_conn *c)
 
 /* ---- sending ------------------------------------------------------------ */
 
-static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err);
-
 static void out_kick(struct gg_host_backend *b, struct hb_conn *c)
 {
 	if (c->send_busy || !c->out_count || c->shut)
 		return;
 	int rc = gg_loop_send(b->loop, c->fd, &c->out[c->out_head], c->out_len[c->out_head], ud(b, K_SEND, c));
 	if (rc) {
+		/* Callers may be walking a job's ranks: the connection is
+		 * dropped in the next tick, not under their feet. */
 		hb_log(b, "control connection %u: cannot queue a send: %s", c->index, strerror(-rc));
-		conn_lost(b, c, rc);
+		c->io_error = rc;
 		return;
 	}
 	c->send_busy = true;
@@ -435,8 +439,14 @@ static void conn_new(struct gg_host_backend *b, int fd)
 		b->stats.refused++;
 		return;
 	}
+	struct ucred cred;
+	socklen_t cred_len = sizeof(cred);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len))
+		cred = (struct ucred){ .pid = 0, .uid = (uid_t)-1 };
 	c->state = C_HELLO;
 	c->fd = fd;
+	c->uid = cred.uid;
+	c->pid = cred.pid;
 	c->deadline_us = b->loop->now_us + b->opts.hello_timeout_us;
 	b->stats.connections++;
 	arm_recv(b, c);
@@ -714,6 +724,11 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 			    "have disconnected", j->name, j->broken_msg);
 		return;
 	}
+	if (j && j->uid != c->uid) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u; rank %u connects as uid %u", j->name,
+			    (unsigned)j->uid, (unsigned)h->rank, (unsigned)c->uid);
+		return;
+	}
 	if (j && j->nranks != h->nranks) {
 		conn_refuse(b, c, GG_ERR_REFUSED, "rank %u of job '%s' says nranks %u, but rank %u said nranks %u",
 			    (unsigned)h->rank, j->name, (unsigned)h->nranks, j->first_rank, j->nranks);
@@ -742,6 +757,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 		memcpy(j->name, h->job, sizeof(j->name));
 		j->nranks = h->nranks;
 		j->first_rank = h->rank;
+		j->uid = c->uid;
 		j->seq = 1;
 		j->next = b->jobs;
 		b->jobs = j;
@@ -753,7 +769,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	c->rank = h->rank;
 	c->next_seq = 1;
 	c->state = C_ACTIVE;
-	hb_log(b, "rank %u of job '%s' connected (pid %u)", c->rank, j->name, (unsigned)h->pid);
+	hb_log(b, "rank %u of job '%s' connected (pid %d, uid %u)", c->rank, j->name, (int)c->pid, (unsigned)c->uid);
 
 	union gg_ctrl_msg *m = out_push(c, GG_CTRL_ACCEPT);
 	m->accept.version = GG_CTRL_VERSION;
@@ -828,7 +844,7 @@ static void on_unmap(struct gg_host_backend *b, struct hb_conn *c)
 		return;
 	}
 	if (c->regions[id].users) {
-		conn_fatal(b, c, GG_ERR_PROTOCOL, "UNMAP of region %u while %u request%s still use it", id,
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "UNMAP of region %u while it holds %u request%s in flight", id,
 			   c->regions[id].users, c->regions[id].users == 1 ? "" : "s");
 		return;
 	}
@@ -1072,11 +1088,15 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 	}
 	for (unsigned i = 0; i < b->opts.max_clients; i++) {
 		struct hb_conn *c = &b->conns[i];
+		if (c->io_error && (c->state == C_HELLO || c->state == C_ACTIVE))
+			conn_lost(b, c, c->io_error);
 		if (c->state == C_HELLO && now_us >= c->deadline_us)
 			conn_refuse(b, c, GG_ERR_TIMEOUT, "no HELLO within %llu ms",
 				    (unsigned long long)b->opts.hello_timeout_us / 1000);
 		conn_settle(b, c, now_us);
-		if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut))
+		if (c->io_error && c->state != C_FREE)
+			next = min_deadline(next, now_us);
+		else if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut))
 			next = min_deadline(next, c->deadline_us);
 	}
 	for (struct hb_job *j = b->jobs; j; j = j->next) {
@@ -1217,12 +1237,12 @@ static bool hb_stop(struct gg_site_backend *base)
 	if (!b->stopping) {
 		char why[TEXT];
 		b->stopping = true;
-		if (b->accept_armed && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
-			b->cancels++;
 		snprintf(why, sizeof(why), "the gateway of site %s is shutting down", b->site);
 		for (unsigned i = 0; i < b->opts.max_clients; i++) {
 			struct hb_conn *c = &b->conns[i];
-			if (c->state != C_HELLO && c->state != C_ACTIVE)
+			if (c->state == C_HELLO)
+				conn_refuse(b, c, GG_ERR_CLOSED, "%s", why);
+			if (c->state != C_ACTIVE)
 				continue;
 			conn_detach(b, c, why);
 			union gg_ctrl_msg *m = out_push(c, GG_CTRL_ERROR);
@@ -1235,6 +1255,9 @@ static bool hb_stop(struct gg_site_backend *base)
 			conn_settle(b, c, b->loop->now_us);
 		}
 	}
+	/* Retried on every call should the ring have had no room. */
+	if (b->accept_armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
+		b->cancels++;
 	if (b->listen_fd >= 0 && !b->accept_armed && !b->cancels) {
 		struct stat st;
 		close(b->listen_fd);
@@ -1318,11 +1341,11 @@ int gg_host_backend_create(const struct gg_host_backend_options *opts, const str
 		snprintf(err, err_size, "host backend: the site name must have 1 to %zu characters", sizeof(b->site) - 1);
 		return -EINVAL;
 	}
-	if (opts->max_clients < 1 || opts->max_clients > 65536 || !opts->max_message_bytes ||
+	if (opts->max_clients < 1 || opts->max_clients > 4096 || !opts->max_message_bytes ||
 	    opts->max_message_bytes > MAX_MESSAGE_LIMIT || !opts->memory_bytes || opts->step_timeout_us < 1000 ||
 	    opts->hello_timeout_us < 1000 || opts->kind_base < GG_OP_USER ||
 	    opts->kind_base + GG_HOST_BACKEND_KINDS > 256 || !core_ops || !core_ops->submit) {
-		snprintf(err, err_size, "host backend: options out of range (max_clients 1..65536, max_message 1 "
+		snprintf(err, err_size, "host backend: options out of range (max_clients 1..4096, max_message 1 "
 			 "byte..1 TiB, timeouts >= 1 ms, kind_base >= GG_OP_USER, a core with submit)");
 		return -EINVAL;
 	}

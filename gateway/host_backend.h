@@ -29,7 +29,7 @@
 struct gg_host_backend_options {
 	const char *control;        /* "unix:/absolute/path"; copied */
 	const char *site;           /* this site's name, for messages; copied */
-	unsigned max_clients;       /* connections at once, 1..65536 */
+	unsigned max_clients;       /* connections at once, 1..4096 (as the config allows) */
 	uint64_t max_message_bytes; /* largest tensor a rank may submit */
 	uint64_t memory_bytes;      /* float32 sums held at once */
 	uint64_t step_timeout_us;   /* longest a step may take; also the default */

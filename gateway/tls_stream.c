@@ -30,7 +30,7 @@ static int arm_recv(struct gg_tls_stream *s)
 
 	if (s->recv_busy || s->peer_eof || !(n = gg_tls_engine_rx_space(s->tls, &buf)))
 		return 0;
-	rc = gg_loop_recv(s->loop, s->fd, buf, GG_MIN(n, s->opts.recv_max_bytes), ud(s, GG_OP_RECV));
+	rc = gg_loop_recv(s->loop, s->fd, buf, GG_MIN(n, s->opts.recv_max_bytes), 0, ud(s, GG_OP_RECV));
 	s->recv_busy = rc == 0;
 	return rc;
 }
@@ -112,7 +112,7 @@ static void fail(struct gg_tls_stream *s, int err, const char *text, bool flush)
 	if (s->state >= GG_TLS_STREAM_CLOSING)
 		return;
 	s->state = flush ? GG_TLS_STREAM_CLOSING : GG_TLS_STREAM_DRAINING;
-	s->deadline_us = s->loop->now_us + s->opts.close_timeout_us;
+	s->deadline_us = gg_monotonic_us() + s->opts.close_timeout_us;
 }
 
 static void step_handshake(struct gg_tls_stream *s)
@@ -156,7 +156,7 @@ static void init(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index, 
 		s->opts.send_max_bytes = GG_TLS_STREAM_IO_MAX_BYTES;
 	if (!s->opts.recv_max_bytes)
 		s->opts.recv_max_bytes = GG_TLS_STREAM_IO_MAX_BYTES;
-	s->deadline_us = loop->now_us + s->opts.handshake_timeout_us;
+	s->deadline_us = gg_monotonic_us() + s->opts.handshake_timeout_us;
 }
 
 void gg_tls_stream_accept(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index, int fd,
@@ -344,7 +344,7 @@ unsigned gg_tls_stream_close(struct gg_tls_stream *s)
 {
 	if (s->state >= GG_TLS_STREAM_CONNECTING && s->state < GG_TLS_STREAM_CLOSING) {
 		s->state = GG_TLS_STREAM_CLOSING;
-		s->deadline_us = s->loop->now_us + s->opts.close_timeout_us;
+		s->deadline_us = gg_monotonic_us() + s->opts.close_timeout_us;
 	}
 	advance(s);
 	return take_events(s);

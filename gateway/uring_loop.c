@@ -85,13 +85,13 @@ int gg_loop_connect(struct gg_loop *loop, int fd, const struct sockaddr *addr, s
 	return rc;
 }
 
-int gg_loop_recv(struct gg_loop *loop, int fd, void *buf, size_t len, uint64_t ud)
+int gg_loop_recv(struct gg_loop *loop, int fd, void *buf, size_t len, int flags, uint64_t ud)
 {
 	int rc;
 	struct io_uring_sqe *sqe = get_sqe(loop, &rc);
 
 	if (sqe) {
-		io_uring_prep_recv(sqe, fd, buf, len, 0);
+		io_uring_prep_recv(sqe, fd, buf, len, flags);
 		io_uring_sqe_set_data64(sqe, ud);
 	}
 	return rc;

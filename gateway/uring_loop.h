@@ -96,7 +96,7 @@ uint64_t gg_loop_timeout_us(const struct gg_loop *loop, uint64_t deadline_us);
 GG_MUST_CHECK int gg_loop_accept(struct gg_loop *loop, int fd, uint64_t ud); /* multishot */
 GG_MUST_CHECK int gg_loop_connect(struct gg_loop *loop, int fd, const struct sockaddr *addr, socklen_t len,
 				  uint64_t ud);
-GG_MUST_CHECK int gg_loop_recv(struct gg_loop *loop, int fd, void *buf, size_t len, uint64_t ud);
+GG_MUST_CHECK int gg_loop_recv(struct gg_loop *loop, int fd, void *buf, size_t len, int flags, uint64_t ud);
 GG_MUST_CHECK int gg_loop_send(struct gg_loop *loop, int fd, const void *buf, size_t len, uint64_t ud);
 /* Cancels every operation in flight on fd; they complete with -ECANCELED
  * (or their own result when they finished first). */

@@ -90,8 +90,9 @@ struct gg_request;
  * Blocks until the gateway accepts or refuses, at most 10 seconds. The
  * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it
  * does not speak, a rank out of range, a rank already connected, an
- * nranks different from what the job's first rank said, and connections
- * beyond its max_clients. */
+ * nranks different from what the job's first rank said, a process running
+ * as another user than the job's first rank, a job that failed and still
+ * has ranks connected, and connections beyond its max_clients. */
 GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
 				 struct gg_session **out, struct gg_error *err);
 
@@ -121,10 +122,12 @@ GRADGATE_API void gg_session_get_info(const struct gg_session *s, struct gg_sess
  *            answer within the deadline plus 2 seconds, the session fails
  *            (GG_ERR_TIMEOUT) and must be closed.
  *
- * Steps are numbered per session from 1 in call order; a failed step does
- * not break the session unless the error says the connection is lost
- * (GG_ERR_CLOSED, GG_ERR_PROTOCOL, or the timeout above): later calls then
- * return that same error. */
+ * Steps are numbered per session from 1 in call order; a call refused
+ * before anything is sent (GG_ERR_INVALID, GG_ERR_TOO_LARGE, GG_ERR_BUSY)
+ * uses no number, so the ranks stay in step. A failed step does not break
+ * the session unless the connection is lost (GG_ERR_CLOSED,
+ * GG_ERR_PROTOCOL, or the timeout above): later calls then return that
+ * same error. */
 GRADGATE_API int gg_allreduce(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
 			      uint32_t tensor_id, int timeout_ms, struct gg_error *err);
 

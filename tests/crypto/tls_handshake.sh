@@ -10,12 +10,21 @@ work=$(mktemp -d)
 pids=()
 port=
 
+# Stops what the case started; a sanitizer report in any log fails it.
 cleanup() {
+	local status=$?
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 	wait 2>/dev/null
+	if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$work"/*.log 2>/dev/null; then
+		echo "FAIL ($case): sanitizer report" >&2
+		cat "$work"/*.log >&2
+		status=1
+	fi
 	rm -rf "$work"
+	exit $status
 }
 trap cleanup EXIT
+trap '' PIPE # a server may close before a scanner finished writing
 
 fail() {
 	echo "FAIL ($case): $*" >&2
@@ -216,7 +225,7 @@ scanners)
 	exec 3>&-
 	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: connection closed during the TLS handshake $expect_a)"
 	exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "cannot connect"
-	{ printf '\001'; head -c 4096 /dev/urandom; } >&3
+	{ printf '\001'; head -c 4096 /dev/urandom; } >&3 2>/dev/null
 	timeout 5 cat <&3 >/dev/null
 	exec 3>&-
 	for _ in $(seq 100); do grep -q "did not start a TLS handshake" "$work/server.log" && break; sleep 0.05; done

@@ -95,6 +95,8 @@ struct harness {
 
 /* Starts a gateway on a fresh socket in a fresh folder under /tmp. */
 void harness_start(struct harness *h, const struct harness_options *opts);
+/* Tells the gateway to stop without waiting for it. */
+void harness_stop_begin(struct harness *h);
 /* Stops it and checks that nothing is left: connections, jobs, regions,
  * sums, file descriptors (all sessions must be closed by then). */
 void harness_stop(struct harness *h);
