@@ -24,6 +24,7 @@ enum field_kind {
 	F_SIZE,     /* uint64_t bytes: integer or "4MiB" */
 	F_DURATION, /* uint64_t microseconds: "500ms" */
 	F_ENUM,     /* int index into choices */
+	F_CODEC,    /* enum gg_codec, by its name */
 	F_SUITES,   /* char *, ':'-joined list of TLS 1.3 ciphersuites */
 };
 
@@ -48,7 +49,7 @@ struct section {
 #define CFG(member) offsetof(struct gg_config, member)
 #define PEER(member) offsetof(struct gg_peer_config, member)
 
-static const char *const codec_names[] = { "fp32", "bf16", "bf16-split", "int8", "int4", NULL };
+static const char *const scale_names[] = { "fp32", "fp16", NULL };
 static const char *const algo_names[] = { "direct", "ring", NULL };
 
 static const struct field site_fields[] = {
@@ -109,10 +110,13 @@ static const struct field transport_fields[] = {
 };
 
 static const struct field compression_fields[] = {
-	{ "codec", F_ENUM, CFG(compression.codec), false, "bf16-split", 0, 0, codec_names, NULL,
+	{ "codec", F_CODEC, CFG(compression.codec), false, "bf16-split", 0, 0, NULL, NULL,
 	  "fp32 | bf16 | bf16-split | int8 | int4 (must match at every site)" },
-	{ "block_size", F_INT, CFG(compression.block_size), false, "256", 16, 65536, NULL, NULL,
-	  "elements per int8/int4 scale block (must match at every site)" },
+	{ "block_size", F_INT, CFG(compression.block_size), false, "256", GG_CODEC_MIN_BLOCK_ELEMS,
+	  GG_CODEC_MAX_BLOCK_ELEMS, NULL, NULL,
+	  "elements per int8/int4 scale block, a multiple of 32 (must match at every site)" },
+	{ "scale", F_ENUM, CFG(compression.scale), false, "fp32", 0, 0, scale_names, NULL,
+	  "int8/int4 block scales: fp32 | fp16 (must match at every site)" },
 	{ "zstd_level", F_INT, CFG(compression.zstd_level), false, "1", 0, 19, NULL, NULL,
 	  "zstd stage level; 0 turns the stage off" },
 	{ "error_feedback", F_BOOL, CFG(compression.error_feedback), false, "true", 0, 0, NULL, NULL,
@@ -417,6 +421,7 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 	case F_STRING:
 	case F_PATH:
 	case F_ENUM:
+	case F_CODEC:
 		if (v) {
 			if (!want_kind(ld, f, where, v, GG_TOML_STRING, "a string"))
 				return;
@@ -426,6 +431,22 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 				return;
 			}
 			text = v->u.str.ptr;
+		}
+		if (f->kind == F_CODEC) {
+			enum gg_codec codec;
+			if (gg_codec_from_name(text, &codec) == 0) {
+				*(enum gg_codec *)dst = codec;
+				return;
+			}
+			const char *names[GG_CODEC_LAST + 1];
+			int n = 0;
+			for (int i = GG_CODEC_FIRST; i <= GG_CODEC_LAST; i++)
+				names[n++] = gg_codec_name((enum gg_codec)i);
+			const char *hint = closest(text, names, (size_t)n);
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\"; expected one of %s%s%s%s", AT(ld, pos),
+				 f->key, where, text, gg_codec_names(), hint ? " (did you mean '" : "",
+				 hint ? hint : "", hint ? "'?)" : "");
+			return;
 		}
 		if (f->kind == F_ENUM) {
 			for (int i = 0; f->choices[i]; i++) {
@@ -649,9 +670,9 @@ static void check_combinations(struct loader *ld, const struct gg_config *cfg)
 		diag_add(ld->diag, "%s: [limits] memory (%s) cannot hold inflight_per_peer for %zu peers (%s)", src,
 			 gg_format_size(cfg->limits.memory_bytes, a, sizeof(a)), cfg->peer_count,
 			 gg_format_size(need, b, sizeof(b)));
-	if (cfg->compression.codec == GG_CODEC_INT4 && cfg->compression.block_size % 2)
-		diag_add(ld->diag, "%s: [compression] block_size %d must be even for int4 (two values per byte)",
-			 src, cfg->compression.block_size);
+	if (cfg->compression.block_size % GG_CODEC_BLOCK_ALIGN_ELEMS)
+		diag_add(ld->diag, "%s: [compression] block_size %d must be a multiple of %u", src,
+			 cfg->compression.block_size, GG_CODEC_BLOCK_ALIGN_ELEMS);
 }
 
 /* The certificate files must be readable now, not at the first handshake;
@@ -840,6 +861,9 @@ static bool render_value(const struct field *f, const void *base, char *buf, siz
 	case F_ENUM:
 		render_string(buf, size, f->choices[*(const int *)src]);
 		return true;
+	case F_CODEC:
+		render_string(buf, size, gg_codec_name(*(const enum gg_codec *)src));
+		return true;
 	case F_SUITES: {
 		const char *s = *(char *const *)src;
 		size_t n = (size_t)snprintf(buf, size, "[");
@@ -901,11 +925,6 @@ void gg_config_print(const struct gg_config *cfg, FILE *out)
 				print_fields(out, &peers_section, &cfg->peers[i]);
 			}
 	}
-}
-
-const char *gg_codec_kind_name(enum gg_codec_kind codec)
-{
-	return (unsigned)codec < GG_ARRAY_LEN(codec_names) - 1 ? codec_names[codec] : "?";
 }
 
 const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo)

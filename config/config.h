@@ -9,18 +9,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "codec.h"
 #include "gg_common.h"
 
 #define GG_MAX_PEERS 7          /* eight sites in all */
 #define GG_SITE_NAME_MAX 63
-
-enum gg_codec_kind {
-	GG_CODEC_FP32,
-	GG_CODEC_BF16,
-	GG_CODEC_BF16_SPLIT,
-	GG_CODEC_INT8,
-	GG_CODEC_INT4,
-};
 
 enum gg_allreduce_algo {
 	GG_ALLREDUCE_DIRECT,
@@ -68,8 +61,9 @@ struct gg_config {
 	} transport;
 
 	struct {
-		enum gg_codec_kind codec;
-		int block_size;
+		enum gg_codec codec;
+		int block_size;  /* int8/int4 elements per scale */
+		enum gg_scale_kind scale; /* int8/int4 block scales */
 		int zstd_level;  /* 0: zstd stage off */
 		bool error_feedback;
 	} compression;
@@ -115,7 +109,6 @@ void gg_config_free(struct gg_config *cfg);
  * struct; values left at their default are marked "# default". */
 void gg_config_print(const struct gg_config *cfg, FILE *out);
 
-const char *gg_codec_kind_name(enum gg_codec_kind codec);
 const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo);
 
 #endif

@@ -7,24 +7,31 @@
 #include <string.h>
 
 #include "config.h"
+#include "daemon.h"
 #include "gg_build_config.h"
 #include "gg_common.h"
+#include "log.h"
 #if HAVE_CUDA
 #include "cuda_probe.h"
 #endif
 
 enum exit_code {
-	EXIT_OK = 0,
-	EXIT_CONFIG = 1, /* the configuration has problems */
-	EXIT_USAGE = 2,
+	EXIT_OK = GG_EXIT_OK,
+	EXIT_CONFIG = GG_EXIT_CONFIG,
+	EXIT_USAGE = GG_EXIT_USAGE,
 };
 
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"usage: gradgate --check-config FILE...\n"
+		"usage: gradgate --config FILE [--log-level debug|info|warn|error]\n"
+		"       gradgate --check-config FILE...\n"
 		"       gradgate --version\n"
 		"\n"
+		"  --config FILE           run this site's gateway until SIGTERM or SIGINT;\n"
+		"                          SIGHUP reloads its certificates and key. Exit\n"
+		"                          status: 0 stopped cleanly, 1 bad config, 2 usage,\n"
+		"                          3 could not start, 4 the event loop failed\n"
 		"  --check-config FILE...  load and validate each site config; print the\n"
 		"                          resolved settings (defaults included), or every\n"
 		"                          problem found; exit 1 if any file has problems\n"
@@ -81,17 +88,37 @@ int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "check-config", no_argument, NULL, 'c' },
+		{ "config", required_argument, NULL, 'f' },
+		{ "log-level", required_argument, NULL, 'l' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	bool check = false;
+	const char *config = NULL;
 	int c;
 
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'c':
 			check = true;
+			break;
+		case 'f':
+			config = optarg;
+			break;
+		case 'l':
+			if (!strcmp(optarg, "debug"))
+				gg_log_set_level(GG_LOG_DEBUG);
+			else if (!strcmp(optarg, "info"))
+				gg_log_set_level(GG_LOG_INFO);
+			else if (!strcmp(optarg, "warn"))
+				gg_log_set_level(GG_LOG_WARN);
+			else if (!strcmp(optarg, "error"))
+				gg_log_set_level(GG_LOG_ERROR);
+			else {
+				fprintf(stderr, "gradgate: --log-level must be debug, info, warn or error\n");
+				return EXIT_USAGE;
+			}
 			break;
 		case 'V':
 			print_version();
@@ -104,7 +131,24 @@ int main(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	}
-	if (!check) {
+	if (config && !check) {
+		if (optind != argc) {
+			fprintf(stderr, "gradgate: unexpected argument '%s'\n", argv[optind]);
+			return EXIT_USAGE;
+		}
+		struct gg_config cfg;
+		struct gg_diag diag = { 0 };
+		if (gg_config_load(config, &cfg, &diag)) {
+			gg_diag_print(&diag, stderr);
+			fprintf(stderr, "%s: %zu problem%s found\n", config, diag.count, diag.count == 1 ? "" : "s");
+			gg_diag_free(&diag);
+			return EXIT_CONFIG;
+		}
+		int rc = gg_daemon_run(&cfg);
+		gg_config_free(&cfg);
+		return rc;
+	}
+	if (!check || config) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}

@@ -130,6 +130,7 @@ static void test_defaults(void)
 	CHECK(cfg.transport.reconnect_max_us == 10000000);
 	CHECK(cfg.compression.codec == GG_CODEC_BF16_SPLIT);
 	CHECK(cfg.compression.block_size == 256);
+	CHECK(cfg.compression.scale == GG_SCALE_F32);
 	CHECK(cfg.compression.zstd_level == 1);
 	CHECK(cfg.compression.error_feedback);
 	CHECK(cfg.allreduce.algorithm == GG_ALLREDUCE_RING);
@@ -162,7 +163,7 @@ static const char full[] =
 	"[transport]\nstreams_per_peer = 16\nchunk_size = 262144\nsocket_buffer = \"16MiB\"\n"
 	"heartbeat_interval = \"250ms\"\nheartbeat_timeout = \"1m30s\"\nconnect_timeout = \"3s\"\n"
 	"handshake_timeout = \"2s\"\nstep_timeout = \"2m\"\nreconnect_min = \"50ms\"\nreconnect_max = \"30s\"\n"
-	"[compression]\ncodec = \"int4\"\nblock_size = 128\nzstd_level = 0\nerror_feedback = false\n"
+	"[compression]\ncodec = \"int4\"\nblock_size = 128\nscale = \"fp16\"\nzstd_level = 0\nerror_feedback = false\n"
 	"[allreduce]\nalgorithm = \"direct\"\n"
 	"[limits]\nmemory = \"8GiB\"\ninflight_per_peer = \"1GiB\"\nmax_message = \"512MiB\"\nmax_clients = 16\n";
 
@@ -194,6 +195,7 @@ static void test_full_and_round_trip(void)
 	CHECK(cfg.transport.reconnect_min_us == 50000);
 	CHECK(cfg.compression.codec == GG_CODEC_INT4);
 	CHECK(cfg.compression.block_size == 128);
+	CHECK(cfg.compression.scale == GG_SCALE_F16);
 	CHECK(cfg.compression.zstd_level == 0);
 	CHECK(!cfg.compression.error_feedback);
 	CHECK(cfg.allreduce.algorithm == GG_ALLREDUCE_DIRECT);

@@ -1,0 +1,435 @@
+#include "tls_context.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "tls_internal.h"
+
+struct gg_tls_context {
+	pthread_mutex_t lock;
+	SSL_CTX *ssl_ctx;
+	unsigned generation;
+	struct gg_tls_options opts; /* strings owned by the context */
+};
+
+GG_PRINTF(4, 5)
+static int fail(char *err, size_t size, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (size) {
+		va_start(ap, fmt);
+		vsnprintf(err, size, fmt, ap);
+		va_end(ap);
+	}
+	return rc;
+}
+
+static const char *openssl_reason(void)
+{
+	const char *r = ERR_reason_error_string(ERR_peek_last_error());
+	return r ? r : "unknown OpenSSL error";
+}
+
+static int check_key_mode(const struct stat *st, const char *path, char *err, size_t size)
+{
+	if (!S_ISREG(st->st_mode))
+		return fail(err, size, -EPERM, "private key '%s' is not a regular file", path);
+	if (st->st_mode & 077)
+		return fail(err, size, -EPERM,
+			    "private key '%s' has permissions %04o: group or others may access it "
+			    "(run chmod 600 on it)",
+			    path, (unsigned)(st->st_mode & 07777));
+	return 0;
+}
+
+int gg_tls_check_key_permissions(const char *path, char *err, size_t err_size)
+{
+	struct stat st;
+
+	if (stat(path, &st))
+		return fail(err, err_size, -errno, "cannot read private key '%s': %s", path, strerror(errno));
+	return check_key_mode(&st, path, err, err_size);
+}
+
+/* A BIO over the in-memory PEM when given, else over the file. */
+static BIO *open_source(const char *path, const char *pem, const char *what, int *rc, char *err, size_t size)
+{
+	BIO *bio;
+
+	if (pem) {
+		bio = BIO_new_mem_buf(pem, -1);
+		if (!bio)
+			*rc = fail(err, size, -ENOMEM, "out of memory reading the %s", what);
+		return bio;
+	}
+	if (!path) {
+		*rc = fail(err, size, -EINVAL, "no %s configured", what);
+		return NULL;
+	}
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		*rc = fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
+		return NULL;
+	}
+	bio = BIO_new_fp(f, BIO_CLOSE);
+	if (!bio) {
+		fclose(f);
+		*rc = fail(err, size, -ENOMEM, "out of memory reading the %s", what);
+	}
+	return bio;
+}
+
+static const char *source_name(const char *path, const char *pem)
+{
+	return pem ? "(in memory)" : path;
+}
+
+static int load_ca(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
+{
+	X509_STORE *store = SSL_CTX_get_cert_store(sc);
+	STACK_OF(X509_INFO) *infos = NULL;
+	int rc = 0, count = 0;
+	BIO *bio = open_source(o->ca_file, o->ca_pem, "CA file", &rc, err, size);
+
+	if (!bio)
+		goto out;
+	infos = PEM_X509_INFO_read_bio(bio, NULL, NULL, NULL);
+	if (!infos) {
+		rc = fail(err, size, -EINVAL, "CA file '%s': %s", source_name(o->ca_file, o->ca_pem), openssl_reason());
+		goto out;
+	}
+	for (int i = 0; i < sk_X509_INFO_num(infos); i++) {
+		X509 *ca = sk_X509_INFO_value(infos, i)->x509;
+		if (!ca)
+			continue;
+		if (!X509_STORE_add_cert(store, ca) || !SSL_CTX_add_client_CA(sc, ca)) {
+			rc = fail(err, size, -EINVAL, "CA file '%s': %s", source_name(o->ca_file, o->ca_pem),
+				  openssl_reason());
+			goto out;
+		}
+		count++;
+	}
+	if (!count)
+		rc = fail(err, size, -EINVAL, "CA file '%s' holds no certificate", source_name(o->ca_file, o->ca_pem));
+out:
+	sk_X509_INFO_pop_free(infos, X509_INFO_free);
+	BIO_free(bio);
+	return rc;
+}
+
+static int load_cert(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
+{
+	const char *name = source_name(o->cert_file, o->cert_pem);
+	X509 *cert = NULL, *extra = NULL;
+	int rc = 0;
+	BIO *bio = open_source(o->cert_file, o->cert_pem, "certificate", &rc, err, size);
+
+	if (!bio)
+		goto out;
+	cert = PEM_read_bio_X509(bio, NULL, NULL, NULL);
+	if (!cert) {
+		rc = fail(err, size, -EINVAL, "certificate '%s' holds no PEM certificate", name);
+		goto out;
+	}
+	if (X509_cmp_current_time(X509_get0_notAfter(cert)) < 0) {
+		rc = fail(err, size, -EINVAL, "certificate '%s' has expired: every peer would refuse it", name);
+		goto out;
+	}
+	if (!SSL_CTX_use_certificate(sc, cert)) {
+		rc = fail(err, size, -EINVAL, "certificate '%s': %s", name, openssl_reason());
+		goto out;
+	}
+	while ((extra = PEM_read_bio_X509(bio, NULL, NULL, NULL))) {
+		if (!SSL_CTX_add0_chain_cert(sc, extra)) {
+			rc = fail(err, size, -EINVAL, "certificate '%s': %s", name, openssl_reason());
+			goto out;
+		}
+		extra = NULL;
+	}
+	ERR_clear_error(); /* the end of the PEM stream */
+out:
+	X509_free(extra);
+	X509_free(cert);
+	BIO_free(bio);
+	return rc;
+}
+
+static int no_passphrase(char *buf, int size, int rwflag, void *asked)
+{
+	*(bool *)asked = true;
+	return 0;
+}
+
+static int load_key(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
+{
+	const char *name = source_name(o->key_file, o->key_pem);
+	EVP_PKEY *key = NULL;
+	BIO *bio = NULL;
+	bool asked = false;
+	int rc = 0;
+
+	if (o->key_pem) {
+		bio = open_source(NULL, o->key_pem, "private key", &rc, err, size);
+	} else {
+		struct stat st;
+		int fd = o->key_file ? open(o->key_file, O_RDONLY | O_CLOEXEC) : -1;
+		if (fd < 0) {
+			rc = o->key_file ? fail(err, size, -errno, "cannot read private key '%s': %s", name, strerror(errno))
+					 : fail(err, size, -EINVAL, "no private key configured");
+			goto out;
+		}
+		if (fstat(fd, &st)) {
+			rc = fail(err, size, -errno, "cannot read private key '%s': %s", name, strerror(errno));
+			close(fd);
+			goto out;
+		}
+		rc = check_key_mode(&st, name, err, size);
+		if (rc || !(bio = BIO_new_fd(fd, BIO_CLOSE))) {
+			close(fd);
+			if (!rc)
+				rc = fail(err, size, -ENOMEM, "out of memory reading the private key");
+			goto out;
+		}
+	}
+	if (!bio)
+		goto out;
+	key = PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, &asked);
+	if (!key) {
+		rc = asked ? fail(err, size, -EINVAL,
+				  "private key '%s' is encrypted; store it unencrypted, readable by its owner only", name)
+			   : fail(err, size, -EINVAL, "private key '%s' holds no PEM private key", name);
+		goto out;
+	}
+	if (!X509_check_private_key(SSL_CTX_get0_certificate(sc), key)) {
+		rc = fail(err, size, -EINVAL, "private key '%s' does not match certificate '%s'", name,
+			  source_name(o->cert_file, o->cert_pem));
+		goto out;
+	}
+	if (!SSL_CTX_use_PrivateKey(sc, key))
+		rc = fail(err, size, -EINVAL, "private key '%s': %s", name, openssl_reason());
+out:
+	EVP_PKEY_free(key);
+	BIO_free(bio);
+	return rc;
+}
+
+static int load_crl(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
+{
+	X509_STORE *store = SSL_CTX_get_cert_store(sc);
+	X509_CRL *crl = NULL;
+	int rc = 0, count = 0;
+	BIO *bio = open_source(o->crl_file, NULL, "CRL file", &rc, err, size);
+
+	if (!bio)
+		goto out;
+	while ((crl = PEM_read_bio_X509_CRL(bio, NULL, NULL, NULL))) {
+		if (!X509_STORE_add_crl(store, crl)) {
+			rc = fail(err, size, -EINVAL, "CRL file '%s': %s", o->crl_file, openssl_reason());
+			goto out;
+		}
+		X509_CRL_free(crl);
+		crl = NULL;
+		count++;
+	}
+	ERR_clear_error();
+	if (!count) {
+		rc = fail(err, size, -EINVAL, "CRL file '%s' holds no PEM CRL", o->crl_file);
+		goto out;
+	}
+	X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+out:
+	X509_CRL_free(crl);
+	BIO_free(bio);
+	return rc;
+}
+
+static const char *const tls13_suites[] = {
+	"TLS_AES_256_GCM_SHA384", "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256",
+	"TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256",
+};
+
+/* OpenSSL skips names it does not know; a typo must not silently weaken
+ * or empty the list. */
+static int check_suites(const char *list, char *err, size_t size)
+{
+	const char *p = list;
+
+	if (!*p)
+		return fail(err, size, -EINVAL, "the ciphersuite list is empty");
+	while (*p) {
+		size_t n = strcspn(p, ":");
+		bool known = false;
+		for (size_t i = 0; i < GG_ARRAY_LEN(tls13_suites); i++)
+			known |= strlen(tls13_suites[i]) == n && !strncmp(tls13_suites[i], p, n);
+		if (!known)
+			return fail(err, size, -EINVAL,
+				    "unknown TLS 1.3 ciphersuite '%.*s' (known: %s)", (int)GG_MIN(n, 64u), p,
+				    GG_TLS_DEFAULT_CIPHERSUITES ":TLS_AES_128_CCM_SHA256:TLS_AES_128_CCM_8_SHA256");
+		p += n;
+		if (*p == ':')
+			p++;
+	}
+	return 0;
+}
+
+static int build_ssl_ctx(const struct gg_tls_options *o, SSL_CTX **out, char *err, size_t size)
+{
+	static const unsigned char alpn[] = "\x0a" GG_TLS_ALPN;
+	const char *suites = o->ciphersuites ? o->ciphersuites : GG_TLS_DEFAULT_CIPHERSUITES;
+	SSL_CTX *sc = NULL;
+	int rc;
+
+	ERR_clear_error();
+	rc = check_suites(suites, err, size);
+	if (rc)
+		goto out;
+	sc = SSL_CTX_new(TLS_method());
+	if (!sc) {
+		rc = fail(err, size, -ENOMEM, "cannot create a TLS context: %s", openssl_reason());
+		goto out;
+	}
+	if (!SSL_CTX_set_min_proto_version(sc, TLS1_3_VERSION) || !SSL_CTX_set_max_proto_version(sc, TLS1_3_VERSION) ||
+	    !SSL_CTX_set_ciphersuites(sc, suites) || SSL_CTX_set_alpn_protos(sc, alpn, sizeof(alpn) - 1) ||
+	    !SSL_CTX_set_num_tickets(sc, 0)) {
+		rc = fail(err, size, -EINVAL, "cannot set the TLS policy: %s", openssl_reason());
+		goto out;
+	}
+	SSL_CTX_set_options(sc, SSL_OP_NO_TICKET | SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_RENEGOTIATION);
+	SSL_CTX_set_session_cache_mode(sc, SSL_SESS_CACHE_OFF);
+	/* One record per SSL_write call, encrypted from the caller's buffer;
+	 * record buffers stay allocated for the life of the connection. */
+	SSL_CTX_set_mode(sc, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	SSL_CTX_clear_mode(sc, SSL_MODE_RELEASE_BUFFERS);
+	SSL_CTX_set_read_ahead(sc, 1);
+	SSL_CTX_set_verify(sc, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, gg_tls_verify_cb);
+	SSL_CTX_set_verify_depth(sc, 8);
+	SSL_CTX_set_info_callback(sc, gg_tls_info_cb);
+	SSL_CTX_set_client_hello_cb(sc, gg_tls_client_hello_cb, NULL);
+	SSL_CTX_set_alpn_select_cb(sc, gg_tls_alpn_select_cb, NULL);
+
+	if ((rc = load_ca(o, sc, err, size)) || (rc = load_cert(o, sc, err, size)) || (rc = load_key(o, sc, err, size)))
+		goto out;
+	if (o->crl_file && (rc = load_crl(o, sc, err, size)))
+		goto out;
+	*out = sc;
+	sc = NULL;
+out:
+	SSL_CTX_free(sc);
+	ERR_clear_error();
+	return rc;
+}
+
+static void free_options(struct gg_tls_options *o)
+{
+	free((char *)o->ca_file);
+	free((char *)o->cert_file);
+	free((char *)o->key_file);
+	free((char *)o->crl_file);
+	free((char *)o->ciphersuites);
+	free((char *)o->ca_pem);
+	free((char *)o->cert_pem);
+	free((char *)o->key_pem);
+}
+
+static bool copy_string(const char **dst, const char *src)
+{
+	*dst = src ? strdup(src) : NULL;
+	return !src || *dst;
+}
+
+static int copy_options(struct gg_tls_options *dst, const struct gg_tls_options *src)
+{
+	memset(dst, 0, sizeof(*dst));
+	if (copy_string(&dst->ca_file, src->ca_file) && copy_string(&dst->cert_file, src->cert_file) &&
+	    copy_string(&dst->key_file, src->key_file) && copy_string(&dst->crl_file, src->crl_file) &&
+	    copy_string(&dst->ciphersuites, src->ciphersuites) && copy_string(&dst->ca_pem, src->ca_pem) &&
+	    copy_string(&dst->cert_pem, src->cert_pem) && copy_string(&dst->key_pem, src->key_pem))
+		return 0;
+	free_options(dst);
+	return -ENOMEM;
+}
+
+int gg_tls_context_new(const struct gg_tls_options *opts, struct gg_tls_context **out, char *err, size_t err_size)
+{
+	struct gg_tls_context *ctx = calloc(1, sizeof(*ctx));
+	int rc;
+
+	*out = NULL;
+	if (!ctx || copy_options(&ctx->opts, opts)) {
+		free(ctx);
+		return fail(err, err_size, -ENOMEM, "out of memory creating the TLS context");
+	}
+	if (gg_tls_check_index() < 0) {
+		rc = fail(err, err_size, -ENOMEM, "cannot register TLS connection data with OpenSSL");
+		goto fail;
+	}
+	rc = build_ssl_ctx(&ctx->opts, &ctx->ssl_ctx, err, err_size);
+	if (rc)
+		goto fail;
+	pthread_mutex_init(&ctx->lock, NULL);
+	ctx->generation = 1;
+	*out = ctx;
+	return 0;
+fail:
+	free_options(&ctx->opts);
+	free(ctx);
+	return rc;
+}
+
+int gg_tls_context_reload(struct gg_tls_context *ctx, char *err, size_t err_size)
+{
+	SSL_CTX *fresh = NULL, *old;
+	int rc = build_ssl_ctx(&ctx->opts, &fresh, err, err_size);
+
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&ctx->lock);
+	old = ctx->ssl_ctx;
+	ctx->ssl_ctx = fresh;
+	ctx->generation++;
+	pthread_mutex_unlock(&ctx->lock);
+	SSL_CTX_free(old); /* connections hold their own references */
+	return 0;
+}
+
+unsigned gg_tls_context_generation(struct gg_tls_context *ctx)
+{
+	pthread_mutex_lock(&ctx->lock);
+	unsigned g = ctx->generation;
+	pthread_mutex_unlock(&ctx->lock);
+	return g;
+}
+
+SSL_CTX *gg_tls_context_get_ssl_ctx(struct gg_tls_context *ctx)
+{
+	pthread_mutex_lock(&ctx->lock);
+	SSL_CTX *sc = ctx->ssl_ctx;
+	if (sc && !SSL_CTX_up_ref(sc))
+		sc = NULL;
+	pthread_mutex_unlock(&ctx->lock);
+	return sc;
+}
+
+void gg_tls_context_free(struct gg_tls_context *ctx)
+{
+	if (!ctx)
+		return;
+	SSL_CTX_free(ctx->ssl_ctx);
+	pthread_mutex_destroy(&ctx->lock);
+	free_options(&ctx->opts);
+	free(ctx);
+}

@@ -1,0 +1,525 @@
+#include "allreduce.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gg_ar_step {
+	struct gg_ar_config cfg;
+	const struct gg_ar_ops *ops;
+	void *ctx;
+	const float *input;
+	float *result;
+	float *scratch;          /* one chunk: input + received partial */
+	uint64_t frame_cap;      /* largest frame of one chunk */
+	uint64_t shard_lo[GG_AR_MAX_SITES + 1];
+	uint32_t shard_chunks[GG_AR_MAX_SITES];
+	uint32_t chunk_base[GG_AR_MAX_SITES + 1]; /* prefix sums of shard_chunks */
+	uint32_t nchunks;        /* direct: chunks of the tensor; ring: of all shards */
+	/* direct */
+	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
+	struct gg_ar_frame **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
+	/* ring */
+	uint8_t *got;            /* per chunk: bit 0 scatter received, bit 1 gather received */
+	uint64_t chunks_done;
+	uint64_t bytes_out;
+	bool failed;
+};
+
+static GG_PRINTF(3, 4) int fail(char *err, size_t size, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (size) {
+		va_start(ap, fmt);
+		vsnprintf(err, size, fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+void gg_ar_frame_get(struct gg_ar_frame *f)
+{
+	f->refs++;
+}
+
+void gg_ar_frame_put(struct gg_ar_frame *f)
+{
+	if (f && --f->refs == 0)
+		free(f);
+}
+
+static struct gg_ar_frame *frame_new(size_t cap)
+{
+	struct gg_ar_frame *f = malloc(sizeof(*f) + cap);
+	if (f) {
+		f->refs = 1;
+		f->len = 0;
+	}
+	return f;
+}
+
+static unsigned ring_next(const struct gg_ar_step *s)
+{
+	return (s->cfg.self + 1) % s->cfg.sites;
+}
+
+static unsigned ring_prev(const struct gg_ar_step *s)
+{
+	return (s->cfg.self + s->cfg.sites - 1) % s->cfg.sites;
+}
+
+/* Ring: the predecessor sends reduce-scatter frames for every shard but
+ * the one this site starts, and all-gather frames for every shard but this
+ * site's own. */
+static bool ring_expects(const struct gg_ar_step *s, unsigned phase, unsigned shard)
+{
+	unsigned start = (s->cfg.self + s->cfg.sites - 1) % s->cfg.sites;
+	return phase == GG_AR_SCATTER ? shard != start : shard != s->cfg.self;
+}
+
+static const char *phase_name(unsigned phase)
+{
+	switch (phase) {
+	case GG_AR_DIRECT:
+		return "direct";
+	case GG_AR_SCATTER:
+		return "reduce-scatter";
+	case GG_AR_GATHER:
+		return "all-gather";
+	}
+	return "unknown phase";
+}
+
+static bool range_of(const struct gg_ar_config *cfg, const uint64_t *shard_lo, const struct gg_ar_chunk_id *id,
+		     uint64_t *offset, uint64_t *n)
+{
+	uint64_t lo = 0, hi = cfg->count;
+
+	if (id->phase == GG_AR_DIRECT) {
+		if (id->origin >= cfg->sites || cfg->algo != GG_ALLREDUCE_DIRECT)
+			return false;
+	} else if (id->phase == GG_AR_SCATTER || id->phase == GG_AR_GATHER) {
+		if (id->origin >= cfg->sites || cfg->algo != GG_ALLREDUCE_RING)
+			return false;
+		lo = shard_lo[id->origin];
+		hi = shard_lo[id->origin + 1];
+	} else {
+		return false;
+	}
+	uint64_t start = lo + (uint64_t)id->chunk * cfg->chunk_elems;
+	if (start >= hi)
+		return false;
+	*offset = start;
+	*n = GG_MIN(hi - start, (uint64_t)cfg->chunk_elems);
+	return true;
+}
+
+static void shard_bounds(const struct gg_ar_config *cfg, uint64_t *lo)
+{
+	lo[0] = 0;
+	for (unsigned j = 1; j < cfg->sites; j++)
+		lo[j] = cfg->count * j / cfg->sites / GG_CODEC_BLOCK_ALIGN_ELEMS * GG_CODEC_BLOCK_ALIGN_ELEMS;
+	lo[cfg->sites] = cfg->count;
+}
+
+bool gg_ar_chunk_range(const struct gg_ar_config *cfg, const struct gg_ar_chunk_id *id, uint64_t *offset,
+		       uint64_t *n)
+{
+	uint64_t lo[GG_AR_MAX_SITES + 1];
+
+	if (cfg->sites < 2 || cfg->sites > GG_AR_MAX_SITES || cfg->chunk_elems == 0)
+		return false;
+	shard_bounds(cfg, lo);
+	return range_of(cfg, lo, id, offset, n);
+}
+
+/* Encodes `n` elements at `offset` of the tensor from `src` into a new
+ * frame, through error feedback when the step has it. */
+static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset, uint64_t n,
+			struct gg_ar_frame **out, char *err, size_t err_size)
+{
+	struct gg_frame_encoder *enc = s->cfg.enc;
+	struct gg_ar_frame *f = frame_new(s->frame_cap);
+	int rc;
+
+	if (!f)
+		return -ENOMEM;
+	if (s->cfg.feedback) {
+		uint64_t raw_bytes;
+		rc = gg_codec_encoded_bytes(&enc->cfg.codec, n, &raw_bytes);
+		if (!rc)
+			rc = gg_feedback_encode(s->cfg.feedback, &enc->cfg.codec, offset, src, n,
+						f->data + GG_FRAME_HEADER_BYTES, raw_bytes);
+		if (!rc)
+			rc = gg_frame_wrap(enc, f->data + GG_FRAME_HEADER_BYTES, raw_bytes, n, f->data,
+					   s->frame_cap, &f->len);
+	} else {
+		rc = gg_frame_encode(enc, src, n, f->data, s->frame_cap, &f->len);
+	}
+	if (rc) {
+		gg_ar_frame_put(f);
+		fail(err, err_size, "encoding %llu elements at offset %llu failed: %s", (unsigned long long)n,
+		     (unsigned long long)offset, strerror(-rc));
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+static int send_frame(struct gg_ar_step *s, unsigned to, const struct gg_ar_chunk_id *id,
+		      struct gg_ar_frame *f, char *err, size_t err_size)
+{
+	int rc = s->ops->send(s->ctx, to, id, f);
+	if (rc) {
+		fail(err, err_size, "sending %s chunk %u of %u to site %u failed: %s", phase_name(id->phase),
+		     id->chunk, id->origin, to, strerror(-rc));
+		return rc;
+	}
+	s->bytes_out += f->len;
+	return 0;
+}
+
+/* Decodes one frame that site `from` made for chunk `id` into result. */
+static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_chunk_id *id, const void *frame,
+		       size_t len, float *out, uint64_t n, enum gg_frame_op op, char *err, size_t err_size)
+{
+	char why[GG_AR_ERROR_MAX];
+	int rc = gg_frame_decode(s->cfg.dec, frame, len, out, n, op, NULL, why, sizeof(why));
+	if (rc) {
+		if (err_size)
+			snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", from, phase_name(id->phase),
+				 id->chunk, id->origin, why);
+		return rc;
+	}
+	return 0;
+}
+
+/* Reduces chunk c as far as the frames present allow, in site order. */
+static int direct_reduce(struct gg_ar_step *s, uint32_t c, char *err, size_t err_size)
+{
+	const unsigned K = s->cfg.sites;
+	uint64_t offset = 0, n = 0;
+	struct gg_ar_chunk_id id = { GG_AR_DIRECT, 0, c };
+
+	while (s->next_site[c] < K) {
+		unsigned site = s->next_site[c];
+		struct gg_ar_frame **slot = &s->pending[(size_t)site * s->nchunks + c];
+		if (!*slot)
+			return 0;
+		id.origin = (uint8_t)site;
+		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
+		int rc = decode_into(s, site, &id, (*slot)->data, (*slot)->len, s->result + offset, n,
+				     site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
+		gg_ar_frame_put(*slot);
+		*slot = NULL;
+		if (rc)
+			return rc;
+		s->next_site[c]++;
+	}
+	s->chunks_done++;
+	return 0;
+}
+
+static int direct_start(struct gg_ar_step *s, char *err, size_t err_size)
+{
+	const unsigned K = s->cfg.sites, self = s->cfg.self;
+
+	for (uint32_t c = 0; c < s->nchunks; c++) {
+		struct gg_ar_chunk_id id = { GG_AR_DIRECT, (uint8_t)self, c };
+		struct gg_ar_frame *f;
+		uint64_t offset = 0, n = 0;
+		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
+		int rc = encode_chunk(s, s->input + offset, offset, n, &f, err, err_size);
+		if (rc)
+			return rc;
+		s->pending[(size_t)self * s->nchunks + c] = f;
+		for (unsigned to = 0; to < K; to++)
+			if (to != self && (rc = send_frame(s, to, &id, f, err, err_size)))
+				return rc;
+		if ((rc = direct_reduce(s, c, err, err_size)))
+			return rc;
+	}
+	return 0;
+}
+
+static uint32_t flat_chunk(const struct gg_ar_step *s, const struct gg_ar_chunk_id *id)
+{
+	return s->chunk_base[id->origin] + id->chunk;
+}
+
+/* This site holds the full sum of its own shard's chunk: encode it once,
+ * take the decoded encoding as the result, and start its all-gather. */
+static int ring_finish_chunk(struct gg_ar_step *s, const struct gg_ar_chunk_id *sid, uint64_t offset, uint64_t n,
+			     char *err, size_t err_size)
+{
+	struct gg_ar_chunk_id id = { GG_AR_GATHER, sid->origin, sid->chunk };
+	struct gg_ar_frame *f;
+	int rc = encode_chunk(s, s->scratch, offset, n, &f, err, err_size);
+
+	if (rc)
+		return rc;
+	rc = decode_into(s, s->cfg.self, &id, f->data, f->len, s->result + offset, n, GG_FRAME_STORE, err,
+			 err_size);
+	if (!rc)
+		rc = send_frame(s, ring_next(s), &id, f, err, err_size);
+	gg_ar_frame_put(f);
+	if (!rc)
+		s->chunks_done++;
+	return rc;
+}
+
+static int ring_start(struct gg_ar_step *s, char *err, size_t err_size)
+{
+	const unsigned K = s->cfg.sites;
+	uint8_t shard = (uint8_t)((s->cfg.self + K - 1) % K); /* the shard this site starts */
+
+	for (uint32_t c = 0; c < s->shard_chunks[shard]; c++) {
+		struct gg_ar_chunk_id id = { GG_AR_SCATTER, shard, c };
+		struct gg_ar_frame *f;
+		uint64_t offset = 0, n = 0;
+		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
+		int rc = encode_chunk(s, s->input + offset, offset, n, &f, err, err_size);
+		if (rc)
+			return rc;
+		rc = send_frame(s, ring_next(s), &id, f, err, err_size);
+		gg_ar_frame_put(f);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, const void *frame, size_t len,
+			 uint64_t offset, uint64_t n, char *err, size_t err_size)
+{
+	const unsigned self = s->cfg.self, from = ring_prev(s);
+	uint8_t *got = &s->got[flat_chunk(s, id)];
+	int rc;
+
+	if (id->phase == GG_AR_SCATTER) {
+		if (*got & 1)
+			return 1;
+		memcpy(s->scratch, s->input + offset, n * sizeof(float));
+		if ((rc = decode_into(s, from, id, frame, len, s->scratch, n, GG_FRAME_ACCUMULATE, err, err_size)))
+			return rc;
+		*got |= 1;
+		if (id->origin == self)
+			return ring_finish_chunk(s, id, offset, n, err, err_size);
+		struct gg_ar_frame *f;
+		if ((rc = encode_chunk(s, s->scratch, offset, n, &f, err, err_size)))
+			return rc;
+		rc = send_frame(s, ring_next(s), id, f, err, err_size);
+		gg_ar_frame_put(f);
+		return rc;
+	}
+	if (*got & 2)
+		return 1;
+	if ((rc = decode_into(s, from, id, frame, len, s->result + offset, n, GG_FRAME_STORE, err, err_size)))
+		return rc;
+	*got |= 2;
+	s->chunks_done++;
+	if (ring_next(s) == id->origin)
+		return 0;
+	struct gg_ar_frame *f = frame_new(len);
+	if (!f)
+		return -ENOMEM;
+	memcpy(f->data, frame, len);
+	f->len = len;
+	rc = send_frame(s, ring_next(s), id, f, err, err_size);
+	gg_ar_frame_put(f);
+	return rc;
+}
+
+int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_chunk_id *id, const void *frame,
+			size_t len, char *err, size_t err_size)
+{
+	const unsigned K = s->cfg.sites, self = s->cfg.self;
+	uint64_t offset, n;
+	int rc;
+
+	if (s->failed)
+		return fail(err, err_size, "the step has already failed");
+	if (from >= K || from == self || !range_of(&s->cfg, s->shard_lo, id, &offset, &n)) {
+		s->failed = true;
+		fail(err, err_size, "site %u sent %s chunk %u of %u, which does not exist in this step", from,
+		     phase_name(id->phase), id->chunk, id->origin);
+		return -EPROTO;
+	}
+	/* Who may send what: direct frames come from their origin; ring
+	 * frames from the predecessor, never for a shard it cannot hold. */
+	bool expected = id->phase == GG_AR_DIRECT
+				? id->origin == from
+				: from == ring_prev(s) && ring_expects(s, id->phase, id->origin);
+	if (!expected) {
+		s->failed = true;
+		fail(err, err_size, "site %u sent %s chunk %u of %u, which this site never expects from it", from,
+		     phase_name(id->phase), id->chunk, id->origin);
+		return -EPROTO;
+	}
+	if (id->phase == GG_AR_DIRECT) {
+		struct gg_ar_frame **slot = &s->pending[(size_t)from * s->nchunks + id->chunk];
+		if (s->next_site[id->chunk] > from || *slot)
+			return 1;
+		if (!(*slot = frame_new(len))) {
+			s->failed = true;
+			return -ENOMEM;
+		}
+		memcpy((*slot)->data, frame, len);
+		(*slot)->len = len;
+		rc = direct_reduce(s, id->chunk, err, err_size);
+	} else {
+		rc = ring_on_frame(s, id, frame, len, offset, n, err, err_size);
+	}
+	if (rc < 0)
+		s->failed = true;
+	return rc;
+}
+
+int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, const float *input, float *result,
+		     const struct gg_ar_ops *ops, void *ctx, char *err, size_t err_size)
+{
+	struct gg_ar_step *s;
+	int rc;
+
+	*out = NULL;
+	if (cfg->sites < 2 || cfg->sites > GG_AR_MAX_SITES || cfg->self >= cfg->sites)
+		return fail(err, err_size, "site %u of %u: need 2 to %d sites", cfg->self, cfg->sites,
+			    GG_AR_MAX_SITES);
+	if (cfg->count == 0)
+		return fail(err, err_size, "an all-reduce needs at least one element");
+	if (cfg->chunk_elems == 0 || cfg->chunk_elems % GG_CODEC_BLOCK_ALIGN_ELEMS ||
+	    cfg->chunk_elems > cfg->enc->cfg.max_elems)
+		return fail(err, err_size, "chunk of %u elements: must be a multiple of %u and at most %llu",
+			    cfg->chunk_elems, GG_CODEC_BLOCK_ALIGN_ELEMS,
+			    (unsigned long long)cfg->enc->cfg.max_elems);
+	if (cfg->algo != GG_ALLREDUCE_DIRECT && cfg->algo != GG_ALLREDUCE_RING)
+		return fail(err, err_size, "unknown all-reduce algorithm %d", (int)cfg->algo);
+	if (cfg->feedback && cfg->feedback->elems < cfg->count)
+		return fail(err, err_size, "error feedback covers %zu elements, the step has %llu",
+			    cfg->feedback->elems, (unsigned long long)cfg->count);
+
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->cfg = *cfg;
+	s->ops = ops;
+	s->ctx = ctx;
+	s->input = input;
+	s->result = result;
+	shard_bounds(cfg, s->shard_lo);
+	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
+	if (rc)
+		goto fail;
+	if (cfg->algo == GG_ALLREDUCE_DIRECT) {
+		uint64_t nchunks = (cfg->count + cfg->chunk_elems - 1) / cfg->chunk_elems;
+		if (nchunks > UINT32_MAX) {
+			rc = fail(err, err_size, "%llu chunks are too many for one step", (unsigned long long)nchunks);
+			goto fail;
+		}
+		s->nchunks = (uint32_t)nchunks;
+		s->next_site = calloc(s->nchunks, 1);
+		s->pending = calloc((size_t)cfg->sites * s->nchunks, sizeof(*s->pending));
+		if (!s->next_site || !s->pending) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+		rc = direct_start(s, err, err_size);
+	} else {
+		for (unsigned j = 0; j < cfg->sites; j++) {
+			uint64_t len = s->shard_lo[j + 1] - s->shard_lo[j];
+			uint64_t chunks = (len + cfg->chunk_elems - 1) / cfg->chunk_elems;
+			if (chunks + s->chunk_base[j] > UINT32_MAX) {
+				rc = fail(err, err_size, "too many chunks for one step");
+				goto fail;
+			}
+			s->shard_chunks[j] = (uint32_t)chunks;
+			s->chunk_base[j + 1] = s->chunk_base[j] + (uint32_t)chunks;
+		}
+		s->nchunks = s->chunk_base[cfg->sites];
+		s->got = calloc(s->nchunks ? s->nchunks : 1, 1);
+		s->scratch = malloc(sizeof(float) * cfg->chunk_elems);
+		if (!s->got || !s->scratch) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+		rc = ring_start(s, err, err_size);
+	}
+	if (rc)
+		goto fail;
+	*out = s;
+	return 0;
+fail:
+	gg_ar_step_free(s);
+	return rc;
+}
+
+bool gg_ar_step_done(const struct gg_ar_step *s)
+{
+	return !s->failed && s->chunks_done == s->nchunks;
+}
+
+bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct gg_ar_chunk_id *id)
+{
+	if (s->cfg.algo == GG_ALLREDUCE_DIRECT) {
+		for (uint32_t c = 0; c < s->nchunks; c++) {
+			if (s->next_site[c] < s->cfg.sites) {
+				*from = s->next_site[c];
+				*id = (struct gg_ar_chunk_id){ GG_AR_DIRECT, (uint8_t)*from, c };
+				return true;
+			}
+		}
+		return false;
+	}
+	*from = ring_prev(s);
+	for (unsigned j = 0; j < s->cfg.sites; j++) {
+		for (uint32_t c = 0; c < s->shard_chunks[j]; c++) {
+			uint8_t got = s->got[s->chunk_base[j] + c];
+			for (unsigned bit = 0; bit < 2; bit++) {
+				unsigned phase = bit ? GG_AR_GATHER : GG_AR_SCATTER;
+				if (ring_expects(s, phase, j) && !(got & (1u << bit))) {
+					*id = (struct gg_ar_chunk_id){ (uint8_t)phase, (uint8_t)j, c };
+					return true;
+				}
+			}
+		}
+	}
+	return false;
+}
+
+uint64_t gg_ar_step_expected_from(const struct gg_ar_step *s, unsigned from)
+{
+	uint64_t total = 0;
+
+	if (from >= s->cfg.sites || from == s->cfg.self)
+		return 0;
+	if (s->cfg.algo == GG_ALLREDUCE_DIRECT)
+		return s->nchunks;
+	if (from != ring_prev(s))
+		return 0;
+	for (unsigned j = 0; j < s->cfg.sites; j++)
+		total += s->shard_chunks[j] * (uint64_t)(ring_expects(s, GG_AR_SCATTER, j) +
+							 ring_expects(s, GG_AR_GATHER, j));
+	return total;
+}
+
+uint64_t gg_ar_step_wire_bytes_out(const struct gg_ar_step *s)
+{
+	return s->bytes_out;
+}
+
+void gg_ar_step_free(struct gg_ar_step *s)
+{
+	if (!s)
+		return;
+	if (s->pending)
+		for (size_t i = 0; i < (size_t)s->cfg.sites * s->nchunks; i++)
+			gg_ar_frame_put(s->pending[i]);
+	free(s->pending);
+	free(s->next_site);
+	free(s->got);
+	free(s->scratch);
+	free(s);
+}

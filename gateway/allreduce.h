@@ -1,0 +1,128 @@
+/* One cross-site all-reduce step at one site.
+ *
+ * The step is a state machine that owns no socket and never blocks: the
+ * owner hands it the frames peers sent (gg_ar_step_on_frame) and ships the
+ * frames it emits (ops->send). Encoding, decoding and reducing happen
+ * inside those calls, chunk by chunk, so they overlap with the transfers of
+ * the other chunks.
+ *
+ * Every site ends with the same result bytes because each sum is computed
+ * in an order fixed by site index, never by arrival order:
+ *
+ * direct  Every site encodes its input (its site sum) chunk by chunk and
+ *         sends each chunk to every other site. Chunk c of the result is
+ *         decode(site 0) + decode(site 1) + ... + decode(site K-1), the
+ *         site's own chunk decoded from its own encoding like the others.
+ *         Frames that arrive before their turn wait, bounded by the step.
+ *
+ * ring    The tensor is cut into K shards, shard j = [b(j), b(j+1)) with
+ *         b(0) = 0, b(K) = N and b(j) = floor(jN/K) rounded down to a
+ *         multiple of 32 (so codec blocks stay aligned). Reduce-scatter: shard j is summed along the
+ *         ring j+1, j+2, ..., j (mod K); each site adds its input to the
+ *         decoded partial it received from its predecessor (partial +
+ *         input, one fp32 add) and sends the encoded new partial to its
+ *         successor. Site j, last, holds the full sum of shard j, encodes it
+ *         once and uses the decoded encoding as its own result. All-gather:
+ *         that encoding travels on around the ring byte for byte, and every
+ *         site decodes the same bytes.
+ *
+ * With error feedback, what an encoding drops is added to the input of the
+ * same site's encoding of the same elements in the next step; each site
+ * encodes each element exactly once per step in both algorithms. */
+#ifndef GG_ALLREDUCE_H
+#define GG_ALLREDUCE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "feedback.h"
+#include "frame.h"
+#include "gg_common.h"
+
+#define GG_AR_MAX_SITES 8
+#define GG_AR_ERROR_MAX 256
+
+enum gg_ar_phase {
+	GG_AR_DIRECT = 1,  /* origin: the site whose input this is */
+	GG_AR_SCATTER = 2, /* origin: the shard */
+	GG_AR_GATHER = 3,  /* origin: the shard */
+};
+
+struct gg_ar_chunk_id {
+	uint8_t phase;  /* enum gg_ar_phase */
+	uint8_t origin;
+	uint32_t chunk; /* within the tensor (direct) or the shard (ring) */
+};
+
+/* An encoded frame on its way to one or more peers; reference counted so a
+ * direct step sends one buffer to every peer. */
+struct gg_ar_frame {
+	unsigned refs;
+	size_t len;
+	uint8_t data[];
+};
+
+void gg_ar_frame_get(struct gg_ar_frame *f);
+void gg_ar_frame_put(struct gg_ar_frame *f);
+
+struct gg_ar_ops {
+	/* Takes a reference to `frame` for as long as it needs the bytes
+	 * (gg_ar_frame_get / gg_ar_frame_put). Returns 0 or a negative errno,
+	 * which fails the step. */
+	int (*send)(void *ctx, unsigned to_site, const struct gg_ar_chunk_id *id, struct gg_ar_frame *frame);
+};
+
+struct gg_ar_config {
+	unsigned sites;       /* K, 2..GG_AR_MAX_SITES */
+	unsigned self;        /* this site's index, 0..K-1 */
+	enum gg_allreduce_algo algo;
+	uint64_t count;       /* elements */
+	uint32_t chunk_elems; /* elements per chunk, a multiple of 32 */
+	/* Owned by the caller and reused across steps; one of each per thread. */
+	struct gg_frame_encoder *enc; /* its cfg.max_elems >= chunk_elems */
+	struct gg_frame_decoder *dec;
+	struct gg_feedback *feedback; /* NULL: none; else covers count elements */
+};
+
+struct gg_ar_step;
+
+/* Starts a step: `input` (count elements, this site's contribution) must
+ * stay valid and unchanged, and `result` (count elements) untouched by
+ * others, until the step is freed. Emits the step's first frames. Returns
+ * 0, -EINVAL (bad config: err says what), -ENOMEM, or what ops->send
+ * returned. */
+GG_MUST_CHECK int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg,
+				   const float *input, float *result, const struct gg_ar_ops *ops,
+				   void *ctx, char *err, size_t err_size);
+
+/* Hands the step a frame that site `from` sent for chunk `id`. The step
+ * copies what it must keep. A chunk already received is ignored (a re-send
+ * after a reconnect): returns 1. Returns 0 when taken, or a negative errno
+ * with err naming the site, the chunk and what is wrong: -EPROTO (a chunk
+ * this site never expects from `from`), -EBADMSG / -EILSEQ / -E2BIG (the
+ * frame's own checks), -ENOMEM. The step is then failed. */
+GG_MUST_CHECK int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_chunk_id *id,
+				      const void *frame, size_t len, char *err, size_t err_size);
+
+/* True once every element of `result` is final. */
+bool gg_ar_step_done(const struct gg_ar_step *s);
+
+/* The first chunk still awaited and the site it must come from (for the
+ * message of a step that missed its deadline); false when none is. */
+bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct gg_ar_chunk_id *id);
+
+/* Frames this step expects from `from` in all, and payload bytes it sent. */
+uint64_t gg_ar_step_expected_from(const struct gg_ar_step *s, unsigned from);
+uint64_t gg_ar_step_wire_bytes_out(const struct gg_ar_step *s);
+
+void gg_ar_step_free(struct gg_ar_step *s);
+
+/* The slice of the tensor a chunk covers: [*offset, *offset + *n). Shard
+ * bounds for ring; the whole tensor for direct. False when id is out of
+ * range for this config. */
+bool gg_ar_chunk_range(const struct gg_ar_config *cfg, const struct gg_ar_chunk_id *id, uint64_t *offset,
+		       uint64_t *n);
+
+#endif

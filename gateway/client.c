@@ -1,0 +1,707 @@
+/* The client library (include/gradgate.h): one control connection per
+ * session, shared-memory regions for the data. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "control_proto.h"
+#include "gg_common.h"
+
+#define OPEN_TIMEOUT_MS 10000
+#define GRACE_MS 2000           /* past a step's deadline before the gateway counts as lost */
+#define MIN_REGION_BYTES (4u << 20)
+
+struct region {
+	unsigned char *base; /* NULL: slot free */
+	uint64_t size;
+	unsigned users;      /* requests in flight with their data here */
+	bool retired;        /* unmapped once users drops to 0 */
+};
+
+struct gg_request {
+	struct gg_session *s; /* NULL once finished or the session is gone */
+	struct gg_request *next;
+	uint64_t seq;
+	uint32_t tensor_id;
+	enum gg_dtype dtype;
+	uint64_t bytes;
+	void *buf;            /* NULL once detached by gg_request_free */
+	unsigned region;
+	uint64_t offset;
+	uint64_t deadline_ms; /* the step's deadline plus GRACE_MS */
+	bool done;
+	bool freed;           /* the caller let go; the session frees it */
+	int status;
+	char message[GG_ERROR_MESSAGE_MAX];
+};
+
+struct gg_session {
+	int fd;
+	char job[GG_CTRL_NAME_SIZE];
+	int rank;
+	struct gg_session_info info;
+	uint64_t max_region_bytes;
+	unsigned max_regions;
+	uint64_t next_seq;
+	struct gg_request *head, *tail; /* in flight, oldest first */
+	unsigned inflight;
+	struct region regions[GG_CTRL_MAX_REGIONS];
+	int current;                    /* region new requests go to; -1: none yet */
+	int failed;                     /* 0, or the error that ended the session */
+	char failed_msg[GG_ERROR_MESSAGE_MAX];
+};
+
+GG_PRINTF(3, 4) static int set_err(struct gg_error *err, int code, const char *fmt, ...)
+{
+	if (err) {
+		va_list ap;
+		va_start(ap, fmt);
+		err->code = code;
+		vsnprintf(err->message, sizeof(err->message), fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+static int set_ok(struct gg_error *err)
+{
+	if (err) {
+		err->code = GG_OK;
+		err->message[0] = '\0';
+	}
+	return GG_OK;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int poll_ms(uint64_t deadline_ms)
+{
+	uint64_t now = now_ms();
+
+	if (deadline_ms == UINT64_MAX)
+		return -1;
+	return now >= deadline_ms ? 0 : (int)GG_MIN(deadline_ms - now, (uint64_t)INT32_MAX);
+}
+
+static const char *site_of(const struct gg_session *s)
+{
+	return s->info.site[0] ? s->info.site : "?";
+}
+
+/* Sends one message (and at most one fd) before `deadline_ms`. Returns 0
+ * or a negative errno. */
+static int send_msg(int fd, const void *msg, size_t len, int pass_fd, uint64_t deadline_ms)
+{
+	_Alignas(size_t) char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = (void *)msg, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (pass_fd >= 0) {
+		memset(cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf;
+		mh.msg_controllen = sizeof(cbuf);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+	}
+	for (;;) {
+		ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n == (ssize_t)len)
+			return 0;
+		if (n >= 0)
+			return -EMSGSIZE;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN)
+			return -errno;
+		struct pollfd p = { .fd = fd, .events = POLLOUT };
+		int rc = poll(&p, 1, poll_ms(deadline_ms));
+		if (rc == 0)
+			return -ETIMEDOUT;
+		if (rc < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+/* Receives one message. Returns its length (above GG_CTRL_RECV_MAX when it
+ * was longer), 0 at end of stream, -EAGAIN when none came before
+ * `deadline_ms`, -EPROTO when it carried file descriptors, or a negative
+ * errno. */
+static ssize_t recv_msg(int fd, union gg_ctrl_msg *msg, uint64_t deadline_ms)
+{
+	_Alignas(size_t) char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	bool reset = false;
+
+	for (;;) {
+		struct iovec iov = { .iov_base = msg, .iov_len = sizeof(*msg) };
+		struct msghdr mh = {
+			.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf),
+		};
+		ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+		if (n >= 0) {
+			bool fds = false;
+			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+				if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+					continue;
+				size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+				for (size_t i = 0; i < nfd; i++) {
+					int x;
+					memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+					close(x);
+				}
+				fds = true;
+			}
+			return fds || (mh.msg_flags & MSG_CTRUNC) ? -EPROTO : n;
+		}
+		if (errno == EINTR)
+			continue;
+		/* A gateway that closes with our messages unread resets the
+		 * connection, which recv reports before the answers it sent
+		 * last (why it closed); those are still there to read. */
+		if (errno == ECONNRESET && !reset) {
+			reset = true;
+			continue;
+		}
+		if (errno != EAGAIN)
+			return -errno;
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int rc = poll(&p, 1, poll_ms(deadline_ms));
+		if (rc == 0)
+			return -EAGAIN;
+		if (rc < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+static void region_release(struct gg_session *s, unsigned id, bool tell_gateway)
+{
+	struct region *r = &s->regions[id];
+
+	if (tell_gateway && s->fd >= 0) {
+		union gg_ctrl_msg m;
+		size_t len = gg_ctrl_init(&m, GG_CTRL_UNMAP);
+		m.unmap.region = id;
+		/* A lost UNMAP surfaces as a lost connection on the next read. */
+		(void)send_msg(s->fd, &m, len, -1, now_ms() + OPEN_TIMEOUT_MS);
+	}
+	munmap(r->base, r->size);
+	memset(r, 0, sizeof(*r));
+	if (s->current == (int)id)
+		s->current = -1;
+}
+
+static void request_finish(struct gg_request *r, int status, const char *message)
+{
+	r->done = true;
+	r->status = status;
+	gg_ctrl_set_text(r->message, sizeof(r->message), message);
+	r->s = NULL;
+	if (r->freed)
+		free(r);
+}
+
+/* Ends the session: every request in flight fails with `code`; later calls
+ * return it. */
+GG_PRINTF(3, 4) static void session_fail(struct gg_session *s, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (s->failed)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(s->failed_msg, sizeof(s->failed_msg), fmt, ap);
+	va_end(ap);
+	s->failed = code;
+	if (s->fd >= 0)
+		close(s->fd);
+	s->fd = -1;
+	while (s->head) {
+		struct gg_request *r = s->head;
+		char msg[GG_ERROR_MESSAGE_MAX + 64];
+		s->head = r->next;
+		snprintf(msg, sizeof(msg), "step %llu (tensor %u): %s", (unsigned long long)r->seq, r->tensor_id,
+			 s->failed_msg);
+		request_finish(r, code, msg);
+	}
+	s->tail = NULL;
+	s->inflight = 0;
+	for (unsigned i = 0; i < GG_ARRAY_LEN(s->regions); i++)
+		if (s->regions[i].base)
+			region_release(s, i, false);
+}
+
+static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
+{
+	struct gg_request *r = s->head;
+
+	if (!r || d->seq != r->seq) {
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu, but step %llu was next",
+			     site_of(s), (unsigned long long)d->seq, r ? (unsigned long long)r->seq : 0ull);
+		return;
+	}
+	if (d->status > 0) {
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu with status %d",
+			     site_of(s), (unsigned long long)d->seq, (int)d->status);
+		return;
+	}
+	s->head = r->next;
+	if (!s->head)
+		s->tail = NULL;
+	s->inflight--;
+
+	struct region *reg = &s->regions[r->region];
+	if (d->status == GG_OK && r->buf)
+		memcpy(r->buf, reg->base + r->offset, r->bytes);
+	if (--reg->users == 0 && reg->retired)
+		region_release(s, r->region, true);
+	request_finish(r, d->status, d->message);
+}
+
+/* Handles what the gateway sent until `deadline_ms` passes or nothing more
+ * is waiting after at least one message. */
+static void pump(struct gg_session *s, uint64_t deadline_ms)
+{
+	union gg_ctrl_msg m;
+	char why[160];
+
+	while (!s->failed) {
+		ssize_t n = recv_msg(s->fd, &m, deadline_ms);
+		if (n == -EAGAIN)
+			return;
+		if (n == 0) {
+			session_fail(s, GG_ERR_CLOSED, "the gateway of site %s closed the connection", site_of(s));
+			return;
+		}
+		if (n == -EPROTO) {
+			session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s sent file descriptors", site_of(s));
+			return;
+		}
+		if (n < 0) {
+			session_fail(s, GG_ERR_CLOSED, "connection to the gateway of site %s lost: %s", site_of(s),
+				     strerror((int)-n));
+			return;
+		}
+		int type = gg_ctrl_check(&m, (size_t)n, why, sizeof(why));
+		if (type == GG_CTRL_DONE) {
+			on_done(s, &m.done);
+		} else if (type == GG_CTRL_ERROR) {
+			session_fail(s, m.error.code < 0 ? m.error.code : GG_ERR_PROTOCOL, "%s", m.error.message);
+		} else if (type < 0) {
+			session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s sent a bad message: %s", site_of(s),
+				     why);
+		} else {
+			session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s sent an unexpected %s", site_of(s),
+				     gg_ctrl_type_name((unsigned)type));
+		}
+		deadline_ms = 0; /* drain what is already there, then return */
+	}
+}
+
+/* A send failed: the gateway's own last words (ERROR) say more than the
+ * errno, so read what it sent before the session ends. */
+static void send_failed(struct gg_session *s, int rc, const char *what)
+{
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		pump(s, 0);
+	if (!s->failed)
+		session_fail(s, GG_ERR_CLOSED, "%s to the gateway of site %s: %s", what, site_of(s), strerror(-rc));
+}
+
+static int parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struct gg_error *err)
+{
+	if (!endpoint)
+		endpoint = getenv(GG_ENDPOINT_ENV);
+	if (!endpoint || !*endpoint)
+		return set_err(err, GG_ERR_INVALID,
+			       "no gateway endpoint: pass one or set " GG_ENDPOINT_ENV " to the site's control socket "
+			       "(unix:/run/gradgate/SITE.sock by default)");
+	if (strncmp(endpoint, "unix:", 5)) {
+		if (!strncmp(endpoint, "tcp:", 4))
+			return set_err(err, GG_ERR_INVALID,
+				       "endpoint '%.200s': host buffers need a unix: endpoint on the gateway's host "
+				       "(shared memory)", endpoint);
+		return set_err(err, GG_ERR_INVALID, "endpoint '%.200s' is not unix:/absolute/path", endpoint);
+	}
+	const char *path = endpoint + 5;
+	memset(addr, 0, sizeof(*addr));
+	addr->sun_family = AF_UNIX;
+	if (path[0] != '/')
+		return set_err(err, GG_ERR_INVALID, "endpoint '%.200s': the socket path must be absolute", endpoint);
+	if (strlen(path) >= sizeof(addr->sun_path))
+		return set_err(err, GG_ERR_INVALID, "endpoint '%.200s': the socket path is longer than %zu bytes",
+			       endpoint, sizeof(addr->sun_path) - 1);
+	memcpy(addr->sun_path, path, strlen(path) + 1);
+	return 0;
+}
+
+static int connect_gateway(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err)
+{
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+	if (fd < 0)
+		return set_err(err, GG_ERR_SYSTEM, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(errno));
+	/* A full listen backlog answers EAGAIN on a non-blocking Unix socket. */
+	while (connect(fd, (const struct sockaddr *)addr, sizeof(*addr))) {
+		int e = errno;
+		if ((e == EAGAIN || e == EINTR) && now_ms() < deadline_ms) {
+			struct timespec ts = { 0, 10 * 1000 * 1000 };
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		close(fd);
+		if (e == ENOENT || e == ECONNREFUSED)
+			return set_err(err, GG_ERR_CONNECT, "no gateway listens on unix:%s (%s); is gradgate running "
+				       "with this control socket?", addr->sun_path, strerror(e));
+		return set_err(err, GG_ERR_CONNECT, "cannot connect to unix:%s: %s", addr->sun_path,
+			       e == EAGAIN ? "the gateway does not accept connections" : strerror(e));
+	}
+	return fd;
+}
+
+static int handshake(struct gg_session *s, const char *path, int nranks, struct gg_error *err)
+{
+	uint64_t deadline = now_ms() + OPEN_TIMEOUT_MS;
+	union gg_ctrl_msg m;
+	char why[160];
+	size_t len = gg_ctrl_init(&m, GG_CTRL_HELLO);
+
+	m.hello.version = GG_CTRL_VERSION;
+	m.hello.rank = (uint32_t)s->rank;
+	m.hello.nranks = (uint32_t)nranks;
+	gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), s->job);
+	int rc = send_msg(s->fd, &m, len, -1, deadline);
+	/* A gateway that refuses at once has closed already; its REFUSE waits. */
+	if (rc && rc != -EPIPE && rc != -ECONNRESET)
+		return set_err(err, GG_ERR_CONNECT, "sending HELLO to unix:%s: %s", path, strerror(-rc));
+
+	ssize_t n = recv_msg(s->fd, &m, deadline);
+	if (n == -EAGAIN)
+		return set_err(err, GG_ERR_TIMEOUT, "the gateway at unix:%s did not answer HELLO within %d ms", path,
+			       OPEN_TIMEOUT_MS);
+	if (n == 0 || n == -ECONNRESET)
+		return set_err(err, GG_ERR_CLOSED, "the gateway at unix:%s closed the connection without an answer",
+			       path);
+	if (n < 0)
+		return set_err(err, n == -EPROTO ? GG_ERR_PROTOCOL : GG_ERR_CONNECT,
+			       "receiving the answer to HELLO from unix:%s: %s", path,
+			       n == -EPROTO ? "it carried file descriptors" : strerror((int)-n));
+	int type = gg_ctrl_check(&m, (size_t)n, why, sizeof(why));
+	if (type == GG_CTRL_REFUSE)
+		return set_err(err, GG_ERR_REFUSED, "%s", m.error.message);
+	if (type != GG_CTRL_ACCEPT)
+		return set_err(err, GG_ERR_PROTOCOL, "the gateway at unix:%s answered HELLO with %s", path,
+			       type < 0 ? why : gg_ctrl_type_name((unsigned)type));
+
+	const struct gg_ctrl_accept *a = &m.accept;
+	if (a->version != GG_CTRL_VERSION || a->max_inflight < 1 || a->max_inflight > GG_CTRL_MAX_INFLIGHT ||
+	    a->max_regions < 2 || a->max_regions > GG_CTRL_MAX_REGIONS || a->max_message_bytes == 0 ||
+	    a->max_region_bytes < a->max_message_bytes + GG_CTRL_ALIGN || a->step_timeout_ms == 0)
+		return set_err(err, GG_ERR_PROTOCOL,
+			       "the gateway at unix:%s accepted with limits this library cannot use (version %u, "
+			       "%u in flight, %u regions)", path, (unsigned)a->version, (unsigned)a->max_inflight,
+			       (unsigned)a->max_regions);
+	memcpy(s->info.site, a->site, sizeof(s->info.site));
+	s->info.max_message_bytes = a->max_message_bytes;
+	s->info.max_inflight = GG_MIN(a->max_inflight, a->max_regions - 1);
+	s->info.step_timeout_ms = a->step_timeout_ms;
+	s->max_region_bytes = a->max_region_bytes;
+	s->max_regions = a->max_regions;
+	return 0;
+}
+
+GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
+				 struct gg_session **out, struct gg_error *err)
+{
+	struct sockaddr_un addr;
+	char why[160];
+	int rc;
+
+	if (!out)
+		return set_err(err, GG_ERR_INVALID, "gg_session_open: out is NULL");
+	*out = NULL;
+	if (!job)
+		return set_err(err, GG_ERR_INVALID, "gg_session_open: job is NULL");
+	if (!gg_ctrl_job_name_ok(job, why, sizeof(why)))
+		return set_err(err, GG_ERR_INVALID, "%s", why);
+	if (nranks < 1 || nranks > (int)GG_CTRL_MAX_RANKS)
+		return set_err(err, GG_ERR_INVALID, "nranks %d is outside 1..%u", nranks, GG_CTRL_MAX_RANKS);
+	if (rank < 0 || rank >= nranks)
+		return set_err(err, GG_ERR_INVALID, "rank %d is outside 0..%d", rank, nranks - 1);
+	if ((rc = parse_endpoint(endpoint, &addr, err)))
+		return rc;
+
+	struct gg_session *s = calloc(1, sizeof(*s));
+	if (!s)
+		return set_err(err, GG_ERR_NOMEM, "out of memory for a session");
+	snprintf(s->job, sizeof(s->job), "%s", job);
+	s->rank = rank;
+	s->next_seq = 1;
+	s->current = -1;
+	s->fd = connect_gateway(&addr, now_ms() + OPEN_TIMEOUT_MS, err);
+	if (s->fd < 0) {
+		rc = s->fd;
+		free(s);
+		return rc;
+	}
+	if ((rc = handshake(s, addr.sun_path, nranks, err))) {
+		close(s->fd);
+		free(s);
+		return rc;
+	}
+	*out = s;
+	return set_ok(err);
+}
+
+GRADGATE_API void gg_session_get_info(const struct gg_session *s, struct gg_session_info *info)
+{
+	*info = s->info;
+}
+
+/* Finds room for `len` bytes in region `id` after the requests in flight
+ * there, which were placed in FIFO order around it like a ring. */
+static bool region_fit(const struct gg_session *s, unsigned id, uint64_t len, uint64_t *offset)
+{
+	const struct region *reg = &s->regions[id];
+	const struct gg_request *oldest = NULL, *newest = NULL;
+
+	for (const struct gg_request *r = s->head; r; r = r->next) {
+		if (r->region != id)
+			continue;
+		if (!oldest)
+			oldest = r;
+		newest = r;
+	}
+	if (!oldest) {
+		*offset = 0;
+		return len <= reg->size;
+	}
+	uint64_t lo = oldest->offset;
+	uint64_t hi = newest->offset + ((newest->bytes + GG_CTRL_ALIGN - 1) & ~(uint64_t)(GG_CTRL_ALIGN - 1));
+	if (newest->offset >= lo) {
+		if (reg->size - hi >= len) {
+			*offset = hi;
+			return true;
+		}
+		*offset = 0;
+		return lo >= len;
+	}
+	*offset = hi;
+	return lo - hi >= len;
+}
+
+/* Maps a new region of at least `len` bytes, tells the gateway, and makes
+ * it current; the old current region goes once its requests are done. */
+static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms, const char *step,
+		       struct gg_error *err)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t size = s->current >= 0 ? 2 * s->regions[s->current].size : MIN_REGION_BYTES;
+	unsigned id;
+
+	size = GG_MAX(size, len);
+	size = (size + page - 1) / page * page;
+	size = GG_MIN(size, s->max_region_bytes);
+	for (id = 0; id < s->max_regions; id++)
+		if (!s->regions[id].base)
+			break;
+	if (id == s->max_regions)
+		return set_err(err, GG_ERR_BUSY, "%s: all %u shared regions are in use", step, s->max_regions);
+
+	int fd = memfd_create("gradgate", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return set_err(err, GG_ERR_SYSTEM, "%s: memfd_create: %s", step, strerror(errno));
+	if (ftruncate(fd, (off_t)size) || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+		int e = errno;
+		close(fd);
+		return set_err(err, GG_ERR_SYSTEM, "%s: preparing a %llu-byte shared region: %s", step,
+			       (unsigned long long)size, strerror(e));
+	}
+	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		int e = errno;
+		close(fd);
+		return set_err(err, e == ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM,
+			       "%s: mapping a %llu-byte shared region: %s", step, (unsigned long long)size,
+			       strerror(e));
+	}
+
+	union gg_ctrl_msg m;
+	size_t mlen = gg_ctrl_init(&m, GG_CTRL_MAP);
+	m.map.region = id;
+	m.map.size_bytes = size;
+	int rc = send_msg(s->fd, &m, mlen, fd, deadline_ms);
+	close(fd);
+	if (rc) {
+		munmap(base, size);
+		send_failed(s, rc, "sending a shared region");
+		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
+	}
+	s->regions[id] = (struct region){ .base = base, .size = size };
+	if (s->current >= 0) {
+		struct region *old = &s->regions[s->current];
+		if (old->users)
+			old->retired = true;
+		else
+			region_release(s, (unsigned)s->current, true);
+	}
+	s->current = (int)id;
+	return 0;
+}
+
+GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
+				    uint32_t tensor_id, int timeout_ms, struct gg_request **out,
+				    struct gg_error *err)
+{
+	char step[64];
+	size_t esize = gg_dtype_size(dtype);
+
+	if (!out)
+		return set_err(err, GG_ERR_INVALID, "gg_allreduce_start: out is NULL");
+	*out = NULL;
+	if (!s)
+		return set_err(err, GG_ERR_INVALID, "gg_allreduce_start: session is NULL");
+	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
+	if (!buf || !count)
+		return set_err(err, GG_ERR_INVALID, "%s: %s", step, buf ? "count is 0" : "buf is NULL");
+	if (!esize)
+		return set_err(err, GG_ERR_INVALID, "%s: unknown dtype %d", step, (int)dtype);
+	if (s->failed)
+		return set_err(err, s->failed, "%s: session failed earlier: %s", step, s->failed_msg);
+	if (count > s->info.max_message_bytes / esize)
+		return set_err(err, GG_ERR_TOO_LARGE,
+			       "%s: %zu %s elements exceed the max_message of %llu bytes of the gateway of site %s",
+			       step, count, gg_dtype_name(dtype), (unsigned long long)s->info.max_message_bytes,
+			       site_of(s));
+
+	pump(s, 0);
+	if (s->failed)
+		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
+	if (s->inflight >= s->info.max_inflight)
+		return set_err(err, GG_ERR_BUSY, "%s: %u requests already in flight, as many as the gateway allows",
+			       step, s->inflight);
+
+	uint64_t bytes = (uint64_t)count * esize;
+	uint64_t timeout = timeout_ms > 0 ? GG_MIN((uint64_t)timeout_ms, s->info.step_timeout_ms)
+					  : s->info.step_timeout_ms;
+	uint64_t deadline = now_ms() + timeout + GRACE_MS;
+	uint64_t offset;
+	int rc;
+
+	if (s->current < 0 || !region_fit(s, (unsigned)s->current, bytes, &offset)) {
+		if ((rc = region_grow(s, bytes, deadline, step, err)))
+			return rc;
+		offset = 0;
+	}
+
+	struct gg_request *r = calloc(1, sizeof(*r));
+	if (!r)
+		return set_err(err, GG_ERR_NOMEM, "%s: out of memory for a request", step);
+	struct region *reg = &s->regions[s->current];
+	memcpy(reg->base + offset, buf, bytes);
+
+	union gg_ctrl_msg m;
+	size_t mlen = gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
+	m.allreduce.seq = s->next_seq;
+	m.allreduce.tensor_id = tensor_id;
+	m.allreduce.dtype = (uint32_t)dtype;
+	m.allreduce.count = count;
+	m.allreduce.offset = offset;
+	m.allreduce.region = (uint32_t)s->current;
+	m.allreduce.timeout_ms = (uint32_t)timeout;
+	if ((rc = send_msg(s->fd, &m, mlen, -1, deadline))) {
+		free(r);
+		send_failed(s, rc, "sending the request");
+		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
+	}
+
+	*r = (struct gg_request){
+		.s = s, .seq = s->next_seq++, .tensor_id = tensor_id, .dtype = dtype, .bytes = bytes, .buf = buf,
+		.region = (unsigned)s->current, .offset = offset, .deadline_ms = deadline,
+	};
+	reg->users++;
+	if (s->tail)
+		s->tail->next = r;
+	else
+		s->head = r;
+	s->tail = r;
+	s->inflight++;
+	*out = r;
+	return set_ok(err);
+}
+
+GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error *err)
+{
+	if (!req)
+		return set_err(err, GG_ERR_INVALID, "gg_wait: request is NULL");
+
+	uint64_t until = timeout_ms < 0 ? UINT64_MAX : now_ms() + (uint64_t)timeout_ms;
+	while (!req->done) {
+		struct gg_session *s = req->s;
+		struct gg_request *head = s->head;
+		uint64_t now = now_ms();
+
+		if (now >= head->deadline_ms) {
+			session_fail(s, GG_ERR_TIMEOUT, "the gateway of site %s did not answer step %llu within its "
+				     "deadline and %d ms more", site_of(s), (unsigned long long)head->seq, GRACE_MS);
+			break;
+		}
+		if (now >= until)
+			return set_err(err, GG_ERR_AGAIN, "step %llu (tensor %u) still in progress after %d ms",
+				       (unsigned long long)req->seq, req->tensor_id, timeout_ms);
+		pump(s, GG_MIN(until, head->deadline_ms));
+	}
+	if (req->status)
+		return set_err(err, req->status, "%s", req->message);
+	return set_ok(err);
+}
+
+GRADGATE_API int gg_allreduce(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
+			      uint32_t tensor_id, int timeout_ms, struct gg_error *err)
+{
+	struct gg_request *r;
+	int rc = gg_allreduce_start(s, buf, count, dtype, tensor_id, timeout_ms, &r, err);
+
+	if (rc)
+		return rc;
+	rc = gg_wait(r, -1, err);
+	gg_request_free(r);
+	return rc;
+}
+
+GRADGATE_API void gg_request_free(struct gg_request *req)
+{
+	if (!req)
+		return;
+	if (req->done) {
+		free(req);
+		return;
+	}
+	req->freed = true;
+	req->buf = NULL;
+}
+
+GRADGATE_API void gg_session_close(struct gg_session *s)
+{
+	if (!s)
+		return;
+	session_fail(s, GG_ERR_CLOSED, "the session was closed");
+	free(s);
+}

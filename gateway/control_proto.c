@@ -1,0 +1,207 @@
+#include "control_proto.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "gg_common.h"
+
+static const struct {
+	const char *name;
+	size_t size;
+} ctrl_types[] = {
+	[GG_CTRL_HELLO] = { "HELLO", sizeof(struct gg_ctrl_hello) },
+	[GG_CTRL_ACCEPT] = { "ACCEPT", sizeof(struct gg_ctrl_accept) },
+	[GG_CTRL_REFUSE] = { "REFUSE", sizeof(struct gg_ctrl_error) },
+	[GG_CTRL_MAP] = { "MAP", sizeof(struct gg_ctrl_map) },
+	[GG_CTRL_UNMAP] = { "UNMAP", sizeof(struct gg_ctrl_unmap) },
+	[GG_CTRL_ALLREDUCE] = { "ALLREDUCE", sizeof(struct gg_ctrl_allreduce) },
+	[GG_CTRL_DONE] = { "DONE", sizeof(struct gg_ctrl_done) },
+	[GG_CTRL_ERROR] = { "ERROR", sizeof(struct gg_ctrl_error) },
+};
+
+static bool known_type(unsigned type)
+{
+	return type > 0 && type < GG_ARRAY_LEN(ctrl_types);
+}
+
+GRADGATE_API const char *gg_strerror(int code)
+{
+	switch (code) {
+	case GG_OK: return "success";
+	case GG_ERR_INVALID: return "invalid argument";
+	case GG_ERR_NOMEM: return "out of memory";
+	case GG_ERR_SYSTEM: return "system call failed";
+	case GG_ERR_CONNECT: return "cannot reach the gateway";
+	case GG_ERR_REFUSED: return "refused by the gateway";
+	case GG_ERR_PROTOCOL: return "control protocol violated";
+	case GG_ERR_CLOSED: return "connection to the gateway lost";
+	case GG_ERR_TIMEOUT: return "deadline passed";
+	case GG_ERR_TOO_LARGE: return "tensor larger than the gateway allows";
+	case GG_ERR_MISMATCH: return "ranks announced different tensors";
+	case GG_ERR_RANK: return "another rank of the job failed";
+	case GG_ERR_SITE: return "exchange with another site failed";
+	case GG_ERR_BUSY: return "too many requests in flight";
+	case GG_ERR_AGAIN: return "request still in progress";
+	case GG_ERR_LIMIT: return "gateway limit reached";
+	}
+	return "unknown error";
+}
+
+GRADGATE_API size_t gg_dtype_size(enum gg_dtype dtype)
+{
+	switch (dtype) {
+	case GG_DTYPE_F32: return 4;
+	case GG_DTYPE_BF16: return 2;
+	}
+	return 0;
+}
+
+const char *gg_dtype_name(uint32_t dtype)
+{
+	switch (dtype) {
+	case GG_DTYPE_F32: return "float32";
+	case GG_DTYPE_BF16: return "bfloat16";
+	}
+	return NULL;
+}
+
+const char *gg_ctrl_type_name(unsigned type)
+{
+	return known_type(type) ? ctrl_types[type].name : "unknown";
+}
+
+size_t gg_ctrl_init(union gg_ctrl_msg *msg, enum gg_ctrl_type type)
+{
+	size_t size = ctrl_types[type].size;
+
+	memset(msg, 0, size);
+	msg->hdr.magic = GG_CTRL_MAGIC;
+	msg->hdr.type = (uint16_t)type;
+	msg->hdr.length = (uint32_t)size;
+	return size;
+}
+
+/* A string field is valid when it holds a NUL and only zeroes after it. */
+static bool text_ok(const char *field, size_t size)
+{
+	const char *nul = memchr(field, 0, size);
+
+	if (!nul)
+		return false;
+	for (const char *p = nul; p < field + size; p++)
+		if (*p)
+			return false;
+	return true;
+}
+
+int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t why_size)
+{
+	const struct gg_ctrl_hdr *h = &msg->hdr;
+	unsigned type;
+	size_t want;
+
+	if (len < sizeof(*h)) {
+		snprintf(why, why_size, "truncated message: %zu bytes, shorter than a header", len);
+		return GG_ERR_PROTOCOL;
+	}
+	if (h->magic != GG_CTRL_MAGIC) {
+		snprintf(why, why_size, "not a gradgate control message (magic 0x%08x)", (unsigned)h->magic);
+		return GG_ERR_PROTOCOL;
+	}
+	type = h->type;
+	if (!known_type(type)) {
+		snprintf(why, why_size, "unknown message type %u", type);
+		return GG_ERR_PROTOCOL;
+	}
+	want = ctrl_types[type].size;
+	if (type == GG_CTRL_HELLO && len >= sizeof(*h) + sizeof(uint32_t) && len <= GG_CTRL_RECV_MAX &&
+	    len == h->length && msg->hello.version != GG_CTRL_VERSION)
+		return GG_CTRL_HELLO;
+	if (len > GG_CTRL_RECV_MAX) {
+		snprintf(why, why_size, "%s message of %zu bytes; it has %zu", ctrl_types[type].name, len, want);
+		return GG_ERR_PROTOCOL;
+	}
+	if (len < h->length) {
+		snprintf(why, why_size, "truncated %s: %zu of %u bytes", ctrl_types[type].name, len,
+			 (unsigned)h->length);
+		return GG_ERR_PROTOCOL;
+	}
+	if (len != h->length) {
+		snprintf(why, why_size, "%s header says %u bytes but the packet has %zu", ctrl_types[type].name,
+			 (unsigned)h->length, len);
+		return GG_ERR_PROTOCOL;
+	}
+	if (len != want) {
+		snprintf(why, why_size, "%s %s: %zu of %zu bytes", len < want ? "truncated" : "oversized",
+			 ctrl_types[type].name, len, want);
+		return GG_ERR_PROTOCOL;
+	}
+	if (h->flags || h->reserved) {
+		snprintf(why, why_size, "%s with nonzero reserved header fields", ctrl_types[type].name);
+		return GG_ERR_PROTOCOL;
+	}
+
+	bool ok = true;
+	switch (type) {
+	case GG_CTRL_HELLO:
+		ok = !msg->hello.reserved && text_ok(msg->hello.job, sizeof(msg->hello.job));
+		break;
+	case GG_CTRL_ACCEPT:
+		ok = text_ok(msg->accept.site, sizeof(msg->accept.site));
+		break;
+	case GG_CTRL_REFUSE:
+	case GG_CTRL_ERROR:
+		ok = !msg->error.reserved && text_ok(msg->error.message, sizeof(msg->error.message));
+		break;
+	case GG_CTRL_MAP:
+		ok = !msg->map.reserved;
+		break;
+	case GG_CTRL_UNMAP:
+		ok = !msg->unmap.reserved;
+		break;
+	case GG_CTRL_DONE:
+		ok = !msg->done.reserved && text_ok(msg->done.message, sizeof(msg->done.message));
+		break;
+	default:
+		break;
+	}
+	if (!ok) {
+		snprintf(why, why_size, "%s with an unterminated string or nonzero reserved field",
+			 ctrl_types[type].name);
+		return GG_ERR_PROTOCOL;
+	}
+	return (int)type;
+}
+
+void gg_ctrl_set_text(char *field, size_t size, const char *text)
+{
+	size_t n = strlen(text);
+
+	if (n >= size) {
+		n = size - 1;
+		while (n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80)
+			n--;
+	}
+	memcpy(field, text, n);
+	memset(field + n, 0, size - n);
+}
+
+bool gg_ctrl_job_name_ok(const char *job, char *why, size_t why_size)
+{
+	size_t n = strnlen(job, GG_CTRL_NAME_SIZE);
+
+	if (n == 0 || n >= GG_CTRL_NAME_SIZE) {
+		snprintf(why, why_size, "job name must have 1 to %d characters", GG_CTRL_NAME_SIZE - 1);
+		return false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)job[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+		      c == '_' || c == '-')) {
+			snprintf(why, why_size, "job name has character 0x%02x at %zu; allowed are A-Z a-z 0-9 . _ -",
+				 c, i);
+			return false;
+		}
+	}
+	return true;
+}

@@ -1,0 +1,182 @@
+/* The control protocol between the client library and its site's gateway
+ * (docs/control-protocol.md tells the whole story).
+ *
+ * Transport: a Unix SOCK_SEQPACKET socket, one message per packet, in host
+ * byte order (both ends share a host). Every message starts with
+ * struct gg_ctrl_hdr and has the exact size of its type's struct; strings
+ * are NUL-terminated inside their fixed field with zeroes after the NUL.
+ * Shared-memory regions travel as memfds in SCM_RIGHTS with GG_CTRL_MAP.
+ *
+ *   client                          gateway
+ *   HELLO(version, job, rank, n) ->
+ *                                <- ACCEPT(limits) | REFUSE(code, reason)
+ *   MAP(region, size) + memfd    ->
+ *   ALLREDUCE(seq, tensor, ...)  ->
+ *                                <- DONE(seq, status, message)
+ *   UNMAP(region)                ->
+ *                                <- ERROR(code, message), then close
+ */
+#ifndef GG_CONTROL_PROTO_H
+#define GG_CONTROL_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gradgate.h"
+
+#define GG_CTRL_MAGIC 0x31434747u /* "GGC1" */
+#define GG_CTRL_VERSION 1u
+
+#define GG_CTRL_NAME_SIZE 64  /* job and site names: 63 characters and the NUL */
+#define GG_CTRL_TEXT_SIZE GG_ERROR_MESSAGE_MAX
+#define GG_CTRL_MAX_INFLIGHT 8u   /* ALLREDUCE requests a session may have unanswered */
+#define GG_CTRL_MAX_REGIONS (GG_CTRL_MAX_INFLIGHT + 1u)
+#define GG_CTRL_ALIGN 64u         /* ALLREDUCE offsets are multiples of this */
+#define GG_CTRL_MAX_RANKS 4096u
+#define GG_CTRL_RECV_MAX 512u     /* larger than every message */
+
+enum gg_ctrl_type {
+	GG_CTRL_HELLO = 1,
+	GG_CTRL_ACCEPT = 2,
+	GG_CTRL_REFUSE = 3,
+	GG_CTRL_MAP = 4,
+	GG_CTRL_UNMAP = 5,
+	GG_CTRL_ALLREDUCE = 6,
+	GG_CTRL_DONE = 7,
+	GG_CTRL_ERROR = 8,
+};
+
+struct gg_ctrl_hdr {
+	uint32_t magic;
+	uint16_t type;     /* enum gg_ctrl_type */
+	uint16_t flags;    /* 0 */
+	uint32_t length;   /* of the whole message, header included */
+	uint32_t reserved; /* 0 */
+};
+
+/* client -> gateway, first message. The version sits right after the
+ * header in every protocol version, so a gateway can refuse one it does
+ * not speak before looking at the rest. */
+struct gg_ctrl_hello {
+	struct gg_ctrl_hdr hdr;
+	uint32_t version;
+	uint32_t rank;
+	uint32_t nranks;
+	uint32_t reserved;
+	char job[GG_CTRL_NAME_SIZE];
+};
+
+/* gateway -> client: the session is registered; these bound the session. */
+struct gg_ctrl_accept {
+	struct gg_ctrl_hdr hdr;
+	uint32_t version;
+	uint32_t max_inflight;      /* <= GG_CTRL_MAX_INFLIGHT */
+	uint64_t max_message_bytes; /* count * element size of one ALLREDUCE */
+	uint64_t max_region_bytes;  /* size of one MAP region */
+	uint32_t max_regions;       /* regions mapped at once, <= GG_CTRL_MAX_REGIONS */
+	uint32_t step_timeout_ms;
+	char site[GG_CTRL_NAME_SIZE];
+};
+
+/* gateway -> client: REFUSE answers a HELLO; ERROR reports a fatal
+ * problem at any time. Both are followed by the gateway closing the
+ * connection. `seq` is the step concerned, 0 when none. */
+struct gg_ctrl_error {
+	struct gg_ctrl_hdr hdr;
+	int32_t code; /* enum gg_errc */
+	uint32_t reserved;
+	uint64_t seq;
+	char message[GG_CTRL_TEXT_SIZE];
+};
+
+/* client -> gateway with one memfd in SCM_RIGHTS: sealed against
+ * shrinking, `size_bytes` long, mapped by the gateway as region `region`
+ * (a free id below max_regions) until UNMAP. */
+struct gg_ctrl_map {
+	struct gg_ctrl_hdr hdr;
+	uint32_t region;
+	uint32_t reserved;
+	uint64_t size_bytes;
+};
+
+/* client -> gateway: no request in flight uses `region` any more. */
+struct gg_ctrl_unmap {
+	struct gg_ctrl_hdr hdr;
+	uint32_t region;
+	uint32_t reserved;
+};
+
+/* client -> gateway: this rank's contribution to step `seq` (1, 2, 3, ...
+ * per session) lies at `offset` in `region`, count * element size bytes;
+ * the result is written back to the same place before DONE. */
+struct gg_ctrl_allreduce {
+	struct gg_ctrl_hdr hdr;
+	uint64_t seq;
+	uint32_t tensor_id;
+	uint32_t dtype; /* enum gg_dtype */
+	uint64_t count;
+	uint64_t offset;
+	uint32_t region;
+	uint32_t timeout_ms; /* 0: the gateway's step timeout */
+};
+
+/* gateway -> client: step `seq` finished; status 0 or an enum gg_errc code
+ * with `message`. DONEs come in seq order. */
+struct gg_ctrl_done {
+	struct gg_ctrl_hdr hdr;
+	uint64_t seq;
+	int32_t status;
+	uint32_t reserved;
+	char message[GG_CTRL_TEXT_SIZE];
+};
+
+_Static_assert(sizeof(struct gg_ctrl_hdr) == 16, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_hello) == 96, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_accept) == 112, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_error) == 288, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_map) == 32, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_unmap) == 24, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_allreduce) == 56, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_done) == 288, "wire layout");
+
+/* Any message, for receiving into. */
+union gg_ctrl_msg {
+	struct gg_ctrl_hdr hdr;
+	struct gg_ctrl_hello hello;
+	struct gg_ctrl_accept accept;
+	struct gg_ctrl_error error;
+	struct gg_ctrl_map map;
+	struct gg_ctrl_unmap unmap;
+	struct gg_ctrl_allreduce allreduce;
+	struct gg_ctrl_done done;
+	unsigned char bytes[GG_CTRL_RECV_MAX];
+};
+
+/* Zeroes `msg` and fills its header for `type`; returns its wire size. */
+size_t gg_ctrl_init(union gg_ctrl_msg *msg, enum gg_ctrl_type type);
+
+/* "HELLO", "DONE", ...; "unknown" for anything else. */
+const char *gg_ctrl_type_name(unsigned type);
+
+/* Checks the header and size of a received packet of `len` bytes (the
+ * whole packet: a longer one must be reported with a len above
+ * GG_CTRL_RECV_MAX) and the fixed fields every message of its type must
+ * hold: reserved fields zero, strings terminated. Returns the type, or
+ * GG_ERR_PROTOCOL with `why` ("truncated DONE: 40 of 288 bytes"). A HELLO
+ * of another protocol version is returned as GG_CTRL_HELLO when its
+ * version field is readable, for the caller to refuse it by version. */
+int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t why_size);
+
+/* Copies `text` into a fixed string field, cut at size - 1 characters
+ * (never inside a UTF-8 sequence) and zero-padded. */
+void gg_ctrl_set_text(char *field, size_t size, const char *text);
+
+/* Whether `job` is a valid job name (1-63 of A-Z a-z 0-9 . _ -); when not,
+ * `why` says what is wrong. */
+bool gg_ctrl_job_name_ok(const char *job, char *why, size_t why_size);
+
+/* "float32", "bfloat16"; NULL for an unknown type. */
+const char *gg_dtype_name(uint32_t dtype);
+
+#endif

@@ -1,0 +1,20 @@
+/* The gradgate daemon: one site's gateway, serving its local ranks through
+ * a site backend and exchanging their sums with the other sites. */
+#ifndef GG_DAEMON_H
+#define GG_DAEMON_H
+
+#include "config.h"
+
+enum gg_daemon_exit {
+	GG_EXIT_OK = 0,
+	GG_EXIT_CONFIG = 1,  /* the configuration has problems */
+	GG_EXIT_USAGE = 2,
+	GG_EXIT_STARTUP = 3, /* could not start: credentials, sockets, io_uring */
+	GG_EXIT_RUNTIME = 4, /* the event loop broke */
+};
+
+/* Runs until SIGTERM or SIGINT (then drains and exits GG_EXIT_OK); SIGHUP
+ * reloads the certificates and key. Returns an enum gg_daemon_exit. */
+int gg_daemon_run(const struct gg_config *cfg);
+
+#endif

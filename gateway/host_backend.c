@@ -1,0 +1,1375 @@
+#include "host_backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "control_proto.h"
+#include "host_sum.h"
+#include "uring_msg.h"
+
+enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
+
+#define OUTQ (GG_CTRL_MAX_INFLIGHT + 2u) /* every request's DONE, ACCEPT, the last ERROR */
+#define RECV_FDS 4                       /* descriptors one packet may bring before MSG_CTRUNC */
+#define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
+#define ACCEPT_RETRY_US 100000u
+#define MAX_MESSAGE_LIMIT (1ull << 40)
+#define TEXT GG_CTRL_TEXT_SIZE
+
+struct hb_region {
+	unsigned char *base; /* NULL: not mapped */
+	uint64_t size;
+	unsigned users;      /* requests queued with their data here */
+};
+
+struct hb_req {
+	uint64_t seq;
+	uint64_t count;
+	uint64_t offset;
+	uint64_t deadline_us;
+	uint32_t tensor_id;
+	uint32_t dtype;
+	uint32_t region;
+	uint32_t timeout_ms;
+};
+
+enum conn_state { C_FREE, C_HELLO, C_ACTIVE, C_CLOSING };
+
+struct hb_conn {
+	enum conn_state state;
+	int fd;
+	uint32_t index;
+	uint32_t gen;
+	uint64_t deadline_us; /* C_HELLO: for the HELLO; C_CLOSING: for the last answer */
+	struct hb_job *job;   /* C_ACTIVE only */
+	unsigned rank;
+	uint64_t next_seq;
+	struct hb_req reqs[GG_CTRL_MAX_INFLIGHT];
+	unsigned req_head, req_count;
+	unsigned dones_queued; /* DONEs not yet sent: they count against the window */
+	struct hb_region regions[GG_CTRL_MAX_REGIONS];
+
+	union gg_ctrl_msg out[OUTQ];
+	size_t out_len[OUTQ];
+	unsigned out_head, out_count;
+	bool send_busy, recv_busy, shut;
+	int io_error;  /* a send could not be queued: dropped at the next tick */
+	uid_t uid;     /* of the peer process, from SO_PEERCRED */
+	pid_t pid;
+
+	union gg_ctrl_msg in;
+	struct iovec iov;
+	struct msghdr mh;
+	_Alignas(size_t) char cbuf[CMSG_SPACE(RECV_FDS * sizeof(int))];
+};
+
+struct hb_job {
+	struct hb_job *next;
+	char name[GG_CTRL_NAME_SIZE];
+	unsigned nranks;
+	unsigned first_rank; /* the rank whose HELLO created the job */
+	uid_t uid;           /* every rank runs as the user that created the job */
+	unsigned connected;
+	struct hb_conn **ranks;
+	const void **inputs;
+	uint64_t seq;         /* the step being gathered or with the core; earlier ones are over */
+	uint64_t deadline_us; /* of step `seq` while gathering; 0: no rank has announced it */
+	uint32_t deadline_ms; /* the timeout that set deadline_us, for messages */
+
+	bool with_core;
+	bool abandoned;  /* the step with the core was already failed at its ranks */
+	bool in_submit;
+	bool sync_done;  /* completed from inside submit() */
+	int sync_status;
+	char sync_msg[TEXT];
+	struct gg_site_step step;
+
+	int broken; /* a rank left or broke the protocol: every request fails with broken_msg */
+	char broken_msg[TEXT];
+	uint64_t failed_seq; /* the last step failed before all ranks had announced it */
+	int failed_code;
+	char failed_msg[TEXT];
+};
+
+struct gg_host_backend {
+	struct gg_site_backend base;
+	struct gg_host_backend_options opts;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char site[GG_CTRL_NAME_SIZE];
+	const struct gg_core_ops *core_ops;
+	void *core;
+	struct gg_loop *loop;
+	uint64_t max_region_bytes;
+
+	int listen_fd;
+	dev_t listen_dev;
+	ino_t listen_ino;
+	bool accept_armed;
+	uint64_t accept_retry_us;
+	unsigned cancels;
+	bool stopping;
+
+	struct hb_conn *conns; /* opts.max_clients slots */
+	struct hb_job *jobs;
+	struct gg_host_backend_stats stats;
+};
+
+static void job_advance(struct gg_host_backend *b, struct hb_job *j);
+
+GG_PRINTF(2, 3) static void hb_log(struct gg_host_backend *b, const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+
+	if (!b->opts.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	b->opts.log(b->opts.log_arg, line);
+}
+
+static uint64_t ud(const struct gg_host_backend *b, unsigned kind, const struct hb_conn *c)
+{
+	return gg_loop_ud(b->opts.kind_base + kind, c ? c->index : 0, c ? c->gen : 0);
+}
+
+static uint64_t min_deadline(uint64_t a, uint64_t b)
+{
+	return !a ? b : !b ? a : GG_MIN(a, b);
+}
+
+static struct hb_req *head(struct hb_conn *c)
+{
+	return c->req_count ? &c->reqs[c->req_head] : NULL;
+}
+
+static void req_pop(struct hb_conn *c)
+{
+	c->regions[c->reqs[c->req_head].region].users--;
+	c->req_head = (c->req_head + 1) % GG_CTRL_MAX_INFLIGHT;
+	c->req_count--;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static void out_kick(struct gg_host_backend *b, struct hb_conn *c)
+{
+	if (c->send_busy || !c->out_count || c->shut)
+		return;
+	int rc = gg_loop_send(b->loop, c->fd, &c->out[c->out_head], c->out_len[c->out_head], ud(b, K_SEND, c));
+	if (rc) {
+		/* Callers may be walking a job's ranks: the connection is
+		 * dropped in the next tick, not under their feet. */
+		hb_log(b, "control connection %u: cannot queue a send: %s", c->index, strerror(-rc));
+		c->io_error = rc;
+		return;
+	}
+	c->send_busy = true;
+}
+
+static union gg_ctrl_msg *out_push(struct hb_conn *c, enum gg_ctrl_type type)
+{
+	/* The window check in on_allreduce keeps this from overflowing. */
+	if (c->out_count == OUTQ)
+		return NULL;
+	unsigned i = (c->out_head + c->out_count++) % OUTQ;
+	c->out_len[i] = gg_ctrl_init(&c->out[i], type);
+	return &c->out[i];
+}
+
+/* Answers the connection's oldest request with DONE. */
+GG_PRINTF(4, 5) static void answer(struct gg_host_backend *b, struct hb_conn *c, int status, const char *fmt, ...)
+{
+	struct hb_req *h = head(c);
+	union gg_ctrl_msg *m = out_push(c, GG_CTRL_DONE);
+	va_list ap;
+
+	m->done.seq = h->seq;
+	m->done.status = status;
+	if (status) {
+		char text[TEXT + 64];
+		va_start(ap, fmt);
+		vsnprintf(text, sizeof(text), fmt, ap);
+		va_end(ap);
+		gg_ctrl_set_text(m->done.message, sizeof(m->done.message), text);
+	}
+	c->dones_queued++;
+	req_pop(c);
+	out_kick(b, c);
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
+{
+	for (unsigned i = 0; i < GG_CTRL_MAX_REGIONS; i++) {
+		if (c->regions[i].base) {
+			munmap(c->regions[i].base, c->regions[i].size);
+			b->stats.regions--;
+		}
+	}
+	close(c->fd);
+	uint32_t gen = (c->gen + 1) & GG_LOOP_AUX_MAX;
+	uint32_t index = c->index;
+	memset(c, 0, sizeof(*c));
+	c->state = C_FREE;
+	c->fd = -1;
+	c->gen = gen;
+	c->index = index;
+	b->stats.connections--;
+}
+
+/* Moves a closing connection on: the socket is shut once its last answer
+ * left (or the close deadline passed), and freed once nothing is in
+ * flight on it. */
+static void conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t now_us)
+{
+	if (c->state != C_CLOSING)
+		return;
+	if (!c->send_busy && !c->recv_busy && (!c->out_count || c->shut)) {
+		conn_free(b, c);
+		return;
+	}
+	if (!c->shut && ((!c->out_count && !c->send_busy) || now_us >= c->deadline_us)) {
+		shutdown(c->fd, SHUT_RDWR);
+		c->shut = true;
+	}
+}
+
+static bool step_in_progress(const struct hb_job *j)
+{
+	if (j->with_core)
+		return true;
+	for (unsigned r = 0; r < j->nranks; r++) {
+		struct hb_conn *c = j->ranks[r];
+		if (c && c->req_count && c->reqs[c->req_head].seq == j->seq)
+			return true;
+	}
+	return false;
+}
+
+static void job_free(struct gg_host_backend *b, struct hb_job *j)
+{
+	for (struct hb_job **p = &b->jobs; *p; p = &(*p)->next) {
+		if (*p == j) {
+			*p = j->next;
+			break;
+		}
+	}
+	free(j->ranks);
+	free(j->inputs);
+	free(j);
+	b->stats.jobs--;
+}
+
+/* Every request of the job fails from now on with `why`. */
+static void job_break(struct hb_job *j, int code, const char *why)
+{
+	if (j->broken)
+		return;
+	j->broken = code;
+	gg_ctrl_set_text(j->broken_msg, sizeof(j->broken_msg), why);
+	if (j->with_core)
+		j->abandoned = true;
+}
+
+static void job_settle(struct gg_host_backend *b, struct hb_job *j)
+{
+	if (!j->connected && !j->with_core)
+		job_free(b, j);
+	else
+		job_advance(b, j);
+}
+
+/* Takes the connection out of its job; with `why`, the job cannot go on. */
+static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char *why)
+{
+	struct hb_job *j = c->job;
+
+	if (!j)
+		return;
+	if (why) {
+		hb_log(b, "%s", why);
+		job_break(j, GG_ERR_RANK, why);
+	}
+	while (c->req_count)
+		req_pop(c);
+	j->ranks[c->rank] = NULL;
+	j->connected--;
+	c->job = NULL;
+	job_settle(b, j);
+}
+
+static void conn_closing(struct gg_host_backend *b, struct hb_conn *c)
+{
+	c->state = C_CLOSING;
+	c->deadline_us = b->loop->now_us + CLOSE_TIMEOUT_US;
+}
+
+/* What to tell the job when rank `c` leaves. */
+static void leave_reason(const struct hb_conn *c, const char *what, char *why, size_t size)
+{
+	const struct hb_job *j = c->job;
+
+	if (step_in_progress(j))
+		snprintf(why, size, "rank %u of job '%s' %s during step %llu", c->rank, j->name, what,
+			 (unsigned long long)j->seq);
+	else if (j->seq > 1)
+		snprintf(why, size, "rank %u of job '%s' %s after step %llu", c->rank, j->name, what,
+			 (unsigned long long)j->seq - 1);
+	else
+		snprintf(why, size, "rank %u of job '%s' %s before its first step", c->rank, j->name, what);
+}
+
+/* The peer went away (err 0: it closed) or a send/recv failed. */
+static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
+{
+	if (c->state == C_CLOSING || c->state == C_FREE)
+		return;
+	if (c->state == C_ACTIVE) {
+		char what[96], why[TEXT];
+		if (err)
+			snprintf(what, sizeof(what), "lost its connection (%s)", strerror(-err));
+		else
+			snprintf(what, sizeof(what), "disconnected");
+		leave_reason(c, what, why, sizeof(why));
+		conn_detach(b, c, why);
+	}
+	/* Nothing more can reach the peer; keep only the send in flight. */
+	c->out_count = c->send_busy ? 1 : 0;
+	conn_closing(b, c);
+	conn_settle(b, c, b->loop->now_us);
+}
+
+/* Refuses a connection that has not been accepted: REFUSE, then close. */
+GG_PRINTF(4, 5) static void conn_refuse(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt, ...)
+{
+	union gg_ctrl_msg *m = out_push(c, GG_CTRL_REFUSE);
+	char text[TEXT];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	m->error.code = code;
+	gg_ctrl_set_text(m->error.message, sizeof(m->error.message), text);
+	hb_log(b, "control connection %u refused: %s", c->index, text);
+	b->stats.refused++;
+	conn_closing(b, c);
+	out_kick(b, c);
+}
+
+/* A registered rank broke the protocol: it gets ERROR and is closed; its
+ * job fails, naming it. */
+GG_PRINTF(4, 5) static void conn_fatal(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt, ...)
+{
+	char text[TEXT], what[TEXT + 32], why[TEXT];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	snprintf(what, sizeof(what), "broke the control protocol (%s)", text);
+	leave_reason(c, what, why, sizeof(why));
+	conn_detach(b, c, why);
+
+	union gg_ctrl_msg *m = out_push(c, GG_CTRL_ERROR);
+	if (m) {
+		char msg[2 * TEXT];
+		m->error.code = code;
+		m->error.seq = c->next_seq;
+		snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
+		gg_ctrl_set_text(m->error.message, sizeof(m->error.message), msg);
+	}
+	b->stats.violations++;
+	conn_closing(b, c);
+	out_kick(b, c);
+}
+
+static void arm_recv(struct gg_host_backend *b, struct hb_conn *c)
+{
+	c->iov.iov_base = &c->in;
+	c->iov.iov_len = sizeof(c->in);
+	memset(&c->mh, 0, sizeof(c->mh));
+	c->mh.msg_iov = &c->iov;
+	c->mh.msg_iovlen = 1;
+	c->mh.msg_control = c->cbuf;
+	c->mh.msg_controllen = sizeof(c->cbuf);
+	int rc = gg_loop_recvmsg(b->loop, c->fd, &c->mh, MSG_TRUNC | MSG_CMSG_CLOEXEC, ud(b, K_RECV, c));
+	if (rc) {
+		hb_log(b, "control connection %u: cannot queue a receive: %s", c->index, strerror(-rc));
+		conn_lost(b, c, rc);
+		return;
+	}
+	c->recv_busy = true;
+}
+
+static void conn_new(struct gg_host_backend *b, int fd)
+{
+	struct hb_conn *c = NULL;
+
+	for (unsigned i = 0; i < b->opts.max_clients; i++) {
+		if (b->conns[i].state == C_FREE) {
+			c = &b->conns[i];
+			break;
+		}
+	}
+	if (!c) {
+		union gg_ctrl_msg m;
+		char text[TEXT];
+		size_t len = gg_ctrl_init(&m, GG_CTRL_REFUSE);
+		snprintf(text, sizeof(text), "the gateway of site %s already serves max_clients = %u connections",
+			 b->site, b->opts.max_clients);
+		m.error.code = GG_ERR_REFUSED;
+		gg_ctrl_set_text(m.error.message, sizeof(m.error.message), text);
+		/* A fresh socket's buffer is empty: this cannot block. */
+		(void)send(fd, &m, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		close(fd);
+		hb_log(b, "control connection refused: %s", text);
+		b->stats.refused++;
+		return;
+	}
+	struct ucred cred;
+	socklen_t cred_len = sizeof(cred);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len))
+		cred = (struct ucred){ .pid = 0, .uid = (uid_t)-1 };
+	c->state = C_HELLO;
+	c->fd = fd;
+	c->uid = cred.uid;
+	c->pid = cred.pid;
+	c->deadline_us = b->loop->now_us + b->opts.hello_timeout_us;
+	b->stats.connections++;
+	arm_recv(b, c);
+}
+
+/* ---- jobs and steps ----------------------------------------------------- */
+
+/* Fails step j->seq at the ranks that announced it; those that come later
+ * get the same message. */
+GG_PRINTF(4, 5) static void fail_step(struct gg_host_backend *b, struct hb_job *j, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(j->failed_msg, sizeof(j->failed_msg), fmt, ap);
+	va_end(ap);
+	j->failed_seq = j->seq;
+	j->failed_code = code;
+	hb_log(b, "job '%s' step %llu failed: %s", j->name, (unsigned long long)j->seq, j->failed_msg);
+	for (unsigned r = 0; r < j->nranks; r++) {
+		struct hb_conn *c = j->ranks[r];
+		struct hb_req *h = c ? head(c) : NULL;
+		if (h && h->seq == j->seq)
+			answer(b, c, code, "step %llu (tensor %u): %s", (unsigned long long)h->seq, h->tensor_id,
+			       j->failed_msg);
+	}
+	j->seq++;
+	j->deadline_us = 0;
+	b->stats.steps_failed++;
+}
+
+static void fail_timeout(struct gg_host_backend *b, struct hb_job *j)
+{
+	char list[160] = "";
+	size_t len = 0;
+	unsigned missing = 0, shown = 0;
+
+	for (unsigned r = 0; r < j->nranks; r++) {
+		struct hb_conn *c = j->ranks[r];
+		struct hb_req *h = c ? head(c) : NULL;
+		if (h && h->seq == j->seq)
+			continue;
+		missing++;
+		if (shown < 8 && len < sizeof(list) - 40) {
+			len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%u%s", shown ? ", " : "", r,
+						c ? "" : " (not connected)");
+			shown++;
+		}
+	}
+	if (missing > shown)
+		snprintf(list + len, sizeof(list) - len, " and %u more", missing - shown);
+	fail_step(b, j, GG_ERR_TIMEOUT, "timed out after %u ms waiting for rank%s %s of job '%s'", j->deadline_ms,
+		  missing == 1 ? "" : "s", list, j->name);
+}
+
+/* The core is done with the step (or refused it): results or the error go
+ * to every rank, and the job moves to its next step. */
+static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, const char *message)
+{
+	struct gg_site_step *st = &j->step;
+
+	if (status > 0)
+		status = GG_ERR_SITE;
+	if (!j->abandoned) {
+		for (unsigned r = 0; r < j->nranks; r++) {
+			struct hb_conn *c = j->ranks[r];
+			struct hb_req *h = head(c);
+			if (status) {
+				answer(b, c, status, "step %llu (tensor %u): %s", (unsigned long long)h->seq, h->tensor_id,
+				       message);
+				continue;
+			}
+			unsigned char *dst = c->regions[h->region].base + h->offset;
+			if (st->dtype == GG_DTYPE_F32)
+				memcpy(dst, st->sum, st->count * sizeof(float));
+			else
+				gg_host_store_bf16((uint16_t *)(void *)dst, st->sum, st->count);
+			answer(b, c, GG_OK, "%s", "");
+		}
+		if (status) {
+			b->stats.steps_failed++;
+			hb_log(b, "job '%s' step %llu failed: %s", j->name, (unsigned long long)j->seq, message);
+		} else {
+			b->stats.steps_done++;
+		}
+	}
+	b->stats.sum_bytes -= st->count * sizeof(float);
+	free(st->sum);
+	st->sum = NULL;
+	j->with_core = false;
+	j->abandoned = false;
+	j->seq++;
+	j->deadline_us = 0;
+}
+
+/* Sums the step in rank order and hands it to the core. Returns true when
+ * the core holds it; false when it is already over (failed, or completed
+ * from inside submit) and the job should look at its next step. */
+static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref)
+{
+	uint64_t bytes = ref->count * sizeof(float);
+
+	if (bytes > b->opts.memory_bytes - b->stats.sum_bytes) {
+		fail_step(b, j, GG_ERR_LIMIT,
+			  "the gateway's memory limit of %llu bytes leaves no room for a %llu-byte sum (%llu in use)",
+			  (unsigned long long)b->opts.memory_bytes, (unsigned long long)bytes,
+			  (unsigned long long)b->stats.sum_bytes);
+		return false;
+	}
+	float *sum = malloc(bytes);
+	if (!sum) {
+		fail_step(b, j, GG_ERR_NOMEM, "the gateway is out of memory for a %llu-byte sum",
+			  (unsigned long long)bytes);
+		return false;
+	}
+	for (unsigned r = 0; r < j->nranks; r++) {
+		struct hb_conn *c = j->ranks[r];
+		struct hb_req *h = head(c);
+		j->inputs[r] = c->regions[h->region].base + h->offset;
+	}
+	if (ref->dtype == GG_DTYPE_F32)
+		gg_host_sum_f32(sum, (const float *const *)j->inputs, j->nranks, ref->count);
+	else
+		gg_host_sum_bf16(sum, (const uint16_t *const *)j->inputs, j->nranks, ref->count);
+
+	j->step = (struct gg_site_step){
+		.backend = &b->base,
+		.job = j->name,
+		.seq = j->seq,
+		.tensor_id = ref->tensor_id,
+		.count = ref->count,
+		.dtype = (enum gg_dtype)ref->dtype,
+		.memory = GG_STEP_MEM_HOST,
+		.nranks = j->nranks,
+		.sum = sum,
+		.deadline_us = j->deadline_us,
+	};
+	b->stats.sum_bytes += bytes;
+	j->with_core = true;
+	j->in_submit = true;
+	j->sync_done = false;
+	int rc = b->core_ops->submit(b->core, &j->step);
+	j->in_submit = false;
+	if (j->sync_done) {
+		deliver(b, j, j->sync_status, j->sync_msg);
+		return false;
+	}
+	if (rc) {
+		char text[TEXT];
+		snprintf(text, sizeof(text), "site core refused the step: %s", gg_strerror(rc));
+		deliver(b, j, rc < 0 ? rc : GG_ERR_SITE, text);
+		return false;
+	}
+	return true;
+}
+
+static bool same_tensor(const struct hb_req *a, const struct hb_req *z)
+{
+	return a->tensor_id == z->tensor_id && a->count == z->count && a->dtype == z->dtype;
+}
+
+/* Answers what can no longer run, then starts step j->seq once every rank
+ * has announced it. */
+static void job_advance(struct gg_host_backend *b, struct hb_job *j)
+{
+	for (;;) {
+		for (unsigned r = 0; r < j->nranks; r++) {
+			struct hb_conn *c = j->ranks[r];
+			struct hb_req *h;
+			while (c && (h = head(c)) && (j->broken || h->seq < j->seq)) {
+				if (j->broken)
+					answer(b, c, j->broken, "step %llu (tensor %u): %s", (unsigned long long)h->seq,
+					       h->tensor_id, j->broken_msg);
+				else if (h->seq == j->failed_seq)
+					answer(b, c, j->failed_code, "step %llu (tensor %u): %s",
+					       (unsigned long long)h->seq, h->tensor_id, j->failed_msg);
+				else
+					answer(b, c, GG_ERR_TIMEOUT,
+					       "step %llu (tensor %u): the other ranks of job '%s' gave up on this step "
+					       "before this rank announced it", (unsigned long long)h->seq, h->tensor_id,
+					       j->name);
+			}
+		}
+		if (j->broken || j->with_core)
+			return;
+
+		const struct hb_req *ref = NULL;
+		unsigned ref_rank = 0, arrived = 0;
+		uint64_t deadline = UINT64_MAX;
+		bool mismatch = false;
+		for (unsigned r = 0; r < j->nranks && !mismatch; r++) {
+			struct hb_conn *c = j->ranks[r];
+			struct hb_req *h = c ? head(c) : NULL;
+			if (!h || h->seq != j->seq)
+				continue;
+			if (!ref) {
+				ref = h;
+				ref_rank = r;
+			} else if (!same_tensor(ref, h)) {
+				fail_step(b, j, GG_ERR_MISMATCH,
+					  "ranks disagree: rank %u announced tensor %u (%llu %s) but rank %u announced "
+					  "tensor %u (%llu %s)", ref_rank, ref->tensor_id, (unsigned long long)ref->count,
+					  gg_dtype_name(ref->dtype), r, h->tensor_id, (unsigned long long)h->count,
+					  gg_dtype_name(h->dtype));
+				mismatch = true;
+				break;
+			}
+			arrived++;
+			if (h->deadline_us < deadline) {
+				deadline = h->deadline_us;
+				j->deadline_ms = h->timeout_ms;
+			}
+		}
+		if (mismatch)
+			continue;
+		if (!arrived) {
+			j->deadline_us = 0;
+			return;
+		}
+		j->deadline_us = deadline;
+		if (arrived < j->nranks)
+			return;
+		if (b->loop->now_us >= deadline) {
+			fail_step(b, j, GG_ERR_TIMEOUT,
+				  "the deadline of %u ms passed before the step could start (earlier steps of job '%s' "
+				  "were still running)", j->deadline_ms, j->name);
+			continue;
+		}
+		if (step_start(b, j, ref))
+			return;
+	}
+}
+
+static struct hb_job *job_find(struct gg_host_backend *b, const char *name)
+{
+	for (struct hb_job *j = b->jobs; j; j = j->next)
+		if (!strcmp(j->name, name))
+			return j;
+	return NULL;
+}
+
+/* ---- messages ----------------------------------------------------------- */
+
+static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
+{
+	const struct gg_ctrl_hello *h = &c->in.hello;
+	unsigned max_ranks = GG_MIN(b->opts.max_clients, GG_CTRL_MAX_RANKS);
+	char why[160];
+
+	if (h->version != GG_CTRL_VERSION) {
+		conn_refuse(b, c, GG_ERR_REFUSED,
+			    "protocol version %u is not supported: the gateway of site %s speaks version %u",
+			    (unsigned)h->version, b->site, GG_CTRL_VERSION);
+		return;
+	}
+	if (!gg_ctrl_job_name_ok(h->job, why, sizeof(why))) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "%s", why);
+		return;
+	}
+	if (h->nranks < 1 || h->nranks > max_ranks) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "nranks %u of job '%s' is outside 1..%u (the gateway of site %s "
+			    "serves at most max_clients = %u)", (unsigned)h->nranks, h->job, max_ranks, b->site,
+			    b->opts.max_clients);
+		return;
+	}
+	if (h->rank >= h->nranks) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "rank %u of job '%s' is out of range for nranks %u",
+			    (unsigned)h->rank, h->job, (unsigned)h->nranks);
+		return;
+	}
+
+	struct hb_job *j = job_find(b, h->job);
+	if (j && j->broken) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' has failed (%s); it can start again once all its ranks "
+			    "have disconnected", j->name, j->broken_msg);
+		return;
+	}
+	if (j && j->uid != c->uid) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u; rank %u connects as uid %u", j->name,
+			    (unsigned)j->uid, (unsigned)h->rank, (unsigned)c->uid);
+		return;
+	}
+	if (j && j->nranks != h->nranks) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "rank %u of job '%s' says nranks %u, but rank %u said nranks %u",
+			    (unsigned)h->rank, j->name, (unsigned)h->nranks, j->first_rank, j->nranks);
+		return;
+	}
+	if (j && j->ranks[h->rank]) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "rank %u of job '%s' is already connected", (unsigned)h->rank,
+			    j->name);
+		return;
+	}
+	if (!j) {
+		j = calloc(1, sizeof(*j));
+		if (j) {
+			j->ranks = calloc(h->nranks, sizeof(*j->ranks));
+			j->inputs = calloc(h->nranks, sizeof(*j->inputs));
+		}
+		if (!j || !j->ranks || !j->inputs) {
+			if (j) {
+				free(j->ranks);
+				free(j->inputs);
+				free(j);
+			}
+			conn_refuse(b, c, GG_ERR_NOMEM, "the gateway of site %s is out of memory", b->site);
+			return;
+		}
+		memcpy(j->name, h->job, sizeof(j->name));
+		j->nranks = h->nranks;
+		j->first_rank = h->rank;
+		j->uid = c->uid;
+		j->seq = 1;
+		j->next = b->jobs;
+		b->jobs = j;
+		b->stats.jobs++;
+	}
+	j->ranks[h->rank] = c;
+	j->connected++;
+	c->job = j;
+	c->rank = h->rank;
+	c->next_seq = 1;
+	c->state = C_ACTIVE;
+	hb_log(b, "rank %u of job '%s' connected (pid %d, uid %u)", c->rank, j->name, (int)c->pid, (unsigned)c->uid);
+
+	union gg_ctrl_msg *m = out_push(c, GG_CTRL_ACCEPT);
+	m->accept.version = GG_CTRL_VERSION;
+	m->accept.max_inflight = GG_CTRL_MAX_INFLIGHT;
+	m->accept.max_message_bytes = b->opts.max_message_bytes;
+	m->accept.max_region_bytes = b->max_region_bytes;
+	m->accept.max_regions = GG_CTRL_MAX_REGIONS;
+	m->accept.step_timeout_ms = (uint32_t)GG_MIN(b->opts.step_timeout_us / 1000, UINT32_MAX);
+	gg_ctrl_set_text(m->accept.site, sizeof(m->accept.site), b->site);
+	out_kick(b, c);
+}
+
+static void on_map(struct gg_host_backend *b, struct hb_conn *c, int *fds, unsigned nfds, bool ctrunc)
+{
+	const struct gg_ctrl_map *mp = &c->in.map;
+	unsigned id = mp->region;
+	struct stat st;
+
+	if (ctrunc || nfds != 1) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not %s%u",
+			   ctrunc ? "more than " : "", nfds);
+		return;
+	}
+	if (id >= GG_CTRL_MAX_REGIONS) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP of region %u; regions are 0..%u", id, GG_CTRL_MAX_REGIONS - 1);
+		return;
+	}
+	if (c->regions[id].base) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP of region %u, which is mapped already", id);
+		return;
+	}
+	if (mp->size_bytes == 0 || mp->size_bytes > b->max_region_bytes) {
+		conn_fatal(b, c, GG_ERR_TOO_LARGE, "MAP of region %u with %llu bytes; regions hold 1 to %llu bytes",
+			   id, (unsigned long long)mp->size_bytes, (unsigned long long)b->max_region_bytes);
+		return;
+	}
+	/* Only a memfd sealed against shrinking cannot turn our accesses
+	 * into SIGBUS later. */
+	int seals = fcntl(fds[0], F_GET_SEALS);
+	if (seals < 0) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP of region %u: the descriptor is not a memfd (%s)", id,
+			   strerror(errno));
+		return;
+	}
+	if (!(seals & F_SEAL_SHRINK)) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP of region %u: the memfd is not sealed against shrinking", id);
+		return;
+	}
+	if (fstat(fds[0], &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != mp->size_bytes) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP of region %u says %llu bytes, the memfd has %lld", id,
+			   (unsigned long long)mp->size_bytes, (long long)st.st_size);
+		return;
+	}
+	void *base = mmap(NULL, mp->size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (base == MAP_FAILED) {
+		conn_fatal(b, c, errno == ENOMEM ? GG_ERR_NOMEM : GG_ERR_PROTOCOL, "MAP of region %u: mmap: %s", id,
+			   strerror(errno));
+		return;
+	}
+	close(fds[0]);
+	fds[0] = -1;
+	c->regions[id] = (struct hb_region){ .base = base, .size = mp->size_bytes };
+	b->stats.regions++;
+}
+
+static void on_unmap(struct gg_host_backend *b, struct hb_conn *c)
+{
+	unsigned id = c->in.unmap.region;
+
+	if (id >= GG_CTRL_MAX_REGIONS || !c->regions[id].base) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "UNMAP of region %u, which is not mapped", id);
+		return;
+	}
+	if (c->regions[id].users) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "UNMAP of region %u while it holds %u request%s in flight", id,
+			   c->regions[id].users, c->regions[id].users == 1 ? "" : "s");
+		return;
+	}
+	munmap(c->regions[id].base, c->regions[id].size);
+	c->regions[id] = (struct hb_region){ 0 };
+	b->stats.regions--;
+}
+
+static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
+{
+	const struct gg_ctrl_allreduce *a = &c->in.allreduce;
+	size_t esize = gg_dtype_size((enum gg_dtype)a->dtype);
+
+	if (a->seq != c->next_seq) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "ALLREDUCE with seq %llu, expected %llu",
+			   (unsigned long long)a->seq, (unsigned long long)c->next_seq);
+		return;
+	}
+	if (c->req_count + c->dones_queued >= GG_CTRL_MAX_INFLIGHT) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: more than %u requests in flight",
+			   (unsigned long long)a->seq, GG_CTRL_MAX_INFLIGHT);
+		return;
+	}
+	if (!esize) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: unknown dtype %u", (unsigned long long)a->seq,
+			   (unsigned)a->dtype);
+		return;
+	}
+	if (a->count == 0 || a->count > b->opts.max_message_bytes / esize) {
+		conn_fatal(b, c, a->count ? GG_ERR_TOO_LARGE : GG_ERR_PROTOCOL,
+			   "step %llu: %llu %s elements; max_message allows 1 to %llu",
+			   (unsigned long long)a->seq, (unsigned long long)a->count, gg_dtype_name(a->dtype),
+			   (unsigned long long)(b->opts.max_message_bytes / esize));
+		return;
+	}
+	uint64_t bytes = a->count * esize;
+	const struct hb_region *reg = a->region < GG_CTRL_MAX_REGIONS ? &c->regions[a->region] : NULL;
+	if (!reg || !reg->base) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: region %u is not mapped", (unsigned long long)a->seq,
+			   (unsigned)a->region);
+		return;
+	}
+	if (a->offset % GG_CTRL_ALIGN || a->offset > reg->size || bytes > reg->size - a->offset) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL,
+			   "step %llu: %llu bytes at offset %llu do not fit region %u of %llu bytes (offsets are "
+			   "multiples of %u)", (unsigned long long)a->seq, (unsigned long long)bytes,
+			   (unsigned long long)a->offset, (unsigned)a->region, (unsigned long long)reg->size,
+			   GG_CTRL_ALIGN);
+		return;
+	}
+
+	uint64_t timeout_us = b->opts.step_timeout_us;
+	if (a->timeout_ms && (uint64_t)a->timeout_ms * 1000 < timeout_us)
+		timeout_us = (uint64_t)a->timeout_ms * 1000;
+	c->reqs[(c->req_head + c->req_count++) % GG_CTRL_MAX_INFLIGHT] = (struct hb_req){
+		.seq = a->seq,
+		.count = a->count,
+		.offset = a->offset,
+		.deadline_us = b->loop->now_us + timeout_us,
+		.tensor_id = a->tensor_id,
+		.dtype = a->dtype,
+		.region = a->region,
+		.timeout_ms = (uint32_t)(timeout_us / 1000),
+	};
+	c->regions[a->region].users++;
+	c->next_seq++;
+	job_advance(b, c->job);
+}
+
+static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len, int *fds, unsigned nfds,
+		       bool ctrunc)
+{
+	char why[160];
+	int type = gg_ctrl_check(&c->in, len, why, sizeof(why));
+
+	if (c->state == C_HELLO) {
+		if (type < 0)
+			conn_refuse(b, c, GG_ERR_PROTOCOL, "%s", why);
+		else if (type != GG_CTRL_HELLO)
+			conn_refuse(b, c, GG_ERR_PROTOCOL, "expected HELLO, got %s", gg_ctrl_type_name((unsigned)type));
+		else if (nfds || ctrunc)
+			conn_refuse(b, c, GG_ERR_PROTOCOL, "HELLO must not carry file descriptors");
+		else
+			on_hello(b, c);
+		return;
+	}
+	if (type < 0) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "%s", why);
+		return;
+	}
+	if ((nfds || ctrunc) && type != GG_CTRL_MAP) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "%s must not carry file descriptors",
+			   gg_ctrl_type_name((unsigned)type));
+		return;
+	}
+	switch (type) {
+	case GG_CTRL_MAP:
+		on_map(b, c, fds, nfds, ctrunc);
+		break;
+	case GG_CTRL_UNMAP:
+		on_unmap(b, c);
+		break;
+	case GG_CTRL_ALLREDUCE:
+		on_allreduce(b, c);
+		break;
+	default:
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "unexpected %s from a client", gg_ctrl_type_name((unsigned)type));
+		break;
+	}
+}
+
+static void on_recv(struct gg_host_backend *b, struct hb_conn *c, int res)
+{
+	int fds[RECV_FDS];
+	unsigned nfds = 0;
+	bool ctrunc = false;
+
+	c->recv_busy = false;
+	if (res >= 0) {
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&c->mh); cm; cm = CMSG_NXTHDR(&c->mh, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < n && nfds < RECV_FDS; i++)
+				memcpy(&fds[nfds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+		}
+		ctrunc = c->mh.msg_flags & MSG_CTRUNC;
+	}
+	if (c->state == C_CLOSING) {
+		/* Whatever a closing connection still sends is ignored. */
+	} else if (res <= 0) {
+		conn_lost(b, c, res);
+	} else {
+		size_t len = (size_t)res;
+		if ((c->mh.msg_flags & MSG_TRUNC) && len <= sizeof(c->in))
+			len = sizeof(c->in) + 1;
+		on_message(b, c, len, fds, nfds, ctrunc);
+		if (c->state == C_HELLO || c->state == C_ACTIVE)
+			arm_recv(b, c);
+	}
+	for (unsigned i = 0; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+static void on_send(struct gg_host_backend *b, struct hb_conn *c, int res)
+{
+	size_t len = c->out_len[c->out_head];
+
+	c->send_busy = false;
+	if (c->out[c->out_head].hdr.type == GG_CTRL_DONE)
+		c->dones_queued--;
+	c->out_head = (c->out_head + 1) % OUTQ;
+	c->out_count--;
+	if (res < 0 || (size_t)res != len)
+		conn_lost(b, c, res < 0 ? res : -EMSGSIZE);
+	else
+		out_kick(b, c);
+}
+
+static void arm_accept(struct gg_host_backend *b)
+{
+	int rc = gg_loop_accept(b->loop, b->listen_fd, ud(b, K_ACCEPT, NULL));
+
+	if (rc) {
+		hb_log(b, "control socket %s: cannot queue accept: %s", b->path, strerror(-rc));
+		b->accept_retry_us = b->loop->now_us + ACCEPT_RETRY_US;
+		return;
+	}
+	b->accept_armed = true;
+	b->accept_retry_us = 0;
+}
+
+static void on_accept(struct gg_host_backend *b, const struct io_uring_cqe *cqe)
+{
+	if (!(cqe->flags & IORING_CQE_F_MORE))
+		b->accept_armed = false;
+	if (cqe->res >= 0) {
+		if (b->stopping)
+			close(cqe->res);
+		else
+			conn_new(b, cqe->res);
+	} else if (cqe->res != -ECANCELED) {
+		/* EMFILE and the like: try again shortly rather than spin. */
+		hb_log(b, "control socket %s: accept: %s", b->path, strerror(-cqe->res));
+		if (!b->accept_armed)
+			b->accept_retry_us = b->loop->now_us + ACCEPT_RETRY_US;
+		return;
+	}
+	if (!b->accept_armed && !b->stopping)
+		arm_accept(b);
+}
+
+/* ---- the seam ----------------------------------------------------------- */
+
+static struct gg_host_backend *host_of(struct gg_site_backend *base)
+{
+	return (struct gg_host_backend *)(void *)base;
+}
+
+static bool hb_on_cqe(struct gg_site_backend *base, const struct io_uring_cqe *cqe)
+{
+	struct gg_host_backend *b = host_of(base);
+	unsigned kind = gg_loop_ud_kind(cqe->user_data);
+
+	if (kind < b->opts.kind_base || kind >= b->opts.kind_base + GG_HOST_BACKEND_KINDS)
+		return false;
+	kind -= b->opts.kind_base;
+	if (kind == K_ACCEPT) {
+		on_accept(b, cqe);
+		return true;
+	}
+	if (kind == K_CANCEL) {
+		b->cancels--;
+		return true;
+	}
+
+	uint32_t index = gg_loop_ud_index(cqe->user_data);
+	struct hb_conn *c = index < b->opts.max_clients ? &b->conns[index] : NULL;
+	if (!c || c->state == C_FREE || c->gen != gg_loop_ud_aux(cqe->user_data)) {
+		hb_log(b, "completion for a control connection that is gone (slot %u)", index);
+		return true;
+	}
+	if (kind == K_RECV)
+		on_recv(b, c, cqe->res);
+	else
+		on_send(b, c, cqe->res);
+	conn_settle(b, c, b->loop->now_us);
+	return true;
+}
+
+static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
+{
+	struct gg_host_backend *b = host_of(base);
+	uint64_t next = 0;
+
+	if (!b->stopping && !b->accept_armed && b->accept_retry_us) {
+		if (now_us >= b->accept_retry_us)
+			arm_accept(b);
+		next = min_deadline(next, b->accept_retry_us);
+	}
+	for (unsigned i = 0; i < b->opts.max_clients; i++) {
+		struct hb_conn *c = &b->conns[i];
+		if (c->io_error && (c->state == C_HELLO || c->state == C_ACTIVE))
+			conn_lost(b, c, c->io_error);
+		if (c->state == C_HELLO && now_us >= c->deadline_us)
+			conn_refuse(b, c, GG_ERR_TIMEOUT, "no HELLO within %llu ms",
+				    (unsigned long long)b->opts.hello_timeout_us / 1000);
+		conn_settle(b, c, now_us);
+		if (c->io_error && c->state != C_FREE)
+			next = min_deadline(next, now_us);
+		else if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut))
+			next = min_deadline(next, c->deadline_us);
+	}
+	for (struct hb_job *j = b->jobs; j; j = j->next) {
+		if (!j->with_core && !j->broken && j->deadline_us && now_us >= j->deadline_us) {
+			fail_timeout(b, j);
+			job_advance(b, j);
+		}
+		next = min_deadline(next, j->with_core ? 0 : j->deadline_us);
+	}
+	return next;
+}
+
+void gg_host_backend_complete(struct gg_host_backend *b, struct gg_site_step *step, int status,
+			      const char *message)
+{
+	struct hb_job *j = (struct hb_job *)(void *)((char *)step - offsetof(struct hb_job, step));
+
+	if (!message || !*message)
+		message = gg_strerror(status);
+	if (step->backend != &b->base || !j->with_core) {
+		hb_log(b, "the core completed step %llu of job '%s', which it does not hold",
+		       (unsigned long long)step->seq, step->job);
+		return;
+	}
+	if (j->in_submit) {
+		if (!j->sync_done) {
+			j->sync_done = true;
+			j->sync_status = status;
+			gg_ctrl_set_text(j->sync_msg, sizeof(j->sync_msg), message);
+		}
+		return;
+	}
+	deliver(b, j, status, message);
+	job_settle(b, j);
+}
+
+static void hb_complete(struct gg_site_backend *base, struct gg_site_step *step, int status, const char *message)
+{
+	gg_host_backend_complete(host_of(base), step, status, message);
+}
+
+/* A control socket path that is in the way: refused when a live gateway
+ * still listens on it or it is not a socket; unlinked when stale (its
+ * gateway died). Returns 0 once unlinked, or a negative errno with err. */
+static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, char *err, size_t err_size)
+{
+	struct stat st;
+
+	if (lstat(path, &st) || !S_ISSOCK(st.st_mode)) {
+		snprintf(err, err_size, "control socket %s: the path exists and is not a socket", path);
+		return -EADDRINUSE;
+	}
+	int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (probe < 0) {
+		snprintf(err, err_size, "control socket %s: socket: %s", path, strerror(errno));
+		return -errno;
+	}
+	int rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+	close(probe);
+	if (rc == 0) {
+		snprintf(err, err_size, "control socket %s: another gateway is listening on it", path);
+		return -EADDRINUSE;
+	}
+	if (rc != -ECONNREFUSED) {
+		snprintf(err, err_size, "control socket %s: cannot tell whether it is in use: %s", path,
+			 strerror(-rc));
+		return rc;
+	}
+	if (unlink(path)) {
+		snprintf(err, err_size, "control socket %s: removing the stale socket: %s", path, strerror(errno));
+		return -errno;
+	}
+	return 0;
+}
+
+static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct stat st;
+	int rc;
+
+	memcpy(addr.sun_path, b->path, strlen(b->path) + 1);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		snprintf(err, err_size, "control socket %s: socket: %s", b->path, strerror(errno));
+		return -errno;
+	}
+	rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
+	if (rc == -EADDRINUSE) {
+		if ((rc = clear_stale_socket(b->path, &addr, err, err_size))) {
+			close(fd);
+			return rc;
+		}
+		rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
+	}
+	if (!rc)
+		rc = listen(fd, SOMAXCONN) ? -errno : 0;
+	if (!rc)
+		rc = stat(b->path, &st) ? -errno : 0;
+	if (rc) {
+		close(fd);
+		snprintf(err, err_size, "control socket %s: %s", b->path, strerror(-rc));
+		return rc;
+	}
+	b->listen_fd = fd;
+	b->listen_dev = st.st_dev;
+	b->listen_ino = st.st_ino;
+	return 0;
+}
+
+static int hb_start(struct gg_site_backend *base, struct gg_loop *loop, char *err, size_t err_size)
+{
+	struct gg_host_backend *b = host_of(base);
+	int rc;
+
+	if (b->loop) {
+		snprintf(err, err_size, "host backend already started");
+		return -EINVAL;
+	}
+	if ((rc = listen_on(b, err, err_size)))
+		return rc;
+	b->loop = loop;
+	arm_accept(b);
+	if (!b->accept_armed) {
+		snprintf(err, err_size, "control socket %s: cannot queue accept on the loop", b->path);
+		return -EIO;
+	}
+	hb_log(b, "host backend of site %s listening on unix:%s", b->site, b->path);
+	return 0;
+}
+
+static bool hb_stop(struct gg_site_backend *base)
+{
+	struct gg_host_backend *b = host_of(base);
+
+	if (!b->loop)
+		return true;
+	if (!b->stopping) {
+		char why[TEXT];
+		b->stopping = true;
+		snprintf(why, sizeof(why), "the gateway of site %s is shutting down", b->site);
+		for (unsigned i = 0; i < b->opts.max_clients; i++) {
+			struct hb_conn *c = &b->conns[i];
+			if (c->state == C_HELLO)
+				conn_refuse(b, c, GG_ERR_CLOSED, "%s", why);
+			if (c->state != C_ACTIVE)
+				continue;
+			conn_detach(b, c, why);
+			union gg_ctrl_msg *m = out_push(c, GG_CTRL_ERROR);
+			if (m) {
+				m->error.code = GG_ERR_CLOSED;
+				gg_ctrl_set_text(m->error.message, sizeof(m->error.message), why);
+			}
+			conn_closing(b, c);
+			out_kick(b, c);
+			conn_settle(b, c, b->loop->now_us);
+		}
+	}
+	/* Retried on every call should the ring have had no room. */
+	if (b->accept_armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
+		b->cancels++;
+	if (b->listen_fd >= 0 && !b->accept_armed && !b->cancels) {
+		struct stat st;
+		close(b->listen_fd);
+		b->listen_fd = -1;
+		if (!stat(b->path, &st) && st.st_dev == b->listen_dev && st.st_ino == b->listen_ino)
+			unlink(b->path);
+	}
+	for (struct hb_job *j = b->jobs; j; j = j->next)
+		if (j->with_core)
+			return false;
+	return b->listen_fd < 0 && !b->stats.connections;
+}
+
+static void hb_destroy(struct gg_site_backend *base)
+{
+	struct gg_host_backend *b = host_of(base);
+
+	if (!b)
+		return;
+	/* Only reached without start() or after stop() returned true. */
+	if (b->listen_fd >= 0)
+		close(b->listen_fd);
+	while (b->jobs)
+		job_free(b, b->jobs);
+	free(b->conns);
+	free(b);
+}
+
+static const struct gg_site_backend_ops host_ops = {
+	.name = "host",
+	.start = hb_start,
+	.on_cqe = hb_on_cqe,
+	.tick = hb_tick,
+	.complete = hb_complete,
+	.stop = hb_stop,
+	.destroy = hb_destroy,
+};
+
+struct gg_site_backend *gg_host_backend_base(struct gg_host_backend *b)
+{
+	return &b->base;
+}
+
+void gg_host_backend_get_stats(const struct gg_host_backend *b, struct gg_host_backend_stats *stats)
+{
+	*stats = b->stats;
+}
+
+void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_host_backend_options *opts)
+{
+	*opts = (struct gg_host_backend_options){
+		.control = cfg->site.control,
+		.site = cfg->site.name,
+		.max_clients = (unsigned)cfg->limits.max_clients,
+		.max_message_bytes = cfg->limits.max_message_bytes,
+		.memory_bytes = cfg->limits.memory_bytes,
+		.step_timeout_us = cfg->transport.step_timeout_us,
+		.hello_timeout_us = cfg->transport.handshake_timeout_us,
+		.kind_base = GG_OP_USER,
+	};
+}
+
+int gg_host_backend_create(const struct gg_host_backend_options *opts, const struct gg_core_ops *core_ops,
+			   void *core, struct gg_host_backend **out, char *err, size_t err_size)
+{
+	const char *ctl = opts->control ? opts->control : "";
+	struct gg_host_backend *b;
+
+	*out = NULL;
+	if (strncmp(ctl, "unix:/", 6)) {
+		snprintf(err, err_size, "control endpoint '%s': host mode shares memory with local ranks, so it "
+			 "needs unix:/absolute/path", ctl);
+		return -EINVAL;
+	}
+	if (strlen(ctl + 5) >= sizeof(b->path)) {
+		snprintf(err, err_size, "control endpoint '%s': the path is longer than %zu bytes", ctl,
+			 sizeof(b->path) - 1);
+		return -EINVAL;
+	}
+	if (!opts->site || !*opts->site || strlen(opts->site) >= sizeof(b->site)) {
+		snprintf(err, err_size, "host backend: the site name must have 1 to %zu characters", sizeof(b->site) - 1);
+		return -EINVAL;
+	}
+	if (opts->max_clients < 1 || opts->max_clients > 4096 || !opts->max_message_bytes ||
+	    opts->max_message_bytes > MAX_MESSAGE_LIMIT || !opts->memory_bytes || opts->step_timeout_us < 1000 ||
+	    opts->hello_timeout_us < 1000 || opts->kind_base < GG_OP_USER ||
+	    opts->kind_base + GG_HOST_BACKEND_KINDS > 256 || !core_ops || !core_ops->submit) {
+		snprintf(err, err_size, "host backend: options out of range (max_clients 1..4096, max_message 1 "
+			 "byte..1 TiB, timeouts >= 1 ms, kind_base >= GG_OP_USER, a core with submit)");
+		return -EINVAL;
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b || !(b->conns = calloc(opts->max_clients, sizeof(*b->conns)))) {
+		free(b);
+		snprintf(err, err_size, "host backend: out of memory");
+		return -ENOMEM;
+	}
+	b->base.ops = &host_ops;
+	b->opts = *opts;
+	b->opts.control = NULL;
+	b->opts.site = NULL;
+	memcpy(b->path, ctl + 5, strlen(ctl + 5) + 1);
+	memcpy(b->site, opts->site, strlen(opts->site) + 1);
+	b->core_ops = core_ops;
+	b->core = core;
+	b->listen_fd = -1;
+	/* Room for a largest message next to requests still in flight. */
+	b->max_region_bytes = (2 * opts->max_message_bytes + GG_CTRL_ALIGN + 4095) & ~(uint64_t)4095;
+	for (unsigned i = 0; i < opts->max_clients; i++) {
+		b->conns[i].index = i;
+		b->conns[i].fd = -1;
+	}
+	*out = b;
+	return 0;
+}

@@ -1,0 +1,79 @@
+/* The host-mode site backend: local ranks connect to the control socket
+ * with the client library (include/gradgate.h), hand their buffers over in
+ * shared memory, and get the job's result back in the same place. The
+ * protocol is in control_proto.h and docs/control-protocol.md.
+ *
+ * Per job, one step is in flight at a time: a step starts when every rank
+ * of the job has announced it with the same tensor, count and dtype; it
+ * fails at the ranks present when the others do not arrive by the step's
+ * deadline, when they disagree, or when a rank leaves or breaks the
+ * protocol. Each session may have GG_CTRL_MAX_INFLIGHT requests queued.
+ *
+ * Bounds: max_clients connections (and so jobs); per connection a fixed
+ * receive buffer, GG_CTRL_MAX_INFLIGHT + 2 queued answers and at most
+ * GG_CTRL_MAX_REGIONS mapped regions of at most 2 * max_message bytes
+ * each; memory_bytes for the float32 sums held at once. */
+#ifndef GG_HOST_BACKEND_H
+#define GG_HOST_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "gg_common.h"
+#include "site_backend.h"
+
+#define GG_HOST_BACKEND_KINDS 4u /* user_data kinds used from kind_base on */
+
+struct gg_host_backend_options {
+	const char *control;        /* "unix:/absolute/path"; copied */
+	const char *site;           /* this site's name, for messages; copied */
+	unsigned max_clients;       /* connections at once, 1..4096 (as the config allows) */
+	uint64_t max_message_bytes; /* largest tensor a rank may submit */
+	uint64_t memory_bytes;      /* float32 sums held at once */
+	uint64_t step_timeout_us;   /* longest a step may take; also the default */
+	uint64_t hello_timeout_us;  /* a new connection must say HELLO within this */
+	unsigned kind_base;         /* >= GG_OP_USER; kinds kind_base..+GG_HOST_BACKEND_KINDS-1 */
+	/* Called for refusals, protocol errors and failed steps; NULL: quiet. */
+	void (*log)(void *arg, const char *line);
+	void *log_arg;
+};
+
+struct gg_host_backend_stats {
+	unsigned connections;  /* open, including those being closed */
+	unsigned jobs;
+	unsigned regions;      /* shared regions mapped */
+	uint64_t sum_bytes;    /* held for steps in flight */
+	uint64_t steps_done;   /* steps delivered to their ranks */
+	uint64_t steps_failed; /* steps failed at their ranks */
+	uint64_t refused;      /* connections refused */
+	uint64_t violations;   /* connections closed for breaking the protocol */
+};
+
+struct gg_host_backend;
+
+/* Fills `opts` from the site configuration: control, site name, limits
+ * and step timeout; handshake_timeout bounds HELLO. `cfg` must outlive the
+ * options. */
+void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_host_backend_options *opts);
+
+/* Creates a backend (not yet listening) that hands steps to `core_ops`
+ * with `core`, both of which must outlive it. Returns 0 with *out set, or
+ * -EINVAL / -ENOMEM with `err` saying why. */
+GG_MUST_CHECK int gg_host_backend_create(const struct gg_host_backend_options *opts,
+					 const struct gg_core_ops *core_ops, void *core,
+					 struct gg_host_backend **out, char *err, size_t err_size);
+
+/* The backend behind the generic seam (site_backend.h). */
+struct gg_site_backend *gg_host_backend_base(struct gg_host_backend *b);
+
+/* The core is done with `step` (see gg_site_backend_ops.complete): writes
+ * the result, float32 or rounded to bfloat16, into every rank's shared
+ * memory and answers DONE, or sends every rank the error. */
+void gg_host_backend_complete(struct gg_host_backend *b, struct gg_site_step *step, int status,
+			      const char *message);
+
+void gg_host_backend_get_stats(const struct gg_host_backend *b, struct gg_host_backend_stats *stats);
+
+#endif

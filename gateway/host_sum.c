@@ -1,0 +1,42 @@
+#include "host_sum.h"
+
+/* Blocks keep the running sum in cache while every rank's slice is added. */
+#define BLOCK 8192u
+
+void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t count)
+{
+	for (uint64_t b = 0; b < count; b += BLOCK) {
+		uint64_t m = count - b < BLOCK ? count - b : BLOCK;
+		float *restrict s = sum + b;
+
+		memcpy(s, in[0] + b, m * sizeof(float));
+		for (unsigned r = 1; r < n; r++) {
+			const float *restrict x = in[r] + b;
+			for (uint64_t i = 0; i < m; i++)
+				s[i] = s[i] + x[i];
+		}
+	}
+}
+
+void gg_host_sum_bf16(float *sum, const uint16_t *const *in, unsigned n, uint64_t count)
+{
+	for (uint64_t b = 0; b < count; b += BLOCK) {
+		uint64_t m = count - b < BLOCK ? count - b : BLOCK;
+		float *restrict s = sum + b;
+		const uint16_t *restrict x0 = in[0] + b;
+
+		for (uint64_t i = 0; i < m; i++)
+			s[i] = gg_host_bf16_to_f32(x0[i]);
+		for (unsigned r = 1; r < n; r++) {
+			const uint16_t *restrict x = in[r] + b;
+			for (uint64_t i = 0; i < m; i++)
+				s[i] = s[i] + gg_host_bf16_to_f32(x[i]);
+		}
+	}
+}
+
+void gg_host_store_bf16(uint16_t *dst, const float *src, uint64_t count)
+{
+	for (uint64_t i = 0; i < count; i++)
+		dst[i] = gg_host_f32_to_bf16(src[i]);
+}

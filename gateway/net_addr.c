@@ -1,0 +1,119 @@
+#include "net_addr.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t *len, const char **why)
+{
+	char host[256];
+	const char *port;
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
+
+	if (text[0] == '[') {
+		const char *end = strchr(text, ']');
+		if (!end || end[1] != ':') {
+			*why = "expected \"[v6address]:port\"";
+			return -EINVAL;
+		}
+		snprintf(host, sizeof(host), "%.*s", (int)(end - text - 1), text + 1);
+		port = end + 2;
+	} else {
+		const char *colon = strrchr(text, ':');
+		if (!colon || colon == text || (size_t)(colon - text) >= sizeof(host)) {
+			*why = "expected \"host:port\"";
+			return -EINVAL;
+		}
+		snprintf(host, sizeof(host), "%.*s", (int)(colon - text), text);
+		port = colon + 1;
+	}
+	char *end;
+	long p = strtol(port, &end, 10);
+	if (!*port || *end || p < 0 || p > 65535) {
+		*why = "the port is a number from 0 to 65535";
+		return -EINVAL;
+	}
+	if (getaddrinfo(host, port, &hints, &res) || !res) {
+		*why = "the host does not resolve to an address";
+		return -EINVAL;
+	}
+	memcpy(out, res->ai_addr, res->ai_addrlen);
+	*len = res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
+const char *gg_net_addr_format(const struct sockaddr *sa, char *buf, size_t size)
+{
+	char ip[INET6_ADDRSTRLEN];
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+		inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+		snprintf(buf, size, "%s:%u", ip, ntohs(in->sin_port));
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+		inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
+		snprintf(buf, size, "[%s]:%u", ip, ntohs(in6->sin6_port));
+	} else {
+		snprintf(buf, size, "(unknown address family %d)", sa->sa_family);
+	}
+	return buf;
+}
+
+const char *gg_net_local_addr(int fd, char *buf, size_t size)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+
+	if (getsockname(fd, (struct sockaddr *)&ss, &len)) {
+		snprintf(buf, size, "(unknown: %s)", strerror(errno));
+		return buf;
+	}
+	return gg_net_addr_format((struct sockaddr *)&ss, buf, size);
+}
+
+const char *gg_net_peer_addr(int fd, char *buf, size_t size)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+
+	if (getpeername(fd, (struct sockaddr *)&ss, &len)) {
+		snprintf(buf, size, "(unknown: %s)", strerror(errno));
+		return buf;
+	}
+	return gg_net_addr_format((struct sockaddr *)&ss, buf, size);
+}
+
+int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
+{
+	int one = 1, rc;
+	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -errno;
+	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) || bind(fd, sa, len) || listen(fd, backlog)) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+int gg_net_tune(int fd, int buffer_bytes)
+{
+	int one = 1;
+
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)))
+		return -errno;
+	if (buffer_bytes > 0 && (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof(buffer_bytes)) ||
+				 setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof(buffer_bytes))))
+		return -errno;
+	return 0;
+}

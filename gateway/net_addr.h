@@ -1,0 +1,33 @@
+/* Socket addresses and listening sockets: setup-time helpers around the
+ * io_uring data path. */
+#ifndef GG_NET_ADDR_H
+#define GG_NET_ADDR_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+
+#include "gg_common.h"
+
+#define GG_NET_ADDR_TEXT_MAX 64 /* "[ffff:...]:65535" fits */
+
+/* Parses "host:port" or "[v6addr]:port"; host may be a name, resolved
+ * here (startup only: this may block). Returns 0, or -EINVAL with `why`. */
+GG_MUST_CHECK int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t *len,
+				    const char **why);
+
+/* "10.0.0.1:7001" or "[::1]:7001"; returns buf. */
+const char *gg_net_addr_format(const struct sockaddr *sa, char *buf, size_t size);
+
+/* The local / remote address of a socket, formatted. */
+const char *gg_net_local_addr(int fd, char *buf, size_t size);
+const char *gg_net_peer_addr(int fd, char *buf, size_t size);
+
+/* A listening TCP socket (SO_REUSEADDR, close-on-exec). Returns the fd or
+ * a negative errno. Port 0 picks a free port: see gg_net_local_addr(). */
+GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog);
+
+/* TCP_NODELAY, and SO_SNDBUF/SO_RCVBUF when buffer_bytes > 0 (0 keeps the
+ * kernel's autotuning). Returns 0 or a negative errno. */
+GG_MUST_CHECK int gg_net_tune(int fd, int buffer_bytes);
+
+#endif

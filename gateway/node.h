@@ -1,0 +1,108 @@
+/* A running gateway: its peer mesh, the steps in progress and the io_uring
+ * loop that drives them.
+ *
+ * Mesh. Sites are numbered by their names in sorted order, the same at
+ * every site. For each pair, the site with the lower index dials the other
+ * on streams_per_peer TLS streams (so either may start first: the dialer
+ * retries with back-off); the acceptor learns who dialed from the
+ * certificate and the stream number from the peer's HELLO, which both
+ * sides exchange and check (gg_wire_hello_check) before any data.
+ *
+ * Data. A step's frames are striped over a peer's streams by chunk index.
+ * Every DATA message is acknowledged once the receiver has used it; the
+ * sender keeps it until then, so a stream cut mid-step is repaired by
+ * sending the unacknowledged messages again once a stream to that peer is
+ * up (the step engine drops duplicates). Unacknowledged bytes per peer are
+ * bounded by limits.inflight_per_peer, and frames for a step a site has
+ * not started yet wait unacknowledged, so a fast site cannot flood a slow
+ * one. A peer that comes back with a new instance id has lost its steps:
+ * every step in progress fails at once, naming it.
+ *
+ * Failure. A step that is not complete by its deadline fails naming the
+ * site, phase, shard and chunk it still waits for; a failed step sends
+ * ABORT to every peer, which fail it too with the reason. */
+#ifndef GG_NODE_H
+#define GG_NODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "gg_common.h"
+#include "uring_loop.h"
+#include "wire.h"
+
+#define GG_NODE_ERROR_MAX 512
+
+struct gg_node;
+
+/* One all-reduce step of one job at this site, handed to the node. The
+ * node reads `input` and writes `result` (count fp32 elements each) until
+ * it calls done; both stay owned by the caller. */
+struct gg_node_step {
+	char job[GG_WIRE_NAME_MAX + 1];
+	uint64_t seq;       /* 1, 2, ... per job: steps of a job run in order */
+	uint32_t tensor_id;
+	uint64_t count;
+	uint8_t dtype;      /* what the ranks hold (GG_WIRE_F32 / GG_WIRE_BF16); sums are fp32 */
+	const float *input;
+	float *result;
+	/* Called once, from the node's thread: status 0 with result final, or
+	 * a negative errno and a message naming the site, step and shard. */
+	void (*done)(void *arg, struct gg_node_step *step, int status, const char *message);
+	void *arg;
+};
+
+struct gg_node_stats {
+	uint64_t steps_done, steps_failed;
+	uint64_t data_bytes_out, data_bytes_in; /* frames, as sent (after compression) */
+	uint64_t raw_bytes_out;                 /* fp32 bytes those frames carry */
+	uint64_t resent_messages;
+	uint64_t rtt_us[GG_AR_MAX_SITES];       /* last heartbeat round trip per site */
+	double encode_s, decode_s;              /* time spent in the step engine */
+};
+
+/* Builds the node from a validated config: TLS context, listening socket,
+ * the loop. Returns 0, or a negative errno with a message in err. */
+GG_MUST_CHECK int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size);
+void gg_node_free(struct gg_node *n);
+
+/* The node's loop, for other users of it (the site backend). */
+struct gg_loop *gg_node_loop(struct gg_node *n);
+
+/* Runs the loop once: waits up to timeout_us for completions, handles
+ * them, then timers (reconnects, heartbeats, deadlines). `other` receives
+ * completions whose kind is GG_OP_USER or above. Returns 0 or a negative
+ * errno when the ring broke. */
+typedef void gg_node_cqe_fn(void *arg, const struct io_uring_cqe *cqe);
+GG_MUST_CHECK int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *other, void *arg);
+
+/* Starts a step. Returns 0 (done will be called), or a negative errno
+ * with err set (done will not be called): -EBUSY when the job already has
+ * a step in progress, -EINVAL for a bad step, -ENOMEM. */
+GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, char *err, size_t err_size);
+
+/* True when every peer has all its streams up. */
+bool gg_node_connected(const struct gg_node *n);
+
+/* Reloads certificates and key (SIGHUP); established streams keep theirs. */
+GG_MUST_CHECK int gg_node_reload(struct gg_node *n, char *err, size_t err_size);
+
+/* True when every frame sent was acknowledged: a site may finish a step
+ * before its own frames reached the others, so a clean stop waits for this
+ * (bounded) before gg_node_shutdown(). */
+bool gg_node_flushed(const struct gg_node *n);
+
+/* Closes every stream (close_notify) and fails the steps in progress. */
+void gg_node_shutdown(struct gg_node *n);
+/* True once shutdown finished: nothing in flight. */
+bool gg_node_idle(const struct gg_node *n);
+
+/* Tests: cuts one stream's TCP connection as a network fault would. */
+GG_MUST_CHECK int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream);
+
+const struct gg_node_stats *gg_node_stats(const struct gg_node *n);
+const char *gg_node_site_name(const struct gg_node *n, unsigned index);
+unsigned gg_node_self(const struct gg_node *n);
+
+#endif

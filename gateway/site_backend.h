@@ -1,0 +1,108 @@
+/* The site backend: the seam between how a site's ranks reach the gateway
+ * and the cross-site engine (the "core").
+ *
+ * A backend gathers one step of a job from all of the job's local ranks,
+ * produces the site sum in float32 (summed in rank order), and lends it to
+ * the core as a struct gg_site_step. The core exchanges it with the other
+ * sites, overwrites `sum` with the final result and hands the step back
+ * with gg_site_step_complete(); the backend then delivers the result (or
+ * the error) to every rank of the job.
+ *
+ * Host mode (host_backend.c): ranks send host buffers over the control
+ * socket and shared memory; the sum is computed on the CPU. GPU mode (NCCL,
+ * later): the gateway is a rank of the site's communicator, the sum lands
+ * in device memory (memory = GG_STEP_MEM_CUDA) and results go back with a
+ * broadcast. Both implement struct gg_site_backend_ops; the daemon drives
+ * them the same way:
+ *
+ *   b->ops->start(b, &loop, err, sizeof(err));
+ *   while (running) {
+ *           gg_loop_run(&loop, gg_loop_timeout_us(&loop, next), on_cqe, ...);
+ *                   on_cqe: if (!b->ops->on_cqe(b, cqe)) ...other owners...
+ *           next = b->ops->tick(b, loop.now_us);
+ *   }
+ *   stop the core first (it completes every step it holds), then
+ *   while (!b->ops->stop(b)) gg_loop_run(...);
+ *   b->ops->destroy(b);
+ *
+ * Everything here runs on the thread of the backend's loop: the core calls
+ * gg_site_step_complete() on that thread (from inside submit() too). */
+#ifndef GG_SITE_BACKEND_H
+#define GG_SITE_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <liburing.h>
+
+#include "gg_common.h"
+#include "gradgate.h"
+#include "uring_loop.h"
+
+struct gg_site_backend;
+
+enum gg_step_memory {
+	GG_STEP_MEM_HOST = 0, /* sum is host memory */
+	GG_STEP_MEM_CUDA = 1, /* sum is device memory of the gateway's GPU */
+};
+
+/* One step of one job, lent to the core between submit() and
+ * gg_site_step_complete(). Every field is owned by the backend and stays
+ * valid and unchanged until the step is complete; the core writes only
+ * sum[]. */
+struct gg_site_step {
+	struct gg_site_backend *backend;
+	const char *job;            /* the job's name */
+	uint64_t seq;               /* the job's step number, 1, 2, 3, ... */
+	uint32_t tensor_id;
+	uint64_t count;             /* elements */
+	enum gg_dtype dtype;        /* what the ranks hold; sum is float32 regardless */
+	enum gg_step_memory memory; /* where sum lives */
+	unsigned nranks;            /* local ranks that contributed */
+	float *sum;                 /* count floats: the site sum in, the final result out */
+	uint64_t deadline_us;       /* CLOCK_MONOTONIC (gg_monotonic_us) by which to complete */
+};
+
+/* What the backend needs from the core. */
+struct gg_core_ops {
+	/* Takes `step`: returns 0 and calls gg_site_step_complete() exactly once
+	 * later (or before returning), or returns a negative enum gg_errc code
+	 * without keeping the step, which then fails at its ranks with
+	 * "site core refused the step: " and gg_strerror(code). */
+	int (*submit)(void *core, struct gg_site_step *step);
+};
+
+struct gg_site_backend_ops {
+	const char *name;
+	/* Starts serving; `loop` belongs to the calling thread, which runs it
+	 * from now on. Returns 0, or a negative errno with `err` saying why. */
+	int (*start)(struct gg_site_backend *b, struct gg_loop *loop, char *err, size_t err_size);
+	/* Handles a completion of one of the backend's operations; false when
+	 * the completion's kind is not the backend's. */
+	bool (*on_cqe)(struct gg_site_backend *b, const struct io_uring_cqe *cqe);
+	/* Fires what is due at `now_us`; returns the next deadline
+	 * (gg_monotonic_us), 0 when none. */
+	uint64_t (*tick)(struct gg_site_backend *b, uint64_t now_us);
+	/* The core is done with `step`: status 0 and the result in sum[], or a
+	 * negative enum gg_errc code with `message` (may be NULL) naming the
+	 * site and what failed, e.g. "site eu-west: peer gateway closed the
+	 * connection". Read during the call only. */
+	void (*complete)(struct gg_site_backend *b, struct gg_site_step *step, int status, const char *message);
+	/* Stops accepting work and closes the ranks' connections (idempotent).
+	 * Returns true once nothing is in flight on the loop and no step is
+	 * with the core; destroy() may then be called. */
+	bool (*stop)(struct gg_site_backend *b);
+	void (*destroy)(struct gg_site_backend *b);
+};
+
+struct gg_site_backend {
+	const struct gg_site_backend_ops *ops;
+};
+
+static inline void gg_site_step_complete(struct gg_site_step *step, int status, const char *message)
+{
+	step->backend->ops->complete(step->backend, step, status, message);
+}
+
+#endif

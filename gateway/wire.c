@@ -1,0 +1,392 @@
+#include "wire.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- little-endian cursor --------------------------------------------- */
+
+struct writer {
+	uint8_t *p, *end;
+	bool overflow;
+};
+
+static void put(struct writer *w, const void *src, size_t n)
+{
+	if ((size_t)(w->end - w->p) < n) {
+		w->overflow = true;
+		return;
+	}
+	memcpy(w->p, src, n);
+	w->p += n;
+}
+
+static void put_u8(struct writer *w, uint8_t v)
+{
+	put(w, &v, 1);
+}
+
+static void put_le(struct writer *w, uint64_t v, unsigned bytes)
+{
+	uint8_t b[8];
+	for (unsigned i = 0; i < bytes; i++)
+		b[i] = (uint8_t)(v >> (8 * i));
+	put(w, b, bytes);
+}
+
+static void put_str(struct writer *w, const char *s)
+{
+	size_t n = strnlen(s, GG_WIRE_REASON_MAX);
+	put_u8(w, (uint8_t)n);
+	put(w, s, n);
+}
+
+struct reader {
+	const uint8_t *p, *end;
+	const char *field; /* the first field that did not fit */
+};
+
+static bool get(struct reader *r, void *dst, size_t n, const char *field)
+{
+	if (r->field)
+		return false;
+	if ((size_t)(r->end - r->p) < n) {
+		r->field = field;
+		return false;
+	}
+	memcpy(dst, r->p, n);
+	r->p += n;
+	return true;
+}
+
+static uint64_t get_le(struct reader *r, unsigned bytes, const char *field)
+{
+	uint8_t b[8] = { 0 };
+	uint64_t v = 0;
+	if (!get(r, b, bytes, field))
+		return 0;
+	for (unsigned i = 0; i < bytes; i++)
+		v |= (uint64_t)b[i] << (8 * i);
+	return v;
+}
+
+/* A length-prefixed string of at most `max` bytes, no NUL or control bytes. */
+static bool get_str(struct reader *r, char *dst, size_t max, const char *field)
+{
+	uint8_t n = (uint8_t)get_le(r, 1, field);
+	if (r->field)
+		return false;
+	if (n > max || !get(r, dst, n, field)) {
+		r->field = field;
+		return false;
+	}
+	dst[n] = '\0';
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)dst[i] < 0x20 || dst[i] == 0x7f) {
+			r->field = field;
+			return false;
+		}
+	return true;
+}
+
+static GG_PRINTF(3, 4) int fail(char *err, size_t size, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (size) {
+		va_start(ap, fmt);
+		vsnprintf(err, size, fmt, ap);
+		va_end(ap);
+	}
+	return -EBADMSG;
+}
+
+/* ---- encoding ----------------------------------------------------------- */
+
+static void put_header(struct writer *w, enum gg_wire_type type, size_t payload)
+{
+	put_le(w, GG_WIRE_MAGIC, 4);
+	put_u8(w, (uint8_t)type);
+	put_u8(w, GG_WIRE_VERSION);
+	put_le(w, 0, 2);
+	put_le(w, payload, 4);
+}
+
+/* Writes the payload once to learn its size, then header and payload. */
+#define ENCODE(buf, cap, type, body)                                         \
+	do {                                                                 \
+		struct writer w = { buf, buf + cap, false };                 \
+		w.p += GG_WIRE_HEADER_BYTES;                                 \
+		if (w.p > w.end)                                             \
+			return -ENOBUFS;                                     \
+		body;                                                        \
+		if (w.overflow)                                              \
+			return -ENOBUFS;                                     \
+		size_t n_ = (size_t)(w.p - buf);                             \
+		struct writer h = { buf, buf + GG_WIRE_HEADER_BYTES, false }; \
+		put_header(&h, type, n_ - GG_WIRE_HEADER_BYTES + extra_);    \
+		return (ssize_t)n_;                                          \
+	} while (0)
+
+ssize_t gg_wire_encode_hello(uint8_t *buf, size_t cap, const struct gg_wire_hello *hl)
+{
+	size_t extra_ = 0;
+	ENCODE(buf, cap, GG_WIRE_HELLO, {
+		put_le(&w, hl->stream_index, 2);
+		put_le(&w, hl->streams, 2);
+		put_le(&w, hl->instance_id, 8);
+		put_u8(&w, hl->sites);
+		for (unsigned i = 0; i < hl->sites && i < GG_AR_MAX_SITES; i++)
+			put_str(&w, hl->site_names[i]);
+		put_u8(&w, hl->codec);
+		put_u8(&w, hl->scale);
+		put_le(&w, hl->block_elems, 4);
+		put_u8(&w, hl->algorithm);
+		put_le(&w, hl->chunk_elems, 4);
+		put_u8(&w, hl->zstd);
+	});
+}
+
+ssize_t gg_wire_encode_data_head(uint8_t *buf, size_t cap, const struct gg_wire_step *st,
+				 const struct gg_ar_chunk_id *id, size_t frame_bytes)
+{
+	size_t extra_ = frame_bytes;
+	ENCODE(buf, cap, GG_WIRE_DATA, {
+		put_str(&w, st->job);
+		put_le(&w, st->step, 8);
+		put_le(&w, st->count, 8);
+		put_le(&w, st->tensor_id, 4);
+		put_u8(&w, st->dtype);
+		put_le(&w, st->fingerprint, 8);
+		put_u8(&w, id->phase);
+		put_u8(&w, id->origin);
+		put_le(&w, id->chunk, 4);
+	});
+}
+
+ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+			   const struct gg_ar_chunk_id *id)
+{
+	size_t extra_ = 0;
+	ENCODE(buf, cap, GG_WIRE_ACK, {
+		put_str(&w, job);
+		put_le(&w, step, 8);
+		put_u8(&w, id->phase);
+		put_u8(&w, id->origin);
+		put_le(&w, id->chunk, 4);
+	});
+}
+
+ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, uint64_t value)
+{
+	size_t extra_ = 0;
+	ENCODE(buf, cap, type, { put_le(&w, value, 8); });
+}
+
+ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step, const char *reason)
+{
+	size_t extra_ = 0;
+	ENCODE(buf, cap, GG_WIRE_ABORT, {
+		put_str(&w, job);
+		put_le(&w, step, 8);
+		put_str(&w, reason);
+	});
+}
+
+/* ---- decoding ----------------------------------------------------------- */
+
+int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_payload_bytes,
+			 enum gg_wire_type *type, size_t *payload_bytes, char *err, size_t err_size)
+{
+	struct reader r = { hdr, hdr + GG_WIRE_HEADER_BYTES, NULL };
+	uint32_t magic = (uint32_t)get_le(&r, 4, "magic");
+	uint8_t t = (uint8_t)get_le(&r, 1, "type");
+	uint8_t version = (uint8_t)get_le(&r, 1, "version");
+	uint16_t reserved = (uint16_t)get_le(&r, 2, "reserved");
+	uint32_t len = (uint32_t)get_le(&r, 4, "length");
+
+	if (magic != GG_WIRE_MAGIC)
+		return fail(err, err_size, "not a gradgate message (magic %08x)", magic);
+	if (version != GG_WIRE_VERSION)
+		return fail(err, err_size, "protocol version %u, this gateway speaks %u", version,
+			    GG_WIRE_VERSION);
+	if (t < GG_WIRE_HELLO || t > GG_WIRE_ABORT)
+		return fail(err, err_size, "unknown message type %u", t);
+	if (reserved)
+		return fail(err, err_size, "reserved header bits set (%#x)", reserved);
+	if (len > max_payload_bytes) {
+		fail(err, err_size, "message of %u bytes exceeds the limit of %zu", len, max_payload_bytes);
+		return -E2BIG;
+	}
+	*type = (enum gg_wire_type)t;
+	*payload_bytes = len;
+	return 0;
+}
+
+static bool site_name_ok(const char *s)
+{
+	if (!*s || *s == '-')
+		return false;
+	for (; *s; s++)
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '-'))
+			return false;
+	return true;
+}
+
+static int check_chunk_id(const struct gg_ar_chunk_id *id, char *err, size_t err_size)
+{
+	if (id->phase < GG_AR_DIRECT || id->phase > GG_AR_GATHER)
+		return fail(err, err_size, "unknown phase %u", id->phase);
+	if (id->origin >= GG_AR_MAX_SITES)
+		return fail(err, err_size, "origin %u is not a site index", id->origin);
+	return 0;
+}
+
+int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, struct gg_wire_msg *msg,
+		   char *err, size_t err_size)
+{
+	struct reader r = { payload, payload + len, NULL };
+
+	memset(msg, 0, sizeof(*msg));
+	msg->type = type;
+	switch (type) {
+	case GG_WIRE_HELLO: {
+		struct gg_wire_hello *h = &msg->u.hello;
+		h->stream_index = (uint16_t)get_le(&r, 2, "stream index");
+		h->streams = (uint16_t)get_le(&r, 2, "streams");
+		h->instance_id = get_le(&r, 8, "instance id");
+		h->sites = (uint8_t)get_le(&r, 1, "site count");
+		if (!r.field && (h->sites < 2 || h->sites > GG_AR_MAX_SITES))
+			return fail(err, err_size, "hello: %u sites, must be 2 to %d", h->sites, GG_AR_MAX_SITES);
+		for (unsigned i = 0; i < h->sites && !r.field; i++)
+			if (get_str(&r, h->site_names[i], GG_WIRE_NAME_MAX, "site name") &&
+			    !site_name_ok(h->site_names[i]))
+				return fail(err, err_size, "hello: site name %u is not a site name", i);
+		h->codec = (uint8_t)get_le(&r, 1, "codec");
+		h->scale = (uint8_t)get_le(&r, 1, "scale");
+		h->block_elems = (uint32_t)get_le(&r, 4, "block size");
+		h->algorithm = (uint8_t)get_le(&r, 1, "algorithm");
+		h->chunk_elems = (uint32_t)get_le(&r, 4, "chunk size");
+		h->zstd = (uint8_t)get_le(&r, 1, "zstd");
+		if (!r.field && (h->streams == 0 || h->stream_index >= h->streams))
+			return fail(err, err_size, "hello: stream %u of %u", h->stream_index, h->streams);
+		break;
+	}
+	case GG_WIRE_DATA: {
+		struct gg_wire_step *st = &msg->u.data.step;
+		get_str(&r, st->job, GG_WIRE_NAME_MAX, "job");
+		st->step = get_le(&r, 8, "step");
+		st->count = get_le(&r, 8, "count");
+		st->tensor_id = (uint32_t)get_le(&r, 4, "tensor id");
+		st->dtype = (uint8_t)get_le(&r, 1, "dtype");
+		st->fingerprint = get_le(&r, 8, "fingerprint");
+		msg->u.data.id.phase = (uint8_t)get_le(&r, 1, "phase");
+		msg->u.data.id.origin = (uint8_t)get_le(&r, 1, "origin");
+		msg->u.data.id.chunk = (uint32_t)get_le(&r, 4, "chunk");
+		if (r.field)
+			break;
+		if (st->dtype != GG_WIRE_F32 && st->dtype != GG_WIRE_BF16)
+			return fail(err, err_size, "data: unknown dtype %u", st->dtype);
+		if (check_chunk_id(&msg->u.data.id, err, err_size))
+			return -EBADMSG;
+		msg->u.data.frame = r.p;
+		msg->u.data.frame_bytes = (size_t)(r.end - r.p);
+		r.p = r.end;
+		break;
+	}
+	case GG_WIRE_ACK:
+		get_str(&r, msg->u.ack.job, GG_WIRE_NAME_MAX, "job");
+		msg->u.ack.step = get_le(&r, 8, "step");
+		msg->u.ack.id.phase = (uint8_t)get_le(&r, 1, "phase");
+		msg->u.ack.id.origin = (uint8_t)get_le(&r, 1, "origin");
+		msg->u.ack.id.chunk = (uint32_t)get_le(&r, 4, "chunk");
+		if (!r.field && check_chunk_id(&msg->u.ack.id, err, err_size))
+			return -EBADMSG;
+		break;
+	case GG_WIRE_PING:
+	case GG_WIRE_PONG:
+		msg->u.ping_us = get_le(&r, 8, "clock");
+		break;
+	case GG_WIRE_ABORT:
+		get_str(&r, msg->u.abort.job, GG_WIRE_NAME_MAX, "job");
+		msg->u.abort.step = get_le(&r, 8, "step");
+		get_str(&r, msg->u.abort.reason, GG_WIRE_REASON_MAX, "reason");
+		break;
+	default:
+		return fail(err, err_size, "unknown message type %u", (unsigned)type);
+	}
+	if (r.field)
+		return fail(err, err_size, "message type %u: field '%s' is truncated or malformed", (unsigned)type,
+			    r.field);
+	if (r.p != r.end)
+		return fail(err, err_size, "message type %u: %zu bytes after the last field", (unsigned)type,
+			    (size_t)(r.end - r.p));
+	return 0;
+}
+
+uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint32_t block_elems)
+{
+	uint8_t buf[GG_WIRE_NAME_MAX + 64];
+	struct writer w = { buf, buf + sizeof(buf), false };
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	put_str(&w, st->job);
+	put_le(&w, st->step, 8);
+	put_le(&w, st->count, 8);
+	put_le(&w, st->tensor_id, 4);
+	put_u8(&w, st->dtype);
+	put_u8(&w, codec);
+	put_le(&w, block_elems, 4);
+	for (const uint8_t *p = buf; p < w.p; p++)
+		h = (h ^ *p) * 0x100000001b3ull;
+	return h;
+}
+
+int gg_wire_hello_check(const struct gg_wire_hello *a, const struct gg_wire_hello *b, const char *peer,
+			char *err, size_t err_size)
+{
+	char ours[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 2)], theirs[sizeof(ours)];
+	const struct {
+		const char *what;
+		uint64_t mine, peer;
+	} nums[] = {
+		{ "codec", a->codec, b->codec },
+		{ "block scale kind", a->scale, b->scale },
+		{ "block size", a->block_elems, b->block_elems },
+		{ "all-reduce algorithm", a->algorithm, b->algorithm },
+		{ "chunk size (elements)", a->chunk_elems, b->chunk_elems },
+		{ "zstd stage", a->zstd, b->zstd },
+		{ "streams per peer", a->streams, b->streams },
+	};
+
+	ours[0] = theirs[0] = '\0';
+	for (unsigned i = 0; i < a->sites; i++)
+		snprintf(ours + strlen(ours), sizeof(ours) - strlen(ours), "%s%s", i ? "," : "", a->site_names[i]);
+	for (unsigned i = 0; i < b->sites; i++)
+		snprintf(theirs + strlen(theirs), sizeof(theirs) - strlen(theirs), "%s%s", i ? "," : "",
+			 b->site_names[i]);
+	if (strcmp(ours, theirs)) {
+		snprintf(err, err_size, "peer %s knows the sites [%s], this site knows [%s]", peer, theirs, ours);
+		return -EPROTO;
+	}
+	for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+		if (nums[i].mine == nums[i].peer)
+			continue;
+		const char *pv = NULL, *mv = NULL;
+		if (!strcmp(nums[i].what, "codec")) {
+			pv = gg_codec_name((enum gg_codec)nums[i].peer);
+			mv = gg_codec_name((enum gg_codec)nums[i].mine);
+		} else if (!strcmp(nums[i].what, "all-reduce algorithm")) {
+			pv = gg_allreduce_algo_name((enum gg_allreduce_algo)nums[i].peer);
+			mv = gg_allreduce_algo_name((enum gg_allreduce_algo)nums[i].mine);
+		}
+		if (pv && mv)
+			snprintf(err, err_size, "peer %s uses %s %s, this site uses %s", peer, nums[i].what, pv, mv);
+		else
+			snprintf(err, err_size, "peer %s uses %s %llu, this site uses %llu", peer, nums[i].what,
+				 (unsigned long long)nums[i].peer, (unsigned long long)nums[i].mine);
+		return -EPROTO;
+	}
+	return 0;
+}

@@ -1,0 +1,144 @@
+/* The gateway-to-gateway protocol, spoken inside each TLS stream (ALPN
+ * gradgate/1). docs/wire-protocol.md describes it for people; this header
+ * is the definition.
+ *
+ * Every message is a 12-byte header and a payload, all integers
+ * little-endian:
+ *   0  4  magic 0x31574747 ("GGW1")
+ *   4  1  type (enum gg_wire_type)
+ *   5  1  protocol version, GG_WIRE_VERSION
+ *   6  2  reserved, 0
+ *   8  4  payload length, at most the receiver's limit
+ *
+ * Payloads (str = u8 length + that many bytes, no NUL):
+ *   HELLO   u16 stream index, u16 streams per peer, u64 instance id (random
+ *           per gateway start: a change means the peer restarted),
+ *           u8 site count, str site names in index order (sorted),
+ *           u8 codec, u8 scale, u32 block elems, u8 algorithm,
+ *           u32 chunk elems, u8 zstd on
+ *   DATA    str job, u64 step, u64 count, u32 tensor id, u8 dtype,
+ *           u64 collective fingerprint, u8 phase, u8 origin, u32 chunk,
+ *           then the payload frame (compress/frame.h) to the end
+ *   ACK     str job, u64 step, u8 phase, u8 origin, u32 chunk
+ *   PING    u64 sender's clock in microseconds
+ *   PONG    u64 the PING's value, echoed
+ *   ABORT   str job, u64 step, str reason (the step failed at the sender)
+ *
+ * A receiver treats every field as hostile: lengths are checked against
+ * the message and the limits before anything is read, names are checked
+ * for their character set, enums for their range. */
+#ifndef GG_WIRE_H
+#define GG_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "allreduce.h"
+#include "gg_common.h"
+
+#define GG_WIRE_MAGIC 0x31574747u
+#define GG_WIRE_VERSION 1
+#define GG_WIRE_HEADER_BYTES 12
+#define GG_WIRE_NAME_MAX 63
+#define GG_WIRE_REASON_MAX 255
+#define GG_WIRE_DATA_FIXED_BYTES (1 + GG_WIRE_NAME_MAX + 8 + 8 + 4 + 1 + 8 + 1 + 1 + 4)
+
+enum gg_wire_type {
+	GG_WIRE_HELLO = 1,
+	GG_WIRE_DATA = 2,
+	GG_WIRE_ACK = 3,
+	GG_WIRE_PING = 4,
+	GG_WIRE_PONG = 5,
+	GG_WIRE_ABORT = 6,
+};
+
+enum gg_dtype_wire {
+	GG_WIRE_F32 = 1,
+	GG_WIRE_BF16 = 2,
+};
+
+/* The settings every site must share, and the sites themselves. */
+struct gg_wire_hello {
+	uint16_t stream_index;
+	uint16_t streams;
+	uint64_t instance_id;
+	uint8_t sites;
+	char site_names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
+	uint8_t codec;
+	uint8_t scale;
+	uint32_t block_elems;
+	uint8_t algorithm;
+	uint32_t chunk_elems;
+	uint8_t zstd;
+};
+
+/* What identifies one step of one job across sites. */
+struct gg_wire_step {
+	char job[GG_WIRE_NAME_MAX + 1];
+	uint64_t step;
+	uint64_t count;
+	uint32_t tensor_id;
+	uint8_t dtype;
+	uint64_t fingerprint; /* gg_wire_fingerprint() of the fields above and the codec */
+};
+
+struct gg_wire_msg {
+	enum gg_wire_type type;
+	union {
+		struct gg_wire_hello hello;
+		struct {
+			struct gg_wire_step step;
+			struct gg_ar_chunk_id id;
+			const uint8_t *frame; /* points into the message buffer */
+			size_t frame_bytes;
+		} data;
+		struct {
+			char job[GG_WIRE_NAME_MAX + 1];
+			uint64_t step;
+			struct gg_ar_chunk_id id;
+		} ack;
+		uint64_t ping_us;
+		struct {
+			char job[GG_WIRE_NAME_MAX + 1];
+			uint64_t step;
+			char reason[GG_WIRE_REASON_MAX + 1];
+		} abort;
+	} u;
+};
+
+/* A 64-bit FNV-1a over the step's identity and the codec settings: equal
+ * at two sites exactly when they announce the same collective. */
+uint64_t gg_wire_fingerprint(const struct gg_wire_step *step, uint8_t codec, uint32_t block_elems);
+
+/* Reads a message header: 0 and *payload_bytes, or -EBADMSG (bad magic,
+ * version or type) / -E2BIG (longer than max_payload_bytes) with err set. */
+GG_MUST_CHECK int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_payload_bytes,
+				       enum gg_wire_type *type, size_t *payload_bytes, char *err,
+				       size_t err_size);
+
+/* Decodes one payload of a known type. Returns 0 or -EBADMSG with err
+ * naming the field. DATA's frame points into `payload`. */
+GG_MUST_CHECK int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len,
+				 struct gg_wire_msg *msg, char *err, size_t err_size);
+
+/* Encoders write header + payload into buf and return the bytes written,
+ * or -ENOBUFS when cap is too small. DATA writes its fixed part only
+ * (header length counts the frame that the caller sends right after). */
+GG_MUST_CHECK ssize_t gg_wire_encode_hello(uint8_t *buf, size_t cap, const struct gg_wire_hello *h);
+GG_MUST_CHECK ssize_t gg_wire_encode_data_head(uint8_t *buf, size_t cap, const struct gg_wire_step *step,
+					       const struct gg_ar_chunk_id *id, size_t frame_bytes);
+GG_MUST_CHECK ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+					 const struct gg_ar_chunk_id *id);
+GG_MUST_CHECK ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, uint64_t value);
+GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+					   const char *reason);
+
+/* Compares a peer's HELLO with ours; 0, or -EPROTO with err naming the
+ * first setting that differs and both values ("peer site-b uses codec
+ * int8, this site uses bf16-split"). */
+GG_MUST_CHECK int gg_wire_hello_check(const struct gg_wire_hello *ours, const struct gg_wire_hello *theirs,
+				      const char *peer, char *err, size_t err_size);
+
+#endif

@@ -1,0 +1,180 @@
+/* gradgate client library: all-reduce host buffers through the site's
+ * gateway.
+ *
+ * Every training rank of a job opens one session to its site's gateway and
+ * calls gg_allreduce() (or gg_allreduce_start() + gg_wait()) for the same
+ * tensors in the same order as the job's other ranks. The gateway sums the
+ * site's contributions in rank order (rank 0 + rank 1 + ...), exchanges
+ * that sum with the other sites and hands every rank the same result bytes.
+ *
+ * Data moves through shared memory: the library copies the caller's buffer
+ * into a region it shares with the gateway and copies the result back.
+ *
+ * Errors: every function that can fail returns 0 or a negative code from
+ * enum gg_errc, and fills `err` (when not NULL) with the code and a message
+ * naming what failed, e.g. "step 12 (tensor 3): site eu-west: peer gateway
+ * closed the connection". On success err->code is 0 and err->message "".
+ *
+ * Threads: a session and its requests must be used by one thread at a time;
+ * separate sessions are independent. The library installs no signal
+ * handlers; it sends with MSG_NOSIGNAL, so a lost gateway never raises
+ * SIGPIPE. */
+#ifndef GRADGATE_H
+#define GRADGATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GRADGATE_API __attribute__((visibility("default")))
+
+/* Element types. Sums are computed in float32: bfloat16 inputs are widened
+ * exactly, and the result is rounded back to bfloat16 once, to nearest
+ * even. */
+enum gg_dtype {
+	GG_DTYPE_F32 = 1,
+	GG_DTYPE_BF16 = 2,
+};
+
+enum gg_errc {
+	GG_OK = 0,
+	GG_ERR_INVALID = -1,   /* a parameter is invalid (NULL, count 0, bad job name, ...) */
+	GG_ERR_NOMEM = -2,     /* out of memory, here or at the gateway */
+	GG_ERR_SYSTEM = -3,    /* an operating system call failed; the message names it */
+	GG_ERR_CONNECT = -4,   /* the gateway's endpoint cannot be reached */
+	GG_ERR_REFUSED = -5,   /* the gateway refused the session; the message says why */
+	GG_ERR_PROTOCOL = -6,  /* a control message broke the protocol */
+	GG_ERR_CLOSED = -7,    /* the connection to the gateway is lost, or the session closed */
+	GG_ERR_TIMEOUT = -8,   /* the step missed its deadline */
+	GG_ERR_TOO_LARGE = -9, /* the tensor exceeds the gateway's max_message */
+	GG_ERR_MISMATCH = -10, /* the job's ranks announced different tensors for one step */
+	GG_ERR_RANK = -11,     /* another rank of the job failed or left; the message names it */
+	GG_ERR_SITE = -12,     /* the exchange with another site failed; the message names it */
+	GG_ERR_BUSY = -13,     /* as many requests in flight as the gateway allows */
+	GG_ERR_AGAIN = -14,    /* gg_wait: the request is still in progress */
+	GG_ERR_LIMIT = -15,    /* the gateway is at a configured limit (memory, jobs) */
+};
+
+#define GG_ERROR_MESSAGE_MAX 256
+
+struct gg_error {
+	int code;                              /* enum gg_errc */
+	char message[GG_ERROR_MESSAGE_MAX];    /* NUL-terminated, one line */
+};
+
+struct gg_session;
+struct gg_request;
+
+/* The endpoint gg_session_open() uses when given NULL. */
+#define GG_ENDPOINT_ENV "GRADGATE_ENDPOINT"
+
+/* Opens a session for rank `rank` of the `nranks` ranks of job `job`.
+ *
+ * endpoint  "unix:/absolute/path" of the gateway's control socket (the
+ *           site config's `control`). NULL: the value of the environment
+ *           variable GRADGATE_ENDPOINT; when that is unset too, the call
+ *           fails with GG_ERR_INVALID (gateways name their socket after
+ *           their site, so there is no useful fixed default). Read during
+ *           the call only.
+ * job       1 to 63 characters of A-Z a-z 0-9 . _ -; the same for every
+ *           rank of the job. Read during the call only.
+ * rank      0 <= rank < nranks; each rank of a job opens exactly one
+ *           session at a time.
+ * out       on success receives the session, which the caller owns and
+ *           frees with gg_session_close(); on failure set to NULL.
+ * err       may be NULL.
+ *
+ * Blocks until the gateway accepts or refuses, at most 10 seconds. The
+ * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it
+ * does not speak, a rank out of range, a rank already connected, an
+ * nranks different from what the job's first rank said, a process running
+ * as another user than the job's first rank, a job that failed and still
+ * has ranks connected, and connections beyond its max_clients. */
+GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
+				 struct gg_session **out, struct gg_error *err);
+
+/* What the gateway announced when it accepted the session. */
+struct gg_session_info {
+	char site[64];              /* the gateway's site name */
+	uint64_t max_message_bytes; /* largest tensor (count * element size) */
+	uint32_t max_inflight;      /* requests a session may have in flight */
+	uint32_t step_timeout_ms;   /* the gateway's deadline for a step, and the upper bound */
+};
+
+/* Fills `info` (owned by the caller) from the open session `s`. */
+GRADGATE_API void gg_session_get_info(const struct gg_session *s, struct gg_session_info *info);
+
+/* All-reduces `count` elements of `dtype` at `buf`, in place, and blocks
+ * until the result is there or the step failed.
+ *
+ * buf        count elements, read and overwritten with the result; owned
+ *            by the caller. On failure its contents are unchanged.
+ * tensor_id  the caller's name for the tensor; every rank must announce the
+ *            same (tensor_id, count, dtype) for the same step, otherwise
+ *            the step fails at every rank with GG_ERR_MISMATCH.
+ * timeout_ms the step's deadline from this call: > 0 milliseconds, capped
+ *            by the gateway's step_timeout; <= 0 the gateway's step_timeout.
+ *            When ranks are missing at the deadline the step fails with
+ *            GG_ERR_TIMEOUT naming them. Should the gateway itself not
+ *            answer within the deadline plus 2 seconds, the session fails
+ *            (GG_ERR_TIMEOUT) and must be closed.
+ *
+ * Steps are numbered per session from 1 in call order; a call refused
+ * before anything is sent (GG_ERR_INVALID, GG_ERR_TOO_LARGE, GG_ERR_BUSY)
+ * uses no number, so the ranks stay in step. A failed step does not break
+ * the session unless the connection is lost (GG_ERR_CLOSED,
+ * GG_ERR_PROTOCOL, or the timeout above): later calls then return that
+ * same error. */
+GRADGATE_API int gg_allreduce(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
+			      uint32_t tensor_id, int timeout_ms, struct gg_error *err);
+
+/* Starts the same all-reduce without waiting: the input is copied out of
+ * `buf` before this returns, and the result is copied into it when it
+ * arrives, which may happen during any later call on the same session.
+ * So `buf` stays owned by the caller but must stay valid, and must be
+ * neither read nor written, until gg_wait() reports the request finished
+ * or the request is freed.
+ *
+ * Up to gg_session_info.max_inflight requests may be in flight per
+ * session; one more fails with GG_ERR_BUSY and changes nothing. Requests
+ * complete in the order they were started.
+ *
+ * out   on success receives the request, owned by the caller until
+ *       gg_request_free(); on failure set to NULL. */
+GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
+				    uint32_t tensor_id, int timeout_ms, struct gg_request **out,
+				    struct gg_error *err);
+
+/* Waits up to `timeout_ms` (-1: until the request finishes; 0: only look)
+ * for `req`. Returns 0 when the result is in the request's buffer, the
+ * step's error when it failed, or GG_ERR_AGAIN when the request is still
+ * in progress after timeout_ms (wait again later). A finished request
+ * keeps returning its outcome. */
+GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error *err);
+
+/* Frees `req` (NULL is allowed). A request still in flight is detached:
+ * its step goes on at the gateway, but its result is no longer written to
+ * the caller's buffer, which the caller owns again from here on. */
+GRADGATE_API void gg_request_free(struct gg_request *req);
+
+/* Closes the connection and frees the session (NULL is allowed). Requests
+ * the caller has not freed yet stay valid for gg_wait() (which then returns
+ * GG_ERR_CLOSED if they had not finished) and gg_request_free(). Closing
+ * with a step in flight fails that step at the job's other ranks. */
+GRADGATE_API void gg_session_close(struct gg_session *s);
+
+/* A static, one-line description of `code` ("unknown error" for codes
+ * outside enum gg_errc). */
+GRADGATE_API const char *gg_strerror(int code);
+
+/* Bytes per element of `dtype`; 0 for an unknown type. */
+GRADGATE_API size_t gg_dtype_size(enum gg_dtype dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,337 @@
+/* Identity parsing, credential loading (with the refusals and their
+ * messages) and reloading while connections stay up. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+
+#include "tls_engine.h"
+#include "tls_pki.h"
+#include "tls_test.h"
+
+static char dir[64];
+static struct gg_tls_pki *ca;
+
+static void test_identity_parse(void)
+{
+	static const struct {
+		const char *text;
+		const char *why; /* NULL: valid */
+	} cases[] = {
+		{ "dns:site-b.gradgate.test", NULL },
+		{ "dns:Site-B", NULL },
+		{ "dns:a", NULL },
+		{ "uri:spiffe://gradgate/site-b", NULL },
+		{ "uri:urn:gradgate:site-b", NULL },
+		{ "", "an identity is \"dns:NAME\" or \"uri:URI\"" },
+		{ "site-b.gradgate.test", "an identity is \"dns:NAME\" or \"uri:URI\"" },
+		{ "DNS:site-b", "an identity is \"dns:NAME\" or \"uri:URI\"" },
+		{ "dns:", "a DNS name has 1 to 253 characters" },
+		{ "dns:*.gradgate.test", "wildcards are not site identities" },
+		{ "dns:a..b", "each DNS label has 1 to 63 characters (no empty label, no trailing dot)" },
+		{ "dns:site-b.", "each DNS label has 1 to 63 characters (no empty label, no trailing dot)" },
+		{ "dns:-site", "a DNS label neither starts nor ends with '-'" },
+		{ "dns:site_b", "a DNS name holds only letters, digits, '-' and '.'" },
+		{ "dns:10.0.0.1:7001", "a DNS name holds only letters, digits, '-' and '.'" },
+		{ "uri:", "a URI starts with a scheme, as in uri:spiffe://gradgate/site-b" },
+		{ "uri:gradgate/site-b", "a URI starts with a scheme, as in uri:spiffe://gradgate/site-b" },
+		{ "uri:spiffe:", "the URI is empty after its scheme" },
+		{ "uri:spiffe://gradgate/site b", "a URI holds no spaces, control or non-ASCII bytes" },
+		{ "uri:sp_ffe://x", "a URI scheme holds only letters, digits, '+', '-' and '.'" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct gg_tls_identity id;
+		const char *why = NULL;
+		int rc = gg_tls_identity_parse(cases[i].text, &id, &why);
+		if (!cases[i].why) {
+			char back[GG_TLS_IDENTITY_MAX + 8];
+			CHECK_EQ_INT(rc, 0);
+			CHECK_STR(gg_tls_identity_format(&id, back, sizeof(back)), cases[i].text);
+		} else {
+			CHECK_EQ_INT(rc, -EINVAL);
+			CHECK_STR(why, cases[i].why);
+		}
+	}
+
+	char long_label[80] = "dns:", long_name[300] = "dns:", long_uri[300] = "uri:x:";
+	memset(long_label + 4, 'a', 64);
+	for (int i = 0; i < 63; i++)
+		strcat(long_name, "abc.");
+	strcat(long_name, "ab");
+	memset(long_uri + 6, 'a', 260);
+	struct gg_tls_identity id;
+	const char *why;
+	CHECK_EQ_INT(gg_tls_identity_parse(long_label, &id, &why), -EINVAL);
+	CHECK_EQ_INT(gg_tls_identity_parse(long_name, &id, &why), -EINVAL);
+	CHECK_STR(why, "a DNS name has 1 to 253 characters");
+	CHECK_EQ_INT(gg_tls_identity_parse(long_uri, &id, &why), -EINVAL);
+	CHECK_STR(why, "the identity is longer than 255 characters");
+
+	struct gg_tls_site site;
+	CHECK_EQ_INT(gg_tls_site_init(&site, "site-b", "uri:spiffe://gradgate/site-b", &why), 0);
+	CHECK_STR(site.name, "site-b");
+	CHECK_EQ_INT(gg_tls_site_init(&site, "site-b", "spiffe://gradgate/site-b", &why), -EINVAL);
+}
+
+static const char *path(const char *name)
+{
+	static char buf[8][128];
+	static int next;
+	char *p = buf[next++ % 8];
+	snprintf(p, 128, "%s/%s", dir, name);
+	return p;
+}
+
+static void write_file(const char *name, const char *text, mode_t mode)
+{
+	const char *p = path(name);
+	FILE *f;
+
+	unlink(p);
+	f = fopen(p, "w");
+	CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0);
+	CHECK(chmod(p, mode) == 0);
+}
+
+static void issue(const char *identity, const char *cert_name, const char *key_name)
+{
+	struct gg_tls_cert_request req = { .identity = identity, .valid_until_s = 3600 };
+	char *cert, *key;
+
+	CHECK(gg_tls_pki_issue(ca, &req, &cert, &key) == 0);
+	write_file(cert_name, cert, 0644);
+	write_file(key_name, key, 0600);
+	free(cert);
+	free(key);
+}
+
+static int try_context(const char *crl, const char *suites, char *err, size_t size, struct gg_tls_context **out)
+{
+	struct gg_tls_options o = {
+		.ca_file = path("ca.pem"), .cert_file = path("a.pem"), .key_file = path("a.key"),
+		.crl_file = crl, .ciphersuites = suites,
+	};
+	struct gg_tls_context *ctx = NULL;
+	int rc = gg_tls_context_new(&o, &ctx, err, size);
+
+	if (out)
+		*out = ctx;
+	else
+		gg_tls_context_free(ctx);
+	return rc;
+}
+
+/* want_err with each "DIR" replaced by the test directory. */
+static void expect_refused(int want_rc, const char *want_err, const char *crl, const char *suites)
+{
+	char err[512] = "", want[512] = "";
+	const char *p = want_err, *hit;
+
+	CHECK_EQ_INT(try_context(crl, suites, err, sizeof(err), NULL), want_rc);
+	while ((hit = strstr(p, "DIR"))) {
+		strncat(want, p, (size_t)(hit - p));
+		strcat(want, dir);
+		p = hit + 3;
+	}
+	strcat(want, p);
+	CHECK_STR(err, want);
+}
+
+static void test_loading(void)
+{
+	write_file("ca.pem", gg_tls_pki_ca_pem(ca), 0644);
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+	issue("dns:site-b.gradgate.test", "b.pem", "b.key");
+	char err[512];
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+	CHECK_EQ_INT(gg_tls_check_key_permissions(path("a.key"), err, sizeof(err)), 0);
+
+	CHECK(chmod(path("a.key"), 0644) == 0);
+	expect_refused(-EPERM, "private key 'DIR/a.key' has permissions 0644: group or others may access it "
+			       "(run chmod 600 on it)", NULL, NULL);
+	CHECK_EQ_INT(gg_tls_check_key_permissions(path("a.key"), err, sizeof(err)), -EPERM);
+	CHECK(chmod(path("a.key"), 0640) == 0);
+	expect_refused(-EPERM, "private key 'DIR/a.key' has permissions 0640: group or others may access it "
+			       "(run chmod 600 on it)", NULL, NULL);
+	CHECK(chmod(path("a.key"), 0602) == 0);
+	expect_refused(-EPERM, "private key 'DIR/a.key' has permissions 0602: group or others may access it "
+			       "(run chmod 600 on it)", NULL, NULL);
+	CHECK(chmod(path("a.key"), 0400) == 0);
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+	CHECK(chmod(path("a.key"), 0600) == 0);
+
+	CHECK(rename(path("ca.pem"), path("ca.moved")) == 0);
+	expect_refused(-ENOENT, "cannot read CA file 'DIR/ca.pem': No such file or directory", NULL, NULL);
+	CHECK(rename(path("ca.moved"), path("ca.pem")) == 0);
+
+	/* Site b's key does not belong to site a's certificate. */
+	CHECK(rename(path("a.key"), path("a.saved")) == 0);
+	CHECK(link(path("b.key"), path("a.key")) == 0);
+	expect_refused(-EINVAL, "private key 'DIR/a.key' does not match certificate 'DIR/a.pem'", NULL, NULL);
+	CHECK(unlink(path("a.key")) == 0);
+
+	/* An encrypted key would need a passphrase nobody can type into a daemon. */
+	BIO *bio = BIO_new(BIO_s_mem());
+	EVP_PKEY *key = EVP_EC_gen("P-256");
+	char *text;
+	CHECK(bio && key && PEM_write_bio_PrivateKey(bio, key, EVP_aes_256_cbc(), (unsigned char *)"pw", 2, NULL, NULL));
+	long len = BIO_get_mem_data(bio, &text);
+	char *copy = strndup(text, (size_t)len);
+	write_file("a.key", copy, 0600);
+	free(copy);
+	EVP_PKEY_free(key);
+	BIO_free(bio);
+	expect_refused(-EINVAL, "private key 'DIR/a.key' is encrypted; store it unencrypted, readable by its owner only",
+		       NULL, NULL);
+	write_file("a.key", "not a key\n", 0600);
+	expect_refused(-EINVAL, "private key 'DIR/a.key' holds no PEM private key", NULL, NULL);
+	CHECK(rename(path("a.saved"), path("a.key")) == 0);
+
+	expect_refused(-EINVAL, "unknown TLS 1.3 ciphersuite 'TLS_AES_256_GCM_SHA385' (known: TLS_AES_256_GCM_SHA384:"
+				"TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_CCM_SHA256:"
+				"TLS_AES_128_CCM_8_SHA256)", NULL, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA385");
+	expect_refused(-EINVAL, "the ciphersuite list is empty", NULL, "");
+	CHECK_EQ_INT(try_context(NULL, "TLS_CHACHA20_POLY1305_SHA256", err, sizeof(err), NULL), 0);
+
+	write_file("empty.pem", "", 0644);
+	expect_refused(-EINVAL, "CRL file 'DIR/empty.pem' holds no PEM CRL", path("empty.pem"), NULL);
+	expect_refused(-ENOENT, "cannot read CRL file 'DIR/none.pem': No such file or directory", path("none.pem"), NULL);
+
+	struct gg_tls_cert_request old = { .identity = "dns:site-a.gradgate.test", .valid_from_s = -7200, .valid_until_s = -3600 };
+	char *cert, *k;
+	CHECK(gg_tls_pki_issue(ca, &old, &cert, &k) == 0);
+	write_file("a.pem", cert, 0644);
+	write_file("a.key", k, 0600);
+	free(cert);
+	free(k);
+	expect_refused(-EINVAL, "certificate 'DIR/a.pem' has expired: every peer would refuse it", NULL, NULL);
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+}
+
+static void pump(struct gg_tls_engine *from, struct gg_tls_engine *to)
+{
+	const uint8_t *src;
+	uint8_t *dst;
+	size_t n;
+
+	while ((n = gg_tls_engine_tx_data(from, &src)) && gg_tls_engine_rx_space(to, &dst) >= n) {
+		memcpy(dst, src, n);
+		gg_tls_engine_rx_commit(to, n);
+		gg_tls_engine_tx_consume(from, n);
+	}
+}
+
+static struct gg_tls_engine *engine(struct gg_tls_context *ctx, enum gg_tls_role role, const char *identity)
+{
+	struct gg_tls_site s;
+	struct gg_tls_engine *e;
+	const char *why;
+
+	CHECK(gg_tls_site_init(&s, "peer", identity, &why) == 0);
+	struct gg_tls_engine_config cfg = { .role = role, .peer_addr = "127.0.0.1:1", .sites = &s, .site_count = 1 };
+	CHECK(gg_tls_engine_new(ctx, &cfg, &e) == 0);
+	return e;
+}
+
+/* Runs the handshake of c and s as far as it goes; returns 0 when both
+ * completed. */
+static int drive(struct gg_tls_engine *c, struct gg_tls_engine *s)
+{
+	int rc_c = -EAGAIN, rc_s = -EAGAIN;
+
+	for (int i = 0; i < 10 && (rc_c == -EAGAIN || rc_s == -EAGAIN); i++) {
+		rc_c = gg_tls_engine_handshake(c);
+		pump(c, s);
+		rc_s = gg_tls_engine_handshake(s);
+		pump(s, c);
+	}
+	return rc_c || rc_s ? -1 : 0;
+}
+
+static void exchange(struct gg_tls_engine *from, struct gg_tls_engine *to)
+{
+	char buf[16];
+
+	CHECK_EQ_INT(gg_tls_engine_write(from, "still here", 10), 10);
+	pump(from, to);
+	CHECK_EQ_INT(gg_tls_engine_read(to, buf, sizeof(buf)), 10);
+	CHECK(!memcmp(buf, "still here", 10));
+}
+
+static void test_reload(void)
+{
+	struct gg_tls_context *server, *client;
+	char err[512];
+
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), &server), 0); /* site a */
+	struct gg_tls_options co = { .ca_file = path("ca.pem"), .cert_file = path("b.pem"), .key_file = path("b.key") };
+	CHECK_EQ_INT(gg_tls_context_new(&co, &client, err, sizeof(err)), 0);
+	CHECK_EQ_INT(gg_tls_context_generation(server), 1);
+
+	/* A connection made before the reload. */
+	struct gg_tls_engine *c1 = engine(client, GG_TLS_CLIENT, "dns:site-a.gradgate.test");
+	struct gg_tls_engine *s1 = engine(server, GG_TLS_SERVER, "dns:site-b.gradgate.test");
+	CHECK_EQ_INT(drive(c1, s1), 0);
+
+	/* The server's files now hold a certificate for another name. */
+	issue("dns:site-z.gradgate.test", "a.pem", "a.key");
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), 0);
+	CHECK_EQ_INT(gg_tls_context_generation(server), 2);
+	exchange(c1, s1);
+	exchange(s1, c1);
+
+	struct gg_tls_engine *c2 = engine(client, GG_TLS_CLIENT, "dns:site-z.gradgate.test");
+	struct gg_tls_engine *s2 = engine(server, GG_TLS_SERVER, "dns:site-b.gradgate.test");
+	CHECK_EQ_INT(drive(c2, s2), 0);
+	gg_tls_engine_free(c2);
+	gg_tls_engine_free(s2);
+
+	/* A failed reload keeps what was loaded. */
+	CHECK(chmod(path("a.key"), 0644) == 0);
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), -EPERM);
+	CHECK_CONTAINS(err, "has permissions 0644");
+	CHECK_EQ_INT(gg_tls_context_generation(server), 2);
+	c2 = engine(client, GG_TLS_CLIENT, "dns:site-z.gradgate.test");
+	s2 = engine(server, GG_TLS_SERVER, "dns:site-b.gradgate.test");
+	CHECK_EQ_INT(drive(c2, s2), 0);
+	exchange(c1, s1);
+
+	gg_tls_engine_free(c2);
+	gg_tls_engine_free(s2);
+	/* Engines outlive their context. */
+	gg_tls_context_free(server);
+	exchange(s1, c1);
+	gg_tls_engine_free(c1);
+	gg_tls_engine_free(s1);
+	gg_tls_context_free(client);
+}
+
+static void remove_dir(void)
+{
+	static const char *const names[] = { "ca.pem", "a.pem", "a.key", "b.pem", "b.key", "empty.pem" };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		unlink(path(names[i]));
+	rmdir(dir);
+}
+
+int main(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/gg-tls-context-XXXXXX");
+	CHECK(mkdtemp(dir));
+	CHECK(gg_tls_pki_new("Test CA", &ca) == 0);
+
+	test_identity_parse();
+	test_loading();
+	test_reload();
+
+	gg_tls_pki_free(ca);
+	remove_dir();
+	printf("test_tls_context: ok\n");
+	return 0;
+}

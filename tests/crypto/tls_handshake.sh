@@ -1,0 +1,308 @@
+#!/bin/bash
+# One case of the TLS handshake matrix. tls_probe runs the gateway's TLS
+# stack (crypto/ engine, gateway/ io_uring streams); `openssl s_client` and
+# `openssl s_server` are the independent peers. Each case asserts the exact
+# message on our side and the alert the other side received.
+# Usage: tls_handshake.sh PROBE MAKE_CERTS OPENSSL CASE
+set -u
+probe=$(realpath "$1") make_certs=$(realpath "$2") openssl=$3 case=$4
+work=$(mktemp -d)
+pids=()
+port=
+
+# Stops what the case started; a sanitizer report in any log fails it.
+cleanup() {
+	local status=$?
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$work"/*.log 2>/dev/null; then
+		echo "FAIL ($case): sanitizer report" >&2
+		cat "$work"/*.log >&2
+		status=1
+	fi
+	rm -rf "$work"
+	exit $status
+}
+trap cleanup EXIT
+trap '' PIPE # a server may close before a scanner finished writing
+
+fail() {
+	echo "FAIL ($case): $*" >&2
+	for f in server client peer; do
+		[ -s "$work/$f.log" ] && sed "s/^/  $f: /" "$work/$f.log" >&2
+	done
+	exit 1
+}
+
+OPENSSL=$openssl "$make_certs" "$work/certs" >/dev/null 2>&1 || fail "cannot make certificates"
+cd "$work/certs" || exit 1
+
+# Ephemeral ports differ from run to run: compare with them as PORT.
+normalized() {
+	sed 's/127\.0\.0\.1:[0-9]*/127.0.0.1:PORT/g' "$1"
+}
+
+# start_server [tls_probe serve options]: our server as site-b, admitting site-a.
+start_server() {
+	"$probe" serve --ca ca.pem --cert site-b.pem --key site-b.key \
+		--allow site-a=dns:site-a.gradgate.test "$@" >"$work/server.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 100); do
+		port=$(sed -n 's/^listening on 127\.0\.0\.1://p' "$work/server.log" 2>/dev/null)
+		[ -n "$port" ] && return
+		sleep 0.05
+	done
+	fail "our server did not start"
+}
+
+# client CERT [s_client options]: s_client presenting CERT ("" for none).
+client() {
+	local cert=$1
+	shift
+	local args=(-connect "127.0.0.1:$port" -CAfile ca.pem -brief -ign_eof)
+	[ -n "$cert" ] && args+=(-cert "$cert.pem" -key "$cert.key")
+	timeout 10 "$openssl" s_client "${args[@]}" "$@" </dev/null >"$work/client.log" 2>&1
+}
+
+# expect_line FILE LINE: FILE gets exactly LINE (ports as PORT) within 5 s.
+expect_line() {
+	for _ in $(seq 100); do
+		normalized "$1" 2>/dev/null | grep -qxF -- "$2" && return
+		sleep 0.05
+	done
+	fail "$(basename "$1") lacks the line: $2"
+}
+
+expect_text() {
+	grep -qF -- "$2" "$1" || fail "$(basename "$1") lacks: $2"
+}
+
+# refused CERT SERVER_MESSAGE CLIENT_ALERT [s_client options]
+refused() {
+	local cert=$1 msg=$2 alert=$3
+	shift 3
+	client "$cert" -alpn gradgate/1 "$@"
+	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: $msg"
+	expect_text "$work/client.log" "$alert"
+	! grep -q "hello from gradgate probe" "$work/client.log" || fail "a refused client got application data"
+}
+
+# start_peer_server CERT [s_server options]: s_server presenting CERT.
+start_peer_server() {
+	local cert=$1
+	shift
+	# s_server quits at the end of its input: give it a pipe that stays open.
+	mkfifo "$work/peer.in"
+	exec 5<>"$work/peer.in"
+	timeout 10 "$openssl" s_server -accept 127.0.0.1:0 -cert "$cert.pem" -key "$cert.key" \
+		-CAfile ca.pem -Verify 2 -verify_return_error -naccept 1 "$@" <"$work/peer.in" >"$work/peer.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 100); do
+		port=$(sed -n 's/^ACCEPT 127\.0\.0\.1://p' "$work/peer.log" 2>/dev/null)
+		[ -n "$port" ] && return
+		sleep 0.05
+	done
+	fail "s_server did not start"
+}
+
+# connect_probe: our client, dialing site-b as site-a.
+connect_probe() {
+	timeout 10 "$probe" connect "127.0.0.1:$port" --ca ca.pem --cert site-a.pem --key site-a.key \
+		--expect site-b=dns:site-b.gradgate.test --send "hello from site-a" >"$work/client.log" 2>&1
+}
+
+accepted_a="accepted peer 127.0.0.1:PORT as site 'site-a' (dns:site-a.gradgate.test) with TLS_AES_256_GCM_SHA384"
+expect_a="(expected identity dns:site-a.gradgate.test"
+
+valid_handshake() {
+	client site-a -alpn gradgate/1 -verify_return_error -verify_hostname site-b.gradgate.test
+	expect_text "$work/client.log" "Verification: OK"
+	expect_text "$work/client.log" "hello from gradgate probe"
+	expect_line "$work/server.log" "$accepted_a"
+}
+
+case $case in
+valid)
+	start_server --close-after-greeting
+	valid_handshake
+	expect_text "$work/client.log" "Protocol version: TLSv1.3"
+	expect_text "$work/client.log" "Ciphersuite: TLS_AES_256_GCM_SHA384"
+	;;
+valid_uri)
+	start_server --close-after-greeting --allow site-d=uri:spiffe://gradgate/site-a
+	client site-a-uri -alpn gradgate/1
+	expect_text "$work/client.log" "hello from gradgate probe"
+	expect_line "$work/server.log" \
+		"accepted peer 127.0.0.1:PORT as site 'site-d' (uri:spiffe://gradgate/site-a) with TLS_AES_256_GCM_SHA384"
+	;;
+unknown_ca)
+	start_server --close-after-greeting
+	refused foreign-a "certificate is not issued by the configured CA (unknown CA) $expect_a; issuer /CN=foreign CA; sent alert unknown_ca; certificate names dns:site-a.gradgate.test)" \
+		"tlsv1 alert unknown ca"
+	;;
+wrong_identity_client)
+	start_server --close-after-greeting
+	refused site-c "certificate does not name site 'site-a' $expect_a; sent alert bad_certificate; certificate names dns:site-c.gradgate.test)" \
+		"sslv3 alert bad certificate"
+	;;
+cn_not_trusted)
+	start_server --close-after-greeting
+	refused cn-site-a "certificate does not name site 'site-a' $expect_a; sent alert bad_certificate; certificate names dns:site-c.gradgate.test)" \
+		"sslv3 alert bad certificate"
+	;;
+expired)
+	start_server --close-after-greeting
+	refused expired-a "certificate has expired $expect_a; expired 2020-02-01 00:00:00 UTC; sent alert certificate_expired; certificate names dns:site-a.gradgate.test)" \
+		"sslv3 alert certificate expired"
+	;;
+no_client_cert)
+	# In TLS 1.3 the client's handshake is complete before the server
+	# judges its (empty) certificate: s_client reads the refusal after.
+	start_server --close-after-greeting
+	refused "" "no client certificate presented $expect_a; sent alert certificate_required)" \
+		"tlsv13 alert certificate required"
+	expect_text "$work/client.log" "CONNECTION ESTABLISHED"
+	;;
+no_client_auth)
+	start_server --close-after-greeting
+	refused noclient-a "certificate is not issued for TLS client authentication (extended key usage) $expect_a; sent alert unsupported_certificate; certificate names dns:site-a.gradgate.test)" \
+		"sslv3 alert unsupported certificate"
+	;;
+revoked)
+	start_server --close-after-greeting --crl crl.pem
+	refused revoked-a "certificate is revoked by the configured CRL $expect_a; sent alert certificate_revoked; certificate names dns:site-a.gradgate.test)" \
+		"sslv3 alert certificate revoked"
+	valid_handshake
+	;;
+tls12)
+	start_server --close-after-greeting
+	refused site-a "peer does not offer TLS 1.3 (protocol version) $expect_a; sent alert protocol_version)" \
+		"tlsv1 alert protocol version" -tls1_2
+	;;
+wrong_alpn)
+	start_server --close-after-greeting
+	client site-a -alpn h2,http/1.1
+	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: peer does not offer ALPN gradgate/1 $expect_a; offered h2,http/1.1; sent alert no_application_protocol)"
+	expect_text "$work/client.log" "tlsv1 alert no application protocol"
+	;;
+no_alpn)
+	start_server --close-after-greeting
+	client site-a
+	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: peer does not offer ALPN gradgate/1 $expect_a; offered none; sent alert no_application_protocol)"
+	expect_text "$work/client.log" "tlsv1 alert no application protocol"
+	;;
+server_valid)
+	start_peer_server site-b -alpn gradgate/1
+	connect_probe
+	expect_line "$work/client.log" "connected to peer 127.0.0.1:PORT as site 'site-b' (dns:site-b.gradgate.test) with TLS_AES_256_GCM_SHA384"
+	for _ in $(seq 100); do grep -q "hello from site-a" "$work/peer.log" && break; sleep 0.05; done
+	expect_text "$work/peer.log" "hello from site-a"
+	;;
+server_wrong_identity)
+	start_peer_server site-c -alpn gradgate/1
+	connect_probe && fail "our client accepted a server named site-c"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: certificate does not name site 'site-b' (expected identity dns:site-b.gradgate.test; sent alert bad_certificate; certificate names dns:site-c.gradgate.test)"
+	for _ in $(seq 100); do grep -q "alert bad certificate" "$work/peer.log" && break; sleep 0.05; done
+	expect_text "$work/peer.log" "sslv3 alert bad certificate"
+	;;
+server_unknown_ca)
+	start_peer_server foreign-a -alpn gradgate/1
+	connect_probe && fail "our client accepted a server from a foreign CA"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: certificate is not issued by the configured CA (unknown CA) (expected identity dns:site-b.gradgate.test; issuer /CN=foreign CA; sent alert unknown_ca; certificate names dns:site-a.gradgate.test)"
+	for _ in $(seq 100); do grep -q "alert unknown ca" "$work/peer.log" && break; sleep 0.05; done
+	expect_text "$work/peer.log" "tlsv1 alert unknown ca"
+	;;
+server_no_alpn)
+	start_peer_server site-b
+	connect_probe && fail "our client accepted a server without ALPN gradgate/1"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: peer did not select ALPN gradgate/1 (expected identity dns:site-b.gradgate.test; selected none)"
+	;;
+scanners)
+	# Port scanners: connect and close, random bytes, an HTTP request.
+	# None of them may disturb the listener.
+	start_server --close-after-greeting
+	exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "cannot connect"
+	exec 3>&-
+	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: connection closed during the TLS handshake $expect_a)"
+	exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "cannot connect"
+	{ printf '\001'; head -c 4096 /dev/urandom; } >&3 2>/dev/null
+	timeout 5 cat <&3 >/dev/null
+	exec 3>&-
+	for _ in $(seq 100); do grep -q "did not start a TLS handshake" "$work/server.log" && break; sleep 0.05; done
+	normalized "$work/server.log" | grep -q "^refused: peer 127.0.0.1:PORT: peer did not start a TLS handshake (.*) $expect_a" ||
+		fail "random bytes were not refused as non-TLS"
+	exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "cannot connect"
+	printf 'GET / HTTP/1.1\r\nHost: gradgate\r\n\r\n' >&3
+	timeout 5 cat <&3 >/dev/null
+	exec 3>&-
+	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: peer did not start a TLS handshake (http request) $expect_a)"
+	valid_handshake
+	;;
+deadline)
+	# A peer that starts a ClientHello and stalls is dropped at the
+	# deadline, while another peer's handshake goes through meanwhile.
+	start_server --close-after-greeting --handshake-timeout-ms 300
+	start_ns=$(date +%s%N)
+	exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "cannot connect"
+	printf '\026\003\001\000\310\001\000\000\304\003\003' >&3
+	valid_handshake
+	timeout 5 cat <&3 >/dev/null || fail "the stalled connection was not closed"
+	elapsed_ms=$((($(date +%s%N) - start_ns) / 1000000))
+	exec 3>&-
+	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: handshake not completed within 300 ms $expect_a)"
+	[ "$elapsed_ms" -ge 290 ] && [ "$elapsed_ms" -lt 3000 ] || fail "dropped after $elapsed_ms ms, not about 300"
+	;;
+reload)
+	# SIGHUP reloads certificate and key; a connection made before keeps
+	# working, new ones get the new certificate; a failed reload keeps the
+	# old credentials.
+	# This server echoes and never closes: clients leave at end of input.
+	quick_client() {
+		timeout 10 "$openssl" s_client -connect "127.0.0.1:$port" -CAfile ca.pem -cert site-a.pem \
+			-key site-a.key -alpn gradgate/1 -verify_return_error -brief </dev/null >"$work/client.log" 2>&1
+	}
+	cp site-b.pem server.pem && cp site-b.key server.key
+	"$probe" serve --ca ca.pem --cert server.pem --key server.key \
+		--allow site-a=dns:site-a.gradgate.test >"$work/server.log" 2>&1 &
+	server_pid=$!
+	pids+=("$server_pid")
+	for _ in $(seq 100); do
+		port=$(sed -n 's/^listening on 127\.0\.0\.1://p' "$work/server.log" 2>/dev/null)
+		[ -n "$port" ] && break
+		sleep 0.05
+	done
+	mkfifo "$work/in"
+	timeout 20 "$openssl" s_client -connect "127.0.0.1:$port" -CAfile ca.pem -cert site-a.pem -key site-a.key \
+		-alpn gradgate/1 -brief <"$work/in" >"$work/peer.log" 2>&1 &
+	pids+=($!)
+	exec 4>"$work/in"
+	expect_line "$work/server.log" "$accepted_a"
+	cp site-b-renewed.pem server.pem && cp site-b-renewed.key server.key
+	kill -HUP "$server_pid"
+	expect_line "$work/server.log" "reloaded credentials (generation 2)"
+	echo "still here" >&4
+	expect_line "$work/server.log" "received: still here"
+	for _ in $(seq 100); do [ "$(grep -c "still here" "$work/peer.log")" -ge 1 ] && break; sleep 0.05; done
+	expect_text "$work/peer.log" "still here"
+	quick_client
+	expect_text "$work/client.log" "Peer certificate: CN = site-b renewed"
+	chmod 644 server.key
+	kill -HUP "$server_pid"
+	expect_line "$work/server.log" "reload failed: private key 'server.key' has permissions 0644: group or others may access it (run chmod 600 on it)"
+	echo "after failed reload" >&4
+	expect_line "$work/server.log" "received: after failed reload"
+	exec 4>&-
+	quick_client
+	expect_text "$work/client.log" "Peer certificate: CN = site-b renewed"
+	;;
+key_permissions)
+	chmod 640 site-b.key
+	"$probe" serve --ca ca.pem --cert site-b.pem --key site-b.key --allow site-a=dns:site-a.gradgate.test \
+		>"$work/server.log" 2>&1 && fail "our server started with a group-readable key"
+	expect_line "$work/server.log" "cannot load credentials: private key 'site-b.key' has permissions 0640: group or others may access it (run chmod 600 on it)"
+	;;
+*)
+	fail "unknown case"
+	;;
+esac
+echo "ok ($case)"

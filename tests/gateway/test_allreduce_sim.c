@@ -1,0 +1,442 @@
+/* The all-reduce step engine with K simulated sites in one process: frames
+ * are delivered in a shuffled order, some twice, and every site must end
+ * with the same bytes, equal to the fixed-order sum for fp32 and within
+ * the codec's bound for the lossy codecs. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allreduce.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                   \
+	do {                                                               \
+		if (!(cond)) {                                             \
+			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			printf(__VA_ARGS__);                               \
+			printf("\n");                                      \
+			failures++;                                        \
+		}                                                          \
+	} while (0)
+
+struct msg {
+	unsigned from, to;
+	struct gg_ar_chunk_id id;
+	struct gg_ar_frame *frame;
+};
+
+struct net {
+	struct msg *q;
+	size_t len, cap;
+	uint64_t rng;
+};
+
+struct site {
+	struct net *net;
+	unsigned index;
+	struct gg_frame_encoder enc;
+	struct gg_frame_decoder dec;
+	struct gg_feedback fb;
+	bool use_fb;
+	struct gg_ar_step *step;
+	float *input, *result;
+};
+
+static uint64_t next_rand(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static float gauss(uint64_t *s)
+{
+	double u1 = ((double)(next_rand(s) >> 11) + 1.0) / 9007199254740993.0;
+	double u2 = (double)(next_rand(s) >> 11) / 9007199254740992.0;
+	return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int net_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_ar_frame *f)
+{
+	struct site *from = ctx;
+	struct net *n = from->net;
+
+	if (n->len == n->cap) {
+		n->cap = n->cap ? n->cap * 2 : 256;
+		n->q = realloc(n->q, n->cap * sizeof(*n->q));
+		if (!n->q)
+			return -ENOMEM;
+	}
+	gg_ar_frame_get(f);
+	n->q[n->len++] = (struct msg){ from->index, to, *id, f };
+	return 0;
+}
+
+static const struct gg_ar_ops net_ops = { net_send };
+
+static int site_init(struct site *s, struct net *net, unsigned index, enum gg_codec codec, uint32_t chunk,
+		     size_t count, bool fb)
+{
+	struct gg_frame_config fc = { .codec = gg_codec_defaults(codec), .zstd = codec != GG_CODEC_FP32,
+				      .zstd_level = 1, .max_elems = chunk };
+	struct gg_frame_limits lim = { .max_elems = chunk };
+	uint64_t bound;
+
+	memset(s, 0, sizeof(*s));
+	s->net = net;
+	s->index = index;
+	s->use_fb = fb;
+	if (gg_frame_bound(&fc.codec, chunk, &bound) || gg_frame_encoder_init(&s->enc, &fc))
+		return -1;
+	lim.max_raw_bytes = bound;
+	if (gg_frame_decoder_init(&s->dec, &lim))
+		return -1;
+	if (fb && gg_feedback_init(&s->fb, count, chunk))
+		return -1;
+	s->input = malloc(count * sizeof(float));
+	s->result = malloc(count * sizeof(float));
+	return s->input && s->result ? 0 : -1;
+}
+
+static void site_fini(struct site *s)
+{
+	gg_ar_step_free(s->step);
+	gg_frame_encoder_fini(&s->enc);
+	gg_frame_decoder_fini(&s->dec);
+	if (s->use_fb)
+		gg_feedback_fini(&s->fb);
+	free(s->input);
+	free(s->result);
+}
+
+/* Runs one step on every site, delivering frames in random order and
+ * re-delivering about one in eight. Returns 0 when every site finished. */
+static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo, size_t count, uint32_t chunk,
+		    struct net *net)
+{
+	char err[GG_AR_ERROR_MAX];
+
+	for (unsigned k = 0; k < K; k++) {
+		struct gg_ar_config cfg = { .sites = K, .self = k, .algo = algo, .count = count,
+					    .chunk_elems = chunk, .enc = &sites[k].enc, .dec = &sites[k].dec,
+					    .feedback = sites[k].use_fb ? &sites[k].fb : NULL };
+		gg_ar_step_free(sites[k].step);
+		sites[k].step = NULL;
+		memset(sites[k].result, 0xa5, count * sizeof(float)); /* sentinel */
+		if (gg_ar_step_start(&sites[k].step, &cfg, sites[k].input, sites[k].result, &net_ops, &sites[k],
+				     err, sizeof(err))) {
+			printf("start at site %u: %s\n", k, err);
+			return -1;
+		}
+	}
+	while (net->len) {
+		size_t pick = next_rand(&net->rng) % net->len;
+		struct msg m = net->q[pick];
+		bool again = next_rand(&net->rng) % 8 == 0;
+		if (!again)
+			net->q[pick] = net->q[--net->len];
+		int rc = gg_ar_step_on_frame(sites[m.to].step, m.from, &m.id, m.frame->data, m.frame->len, err,
+					     sizeof(err));
+		if (again)
+			CHECK(rc == 0 || rc == 1, "rc %d", rc);
+		if (rc < 0) {
+			printf("site %u: %s\n", m.to, err);
+			return -1;
+		}
+		if (!again)
+			gg_ar_frame_put(m.frame);
+		/* A frame delivered twice must be a no-op the second time. */
+		if (again) {
+			rc = gg_ar_step_on_frame(sites[m.to].step, m.from, &m.id, m.frame->data, m.frame->len, err,
+						 sizeof(err));
+			CHECK(rc == 1, "second delivery of a frame returned %d", rc);
+			net->q[pick] = net->q[--net->len];
+			gg_ar_frame_put(m.frame);
+		}
+	}
+	for (unsigned k = 0; k < K; k++)
+		if (!gg_ar_step_done(sites[k].step)) {
+			unsigned from;
+			struct gg_ar_chunk_id id;
+			gg_ar_step_first_missing(sites[k].step, &from, &id);
+			printf("site %u not done: missing phase %u origin %u chunk %u from %u\n", k, id.phase,
+			       id.origin, id.chunk, from);
+			return -1;
+		}
+	return 0;
+}
+
+/* The sum in the order the algorithm fixes (fp32, one rounding per add). */
+static float ref_sum(struct site *sites, unsigned K, enum gg_allreduce_algo algo, size_t count, size_t i)
+{
+	if (algo == GG_ALLREDUCE_DIRECT) {
+		float acc = sites[0].input[i];
+		for (unsigned k = 1; k < K; k++)
+			acc = acc + sites[k].input[i];
+		return acc;
+	}
+	unsigned j = 0;
+	while (j + 1 < K && (uint64_t)count * (j + 1) / K / 32 * 32 <= i)
+		j++;
+	float acc = sites[(j + 1) % K].input[i];
+	for (unsigned m = 2; m <= K; m++)
+		acc = acc + sites[(j + m) % K].input[i];
+	return acc;
+}
+
+static void check_case(enum gg_codec codec, enum gg_allreduce_algo algo, unsigned K, size_t count, uint32_t chunk,
+		       uint64_t seed)
+{
+	struct site sites[GG_AR_MAX_SITES];
+	struct net net = { .rng = seed * 2654435761u + 1 };
+	const char *name = gg_codec_name(codec);
+	const char *aname = gg_allreduce_algo_name(algo);
+	uint64_t rng = seed + 7;
+
+	for (unsigned k = 0; k < K; k++)
+		if (site_init(&sites[k], &net, k, codec, chunk, count, false)) {
+			CHECK(0, "site init");
+			return;
+		}
+	for (unsigned k = 0; k < K; k++)
+		for (size_t i = 0; i < count; i++)
+			sites[k].input[i] = gauss(&rng) * (i % 97 == 0 ? 100.0f : 1.0f);
+	/* Non-finite values must come out non-finite wherever they were. */
+	size_t inf_at = count / 3, nan_at = count - 1;
+	if (count > 2) {
+		sites[K - 1].input[inf_at] = INFINITY;
+		sites[0].input[nan_at] = NAN;
+	}
+	int rc = run_step(sites, K, algo, count, chunk, &net);
+	CHECK(rc == 0, "%s %s K=%u n=%zu: step failed", name, aname, K, count);
+	/* Largest finite magnitude per 32-element group and site: codec blocks
+	 * are 256 elements aligned to 32, so the block of element i lies within
+	 * 255 elements of it. */
+	size_t groups = (count + 31) / 32;
+	float *gmax = calloc(groups * K, sizeof(float));
+	for (unsigned k = 0; k < K; k++)
+		for (size_t i = 0; i < count; i++)
+			if (isfinite(sites[k].input[i]))
+				gmax[k * groups + i / 32] = fmaxf(gmax[k * groups + i / 32], fabsf(sites[k].input[i]));
+	if (rc == 0) {
+		for (unsigned k = 1; k < K; k++)
+			CHECK(!memcmp(sites[0].result, sites[k].result, count * sizeof(float)),
+			      "%s %s K=%u n=%zu: site %u's result differs from site 0's", name, aname, K, count, k);
+		size_t bad = 0;
+		for (size_t i = 0; i < count && bad < 3; i++) {
+			float got = sites[0].result[i];
+			if (count > 2 && (i == inf_at || i == nan_at)) {
+				if (isfinite(got)) {
+					bad++;
+					CHECK(0, "%s %s K=%u: element %zu is %g, must stay non-finite", name, aname, K, i,
+					      got);
+				}
+				continue;
+			}
+			float want = ref_sum(sites, K, algo, count, i);
+			if (codec == GG_CODEC_FP32) {
+				if (memcmp(&got, &want, sizeof(got))) {
+					bad++;
+					CHECK(0, "%s %s K=%u n=%zu: element %zu is %a, fixed-order sum is %a", name, aname,
+					      K, count, i, got, want);
+				}
+				continue;
+			}
+			/* Each site encodes once per element; every encoding errs by at
+			 * most half a step of its block's scale (int) or 2^-9 relative
+			 * (bf16), and a ring partial is at most the sum of magnitudes. */
+			double mag = 0, blockmax = 0;
+			size_t g0 = i >= 255 ? (i - 255) / 32 : 0, g1 = GG_MIN(groups - 1, (i + 255) / 32);
+			for (unsigned k = 0; k < K; k++) {
+				mag += fabs(sites[k].input[i]);
+				double m = 0;
+				for (size_t g = g0; g <= g1; g++)
+					m = fmax(m, gmax[k * groups + g]);
+				blockmax += m;
+			}
+			double q = codec == GG_CODEC_INT8 ? 127 : codec == GG_CODEC_INT4 ? 7 : 0;
+			double tol = q ? K * blockmax / q : K * mag / 256.0;
+			if (fabs((double)got - (double)want) > tol + 1e-30) {
+				bad++;
+				CHECK(0, "%s %s K=%u n=%zu: element %zu is %g, sum %g, error above bound %g", name,
+				      aname, K, count, i, got, want, tol);
+			}
+		}
+	}
+	free(gmax);
+	for (unsigned k = 0; k < K; k++)
+		site_fini(&sites[k]);
+	for (size_t i = 0; i < net.len; i++)
+		gg_ar_frame_put(net.q[i].frame);
+	free(net.q);
+}
+
+/* With a constant input the codec drops the same amount every step: without
+ * feedback the error of the running sum grows linearly; with it, it stays
+ * within about one step's error. */
+static void check_feedback(enum gg_allreduce_algo algo)
+{
+	enum { K = 3, N = 5000, STEPS = 120, CHUNK = 1024 };
+	struct site sites[K];
+	double err_end[2];
+
+	for (int fb = 0; fb <= 1; fb++) {
+		struct net net = { .rng = 99 };
+		uint64_t rng = 5;
+		double *acc = calloc(N, sizeof(double)), max_step_err = 0;
+		for (unsigned k = 0; k < K; k++)
+			if (site_init(&sites[k], &net, k, GG_CODEC_INT4, CHUNK, N, fb)) {
+				CHECK(0, "site init");
+				return;
+			}
+		for (unsigned k = 0; k < K; k++)
+			for (size_t i = 0; i < N; i++)
+				sites[k].input[i] = gauss(&rng);
+		for (int t = 1; t <= STEPS; t++) {
+			if (run_step(sites, K, algo, N, CHUNK, &net)) {
+				CHECK(0, "feedback step %d failed", t);
+				break;
+			}
+			double worst = 0;
+			for (size_t i = 0; i < N; i++) {
+				double exact = 0;
+				for (unsigned k = 0; k < K; k++)
+					exact += sites[k].input[i];
+				acc[i] += sites[0].result[i];
+				worst = fmax(worst, fabs(acc[i] - exact * t));
+				if (t == 1)
+					max_step_err = fmax(max_step_err, fabs(sites[0].result[i] - exact));
+			}
+			err_end[fb] = worst;
+		}
+		if (fb)
+			CHECK(err_end[1] <= 3 * max_step_err,
+			      "%s: with feedback the running sum's error is %g after %d steps, one step errs %g",
+			      gg_allreduce_algo_name(algo), err_end[1], STEPS, max_step_err);
+		for (unsigned k = 0; k < K; k++)
+			site_fini(&sites[k]);
+		free(acc);
+		free(net.q);
+	}
+	CHECK(err_end[0] > 20 * err_end[1], "%s: error without feedback %g is not far above with it %g",
+	      gg_allreduce_algo_name(algo), err_end[0], err_end[1]);
+	printf("feedback (%s, int4, %d steps): running-sum error %.3g without, %.3g with\n",
+	       gg_allreduce_algo_name(algo), STEPS, err_end[0], err_end[1]);
+}
+
+/* Frames the protocol never produces are refused with a message. */
+static void check_refusals(void)
+{
+	enum { K = 3, N = 10000, CHUNK = 1024 };
+	struct site sites[K];
+	struct net net = { .rng = 3 };
+	char err[GG_AR_ERROR_MAX];
+	struct gg_ar_step *step;
+
+	for (unsigned k = 0; k < K; k++)
+		if (site_init(&sites[k], &net, k, GG_CODEC_BF16, CHUNK, N, false))
+			return;
+	struct gg_ar_config cfg = { .sites = K, .self = 1, .algo = GG_ALLREDUCE_RING, .count = N,
+				    .chunk_elems = CHUNK, .enc = &sites[1].enc, .dec = &sites[1].dec };
+	struct gg_ar_config bad = cfg;
+	bad.count = 0;
+	CHECK(gg_ar_step_start(&step, &bad, sites[1].input, sites[1].result, &net_ops, &sites[1], err,
+			       sizeof(err)) == -EINVAL &&
+		      !strcmp(err, "an all-reduce needs at least one element"),
+	      "count 0: %s", err);
+	bad = cfg;
+	bad.chunk_elems = 1000;
+	CHECK(gg_ar_step_start(&step, &bad, sites[1].input, sites[1].result, &net_ops, &sites[1], err,
+			       sizeof(err)) == -EINVAL &&
+		      !strcmp(err, "chunk of 1000 elements: must be a multiple of 32 and at most 1024"),
+	      "chunk 1000: %s", err);
+
+	memset(sites[0].input, 0, N * sizeof(float));
+	struct gg_ar_frame *f;
+	uint64_t fbound;
+	CHECK(gg_frame_bound(&sites[0].enc.cfg.codec, CHUNK, &fbound) == 0, "bound");
+	f = malloc(sizeof(*f) + fbound);
+	f->refs = 1;
+	CHECK(gg_frame_encode(&sites[0].enc, sites[0].input, CHUNK, f->data, fbound, &f->len) == 0, "encode");
+
+	struct {
+		unsigned from;
+		struct gg_ar_chunk_id id;
+		int rc;
+		const char *msg;
+	} cases[] = {
+		{ 1, { GG_AR_SCATTER, 0, 0 }, -EPROTO,
+		  "site 1 sent reduce-scatter chunk 0 of 0, which does not exist in this step" },
+		{ 2, { GG_AR_SCATTER, 2, 0 }, -EPROTO,
+		  "site 2 sent reduce-scatter chunk 0 of 2, which this site never expects from it" },
+		{ 0, { GG_AR_SCATTER, 0, 0 }, -EPROTO,
+		  "site 0 sent reduce-scatter chunk 0 of 0, which this site never expects from it" },
+		{ 0, { GG_AR_GATHER, 1, 0 }, -EPROTO,
+		  "site 0 sent all-gather chunk 0 of 1, which this site never expects from it" },
+		{ 0, { GG_AR_SCATTER, 2, 9 }, -EPROTO,
+		  "site 0 sent reduce-scatter chunk 9 of 2, which does not exist in this step" },
+		{ 0, { GG_AR_DIRECT, 0, 0 }, -EPROTO,
+		  "site 0 sent direct chunk 0 of 0, which does not exist in this step" },
+		{ 0, { GG_AR_SCATTER, 2, 0 }, -EBADMSG, NULL }, /* wrong element count: shard 2 chunk 0 is 1024 */
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		CHECK(gg_ar_step_start(&step, &cfg, sites[1].input, sites[1].result, &net_ops, &sites[1], err,
+				       sizeof(err)) == 0,
+		      "start: %s", err);
+		size_t len = f->len;
+		uint8_t *data = f->data;
+		uint8_t *copy = NULL;
+		if (!cases[c].msg) {
+			/* A flipped payload byte fails the checksum. */
+			copy = malloc(len);
+			memcpy(copy, data, len);
+			copy[len - 1] ^= 1;
+			data = copy;
+		}
+		int rc = gg_ar_step_on_frame(step, cases[c].from, &cases[c].id, data, len, err, sizeof(err));
+		if (cases[c].msg)
+			CHECK(rc == cases[c].rc && !strcmp(err, cases[c].msg), "case %zu: rc %d, %s", c, rc, err);
+		else
+			CHECK((rc == -EILSEQ || rc == -EBADMSG) &&
+				      !strncmp(err, "site 0, reduce-scatter chunk 0 of 2: frame: ", 44),
+			      "corrupt frame: rc %d, %s", rc, err);
+		CHECK(!gg_ar_step_done(step), "a failed step is not done");
+		free(copy);
+		gg_ar_step_free(step);
+	}
+	free(f);
+	for (size_t i = 0; i < net.len; i++)
+		gg_ar_frame_put(net.q[i].frame);
+	free(net.q);
+	for (unsigned k = 0; k < K; k++)
+		site_fini(&sites[k]);
+}
+
+int main(void)
+{
+	const enum gg_codec codecs[] = { GG_CODEC_FP32, GG_CODEC_BF16, GG_CODEC_BF16_SPLIT, GG_CODEC_INT8,
+					 GG_CODEC_INT4 };
+	unsigned cases = 0;
+
+	for (size_t c = 0; c < sizeof(codecs) / sizeof(codecs[0]); c++)
+		for (int algo = GG_ALLREDUCE_DIRECT; algo <= GG_ALLREDUCE_RING; algo++)
+			for (unsigned K = 2; K <= 4; K++) {
+				const size_t sizes[] = { 1, 2, 37, 5000 };
+				for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++, cases++)
+					check_case(codecs[c], (enum gg_allreduce_algo)algo, K, sizes[s], 1024,
+						   cases);
+				if (K == 3) {
+					check_case(codecs[c], (enum gg_allreduce_algo)algo, K, 1000003, 65536, cases);
+					cases++;
+				}
+			}
+	check_feedback(GG_ALLREDUCE_DIRECT);
+	check_feedback(GG_ALLREDUCE_RING);
+	check_refusals();
+	printf("%u all-reduce cases; %d failure(s)\n", cases, failures);
+	return failures ? 1 : 0;
+}

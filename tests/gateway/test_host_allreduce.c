@@ -1,0 +1,268 @@
+/* Host mode end to end: 1, 2 and 3 ranks through the client library, fp32
+ * and bf16, results bit for bit equal to the sum in rank order; requests
+ * in flight together; the library's own argument checks. */
+#include <unistd.h>
+
+#include "host_harness.h"
+
+#define CHECK_OK(rc, err)                                                                              \
+	do {                                                                                           \
+		if ((rc) != 0) {                                                                       \
+			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, gg_strerror(rc), (err).message); \
+			exit(1);                                                                       \
+		}                                                                                      \
+	} while (0)
+
+static struct harness h;
+
+/* Each rank's input for (tensor, dtype, count) and the expected result. */
+static void *make_input(unsigned tensor, enum gg_dtype dtype, size_t count, unsigned rank)
+{
+	void *buf = malloc(count * gg_dtype_size(dtype));
+
+	CHECK(buf);
+	if (dtype == GG_DTYPE_F32)
+		fill_input_f32(buf, count, tensor, rank);
+	else
+		fill_input_bf16(buf, count, tensor, rank);
+	return buf;
+}
+
+static void *make_expected(unsigned tensor, enum gg_dtype dtype, size_t count, unsigned nranks)
+{
+	void *in[3], *out = malloc(count * gg_dtype_size(dtype));
+
+	CHECK(out && nranks <= 3);
+	for (unsigned r = 0; r < nranks; r++)
+		in[r] = make_input(tensor, dtype, count, r);
+	if (dtype == GG_DTYPE_F32)
+		reference_f32(out, (float *const *)in, nranks, count);
+	else
+		reference_bf16(out, (uint16_t *const *)in, nranks, count);
+	for (unsigned r = 0; r < nranks; r++)
+		free(in[r]);
+	return out;
+}
+
+static void check_result(const void *got, unsigned tensor, enum gg_dtype dtype, size_t count, unsigned nranks,
+			 unsigned rank)
+{
+	char what[96];
+	void *want = make_expected(tensor, dtype, count, nranks);
+
+	snprintf(what, sizeof(what), "rank %u of %u, tensor %u, %zu %s", rank, nranks, tensor, count,
+		 dtype == GG_DTYPE_F32 ? "float32" : "bfloat16");
+	check_same_bytes(got, want, count, gg_dtype_size(dtype), what);
+	free(want);
+}
+
+/* ---- blocking all-reduce over ranks, sizes and types --------------------- */
+
+struct sum_case {
+	unsigned nranks;
+	char job[32];
+};
+
+static void sum_rank(unsigned rank, void *arg)
+{
+	const struct sum_case *c = arg;
+	static const size_t counts[] = { 1, 1000003 };
+	static const enum gg_dtype dtypes[] = { GG_DTYPE_F32, GG_DTYPE_BF16 };
+	struct gg_session *s;
+	struct gg_error err;
+	unsigned tensor = 0;
+
+	CHECK_OK(gg_session_open(h.endpoint, c->job, (int)rank, (int)c->nranks, &s, &err), err);
+	for (size_t d = 0; d < GG_ARRAY_LEN(dtypes); d++) {
+		for (size_t k = 0; k < GG_ARRAY_LEN(counts); k++, tensor++) {
+			void *buf = make_input(tensor, dtypes[d], counts[k], rank);
+			int rc = gg_allreduce(s, buf, counts[k], dtypes[d], tensor, 10000, &err);
+			CHECK_OK(rc, err);
+			CHECK_EQ_INT(err.code, 0);
+			CHECK_EQ_INT(err.message[0], 0);
+			check_result(buf, tensor, dtypes[d], counts[k], c->nranks, rank);
+			free(buf);
+		}
+	}
+	gg_session_close(s);
+}
+
+static void test_sums(void)
+{
+	for (unsigned n = 1; n <= 3; n++) {
+		struct sum_case c = { .nranks = n };
+		snprintf(c.job, sizeof(c.job), "sum-%u", n);
+		/* The core answers from inside submit() for 2 ranks, later otherwise. */
+		atomic_store(&h.core_sync, n == 2);
+		run_ranks(n, sum_rank, &c);
+	}
+	atomic_store(&h.core_sync, false);
+}
+
+/* ---- requests in flight together ----------------------------------------- */
+
+#define ASYNC_REQS GG_CTRL_MAX_INFLIGHT
+
+/* Sizes that make the session's shared region grow while requests that
+ * live in the older regions are still in flight. */
+static const size_t async_counts[ASYNC_REQS] = { 1000, 300000, 17, 5u << 20, 64, 1000003, 3, 2048 };
+
+static pthread_barrier_t async_barrier;
+
+static enum gg_dtype async_dtype(unsigned k)
+{
+	return k % 2 ? GG_DTYPE_BF16 : GG_DTYPE_F32;
+}
+
+static void async_rank(unsigned rank, void *arg)
+{
+	struct gg_session *s;
+	struct gg_request *req[ASYNC_REQS], *extra;
+	void *buf[ASYNC_REQS];
+	struct gg_error err;
+	struct gg_session_info info;
+	unsigned base = 100;
+
+	(void)arg;
+	CHECK_OK(gg_session_open(h.endpoint, "async", (int)rank, 3, &s, &err), err);
+	gg_session_get_info(s, &info);
+	CHECK_EQ_INT(info.max_inflight, ASYNC_REQS);
+	CHECK_CONTAINS(info.site, "test-site");
+	if (rank != 0)
+		pthread_barrier_wait(&async_barrier);
+	for (unsigned k = 0; k < ASYNC_REQS; k++) {
+		buf[k] = make_input(base + k, async_dtype(k), async_counts[k], rank);
+		CHECK_OK(gg_allreduce_start(s, buf[k], async_counts[k], async_dtype(k), base + k, 10000, &req[k], &err),
+			 err);
+		if (rank == 1 && k == 2) {
+			/* Let go of one before its answer can have come: its buffer
+			 * must be left alone from here on. */
+			gg_request_free(req[k]);
+			req[k] = NULL;
+		}
+	}
+	if (rank == 0) {
+		/* Nobody else has started: nothing can be finished yet. */
+		CHECK_EQ_INT(gg_wait(req[0], 0, &err), GG_ERR_AGAIN);
+		CHECK_EQ_INT(gg_wait(req[0], 30, &err), GG_ERR_AGAIN);
+		CHECK_ERR(err, GG_ERR_AGAIN, "step 1 (tensor 100) still in progress after 30 ms");
+		float one = 1;
+		CHECK_EQ_INT(gg_allreduce_start(s, &one, 1, GG_DTYPE_F32, 999, 1000, &extra, &err), GG_ERR_BUSY);
+		CHECK_ERR(err, GG_ERR_BUSY, "step 9 (tensor 999)", "8 requests already in flight");
+		CHECK(extra == NULL);
+		pthread_barrier_wait(&async_barrier);
+	}
+	/* Waiting for the last one first handles every answer before it. */
+	CHECK_OK(gg_wait(req[ASYNC_REQS - 1], -1, &err), err);
+	for (unsigned k = 0; k < ASYNC_REQS; k++) {
+		if (!req[k]) {
+			void *input = make_input(base + k, async_dtype(k), async_counts[k], rank);
+			check_same_bytes(buf[k], input, async_counts[k], gg_dtype_size(async_dtype(k)), "freed request's buffer");
+			free(input);
+		} else {
+			CHECK_OK(gg_wait(req[k], 0, &err), err);
+			CHECK_OK(gg_wait(req[k], 0, &err), err); /* a finished request keeps its outcome */
+			check_result(buf[k], base + k, async_dtype(k), async_counts[k], 3, rank);
+			gg_request_free(req[k]);
+		}
+		free(buf[k]);
+	}
+	/* The session goes on after all that, in the regions it has now. */
+	float x = (float)rank;
+	CHECK_OK(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 7, 10000, &err), err);
+	CHECK(x == 3.0f);
+	gg_session_close(s);
+}
+
+static void test_async(void)
+{
+	CHECK(pthread_barrier_init(&async_barrier, NULL, 3) == 0);
+	run_ranks(3, async_rank, NULL);
+	pthread_barrier_destroy(&async_barrier);
+}
+
+/* ---- the endpoint and the library's own checks --------------------------- */
+
+static void test_endpoint_env(void)
+{
+	struct gg_session *s;
+	struct gg_error err;
+	float x = 2.5f;
+
+	CHECK(setenv(GG_ENDPOINT_ENV, h.endpoint, 1) == 0);
+	CHECK_OK(gg_session_open(NULL, "env", 0, 1, &s, &err), err);
+	CHECK_OK(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 1, 0, &err), err);
+	CHECK(x == 2.5f);
+	gg_session_close(s);
+	CHECK(unsetenv(GG_ENDPOINT_ENV) == 0);
+	CHECK_EQ_INT(gg_session_open(NULL, "env", 0, 1, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "no gateway endpoint", GG_ENDPOINT_ENV);
+	CHECK(s == NULL);
+}
+
+static void test_arguments(void)
+{
+	struct gg_session *s;
+	struct gg_request *r;
+	struct gg_error err;
+	char nowhere[128];
+	float x[4] = { 1, 2, 3, 4 };
+
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "", 0, 1, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "1 to 63 characters");
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "bad name", 0, 1, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "character 0x20 at 3");
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "job", 3, 3, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "rank 3 is outside 0..2");
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "job", 0, 0, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "nranks 0");
+	CHECK_EQ_INT(gg_session_open("tcp:127.0.0.1:7000", "job", 0, 1, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "host buffers need a unix: endpoint");
+	CHECK_EQ_INT(gg_session_open("unix:relative.sock", "job", 0, 1, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "must be absolute");
+	snprintf(nowhere, sizeof(nowhere), "unix:%s/nobody.sock", h.dir);
+	CHECK_EQ_INT(gg_session_open(nowhere, "job", 0, 1, &s, &err), GG_ERR_CONNECT);
+	CHECK_ERR(err, GG_ERR_CONNECT, "no gateway listens on", "nobody.sock");
+	CHECK(s == NULL);
+
+	CHECK_OK(gg_session_open(h.endpoint, "args", 0, 1, &s, &err), err);
+	CHECK_EQ_INT(gg_allreduce(s, x, 0, GG_DTYPE_F32, 1, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 1): count is 0");
+	CHECK_EQ_INT(gg_allreduce(s, NULL, 4, GG_DTYPE_F32, 1, 0, &err), GG_ERR_INVALID);
+	CHECK_EQ_INT(gg_allreduce(s, x, 4, (enum gg_dtype)9, 1, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "unknown dtype 9");
+	/* Larger than the gateway's max_message: refused here, nothing sent. */
+	CHECK_EQ_INT(gg_allreduce(s, x, (1u << 28) + 1, GG_DTYPE_F32, 2, 0, &err), GG_ERR_TOO_LARGE);
+	CHECK_ERR(err, GG_ERR_TOO_LARGE, "step 1 (tensor 2)", "268435457 float32 elements exceed the max_message",
+		  "site test-site");
+	CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 3, 0, NULL, &err), GG_ERR_INVALID);
+	/* None of that used up a step or hurt the session. */
+	CHECK_OK(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 3, 0, &r, &err), err);
+	CHECK_OK(gg_wait(r, -1, &err), err);
+	gg_request_free(r);
+	CHECK(x[0] == 1 && x[3] == 4);
+	gg_session_close(s);
+
+	gg_request_free(NULL);
+	gg_session_close(NULL);
+	CHECK_EQ_INT(gg_wait(NULL, 0, NULL), GG_ERR_INVALID);
+	CHECK(strcmp(gg_strerror(GG_ERR_RANK), "another rank of the job failed") == 0);
+	CHECK(strcmp(gg_strerror(12345), "unknown error") == 0);
+}
+
+int main(void)
+{
+	harness_start(&h, NULL);
+	test_arguments();
+	test_endpoint_env();
+	test_sums();
+	test_async();
+	harness_wait_connections(&h, 0);
+	struct gg_host_backend_stats st = harness_stats(&h);
+	CHECK_EQ_INT(st.steps_done, 2 + 3 * 4 + ASYNC_REQS + 1);
+	CHECK_EQ_INT(st.steps_failed, 0);
+	CHECK_EQ_INT(st.violations, 0);
+	harness_stop(&h);
+	printf("host allreduce: ok\n");
+	return 0;
+}

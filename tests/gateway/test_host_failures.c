@@ -1,0 +1,588 @@
+/* Steps that fail: ranks that disagree, ranks that do not come, ranks that
+ * die, a core that fails or holds a step, limits, shutdown, and a gateway
+ * that misbehaves towards the library. Each failure reaches every rank
+ * with a message that names its cause, and the gateway serves on. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host_harness.h"
+#include "uring_loop.h"
+
+#define STEP_TIMEOUT_MS 1000
+
+extern char **environ;
+
+static struct harness h;
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static struct gg_session *open_rank(const char *endpoint, const char *job, int rank, int nranks)
+{
+	struct gg_session *s;
+	struct gg_error err;
+
+	if (gg_session_open(endpoint, job, rank, nranks, &s, &err)) {
+		fprintf(stderr, "gg_session_open(%s, %d of %d): %s\n", job, rank, nranks, err.message);
+		exit(1);
+	}
+	return s;
+}
+
+/* One all-reduce step of several ranks, each in its own thread. */
+struct step_case {
+	const char *job;
+	unsigned nranks;
+	struct gg_session *sessions[4];
+	uint32_t tensor[4];
+	size_t count[4];
+	enum gg_dtype dtype[4];
+	int timeout_ms;
+	unsigned skip_rank;     /* this rank does not take part; 4: none */
+	struct gg_error err[4];
+	uint64_t elapsed_ms[4];
+};
+
+static void step_rank(unsigned rank, void *arg)
+{
+	struct step_case *c = arg;
+	float buf[256] = { 0 };
+
+	if (rank == c->skip_rank)
+		return;
+	uint64_t t0 = now_ms();
+	size_t count = c->count[rank] ? c->count[rank] : 100;
+	enum gg_dtype dt = c->dtype[rank] ? c->dtype[rank] : GG_DTYPE_F32;
+	for (size_t i = 0; i < count && i < 256; i++)
+		buf[i] = (float)(rank + 1);
+	gg_allreduce(c->sessions[rank], buf, count, dt, c->tensor[rank], c->timeout_ms, &c->err[rank]);
+	c->elapsed_ms[rank] = now_ms() - t0;
+}
+
+static void open_case(struct step_case *c, const char *job, unsigned nranks)
+{
+	memset(c, 0, sizeof(*c));
+	c->job = job;
+	c->nranks = nranks;
+	c->skip_rank = 4;
+	for (unsigned r = 0; r < nranks; r++)
+		c->sessions[r] = open_rank(h.endpoint, job, (int)r, (int)nranks);
+}
+
+static void run_case(struct step_case *c)
+{
+	run_ranks(c->nranks, step_rank, c);
+}
+
+static void close_case(struct step_case *c)
+{
+	for (unsigned r = 0; r < c->nranks; r++)
+		gg_session_close(c->sessions[r]);
+	harness_wait_connections(&h, 0);
+}
+
+/* The same tensor at every rank again: the job goes on after a failure. */
+static void check_recovers(struct step_case *c, uint32_t tensor)
+{
+	for (unsigned r = 0; r < c->nranks; r++) {
+		c->tensor[r] = tensor;
+		c->count[r] = 0;
+		c->dtype[r] = 0;
+	}
+	c->skip_rank = 4;
+	run_case(c);
+	for (unsigned r = 0; r < c->nranks; r++)
+		CHECK_ERR(c->err[r], GG_OK, "");
+}
+
+static void test_mismatch(void)
+{
+	struct step_case c;
+
+	open_case(&c, "mm", 3);
+	c.tensor[0] = c.tensor[1] = 1;
+	c.tensor[2] = 2;
+	run_case(&c);
+	for (unsigned r = 0; r < 3; r++)
+		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 1 (tensor ", "): ranks disagree: rank ",
+			  "announced tensor 1 (100 float32) but rank 2 announced tensor 2 (100 float32)");
+	check_recovers(&c, 9);
+	close_case(&c);
+
+	open_case(&c, "mm-count", 2);
+	c.tensor[0] = c.tensor[1] = 3;
+	c.count[1] = 101;
+	run_case(&c);
+	for (unsigned r = 0; r < 2; r++)
+		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 1 (tensor 3): ranks disagree: rank 0 announced tensor 3 "
+			  "(100 float32) but rank 1 announced tensor 3 (101 float32)");
+	c.dtype[1] = GG_DTYPE_BF16;
+	c.count[1] = 0;
+	run_case(&c);
+	for (unsigned r = 0; r < 2; r++)
+		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 2 (tensor 3): ranks disagree: rank 0 announced tensor 3 "
+			  "(100 float32) but rank 1 announced tensor 3 (100 bfloat16)");
+	check_recovers(&c, 4);
+	close_case(&c);
+}
+
+static void test_step_timeout(void)
+{
+	struct step_case c;
+	struct gg_error err;
+	float x = 1;
+
+	/* Rank 2 is connected but does not come: the others give up at the
+	 * gateway's step timeout, and rank 2 learns it when it comes. */
+	open_case(&c, "slow", 3);
+	c.tensor[0] = c.tensor[1] = 4;
+	c.skip_rank = 2;
+	run_case(&c);
+	for (unsigned r = 0; r < 2; r++) {
+		CHECK_ERR(c.err[r], GG_ERR_TIMEOUT,
+			  "step 1 (tensor 4): timed out after 1000 ms waiting for rank 2 of job 'slow'");
+		CHECK(c.elapsed_ms[r] >= STEP_TIMEOUT_MS - 20 && c.elapsed_ms[r] < STEP_TIMEOUT_MS + 1000);
+	}
+	CHECK_EQ_INT(gg_allreduce(c.sessions[2], &x, 1, GG_DTYPE_F32, 4, 0, &err), GG_ERR_TIMEOUT);
+	CHECK_ERR(err, GG_ERR_TIMEOUT, "step 1 (tensor 4): timed out after 1000 ms waiting for rank 2 of job 'slow'");
+	check_recovers(&c, 5);
+	close_case(&c);
+
+	/* The caller's own, shorter deadline; ranks that never connected. */
+	struct gg_session *s = open_rank(h.endpoint, "lonely", 0, 3);
+	uint64_t t0 = now_ms();
+	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 6, 200, &err), GG_ERR_TIMEOUT);
+	CHECK(now_ms() - t0 < 1200);
+	CHECK_ERR(err, GG_ERR_TIMEOUT, "step 1 (tensor 6): timed out after 200 ms waiting for ranks 1 (not connected), "
+		  "2 (not connected) of job 'lonely'");
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
+/* ---- a rank that dies ---------------------------------------------------- */
+
+/* The child: rank 1 of `job`; with "announce" it starts step 1 first. Says
+ * so on stdout, then waits to be killed. */
+static int child_main(char **argv)
+{
+	/* Never outlive a test that failed. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() == 1)
+		return 1;
+	struct gg_session *s = open_rank(argv[2], argv[3], 1, 2);
+	struct gg_request *r;
+	struct gg_error err;
+	static float buf[100];
+
+	if (!strcmp(argv[4], "announce") && gg_allreduce_start(s, buf, 100, GG_DTYPE_F32, 8, 0, &r, &err)) {
+		fprintf(stderr, "child: %s\n", err.message);
+		return 1;
+	}
+	CHECK(write(1, "r", 1) == 1);
+	for (;;)
+		pause();
+}
+
+static pid_t spawn_child(const char *job, const char *mode)
+{
+	char *argv[] = { "test_host_failures", "--rank-that-dies", h.endpoint, (char *)job, (char *)mode, NULL };
+	posix_spawn_file_actions_t fa;
+	int p[2];
+	pid_t pid;
+	char c;
+
+	CHECK(pipe(p) == 0);
+	CHECK(posix_spawn_file_actions_init(&fa) == 0);
+	CHECK(posix_spawn_file_actions_adddup2(&fa, p[1], 1) == 0);
+	CHECK(posix_spawn_file_actions_addclose(&fa, p[0]) == 0);
+	CHECK(posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ) == 0);
+	posix_spawn_file_actions_destroy(&fa);
+	close(p[1]);
+	CHECK(read(p[0], &c, 1) == 1);
+	close(p[0]);
+	return pid;
+}
+
+static void kill_child(pid_t pid)
+{
+	int status;
+
+	CHECK(kill(pid, SIGKILL) == 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFSIGNALED(status));
+}
+
+static void test_rank_dies(void)
+{
+	struct gg_session *s;
+	struct gg_request *req;
+	struct gg_error err;
+	float x[100] = { 0 };
+
+	/* Rank 0 waits in step 1; rank 1 connects and dies before it comes. */
+	s = open_rank(h.endpoint, "die", 0, 2);
+	CHECK_EQ_INT(gg_allreduce_start(s, x, 100, GG_DTYPE_F32, 8, 0, &req, &err), 0);
+	pid_t pid = spawn_child("die", "connect");
+	uint64_t t0 = now_ms();
+	kill_child(pid);
+	CHECK_EQ_INT(gg_wait(req, -1, &err), GG_ERR_RANK);
+	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS); /* not the step timeout */
+	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 8): rank 1 of job 'die' disconnected during step 1");
+	gg_request_free(req);
+	/* Its later steps fail at once, with the same cause. */
+	CHECK_EQ_INT(gg_allreduce(s, x, 100, GG_DTYPE_F32, 8, 0, &err), GG_ERR_RANK);
+	CHECK_ERR(err, GG_ERR_RANK, "step 2 (tensor 8): rank 1 of job 'die' disconnected during step 1");
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+
+	/* Both announced, the core holds the step, and rank 1 dies: rank 0
+	 * hears at once; the core's late answer goes nowhere. */
+	atomic_store(&h.core_mode, CORE_HOLD);
+	s = open_rank(h.endpoint, "die", 0, 2);
+	unsigned submitted = atomic_load(&h.steps_submitted);
+	pid = spawn_child("die", "announce");
+	CHECK_EQ_INT(gg_allreduce_start(s, x, 100, GG_DTYPE_F32, 8, 0, &req, &err), 0);
+	for (int i = 0; i < 500 && atomic_load(&h.steps_submitted) == submitted; i++)
+		usleep(2000);
+	CHECK(atomic_load(&h.steps_submitted) == submitted + 1);
+	t0 = now_ms();
+	kill_child(pid);
+	CHECK_EQ_INT(gg_wait(req, -1, &err), GG_ERR_RANK);
+	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS); /* not the step timeout */
+	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 8): rank 1 of job 'die' disconnected during step 1");
+	gg_request_free(req);
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+	for (int i = 0; i < 500 && harness_stats(&h).sum_bytes; i++)
+		usleep(10000);
+	CHECK_EQ_INT(harness_stats(&h).sum_bytes, 0);
+	CHECK_EQ_INT(harness_stats(&h).jobs, 0);
+	atomic_store(&h.core_mode, CORE_SUM);
+
+	/* The gateway serves the job again. */
+	struct step_case c;
+	open_case(&c, "die", 2);
+	check_recovers(&c, 1);
+	close_case(&c);
+}
+
+static void test_close_in_flight(void)
+{
+	struct gg_session *a = open_rank(h.endpoint, "leave", 0, 2);
+	struct gg_session *b = open_rank(h.endpoint, "leave", 1, 2);
+	struct gg_request *ra, *rb;
+	struct gg_error err;
+	float x[4] = { 0 }, y[4] = { 0 };
+
+	CHECK_EQ_INT(gg_allreduce_start(a, x, 4, GG_DTYPE_F32, 1, 0, &ra, &err), 0);
+	gg_session_close(a);
+	CHECK_EQ_INT(gg_wait(ra, 0, &err), GG_ERR_CLOSED);
+	CHECK_ERR(err, GG_ERR_CLOSED, "step 1 (tensor 1): the session was closed");
+	gg_request_free(ra);
+	/* Had rank 1 come before the gateway saw rank 0 go, the step would
+	 * have run: rank 0's data was all there. */
+	harness_wait_connections(&h, 1);
+	CHECK_EQ_INT(gg_allreduce_start(b, y, 4, GG_DTYPE_F32, 1, 0, &rb, &err), 0);
+	CHECK_EQ_INT(gg_wait(rb, -1, &err), GG_ERR_RANK);
+	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 1): rank 0 of job 'leave' disconnected during step 1");
+	gg_request_free(rb);
+	gg_session_close(b);
+	harness_wait_connections(&h, 0);
+}
+
+/* ---- the core ------------------------------------------------------------ */
+
+static void test_core_failures(void)
+{
+	struct step_case c;
+
+	open_case(&c, "core", 2);
+	c.tensor[0] = c.tensor[1] = 7;
+	atomic_store(&h.core_mode, CORE_ERROR);
+	run_case(&c);
+	for (unsigned r = 0; r < 2; r++)
+		CHECK_ERR(c.err[r], GG_ERR_SITE, "step 1 (tensor 7): " CORE_ERROR_TEXT);
+
+	atomic_store(&h.core_mode, CORE_HOLD);
+	c.timeout_ms = 200;
+	run_case(&c);
+	for (unsigned r = 0; r < 2; r++) {
+		CHECK_ERR(c.err[r], GG_ERR_TIMEOUT, "step 2 (tensor 7): " CORE_HOLD_TEXT);
+		CHECK(c.elapsed_ms[r] >= 180 && c.elapsed_ms[r] < 1200);
+	}
+
+	atomic_store(&h.core_mode, CORE_REFUSE);
+	c.timeout_ms = 0;
+	run_case(&c);
+	for (unsigned r = 0; r < 2; r++)
+		CHECK_ERR(c.err[r], GG_ERR_LIMIT, "step 3 (tensor 7): site core refused the step: gateway limit reached");
+
+	atomic_store(&h.core_mode, CORE_SUM);
+	check_recovers(&c, 7);
+	close_case(&c);
+}
+
+/* ---- shutdown, limits, the socket ---------------------------------------- */
+
+static void test_shutdown(void)
+{
+	struct gg_session *s = open_rank(h.endpoint, "shut", 0, 2);
+	struct gg_error err;
+	float x = 1;
+	int quiet = raw_connect(&h); /* has not said HELLO yet */
+
+	harness_wait_connections(&h, 2);
+	harness_stop_begin(&h);
+	raw_expect_close(quiet, GG_CTRL_REFUSE, GG_ERR_CLOSED, "the gateway of site test-site is shutting down");
+	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 1, 0, &err), GG_ERR_CLOSED);
+	CHECK_ERR(err, GG_ERR_CLOSED, "step 1 (tensor 1): the gateway of site test-site is shutting down");
+	/* Step 2, or step 1 again when the first call had not sent it yet. */
+	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 1, 0, &err), GG_ERR_CLOSED);
+	CHECK_ERR(err, GG_ERR_CLOSED, " (tensor 1): session failed earlier: the gateway of site test-site is "
+		  "shutting down");
+	gg_session_close(s);
+}
+
+static void test_memory_limit(void)
+{
+	struct harness_options o = { .memory_bytes = 1u << 20 };
+	struct step_case c;
+
+	harness_start(&h, &o);
+	open_case(&c, "mem", 2);
+	c.tensor[0] = c.tensor[1] = 2;
+	float *big[2];
+	for (unsigned r = 0; r < 2; r++) {
+		big[r] = calloc(300000, sizeof(float));
+		CHECK(big[r]);
+	}
+	struct gg_request *req[2];
+	for (unsigned r = 0; r < 2; r++)
+		CHECK_EQ_INT(gg_allreduce_start(c.sessions[r], big[r], 300000, GG_DTYPE_F32, 2, 0, &req[r], &c.err[r]), 0);
+	for (unsigned r = 0; r < 2; r++) {
+		CHECK_EQ_INT(gg_wait(req[r], -1, &c.err[r]), GG_ERR_LIMIT);
+		CHECK_ERR(c.err[r], GG_ERR_LIMIT, "step 1 (tensor 2): the gateway's memory limit of 1048576 bytes leaves no "
+			  "room for a 1200000-byte sum (0 in use)");
+		gg_request_free(req[r]);
+		free(big[r]);
+	}
+	check_recovers(&c, 3);
+	close_case(&c);
+	harness_stop(&h);
+}
+
+static int never_submit(void *core, struct gg_site_step *step)
+{
+	(void)core;
+	(void)step;
+	abort();
+}
+
+static void second_on_cqe(void *arg, const struct io_uring_cqe *cqe)
+{
+	struct gg_site_backend *base = arg;
+
+	CHECK(base->ops->on_cqe(base, cqe));
+}
+
+/* Starts and stops a second backend on its own loop in this thread. */
+static int try_start(const char *control, char *err, size_t err_size)
+{
+	static const struct gg_core_ops core = { .submit = never_submit };
+	struct gg_host_backend_options o = {
+		.control = control, .site = "second", .max_clients = 1, .max_message_bytes = 1024,
+		.memory_bytes = 1 << 20, .step_timeout_us = 1000000, .hello_timeout_us = 1000000,
+		.kind_base = GG_OP_USER,
+	};
+	struct gg_host_backend *b;
+	struct gg_loop loop;
+
+	CHECK(gg_loop_init(&loop, 8) == 0);
+	int rc = gg_host_backend_create(&o, &core, NULL, &b, err, err_size);
+	if (!rc) {
+		struct gg_site_backend *base = gg_host_backend_base(b);
+		rc = base->ops->start(base, &loop, err, err_size);
+		if (!rc)
+			while (!base->ops->stop(base))
+				CHECK(gg_loop_run(&loop, 10000, second_on_cqe, base) >= 0);
+		base->ops->destroy(base);
+	}
+	gg_loop_fini(&loop);
+	return rc;
+}
+
+static void test_control_socket(void)
+{
+	char err[256], endpoint[160];
+	int rc;
+
+	harness_start(&h, NULL);
+	/* A live gateway's socket is never taken over. */
+	rc = try_start(h.endpoint, err, sizeof(err));
+	CHECK_EQ_INT(rc, -EADDRINUSE);
+	CHECK_CONTAINS(err, "another gateway is listening on it");
+	CHECK_EQ_INT(try_start("tcp:127.0.0.1:9000", err, sizeof(err)), -EINVAL);
+	CHECK_CONTAINS(err, "needs unix:/absolute/path");
+
+	/* A stale one, left by a gateway that died, is replaced. */
+	char stale[128];
+	snprintf(stale, sizeof(stale), "%s/stale.sock", h.dir);
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	memcpy(addr.sun_path, stale, strlen(stale) + 1);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0);
+	close(fd);
+	snprintf(endpoint, sizeof(endpoint), "unix:%s", stale);
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
+	CHECK(access(stale, F_OK) != 0);
+
+	/* Something else at the path is left alone. */
+	fd = open(stale, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	CHECK(fd >= 0);
+	close(fd);
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EADDRINUSE);
+	CHECK_CONTAINS(err, "the path exists and is not a socket");
+	CHECK(unlink(stale) == 0);
+	harness_stop(&h);
+}
+
+/* ---- a gateway that misbehaves towards the library ------------------------ */
+
+struct fake_gateway {
+	char dir[64];
+	char endpoint[112];
+	int listen_fd;
+	pthread_t thread;
+	const char *mode;
+};
+
+/* Accepts one session, answers its HELLO and then its first request as
+ * `mode` says. */
+static void *fake_gateway_main(void *arg)
+{
+	struct fake_gateway *g = arg;
+	union gg_ctrl_msg m;
+	int fd = accept(g->listen_fd, NULL, NULL);
+
+	CHECK(fd >= 0);
+	CHECK(raw_recv(fd, &m) == sizeof(m.hello));
+	size_t len = gg_ctrl_init(&m, GG_CTRL_ACCEPT);
+	m.accept.version = GG_CTRL_VERSION;
+	m.accept.max_inflight = 2;
+	m.accept.max_message_bytes = 1 << 20;
+	m.accept.max_region_bytes = 4 << 20;
+	m.accept.max_regions = 3;
+	m.accept.step_timeout_ms = 100;
+	gg_ctrl_set_text(m.accept.site, sizeof(m.accept.site), "fake");
+	if (!strcmp(g->mode, "bad-accept"))
+		m.accept.max_inflight = 100;
+	raw_send(fd, &m, len, -1);
+	if (strcmp(g->mode, "bad-accept")) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		/* MAP, then ALLREDUCE. */
+		CHECK(raw_recv(fd, &m) == sizeof(m.map));
+		CHECK(raw_recv(fd, &m) == sizeof(m.allreduce));
+		if (!strcmp(g->mode, "wrong-seq")) {
+			len = gg_ctrl_init(&m, GG_CTRL_DONE);
+			m.done.seq = 7;
+			raw_send(fd, &m, len, -1);
+		} else if (!strcmp(g->mode, "garbage")) {
+			raw_send(fd, "garbage from the gateway", 24, -1);
+		} else if (!strcmp(g->mode, "fd")) {
+			len = gg_ctrl_init(&m, GG_CTRL_DONE);
+			m.done.seq = 1;
+			raw_send(fd, &m, len, fd);
+		}
+		/* "silent": says nothing; the library must give up by itself. */
+		CHECK(poll(&p, 1, 5000) == 1);
+	}
+	close(fd);
+	return NULL;
+}
+
+static void fake_gateway_check(const char *mode, int code, const char *text)
+{
+	struct fake_gateway g = { .mode = mode };
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct gg_session *s;
+	struct gg_error err;
+	float x = 1;
+
+	snprintf(g.dir, sizeof(g.dir), "/tmp/gg-fake-XXXXXX");
+	CHECK(mkdtemp(g.dir));
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/gw.sock", g.dir);
+	snprintf(g.endpoint, sizeof(g.endpoint), "unix:%s", addr.sun_path);
+	g.listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	CHECK(g.listen_fd >= 0);
+	CHECK(bind(g.listen_fd, (struct sockaddr *)&addr, sizeof(addr)) == 0);
+	CHECK(listen(g.listen_fd, 4) == 0);
+	CHECK(pthread_create(&g.thread, NULL, fake_gateway_main, &g) == 0);
+
+	if (!strcmp(mode, "bad-accept")) {
+		CHECK_EQ_INT(gg_session_open(g.endpoint, "fake", 0, 1, &s, &err), code);
+		CHECK_ERR(err, code, text);
+	} else {
+		s = open_rank(g.endpoint, "fake", 0, 1);
+		uint64_t t0 = now_ms();
+		CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 3, 0, &err), code);
+		CHECK_ERR(err, code, text);
+		if (!strcmp(mode, "silent"))
+			CHECK(now_ms() - t0 >= 2000 && now_ms() - t0 < 3000);
+		CHECK(x == 1);
+		gg_session_close(s);
+	}
+	CHECK(pthread_join(g.thread, NULL) == 0);
+	close(g.listen_fd);
+	unlink(addr.sun_path);
+	CHECK(rmdir(g.dir) == 0);
+}
+
+static void test_fake_gateway(void)
+{
+	unsigned fds = count_open_fds();
+
+	fake_gateway_check("bad-accept", GG_ERR_PROTOCOL, "accepted with limits this library cannot use");
+	fake_gateway_check("wrong-seq", GG_ERR_PROTOCOL,
+			   "step 1 (tensor 3): the gateway of site fake answered step 7, but step 1 was next");
+	fake_gateway_check("garbage", GG_ERR_PROTOCOL,
+			   "step 1 (tensor 3): the gateway of site fake sent a bad message: not a gradgate control message");
+	fake_gateway_check("fd", GG_ERR_PROTOCOL, "step 1 (tensor 3): the gateway of site fake sent file descriptors");
+	fake_gateway_check("silent", GG_ERR_TIMEOUT,
+			   "step 1 (tensor 3): the gateway of site fake did not answer step 1 within its deadline and 2000 ms more");
+	CHECK_EQ_INT(count_open_fds(), fds);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 5 && !strcmp(argv[1], "--rank-that-dies"))
+		return child_main(argv);
+
+	struct harness_options o = { .step_timeout_us = STEP_TIMEOUT_MS * 1000 };
+	harness_start(&h, &o);
+	test_mismatch();
+	test_step_timeout();
+	test_rank_dies();
+	test_close_in_flight();
+	test_core_failures();
+	test_shutdown();
+	harness_stop(&h);
+
+	test_memory_limit();
+	test_control_socket();
+	test_fake_gateway();
+	printf("host failures: ok\n");
+	return 0;
+}

@@ -1,0 +1,545 @@
+/* The gateway treats every control message as hostile: what it must refuse
+ * before a session exists, what ends a session, and that a rank breaking
+ * the protocol fails the step of the job's other ranks with its name. */
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "host_harness.h"
+
+#define MAX_CLIENTS 4
+
+extern char **environ;
+
+static struct harness h;
+
+static void open_ok(const char *job, int rank, int nranks, struct gg_session **s)
+{
+	struct gg_error err;
+
+	if (gg_session_open(h.endpoint, job, rank, nranks, s, &err)) {
+		fprintf(stderr, "gg_session_open(%s, %d of %d): %s\n", job, rank, nranks, err.message);
+		exit(1);
+	}
+}
+
+static void hello_msg(union gg_ctrl_msg *m, const char *job, unsigned rank, unsigned nranks)
+{
+	gg_ctrl_init(m, GG_CTRL_HELLO);
+	m->hello.version = GG_CTRL_VERSION;
+	m->hello.rank = rank;
+	m->hello.nranks = nranks;
+	gg_ctrl_set_text(m->hello.job, sizeof(m->hello.job), job);
+}
+
+/* Sends `len` bytes of `msg` as the first packet; expects REFUSE. */
+static void refused(const void *msg, size_t len, int pass_fd, int code, const char *text)
+{
+	int fd = raw_connect(&h);
+
+	raw_send(fd, msg, len, pass_fd);
+	raw_expect_close(fd, GG_CTRL_REFUSE, code, text);
+}
+
+static void test_hello_refusals(void)
+{
+	union gg_ctrl_msg m;
+	unsigned char big[1000];
+
+	refused("hello world, some garbage bytes", 31, -1, GG_ERR_PROTOCOL,
+		"not a gradgate control message (magic 0x6c6c6568)");
+	refused("\x47\x47\x43\x31\x01\0\0\0", 8, -1, GG_ERR_PROTOCOL, "truncated message: 8 bytes, shorter than a header");
+
+	hello_msg(&m, "job", 0, 1);
+	refused(&m, 50, -1, GG_ERR_PROTOCOL, "truncated HELLO: 50 of 96 bytes");
+	m.hdr.length = 50;
+	refused(&m, 50, -1, GG_ERR_PROTOCOL, "truncated HELLO: 50 of 96 bytes");
+
+	memset(big, 0, sizeof(big));
+	hello_msg(&m, "job", 0, 1);
+	memcpy(big, &m, sizeof(m.hello));
+	refused(big, sizeof(big), -1, GG_ERR_PROTOCOL, "HELLO message of 1000 bytes; it has 96");
+
+	hello_msg(&m, "job", 0, 1);
+	m.hello.version = 2;
+	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED,
+		"protocol version 2 is not supported: the gateway of site test-site speaks version 1");
+
+	hello_msg(&m, "job", 5, 3);
+	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "rank 5 of job 'job' is out of range for nranks 3");
+	hello_msg(&m, "job", 0, 0);
+	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "nranks 0 of job 'job' is outside 1..4");
+	hello_msg(&m, "job", 0, MAX_CLIENTS + 1);
+	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "nranks 5 of job 'job' is outside 1..4");
+
+	hello_msg(&m, "bad/job", 0, 1);
+	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "job name has character 0x2f at 3");
+	hello_msg(&m, "job", 0, 1);
+	memset(m.hello.job, 'j', sizeof(m.hello.job));
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with an unterminated string");
+	hello_msg(&m, "job", 0, 1);
+	m.hdr.reserved = 1;
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with nonzero reserved header fields");
+
+	gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
+	refused(&m, sizeof(m.allreduce), -1, GG_ERR_PROTOCOL, "expected HELLO, got ALLREDUCE");
+	m.hdr.type = 77;
+	refused(&m, sizeof(m.allreduce), -1, GG_ERR_PROTOCOL, "unknown message type 77");
+
+	int memfd = raw_memfd(4096, true);
+	hello_msg(&m, "job", 0, 1);
+	refused(&m, sizeof(m.hello), memfd, GG_ERR_PROTOCOL, "HELLO must not carry file descriptors");
+	close(memfd);
+
+	/* Silence is refused too, once the HELLO deadline passes. */
+	int fd = raw_connect(&h);
+	raw_expect_close(fd, GG_CTRL_REFUSE, GG_ERR_TIMEOUT, "no HELLO within 300 ms");
+	harness_wait_connections(&h, 0);
+}
+
+static void test_job_refusals(void)
+{
+	struct gg_session *a, *b, *c[MAX_CLIENTS], *s;
+	struct gg_error err;
+
+	open_ok("dup", 0, 2, &a);
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "dup", 0, 2, &b, &err), GG_ERR_REFUSED);
+	CHECK_ERR(err, GG_ERR_REFUSED, "rank 0 of job 'dup' is already connected");
+	CHECK(b == NULL);
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "dup", 1, 3, &b, &err), GG_ERR_REFUSED);
+	CHECK_ERR(err, GG_ERR_REFUSED, "rank 1 of job 'dup' says nranks 3, but rank 0 said nranks 2");
+	open_ok("dup", 1, 2, &b);
+	float x = 1;
+	CHECK_EQ_INT(gg_allreduce(a, &x, 1, GG_DTYPE_F32, 0, 50, &err), GG_ERR_TIMEOUT);
+	gg_session_close(a);
+	gg_session_close(b);
+	harness_wait_connections(&h, 0);
+
+	/* max_clients connections, and one more. */
+	for (int r = 0; r < MAX_CLIENTS; r++)
+		open_ok("full", r, MAX_CLIENTS, &c[r]);
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "other", 0, 1, &s, &err), GG_ERR_REFUSED);
+	CHECK_ERR(err, GG_ERR_REFUSED, "the gateway of site test-site already serves max_clients = 4 connections");
+	CHECK(harness_stats(&h).refused > 0);
+	gg_session_close(c[0]);
+	harness_wait_connections(&h, MAX_CLIENTS - 1);
+	/* The job lost a rank: its others learn it at their next step. */
+	CHECK_EQ_INT(gg_allreduce(c[1], &x, 1, GG_DTYPE_F32, 0, 0, &err), GG_ERR_RANK);
+	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 0): rank 0 of job 'full' disconnected before its first step");
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "full", 0, MAX_CLIENTS, &a, &err), GG_ERR_REFUSED);
+	CHECK_ERR(err, GG_ERR_REFUSED, "job 'full' has failed (rank 0 of job 'full' disconnected",
+		  "once all its ranks have disconnected");
+	open_ok("other", 0, 1, &s);
+	gg_session_close(s);
+	for (int r = 1; r < MAX_CLIENTS; r++)
+		gg_session_close(c[r]);
+	harness_wait_connections(&h, 0);
+}
+
+/* The child: rank 1 of job 'uid' as user nobody; exits 0 when refused
+ * as it should be. */
+static int other_user_main(const char *endpoint)
+{
+	struct gg_session *s;
+	struct gg_error err;
+
+	if (setgid(65534) || setuid(65534))
+		return 2;
+	if (gg_session_open(endpoint, "uid", 1, 2, &s, &err) != GG_ERR_REFUSED ||
+	    !strstr(err.message, "job 'uid' belongs to uid 0; rank 1 connects as uid 65534")) {
+		fprintf(stderr, "other user: %s\n", err.message);
+		return 1;
+	}
+	return 0;
+}
+
+/* A job's ranks all run as the user that started it. */
+static void test_other_user(void)
+{
+	char *argv[] = { "test_host_protocol", "--other-user", h.endpoint, NULL };
+	struct gg_session *s;
+	pid_t pid;
+	int status;
+
+	if (getuid() != 0) {
+		printf("other-user check skipped: needs root to become another user\n");
+		return;
+	}
+	open_ok("uid", 0, 2, &s);
+	CHECK(chmod(h.dir, 0711) == 0 && chmod(h.path, 0666) == 0);
+	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
+/* ---- a raw rank next to a library rank ----------------------------------- */
+
+struct raw_rank {
+	int fd;
+	int memfd;
+	float *mem;
+};
+
+static void raw_rank_open(struct raw_rank *rr, const char *job, unsigned rank, unsigned nranks)
+{
+	rr->fd = raw_connect(&h);
+	raw_hello(rr->fd, job, rank, nranks);
+	rr->memfd = raw_memfd(4096, true);
+	rr->mem = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rr->memfd, 0);
+	CHECK(rr->mem != MAP_FAILED);
+	raw_map(rr->fd, 0, 4096, rr->memfd);
+}
+
+static void raw_rank_close(struct raw_rank *rr)
+{
+	munmap(rr->mem, 4096);
+	close(rr->memfd);
+	if (rr->fd >= 0)
+		close(rr->fd);
+}
+
+static void test_raw_allreduce(void)
+{
+	struct gg_session *s;
+	struct gg_request *req;
+	struct gg_error err;
+	struct raw_rank rr;
+	union gg_ctrl_msg m;
+	char why[160];
+	float x[4] = { 1, 2, 3, 4 };
+
+	open_ok("raw", 0, 2, &s);
+	CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 9, 0, &req, &err), 0);
+	raw_rank_open(&rr, "raw", 1, 2);
+	for (int i = 0; i < 4; i++)
+		rr.mem[16 + i] = 0.5f * (float)i;
+	raw_allreduce(rr.fd, 1, 9, GG_DTYPE_F32, 4, 0, 64);
+	size_t len = raw_recv(rr.fd, &m);
+	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_DONE);
+	CHECK_EQ_INT(m.done.seq, 1);
+	CHECK_EQ_INT(m.done.status, 0);
+	CHECK(rr.mem[16] == 1.0f && rr.mem[17] == 2.5f && rr.mem[18] == 4.0f && rr.mem[19] == 5.5f);
+	CHECK_EQ_INT(gg_wait(req, -1, &err), 0);
+	CHECK(x[0] == 1.0f && x[1] == 2.5f && x[2] == 4.0f && x[3] == 5.5f);
+	gg_request_free(req);
+	gg_session_close(s);
+	raw_rank_close(&rr);
+	harness_wait_connections(&h, 0);
+}
+
+/* Rank 0 (the library) waits in step 1 while raw rank 1 sends `bad`; rank
+ * 1 gets ERROR(code, text) and is closed, rank 0's step fails naming it. */
+struct violation {
+	const char *name;
+	void (*bad)(struct raw_rank *rr);
+	int code;
+	const char *text;
+	bool step1_runs; /* rank 1 completes step 1 before it breaks the rules */
+};
+
+static void bad_too_large(struct raw_rank *rr)
+{
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, (1u << 20) + 1, 0, 0);
+}
+
+static void bad_past_region(struct raw_rank *rr)
+{
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 1000, 0, 128);
+}
+
+static void bad_region(struct raw_rank *rr)
+{
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 4, 3, 0);
+}
+
+static void bad_seq(struct raw_rank *rr)
+{
+	raw_allreduce(rr->fd, 2, 5, GG_DTYPE_F32, 4, 0, 0);
+}
+
+static void bad_dtype(struct raw_rank *rr)
+{
+	raw_allreduce(rr->fd, 1, 5, 7, 4, 0, 0);
+}
+
+static void bad_offset(struct raw_rank *rr)
+{
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 4, 0, 4);
+}
+
+static void bad_count_zero(struct raw_rank *rr)
+{
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 0, 0, 0);
+}
+
+static void bad_garbage(struct raw_rank *rr)
+{
+	raw_send(rr->fd, "\xde\xad\xbe\xef and more garbage bytes", 28, -1);
+}
+
+static void bad_truncated(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+
+	gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
+	raw_send(rr->fd, &m, 30, -1);
+}
+
+static void bad_done(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+
+	raw_send(rr->fd, &m, gg_ctrl_init(&m, GG_CTRL_DONE), -1);
+}
+
+static void bad_hello_again(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+
+	hello_msg(&m, "v", 1, 2);
+	raw_send(rr->fd, &m, sizeof(m.hello), -1);
+}
+
+static void bad_unsealed(struct raw_rank *rr)
+{
+	int fd = raw_memfd(4096, false);
+
+	raw_map(rr->fd, 1, 4096, fd);
+	close(fd);
+}
+
+static void bad_not_memfd(struct raw_rank *rr)
+{
+	int p[2];
+
+	CHECK(pipe(p) == 0);
+	raw_map(rr->fd, 1, 4096, p[0]);
+	close(p[0]);
+	close(p[1]);
+}
+
+static void bad_map_size(struct raw_rank *rr)
+{
+	int fd = raw_memfd(4096, true);
+
+	raw_map(rr->fd, 1, 8192, fd);
+	close(fd);
+}
+
+static void bad_map_no_fd(struct raw_rank *rr)
+{
+	raw_map(rr->fd, 1, 4096, -1);
+}
+
+/* MAP with n copies of the rank's memfd attached. */
+static void map_with_fds(struct raw_rank *rr, unsigned n)
+{
+	_Alignas(size_t) char cbuf[CMSG_SPACE(8 * sizeof(int))];
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_MAP);
+	struct iovec iov = { .iov_base = &m, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			     .msg_controllen = CMSG_SPACE(n * sizeof(int)) };
+
+	CHECK(n <= 8);
+	m.map.region = 1;
+	m.map.size_bytes = 4096;
+	memset(cbuf, 0, sizeof(cbuf));
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(n * sizeof(int));
+	for (unsigned i = 0; i < n; i++)
+		memcpy(CMSG_DATA(c) + i * sizeof(int), &rr->memfd, sizeof(int));
+	CHECK_EQ_INT(sendmsg(rr->fd, &mh, 0), (ssize_t)len);
+}
+
+static void bad_map_two_fds(struct raw_rank *rr)
+{
+	map_with_fds(rr, 2);
+}
+
+static void bad_map_many_fds(struct raw_rank *rr)
+{
+	map_with_fds(rr, 8);
+}
+
+static void bad_map_twice(struct raw_rank *rr)
+{
+	raw_map(rr->fd, 0, 4096, rr->memfd);
+}
+
+static void bad_map_id(struct raw_rank *rr)
+{
+	raw_map(rr->fd, 99, 4096, rr->memfd);
+}
+
+static void bad_map_huge(struct raw_rank *rr)
+{
+	raw_map(rr->fd, 1, 1ull << 40, rr->memfd);
+}
+
+static void bad_write_sealed(struct raw_rank *rr)
+{
+	int fd = raw_memfd(4096, true);
+
+	CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) == 0);
+	raw_map(rr->fd, 1, 4096, fd);
+	close(fd);
+}
+
+static void bad_unmap_busy(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+	char why[160];
+
+	/* Step 1 runs with rank 0's; step 2 stays queued in region 0. */
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 4, 0, 0);
+	size_t len = raw_recv(rr->fd, &m);
+	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_DONE);
+	CHECK_EQ_INT(m.done.status, 0);
+	raw_allreduce(rr->fd, 2, 5, GG_DTYPE_F32, 4, 0, 0);
+	len = gg_ctrl_init(&m, GG_CTRL_UNMAP);
+	m.unmap.region = 0;
+	raw_send(rr->fd, &m, len, -1);
+}
+
+static void bad_unmap_unknown(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_UNMAP);
+
+	m.unmap.region = 2;
+	raw_send(rr->fd, &m, len, -1);
+}
+
+static void bad_fd_on_allreduce(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
+
+	raw_send(rr->fd, &m, len, rr->memfd);
+}
+
+static void bad_window(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+	char why[160];
+
+	/* Step 1 runs with rank 0's; steps 2 to 9 queue up, 10 is too many. */
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 4, 0, 0);
+	size_t len = raw_recv(rr->fd, &m);
+	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_DONE);
+	for (uint64_t seq = 2; seq <= GG_CTRL_MAX_INFLIGHT + 2; seq++)
+		raw_allreduce(rr->fd, seq, 5, GG_DTYPE_F32, 4, 0, 0);
+}
+
+static const struct violation violations[] = {
+	{ "too-large", bad_too_large, GG_ERR_TOO_LARGE, "step 1: 1048577 float32 elements; max_message allows 1 to 1048576", false },
+	{ "past-region", bad_past_region, GG_ERR_PROTOCOL, "step 1: 4000 bytes at offset 128 do not fit region 0 of 4096 bytes (offsets are multiples of 64)", false },
+	{ "no-region", bad_region, GG_ERR_PROTOCOL, "step 1: region 3 is not mapped", false },
+	{ "seq", bad_seq, GG_ERR_PROTOCOL, "ALLREDUCE with seq 2, expected 1", false },
+	{ "dtype", bad_dtype, GG_ERR_PROTOCOL, "step 1: unknown dtype 7", false },
+	{ "offset", bad_offset, GG_ERR_PROTOCOL, "step 1: 16 bytes at offset 4 do not fit region 0 of 4096 bytes (offsets are multiples of 64)", false },
+	{ "count-zero", bad_count_zero, GG_ERR_PROTOCOL, "step 1: 0 float32 elements; max_message allows 1 to 1048576", false },
+	{ "garbage", bad_garbage, GG_ERR_PROTOCOL, "not a gradgate control message (magic 0xefbeadde)", false },
+	{ "truncated", bad_truncated, GG_ERR_PROTOCOL, "truncated ALLREDUCE: 30 of 56 bytes", false },
+	{ "done", bad_done, GG_ERR_PROTOCOL, "unexpected DONE from a client", false },
+	{ "hello-again", bad_hello_again, GG_ERR_PROTOCOL, "unexpected HELLO from a client", false },
+	{ "unsealed", bad_unsealed, GG_ERR_PROTOCOL, "MAP of region 1: the memfd is not sealed against shrinking", false },
+	{ "not-memfd", bad_not_memfd, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd (Invalid argument)", false },
+	{ "map-size", bad_map_size, GG_ERR_PROTOCOL, "MAP of region 1 says 8192 bytes, the memfd has 4096", false },
+	{ "map-no-fd", bad_map_no_fd, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not 0", false },
+	{ "map-two-fds", bad_map_two_fds, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not 2", false },
+	{ "map-many-fds", bad_map_many_fds, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not more than 4", false },
+	{ "map-twice", bad_map_twice, GG_ERR_PROTOCOL, "MAP of region 0, which is mapped already", false },
+	{ "map-id", bad_map_id, GG_ERR_PROTOCOL, "MAP of region 99; regions are 0..8", false },
+	{ "map-huge", bad_map_huge, GG_ERR_TOO_LARGE, "MAP of region 1 with 1099511627776 bytes; regions hold 1 to 8392704 bytes", false },
+	{ "write-sealed", bad_write_sealed, GG_ERR_PROTOCOL, "MAP of region 1: mmap: Operation not permitted", false },
+	{ "unmap-busy", bad_unmap_busy, GG_ERR_PROTOCOL, "UNMAP of region 0 while it holds 1 request in flight", true },
+	{ "unmap-unknown", bad_unmap_unknown, GG_ERR_PROTOCOL, "UNMAP of region 2, which is not mapped", false },
+	{ "fd-on-allreduce", bad_fd_on_allreduce, GG_ERR_PROTOCOL, "ALLREDUCE must not carry file descriptors", false },
+	{ "window", bad_window, GG_ERR_PROTOCOL, "step 10: more than 8 requests in flight", true },
+};
+
+static void test_violations(void)
+{
+	for (size_t i = 0; i < GG_ARRAY_LEN(violations); i++) {
+		const struct violation *v = &violations[i];
+		struct gg_session *s;
+		struct gg_request *req;
+		struct gg_error err;
+		struct raw_rank rr;
+		char job[32], gw_text[320], rank_text[320];
+		float x[4] = { 1, 2, 3, 4 };
+
+		snprintf(job, sizeof(job), "v-%s", v->name);
+		open_ok(job, 0, 2, &s);
+		CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 5, 0, &req, &err), 0);
+		raw_rank_open(&rr, job, 1, 2);
+		v->bad(&rr);
+		snprintf(gw_text, sizeof(gw_text), "gateway of site test-site: %s", v->text);
+		raw_expect_close(rr.fd, GG_CTRL_ERROR, v->code, gw_text);
+		rr.fd = -1;
+
+		unsigned step = 1;
+		if (v->step1_runs) {
+			CHECK_EQ_INT(gg_wait(req, -1, &err), 0);
+			gg_request_free(req);
+			CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 5, 0, &req, &err), 0);
+			step = 2;
+		}
+		snprintf(rank_text, sizeof(rank_text),
+			 "step %u (tensor 5): rank 1 of job '%s' broke the control protocol (%s) ", step, job, v->text);
+		CHECK_EQ_INT(gg_wait(req, -1, &err), GG_ERR_RANK);
+		CHECK_ERR(err, GG_ERR_RANK, rank_text);
+		gg_request_free(req);
+		gg_session_close(s);
+		raw_rank_close(&rr);
+		harness_wait_connections(&h, 0);
+	}
+	CHECK_EQ_INT(harness_stats(&h).violations, GG_ARRAY_LEN(violations));
+}
+
+/* After all that the gateway still serves. */
+static void test_still_serving(void)
+{
+	struct gg_session *s;
+	struct gg_error err;
+	float x = 7;
+
+	open_ok("after", 0, 1, &s);
+	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 0, 0, &err), 0);
+	CHECK(x == 7);
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "--other-user"))
+		return other_user_main(argv[2]);
+
+	struct harness_options o = {
+		.max_clients = MAX_CLIENTS,
+		.max_message_bytes = 4u << 20,
+		.hello_timeout_us = 300000,
+	};
+
+	harness_start(&h, &o);
+	test_hello_refusals();
+	test_job_refusals();
+	test_other_user();
+	test_raw_allreduce();
+	test_violations();
+	test_still_serving();
+	harness_stop(&h);
+	printf("host protocol: ok\n");
+	return 0;
+}

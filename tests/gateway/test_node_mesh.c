@@ -1,0 +1,272 @@
+/* Gateways of K sites, each on its own thread and io_uring loop, connected
+ * over loopback TLS: steps complete with bit-identical results equal to
+ * the fixed-order sum (fp32), survive a stream cut mid-transfer, and fail
+ * at every site, with a message naming both announcements, when sites
+ * announce different collectives.
+ *
+ *   test_node_mesh CERT_DIR (certificates from examples/make-certs.sh for
+ *   sites s0..s3) */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "allreduce.h"
+#include "log.h"
+#include "node.h"
+
+#define MAX_K 4
+
+static const char *cert_dir;
+static int base_port;
+static int failures;
+
+#define CHECK(cond, ...)                                                   \
+	do {                                                               \
+		if (!(cond)) {                                             \
+			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			printf(__VA_ARGS__);                               \
+			printf("\n");                                      \
+			fflush(stdout);                                    \
+			failures++;                                        \
+		}                                                          \
+	} while (0)
+
+struct scenario {
+	unsigned K;
+	const char *codec;
+	const char *algo;
+	uint64_t count;
+	unsigned steps;
+	int cut_at_step;      /* cut stream 0 of site 0 towards site 1 during this step */
+	bool mismatch;        /* site K-1 announces one element more */
+};
+
+struct site {
+	pthread_t thread;
+	const struct scenario *sc;
+	unsigned index;
+	struct gg_config cfg;
+	float *input, *result;
+	float *results;       /* every step's result, for comparison */
+	int status[8];
+	char message[8][GG_NODE_ERROR_MAX];
+	bool done;
+	double seconds;
+};
+
+static float value(unsigned site, unsigned step, uint64_t i)
+{
+	/* Multiples of 1/64 below 2^10: every fixed-order sum is exact, so
+	 * fp32 results can be checked bit for bit whatever the order. */
+	return (float)((int)((i * 2654435761u + site * 40503u + step * 977u) % 4096u) - 2048) / 64.0f;
+}
+
+static void on_done(void *arg, struct gg_node_step *st, int status, const char *message)
+{
+	struct site *s = arg;
+	s->status[st->seq - 1] = status;
+	if (message)
+		snprintf(s->message[st->seq - 1], sizeof(s->message[0]), "%s", message);
+	s->done = true;
+}
+
+static int write_config(const struct scenario *sc, unsigned k, char *path, size_t size)
+{
+	char text[4096];
+	size_t n = 0;
+
+	n += (size_t)snprintf(text + n, sizeof(text) - n,
+			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\n"
+			      "[tls]\nca = \"%s/ca.pem\"\ncert = \"%s/s%u.pem\"\nkey = \"%s/s%u.key\"\n",
+			      k, base_port + (int)k, cert_dir, cert_dir, k, cert_dir, k);
+	for (unsigned p = 0; p < sc->K; p++)
+		if (p != k)
+			n += (size_t)snprintf(text + n, sizeof(text) - n,
+					      "[[peers]]\nsite = \"s%u\"\naddress = \"127.0.0.1:%d\"\n"
+					      "identity = \"dns:s%u.gradgate.test\"\n",
+					      p, base_port + (int)p, p);
+	n += (size_t)snprintf(text + n, sizeof(text) - n,
+			      "[transport]\nstreams_per_peer = 2\nchunk_size = \"256KiB\"\nstep_timeout = \"20s\"\n"
+			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
+			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
+			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"8MiB\"\n",
+			      sc->codec, sc->algo);
+	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, base_port);
+	FILE *f = fopen(path, "w");
+	if (!f || fputs(text, f) < 0 || fclose(f))
+		return -1;
+	return 0;
+}
+
+static void *run_site(void *arg)
+{
+	struct site *s = arg;
+	const struct scenario *sc = s->sc;
+	struct gg_node *node;
+	char err[GG_NODE_ERROR_MAX];
+	struct timespec t0, t1;
+
+	if (gg_node_new(&s->cfg, &node, err, sizeof(err))) {
+		printf("site %u: %s\n", s->index, err);
+		for (unsigned t = 0; t < sc->steps; t++)
+			s->status[t] = -EIO;
+		return NULL;
+	}
+	for (int spins = 0; spins < 500 && !gg_node_connected(node); spins++)
+		if (gg_node_run_once(node, 20000, NULL, NULL))
+			break;
+	CHECK(gg_node_connected(node), "site %u did not connect to every peer", s->index);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (unsigned t = 1; t <= sc->steps; t++) {
+		uint64_t count = sc->count + (sc->mismatch && s->index == sc->K - 1);
+		for (uint64_t i = 0; i < count; i++)
+			s->input[i] = value(s->index, t, i);
+		struct gg_node_step st = { .seq = t, .tensor_id = 7, .count = count, .dtype = 1,
+					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
+		snprintf(st.job, sizeof(st.job), "mesh");
+		s->done = false;
+		if (gg_node_submit(node, &st, err, sizeof(err))) {
+			s->status[t - 1] = -EINVAL;
+			snprintf(s->message[t - 1], sizeof(s->message[0]), "%s", err);
+			continue;
+		}
+		bool cut = false;
+		for (int spins = 0; !s->done && spins < 200000; spins++) {
+			if (gg_node_run_once(node, 10000, NULL, NULL))
+				break;
+			if ((int)t == sc->cut_at_step && s->index == 0 && !cut &&
+			    gg_node_stats(node)->data_bytes_out > 0) {
+				CHECK(gg_node_test_cut_stream(node, 1, 0) == 0, "cut");
+				cut = true;
+			}
+		}
+		CHECK(s->done, "site %u: step %u never finished", s->index, t);
+		memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	if (sc->cut_at_step)
+		CHECK(s->index != 0 || gg_node_stats(node)->resent_messages > 0, "nothing was re-sent after the cut");
+	for (int spins = 0; spins < 1000 && !gg_node_flushed(node); spins++)
+		if (gg_node_run_once(node, 10000, NULL, NULL))
+			break;
+	CHECK(gg_node_flushed(node), "site %u: frames still unacknowledged after 10 s", s->index);
+	gg_node_shutdown(node);
+	for (int spins = 0; spins < 100 && !gg_node_idle(node); spins++)
+		if (gg_node_run_once(node, 10000, NULL, NULL))
+			break;
+	gg_node_free(node);
+	return NULL;
+}
+
+static void run(const struct scenario *sc)
+{
+	static struct site sites[MAX_K];
+	char path[512];
+
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s\n", sc->K, sc->codec, sc->algo,
+	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
+	       sc->mismatch ? ", mismatched announcement" : "");
+	fflush(stdout);
+	base_port += 8;
+	for (unsigned k = 0; k < sc->K; k++) {
+		struct site *s = &sites[k];
+		struct gg_diag diag = { 0 };
+		memset(s, 0, sizeof(*s));
+		s->sc = sc;
+		s->index = k;
+		if (write_config(sc, k, path, sizeof(path)) || gg_config_load(path, &s->cfg, &diag)) {
+			gg_diag_print(&diag, stdout);
+			gg_diag_free(&diag);
+			CHECK(0, "config of site %u", k);
+			return;
+		}
+		unlink(path);
+		s->input = malloc((sc->count + 1) * sizeof(float));
+		s->result = malloc((sc->count + 1) * sizeof(float));
+		s->results = malloc(sc->count * sc->steps * sizeof(float));
+	}
+	for (unsigned k = 0; k < sc->K; k++)
+		pthread_create(&sites[k].thread, NULL, run_site, &sites[k]);
+	for (unsigned k = 0; k < sc->K; k++)
+		pthread_join(sites[k].thread, NULL);
+
+	for (unsigned t = 0; t < sc->steps; t++) {
+		if (sc->mismatch) {
+			for (unsigned k = 0; k < sc->K; k++)
+				CHECK(sites[k].status[t] != 0 && strstr(sites[k].message[t], "announced tensor 7 with"),
+				      "site %u: status %d: %s", k, sites[k].status[t], sites[k].message[t]);
+			printf("  site 0: %s\n", sites[0].message[t]);
+			continue;
+		}
+		for (unsigned k = 0; k < sc->K; k++)
+			CHECK(sites[k].status[t] == 0, "site %u step %u: %s", k, t + 1, sites[k].message[t]);
+		const float *r0 = sites[0].results + t * sc->count;
+		for (unsigned k = 1; k < sc->K; k++)
+			CHECK(!memcmp(r0, sites[k].results + t * sc->count, sc->count * sizeof(float)),
+			      "step %u: site %u's result differs from site 0's", t + 1, k);
+		if (!strcmp(sc->codec, "fp32")) {
+			uint64_t bad = 0;
+			for (uint64_t i = 0; i < sc->count && bad < 3; i++) {
+				float want = 0;
+				for (unsigned k = 0; k < sc->K; k++)
+					want += value(k, t + 1, i);
+				if (r0[i] != want) {
+					bad++;
+					CHECK(0, "step %u element %llu: %g, expected %g", t + 1, (unsigned long long)i,
+					      r0[i], want);
+				}
+			}
+		}
+	}
+	if (!sc->mismatch)
+		printf("  %.3f s for %u steps at site 0\n", sites[0].seconds, sc->steps);
+	for (unsigned k = 0; k < sc->K; k++) {
+		gg_config_free(&sites[k].cfg);
+		free(sites[k].input);
+		free(sites[k].result);
+		free(sites[k].results);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s CERT_DIR [--large]\n", argv[0]);
+		return 2;
+	}
+	cert_dir = argv[1];
+	base_port = 20000 + (int)(getpid() % 20000);
+	gg_log_set_level(GG_LOG_ERROR);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+
+	const struct scenario scenarios[] = {
+		{ 2, "fp32", "direct", 1, 2, 0, false },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false },
+		{ 3, "int8", "ring", 1000003, 3, 0, false },
+		{ 3, "int4", "direct", 4099, 2, 0, false },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false },
+		{ 3, "fp32", "direct", 1000, 1, 0, true },
+	};
+	const char *only = getenv("MESH_ONLY");
+	if (getenv("MESH_VERBOSE"))
+		gg_log_set_level(GG_LOG_DEBUG);
+	for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++)
+		if (!only || atoi(only) == (int)i)
+			run(&scenarios[i]);
+	if (argc > 2 && !strcmp(argv[2], "--large")) {
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false };
+		run(&large);
+	}
+	printf("mesh: %d failure(s)\n", failures);
+	return failures ? 1 : 0;
+}

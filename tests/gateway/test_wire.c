@@ -1,0 +1,193 @@
+/* Every peer message round-trips, and every truncation or bad field is
+ * refused with a message naming it. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "wire.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                   \
+	do {                                                               \
+		if (!(cond)) {                                             \
+			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			printf(__VA_ARGS__);                               \
+			printf("\n");                                      \
+			failures++;                                        \
+		}                                                          \
+	} while (0)
+
+static struct gg_wire_hello hello(void)
+{
+	struct gg_wire_hello h = { .stream_index = 1, .streams = 4, .instance_id = 0x1122334455667788ull, .sites = 3,
+				   .codec = GG_CODEC_INT8, .scale = GG_SCALE_F16, .block_elems = 256,
+				   .algorithm = GG_ALLREDUCE_RING, .chunk_elems = 262144, .zstd = 1 };
+	strcpy(h.site_names[0], "eu-west");
+	strcpy(h.site_names[1], "us-east");
+	strcpy(h.site_names[2], "ap-south");
+	return h;
+}
+
+/* Decodes buf[0..n) as one message; the payload must be consumed exactly. */
+static int decode(const uint8_t *buf, size_t n, struct gg_wire_msg *msg, char *err, size_t size)
+{
+	enum gg_wire_type type;
+	size_t payload;
+	int rc = gg_wire_parse_header(buf, 1 << 20, &type, &payload, err, size);
+	if (rc)
+		return rc;
+	if (payload > n - GG_WIRE_HEADER_BYTES)
+		return -EAGAIN;
+	return gg_wire_decode(type, buf + GG_WIRE_HEADER_BYTES, payload, msg, err, size);
+}
+
+static void check_truncations(const uint8_t *buf, size_t n, const char *what)
+{
+	char err[256];
+	struct gg_wire_msg msg;
+	enum gg_wire_type type;
+	size_t payload;
+
+	CHECK(gg_wire_parse_header(buf, 1 << 20, &type, &payload, err, sizeof(err)) == 0, "%s", err);
+	for (size_t cut = 0; cut < payload; cut++) {
+		int rc = gg_wire_decode(type, buf + GG_WIRE_HEADER_BYTES, cut, &msg, err, sizeof(err));
+		/* DATA ends in a frame of any length: only its fixed part can be cut. */
+		if (type == GG_WIRE_DATA && rc == 0)
+			continue;
+		CHECK(rc == -EBADMSG && strstr(err, "truncated or malformed"), "%s cut at %zu: rc %d: %s", what,
+		      cut, rc, err);
+	}
+}
+
+int main(void)
+{
+	uint8_t buf[4096];
+	char err[256];
+	struct gg_wire_msg msg;
+
+	struct gg_wire_hello h = hello();
+	ssize_t n = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0, "hello: %s", err);
+	CHECK(msg.type == GG_WIRE_HELLO && !memcmp(&msg.u.hello, &h, sizeof(h)), "hello round trip");
+	check_truncations(buf, (size_t)n, "hello");
+	CHECK(gg_wire_encode_hello(buf, 20, &h) == -ENOBUFS, "small buffer");
+
+	struct gg_wire_step st = { .job = "train-7b", .step = 12, .count = 1000003, .tensor_id = 3,
+				   .dtype = GG_WIRE_BF16 };
+	st.fingerprint = gg_wire_fingerprint(&st, GG_CODEC_INT8, 256);
+	struct gg_ar_chunk_id id = { GG_AR_GATHER, 2, 77 };
+	const char frame[] = "FRAMEBYTES";
+	n = gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, sizeof(frame));
+	CHECK(n > 0, "data head");
+	memcpy(buf + n, frame, sizeof(frame));
+	CHECK(decode(buf, (size_t)n + sizeof(frame), &msg, err, sizeof(err)) == 0, "data: %s", err);
+	CHECK(!memcmp(&msg.u.data.step, &st, sizeof(st)) && msg.u.data.id.phase == GG_AR_GATHER &&
+		      msg.u.data.id.origin == 2 && msg.u.data.id.chunk == 77 &&
+		      msg.u.data.frame_bytes == sizeof(frame) && !memcmp(msg.u.data.frame, frame, sizeof(frame)),
+	      "data round trip");
+	check_truncations(buf, (size_t)n + sizeof(frame), "data");
+
+	struct gg_wire_step other = st;
+	other.count++;
+	CHECK(gg_wire_fingerprint(&other, GG_CODEC_INT8, 256) != st.fingerprint, "count changes the fingerprint");
+	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT4, 256) != st.fingerprint, "codec changes the fingerprint");
+
+	n = gg_wire_encode_ack(buf, sizeof(buf), "train-7b", 12, &id);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.ack.step == 12 &&
+		      !strcmp(msg.u.ack.job, "train-7b") && msg.u.ack.id.chunk == 77,
+	      "ack: %s", err);
+	check_truncations(buf, (size_t)n, "ack");
+	n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PONG, 123456789);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_PONG &&
+		      msg.u.ping_us == 123456789,
+	      "pong");
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, "site us-east: rank 1 disconnected");
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 &&
+		      !strcmp(msg.u.abort.reason, "site us-east: rank 1 disconnected"),
+	      "abort");
+	check_truncations(buf, (size_t)n, "abort");
+
+	/* Headers. */
+	n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, 1);
+	enum gg_wire_type type;
+	size_t payload;
+	buf[0] ^= 1;
+	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "not a gradgate message (magic 31574746)"),
+	      "%s", err);
+	buf[0] ^= 1;
+	buf[5] = 2;
+	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "protocol version 2, this gateway speaks 1"),
+	      "%s", err);
+	buf[5] = 1;
+	buf[4] = 9;
+	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "unknown message type 9"),
+	      "%s", err);
+	buf[4] = GG_WIRE_PING;
+	CHECK(gg_wire_parse_header(buf, 4, &type, &payload, err, sizeof(err)) == -E2BIG &&
+		      !strcmp(err, "message of 8 bytes exceeds the limit of 4"),
+	      "%s", err);
+	uint8_t extra[GG_WIRE_HEADER_BYTES + 9];
+	n = gg_wire_encode_ping(extra, sizeof(extra), GG_WIRE_PING, 1);
+	CHECK(gg_wire_decode(GG_WIRE_PING, extra + GG_WIRE_HEADER_BYTES, 9, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "message type 4: 1 bytes after the last field"),
+	      "%s", err);
+
+	/* Field checks. */
+	h = hello();
+	strcpy(h.site_names[1], "US_EAST");
+	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "hello: site name 1 is not a site name"),
+	      "%s", err);
+	h = hello();
+	h.stream_index = 4;
+	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "hello: stream 4 of 4"),
+	      "%s", err);
+	h = hello();
+	h.sites = 1;
+	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "hello: 1 sites, must be 2 to 8"),
+	      "%s", err);
+	st.dtype = 7;
+	n = gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, 0);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "data: unknown dtype 7"),
+	      "%s", err);
+	st.dtype = GG_WIRE_F32;
+	id.phase = 4;
+	n = gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, 0);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "unknown phase 4"), "%s",
+	      err);
+
+	/* Settings that must agree. */
+	struct gg_wire_hello a = hello(), b = hello();
+	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == 0, "same settings");
+	b.codec = GG_CODEC_BF16_SPLIT;
+	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == -EPROTO &&
+		      !strcmp(err, "peer us-east uses codec bf16-split, this site uses int8"),
+	      "%s", err);
+	b = hello();
+	b.algorithm = GG_ALLREDUCE_DIRECT;
+	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == -EPROTO &&
+		      !strcmp(err, "peer us-east uses all-reduce algorithm direct, this site uses ring"),
+	      "%s", err);
+	b = hello();
+	b.block_elems = 128;
+	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == -EPROTO &&
+		      !strcmp(err, "peer us-east uses block size 128, this site uses 256"),
+	      "%s", err);
+	b = hello();
+	strcpy(b.site_names[2], "ap-east");
+	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == -EPROTO &&
+		      !strcmp(err, "peer us-east knows the sites [eu-west,us-east,ap-east], this site knows "
+				   "[eu-west,us-east,ap-south]"),
+	      "%s", err);
+
+	printf("wire: %d failure(s)\n", failures);
+	return failures ? 1 : 0;
+}
