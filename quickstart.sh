@@ -2,7 +2,8 @@
 # gradgate quickstart.
 #
 #   ./quickstart.sh        install missing build dependencies (apt-get), build
-#                          into build/, make the demo certificates, run the demo
+#                          into build/, make the demo certificates, run the live
+#                          demo: three gateways on loopback, two ranks per site
 #   ./quickstart.sh test   the same set-up, then every test suite in the normal
 #                          build (build/) and the ASan+UBSan build (build-asan/)
 #
@@ -30,7 +31,7 @@ export PATH
 
 install_deps() {
 	local pkgs=(meson ninja-build pkg-config gcc clang libclang-rt-14-dev
-		liburing-dev libssl-dev libzstd-dev openssl python3 iproute2)
+		liburing-dev libssl-dev libzstd-dev openssl python3 iproute2 bc)
 	local missing=()
 	for p in "${pkgs[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -94,9 +95,9 @@ setup build
 
 if [ "$mode" = demo ]; then
 	say "checking the example site configs"
-	build/gateway/gradgate --check-config examples/site-a.toml examples/site-b.toml examples/site-c.toml
-	say "all three site configs are valid"
-	exit 0
+	build/gateway/gradgate --check-config examples/site-a.toml examples/site-b.toml examples/site-c.toml >/dev/null
+	say "running the live demo (examples/demo.sh)"
+	exec examples/demo.sh build
 fi
 
 # The sanitizer build uses clang, which also builds the libFuzzer targets.

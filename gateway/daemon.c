@@ -156,6 +156,7 @@ int gg_daemon_run(const struct gg_config *cfg)
 	       cfg->transport.streams_per_peer, gg_format_size(cfg->transport.chunk_bytes, chunk, sizeof(chunk)));
 
 	bool connected = false;
+	uint64_t started_us = gg_monotonic_us();
 	while (!got_stop) {
 		if (turn(&d, 100000)) {
 			gg_log(GG_LOG_ERROR, "loop_failed", "site=%s", cfg->site.name);
@@ -197,8 +198,13 @@ int gg_daemon_run(const struct gg_config *cfg)
 	else
 		gg_log(GG_LOG_WARN, "stop_incomplete", "site=%s reason=\"operations still in flight\"", cfg->site.name);
 	const struct gg_node_stats *st = gg_node_stats(d.node);
-	gg_log(GG_LOG_INFO, "stopped", "site=%s steps_done=%llu steps_failed=%llu", cfg->site.name,
-	       (unsigned long long)st->steps_done, (unsigned long long)st->steps_failed);
+	gg_log(GG_LOG_INFO, "stopped",
+	       "site=%s steps_done=%llu steps_failed=%llu raw_bytes_out=%llu wire_bytes_out=%llu resent=%llu "
+	       "encode_s=%.3f decode_s=%.3f tls_s=%.3f uptime_s=%.3f",
+	       cfg->site.name, (unsigned long long)st->steps_done, (unsigned long long)st->steps_failed,
+	       (unsigned long long)st->raw_bytes_out, (unsigned long long)st->data_bytes_out,
+	       (unsigned long long)st->resent_messages, st->encode_s, st->decode_s, st->tls_s,
+	       (double)(gg_monotonic_us() - started_us) / 1e6);
 	gg_node_free(d.node);
 	return status;
 }

@@ -374,6 +374,10 @@ static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, stru
 		tail = &(*tail)->next;
 	*tail = o;
 	n->stats.data_bytes_out += frame->len;
+	uint64_t elems = 0; /* the frame header's element count (frame.h: bytes 8-15, little-endian) */
+	for (int b = 7; b >= 0; b--)
+		elems = elems << 8 | frame->data[8 + b];
+	n->stats.raw_bytes_out += elems * sizeof(float);
 	pump_peer(n, to);
 	return 0;
 }
@@ -471,7 +475,6 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	double t0 = now_s();
 	int rc = gg_ar_step_start(&j->ar, &ac, st->input, st->result, &ar_ops, j, why, sizeof(why));
 	n->stats.encode_s += now_s() - t0;
-	n->stats.raw_bytes_out += st->count * sizeof(float) * (n->sites - 1);
 	if (rc) {
 		j->step = NULL;
 		return errf(err, err_size, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name, why);
@@ -744,7 +747,9 @@ static void conn_read(struct gg_node *n, int ci)
 	for (;;) {
 		if (c->rx_len == c->rx_cap)
 			break;
+		double t0 = now_s();
 		ssize_t got = gg_tls_stream_read(&c->ts, c->rx + c->rx_len, c->rx_cap - c->rx_len);
+		n->stats.tls_s += now_s() - t0;
 		if (got == -EAGAIN)
 			break;
 		if (got <= 0) {
@@ -789,7 +794,9 @@ static void conn_flush(struct gg_node *n, int ci)
 		size_t total = o->head_len + (o->frame ? o->frame->len : 0);
 		const uint8_t *src = o->off < o->head_len ? o->head + o->off : o->frame->data + (o->off - o->head_len);
 		size_t len = o->off < o->head_len ? o->head_len - o->off : total - o->off;
+		double t0 = now_s();
 		ssize_t w = gg_tls_stream_write(&c->ts, src, len);
+		n->stats.tls_s += now_s() - t0;
 		if (w == -EAGAIN)
 			return;
 		if (w < 0) {

@@ -60,6 +60,7 @@ struct gg_node_stats {
 	uint64_t resent_messages;
 	uint64_t rtt_us[GG_AR_MAX_SITES];       /* last heartbeat round trip per site */
 	double encode_s, decode_s;              /* time spent in the step engine */
+	double tls_s;                           /* time in TLS record encryption and decryption */
 };
 
 /* Builds the node from a validated config: TLS context, listening socket,
