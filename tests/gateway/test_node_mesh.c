@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "allreduce.h"
@@ -21,7 +24,7 @@
 #define MAX_K 4
 
 static const char *cert_dir;
-static int base_port;
+static int ports[MAX_K];
 static int failures;
 
 #define CHECK(cond, ...)                                                   \
@@ -58,6 +61,21 @@ struct site {
 	double seconds;
 };
 
+/* A port nobody listens on right now: the kernel's pick for port 0. */
+static int free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len)) {
+		perror("free_port");
+		exit(1);
+	}
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
 static float value(unsigned site, unsigned step, uint64_t i)
 {
 	/* Multiples of 1/64 below 2^10: every fixed-order sum is exact, so
@@ -82,20 +100,20 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
 			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\n"
 			      "[tls]\nca = \"%s/ca.pem\"\ncert = \"%s/s%u.pem\"\nkey = \"%s/s%u.key\"\n",
-			      k, base_port + (int)k, cert_dir, cert_dir, k, cert_dir, k);
+			      k, ports[k], cert_dir, cert_dir, k, cert_dir, k);
 	for (unsigned p = 0; p < sc->K; p++)
 		if (p != k)
 			n += (size_t)snprintf(text + n, sizeof(text) - n,
 					      "[[peers]]\nsite = \"s%u\"\naddress = \"127.0.0.1:%d\"\n"
 					      "identity = \"dns:s%u.gradgate.test\"\n",
-					      p, base_port + (int)p, p);
+					      p, ports[p], p);
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
 			      "[transport]\nstreams_per_peer = 2\nchunk_size = \"256KiB\"\nstep_timeout = \"20s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
 			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"8MiB\"\n",
 			      sc->codec, sc->algo);
-	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, base_port);
+	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, ports[0]);
 	FILE *f = fopen(path, "w");
 	if (!f || fputs(text, f) < 0 || fclose(f))
 		return -1;
@@ -172,7 +190,8 @@ static void run(const struct scenario *sc)
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
 	       sc->mismatch ? ", mismatched announcement" : "");
 	fflush(stdout);
-	base_port += 8;
+	for (unsigned k = 0; k < sc->K; k++)
+		ports[k] = free_port();
 	for (unsigned k = 0; k < sc->K; k++) {
 		struct site *s = &sites[k];
 		struct gg_diag diag = { 0 };
@@ -240,7 +259,6 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	cert_dir = argv[1];
-	base_port = 20000 + (int)(getpid() % 20000);
 	gg_log_set_level(GG_LOG_ERROR);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
