@@ -10,4 +10,8 @@
 #define GG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define GG_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* Formats a one-line message into err (when err_size > 0) and returns
+ * `code`, so error paths read: return gg_errf(err, size, -EINVAL, "...", ...). */
+GG_PRINTF(4, 5) int gg_errf(char *err, size_t err_size, int code, const char *fmt, ...);
+
 #endif

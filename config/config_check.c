@@ -11,27 +11,17 @@
 
 #include "gg_common.h"
 
-static GG_PRINTF(3, 4) int fail(char *why, size_t size, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, size, fmt, ap);
-	va_end(ap);
-	return -EINVAL;
-}
-
 int gg_check_site_name(const char *v, char *why, size_t size)
 {
 	size_t n = strlen(v);
 
 	if (n == 0 || n > 63)
-		return fail(why, size, "site name \"%s\" must be 1 to 63 characters", v);
+		return gg_errf(why, size, -EINVAL, "site name \"%s\" must be 1 to 63 characters", v);
 	if (v[0] == '-')
-		return fail(why, size, "site name \"%s\" must start with a letter or digit", v);
+		return gg_errf(why, size, -EINVAL, "site name \"%s\" must start with a letter or digit", v);
 	for (size_t i = 0; i < n; i++)
 		if (!((v[i] >= 'a' && v[i] <= 'z') || (v[i] >= '0' && v[i] <= '9') || v[i] == '-'))
-			return fail(why, size, "site name \"%s\" may hold only a-z, 0-9 and '-'", v);
+			return gg_errf(why, size, -EINVAL, "site name \"%s\" may hold only a-z, 0-9 and '-'", v);
 	return 0;
 }
 
@@ -41,14 +31,14 @@ static int check_host(const char *host, size_t len, bool bracketed, char *why, s
 	unsigned char addr[16];
 
 	if (len == 0)
-		return fail(why, size, "missing host before ':port'");
+		return gg_errf(why, size, -EINVAL, "missing host before ':port'");
 	if (len >= sizeof(buf))
-		return fail(why, size, "host name is longer than 255 characters");
+		return gg_errf(why, size, -EINVAL, "host name is longer than 255 characters");
 	memcpy(buf, host, len);
 	buf[len] = '\0';
 	if (bracketed) {
 		if (inet_pton(AF_INET6, buf, addr) != 1)
-			return fail(why, size, "\"[%s]\" is not an IPv6 address", buf);
+			return gg_errf(why, size, -EINVAL, "\"[%s]\" is not an IPv6 address", buf);
 		return 0;
 	}
 	if (inet_pton(AF_INET, buf, addr) == 1)
@@ -57,7 +47,7 @@ static int check_host(const char *host, size_t len, bool bracketed, char *why, s
 		char c = buf[i];
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
 		      c == '.'))
-			return fail(why, size, "\"%s\" is neither an IPv4 address nor a host name%s", buf,
+			return gg_errf(why, size, -EINVAL, "\"%s\" is neither an IPv4 address nor a host name%s", buf,
 				    c == ':' ? " (write IPv6 addresses as [addr]:port)" : "");
 	}
 	return 0;
@@ -71,11 +61,11 @@ int gg_check_address(const char *v, char *why, size_t size)
 	bool bracketed = false;
 
 	if (!colon)
-		return fail(why, size, "\"%s\" is not host:port (the port is missing)", v);
+		return gg_errf(why, size, -EINVAL, "\"%s\" is not host:port (the port is missing)", v);
 	if (v[0] == '[') {
 		const char *close = strchr(v, ']');
 		if (!close || close + 1 != colon)
-			return fail(why, size, "\"%s\" is not [IPv6]:port", v);
+			return gg_errf(why, size, -EINVAL, "\"%s\" is not [IPv6]:port", v);
 		host = v + 1;
 		host_len = (size_t)(close - host);
 		bracketed = true;
@@ -89,9 +79,9 @@ int gg_check_address(const char *v, char *why, size_t size)
 	errno = 0;
 	long p = strtol(port, &end, 10);
 	if (!*port || *end || errno || port[0] == '-' || port[0] == '+')
-		return fail(why, size, "port \"%s\" is not a number", port);
+		return gg_errf(why, size, -EINVAL, "port \"%s\" is not a number", port);
 	if (p < 1 || p > 65535)
-		return fail(why, size, "port %ld is out of range (1-65535)", p);
+		return gg_errf(why, size, -EINVAL, "port %ld is out of range (1-65535)", p);
 	return 0;
 }
 
@@ -100,15 +90,15 @@ int gg_check_control(const char *v, char *why, size_t size)
 	if (!strncmp(v, "unix:", 5)) {
 		const char *path = v + 5;
 		if (path[0] != '/')
-			return fail(why, size, "unix socket path \"%s\" must be absolute", path);
+			return gg_errf(why, size, -EINVAL, "unix socket path \"%s\" must be absolute", path);
 		if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-			return fail(why, size, "unix socket path is longer than %zu bytes",
+			return gg_errf(why, size, -EINVAL, "unix socket path is longer than %zu bytes",
 				    sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
 		return 0;
 	}
 	if (!strncmp(v, "tcp:", 4))
 		return gg_check_address(v + 4, why, size);
-	return fail(why, size, "\"%s\" must start with unix: or tcp:", v);
+	return gg_errf(why, size, -EINVAL, "\"%s\" must start with unix: or tcp:", v);
 }
 
 int gg_check_identity(const char *v, char *why, size_t size)
@@ -117,26 +107,26 @@ int gg_check_identity(const char *v, char *why, size_t size)
 		const char *name = v + 4;
 		size_t n = strlen(name);
 		if (n == 0 || n > 253)
-			return fail(why, size, "DNS identity must be 1 to 253 characters");
+			return gg_errf(why, size, -EINVAL, "DNS identity must be 1 to 253 characters");
 		for (size_t i = 0; i < n; i++) {
 			char c = name[i];
 			if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
 			      c == '-' || c == '.'))
-				return fail(why, size, "\"%s\" is not a DNS name", name);
+				return gg_errf(why, size, -EINVAL, "\"%s\" is not a DNS name", name);
 		}
 		if (name[0] == '.' || name[n - 1] == '.' || strstr(name, ".."))
-			return fail(why, size, "\"%s\" is not a DNS name", name);
+			return gg_errf(why, size, -EINVAL, "\"%s\" is not a DNS name", name);
 		return 0;
 	}
 	if (!strncmp(v, "uri:", 4)) {
 		const char *uri = v + 4;
 		const char *colon = strchr(uri, ':');
 		if (!colon || colon == uri || !colon[1])
-			return fail(why, size, "\"%s\" is not a URI (scheme:rest)", uri);
+			return gg_errf(why, size, -EINVAL, "\"%s\" is not a URI (scheme:rest)", uri);
 		for (const char *p = uri; *p; p++)
 			if ((unsigned char)*p <= ' ' || *p == 0x7f)
-				return fail(why, size, "URI identity may not contain spaces or control characters");
+				return gg_errf(why, size, -EINVAL, "URI identity may not contain spaces or control characters");
 		return 0;
 	}
-	return fail(why, size, "\"%s\" must be dns:NAME or uri:URI", v);
+	return gg_errf(why, size, -EINVAL, "\"%s\" must be dns:NAME or uri:URI", v);
 }

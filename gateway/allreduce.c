@@ -28,18 +28,6 @@ struct gg_ar_step {
 	bool failed;
 };
 
-static GG_PRINTF(3, 4) int fail(char *err, size_t size, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (size) {
-		va_start(ap, fmt);
-		vsnprintf(err, size, fmt, ap);
-		va_end(ap);
-	}
-	return -EINVAL;
-}
-
 void gg_ar_frame_get(struct gg_ar_frame *f)
 {
 	f->refs++;
@@ -161,9 +149,8 @@ static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset,
 	}
 	if (rc) {
 		gg_ar_frame_put(f);
-		fail(err, err_size, "encoding %llu elements at offset %llu failed: %s", (unsigned long long)n,
-		     (unsigned long long)offset, strerror(-rc));
-		return rc;
+		return gg_errf(err, err_size, rc, "encoding %llu elements at offset %llu failed: %s",
+			       (unsigned long long)n, (unsigned long long)offset, strerror(-rc));
 	}
 	*out = f;
 	return 0;
@@ -174,9 +161,8 @@ static int send_frame(struct gg_ar_step *s, unsigned to, const struct gg_ar_chun
 {
 	int rc = s->ops->send(s->ctx, to, id, f);
 	if (rc) {
-		fail(err, err_size, "sending %s chunk %u of %u to site %u failed: %s", phase_name(id->phase),
-		     id->chunk, id->origin, to, strerror(-rc));
-		return rc;
+		return gg_errf(err, err_size, rc, "sending %s chunk %u of %u to site %u failed: %s",
+			       phase_name(id->phase), id->chunk, id->origin, to, strerror(-rc));
 	}
 	s->bytes_out += f->len;
 	return 0;
@@ -341,12 +327,11 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 	int rc;
 
 	if (s->failed)
-		return fail(err, err_size, "the step has already failed");
+		return gg_errf(err, err_size, -EINVAL, "the step has already failed");
 	if (from >= K || from == self || !range_of(&s->cfg, s->shard_lo, id, &offset, &n)) {
 		s->failed = true;
-		fail(err, err_size, "site %u sent %s chunk %u of %u, which does not exist in this step", from,
-		     phase_name(id->phase), id->chunk, id->origin);
-		return -EPROTO;
+		return gg_errf(err, err_size, -EPROTO, "site %u sent %s chunk %u of %u, which does not exist in this step",
+			       from, phase_name(id->phase), id->chunk, id->origin);
 	}
 	/* Who may send what: direct frames come from their origin; ring
 	 * frames from the predecessor, never for a shard it cannot hold. */
@@ -355,9 +340,9 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 				: from == ring_prev(s) && ring_expects(s, id->phase, id->origin);
 	if (!expected) {
 		s->failed = true;
-		fail(err, err_size, "site %u sent %s chunk %u of %u, which this site never expects from it", from,
-		     phase_name(id->phase), id->chunk, id->origin);
-		return -EPROTO;
+		return gg_errf(err, err_size, -EPROTO,
+			       "site %u sent %s chunk %u of %u, which this site never expects from it", from,
+			       phase_name(id->phase), id->chunk, id->origin);
 	}
 	if (id->phase == GG_AR_DIRECT) {
 		struct gg_ar_frame **slot = &s->pending[(size_t)from * s->nchunks + id->chunk];
@@ -386,19 +371,19 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 
 	*out = NULL;
 	if (cfg->sites < 2 || cfg->sites > GG_AR_MAX_SITES || cfg->self >= cfg->sites)
-		return fail(err, err_size, "site %u of %u: need 2 to %d sites", cfg->self, cfg->sites,
+		return gg_errf(err, err_size, -EINVAL, "site %u of %u: need 2 to %d sites", cfg->self, cfg->sites,
 			    GG_AR_MAX_SITES);
 	if (cfg->count == 0)
-		return fail(err, err_size, "an all-reduce needs at least one element");
+		return gg_errf(err, err_size, -EINVAL, "an all-reduce needs at least one element");
 	if (cfg->chunk_elems == 0 || cfg->chunk_elems % GG_CODEC_BLOCK_ALIGN_ELEMS ||
 	    cfg->chunk_elems > cfg->enc->cfg.max_elems)
-		return fail(err, err_size, "chunk of %u elements: must be a multiple of %u and at most %llu",
+		return gg_errf(err, err_size, -EINVAL, "chunk of %u elements: must be a multiple of %u and at most %llu",
 			    cfg->chunk_elems, GG_CODEC_BLOCK_ALIGN_ELEMS,
 			    (unsigned long long)cfg->enc->cfg.max_elems);
 	if (cfg->algo != GG_ALLREDUCE_DIRECT && cfg->algo != GG_ALLREDUCE_RING)
-		return fail(err, err_size, "unknown all-reduce algorithm %d", (int)cfg->algo);
+		return gg_errf(err, err_size, -EINVAL, "unknown all-reduce algorithm %d", (int)cfg->algo);
 	if (cfg->feedback && cfg->feedback->elems < cfg->count)
-		return fail(err, err_size, "error feedback covers %zu elements, the step has %llu",
+		return gg_errf(err, err_size, -EINVAL, "error feedback covers %zu elements, the step has %llu",
 			    cfg->feedback->elems, (unsigned long long)cfg->count);
 
 	s = calloc(1, sizeof(*s));
@@ -416,7 +401,7 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	if (cfg->algo == GG_ALLREDUCE_DIRECT) {
 		uint64_t nchunks = (cfg->count + cfg->chunk_elems - 1) / cfg->chunk_elems;
 		if (nchunks > UINT32_MAX) {
-			rc = fail(err, err_size, "%llu chunks are too many for one step", (unsigned long long)nchunks);
+			rc = gg_errf(err, err_size, -EINVAL, "%llu chunks are too many for one step", (unsigned long long)nchunks);
 			goto fail;
 		}
 		s->nchunks = (uint32_t)nchunks;
@@ -432,7 +417,7 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 			uint64_t len = s->shard_lo[j + 1] - s->shard_lo[j];
 			uint64_t chunks = (len + cfg->chunk_elems - 1) / cfg->chunk_elems;
 			if (chunks + s->chunk_base[j] > UINT32_MAX) {
-				rc = fail(err, err_size, "too many chunks for one step");
+				rc = gg_errf(err, err_size, -EINVAL, "too many chunks for one step");
 				goto fail;
 			}
 			s->shard_chunks[j] = (uint32_t)chunks;

@@ -12,7 +12,8 @@
 void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t count);
 void gg_host_sum_bf16(float *sum, const uint16_t *const *in, unsigned n, uint64_t count);
 
-/* dst[i] = src[i] rounded to bfloat16, to nearest even; NaN stays NaN. */
+/* dst[i] = src[i] rounded to bfloat16 by the bf16 codec's rule (compress/codec.h):
+ * to nearest even, NaN stays NaN. */
 void gg_host_store_bf16(uint16_t *dst, const float *src, uint64_t count);
 
 static inline float gg_host_bf16_to_f32(uint16_t b)
@@ -22,16 +23,6 @@ static inline float gg_host_bf16_to_f32(uint16_t b)
 
 	memcpy(&x, &u, sizeof(x));
 	return x;
-}
-
-static inline uint16_t gg_host_f32_to_bf16(float x)
-{
-	uint32_t u;
-
-	memcpy(&u, &x, sizeof(u));
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x0040u);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 #endif

@@ -127,16 +127,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static GG_PRINTF(3, 4) int errf(char *err, size_t size, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, size, fmt, ap);
-	va_end(ap);
-	return -EINVAL;
-}
-
 const char *gg_node_site_name(const struct gg_node *n, unsigned index)
 {
 	return index < n->sites ? n->names[index] : "?";
@@ -437,21 +427,21 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	struct job *j;
 
 	if (n->shutting_down)
-		return errf(err, err_size, "the gateway is shutting down");
+		return gg_errf(err, err_size, -EINVAL, "the gateway is shutting down");
 	if (!st->job[0] || st->count == 0)
-		return errf(err, err_size, "a step needs a job name and at least one element");
+		return gg_errf(err, err_size, -EINVAL, "a step needs a job name and at least one element");
 	if (st->count * sizeof(float) > n->cfg->limits.max_message_bytes)
-		return errf(err, err_size, "%llu elements exceed [limits] max_message", (unsigned long long)st->count);
+		return gg_errf(err, err_size, -EINVAL, "%llu elements exceed [limits] max_message", (unsigned long long)st->count);
 	j = find_job(n, st->job, true);
 	if (!j)
-		return errf(err, err_size, "too many jobs (at most %d)", MAX_JOBS);
+		return gg_errf(err, err_size, -EINVAL, "too many jobs (at most %d)", MAX_JOBS);
 	if (j->step) {
-		errf(err, err_size, "job '%s' already has step %llu in progress", j->name,
+		gg_errf(err, err_size, -EINVAL, "job '%s' already has step %llu in progress", j->name,
 		     (unsigned long long)j->step->seq);
 		return -EBUSY;
 	}
 	if (st->seq <= j->last_seq)
-		return errf(err, err_size, "job '%s': step %llu comes after step %llu", j->name,
+		return gg_errf(err, err_size, -EINVAL, "job '%s': step %llu comes after step %llu", j->name,
 			    (unsigned long long)st->seq, (unsigned long long)j->last_seq);
 
 	struct gg_wire_step ws = { .step = st->seq, .count = st->count, .tensor_id = st->tensor_id, .dtype = st->dtype };
@@ -462,7 +452,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	if (n->cfg->compression.error_feedback && gg_codec_is_lossy(n->cfg->compression.codec)) {
 		fb = feedback_for(n, st->job, st->tensor_id, st->count);
 		if (!fb)
-			return errf(err, err_size, "no memory for the error feedback of tensor %u", st->tensor_id);
+			return gg_errf(err, err_size, -EINVAL, "no memory for the error feedback of tensor %u", st->tensor_id);
 	}
 	j->step = st;
 	j->wstep = ws;
@@ -477,7 +467,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	n->stats.encode_s += now_s() - t0;
 	if (rc) {
 		j->step = NULL;
-		return errf(err, err_size, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name, why);
+		return gg_errf(err, err_size, -EINVAL, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name, why);
 	}
 	if (j->aborted_seq == st->seq) {
 		char reason[GG_NODE_ERROR_MAX];
@@ -1198,7 +1188,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 				pc = &cfg->peers[k];
 		snprintf(n->peers[i].address, sizeof(n->peers[i].address), "%s", pc->address);
 		if (gg_tls_site_init(&n->peers[i].tls_site, pc->site, pc->identity, &why)) {
-			rc = errf(err, err_size, "peer %s: identity %s: %s", pc->site, pc->identity, why);
+			rc = gg_errf(err, err_size, -EINVAL, "peer %s: identity %s: %s", pc->site, pc->identity, why);
 			goto fail;
 		}
 	}
@@ -1219,13 +1209,13 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	}
 	uint64_t bound;
 	if ((rc = gg_frame_bound(&fc.codec, n->chunk_elems, &bound)) || (rc = gg_frame_encoder_init(&n->enc, &fc))) {
-		errf(err, err_size, "codec %s with block size %d: %s", gg_codec_name(cfg->compression.codec),
+		gg_errf(err, err_size, -EINVAL, "codec %s with block size %d: %s", gg_codec_name(cfg->compression.codec),
 		     cfg->compression.block_size, strerror(-rc));
 		goto fail;
 	}
 	struct gg_frame_limits lim = { .max_elems = n->chunk_elems, .max_raw_bytes = bound };
 	if ((rc = gg_frame_decoder_init(&n->dec, &lim))) {
-		errf(err, err_size, "frame decoder: %s", strerror(-rc));
+		gg_errf(err, err_size, -EINVAL, "frame decoder: %s", strerror(-rc));
 		goto fail;
 	}
 	n->rx_max = GG_WIRE_DATA_FIXED_BYTES + bound;
@@ -1243,7 +1233,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	if (urandom < 0 || read(urandom, &n->hello.instance_id, sizeof(n->hello.instance_id)) != 8) {
 		if (urandom >= 0)
 			close(urandom);
-		rc = errf(err, err_size, "cannot read /dev/urandom for the instance id");
+		rc = gg_errf(err, err_size, -EINVAL, "cannot read /dev/urandom for the instance id");
 		goto fail;
 	}
 	close(urandom);
@@ -1256,24 +1246,24 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	n->sopts = (struct gg_tls_stream_options){ .handshake_timeout_us = cfg->transport.handshake_timeout_us,
 						   .socket_buffer_bytes = (int)cfg->transport.socket_buffer_bytes };
 	if ((rc = gg_loop_init(&n->loop, 1024))) {
-		errf(err, err_size, "cannot set up io_uring: %s", strerror(-rc));
+		gg_errf(err, err_size, -EINVAL, "cannot set up io_uring: %s", strerror(-rc));
 		goto fail;
 	}
 	n->loop.now_us = gg_monotonic_us();
 	struct sockaddr_storage ss;
 	socklen_t len;
 	if (gg_net_addr_parse(cfg->site.listen, &ss, &len, &why)) {
-		rc = errf(err, err_size, "listen address %s: %s", cfg->site.listen, why);
+		rc = gg_errf(err, err_size, -EINVAL, "listen address %s: %s", cfg->site.listen, why);
 		goto fail;
 	}
 	n->listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 128);
 	if (n->listen_fd < 0) {
 		rc = n->listen_fd;
-		errf(err, err_size, "cannot listen on %s: %s", cfg->site.listen, strerror(-rc));
+		gg_errf(err, err_size, -EINVAL, "cannot listen on %s: %s", cfg->site.listen, strerror(-rc));
 		goto fail;
 	}
 	if ((rc = gg_loop_accept(&n->loop, n->listen_fd, gg_loop_ud(GG_OP_ACCEPT, 0, 0)))) {
-		errf(err, err_size, "cannot accept on %s: %s", cfg->site.listen, strerror(-rc));
+		gg_errf(err, err_size, -EINVAL, "cannot accept on %s: %s", cfg->site.listen, strerror(-rc));
 		goto fail;
 	}
 	*out = n;

@@ -90,18 +90,6 @@ static bool get_str(struct reader *r, char *dst, size_t max, const char *field)
 	return true;
 }
 
-static GG_PRINTF(3, 4) int fail(char *err, size_t size, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (size) {
-		va_start(ap, fmt);
-		vsnprintf(err, size, fmt, ap);
-		va_end(ap);
-	}
-	return -EBADMSG;
-}
-
 /* ---- encoding ----------------------------------------------------------- */
 
 static void put_header(struct writer *w, enum gg_wire_type type, size_t payload)
@@ -207,17 +195,17 @@ int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_pay
 	uint32_t len = (uint32_t)get_le(&r, 4, "length");
 
 	if (magic != GG_WIRE_MAGIC)
-		return fail(err, err_size, "not a gradgate message (magic %08x)", magic);
+		return gg_errf(err, err_size, -EBADMSG, "not a gradgate message (magic %08x)", magic);
 	if (version != GG_WIRE_VERSION)
-		return fail(err, err_size, "protocol version %u, this gateway speaks %u", version,
+		return gg_errf(err, err_size, -EBADMSG, "protocol version %u, this gateway speaks %u", version,
 			    GG_WIRE_VERSION);
 	if (t < GG_WIRE_HELLO || t > GG_WIRE_ABORT)
-		return fail(err, err_size, "unknown message type %u", t);
+		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", t);
 	if (reserved)
-		return fail(err, err_size, "reserved header bits set (%#x)", reserved);
+		return gg_errf(err, err_size, -EBADMSG, "reserved header bits set (%#x)", reserved);
 	if (len > max_payload_bytes) {
-		fail(err, err_size, "message of %u bytes exceeds the limit of %zu", len, max_payload_bytes);
-		return -E2BIG;
+		return gg_errf(err, err_size, -E2BIG, "message of %u bytes exceeds the limit of %zu", len,
+			       max_payload_bytes);
 	}
 	*type = (enum gg_wire_type)t;
 	*payload_bytes = len;
@@ -237,9 +225,9 @@ static bool site_name_ok(const char *s)
 static int check_chunk_id(const struct gg_ar_chunk_id *id, char *err, size_t err_size)
 {
 	if (id->phase < GG_AR_DIRECT || id->phase > GG_AR_GATHER)
-		return fail(err, err_size, "unknown phase %u", id->phase);
+		return gg_errf(err, err_size, -EBADMSG, "unknown phase %u", id->phase);
 	if (id->origin >= GG_AR_MAX_SITES)
-		return fail(err, err_size, "origin %u is not a site index", id->origin);
+		return gg_errf(err, err_size, -EBADMSG, "origin %u is not a site index", id->origin);
 	return 0;
 }
 
@@ -258,11 +246,11 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		h->instance_id = get_le(&r, 8, "instance id");
 		h->sites = (uint8_t)get_le(&r, 1, "site count");
 		if (!r.field && (h->sites < 2 || h->sites > GG_AR_MAX_SITES))
-			return fail(err, err_size, "hello: %u sites, must be 2 to %d", h->sites, GG_AR_MAX_SITES);
+			return gg_errf(err, err_size, -EBADMSG, "hello: %u sites, must be 2 to %d", h->sites, GG_AR_MAX_SITES);
 		for (unsigned i = 0; i < h->sites && !r.field; i++)
 			if (get_str(&r, h->site_names[i], GG_WIRE_NAME_MAX, "site name") &&
 			    !site_name_ok(h->site_names[i]))
-				return fail(err, err_size, "hello: site name %u is not a site name", i);
+				return gg_errf(err, err_size, -EBADMSG, "hello: site name %u is not a site name", i);
 		h->codec = (uint8_t)get_le(&r, 1, "codec");
 		h->scale = (uint8_t)get_le(&r, 1, "scale");
 		h->block_elems = (uint32_t)get_le(&r, 4, "block size");
@@ -270,7 +258,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		h->chunk_elems = (uint32_t)get_le(&r, 4, "chunk size");
 		h->zstd = (uint8_t)get_le(&r, 1, "zstd");
 		if (!r.field && (h->streams == 0 || h->stream_index >= h->streams))
-			return fail(err, err_size, "hello: stream %u of %u", h->stream_index, h->streams);
+			return gg_errf(err, err_size, -EBADMSG, "hello: stream %u of %u", h->stream_index, h->streams);
 		break;
 	}
 	case GG_WIRE_DATA: {
@@ -287,7 +275,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		if (r.field)
 			break;
 		if (st->dtype != GG_WIRE_F32 && st->dtype != GG_WIRE_BF16)
-			return fail(err, err_size, "data: unknown dtype %u", st->dtype);
+			return gg_errf(err, err_size, -EBADMSG, "data: unknown dtype %u", st->dtype);
 		if (check_chunk_id(&msg->u.data.id, err, err_size))
 			return -EBADMSG;
 		msg->u.data.frame = r.p;
@@ -314,13 +302,13 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		get_str(&r, msg->u.abort.reason, GG_WIRE_REASON_MAX, "reason");
 		break;
 	default:
-		return fail(err, err_size, "unknown message type %u", (unsigned)type);
+		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", (unsigned)type);
 	}
 	if (r.field)
-		return fail(err, err_size, "message type %u: field '%s' is truncated or malformed", (unsigned)type,
+		return gg_errf(err, err_size, -EBADMSG, "message type %u: field '%s' is truncated or malformed", (unsigned)type,
 			    r.field);
 	if (r.p != r.end)
-		return fail(err, err_size, "message type %u: %zu bytes after the last field", (unsigned)type,
+		return gg_errf(err, err_size, -EBADMSG, "message type %u: %zu bytes after the last field", (unsigned)type,
 			    (size_t)(r.end - r.p));
 	return 0;
 }

@@ -8,19 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gg_check.h"
 #include "allreduce.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			printf(__VA_ARGS__);                               \
-			printf("\n");                                      \
-			failures++;                                        \
-		}                                                          \
-	} while (0)
 
 struct msg {
 	unsigned from, to;

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "gg_check.h"
 #include "allreduce.h"
 #include "log.h"
 #include "node.h"
@@ -25,18 +26,6 @@
 
 static const char *cert_dir;
 static int ports[MAX_K];
-static int failures;
-
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			printf(__VA_ARGS__);                               \
-			printf("\n");                                      \
-			fflush(stdout);                                    \
-			failures++;                                        \
-		}                                                          \
-	} while (0)
 
 struct scenario {
 	unsigned K;

@@ -4,19 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gg_check.h"
 #include "wire.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			printf(__VA_ARGS__);                               \
-			printf("\n");                                      \
-			failures++;                                        \
-		}                                                          \
-	} while (0)
 
 static struct gg_wire_hello hello(void)
 {
