@@ -58,7 +58,7 @@ static const struct field site_fields[] = {
 	{ "listen", F_STRING, CFG(site.listen), true, NULL, 0, 0, NULL, gg_check_address,
 	  "host:port where peer gateways connect" },
 	{ "control", F_STRING, CFG(site.control), false, NULL, 0, 0, NULL, gg_check_control,
-	  "local client endpoint: unix:PATH or tcp:host:port" },
+	  "local client endpoint: unix:/absolute/path" },
 	{ "threads", F_INT, CFG(site.threads), false, "2", 1, 64, NULL, NULL,
 	  "io_uring worker threads" },
 };

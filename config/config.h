@@ -32,7 +32,7 @@ struct gg_config {
 	struct {
 		char *name;
 		char *listen;   /* "host:port" for peer gateways */
-		char *control;  /* "unix:PATH" or "tcp:host:port" for local clients */
+		char *control;  /* "unix:/PATH" for local clients */
 		int threads;    /* io_uring worker threads */
 	} site;
 

@@ -97,8 +97,11 @@ int gg_check_control(const char *v, char *why, size_t size)
 		return 0;
 	}
 	if (!strncmp(v, "tcp:", 4))
-		return gg_check_address(v + 4, why, size);
-	return gg_errf(why, size, -EINVAL, "\"%s\" must start with unix: or tcp:", v);
+		return gg_errf(why, size, -EINVAL,
+			       "\"%s\": tcp: endpoints are not supported yet (ranks share memory with the gateway); "
+			       "use unix:/path",
+			       v);
+	return gg_errf(why, size, -EINVAL, "\"%s\" must be unix:/absolute/path", v);
 }
 
 int gg_check_identity(const char *v, char *why, size_t size)

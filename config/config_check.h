@@ -11,7 +11,8 @@ typedef int (*gg_check_fn)(const char *value, char *why, size_t why_size);
 int gg_check_site_name(const char *value, char *why, size_t why_size);
 /* "host:port" or "[v6addr]:port", port 1-65535. */
 int gg_check_address(const char *value, char *why, size_t why_size);
-/* "unix:/absolute/path" or "tcp:host:port". */
+/* "unix:/absolute/path" (host mode shares memory with its ranks, so a
+ * tcp: endpoint is refused with a message saying so). */
 int gg_check_control(const char *value, char *why, size_t why_size);
 /* "dns:NAME" or "uri:SCHEME:REST". */
 int gg_check_identity(const char *value, char *why, size_t why_size);
