@@ -1,0 +1,46 @@
+/* Writes one seed per message type for the wire fuzz target:
+ * gen-wire-corpus DIR */
+#include <stdio.h>
+#include <string.h>
+
+#include "wire.h"
+
+static void put(const char *dir, const char *name, const uint8_t *buf, size_t len)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "wb");
+	if (!f || fwrite(buf, 1, len, f) != len || fclose(f))
+		perror(path);
+}
+
+int main(int argc, char **argv)
+{
+	uint8_t buf[4096];
+	ssize_t n;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s DIR\n", argv[0]);
+		return 2;
+	}
+	struct gg_wire_hello h = { .stream_index = 1, .streams = 2, .instance_id = 99, .sites = 3, .codec = 3,
+				   .block_elems = 0, .algorithm = 1, .chunk_elems = 262144, .zstd = 1 };
+	strcpy(h.site_names[0], "site-a");
+	strcpy(h.site_names[1], "site-b");
+	strcpy(h.site_names[2], "site-c");
+	if ((n = gg_wire_encode_hello(buf, sizeof(buf), &h)) > 0)
+		put(argv[1], "hello", buf, (size_t)n);
+	struct gg_wire_step st = { .job = "train", .step = 3, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
+	struct gg_ar_chunk_id id = { GG_AR_SCATTER, 1, 2 };
+	if ((n = gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, 8)) > 0) {
+		memcpy(buf + n, "GGF1data", 8);
+		put(argv[1], "data", buf, (size_t)n + 8);
+	}
+	if ((n = gg_wire_encode_ack(buf, sizeof(buf), "train", 3, &id)) > 0)
+		put(argv[1], "ack", buf, (size_t)n);
+	if ((n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, 12345)) > 0)
+		put(argv[1], "ping", buf, (size_t)n);
+	if ((n = gg_wire_encode_abort(buf, sizeof(buf), "train", 3, "site site-b: rank 1 left")) > 0)
+		put(argv[1], "abort", buf, (size_t)n);
+	return 0;
+}
