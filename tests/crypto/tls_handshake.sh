@@ -296,6 +296,29 @@ reload)
 	quick_client
 	expect_text "$work/client.log" "Peer certificate: CN = site-b renewed"
 	;;
+connect_refused)
+	# Port 1 (tcpmux) has no listener, and lies outside the ephemeral
+	# range, so the client cannot connect to itself there.
+	port=1
+	connect_probe && fail "our client connected to a closed port"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: connect failed: Connection refused"
+	;;
+client_deadline)
+	# A server that accepts TCP but never answers the ClientHello.
+	python3 -c 'import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
+print("listening on 127.0.0.1:%d" % s.getsockname()[1], flush=True); time.sleep(20)' >"$work/peer.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 100); do
+		port=$(sed -n 's/^listening on 127\.0\.0\.1://p' "$work/peer.log" 2>/dev/null)
+		[ -n "$port" ] && break
+		sleep 0.05
+	done
+	timeout 10 "$probe" connect "127.0.0.1:$port" --ca ca.pem --cert site-a.pem --key site-a.key \
+		--expect site-b=dns:site-b.gradgate.test --handshake-timeout-ms 400 >"$work/client.log" 2>&1 &&
+		fail "our client finished a handshake nobody answered"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: handshake not completed within 400 ms (expected identity dns:site-b.gradgate.test)"
+	;;
 key_permissions)
 	chmod 640 site-b.key
 	"$probe" serve --ca ca.pem --cert site-b.pem --key site-b.key --allow site-a=dns:site-a.gradgate.test \
