@@ -320,13 +320,17 @@ static ssize_t conn_read(struct conn *c, uint8_t *buf, size_t len)
 	}
 }
 
+/* 0 with len bytes read; -ENODATA when the peer ended cleanly before the
+ * first byte (a message boundary); else a negative errno. */
 static int conn_read_full(struct conn *c, uint8_t *buf, size_t len)
 {
 	for (size_t off = 0; off < len;) {
 		ssize_t n = conn_read(c, buf + off, len - off);
+		if (n == 0 && off == 0)
+			return -ENODATA;
 		if (n <= 0) {
 			if (n == 0)
-				snprintf(c->error, sizeof(c->error), "the peer closed the connection early");
+				snprintf(c->error, sizeof(c->error), "the peer closed the connection inside a message");
 			return n ? (int)n : -ECONNRESET;
 		}
 		off += (size_t)n;
@@ -444,6 +448,7 @@ static void *server_worker(void *arg)
 		gg_tls_stream_accept(&c.stream, &c.loop, 0, fd, e, &so);
 		if (tls_open(&c)) {
 			fprintf(stderr, "gradgate-bench: refused: %s\n", c.error);
+			c.error[0] = '\0';
 			goto out;
 		}
 	} else if (!opt->allow_plain) {
@@ -461,7 +466,7 @@ static void *server_worker(void *arg)
 	while (conn_read(&c, hello, sizeof(hello)) > 0)
 		;
 out:
-	if (c.error[0] && c.tls && c.stream.state != GG_TLS_STREAM_OPEN && !strstr(c.error, "close_notify"))
+	if (c.error[0])
 		fprintf(stderr, "gradgate-bench: connection from %s: %s\n", addr, c.error);
 	conn_close(&c);
 	free(buf);
@@ -630,8 +635,11 @@ static int run_stream(struct client_job *j, struct conn *c)
 			goto out;
 		j->bytes += chunk;
 	}
-	if ((rc = conn_shutdown(c)) || (rc = conn_read_full(c, result, sizeof(result))))
+	if ((rc = conn_shutdown(c)) || (rc = conn_read_full(c, result, sizeof(result)))) {
+		if (rc == -ENODATA)
+			snprintf(c->error, sizeof(c->error), "the server closed the connection without a result");
 		goto out;
+	}
 	j->wall_ns = now_ns(CLOCK_MONOTONIC) - t0;
 	j->cpu_ns = now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu0;
 	j->peer_cpu_ns = get64(result + 8);
@@ -658,8 +666,11 @@ static int run_echo(struct client_job *j, struct conn *c)
 	fill_pattern(out, msg);
 	for (int i = -RTT_WARMUP; i < j->opt->rtt_count; i++) {
 		uint64_t t = now_ns(CLOCK_MONOTONIC);
-		if ((rc = conn_write(c, out, msg)) || (rc = conn_read_full(c, in, msg)))
+		if ((rc = conn_write(c, out, msg)) || (rc = conn_read_full(c, in, msg))) {
+			if (rc == -ENODATA)
+				snprintf(c->error, sizeof(c->error), "the server closed the connection without an echo");
 			goto out;
+		}
 		if (i >= 0)
 			j->rtt_ns[j->rtt_n++] = now_ns(CLOCK_MONOTONIC) - t;
 	}

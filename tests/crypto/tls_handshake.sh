@@ -42,11 +42,14 @@ normalized() {
 	sed 's/127\.0\.0\.1:[0-9]*/127.0.0.1:PORT/g' "$1"
 }
 
-# start_server [tls_probe serve options]: our server as site-b, admitting site-a.
+# start_server [tls_probe serve options]: our server as site-b (from
+# $server_cert.pem/.key), admitting site-a; its pid in $server_pid.
+server_cert=site-b
 start_server() {
-	"$probe" serve --ca ca.pem --cert site-b.pem --key site-b.key \
+	"$probe" serve --ca ca.pem --cert "$server_cert.pem" --key "$server_cert.key" \
 		--allow site-a=dns:site-a.gradgate.test "$@" >"$work/server.log" 2>&1 &
-	pids+=($!)
+	server_pid=$!
+	pids+=("$server_pid")
 	for _ in $(seq 100); do
 		port=$(sed -n 's/^listening on 127\.0\.0\.1://p' "$work/server.log" 2>/dev/null)
 		[ -n "$port" ] && return
@@ -75,6 +78,15 @@ expect_line() {
 
 expect_text() {
 	grep -qF -- "$2" "$1" || fail "$(basename "$1") lacks: $2"
+}
+
+# wait_text FILE TEXT: FILE contains TEXT within 5 s.
+wait_text() {
+	for _ in $(seq 100); do
+		grep -qF -- "$2" "$1" 2>/dev/null && return
+		sleep 0.05
+	done
+	fail "$(basename "$1") lacks: $2"
 }
 
 # refused CERT SERVER_MESSAGE CLIENT_ALERT [s_client options]
@@ -195,22 +207,19 @@ server_valid)
 	start_peer_server site-b -alpn gradgate/1
 	connect_probe
 	expect_line "$work/client.log" "connected to peer 127.0.0.1:PORT as site 'site-b' (dns:site-b.gradgate.test) with TLS_AES_256_GCM_SHA384"
-	for _ in $(seq 100); do grep -q "hello from site-a" "$work/peer.log" && break; sleep 0.05; done
-	expect_text "$work/peer.log" "hello from site-a"
+	wait_text "$work/peer.log" "hello from site-a"
 	;;
 server_wrong_identity)
 	start_peer_server site-c -alpn gradgate/1
 	connect_probe && fail "our client accepted a server named site-c"
 	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: certificate does not name site 'site-b' (expected identity dns:site-b.gradgate.test; sent alert bad_certificate; certificate names dns:site-c.gradgate.test)"
-	for _ in $(seq 100); do grep -q "alert bad certificate" "$work/peer.log" && break; sleep 0.05; done
-	expect_text "$work/peer.log" "sslv3 alert bad certificate"
+	wait_text "$work/peer.log" "sslv3 alert bad certificate"
 	;;
 server_unknown_ca)
 	start_peer_server foreign-a -alpn gradgate/1
 	connect_probe && fail "our client accepted a server from a foreign CA"
 	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: certificate is not issued by the configured CA (unknown CA) (expected identity dns:site-b.gradgate.test; issuer /CN=foreign CA; sent alert unknown_ca; certificate names dns:site-a.gradgate.test)"
-	for _ in $(seq 100); do grep -q "alert unknown ca" "$work/peer.log" && break; sleep 0.05; done
-	expect_text "$work/peer.log" "tlsv1 alert unknown ca"
+	wait_text "$work/peer.log" "tlsv1 alert unknown ca"
 	;;
 server_no_alpn)
 	start_peer_server site-b
@@ -228,7 +237,7 @@ scanners)
 	{ printf '\001'; head -c 4096 /dev/urandom; } >&3 2>/dev/null
 	timeout 5 cat <&3 >/dev/null
 	exec 3>&-
-	for _ in $(seq 100); do grep -q "did not start a TLS handshake" "$work/server.log" && break; sleep 0.05; done
+	wait_text "$work/server.log" "did not start a TLS handshake"
 	normalized "$work/server.log" | grep -q "^refused: peer 127.0.0.1:PORT: peer did not start a TLS handshake (.*) $expect_a" ||
 		fail "random bytes were not refused as non-TLS"
 	exec 3<>"/dev/tcp/127.0.0.1/$port" || fail "cannot connect"
@@ -262,15 +271,8 @@ reload)
 			-key site-a.key -alpn gradgate/1 -verify_return_error -brief </dev/null >"$work/client.log" 2>&1
 	}
 	cp site-b.pem server.pem && cp site-b.key server.key
-	"$probe" serve --ca ca.pem --cert server.pem --key server.key \
-		--allow site-a=dns:site-a.gradgate.test >"$work/server.log" 2>&1 &
-	server_pid=$!
-	pids+=("$server_pid")
-	for _ in $(seq 100); do
-		port=$(sed -n 's/^listening on 127\.0\.0\.1://p' "$work/server.log" 2>/dev/null)
-		[ -n "$port" ] && break
-		sleep 0.05
-	done
+	server_cert=server
+	start_server
 	mkfifo "$work/in"
 	timeout 20 "$openssl" s_client -connect "127.0.0.1:$port" -CAfile ca.pem -cert site-a.pem -key site-a.key \
 		-alpn gradgate/1 -brief <"$work/in" >"$work/peer.log" 2>&1 &
@@ -282,8 +284,7 @@ reload)
 	expect_line "$work/server.log" "reloaded credentials (generation 2)"
 	echo "still here" >&4
 	expect_line "$work/server.log" "received: still here"
-	for _ in $(seq 100); do [ "$(grep -c "still here" "$work/peer.log")" -ge 1 ] && break; sleep 0.05; done
-	expect_text "$work/peer.log" "still here"
+	wait_text "$work/peer.log" "still here"
 	quick_client
 	expect_text "$work/client.log" "Peer certificate: CN = site-b renewed"
 	chmod 644 server.key
@@ -294,6 +295,29 @@ reload)
 	exec 4>&-
 	quick_client
 	expect_text "$work/client.log" "Peer certificate: CN = site-b renewed"
+	;;
+connect_refused)
+	# Port 1 (tcpmux) has no listener, and lies outside the ephemeral
+	# range, so the client cannot connect to itself there.
+	port=1
+	connect_probe && fail "our client connected to a closed port"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: connect failed: Connection refused"
+	;;
+client_deadline)
+	# A server that accepts TCP but never answers the ClientHello.
+	python3 -c 'import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
+print("listening on 127.0.0.1:%d" % s.getsockname()[1], flush=True); time.sleep(20)' >"$work/peer.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 100); do
+		port=$(sed -n 's/^listening on 127\.0\.0\.1://p' "$work/peer.log" 2>/dev/null)
+		[ -n "$port" ] && break
+		sleep 0.05
+	done
+	timeout 10 "$probe" connect "127.0.0.1:$port" --ca ca.pem --cert site-a.pem --key site-a.key \
+		--expect site-b=dns:site-b.gradgate.test --handshake-timeout-ms 400 >"$work/client.log" 2>&1 &&
+		fail "our client finished a handshake nobody answered"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: handshake not completed within 400 ms (expected identity dns:site-b.gradgate.test)"
 	;;
 key_permissions)
 	chmod 640 site-b.key
