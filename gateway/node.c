@@ -1129,9 +1129,16 @@ void gg_node_shutdown(struct gg_node *n)
 		if (n->jobs[i].used && n->jobs[i].step)
 			fail_step(n, &n->jobs[i], "step %llu of job '%s': the gateway of site %s is shutting down",
 				  (unsigned long long)n->jobs[i].step->seq, n->jobs[i].name, n->names[n->self]);
-	for (int ci = 0; ci < MAX_CONNS; ci++)
-		if (n->conns[ci].used)
-			conn_close(n, ci, "shutting down");
+	for (int ci = 0; ci < MAX_CONNS; ci++) {
+		if (!n->conns[ci].used)
+			continue;
+		/* close_notify first, so the peer can tell a clean stop from a
+		 * cut; the close then flushes it. */
+		if (n->conns[ci].ts.state == GG_TLS_STREAM_OPEN && gg_tls_stream_shutdown(&n->conns[ci].ts) < 0)
+			gg_log(GG_LOG_DEBUG, "close_notify_failed", "site=%s stream=%d",
+			       n->conns[ci].peer >= 0 ? n->names[n->conns[ci].peer] : "?", n->conns[ci].stream);
+		conn_close(n, ci, "shutting down");
+	}
 	if (n->listen_fd >= 0) {
 		close(n->listen_fd);
 		n->listen_fd = -1;
