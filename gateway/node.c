@@ -626,17 +626,10 @@ static void send_hello(struct gg_node *n, int ci)
 
 static void conn_close(struct gg_node *n, int ci, const char *why);
 
-/* The stream to a peer is ready: resend what that peer never acknowledged
- * on streams that are gone. */
-static void stream_ready(struct gg_node *n, int ci)
+/* Sends again what `p` never acknowledged on streams that are gone. */
+static void resend_lost(struct gg_node *n, unsigned p)
 {
-	struct conn *c = &n->conns[ci];
-	struct peer *pe = &n->peers[c->peer];
-
-	c->ready = true;
-	pe->backoff_us[c->stream] = 0;
-	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", n->names[c->peer], c->stream,
-	       gg_tls_engine_cipher(c->ts.tls));
+	struct peer *pe = &n->peers[p];
 	struct out **pp = &pe->unacked;
 	while (*pp) {
 		struct out *o = *pp;
@@ -652,7 +645,19 @@ static void stream_ready(struct gg_node *n, int ci)
 		pe->waiting = o;
 		n->stats.resent_messages++;
 	}
-	pump_peer(n, (unsigned)c->peer);
+	pump_peer(n, p);
+}
+
+/* The stream to a peer is ready: it carries what lost streams did. */
+static void stream_ready(struct gg_node *n, int ci)
+{
+	struct conn *c = &n->conns[ci];
+
+	c->ready = true;
+	n->peers[c->peer].backoff_us[c->stream] = 0;
+	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", n->names[c->peer], c->stream,
+	       gg_tls_engine_cipher(c->ts.tls));
+	resend_lost(n, (unsigned)c->peer);
 }
 
 static void on_hello(struct gg_node *n, int ci, const struct gg_wire_msg *m)
@@ -850,7 +855,7 @@ static void conn_lost(struct gg_node *n, int ci, const char *why)
 	for (int s = 0; s < n->cfg->transport.streams_per_peer; s++) {
 		int other = pe->conn[s];
 		if (other >= 0 && n->conns[other].ready) {
-			stream_ready(n, other);
+			resend_lost(n, (unsigned)c->peer);
 			break;
 		}
 	}
