@@ -1021,6 +1021,26 @@ static void on_cqe(void *arg, const struct io_uring_cqe *cqe)
 	}
 }
 
+/* " (no connection to site X, site Y)" for peers with no stream up, or "":
+ * when a site is gone, what a step waits for may be held up by it rather
+ * than by the site the step waits on. */
+static void unreachable_peers(const struct gg_node *n, char *buf, size_t size)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (unsigned p = 0; p < n->sites && len < size; p++) {
+		bool up = p == n->self;
+		for (int s = 0; s < n->cfg->transport.streams_per_peer && !up; s++)
+			up = n->peers[p].conn[s] >= 0 && n->conns[n->peers[p].conn[s]].ready;
+		if (!up)
+			len += (size_t)snprintf(buf + len, size - len, "%s site %s", len ? "," : " (no connection to",
+						n->names[p]);
+	}
+	if (len && len < size)
+		snprintf(buf + len, size - len, ")");
+}
+
 static void timers(struct gg_node *n)
 {
 	const uint64_t now = n->loop.now_us;
@@ -1060,18 +1080,19 @@ static void timers(struct gg_node *n)
 			continue;
 		unsigned from;
 		struct gg_ar_chunk_id id;
-		char buf[32];
+		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
+		unreachable_peers(n, down, sizeof(down));
 		if (gg_ar_step_first_missing(j->ar, &from, &id))
 			fail_step_code(n, j, -ETIMEDOUT,
 				  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for "
-				  "shard %u chunk %u",
+				  "shard %u chunk %u%s",
 				  (unsigned long long)j->step->seq, j->name,
 				  gg_format_duration(cfg->transport.step_timeout_us, buf, sizeof(buf)), n->names[from],
 				  id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
-				  id.origin, id.chunk);
+				  id.origin, id.chunk, down);
 		else
-			fail_step_code(n, j, -ETIMEDOUT, "step %llu of job '%s' missed its deadline",
-				       (unsigned long long)j->step->seq, j->name);
+			fail_step_code(n, j, -ETIMEDOUT, "step %llu of job '%s' missed its deadline%s",
+				       (unsigned long long)j->step->seq, j->name, down);
 	}
 }
 
