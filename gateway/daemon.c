@@ -84,10 +84,15 @@ static int core_submit(void *core, struct gg_site_step *ss)
 	p->ns.arg = p;
 	int rc = gg_node_submit(d->node, &p->ns, err, sizeof(err));
 	if (rc) {
+		char msg[GG_NODE_ERROR_MAX + 64];
 		gg_log(GG_LOG_WARN, "step_refused", "job=%s step=%llu reason=\"%s\"", ss->job,
 		       (unsigned long long)ss->seq, err);
 		free(p);
-		return to_errc(rc);
+		/* Completing here rather than returning the code tells the ranks
+		 * why, not just "invalid argument". */
+		snprintf(msg, sizeof(msg), "the gateway of site %s refused the step: %s",
+			 gg_node_site_name(d->node, gg_node_self(d->node)), err);
+		gg_site_step_complete(ss, to_errc(rc), msg);
 	}
 	return 0;
 }
