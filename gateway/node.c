@@ -613,12 +613,12 @@ static void peer_lost_state(struct gg_node *n, unsigned p, const char *why)
 	}
 }
 
-static void send_hello(struct gg_node *n, int ci)
+static void send_hello(struct gg_node *n, int ci, uint16_t stream)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 	struct gg_wire_hello h = n->hello;
 
-	h.stream_index = (uint16_t)n->conns[ci].stream;
+	h.stream_index = stream;
 	ssize_t len = gg_wire_encode_hello(buf, sizeof(buf), &h);
 	if (len > 0)
 		send_ctrl(n, ci, buf, (size_t)len);
@@ -672,6 +672,10 @@ static void on_hello(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 	}
 	if (gg_wire_hello_check(&n->hello, h, n->names[c->peer], err, sizeof(err))) {
 		gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", n->names[c->peer], err);
+		/* Our HELLO lets the dialer see the mismatch too, rather than
+		 * only a closed stream; the close flushes it. */
+		if (!c->dialer)
+			send_hello(n, ci, h->stream_index);
 		conn_close(n, ci, err);
 		return;
 	}
@@ -686,7 +690,7 @@ static void on_hello(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 		if (old >= 0 && old != ci)
 			conn_close(n, old, "replaced by a new connection");
 		pe->conn[c->stream] = ci;
-		send_hello(n, ci);
+		send_hello(n, ci, (uint16_t)c->stream);
 	}
 	if (pe->instance_id && pe->instance_id != h->instance_id) {
 		gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", n->names[c->peer]);
@@ -890,7 +894,7 @@ static void on_stream_events(struct gg_node *n, int ci, unsigned ev)
 		}
 		c->last_rx_us = n->loop.now_us;
 		if (c->dialer)
-			send_hello(n, ci);
+			send_hello(n, ci, (uint16_t)c->stream);
 	}
 	if (ev & GG_TLS_STREAM_EV_READABLE)
 		conn_read(n, ci);
