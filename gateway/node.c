@@ -171,6 +171,7 @@ static void free_out(struct out *o)
 }
 
 static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason);
+static void drop_early(struct gg_node *n, struct job *j, uint64_t upto_seq);
 
 /* Ends the job's step: calls done and forgets the step's frames. */
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
@@ -203,6 +204,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 			}
 		}
 	}
+	drop_early(n, j, st->seq);
 	st->done(st->arg, st, status, message);
 }
 
@@ -474,6 +476,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	n->stats.raw_bytes_out += st->count * sizeof(float) * (n->sites - 1);
 	if (rc) {
 		j->step = NULL;
+		drop_early(n, j, st->seq);
 		return errf(err, err_size, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name, why);
 	}
 	if (j->aborted_seq == st->seq) {
@@ -508,6 +511,25 @@ static void send_ack(struct gg_node *n, int ci, const char *job, uint64_t seq, c
 	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, seq, id);
 	if (len > 0)
 		send_ctrl(n, ci, buf, (size_t)len);
+}
+
+/* Frames that waited for steps up to upto_seq, which are over without
+ * them (aborted before they started here, or refused): acknowledged, so
+ * their senders stop keeping them. */
+static void drop_early(struct gg_node *n, struct job *j, uint64_t upto_seq)
+{
+	struct early **pp = &j->early;
+
+	while (*pp) {
+		struct early *e = *pp;
+		if (e->seq > upto_seq) {
+			pp = &e->next;
+			continue;
+		}
+		*pp = e->next;
+		send_ack(n, pick_stream(n, e->from, e->id.chunk), j->name, e->seq, &e->id);
+		free(e);
+	}
 }
 
 static void on_data(struct gg_node *n, int ci, const struct gg_wire_msg *m)
