@@ -80,6 +80,7 @@ struct job {
 	bool used;
 	char name[GG_WIRE_NAME_MAX + 1];
 	uint64_t last_seq;      /* last step started */
+	uint64_t active_us;     /* when a step last started or ended */
 	struct gg_node_step *step; /* in progress, or NULL */
 	struct gg_wire_step wstep;
 	struct gg_ar_step *ar;
@@ -181,6 +182,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	if (!st)
 		return;
 	j->step = NULL;
+	j->active_us = n->loop.now_us;
 	gg_ar_step_free(j->ar);
 	j->ar = NULL;
 	if (status) {
@@ -225,6 +227,25 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 
 #define fail_step(n, j, ...) fail_step_code(n, j, -EIO, __VA_ARGS__)
 
+/* True when the job holds nothing: no step, no early frames, no DATA of
+ * its own waiting to be sent or acknowledged (those name it by slot). */
+static bool job_idle(const struct gg_node *n, const struct job *j)
+{
+	const unsigned slot = (unsigned)(j - n->jobs);
+
+	if (j->step || j->early)
+		return false;
+	for (unsigned p = 0; p < n->sites; p++) {
+		for (const struct out *o = n->peers[p].unacked; o; o = o->next)
+			if (o->job == slot)
+				return false;
+		for (const struct out *o = n->peers[p].waiting; o; o = o->next)
+			if (o->job == slot)
+				return false;
+	}
+	return true;
+}
+
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
 {
 	struct job *free_slot = NULL;
@@ -235,9 +256,28 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 		if (!n->jobs[i].used && !free_slot)
 			free_slot = &n->jobs[i];
 	}
-	if (!create || !free_slot)
+	if (!create)
 		return NULL;
+	if (!free_slot) {
+		/* Nothing tells the node that a job ended, so a slot is taken
+		 * back when needed: from the job idle longest. */
+		for (unsigned i = 0; i < MAX_JOBS; i++)
+			if (job_idle(n, &n->jobs[i]) && (!free_slot || n->jobs[i].active_us < free_slot->active_us))
+				free_slot = &n->jobs[i];
+		if (!free_slot)
+			return NULL;
+		gg_log(GG_LOG_INFO, "job_forgotten", "job=%s last_step=%llu reason=\"its slot went to job %s\"",
+		       free_slot->name, (unsigned long long)free_slot->last_seq, name);
+		for (unsigned i = 0; i < MAX_FEEDBACK; i++) {
+			struct feedback_slot *f = &n->feedback[i];
+			if (f->used && !strcmp(f->job, free_slot->name)) {
+				gg_feedback_fini(&f->fb);
+				f->used = false;
+			}
+		}
+	}
 	memset(free_slot, 0, sizeof(*free_slot));
+	free_slot->active_us = n->loop.now_us;
 	free_slot->node = n;
 	free_slot->used = true;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
@@ -465,6 +505,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	j->step = st;
 	j->wstep = ws;
 	j->last_seq = st->seq;
+	j->active_us = n->loop.now_us;
 	j->deadline_us = n->loop.now_us + n->cfg->transport.step_timeout_us;
 
 	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = n->cfg->allreduce.algorithm,
