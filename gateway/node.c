@@ -908,6 +908,12 @@ static void conn_lost(struct gg_node *n, int ci, const char *why)
 	       c->peer >= 0 ? n->names[c->peer] : "?", c->stream, why);
 	bool was_ready = c->ready;
 	c->ready = false;
+	/* What it carried is lost with it. Forget the slot now: once freed it
+	 * may carry a new stream, which would pass for the one these went on. */
+	if (c->peer >= 0)
+		for (struct out *o = n->peers[c->peer].unacked; o; o = o->next)
+			if (o->conn == ci)
+				o->conn = -1;
 	if (c->peer < 0 || c->stream < 0 || n->peers[c->peer].conn[c->stream] != ci)
 		return;
 	struct peer *pe = &n->peers[c->peer];
