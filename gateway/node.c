@@ -172,7 +172,7 @@ static void free_out(struct out *o)
 }
 
 static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason);
-static void drop_early(struct gg_node *n, struct job *j, uint64_t upto_seq);
+static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint64_t to_seq);
 
 /* Ends the job's step: calls done and forgets the step's frames. */
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
@@ -206,7 +206,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 			}
 		}
 	}
-	drop_early(n, j, st->seq);
+	drop_early(n, j, 0, st->seq);
 	st->done(st->arg, st, status, message);
 }
 
@@ -517,7 +517,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	n->stats.raw_bytes_out += st->count * sizeof(float) * (n->sites - 1);
 	if (rc) {
 		j->step = NULL;
-		drop_early(n, j, st->seq);
+		drop_early(n, j, 0, st->seq);
 		return errf(err, err_size, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name, why);
 	}
 	if (j->aborted_seq == st->seq) {
@@ -554,16 +554,16 @@ static void send_ack(struct gg_node *n, int ci, const char *job, uint64_t seq, c
 		send_ctrl(n, ci, buf, (size_t)len);
 }
 
-/* Frames that waited for steps up to upto_seq, which are over without
- * them (aborted before they started here, or refused): acknowledged, so
- * their senders stop keeping them. */
-static void drop_early(struct gg_node *n, struct job *j, uint64_t upto_seq)
+/* Frames that waited for steps from_seq..to_seq, which are over without
+ * them (aborted, or refused): acknowledged, so their senders stop keeping
+ * them. */
+static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint64_t to_seq)
 {
 	struct early **pp = &j->early;
 
 	while (*pp) {
 		struct early *e = *pp;
-		if (e->seq > upto_seq) {
+		if (e->seq < from_seq || e->seq > to_seq) {
 			pp = &e->next;
 			continue;
 		}
@@ -646,6 +646,9 @@ static void on_abort(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
 		finish_step(n, j, -EIO, msg);
 	} else if (m->u.abort.step > j->last_seq) {
+		/* This site may never run that step: the frames it holds for it
+		 * would pin the peer's window for good. */
+		drop_early(n, j, m->u.abort.step, m->u.abort.step);
 		j->aborted_seq = m->u.abort.step;
 		snprintf(j->abort_reason, sizeof(j->abort_reason), "site %s aborted step %llu of job '%s': %s", site,
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
