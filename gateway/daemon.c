@@ -202,8 +202,9 @@ int gg_daemon_run(const struct gg_config *cfg)
 	else
 		gg_log(GG_LOG_WARN, "stop_incomplete", "site=%s reason=\"operations still in flight\"", cfg->site.name);
 	const struct gg_node_stats *st = gg_node_stats(d.node);
-	gg_log(GG_LOG_INFO, "stopped", "site=%s steps_done=%llu steps_failed=%llu", cfg->site.name,
-	       (unsigned long long)st->steps_done, (unsigned long long)st->steps_failed);
+	gg_log(GG_LOG_INFO, "stopped", "site=%s steps_done=%llu steps_failed=%llu resent_messages=%llu",
+	       cfg->site.name, (unsigned long long)st->steps_done, (unsigned long long)st->steps_failed,
+	       (unsigned long long)st->resent_messages);
 	gg_node_free(d.node);
 	return status;
 }
