@@ -3,9 +3,11 @@
 # linkem between sites where a test wants a WAN link. Sourced by each test;
 # meson passes the programs in GRADGATE, BENCH, LINKEM and MAKE_CERTS.
 #
-# Everything a test starts stays in the test's process group (meson kills
-# that group on a timeout) and is listed in `pids`; the EXIT trap stops and
-# reaps all of it and removes the temporary folder. Waits poll with a
+# Everything a test starts is a direct child that stays in the test's
+# process group, so meson's kill of that group on a timeout reaches it too;
+# each is listed in `pids` until reaped, and the EXIT trap stops and reaps
+# what is left and removes the temporary folder (GG_INTEG_KEEP=1 keeps it,
+# GG_INTEG_QUIET=1 leaves out the logs on failure). Waits poll with a
 # deadline; nothing sleeps for a fixed time and hopes.
 set -euo pipefail
 
@@ -48,9 +50,9 @@ dump_logs() {
 	done
 }
 
+# fail MESSAGE: ends the test; the EXIT trap shows the logs and cleans up.
 fail() {
 	echo "FAIL: $*" >&2
-	dump_logs >&2
 	exit 1
 }
 
@@ -77,6 +79,15 @@ reaped=0
 reap() {
 	reaped=0
 	wait "$1" 2>/dev/null || reaped=$?
+	forget "$1"
+}
+
+# forget PID: off the cleanup list once reaped (its number may be reused).
+forget() {
+	local i
+	for i in "${!pids[@]}"; do
+		[ "${pids[$i]}" != "$1" ] || unset "pids[$i]"
+	done
 }
 
 # stop_pid PID SIGNAL: signal, wait up to 10 s, then SIGKILL; reaps it.
@@ -88,15 +99,19 @@ stop_pid() {
 		echo "pid $pid ignored SIG$sig for 10 s; killing it" >&2
 		kill -KILL "$pid" 2>/dev/null || true
 	fi
-	wait "$pid" 2>/dev/null || true
+	reap "$pid"
 }
 
+# On a signal (meson's timeout: SIGKILL follows within half a second)
+# there is no time to let gateways drain: they are killed at once.
+aborted=
 cleanup() {
-	local rc=$?
+	local rc=$? sig=TERM
 	trap - EXIT
 	set +e
+	[ -z "$aborted" ] || sig=KILL
 	for pid in "${pids[@]}"; do
-		kill -TERM "$pid" 2>/dev/null
+		kill "-$sig" "$pid" 2>/dev/null
 	done
 	for pid in "${pids[@]}"; do
 		if ! wait_exit "$pid" 10; then
@@ -116,7 +131,7 @@ cleanup() {
 	exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 143' TERM INT HUP
+trap 'aborted=1; exit 143' TERM INT HUP
 
 # wait_for FILE REGEX SECONDS: polls until a line of FILE matches.
 wait_for() {
@@ -233,13 +248,13 @@ EOF
 # meanwhile, so mesh_start can pick other ports.
 gw_start() {
 	local i=$1 name=${SITES[$1]}
-	local logf="$work/gw-$name.log"
+	local logf="$work/gw-$name.log" from
 	echo "=== start $(date +%T.%N)" >>"$logf"
+	from=$(grep -c '' "$logf") # this run's lines start here
 	"$GRADGATE" --config "$work/$name.toml" 2>>"$logf" &
 	gw_pid[$i]=$!
 	pids+=("$!")
-	local deadline=$(($(date +%s%N) + 10000000000)) from
-	from=$(grep -c '' "$logf")
+	local deadline=$(($(date +%s%N) + 10000000000))
 	while ! grep -q 'event=started' <<<"$(tail -n +"$from" "$logf")"; do
 		if ! alive "${gw_pid[$i]}"; then
 			reap "${gw_pid[$i]}"
@@ -383,7 +398,7 @@ ranks_wait() {
 	for i in "${!rank_pids[@]}"; do
 		while alive "${rank_pids[$i]}"; do
 			if [ "$(date +%s%N)" -ge "$deadline" ]; then
-				kill -KILL "${rank_pids[@]}" 2>/dev/null
+				kill -KILL "${rank_pids[@]}" 2>/dev/null || true
 				fail "${rank_names[$i]} still runs after ${RANK_LIMIT:-60} s"
 			fi
 			sleep 0.02
@@ -429,5 +444,6 @@ check_ranks() {
 	checked_digest=$first
 }
 
-# site_index NAME
+# site_log I: the log of site I's gateway (every run of it, each after a
+# "=== start" line).
 site_log() { echo "$work/gw-${SITES[$1]}.log"; }

@@ -18,10 +18,16 @@ expect "$work/link-0-1.log" "reset after 1572864 bytes: cut after bytes" "linkem
 expect "$(site_log 0)" "event=stream_down site=site-b" "site-a saw its stream to site-b cut"
 expect "$(site_log 1)" "event=stream_down site=site-a" "site-b saw its stream from site-a cut"
 wait_for "$(site_log 0)" "event=mesh_up" 10 || fail "site-a did not reconnect"
+mesh_stop
+resent=0
+for n in $(sed -n 's/.*event=stopped .*resent_messages=\([0-9]*\).*/\1/p' "$work"/gw-*.log); do
+	resent=$((resent + n))
+done
+[ "$resent" -gt 0 ] || fail "no site re-sent anything after the cut"
+log "messages re-sent after the cut: $resent"
 
 # SIGUSR1: linkem resets every connection it forwards, on every link, in
 # the middle of a job whose steps the rate limit stretches to ~0.2 s each.
-mesh_stop
 LINK_ARGS=(--rate 100mbit --report-every 1MiB)
 LINK_EXTRA=()
 mesh_start
