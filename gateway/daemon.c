@@ -84,10 +84,15 @@ static int core_submit(void *core, struct gg_site_step *ss)
 	p->ns.arg = p;
 	int rc = gg_node_submit(d->node, &p->ns, err, sizeof(err));
 	if (rc) {
+		char msg[GG_NODE_ERROR_MAX + 64];
 		gg_log(GG_LOG_WARN, "step_refused", "job=%s step=%llu reason=\"%s\"", ss->job,
 		       (unsigned long long)ss->seq, err);
 		free(p);
-		return to_errc(rc);
+		/* Completing here rather than returning the code tells the ranks
+		 * why, not just "invalid argument". */
+		snprintf(msg, sizeof(msg), "the gateway of site %s refused the step: %s",
+			 gg_node_site_name(d->node, gg_node_self(d->node)), err);
+		gg_site_step_complete(ss, to_errc(rc), msg);
 	}
 	return 0;
 }
@@ -199,7 +204,7 @@ int gg_daemon_run(const struct gg_config *cfg)
 		gg_log(GG_LOG_WARN, "stop_incomplete", "site=%s reason=\"operations still in flight\"", cfg->site.name);
 	const struct gg_node_stats *st = gg_node_stats(d.node);
 	gg_log(GG_LOG_INFO, "stopped",
-	       "site=%s steps_done=%llu steps_failed=%llu raw_bytes_out=%llu wire_bytes_out=%llu resent=%llu "
+	       "site=%s steps_done=%llu steps_failed=%llu raw_bytes_out=%llu wire_bytes_out=%llu resent_messages=%llu "
 	       "encode_s=%.3f decode_s=%.3f tls_s=%.3f uptime_s=%.3f",
 	       cfg->site.name, (unsigned long long)st->steps_done, (unsigned long long)st->steps_failed,
 	       (unsigned long long)st->raw_bytes_out, (unsigned long long)st->data_bytes_out,

@@ -80,6 +80,7 @@ struct job {
 	bool used;
 	char name[GG_WIRE_NAME_MAX + 1];
 	uint64_t last_seq;      /* last step started */
+	uint64_t active_us;     /* when a step last started or ended */
 	struct gg_node_step *step; /* in progress, or NULL */
 	struct gg_wire_step wstep;
 	struct gg_ar_step *ar;
@@ -161,6 +162,7 @@ static void free_out(struct out *o)
 }
 
 static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason);
+static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint64_t to_seq);
 
 /* Ends the job's step: calls done and forgets the step's frames. */
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
@@ -170,6 +172,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	if (!st)
 		return;
 	j->step = NULL;
+	j->active_us = n->loop.now_us;
 	gg_ar_step_free(j->ar);
 	j->ar = NULL;
 	if (status) {
@@ -193,6 +196,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 			}
 		}
 	}
+	drop_early(n, j, 0, st->seq);
 	st->done(st->arg, st, status, message);
 }
 
@@ -213,6 +217,25 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 
 #define fail_step(n, j, ...) fail_step_code(n, j, -EIO, __VA_ARGS__)
 
+/* True when the job holds nothing: no step, no early frames, no DATA of
+ * its own waiting to be sent or acknowledged (those name it by slot). */
+static bool job_idle(const struct gg_node *n, const struct job *j)
+{
+	const unsigned slot = (unsigned)(j - n->jobs);
+
+	if (j->step || j->early)
+		return false;
+	for (unsigned p = 0; p < n->sites; p++) {
+		for (const struct out *o = n->peers[p].unacked; o; o = o->next)
+			if (o->job == slot)
+				return false;
+		for (const struct out *o = n->peers[p].waiting; o; o = o->next)
+			if (o->job == slot)
+				return false;
+	}
+	return true;
+}
+
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
 {
 	struct job *free_slot = NULL;
@@ -223,9 +246,28 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 		if (!n->jobs[i].used && !free_slot)
 			free_slot = &n->jobs[i];
 	}
-	if (!create || !free_slot)
+	if (!create)
 		return NULL;
+	if (!free_slot) {
+		/* Nothing tells the node that a job ended, so a slot is taken
+		 * back when needed: from the job idle longest. */
+		for (unsigned i = 0; i < MAX_JOBS; i++)
+			if (job_idle(n, &n->jobs[i]) && (!free_slot || n->jobs[i].active_us < free_slot->active_us))
+				free_slot = &n->jobs[i];
+		if (!free_slot)
+			return NULL;
+		gg_log(GG_LOG_INFO, "job_forgotten", "job=%s last_step=%llu reason=\"its slot went to job %s\"",
+		       free_slot->name, (unsigned long long)free_slot->last_seq, name);
+		for (unsigned i = 0; i < MAX_FEEDBACK; i++) {
+			struct feedback_slot *f = &n->feedback[i];
+			if (f->used && !strcmp(f->job, free_slot->name)) {
+				gg_feedback_fini(&f->fb);
+				f->used = false;
+			}
+		}
+	}
 	memset(free_slot, 0, sizeof(*free_slot));
+	free_slot->active_us = n->loop.now_us;
 	free_slot->node = n;
 	free_slot->used = true;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
@@ -457,6 +499,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	j->step = st;
 	j->wstep = ws;
 	j->last_seq = st->seq;
+	j->active_us = n->loop.now_us;
 	j->deadline_us = n->loop.now_us + n->cfg->transport.step_timeout_us;
 
 	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = n->cfg->allreduce.algorithm,
@@ -467,7 +510,9 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	n->stats.encode_s += now_s() - t0;
 	if (rc) {
 		j->step = NULL;
-		return gg_errf(err, err_size, -EINVAL, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name, why);
+		drop_early(n, j, 0, st->seq);
+		return gg_errf(err, err_size, -EINVAL, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name,
+			       why);
 	}
 	if (j->aborted_seq == st->seq) {
 		char reason[GG_NODE_ERROR_MAX];
@@ -501,6 +546,25 @@ static void send_ack(struct gg_node *n, int ci, const char *job, uint64_t seq, c
 	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, seq, id);
 	if (len > 0)
 		send_ctrl(n, ci, buf, (size_t)len);
+}
+
+/* Frames that waited for steps from_seq..to_seq, which are over without
+ * them (aborted, or refused): acknowledged, so their senders stop keeping
+ * them. */
+static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint64_t to_seq)
+{
+	struct early **pp = &j->early;
+
+	while (*pp) {
+		struct early *e = *pp;
+		if (e->seq < from_seq || e->seq > to_seq) {
+			pp = &e->next;
+			continue;
+		}
+		*pp = e->next;
+		send_ack(n, pick_stream(n, e->from, e->id.chunk), j->name, e->seq, &e->id);
+		free(e);
+	}
 }
 
 static void on_data(struct gg_node *n, int ci, const struct gg_wire_msg *m)
@@ -576,6 +640,9 @@ static void on_abort(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
 		finish_step(n, j, -EIO, msg);
 	} else if (m->u.abort.step > j->last_seq) {
+		/* This site may never run that step: the frames it holds for it
+		 * would pin the peer's window for good. */
+		drop_early(n, j, m->u.abort.step, m->u.abort.step);
 		j->aborted_seq = m->u.abort.step;
 		snprintf(j->abort_reason, sizeof(j->abort_reason), "site %s aborted step %llu of job '%s': %s", site,
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
@@ -606,12 +673,12 @@ static void peer_lost_state(struct gg_node *n, unsigned p, const char *why)
 	}
 }
 
-static void send_hello(struct gg_node *n, int ci)
+static void send_hello(struct gg_node *n, int ci, uint16_t stream)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 	struct gg_wire_hello h = n->hello;
 
-	h.stream_index = (uint16_t)n->conns[ci].stream;
+	h.stream_index = stream;
 	ssize_t len = gg_wire_encode_hello(buf, sizeof(buf), &h);
 	if (len > 0)
 		send_ctrl(n, ci, buf, (size_t)len);
@@ -619,17 +686,10 @@ static void send_hello(struct gg_node *n, int ci)
 
 static void conn_close(struct gg_node *n, int ci, const char *why);
 
-/* The stream to a peer is ready: resend what that peer never acknowledged
- * on streams that are gone. */
-static void stream_ready(struct gg_node *n, int ci)
+/* Sends again what `p` never acknowledged on streams that are gone. */
+static void resend_lost(struct gg_node *n, unsigned p)
 {
-	struct conn *c = &n->conns[ci];
-	struct peer *pe = &n->peers[c->peer];
-
-	c->ready = true;
-	pe->backoff_us[c->stream] = 0;
-	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", n->names[c->peer], c->stream,
-	       gg_tls_engine_cipher(c->ts.tls));
+	struct peer *pe = &n->peers[p];
 	struct out **pp = &pe->unacked;
 	while (*pp) {
 		struct out *o = *pp;
@@ -645,7 +705,19 @@ static void stream_ready(struct gg_node *n, int ci)
 		pe->waiting = o;
 		n->stats.resent_messages++;
 	}
-	pump_peer(n, (unsigned)c->peer);
+	pump_peer(n, p);
+}
+
+/* The stream to a peer is ready: it carries what lost streams did. */
+static void stream_ready(struct gg_node *n, int ci)
+{
+	struct conn *c = &n->conns[ci];
+
+	c->ready = true;
+	n->peers[c->peer].backoff_us[c->stream] = 0;
+	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", n->names[c->peer], c->stream,
+	       gg_tls_engine_cipher(c->ts.tls));
+	resend_lost(n, (unsigned)c->peer);
 }
 
 static void on_hello(struct gg_node *n, int ci, const struct gg_wire_msg *m)
@@ -660,6 +732,10 @@ static void on_hello(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 	}
 	if (gg_wire_hello_check(&n->hello, h, n->names[c->peer], err, sizeof(err))) {
 		gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", n->names[c->peer], err);
+		/* Our HELLO lets the dialer see the mismatch too, rather than
+		 * only a closed stream; the close flushes it. */
+		if (!c->dialer)
+			send_hello(n, ci, h->stream_index);
 		conn_close(n, ci, err);
 		return;
 	}
@@ -674,7 +750,7 @@ static void on_hello(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 		if (old >= 0 && old != ci)
 			conn_close(n, old, "replaced by a new connection");
 		pe->conn[c->stream] = ci;
-		send_hello(n, ci);
+		send_hello(n, ci, (uint16_t)c->stream);
 	}
 	if (pe->instance_id && pe->instance_id != h->instance_id) {
 		gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", n->names[c->peer]);
@@ -833,6 +909,12 @@ static void conn_lost(struct gg_node *n, int ci, const char *why)
 	       c->peer >= 0 ? n->names[c->peer] : "?", c->stream, why);
 	bool was_ready = c->ready;
 	c->ready = false;
+	/* What it carried is lost with it. Forget the slot now: once freed it
+	 * may carry a new stream, which would pass for the one these went on. */
+	if (c->peer >= 0)
+		for (struct out *o = n->peers[c->peer].unacked; o; o = o->next)
+			if (o->conn == ci)
+				o->conn = -1;
 	if (c->peer < 0 || c->stream < 0 || n->peers[c->peer].conn[c->stream] != ci)
 		return;
 	struct peer *pe = &n->peers[c->peer];
@@ -847,7 +929,7 @@ static void conn_lost(struct gg_node *n, int ci, const char *why)
 	for (int s = 0; s < n->cfg->transport.streams_per_peer; s++) {
 		int other = pe->conn[s];
 		if (other >= 0 && n->conns[other].ready) {
-			stream_ready(n, other);
+			resend_lost(n, (unsigned)c->peer);
 			break;
 		}
 	}
@@ -882,7 +964,7 @@ static void on_stream_events(struct gg_node *n, int ci, unsigned ev)
 		}
 		c->last_rx_us = n->loop.now_us;
 		if (c->dialer)
-			send_hello(n, ci);
+			send_hello(n, ci, (uint16_t)c->stream);
 	}
 	if (ev & GG_TLS_STREAM_EV_READABLE)
 		conn_read(n, ci);
@@ -1013,6 +1095,26 @@ static void on_cqe(void *arg, const struct io_uring_cqe *cqe)
 	}
 }
 
+/* " (no connection to site X, site Y)" for peers with no stream up, or "":
+ * when a site is gone, what a step waits for may be held up by it rather
+ * than by the site the step waits on. */
+static void unreachable_peers(const struct gg_node *n, char *buf, size_t size)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (unsigned p = 0; p < n->sites && len < size; p++) {
+		bool up = p == n->self;
+		for (int s = 0; s < n->cfg->transport.streams_per_peer && !up; s++)
+			up = n->peers[p].conn[s] >= 0 && n->conns[n->peers[p].conn[s]].ready;
+		if (!up)
+			len += (size_t)snprintf(buf + len, size - len, "%s site %s", len ? "," : " (no connection to",
+						n->names[p]);
+	}
+	if (len && len < size)
+		snprintf(buf + len, size - len, ")");
+}
+
 static void timers(struct gg_node *n)
 {
 	const uint64_t now = n->loop.now_us;
@@ -1052,18 +1154,19 @@ static void timers(struct gg_node *n)
 			continue;
 		unsigned from;
 		struct gg_ar_chunk_id id;
-		char buf[32];
+		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
+		unreachable_peers(n, down, sizeof(down));
 		if (gg_ar_step_first_missing(j->ar, &from, &id))
 			fail_step_code(n, j, -ETIMEDOUT,
 				  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for "
-				  "shard %u chunk %u",
+				  "shard %u chunk %u%s",
 				  (unsigned long long)j->step->seq, j->name,
 				  gg_format_duration(cfg->transport.step_timeout_us, buf, sizeof(buf)), n->names[from],
 				  id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
-				  id.origin, id.chunk);
+				  id.origin, id.chunk, down);
 		else
-			fail_step_code(n, j, -ETIMEDOUT, "step %llu of job '%s' missed its deadline",
-				       (unsigned long long)j->step->seq, j->name);
+			fail_step_code(n, j, -ETIMEDOUT, "step %llu of job '%s' missed its deadline%s",
+				       (unsigned long long)j->step->seq, j->name, down);
 	}
 }
 
@@ -1126,9 +1229,16 @@ void gg_node_shutdown(struct gg_node *n)
 		if (n->jobs[i].used && n->jobs[i].step)
 			fail_step(n, &n->jobs[i], "step %llu of job '%s': the gateway of site %s is shutting down",
 				  (unsigned long long)n->jobs[i].step->seq, n->jobs[i].name, n->names[n->self]);
-	for (int ci = 0; ci < MAX_CONNS; ci++)
-		if (n->conns[ci].used)
-			conn_close(n, ci, "shutting down");
+	for (int ci = 0; ci < MAX_CONNS; ci++) {
+		if (!n->conns[ci].used)
+			continue;
+		/* close_notify first, so the peer can tell a clean stop from a
+		 * cut; the close then flushes it. */
+		if (n->conns[ci].ts.state == GG_TLS_STREAM_OPEN && gg_tls_stream_shutdown(&n->conns[ci].ts) < 0)
+			gg_log(GG_LOG_DEBUG, "close_notify_failed", "site=%s stream=%d",
+			       n->conns[ci].peer >= 0 ? n->names[n->conns[ci].peer] : "?", n->conns[ci].stream);
+		conn_close(n, ci, "shutting down");
+	}
 	if (n->listen_fd >= 0) {
 		close(n->listen_fd);
 		n->listen_fd = -1;

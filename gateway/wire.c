@@ -340,7 +340,7 @@ int gg_wire_hello_check(const struct gg_wire_hello *a, const struct gg_wire_hell
 		uint64_t mine, peer;
 	} nums[] = {
 		{ "codec", a->codec, b->codec },
-		{ "block scale kind", a->scale, b->scale },
+		{ "block scales", a->scale, b->scale },
 		{ "block size", a->block_elems, b->block_elems },
 		{ "all-reduce algorithm", a->algorithm, b->algorithm },
 		{ "chunk size (elements)", a->chunk_elems, b->chunk_elems },
@@ -365,6 +365,10 @@ int gg_wire_hello_check(const struct gg_wire_hello *a, const struct gg_wire_hell
 		if (!strcmp(nums[i].what, "codec")) {
 			pv = gg_codec_name((enum gg_codec)nums[i].peer);
 			mv = gg_codec_name((enum gg_codec)nums[i].mine);
+		} else if (!strcmp(nums[i].what, "block scales") && nums[i].mine <= GG_SCALE_F16 &&
+			   nums[i].peer <= GG_SCALE_F16) {
+			pv = nums[i].peer == GG_SCALE_F16 ? "fp16" : "fp32";
+			mv = nums[i].mine == GG_SCALE_F16 ? "fp16" : "fp32";
 		} else if (!strcmp(nums[i].what, "all-reduce algorithm")) {
 			pv = gg_allreduce_algo_name((enum gg_allreduce_algo)nums[i].peer);
 			mv = gg_allreduce_algo_name((enum gg_allreduce_algo)nums[i].mine);

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Gateways whose configurations disagree on what both sides must share
+# (codec, block scale, algorithm) refuse to form the mesh: both log
+# peer_mismatch naming both values, and no mesh_up. Fixing the config and
+# restarting one side brings the mesh up.
+. "$(dirname "$0")/lib.sh"
+
+K=2
+
+# check_refused WHAT A_SEES B_SEES: starts the mesh as configured, expects
+# each side to log the mismatch as given, and no mesh; stops it.
+check_refused() {
+	local what=$1 a_sees=$2 b_sees=$3 i
+	mesh_start
+	wait_for_since "$(site_log 0)" "event=peer_mismatch site=site-b reason=\"$a_sees\"" 10 ||
+		fail "$what: site-a logged no mismatch naming both values"
+	wait_for_since "$(site_log 1)" "event=peer_mismatch site=site-a reason=\"$b_sees\"" 10 ||
+		fail "$what: site-b logged no mismatch naming both values"
+	for i in 0 1; do
+		! wait_for_since "$(site_log "$i")" 'event=mesh_up' 0 || fail "$what: ${SITES[$i]} formed a mesh"
+	done
+	log "$what: $(since_start "$(site_log 1)" | grep -m1 -o 'reason=.*')"
+	mesh_stop
+}
+
+CODEC=fp32
+SITE_CODEC[1]=int8
+check_refused codec "peer site-b uses codec int8, this site uses fp32" "peer site-a uses codec fp32, this site uses int8"
+
+SITE_CODEC=()
+CODEC=int8
+SITE_SCALE[1]=fp16
+check_refused "block scales" "peer site-b uses block scales fp16, this site uses fp32" \
+	"peer site-a uses block scales fp32, this site uses fp16"
+
+SITE_SCALE=()
+CODEC=fp32
+SITE_ALGO[1]=direct
+check_refused algorithm "peer site-b uses all-reduce algorithm direct, this site uses ring" \
+	"peer site-a uses all-reduce algorithm ring, this site uses direct"
+
+# Agreeing configs: the mesh forms and carries a step.
+SITE_ALGO=()
+mesh_start
+mesh_up 15
+run_ok agreed 1000 1 1
+mesh_stop

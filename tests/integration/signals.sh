@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The daemon's signals: SIGHUP reloads the certificates and key (and keeps
+# the old ones when the new ones cannot be loaded) without disturbing the
+# mesh; SIGTERM and SIGINT stop it cleanly, also with a step in progress:
+# status 0, 'stopped' in the log, the step failed at its rank with a
+# reason, close_notify to the peers, the control socket removed.
+. "$(dirname "$0")/lib.sh"
+
+K=2
+mesh_start
+mesh_up 15
+run_ok before 1000 1 1
+
+key="$work/certs/site-a.key"
+mv "$key" "$key.away"
+kill -HUP "${gw_pid[0]}"
+wait_for "$(site_log 0)" 'event=reload_failed .*kept=previous credentials' 10 ||
+	fail "site-a did not report the failed reload"
+mv "$key.away" "$key"
+kill -HUP "${gw_pid[0]}"
+wait_for "$(site_log 0)" 'event=reloaded what=certificates' 10 || fail "site-a logged no 'reloaded'"
+run_ok reloaded 1000003 1 1
+
+# SIGTERM while site-a's rank waits in a step (site-b has no ranks).
+ranks_start pending 1000 1 1 0
+wait_for "$(site_log 0)" "rank 0 of job 'pending' connected" 10 || fail "the rank did not connect"
+pid=${gw_pid[0]}
+stop_at=$(date +%s%N)
+gw_stop 0 TERM
+stop_ms=$((($(date +%s%N) - stop_at) / 1000000))
+[ "$reaped" = 0 ] || fail "site-a exited $reaped on SIGTERM"
+log "site-a stopped in ${stop_ms} ms"
+expect "$(site_log 0)" "event=stopping site=site-a" "site-a's log"
+expect "$(site_log 0)" "event=stopped site=site-a steps_done=2 steps_failed=1" "site-a's log"
+ranks_wait
+[ "${rank_rc[pending-s0-r0]}" = 1 ] || fail "the pending rank exited ${rank_rc[pending-s0-r0]}, expected 1"
+expect "$work/pending-s0-r0.err" "step 1 .*(site-a is shutting down|closed the connection)" "the pending rank's error"
+log "pending rank: $(cat "$work/pending-s0-r0.err")"
+[ ! -e "$work/site-a.sock" ] || fail "site-a left its control socket behind"
+wait_for "$(site_log 1)" 'event=stream_down site=site-a .*reason="the peer closed the stream"' 10 ||
+	fail "site-b did not see a clean close from site-a"
+expect_none "$(site_log 1)" 'without close_notify' "site-b"
+
+# SIGINT stops site-b the same way.
+gw_stop 1 INT
+[ "$reaped" = 0 ] || fail "site-b exited $reaped on SIGINT"
+expect "$(site_log 1)" "event=stopped site=site-b" "site-b's log"
+[ ! -e "$work/site-b.sock" ] || fail "site-b left its control socket behind"
