@@ -17,12 +17,15 @@
 #include "bench.h"
 #include "gradgate.h"
 
+#define GG_BENCH_MAX_INFLIGHT 8 /* the most a gateway allows (GG_CTRL_MAX_INFLIGHT) */
+
 struct opts {
 	const char *endpoint;
 	const char *job;
 	int rank, ranks, site, sites;
 	size_t count;
 	int steps;
+	int inflight;      /* steps started before the oldest is waited for */
 	const char *codec; /* what the gateways use: sets the check's bound */
 	bool json;
 };
@@ -58,6 +61,7 @@ static void usage(FILE *f)
 		   "  --job NAME     job name (default: bench)\n"
 		   "  --count C      float32 elements per all-reduce (default: 1048576)\n"
 		   "  --steps T      all-reduce steps (default: 100)\n"
+		   "  --inflight N   keep N steps in flight, as a pipelined trainer does (1-8, default 1)\n"
 		   "  --codec NAME   the gateways' codec, for the error bound (default: fp32, exact)\n"
 		   "  --json         print the summary as one JSON object\n",
 		GG_ENDPOINT_ENV);
@@ -71,10 +75,11 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		{ "site", required_argument, NULL, 's' },     { "sites", required_argument, NULL, 'k' },
 		{ "count", required_argument, NULL, 'c' },    { "steps", required_argument, NULL, 't' },
 		{ "codec", required_argument, NULL, 'x' },    { "json", no_argument, NULL, 'J' },
-		{ "help", no_argument, NULL, 'h' },	      { NULL, 0, NULL, 0 },
+		{ "inflight", required_argument, NULL, 'i' }, { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .job = "bench", .rank = -1, .ranks = 0, .site = -1, .sites = 0, .count = 1u << 20,
-			  .steps = 100, .codec = "fp32" };
+			  .steps = 100, .inflight = 1, .codec = "fp32" };
 	int c;
 
 	optind = 1;
@@ -89,13 +94,14 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		case 'c': o.count = strtoull(optarg, NULL, 10); break;
 		case 't': o.steps = atoi(optarg); break;
 		case 'x': o.codec = optarg; break;
+		case 'i': o.inflight = atoi(optarg); break;
 		case 'J': o.json = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
 	if (o.rank < 0 || o.ranks < 1 || o.rank >= o.ranks || o.site < 0 || o.sites < 2 || o.site >= o.sites ||
-	    o.count == 0 || o.steps < 1) {
+	    o.count == 0 || o.steps < 1 || o.inflight < 1 || o.inflight > GG_BENCH_MAX_INFLIGHT) {
 		usage(stderr);
 		return 2;
 	}
@@ -107,23 +113,44 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		fprintf(stderr, "allreduce: rank %d: %s\n", o.rank, err.message);
 		return 1;
 	}
-	float *buf = malloc(o.count * sizeof(float));
+	struct slot {
+		float *buf;
+		struct gg_request *req; /* NULL: the start failed with start_rc */
+		int start_rc;
+		struct gg_error err;
+		double t0;
+	} slots[GG_BENCH_MAX_INFLIGHT] = { 0 };
 	double *exact = malloc(o.count * sizeof(double));
-	double *step_s = malloc((size_t)o.steps * sizeof(double));
-	if (!buf || !exact || !step_s) {
+	double *step_s = calloc((size_t)o.steps, sizeof(double));
+	bool oom = !exact || !step_s;
+	for (int k = 0; k < o.inflight; k++)
+		oom |= !(slots[k].buf = malloc(o.count * sizeof(float)));
+	if (oom) {
 		fprintf(stderr, "allreduce: out of memory for %zu elements\n", o.count);
 		return 1;
 	}
 	uint64_t digest = 0xcbf29ce484222325ull;
-	int failed = 0, wrong = 0;
+	int failed = 0, wrong = 0, next = 1;
 	double max_err = 0, total = 0;
 
+	/* Step t is waited for once steps up to t + inflight - 1 started;
+	 * results arrive in order. */
 	for (int t = 1; t <= o.steps; t++) {
-		for (size_t i = 0; i < o.count; i++)
-			buf[i] = input_value(o.site, o.rank, t, i);
-		double t0 = now_s();
-		int rc = gg_allreduce(s, buf, o.count, GG_DTYPE_F32, 1, -1, &err);
-		step_s[t - 1] = now_s() - t0;
+		for (; next <= o.steps && next < t + o.inflight; next++) {
+			struct slot *sl = &slots[(next - 1) % o.inflight];
+			for (size_t i = 0; i < o.count; i++)
+				sl->buf[i] = input_value(o.site, o.rank, next, i);
+			sl->t0 = now_s();
+			sl->start_rc = gg_allreduce_start(s, sl->buf, o.count, GG_DTYPE_F32, 1, -1, &sl->req, &sl->err);
+		}
+		struct slot *sl = &slots[(t - 1) % o.inflight];
+		float *buf = sl->buf;
+		int rc = sl->req ? gg_wait(sl->req, -1, &err) : sl->start_rc;
+		if (!sl->req)
+			err = sl->err;
+		gg_request_free(sl->req);
+		sl->req = NULL;
+		step_s[t - 1] = now_s() - sl->t0;
 		total += step_s[t - 1];
 		if (rc) {
 			failed++;
@@ -163,6 +190,8 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		for (size_t i = 0; i < o.count * sizeof(float); i++)
 			digest = (digest ^ p[i]) * 0x100000001b3ull;
 	}
+	for (int k = 0; k < o.inflight; k++)
+		gg_request_free(slots[k].req); /* after a lost session: detached */
 	gg_session_close(s);
 	qsort(step_s, (size_t)o.steps, sizeof(double), cmp_double);
 	double p50 = step_s[o.steps / 2] * 1e3, p99 = step_s[(o.steps * 99) / 100] * 1e3;
@@ -175,7 +204,8 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		printf("allreduce rank=%d site=%d steps=%d failed=%d wrong=%d step_ms_p50=%.3f step_ms_p99=%.3f "
 		       "gbps=%.3f max_err=%.6g digest=%016llx\n",
 		       o.rank, o.site, o.steps, failed, wrong, p50, p99, gbps, max_err, (unsigned long long)digest);
-	free(buf);
+	for (int k = 0; k < o.inflight; k++)
+		free(slots[k].buf);
 	free(exact);
 	free(step_s);
 	return failed || wrong ? 1 : 0;

@@ -520,11 +520,15 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		finish_step(n, j, -EIO, reason);
 		return 0;
 	}
-	/* Frames that arrived before this site started the step. */
+	/* Frames that arrived before this site started the step. Feeding one
+	 * may finish the step, whose done() may free st and even submit the
+	 * job's next step, and drop_early() may free entries: so check by
+	 * step number, and scan again from the head after each frame. */
+	const uint64_t seq = st->seq;
 	struct early **pp = &j->early;
-	while (*pp && j->step) {
+	while (j->step && j->step->seq == seq && *pp) {
 		struct early *e = *pp;
-		if (e->seq != st->seq) {
+		if (e->seq != seq) {
 			pp = &e->next;
 			continue;
 		}
@@ -532,8 +536,9 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		feed_frame(n, j, e->from, &e->wstep, &e->id, e->frame, e->len);
 		send_ack(n, pick_stream(n, e->from, e->id.chunk), j->name, e->seq, &e->id);
 		free(e);
+		pp = &j->early;
 	}
-	if (j->step && gg_ar_step_done(j->ar))
+	if (j->step && j->step->seq == seq && gg_ar_step_done(j->ar))
 		finish_step(n, j, 0, NULL);
 	return 0;
 }
