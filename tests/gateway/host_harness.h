@@ -16,22 +16,7 @@
 #include "gradgate.h"
 #include "host_backend.h"
 
-#define CHECK(cond)                                                                          \
-	do {                                                                                 \
-		if (!(cond)) {                                                               \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-			exit(1);                                                             \
-		}                                                                            \
-	} while (0)
-
-#define CHECK_EQ_INT(a, b)                                                                              \
-	do {                                                                                            \
-		long long a_ = (long long)(a), b_ = (long long)(b);                                     \
-		if (a_ != b_) {                                                                         \
-			fprintf(stderr, "%s:%d: %s is %lld, expected %lld\n", __FILE__, __LINE__, #a, a_, b_); \
-			exit(1);                                                                        \
-		}                                                                                       \
-	} while (0)
+#include "gg_require.h"
 
 #define CHECK_CONTAINS(got, want)                                                                                     \
 	do {                                                                                                          \
