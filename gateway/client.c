@@ -108,20 +108,12 @@ static const char *site_of(const struct gg_session *s)
  * or a negative errno. */
 static int send_msg(int fd, const void *msg, size_t len, int pass_fd, uint64_t deadline_ms)
 {
-	_Alignas(size_t) char cbuf[CMSG_SPACE(sizeof(int))];
+	_Alignas(struct cmsghdr) char cbuf[GG_CTRL_CMSG_BYTES];
 	struct iovec iov = { .iov_base = (void *)msg, .iov_len = len };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 
-	if (pass_fd >= 0) {
-		memset(cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf;
-		mh.msg_controllen = sizeof(cbuf);
-		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-	}
+	if (pass_fd >= 0)
+		gg_ctrl_attach_fd(&mh, cbuf, pass_fd);
 	for (;;) {
 		ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n == (ssize_t)len)

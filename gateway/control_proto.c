@@ -205,3 +205,15 @@ bool gg_ctrl_job_name_ok(const char *job, char *why, size_t why_size)
 	}
 	return true;
 }
+
+void gg_ctrl_attach_fd(struct msghdr *mh, void *cbuf, int fd)
+{
+	memset(cbuf, 0, GG_CTRL_CMSG_BYTES);
+	mh->msg_control = cbuf;
+	mh->msg_controllen = GG_CTRL_CMSG_BYTES;
+	struct cmsghdr *c = CMSG_FIRSTHDR(mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+}

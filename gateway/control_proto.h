@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "gradgate.h"
 
@@ -178,5 +179,12 @@ bool gg_ctrl_job_name_ok(const char *job, char *why, size_t why_size);
 
 /* "float32", "bfloat16"; NULL for an unknown type. */
 const char *gg_dtype_name(uint32_t dtype);
+
+/* Room for one passed descriptor in a msghdr's control data. */
+#define GG_CTRL_CMSG_BYTES CMSG_SPACE(sizeof(int))
+
+/* Makes `mh` carry `fd` with SCM_RIGHTS, using `cbuf` (GG_CTRL_CMSG_BYTES,
+ * aligned for struct cmsghdr) as its control data. */
+void gg_ctrl_attach_fd(struct msghdr *mh, void *cbuf, int fd);
 
 #endif
