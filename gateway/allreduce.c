@@ -18,6 +18,8 @@ struct gg_ar_step {
 	uint32_t shard_chunks[GG_AR_MAX_SITES];
 	uint32_t chunk_base[GG_AR_MAX_SITES + 1]; /* prefix sums of shard_chunks */
 	uint32_t nchunks;        /* direct: chunks of the tensor; ring: of all shards */
+	uint32_t own_chunks;     /* chunks of its own input the site encodes first: */
+	uint32_t next_own;       /* all of them for direct, its starting shard's for ring */
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
 	struct gg_ar_frame **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
@@ -28,6 +30,46 @@ struct gg_ar_step {
 	bool failed;
 };
 
+void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max)
+{
+	*p = (struct gg_ar_frame_pool){ .cap = cap, .max = max };
+}
+
+void gg_ar_frame_pool_fini(struct gg_ar_frame_pool *p)
+{
+	while (p->free) {
+		struct gg_ar_frame *f = p->free;
+		p->free = f->next_free;
+		free(f);
+	}
+	p->count = 0;
+}
+
+struct gg_ar_frame *gg_ar_frame_new(struct gg_ar_frame_pool *pool, size_t cap)
+{
+	struct gg_ar_frame *f;
+
+	if (pool && cap <= pool->cap && pool->free) {
+		f = pool->free;
+		pool->free = f->next_free;
+		pool->count--;
+	} else {
+		if (pool && cap <= pool->cap)
+			cap = pool->cap; /* a pool-sized frame, so it can go back */
+		else
+			pool = NULL;
+		f = malloc(sizeof(*f) + cap);
+		if (!f)
+			return NULL;
+		f->cap = cap;
+		f->pool = pool;
+	}
+	f->refs = 1;
+	f->len = 0;
+	f->next_free = NULL;
+	return f;
+}
+
 void gg_ar_frame_get(struct gg_ar_frame *f)
 {
 	f->refs++;
@@ -35,18 +77,16 @@ void gg_ar_frame_get(struct gg_ar_frame *f)
 
 void gg_ar_frame_put(struct gg_ar_frame *f)
 {
-	if (f && --f->refs == 0)
-		free(f);
-}
-
-static struct gg_ar_frame *frame_new(size_t cap)
-{
-	struct gg_ar_frame *f = malloc(sizeof(*f) + cap);
-	if (f) {
-		f->refs = 1;
-		f->len = 0;
+	if (!f || --f->refs)
+		return;
+	struct gg_ar_frame_pool *p = f->pool;
+	if (p && p->count < p->max) {
+		f->next_free = p->free;
+		p->free = f;
+		p->count++;
+		return;
 	}
-	return f;
+	free(f);
 }
 
 static unsigned ring_next(const struct gg_ar_step *s)
@@ -130,7 +170,7 @@ static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset,
 			struct gg_ar_frame **out, char *err, size_t err_size)
 {
 	struct gg_frame_encoder *enc = s->cfg.enc;
-	struct gg_ar_frame *f = frame_new(s->frame_cap);
+	struct gg_ar_frame *f = gg_ar_frame_new(s->cfg.pool, s->frame_cap);
 	int rc;
 
 	if (!f)
@@ -183,8 +223,11 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 	return 0;
 }
 
-/* Reduces chunk c as far as the frames present allow, in site order. */
-static int direct_reduce(struct gg_ar_step *s, uint32_t c, char *err, size_t err_size)
+/* Reduces chunk c as far as the frames present allow, in site order.
+ * `frame`, when not NULL, is the frame of the site whose turn it is,
+ * decoded in place. */
+static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, size_t len, char *err,
+			 size_t err_size)
 {
 	const unsigned K = s->cfg.sites;
 	uint64_t offset = 0, n = 0;
@@ -193,12 +236,17 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, char *err, size_t err
 	while (s->next_site[c] < K) {
 		unsigned site = s->next_site[c];
 		struct gg_ar_frame **slot = &s->pending[(size_t)site * s->nchunks + c];
-		if (!*slot)
+		if (!frame && !*slot)
 			return 0;
+		if (!frame) {
+			frame = (*slot)->data;
+			len = (*slot)->len;
+		}
 		id.origin = (uint8_t)site;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
-		int rc = decode_into(s, site, &id, (*slot)->data, (*slot)->len, s->result + offset, n,
+		int rc = decode_into(s, site, &id, frame, len, s->result + offset, n,
 				     site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
+		frame = NULL;
 		gg_ar_frame_put(*slot);
 		*slot = NULL;
 		if (rc)
@@ -209,11 +257,19 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, char *err, size_t err
 	return 0;
 }
 
-static int direct_start(struct gg_ar_step *s, char *err, size_t err_size)
+static bool may_encode(const struct gg_ar_step *s)
+{
+	return !s->ops->may_encode || s->ops->may_encode(s->ctx);
+}
+
+/* Encodes and sends the site's own chunks below `upto` whatever the
+ * owner's room, then more while the owner has room. */
+static int direct_emit(struct gg_ar_step *s, uint32_t upto, char *err, size_t err_size)
 {
 	const unsigned K = s->cfg.sites, self = s->cfg.self;
 
-	for (uint32_t c = 0; c < s->nchunks; c++) {
+	while (s->next_own < s->own_chunks && (s->next_own < upto || may_encode(s))) {
+		uint32_t c = s->next_own++;
 		struct gg_ar_chunk_id id = { GG_AR_DIRECT, (uint8_t)self, c };
 		struct gg_ar_frame *f;
 		uint64_t offset = 0, n = 0;
@@ -225,7 +281,7 @@ static int direct_start(struct gg_ar_step *s, char *err, size_t err_size)
 		for (unsigned to = 0; to < K; to++)
 			if (to != self && (rc = send_frame(s, to, &id, f, err, err_size)))
 				return rc;
-		if ((rc = direct_reduce(s, c, err, err_size)))
+		if ((rc = direct_reduce(s, c, NULL, 0, err, err_size)))
 			return rc;
 	}
 	return 0;
@@ -257,13 +313,20 @@ static int ring_finish_chunk(struct gg_ar_step *s, const struct gg_ar_chunk_id *
 	return rc;
 }
 
-static int ring_start(struct gg_ar_step *s, char *err, size_t err_size)
+/* The shard this site starts the reduce-scatter of. */
+static uint8_t ring_start_shard(const struct gg_ar_step *s)
 {
-	const unsigned K = s->cfg.sites;
-	uint8_t shard = (uint8_t)((s->cfg.self + K - 1) % K); /* the shard this site starts */
+	return (uint8_t)((s->cfg.self + s->cfg.sites - 1) % s->cfg.sites);
+}
 
-	for (uint32_t c = 0; c < s->shard_chunks[shard]; c++) {
-		struct gg_ar_chunk_id id = { GG_AR_SCATTER, shard, c };
+/* Encodes and sends the chunks of the starting shard while the owner has
+ * room. */
+static int ring_emit(struct gg_ar_step *s, char *err, size_t err_size)
+{
+	uint8_t shard = ring_start_shard(s);
+
+	while (s->next_own < s->own_chunks && may_encode(s)) {
+		struct gg_ar_chunk_id id = { GG_AR_SCATTER, shard, s->next_own++ };
 		struct gg_ar_frame *f;
 		uint64_t offset = 0, n = 0;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
@@ -276,6 +339,21 @@ static int ring_start(struct gg_ar_step *s, char *err, size_t err_size)
 			return rc;
 	}
 	return 0;
+}
+
+int gg_ar_step_resume(struct gg_ar_step *s, char *err, size_t err_size)
+{
+	if (s->failed)
+		return gg_errf(err, err_size, -EINVAL, "the step has already failed");
+	int rc = s->cfg.algo == GG_ALLREDUCE_DIRECT ? direct_emit(s, 0, err, err_size) : ring_emit(s, err, err_size);
+	if (rc < 0)
+		s->failed = true;
+	return rc;
+}
+
+bool gg_ar_step_wants_resume(const struct gg_ar_step *s)
+{
+	return !s->failed && s->next_own < s->own_chunks;
 }
 
 static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, const void *frame, size_t len,
@@ -309,7 +387,7 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 	s->chunks_done++;
 	if (ring_next(s) == id->origin)
 		return 0;
-	struct gg_ar_frame *f = frame_new(len);
+	struct gg_ar_frame *f = gg_ar_frame_new(s->cfg.pool, len);
 	if (!f)
 		return -ENOMEM;
 	memcpy(f->data, frame, len);
@@ -348,13 +426,24 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 		struct gg_ar_frame **slot = &s->pending[(size_t)from * s->nchunks + id->chunk];
 		if (s->next_site[id->chunk] > from || *slot)
 			return 1;
-		if (!(*slot = frame_new(len))) {
+		/* This site's own frame of the chunk goes first: results are then
+		 * written only where the input has been read (the two may be the
+		 * same memory), and a peer's pace sets the pace of this site. */
+		if (id->chunk >= s->next_own && (rc = direct_emit(s, id->chunk + 1, err, err_size)) < 0) {
 			s->failed = true;
-			return -ENOMEM;
+			return rc;
 		}
-		memcpy((*slot)->data, frame, len);
-		(*slot)->len = len;
-		rc = direct_reduce(s, id->chunk, err, err_size);
+		if (s->next_site[id->chunk] == from) {
+			rc = direct_reduce(s, id->chunk, frame, len, err, err_size);
+		} else {
+			if (!(*slot = gg_ar_frame_new(s->cfg.pool, len))) {
+				s->failed = true;
+				return -ENOMEM;
+			}
+			memcpy((*slot)->data, frame, len);
+			(*slot)->len = len;
+			rc = 0;
+		}
 	} else {
 		rc = ring_on_frame(s, id, frame, len, offset, n, err, err_size);
 	}
@@ -411,7 +500,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 			rc = -ENOMEM;
 			goto fail;
 		}
-		rc = direct_start(s, err, err_size);
+		s->own_chunks = s->nchunks;
+		rc = direct_emit(s, 0, err, err_size);
 	} else {
 		for (unsigned j = 0; j < cfg->sites; j++) {
 			uint64_t len = s->shard_lo[j + 1] - s->shard_lo[j];
@@ -430,7 +520,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 			rc = -ENOMEM;
 			goto fail;
 		}
-		rc = ring_start(s, err, err_size);
+		s->own_chunks = s->shard_chunks[ring_start_shard(s)];
+		rc = ring_emit(s, err, err_size);
 	}
 	if (rc)
 		goto fail;
@@ -450,6 +541,10 @@ bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct
 {
 	if (s->cfg.algo == GG_ALLREDUCE_DIRECT) {
 		for (uint32_t c = 0; c < s->nchunks; c++) {
+			/* A chunk waiting for this site's own frame, which waits for
+			 * room on the streams, names no peer that failed to send. */
+			if (s->next_site[c] == s->cfg.self && c >= s->next_own)
+				continue;
 			if (s->next_site[c] < s->cfg.sites) {
 				*from = s->next_site[c];
 				*id = (struct gg_ar_chunk_id){ GG_AR_DIRECT, (uint8_t)*from, c };

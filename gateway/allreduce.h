@@ -56,14 +56,36 @@ struct gg_ar_chunk_id {
 	uint32_t chunk; /* within the tensor (direct) or the shard (ring) */
 };
 
+struct gg_ar_frame_pool;
+
 /* An encoded frame on its way to one or more peers; reference counted so a
  * direct step sends one buffer to every peer. */
 struct gg_ar_frame {
 	unsigned refs;
 	size_t len;
+	size_t cap;                   /* bytes at data */
+	struct gg_ar_frame_pool *pool; /* where it returns; NULL: freed */
+	struct gg_ar_frame *next_free;
 	uint8_t data[];
 };
 
+/* Frames kept for reuse. A chunk's frame is about a megabyte: a fresh
+ * malloc of that size is a fresh mapping, and its page faults cost more
+ * than encoding the chunk. A pool keeps up to `max` frames of `cap` bytes;
+ * frames return to it when their last reference goes, and larger ones are
+ * malloc'd and freed as usual. One pool per thread: it has no lock. The
+ * pool must outlive its frames. */
+struct gg_ar_frame_pool {
+	struct gg_ar_frame *free;
+	size_t cap;
+	unsigned count, max;
+};
+
+void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max);
+void gg_ar_frame_pool_fini(struct gg_ar_frame_pool *p);
+/* A frame with room for `cap` bytes and one reference, or NULL. `pool`
+ * may be NULL. */
+struct gg_ar_frame *gg_ar_frame_new(struct gg_ar_frame_pool *pool, size_t cap);
 void gg_ar_frame_get(struct gg_ar_frame *f);
 void gg_ar_frame_put(struct gg_ar_frame *f);
 
@@ -72,6 +94,12 @@ struct gg_ar_ops {
 	 * (gg_ar_frame_get / gg_ar_frame_put). Returns 0 or a negative errno,
 	 * which fails the step. */
 	int (*send)(void *ctx, unsigned to_site, const struct gg_ar_chunk_id *id, struct gg_ar_frame *frame);
+	/* May the step encode another chunk of its own input now? A step
+	 * emits its own chunks (every chunk for direct, its starting shard for
+	 * ring) only while this says yes, so encoding keeps pace with the
+	 * network instead of running ahead of it; the owner calls
+	 * gg_ar_step_resume() when room comes. NULL: always. */
+	bool (*may_encode)(void *ctx);
 };
 
 struct gg_ar_config {
@@ -84,22 +112,32 @@ struct gg_ar_config {
 	struct gg_frame_encoder *enc; /* its cfg.max_elems >= chunk_elems */
 	struct gg_frame_decoder *dec;
 	struct gg_feedback *feedback; /* NULL: none; else covers count elements */
+	struct gg_ar_frame_pool *pool; /* NULL: frames are malloc'd */
 };
 
 struct gg_ar_step;
 
 /* Starts a step: `input` (count elements, this site's contribution) must
- * stay valid and unchanged, and `result` (count elements) untouched by
- * others, until the step is freed. Emits the step's first frames. Returns
- * 0, -EINVAL (bad config: err says what), -ENOMEM, or what ops->send
- * returned. */
+ * stay valid and unchanged but for the step's own writes, and `result`
+ * (count elements) untouched by others, until the step is freed. They may
+ * be the same memory (the step then sums in place): every element of the
+ * input is read before the result is written there. Emits the step's
+ * first frames (as many as ops->may_encode allows). Returns 0, -EINVAL
+ * (bad config: err says what), -ENOMEM, or what ops->send returned. */
 GG_MUST_CHECK int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg,
 				   const float *input, float *result, const struct gg_ar_ops *ops,
 				   void *ctx, char *err, size_t err_size);
 
+/* Emits more of the step's own chunks while ops->may_encode allows.
+ * Returns 0 or a negative errno with err set (the step is then failed). */
+GG_MUST_CHECK int gg_ar_step_resume(struct gg_ar_step *s, char *err, size_t err_size);
+/* True while own chunks wait for gg_ar_step_resume(). */
+bool gg_ar_step_wants_resume(const struct gg_ar_step *s);
+
 /* Hands the step a frame that site `from` sent for chunk `id`. The step
- * copies what it must keep. A chunk already received is ignored (a re-send
- * after a reconnect): returns 1. Returns 0 when taken, or a negative errno
+ * copies what it must keep: only a frame that arrives before its turn in
+ * the site order; one in turn is decoded in place. A chunk already
+ * received is ignored (a re-send after a reconnect): returns 1. Returns 0 when taken, or a negative errno
  * with err naming the site, the chunk and what is wrong: -EPROTO (a chunk
  * this site never expects from `from`), -EBADMSG / -EILSEQ / -E2BIG (the
  * frame's own checks), -ENOMEM. The step is then failed. */

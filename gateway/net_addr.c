@@ -117,3 +117,19 @@ int gg_net_tune(int fd, int buffer_bytes)
 		return -errno;
 	return 0;
 }
+
+int gg_net_free_loopback_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
+
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len))
+		rc = -errno;
+	else
+		rc = ntohs(a.sin_port);
+	close(fd);
+	return rc;
+}

@@ -117,6 +117,7 @@ struct gg_node {
 	size_t rx_max;          /* largest message accepted */
 	struct gg_frame_encoder enc;
 	struct gg_frame_decoder dec;
+	struct gg_ar_frame_pool frames;
 	struct gg_node_stats stats;
 	bool shutting_down;
 };
@@ -414,7 +415,34 @@ static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, stru
 	return 0;
 }
 
-static const struct gg_ar_ops ar_ops = { ar_send };
+/* The step engine may encode another chunk of its own while no peer has
+ * more than two chunks per stream queued ahead of its sockets: enough to
+ * keep every stream busy, few enough that encoding keeps pace with the
+ * network and few frames are alive at once. */
+static bool ar_may_encode(void *ctx)
+{
+	const struct job *j = ctx;
+	const struct gg_node *n = j->node;
+	const int S = n->cfg->transport.streams_per_peer;
+	const unsigned limit = 2u * (unsigned)S;
+
+	for (unsigned p = 0; p < n->sites; p++) {
+		if (p == n->self)
+			continue;
+		const struct peer *pe = &n->peers[p];
+		unsigned queued = 0;
+		for (const struct out *o = pe->waiting; o && queued < limit; o = o->next)
+			queued++;
+		for (int k = 0; k < S; k++)
+			if (pe->conn[k] >= 0)
+				queued += n->conns[pe->conn[k]].txq_count;
+		if (queued >= limit)
+			return false;
+	}
+	return true;
+}
+
+static const struct gg_ar_ops ar_ops = { ar_send, ar_may_encode };
 
 static void send_ack(struct gg_node *n, int ci, const char *job, uint64_t seq, const struct gg_ar_chunk_id *id);
 
@@ -504,7 +532,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 
 	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = n->cfg->allreduce.algorithm,
 				   .count = st->count, .chunk_elems = n->chunk_elems, .enc = &n->enc, .dec = &n->dec,
-				   .feedback = fb };
+				   .feedback = fb, .pool = &n->frames };
 	double t0 = now_s();
 	int rc = gg_ar_step_start(&j->ar, &ac, st->input, st->result, &ar_ops, j, why, sizeof(why));
 	n->stats.encode_s += now_s() - t0;
@@ -1187,6 +1215,25 @@ static uint64_t next_deadline(const struct gg_node *n)
 	return next;
 }
 
+/* Steps whose own chunks wait for room on the streams go on encoding. */
+static void resume_steps(struct gg_node *n)
+{
+	char why[GG_AR_ERROR_MAX];
+
+	for (unsigned i = 0; i < MAX_JOBS; i++) {
+		struct job *j = &n->jobs[i];
+		if (!j->used || !j->step || !gg_ar_step_wants_resume(j->ar))
+			continue;
+		double t0 = now_s();
+		int rc = gg_ar_step_resume(j->ar, why, sizeof(why));
+		n->stats.encode_s += now_s() - t0;
+		if (rc)
+			fail_step(n, j, "step %llu of job '%s': %s", (unsigned long long)j->step->seq, j->name, why);
+		else if (gg_ar_step_done(j->ar))
+			finish_step(n, j, 0, NULL);
+	}
+}
+
 int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *other, void *arg)
 {
 	struct cqe_ctx x = { n, other, arg };
@@ -1196,6 +1243,7 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 	if (rc < 0)
 		return rc;
 	timers(n);
+	resume_steps(n);
 	return 0;
 }
 
@@ -1334,6 +1382,10 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 		goto fail;
 	}
 	n->rx_max = GG_WIRE_DATA_FIXED_BYTES + bound;
+	/* Enough frames for what the streams keep queued (ar_may_encode) and
+	 * in flight, a few dozen megabytes at the default chunk size. */
+	gg_ar_frame_pool_init(&n->frames, bound,
+			      GG_MIN(64u, 8u + 4u * (unsigned)cfg->transport.streams_per_peer * (n->sites - 1)));
 
 	n->hello = (struct gg_wire_hello){ .streams = (uint16_t)cfg->transport.streams_per_peer,
 					   .sites = (uint8_t)n->sites,
@@ -1428,6 +1480,7 @@ void gg_node_free(struct gg_node *n)
 		gg_loop_fini(&n->loop);
 	gg_frame_encoder_fini(&n->enc);
 	gg_frame_decoder_fini(&n->dec);
+	gg_ar_frame_pool_fini(&n->frames);
 	gg_tls_context_free(n->tls);
 	free(n);
 }

@@ -32,6 +32,7 @@ struct site {
 	struct gg_feedback fb;
 	bool use_fb;
 	struct gg_ar_step *step;
+	struct gg_ar_frame_pool pool; /* small, so frames both come back and overflow it */
 	float *input, *result;
 };
 
@@ -66,7 +67,15 @@ static int net_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, str
 	return 0;
 }
 
-static const struct gg_ar_ops net_ops = { net_send };
+/* Refuses about one time in three: steps must stop encoding their own
+ * chunks and go on when resumed, with the same results. */
+static bool net_may_encode(void *ctx)
+{
+	struct site *from = ctx;
+	return next_rand(&from->net->rng) % 3 != 0;
+}
+
+static const struct gg_ar_ops net_ops = { net_send, net_may_encode };
 
 static int site_init(struct site *s, struct net *net, unsigned index, enum gg_codec codec, uint32_t chunk,
 		     size_t count, bool fb)
@@ -87,6 +96,7 @@ static int site_init(struct site *s, struct net *net, unsigned index, enum gg_co
 		return -1;
 	if (fb && gg_feedback_init(&s->fb, count, chunk))
 		return -1;
+	gg_ar_frame_pool_init(&s->pool, bound, 4);
 	s->input = malloc(count * sizeof(float));
 	s->result = malloc(count * sizeof(float));
 	return s->input && s->result ? 0 : -1;
@@ -95,6 +105,7 @@ static int site_init(struct site *s, struct net *net, unsigned index, enum gg_co
 static void site_fini(struct site *s)
 {
 	gg_ar_step_free(s->step);
+	gg_ar_frame_pool_fini(&s->pool);
 	gg_frame_encoder_fini(&s->enc);
 	gg_frame_decoder_fini(&s->dec);
 	if (s->use_fb)
@@ -113,17 +124,38 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 	for (unsigned k = 0; k < K; k++) {
 		struct gg_ar_config cfg = { .sites = K, .self = k, .algo = algo, .count = count,
 					    .chunk_elems = chunk, .enc = &sites[k].enc, .dec = &sites[k].dec,
-					    .feedback = sites[k].use_fb ? &sites[k].fb : NULL };
+					    .feedback = sites[k].use_fb ? &sites[k].fb : NULL,
+					    .pool = k % 2 ? &sites[k].pool : NULL };
 		gg_ar_step_free(sites[k].step);
 		sites[k].step = NULL;
-		memset(sites[k].result, 0xa5, count * sizeof(float)); /* sentinel */
-		if (gg_ar_step_start(&sites[k].step, &cfg, sites[k].input, sites[k].result, &net_ops, &sites[k],
-				     err, sizeof(err))) {
+		/* Every other site sums in place, as the gateway's backends do:
+		 * input and result are then the same memory. */
+		bool in_place = (k + count) % 2 == 0;
+		if (in_place)
+			memcpy(sites[k].result, sites[k].input, count * sizeof(float));
+		else
+			memset(sites[k].result, 0xa5, count * sizeof(float)); /* sentinel */
+		if (gg_ar_step_start(&sites[k].step, &cfg, in_place ? sites[k].result : sites[k].input, sites[k].result,
+				     &net_ops, &sites[k], err, sizeof(err))) {
 			printf("start at site %u: %s\n", k, err);
 			return -1;
 		}
 	}
-	while (net->len) {
+	for (;;) {
+		/* Own chunks held back go on at random moments, and surely once
+		 * nothing else is left to deliver. */
+		bool held = false;
+		for (unsigned k = 0; k < K; k++) {
+			if (!gg_ar_step_wants_resume(sites[k].step))
+				continue;
+			held = true;
+			if (!net->len || next_rand(&net->rng) % 4 == 0)
+				CHECK(gg_ar_step_resume(sites[k].step, err, sizeof(err)) == 0, "resume: %s", err);
+		}
+		if (!net->len && !held)
+			break;
+		if (!net->len)
+			continue;
 		size_t pick = next_rand(&net->rng) % net->len;
 		struct msg m = net->q[pick];
 		bool again = next_rand(&net->rng) % 8 == 0;
@@ -150,8 +182,8 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 	}
 	for (unsigned k = 0; k < K; k++)
 		if (!gg_ar_step_done(sites[k].step)) {
-			unsigned from;
-			struct gg_ar_chunk_id id;
+			unsigned from = 0;
+			struct gg_ar_chunk_id id = { 0 };
 			gg_ar_step_first_missing(sites[k].step, &from, &id);
 			printf("site %u not done: missing phase %u origin %u chunk %u from %u\n", k, id.phase,
 			       id.origin, id.chunk, from);

@@ -9,23 +9,23 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "gg_check.h"
 #include "allreduce.h"
 #include "log.h"
+#include "net_addr.h"
 #include "node.h"
 
 #define MAX_K 4
 
 static const char *cert_dir;
 static int ports[MAX_K];
+static atomic_uint flushed_sites; /* of the scenario running */
 
 struct scenario {
 	unsigned K;
@@ -49,21 +49,6 @@ struct site {
 	bool done;
 	double seconds;
 };
-
-/* A port nobody listens on right now: the kernel's pick for port 0. */
-static int free_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len)) {
-		perror("free_port");
-		exit(1);
-	}
-	close(fd);
-	return ntohs(a.sin_port);
-}
 
 static float value(unsigned site, unsigned step, uint64_t i)
 {
@@ -158,9 +143,18 @@ static void *run_site(void *arg)
 	s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	if (sc->cut_at_step)
 		CHECK(s->index != 0 || gg_node_stats(node)->resent_messages > 0, "nothing was re-sent after the cut");
-	for (int spins = 0; spins < 1000 && !gg_node_flushed(node); spins++)
+	/* A site shuts down only once every site has its frames acknowledged:
+	 * one that stopped early could no longer acknowledge what a slower
+	 * site still sends it. */
+	bool counted = false;
+	for (int spins = 0; spins < 1000 && atomic_load(&flushed_sites) < sc->K; spins++) {
+		if (!counted && gg_node_flushed(node)) {
+			atomic_fetch_add(&flushed_sites, 1);
+			counted = true;
+		}
 		if (gg_node_run_once(node, 10000, NULL, NULL))
 			break;
+	}
 	CHECK(gg_node_flushed(node), "site %u: frames still unacknowledged after 10 s", s->index);
 	gg_node_shutdown(node);
 	for (int spins = 0; spins < 100 && !gg_node_idle(node); spins++)
@@ -179,8 +173,10 @@ static void run(const struct scenario *sc)
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
 	       sc->mismatch ? ", mismatched announcement" : "");
 	fflush(stdout);
-	for (unsigned k = 0; k < sc->K; k++)
-		ports[k] = free_port();
+	for (unsigned k = 0; k < sc->K; k++) {
+		ports[k] = gg_net_free_loopback_port();
+		CHECK(ports[k] > 0, "no free loopback port: %s", strerror(-ports[k]));
+	}
 	for (unsigned k = 0; k < sc->K; k++) {
 		struct site *s = &sites[k];
 		struct gg_diag diag = { 0 };
@@ -198,6 +194,7 @@ static void run(const struct scenario *sc)
 		s->result = malloc((sc->count + 1) * sizeof(float));
 		s->results = malloc(sc->count * sc->steps * sizeof(float));
 	}
+	atomic_store(&flushed_sites, 0);
 	for (unsigned k = 0; k < sc->K; k++)
 		pthread_create(&sites[k].thread, NULL, run_site, &sites[k]);
 	for (unsigned k = 0; k < sc->K; k++)
