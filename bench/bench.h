@@ -13,6 +13,14 @@ struct gg_bench_cmd {
 int gg_bench_allreduce_main(int argc, char **argv);
 /* gradgate-bench transport: TLS vs plain throughput, CPU and latency. */
 int gg_bench_transport_main(int argc, char **argv);
+/* One loopback run of the transport benchmark, for other benchmarks'
+ * same-run baselines: `streams` TLS streams of ciphersuite `suite` (IANA
+ * name) for `seconds`, throwaway certificates. Returns 0 with *gbps set, or
+ * a negative errno (the reason is on stderr). */
+int gg_bench_transport_loopback(const char *suite, int streams, double seconds, double *gbps);
+/* gradgate-bench gateway: gateway-to-gateway all-reduce throughput against
+ * the transport's, measured in the same run. */
+int gg_bench_gateway_main(int argc, char **argv);
 /* gradgate-bench codec: ratio, speed and error of every codec. */
 int gg_bench_codec_main(int argc, char **argv);
 

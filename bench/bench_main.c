@@ -7,6 +7,7 @@
 
 static const struct gg_bench_cmd commands[] = {
 	{ "allreduce", "one rank's all-reduce loop through a running gateway, checked", gg_bench_allreduce_main },
+	{ "gateway", "gateway-to-gateway all-reduce throughput against the TLS transport's", gg_bench_gateway_main },
 	{ "codec", "codec ratio, speed and error on synthetic or given data", gg_bench_codec_main },
 	{ "transport", "TLS 1.3 vs plain: throughput, CPU per GB, round-trip latency", gg_bench_transport_main },
 };

@@ -1175,6 +1175,42 @@ static int serve_forever(const struct options *opt, struct creds *creds)
 	return 0;
 }
 
+int gg_bench_transport_loopback(const char *suite, int streams, double seconds, double *gbps)
+{
+	struct options opt = {
+		.modes = suite, .seconds = seconds, .streams = streams, .write_bytes = 256 << 10,
+		.ring_bytes = 256 << 10,
+	};
+	struct mode mode = { .name = suite };
+	struct creds creds;
+	struct server srv;
+	struct result r;
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	char addr[GG_NET_ADDR_TEXT_MAX];
+	int rc;
+
+	if (streams < 1 || streams > MAX_STREAMS)
+		return -EINVAL;
+	signal(SIGPIPE, SIG_IGN);
+	if ((rc = load_creds(&opt, &creds))) {
+		free_creds(&creds);
+		return rc;
+	}
+	if (server_start(&srv, &opt, &creds, "127.0.0.1:0")) {
+		free_creds(&creds);
+		return -EIO;
+	}
+	getsockname(srv.listen_fd, (struct sockaddr *)&ss, &len);
+	gg_net_addr_format((struct sockaddr *)&ss, addr, sizeof(addr));
+	rc = run_mode(&opt, &mode, &creds, (struct sockaddr *)&ss, len, addr, &r);
+	server_stop(&srv);
+	free_creds(&creds);
+	if (!rc)
+		*gbps = r.gbps;
+	return rc;
+}
+
 int gg_bench_transport_main(int argc, char **argv)
 {
 	struct options opt;

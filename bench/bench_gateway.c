@@ -1,0 +1,533 @@
+/* gradgate-bench gateway: how fast gateways exchange an all-reduce, next to
+ * what one TLS transport moves on the same machine in the same run.
+ *
+ * K gateway cores (gateway/node.c: the daemon's peer mesh, step engine and
+ * TLS streams, each on its own thread and io_uring loop) run in this
+ * process and connect over loopback with throwaway certificates. Every
+ * site contributes a fixed input; the timed steps follow one warm-up step.
+ * Payload throughput is every frame byte the gateways sent (all sites, all
+ * directions) per second of wall time; the baseline is
+ * gradgate-bench transport with TLS, the same ciphersuite and as many
+ * streams, run right after. Both use every core of the machine, so the
+ * ratio says what the gateway costs on top of the channel. The site
+ * backend (ranks, shared memory, the site sum) is not part of it:
+ * gradgate-bench allreduce measures that path end to end. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include "bench.h"
+#include "config.h"
+#include "log.h"
+#include "net_addr.h"
+#include "node.h"
+#include "tls_pki.h"
+#include "units.h"
+
+#define MAX_SITES 4
+#define CONNECT_SPINS 1000 /* x 10 ms */
+#define STEP_SPINS 15000   /* x 10 ms: past the step deadline (120 s) */
+
+struct opts {
+	unsigned sites;
+	uint64_t count;
+	unsigned steps;
+	const char *codec;
+	int zstd_level;
+	const char *algo;
+	int streams;
+	uint64_t chunk_bytes;
+	const char *cipher;
+	double baseline_s;
+	bool json;
+};
+
+/* The sites start timing together: each keeps its loop running (its peers
+ * need it for their handshakes) until every site is connected. */
+struct start {
+	atomic_uint connected;
+	atomic_bool failed;
+};
+
+struct site {
+	pthread_t thread;
+	const struct opts *o;
+	unsigned index;
+	struct gg_config cfg;
+	struct start *start;
+	float *input, *result;
+	double *step_s;     /* per timed step */
+	double wall_s;      /* the timed steps */
+	uint64_t bytes_out; /* frame bytes sent during the timed steps */
+	uint64_t raw_out;
+	double tls_s, codec_s;
+	bool done;
+	int status;
+	char message[GG_NODE_ERROR_MAX + 64];
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Multiples of 1/64 in [-32, 32): every sum of a few of them is exact in
+ * fp32, so a lossless result can be checked bit for bit. */
+static float input_value(unsigned site, uint64_t i)
+{
+	uint64_t h = i * 0x9e3779b97f4a7c15ull ^ (uint64_t)(site + 1) * 0xbf58476d1ce4e5b9ull;
+	h ^= h >> 31;
+	return (float)((int)(h % 4096) - 2048) / 64.0f;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: gradgate-bench gateway [options]\n"
+		"Runs K gateways (peer mesh, step engine and TLS streams, one thread and io_uring\n"
+		"loop each) in this process over loopback, times all-reduce steps between them, then\n"
+		"runs the TLS transport benchmark with the same ciphersuite and streams, and prints\n"
+		"the gateways' payload throughput against it.\n\n"
+		"  --sites K            gateways, 2-%d (default 2)\n"
+		"  --count C            float32 elements per step (default 16777216, 64 MiB)\n"
+		"  --steps T            timed steps after one warm-up step (default 8)\n"
+		"  --codec NAME         fp32, bf16, bf16-split, int8, int4 (default fp32)\n"
+		"  --zstd-level N       0 (off, default) to 19\n"
+		"  --algorithm A        direct or ring (default direct)\n"
+		"  --streams S          TLS streams per peer, and of the baseline (default 2)\n"
+		"  --chunk SIZE         chunk size (default 1MiB)\n"
+		"  --cipher SUITE       TLS 1.3 ciphersuite (default TLS_AES_256_GCM_SHA384)\n"
+		"  --baseline-time S    seconds of the transport baseline (default 3; 0 skips it)\n"
+		"  --json               one JSON object\n",
+		MAX_SITES);
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+	static const struct option lopts[] = {
+		{ "sites", required_argument, NULL, 'k' },     { "count", required_argument, NULL, 'c' },
+		{ "steps", required_argument, NULL, 't' },     { "codec", required_argument, NULL, 'x' },
+		{ "zstd-level", required_argument, NULL, 'z' }, { "algorithm", required_argument, NULL, 'a' },
+		{ "streams", required_argument, NULL, 's' },   { "chunk", required_argument, NULL, 'C' },
+		{ "cipher", required_argument, NULL, 'p' },    { "baseline-time", required_argument, NULL, 'b' },
+		{ "json", no_argument, NULL, 'J' },            { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *why;
+	char *end;
+	int c;
+
+	*o = (struct opts){ .sites = 2, .count = 16u << 20, .steps = 8, .codec = "fp32", .algo = "direct",
+			    .streams = 2, .chunk_bytes = 1u << 20, .cipher = "TLS_AES_256_GCM_SHA384",
+			    .baseline_s = 3 };
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
+		long v;
+		switch (c) {
+		case 'k':
+		case 't':
+		case 'z':
+		case 's': {
+			static const struct {
+				int opt;
+				long lo, hi;
+				const char *name;
+			} ranges[] = { { 'k', 2, MAX_SITES, "--sites" }, { 't', 1, 10000, "--steps" },
+				       { 'z', 0, 19, "--zstd-level" }, { 's', 1, 32, "--streams" } };
+			size_t r = 0;
+			while (ranges[r].opt != c)
+				r++;
+			v = strtol(optarg, &end, 10);
+			if (*end || end == optarg || v < ranges[r].lo || v > ranges[r].hi) {
+				fprintf(stderr, "gradgate-bench gateway: %s must be %ld to %ld, not '%s'\n", ranges[r].name,
+					ranges[r].lo, ranges[r].hi, optarg);
+				return 2;
+			}
+			if (c == 'k')
+				o->sites = (unsigned)v;
+			else if (c == 't')
+				o->steps = (unsigned)v;
+			else if (c == 'z')
+				o->zstd_level = (int)v;
+			else
+				o->streams = (int)v;
+			break;
+		}
+		case 'c':
+			o->count = strtoull(optarg, &end, 10);
+			if (*end || end == optarg || o->count == 0 || o->count > (1ull << 28)) {
+				fprintf(stderr, "gradgate-bench gateway: --count must be 1 to %llu elements\n", 1ull << 28);
+				return 2;
+			}
+			break;
+		case 'x':
+			o->codec = optarg;
+			break;
+		case 'a':
+			if (strcmp(optarg, "direct") && strcmp(optarg, "ring")) {
+				fprintf(stderr, "gradgate-bench gateway: --algorithm is direct or ring, not '%s'\n", optarg);
+				return 2;
+			}
+			o->algo = optarg;
+			break;
+		case 'C':
+			if (gg_parse_size(optarg, &o->chunk_bytes, &why)) {
+				fprintf(stderr, "gradgate-bench gateway: --chunk %s: %s\n", optarg, why);
+				return 2;
+			}
+			break;
+		case 'p':
+			o->cipher = optarg;
+			break;
+		case 'b':
+			o->baseline_s = strtod(optarg, &end);
+			if (*end || end == optarg || !(o->baseline_s >= 0 && o->baseline_s <= 60)) {
+				fprintf(stderr, "gradgate-bench gateway: --baseline-time must be 0 to 60 seconds\n");
+				return 2;
+			}
+			break;
+		case 'J':
+			o->json = true;
+			break;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "gradgate-bench gateway: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	return 0;
+}
+
+static int write_file(const char *dir, const char *name, const char *text)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -errno;
+	int bad = fputs(text, f) < 0;
+	bad |= fclose(f) != 0;
+	return bad ? -EIO : 0;
+}
+
+static void remove_dir(const char *dir, unsigned sites)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/ca.pem", dir);
+	unlink(path);
+	for (unsigned k = 0; k < sites; k++) {
+		snprintf(path, sizeof(path), "%s/s%u.pem", dir, k);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/s%u.key", dir, k);
+		unlink(path);
+	}
+	rmdir(dir);
+}
+
+/* Throwaway CA and one certificate per site (dns:sK.gradgate.test), as
+ * files the configs name; keys 0600, as the gateway demands. */
+static int make_certs(const char *dir, unsigned sites)
+{
+	struct gg_tls_pki *pki;
+	int rc = gg_tls_pki_new("gradgate-bench gateway throwaway CA", &pki);
+
+	if (rc)
+		return rc;
+	rc = write_file(dir, "ca.pem", gg_tls_pki_ca_pem(pki));
+	mode_t old = umask(077);
+	for (unsigned k = 0; k < sites && !rc; k++) {
+		char id[64], name[32], *cert = NULL, *key = NULL;
+		snprintf(id, sizeof(id), "dns:s%u.gradgate.test", k);
+		struct gg_tls_cert_request req = { .identity = id, .valid_from_s = -3600, .valid_until_s = 86400 };
+		rc = gg_tls_pki_issue(pki, &req, &cert, &key);
+		if (!rc) {
+			snprintf(name, sizeof(name), "s%u.pem", k);
+			rc = write_file(dir, name, cert);
+		}
+		if (!rc) {
+			snprintf(name, sizeof(name), "s%u.key", k);
+			rc = write_file(dir, name, key);
+		}
+		free(cert);
+		free(key);
+	}
+	umask(old);
+	gg_tls_pki_free(pki);
+	return rc;
+}
+
+static int load_config(const struct opts *o, const char *dir, const int *ports, unsigned k, struct gg_config *cfg)
+{
+	char text[4096];
+	size_t n = 0;
+	struct gg_diag diag = { 0 };
+
+	n += (size_t)snprintf(text + n, sizeof(text) - n,
+			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\nthreads = 1\n"
+			      "[tls]\nca = \"ca.pem\"\ncert = \"s%u.pem\"\nkey = \"s%u.key\"\nciphersuites = [\"%s\"]\n",
+			      k, ports[k], k, k, o->cipher);
+	for (unsigned p = 0; p < o->sites; p++)
+		if (p != k)
+			n += (size_t)snprintf(text + n, sizeof(text) - n,
+					      "[[peers]]\nsite = \"s%u\"\naddress = \"127.0.0.1:%d\"\n"
+					      "identity = \"dns:s%u.gradgate.test\"\n",
+					      p, ports[p], p);
+	n += (size_t)snprintf(text + n, sizeof(text) - n,
+			      "[transport]\nstreams_per_peer = %d\nchunk_size = %llu\nstep_timeout = \"120s\"\n"
+			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
+			      "[compression]\ncodec = \"%s\"\nzstd_level = %d\n[allreduce]\nalgorithm = \"%s\"\n",
+			      o->streams, (unsigned long long)o->chunk_bytes, o->codec, o->zstd_level, o->algo);
+	if (n >= sizeof(text))
+		return -E2BIG;
+	int rc = gg_config_load_text(text, n, "gateway bench config", dir, cfg, &diag);
+	if (rc) {
+		fprintf(stderr, "gradgate-bench gateway: the config of site %u is refused:\n", k);
+		gg_diag_print(&diag, stderr);
+		gg_diag_free(&diag);
+	}
+	return rc;
+}
+
+static void on_done(void *arg, struct gg_node_step *st, int status, const char *message)
+{
+	struct site *s = arg;
+	(void)st;
+	s->status = status;
+	if (message)
+		snprintf(s->message, sizeof(s->message), "%s", message);
+	s->done = true;
+}
+
+static void *run_site(void *arg)
+{
+	struct site *s = arg;
+	const struct opts *o = s->o;
+	struct gg_node *node = NULL;
+	char err[GG_NODE_ERROR_MAX];
+	double t0 = 0;
+	uint64_t bytes0 = 0, raw0 = 0;
+	double tls0 = 0, codec0 = 0;
+
+	if (gg_node_new(&s->cfg, &node, err, sizeof(err))) {
+		snprintf(s->message, sizeof(s->message), "site %u: %s", s->index, err);
+		s->status = -EIO;
+		atomic_store(&s->start->failed, true);
+		return NULL;
+	}
+	bool counted = false;
+	for (int spins = 0; spins < CONNECT_SPINS && !atomic_load(&s->start->failed); spins++) {
+		if (!counted && gg_node_connected(node)) {
+			atomic_fetch_add(&s->start->connected, 1);
+			counted = true;
+		}
+		if (atomic_load(&s->start->connected) == o->sites)
+			break;
+		if (gg_node_run_once(node, 10000, NULL, NULL))
+			break;
+	}
+	if (atomic_load(&s->start->connected) != o->sites) {
+		snprintf(s->message, sizeof(s->message), "site %u: the sites did not all connect within 10 s", s->index);
+		s->status = -ETIMEDOUT;
+		atomic_store(&s->start->failed, true);
+	}
+	for (unsigned t = 0; t <= o->steps && !s->status; t++) {
+		double ts = now_s();
+		struct gg_node_step st = { .seq = t + 1, .tensor_id = 1, .count = o->count, .dtype = 1,
+					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
+		snprintf(st.job, sizeof(st.job), "bench");
+		s->done = false;
+		if (gg_node_submit(node, &st, err, sizeof(err))) {
+			snprintf(s->message, sizeof(s->message), "site %u: %s", s->index, err);
+			s->status = -EINVAL;
+			break;
+		}
+		for (int spins = 0; !s->done && spins < STEP_SPINS; spins++)
+			if (gg_node_run_once(node, 10000, NULL, NULL))
+				break;
+		if (!s->done) {
+			snprintf(s->message, sizeof(s->message), "site %u: step %u did not finish", s->index, t + 1);
+			s->status = -ETIMEDOUT;
+			break;
+		}
+		if (t > 0)
+			s->step_s[t - 1] = now_s() - ts;
+		if (t == 0) { /* the warm-up step is done: time from here */
+			const struct gg_node_stats *stats = gg_node_stats(node);
+			t0 = now_s();
+			bytes0 = stats->data_bytes_out;
+			raw0 = stats->raw_bytes_out;
+			tls0 = stats->tls_s;
+			codec0 = stats->encode_s + stats->decode_s;
+		}
+	}
+	if (!s->status) {
+		const struct gg_node_stats *stats = gg_node_stats(node);
+		s->wall_s = now_s() - t0;
+		s->bytes_out = stats->data_bytes_out - bytes0;
+		s->raw_out = stats->raw_bytes_out - raw0;
+		s->tls_s = stats->tls_s - tls0;
+		s->codec_s = stats->encode_s + stats->decode_s - codec0;
+	}
+	for (int spins = 0; spins < 500 && !gg_node_flushed(node); spins++)
+		if (gg_node_run_once(node, 10000, NULL, NULL))
+			break;
+	gg_node_shutdown(node);
+	for (int spins = 0; spins < 200 && !gg_node_idle(node); spins++)
+		if (gg_node_run_once(node, 10000, NULL, NULL))
+			break;
+	gg_node_free(node);
+	return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Every site got the same bytes; fp32 results are the exact sum. */
+static int check_results(const struct opts *o, struct site *sites)
+{
+	for (unsigned k = 1; k < o->sites; k++)
+		if (memcmp(sites[0].result, sites[k].result, o->count * sizeof(float))) {
+			fprintf(stderr, "gradgate-bench gateway: site %u's result differs from site 0's\n", k);
+			return -1;
+		}
+	if (strcmp(o->codec, "fp32"))
+		return 0;
+	for (uint64_t i = 0; i < o->count; i++) {
+		float want = 0;
+		for (unsigned k = 0; k < o->sites; k++)
+			want += input_value(k, i);
+		if (sites[0].result[i] != want) {
+			fprintf(stderr, "gradgate-bench gateway: element %llu is %g, the sum is %g\n",
+				(unsigned long long)i, (double)sites[0].result[i], (double)want);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int gg_bench_gateway_main(int argc, char **argv)
+{
+	static struct site sites[MAX_SITES];
+	struct opts o;
+	struct start start = { 0 };
+	char dir[] = "/tmp/gradgate-bench-gw.XXXXXX";
+	int ports[MAX_SITES], rc, status = 0;
+
+	if ((rc = parse(argc, argv, &o)))
+		return rc;
+	gg_log_set_level(GG_LOG_ERROR);
+	if (!mkdtemp(dir) || make_certs(dir, o.sites)) {
+		fprintf(stderr, "gradgate-bench gateway: cannot make throwaway certificates in %s\n", dir);
+		remove_dir(dir, o.sites);
+		return 1;
+	}
+	for (unsigned k = 0; k < o.sites; k++)
+		if ((ports[k] = gg_net_free_loopback_port()) < 0) {
+			fprintf(stderr, "gradgate-bench gateway: no free loopback port\n");
+			remove_dir(dir, o.sites);
+			return 1;
+		}
+	memset(sites, 0, sizeof(sites));
+	for (unsigned k = 0; k < o.sites; k++) {
+		struct site *s = &sites[k];
+		s->o = &o;
+		s->index = k;
+		s->start = &start;
+		if (load_config(&o, dir, ports, k, &s->cfg)) {
+			status = 2;
+			break;
+		}
+		s->input = malloc(o.count * sizeof(float));
+		s->result = malloc(o.count * sizeof(float));
+		s->step_s = calloc(o.steps, sizeof(double));
+		if (!s->input || !s->result || !s->step_s) {
+			fprintf(stderr, "gradgate-bench gateway: out of memory\n");
+			status = 1;
+			break;
+		}
+		for (uint64_t i = 0; i < o.count; i++)
+			s->input[i] = input_value(k, i);
+		memset(s->result, 0, o.count * sizeof(float)); /* no first-touch faults in the timed steps */
+	}
+	if (!status) {
+		for (unsigned k = 0; k < o.sites; k++)
+			pthread_create(&sites[k].thread, NULL, run_site, &sites[k]);
+		for (unsigned k = 0; k < o.sites; k++)
+			pthread_join(sites[k].thread, NULL);
+	}
+	remove_dir(dir, o.sites);
+
+	double wall = 0, tls = 0, codec = 0;
+	uint64_t bytes = 0, raw = 0;
+	for (unsigned k = 0; k < o.sites && !status; k++) {
+		if (sites[k].status) {
+			fprintf(stderr, "gradgate-bench gateway: %s\n", sites[k].message);
+			status = 1;
+		}
+		wall = GG_MAX(wall, sites[k].wall_s);
+		bytes += sites[k].bytes_out;
+		raw += sites[k].raw_out;
+		tls += sites[k].tls_s;
+		codec += sites[k].codec_s;
+	}
+	if (!status && check_results(&o, sites))
+		status = 1;
+	if (!status) {
+		double base = 0, gbps = (double)bytes * 8 / wall / 1e9;
+		qsort(sites[0].step_s, o.steps, sizeof(double), cmp_double);
+		double p50 = sites[0].step_s[(o.steps - 1) / 2] * 1e3;
+		if (o.baseline_s > 0 && gg_bench_transport_loopback(o.cipher, o.streams, o.baseline_s, &base)) {
+			fprintf(stderr, "gradgate-bench gateway: the transport baseline failed\n");
+			status = 1;
+		}
+		if (o.json) {
+			printf("{\"sites\": %u, \"count\": %llu, \"steps\": %u, \"codec\": \"%s\", \"algorithm\": \"%s\", "
+			       "\"streams\": %d, \"cipher\": \"%s\", \"step_ms_p50\": %.3f, \"payload_gbps\": %.3f, "
+			       "\"raw_gbps\": %.3f, \"tls_share\": %.3f, \"codec_share\": %.3f",
+			       o.sites, (unsigned long long)o.count, o.steps, o.codec, o.algo, o.streams, o.cipher, p50,
+			       gbps, (double)raw * 8 / wall / 1e9, tls / (wall * o.sites), codec / (wall * o.sites));
+			if (base > 0)
+				printf(", \"transport_gbps\": %.3f, \"ratio_vs_transport\": %.3f", base, gbps / base);
+			printf("}\n");
+		} else {
+			printf("gradgate-bench gateway: %u sites, %llu float32 per step (%s), %s, %s, %d streams per peer, %s\n",
+			       o.sites, (unsigned long long)o.count, o.codec, o.algo, o.cipher, o.streams,
+			       "loopback");
+			printf("  gateways        %8.2f Gbit/s payload (all sites and directions), %.2f Gbit/s of fp32; "
+			       "step p50 %.1f ms over %u steps\n",
+			       gbps, (double)raw * 8 / wall / 1e9, p50, o.steps);
+			printf("  time in         TLS %.0f%%, codec %.0f%% of the gateways' wall time\n",
+			       100 * tls / (wall * o.sites), 100 * codec / (wall * o.sites));
+			if (base > 0)
+				printf("  transport TLS   %8.2f Gbit/s (%d streams, same run)\n  ratio           %8.3f\n",
+				       base, o.streams, gbps / base);
+			printf("  results         every site identical%s\n",
+			       strcmp(o.codec, "fp32") ? "" : ", equal to the exact sum");
+		}
+	}
+	for (unsigned k = 0; k < o.sites; k++) {
+		gg_config_free(&sites[k].cfg);
+		free(sites[k].input);
+		free(sites[k].result);
+		free(sites[k].step_s);
+	}
+	return status;
+}
