@@ -92,6 +92,11 @@ struct hb_job {
 	int sync_status;
 	char sync_msg[TEXT];
 	struct gg_site_step step;
+	/* The last step's sum buffer, kept for the next step of the same size:
+	 * a fresh one is a fresh mapping, and faulting in its pages cost more
+	 * than summing into it. Counted in the backend's spare_bytes. */
+	float *spare;
+	uint64_t spare_bytes;
 
 	int broken; /* a rank left or broke the protocol: every request fails with broken_msg */
 	char broken_msg[TEXT];
@@ -121,6 +126,7 @@ struct gg_host_backend {
 	struct hb_conn *conns; /* opts.max_clients slots */
 	struct hb_job *jobs;
 	struct gg_host_backend_stats stats;
+	uint64_t spare_bytes; /* sum buffers kept between steps (jobs' spare) */
 };
 
 static void job_advance(struct gg_host_backend *b, struct hb_job *j);
@@ -258,6 +264,14 @@ static bool step_in_progress(const struct hb_job *j)
 	return false;
 }
 
+static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
+{
+	free(j->spare);
+	b->spare_bytes -= j->spare_bytes;
+	j->spare = NULL;
+	j->spare_bytes = 0;
+}
+
 static void job_free(struct gg_host_backend *b, struct hb_job *j)
 {
 	for (struct hb_job **p = &b->jobs; *p; p = &(*p)->next) {
@@ -266,6 +280,7 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 			break;
 		}
 	}
+	drop_spare(b, j);
 	free(j->ranks);
 	free(j->inputs);
 	free(j);
@@ -534,7 +549,10 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 		}
 	}
 	b->stats.sum_bytes -= st->count * sizeof(float);
-	free(st->sum);
+	drop_spare(b, j);
+	j->spare = st->sum;
+	j->spare_bytes = st->count * sizeof(float);
+	b->spare_bytes += j->spare_bytes;
 	st->sum = NULL;
 	j->with_core = false;
 	j->abandoned = false;
@@ -549,14 +567,28 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 {
 	uint64_t bytes = ref->count * sizeof(float);
 
-	if (bytes > b->opts.memory_bytes - b->stats.sum_bytes) {
+	float *sum = NULL;
+	if (j->spare && j->spare_bytes == bytes) {
+		sum = j->spare;
+		b->spare_bytes -= bytes;
+		j->spare = NULL;
+		j->spare_bytes = 0;
+	} else {
+		drop_spare(b, j);
+	}
+	const uint64_t limit = b->opts.memory_bytes;
+	/* Buffers other jobs keep go before a step is refused for memory. */
+	for (struct hb_job *o = b->jobs; o && !sum && bytes > limit - b->stats.sum_bytes - b->spare_bytes; o = o->next)
+		drop_spare(b, o);
+	if (!sum && bytes > limit - b->stats.sum_bytes - b->spare_bytes) {
 		fail_step(b, j, GG_ERR_LIMIT,
 			  "the gateway's memory limit of %llu bytes leaves no room for a %llu-byte sum (%llu in use)",
 			  (unsigned long long)b->opts.memory_bytes, (unsigned long long)bytes,
 			  (unsigned long long)b->stats.sum_bytes);
 		return false;
 	}
-	float *sum = malloc(bytes);
+	if (!sum)
+		sum = malloc(bytes);
 	if (!sum) {
 		fail_step(b, j, GG_ERR_NOMEM, "the gateway is out of memory for a %llu-byte sum",
 			  (unsigned long long)bytes);

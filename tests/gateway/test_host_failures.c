@@ -384,6 +384,34 @@ static void test_memory_limit(void)
 	harness_stop(&h);
 }
 
+/* A job keeps its sum buffer for its next step, but never at the cost of
+ * another job's step: under a 1 MiB limit, two one-rank jobs of 600 KB
+ * steps take turns, each step finding the other job's kept buffer gone. */
+static void test_memory_kept_between_steps(void)
+{
+	struct harness_options o = { .memory_bytes = 1u << 20 };
+	struct gg_error err;
+	const size_t n = 150000;
+	float *buf = calloc(n, sizeof(float));
+
+	CHECK(buf);
+	harness_start(&h, &o);
+	struct gg_session *a = open_rank(h.endpoint, "keep-a", 0, 1), *b = open_rank(h.endpoint, "keep-b", 0, 1);
+	for (int round = 0; round < 3; round++) {
+		for (size_t i = 0; i < n; i++)
+			buf[i] = (float)(round + 1);
+		CHECK_EQ_INT(gg_allreduce(a, buf, n, GG_DTYPE_F32, 1, 0, &err), GG_OK);
+		CHECK(buf[0] == (float)(round + 1) && buf[n - 1] == (float)(round + 1));
+		CHECK_EQ_INT(gg_allreduce(b, buf, n, GG_DTYPE_F32, 1, 0, &err), GG_OK);
+		CHECK(buf[n - 1] == (float)(round + 1));
+	}
+	gg_session_close(a);
+	gg_session_close(b);
+	harness_wait_connections(&h, 0);
+	harness_stop(&h);
+	free(buf);
+}
+
 static int never_submit(void *core, struct gg_site_step *step)
 {
 	(void)core;
@@ -581,6 +609,7 @@ int main(int argc, char **argv)
 	harness_stop(&h);
 
 	test_memory_limit();
+	test_memory_kept_between_steps();
 	test_control_socket();
 	test_fake_gateway();
 	printf("host failures: ok\n");
