@@ -59,8 +59,8 @@ static const struct field site_fields[] = {
 	  "host:port where peer gateways connect" },
 	{ "control", F_STRING, CFG(site.control), false, NULL, 0, 0, NULL, gg_check_control,
 	  "local client endpoint: unix:/absolute/path" },
-	{ "threads", F_INT, CFG(site.threads), false, "2", 1, 64, NULL, NULL,
-	  "io_uring worker threads" },
+	{ "threads", F_INT, CFG(site.threads), false, "2", 1, 2, NULL, NULL,
+	  "io_uring loop threads: 1, or 2 (site backend and peer mesh apart)" },
 };
 
 static const struct field tls_fields[] = {

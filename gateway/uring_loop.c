@@ -109,6 +109,18 @@ int gg_loop_send(struct gg_loop *loop, int fd, const void *buf, size_t len, uint
 	return rc;
 }
 
+int gg_loop_read(struct gg_loop *loop, int fd, void *buf, size_t len, uint64_t ud)
+{
+	int rc;
+	struct io_uring_sqe *sqe = get_sqe(loop, &rc);
+
+	if (sqe) {
+		io_uring_prep_read(sqe, fd, buf, (unsigned)GG_MIN(len, (size_t)UINT32_MAX), 0);
+		io_uring_sqe_set_data64(sqe, ud);
+	}
+	return rc;
+}
+
 int gg_loop_cancel_fd(struct gg_loop *loop, int fd, uint64_t ud)
 {
 	int rc;

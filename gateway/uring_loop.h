@@ -98,6 +98,7 @@ GG_MUST_CHECK int gg_loop_connect(struct gg_loop *loop, int fd, const struct soc
 				  uint64_t ud);
 GG_MUST_CHECK int gg_loop_recv(struct gg_loop *loop, int fd, void *buf, size_t len, int flags, uint64_t ud);
 GG_MUST_CHECK int gg_loop_send(struct gg_loop *loop, int fd, const void *buf, size_t len, uint64_t ud);
+GG_MUST_CHECK int gg_loop_read(struct gg_loop *loop, int fd, void *buf, size_t len, uint64_t ud);
 /* Cancels every operation in flight on fd; they complete with -ECANCELED
  * (or their own result when they finished first). */
 GG_MUST_CHECK int gg_loop_cancel_fd(struct gg_loop *loop, int fd, uint64_t ud);

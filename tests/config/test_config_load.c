@@ -154,7 +154,7 @@ static void test_defaults(void)
 
 static const char full[] =
 	"[site]\nname = \"eu-west-1\"\nlisten = \"gw.eu.example.net:443\"\n"
-	"control = \"unix:/run/gradgate/eu.sock\"\nthreads = 8\n"
+	"control = \"unix:/run/gradgate/eu.sock\"\nthreads = 1\n"
 	"[tls]\nca = \"ca.pem\"\ncert = \"cert.pem\"\nkey = \"key.pem\"\ncrl = \"crl.pem\"\n"
 	"ciphersuites = [\"TLS_CHACHA20_POLY1305_SHA256\", \"TLS_AES_128_GCM_SHA256\"]\n"
 	"[[peers]]\nsite = \"us-east-1\"\naddress = \"203.0.113.7:7101\"\n"
@@ -179,7 +179,7 @@ static void test_full_and_round_trip(void)
 	CHECK_STR(cfg.site.name, "eu-west-1");
 	CHECK_STR(cfg.site.listen, "gw.eu.example.net:443");
 	CHECK_STR(cfg.site.control, "unix:/run/gradgate/eu.sock");
-	CHECK(cfg.site.threads == 8);
+	CHECK(cfg.site.threads == 1);
 	CHECK(cfg.tls.crl != NULL && strstr(cfg.tls.crl, "/crl.pem"));
 	CHECK_STR(cfg.tls.ciphersuites, "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256");
 	CHECK(cfg.peer_count == 2);

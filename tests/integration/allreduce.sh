@@ -6,12 +6,13 @@
 # fp32, within the codec's bound otherwise) and exits 0; all ranks of all
 # sites print the same digest; every gateway stops cleanly. One case per K
 # also keeps 4 steps in flight per rank (gg_allreduce_start), as a
-# pipelined trainer does.
+# pipelined trainer does. Site 1 runs on one thread, the others on two.
 #
 #   allreduce.sh K
 . "$(dirname "$0")/lib.sh"
 
 K=${1:?usage: allreduce.sh K}
+SITE_THREADS[1]=1 # one gateway of each mesh runs everything on one loop
 
 # codec scale algorithm ranks-per-site steps [pipelined]
 case $K in

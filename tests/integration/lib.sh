@@ -31,8 +31,10 @@ STEP_TIMEOUT=10s
 STREAMS=2
 CHUNK=256KiB
 SOCKET_BUFFER=1MiB
+THREADS=2                 # 2: the site backend and the peer mesh on threads of their own
 LINK_ARGS=()              # linkem options for every dialer -> acceptor link; () = no links
 declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refused mesh)
+declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
 
 declare -a gw_pid gw_port
@@ -196,7 +198,7 @@ write_config() {
 name = "$name"
 listen = "127.0.0.1:${gw_port[$i]}"
 control = "unix:$work/$name.sock"
-threads = 1
+threads = ${SITE_THREADS[$i]:-$THREADS}
 
 [tls]
 ca = "certs/ca.pem"

@@ -4,9 +4,12 @@
 # mesh; SIGTERM and SIGINT stop it cleanly, also with a step in progress:
 # status 0, 'stopped' in the log, the step failed at its rank with a
 # reason, close_notify to the peers, the control socket removed.
+#
+#   signals.sh [THREADS]   the gateways' [site] threads (default 2)
 . "$(dirname "$0")/lib.sh"
 
 K=2
+THREADS=${1:-2}
 mesh_start
 mesh_up 15
 run_ok before 1000 1 1
