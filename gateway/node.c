@@ -511,7 +511,9 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		return -EBUSY;
 	}
 	if (st->seq <= j->last_seq)
-		return gg_errf(err, err_size, -EINVAL, "job '%s': step %llu comes after step %llu", j->name,
+		return gg_errf(err, err_size, -EINVAL,
+			       "job '%s': step %llu comes after step %llu (a job name is one training run; "
+			       "start a new run under a new job name)", j->name,
 			    (unsigned long long)st->seq, (unsigned long long)j->last_seq);
 
 	struct gg_wire_step ws = { .step = st->seq, .count = st->count, .tensor_id = st->tensor_id, .dtype = st->dtype };

@@ -140,6 +140,14 @@ static void *run_site(void *arg)
 		memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t1);
+	/* Steps of a job only go forward: a second run under the same name is
+	 * refused with a hint, not mistaken for re-sent steps of the first. */
+	struct gg_node_step again = { .seq = 1, .tensor_id = 7, .count = sc->count, .dtype = 1, .input = s->input,
+				      .result = s->result, .done = on_done, .arg = s };
+	snprintf(again.job, sizeof(again.job), "mesh");
+	CHECK(gg_node_submit(node, &again, err, sizeof(err)) == -EINVAL && strstr(err, "comes after step") &&
+		      strstr(err, "a new job name"),
+	      "site %u: a rerun of step 1 was not refused: %s", s->index, err);
 	s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	if (sc->cut_at_step)
 		CHECK(s->index != 0 || gg_node_stats(node)->resent_messages > 0, "nothing was re-sent after the cut");
