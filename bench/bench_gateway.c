@@ -32,6 +32,7 @@
 #include "units.h"
 
 #define MAX_SITES 4
+#define MAX_JOBS 4
 #define CONNECT_SPINS 1000 /* x 10 ms */
 #define STEP_SPINS 15000   /* x 10 ms: past the step deadline (120 s) */
 
@@ -43,6 +44,7 @@ struct opts {
 	int zstd_level;
 	const char *algo;
 	int streams;
+	unsigned jobs;
 	uint64_t chunk_bytes;
 	const char *cipher;
 	double baseline_s;
@@ -56,19 +58,30 @@ struct start {
 	atomic_bool failed;
 };
 
+/* One job of a site: a step at a time, like one gradient bucket. */
+struct job {
+	struct site *site;
+	unsigned index;
+	float *result;
+	unsigned steps_done;
+	double step_start;
+	bool busy;
+};
+
 struct site {
 	pthread_t thread;
 	const struct opts *o;
 	unsigned index;
 	struct gg_config cfg;
 	struct start *start;
-	float *input, *result;
+	float *input;
+	struct job jobs[MAX_JOBS];
+	unsigned steps_done; /* of all jobs */
 	double *step_s;     /* per timed step */
 	double wall_s;      /* the timed steps */
 	uint64_t bytes_out; /* frame bytes sent during the timed steps */
 	uint64_t raw_out;
 	double tls_s, codec_s;
-	bool done;
 	int status;
 	char message[GG_NODE_ERROR_MAX + 64];
 };
@@ -99,7 +112,9 @@ static void usage(FILE *f)
 		"the gateways' payload throughput against it.\n\n"
 		"  --sites K            gateways, 2-%d (default 2)\n"
 		"  --count C            float32 elements per step (default 16777216, 64 MiB)\n"
-		"  --steps T            timed steps after one warm-up step (default 8)\n"
+		"  --steps T            timed steps per job, after one warm-up step each (default 8)\n"
+		"  --jobs J             jobs with a step in flight at once, as a trainer's gradient\n"
+		"                       buckets are, 1-%d (default 1)\n"
 		"  --codec NAME         fp32, bf16, bf16-split, int8, int4 (default fp32)\n"
 		"  --zstd-level N       0 (off, default) to 19\n"
 		"  --algorithm A        direct or ring (default direct)\n"
@@ -108,7 +123,7 @@ static void usage(FILE *f)
 		"  --cipher SUITE       TLS 1.3 ciphersuite (default TLS_AES_256_GCM_SHA384)\n"
 		"  --baseline-time S    seconds of the transport baseline (default 3; 0 skips it)\n"
 		"  --json               one JSON object\n",
-		MAX_SITES);
+		MAX_SITES, MAX_JOBS);
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -119,7 +134,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "zstd-level", required_argument, NULL, 'z' }, { "algorithm", required_argument, NULL, 'a' },
 		{ "streams", required_argument, NULL, 's' },   { "chunk", required_argument, NULL, 'C' },
 		{ "cipher", required_argument, NULL, 'p' },    { "baseline-time", required_argument, NULL, 'b' },
-		{ "json", no_argument, NULL, 'J' },            { "help", no_argument, NULL, 'h' },
+		{ "jobs", required_argument, NULL, 'j' },      { "json", no_argument, NULL, 'J' },
+		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *why;
@@ -127,7 +143,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	int c;
 
 	*o = (struct opts){ .sites = 2, .count = 16u << 20, .steps = 8, .codec = "fp32", .algo = "direct",
-			    .streams = 2, .chunk_bytes = 1u << 20, .cipher = "TLS_AES_256_GCM_SHA384",
+			    .streams = 2, .jobs = 1, .chunk_bytes = 1u << 20, .cipher = "TLS_AES_256_GCM_SHA384",
 			    .baseline_s = 3 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
@@ -136,13 +152,15 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'k':
 		case 't':
 		case 'z':
-		case 's': {
+		case 's':
+		case 'j': {
 			static const struct {
 				int opt;
 				long lo, hi;
 				const char *name;
 			} ranges[] = { { 'k', 2, MAX_SITES, "--sites" }, { 't', 1, 10000, "--steps" },
-				       { 'z', 0, 19, "--zstd-level" }, { 's', 1, 32, "--streams" } };
+				       { 'z', 0, 19, "--zstd-level" }, { 's', 1, 32, "--streams" },
+				       { 'j', 1, MAX_JOBS, "--jobs" } };
 			size_t r = 0;
 			while (ranges[r].opt != c)
 				r++;
@@ -158,6 +176,8 @@ static int parse(int argc, char **argv, struct opts *o)
 				o->steps = (unsigned)v;
 			else if (c == 'z')
 				o->zstd_level = (int)v;
+			else if (c == 'j')
+				o->jobs = (unsigned)v;
 			else
 				o->streams = (int)v;
 			break;
@@ -305,12 +325,61 @@ static int load_config(const struct opts *o, const char *dir, const int *ports, 
 
 static void on_done(void *arg, struct gg_node_step *st, int status, const char *message)
 {
-	struct site *s = arg;
-	(void)st;
-	s->status = status;
-	if (message)
-		snprintf(s->message, sizeof(s->message), "%s", message);
-	s->done = true;
+	struct job *j = arg;
+	struct site *s = j->site;
+
+	if (status && !s->status) {
+		s->status = status;
+		snprintf(s->message, sizeof(s->message), "site %u: job %u step %llu: %s", s->index, j->index,
+			 (unsigned long long)st->seq, message ? message : "failed");
+	}
+	if (j->steps_done > 0 && j->steps_done <= s->o->steps && j->index == 0)
+		s->step_s[j->steps_done - 1] = now_s() - j->step_start;
+	j->steps_done++;
+	j->busy = false;
+	s->steps_done++;
+	free(st);
+}
+
+/* Starts job j's next step. */
+static int submit(struct gg_node *node, struct site *s, struct job *j)
+{
+	char err[GG_NODE_ERROR_MAX];
+	struct gg_node_step *st = calloc(1, sizeof(*st));
+
+	if (!st)
+		return -ENOMEM;
+	*st = (struct gg_node_step){ .seq = j->steps_done + 1, .tensor_id = 1, .count = s->o->count, .dtype = 1,
+				     .input = s->input, .result = j->result, .done = on_done, .arg = j };
+	snprintf(st->job, sizeof(st->job), "bench-%u", j->index);
+	j->busy = true;
+	j->step_start = now_s();
+	int rc = gg_node_submit(node, st, err, sizeof(err));
+	if (rc) {
+		free(st);
+		j->busy = false;
+		snprintf(s->message, sizeof(s->message), "site %u: %s", s->index, err);
+		s->status = rc;
+	}
+	return rc;
+}
+
+/* Runs the loop until `until` steps (of all jobs) are done, keeping every
+ * job's next step submitted up to `per_job` steps each. */
+static void run_steps(struct gg_node *node, struct site *s, unsigned per_job, unsigned until)
+{
+	for (int spins = 0; !s->status && s->steps_done < until; spins++) {
+		for (unsigned k = 0; k < s->o->jobs && !s->status; k++)
+			if (!s->jobs[k].busy && s->jobs[k].steps_done < per_job && submit(node, s, &s->jobs[k]))
+				return;
+		if (spins >= STEP_SPINS || gg_node_run_once(node, 10000, NULL, NULL)) {
+			if (!s->status) {
+				snprintf(s->message, sizeof(s->message), "site %u: the steps did not finish", s->index);
+				s->status = -ETIMEDOUT;
+			}
+			return;
+		}
+	}
 }
 
 static void *run_site(void *arg)
@@ -345,38 +414,18 @@ static void *run_site(void *arg)
 		s->status = -ETIMEDOUT;
 		atomic_store(&s->start->failed, true);
 	}
-	for (unsigned t = 0; t <= o->steps && !s->status; t++) {
-		double ts = now_s();
-		struct gg_node_step st = { .seq = t + 1, .tensor_id = 1, .count = o->count, .dtype = 1,
-					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
-		snprintf(st.job, sizeof(st.job), "bench");
-		s->done = false;
-		if (gg_node_submit(node, &st, err, sizeof(err))) {
-			snprintf(s->message, sizeof(s->message), "site %u: %s", s->index, err);
-			s->status = -EINVAL;
-			break;
-		}
-		for (int spins = 0; !s->done && spins < STEP_SPINS; spins++)
-			if (gg_node_run_once(node, 10000, NULL, NULL))
-				break;
-		if (!s->done) {
-			snprintf(s->message, sizeof(s->message), "site %u: step %u did not finish", s->index, t + 1);
-			s->status = -ETIMEDOUT;
-			break;
-		}
-		if (t > 0)
-			s->step_s[t - 1] = now_s() - ts;
-		if (t == 0) { /* the warm-up step is done: time from here */
-			const struct gg_node_stats *stats = gg_node_stats(node);
-			t0 = now_s();
-			bytes0 = stats->data_bytes_out;
-			raw0 = stats->raw_bytes_out;
-			tls0 = stats->tls_s;
-			codec0 = stats->encode_s + stats->decode_s;
-		}
-	}
+	/* One warm-up step per job, then the timed ones, the jobs' steps
+	 * overlapping as a trainer's buckets do. */
+	for (unsigned k = 0; k < o->jobs && !s->status; k++)
+		run_steps(node, s, 1, k + 1);
+	const struct gg_node_stats *stats = gg_node_stats(node);
+	t0 = now_s();
+	bytes0 = stats->data_bytes_out;
+	raw0 = stats->raw_bytes_out;
+	tls0 = stats->tls_s;
+	codec0 = stats->encode_s + stats->decode_s;
+	run_steps(node, s, o->steps + 1, o->jobs * (o->steps + 1));
 	if (!s->status) {
-		const struct gg_node_stats *stats = gg_node_stats(node);
 		s->wall_s = now_s() - t0;
 		s->bytes_out = stats->data_bytes_out - bytes0;
 		s->raw_out = stats->raw_bytes_out - raw0;
@@ -400,24 +449,27 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Every site got the same bytes; fp32 results are the exact sum. */
+/* Every site got the same bytes in every job; fp32 results are the exact
+ * sum. */
 static int check_results(const struct opts *o, struct site *sites)
 {
-	for (unsigned k = 1; k < o->sites; k++)
-		if (memcmp(sites[0].result, sites[k].result, o->count * sizeof(float))) {
-			fprintf(stderr, "gradgate-bench gateway: site %u's result differs from site 0's\n", k);
-			return -1;
-		}
-	if (strcmp(o->codec, "fp32"))
-		return 0;
-	for (uint64_t i = 0; i < o->count; i++) {
-		float want = 0;
-		for (unsigned k = 0; k < o->sites; k++)
-			want += input_value(k, i);
-		if (sites[0].result[i] != want) {
-			fprintf(stderr, "gradgate-bench gateway: element %llu is %g, the sum is %g\n",
-				(unsigned long long)i, (double)sites[0].result[i], (double)want);
-			return -1;
+	for (unsigned j = 0; j < o->jobs; j++) {
+		const float *r0 = sites[0].jobs[j].result;
+		for (unsigned k = 1; k < o->sites; k++)
+			if (memcmp(r0, sites[k].jobs[j].result, o->count * sizeof(float))) {
+				fprintf(stderr, "gradgate-bench gateway: job %u: site %u's result differs from site 0's\n",
+					j, k);
+				return -1;
+			}
+		for (uint64_t i = 0; i < o->count && !strcmp(o->codec, "fp32"); i++) {
+			float want = 0;
+			for (unsigned k = 0; k < o->sites; k++)
+				want += input_value(k, i);
+			if (r0[i] != want) {
+				fprintf(stderr, "gradgate-bench gateway: job %u: element %llu is %g, the sum is %g\n", j,
+					(unsigned long long)i, (double)r0[i], (double)want);
+				return -1;
+			}
 		}
 	}
 	return 0;
@@ -456,16 +508,21 @@ int gg_bench_gateway_main(int argc, char **argv)
 			break;
 		}
 		s->input = malloc(o.count * sizeof(float));
-		s->result = malloc(o.count * sizeof(float));
 		s->step_s = calloc(o.steps, sizeof(double));
-		if (!s->input || !s->result || !s->step_s) {
+		bool ok = s->input && s->step_s;
+		for (unsigned j = 0; j < o.jobs && ok; j++) {
+			s->jobs[j] = (struct job){ .site = s, .index = j, .result = malloc(o.count * sizeof(float)) };
+			/* no first-touch faults in the timed steps */
+			if ((ok = s->jobs[j].result != NULL))
+				memset(s->jobs[j].result, 0, o.count * sizeof(float));
+		}
+		if (!ok) {
 			fprintf(stderr, "gradgate-bench gateway: out of memory\n");
 			status = 1;
 			break;
 		}
 		for (uint64_t i = 0; i < o.count; i++)
 			s->input[i] = input_value(k, i);
-		memset(s->result, 0, o.count * sizeof(float)); /* no first-touch faults in the timed steps */
 	}
 	if (!status) {
 		for (unsigned k = 0; k < o.sites; k++)
@@ -500,17 +557,17 @@ int gg_bench_gateway_main(int argc, char **argv)
 		}
 		if (o.json) {
 			printf("{\"sites\": %u, \"count\": %llu, \"steps\": %u, \"codec\": \"%s\", \"algorithm\": \"%s\", "
-			       "\"streams\": %d, \"cipher\": \"%s\", \"step_ms_p50\": %.3f, \"payload_gbps\": %.3f, "
+			       "\"streams\": %d, \"jobs\": %u, \"cipher\": \"%s\", \"step_ms_p50\": %.3f, \"payload_gbps\": %.3f, "
 			       "\"raw_gbps\": %.3f, \"tls_share\": %.3f, \"codec_share\": %.3f",
-			       o.sites, (unsigned long long)o.count, o.steps, o.codec, o.algo, o.streams, o.cipher, p50,
+			       o.sites, (unsigned long long)o.count, o.steps, o.codec, o.algo, o.streams, o.jobs, o.cipher, p50,
 			       gbps, (double)raw * 8 / wall / 1e9, tls / (wall * o.sites), codec / (wall * o.sites));
 			if (base > 0)
 				printf(", \"transport_gbps\": %.3f, \"ratio_vs_transport\": %.3f", base, gbps / base);
 			printf("}\n");
 		} else {
-			printf("gradgate-bench gateway: %u sites, %llu float32 per step (%s), %s, %s, %d streams per peer, %s\n",
-			       o.sites, (unsigned long long)o.count, o.codec, o.algo, o.cipher, o.streams,
-			       "loopback");
+			printf("gradgate-bench gateway: %u sites, %llu float32 per step (%s), %s, %s, %d streams per peer, "
+			       "%u jobs in flight, loopback\n",
+			       o.sites, (unsigned long long)o.count, o.codec, o.algo, o.cipher, o.streams, o.jobs);
 			printf("  gateways        %8.2f Gbit/s payload (all sites and directions), %.2f Gbit/s of fp32; "
 			       "step p50 %.1f ms over %u steps\n",
 			       gbps, (double)raw * 8 / wall / 1e9, p50, o.steps);
@@ -526,7 +583,8 @@ int gg_bench_gateway_main(int argc, char **argv)
 	for (unsigned k = 0; k < o.sites; k++) {
 		gg_config_free(&sites[k].cfg);
 		free(sites[k].input);
-		free(sites[k].result);
+		for (unsigned j = 0; j < o.jobs; j++)
+			free(sites[k].jobs[j].result);
 		free(sites[k].step_s);
 	}
 	return status;

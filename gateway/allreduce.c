@@ -37,6 +37,11 @@ void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max)
 
 void gg_ar_frame_pool_fini(struct gg_ar_frame_pool *p)
 {
+	gg_ar_frame_pool_trim(p);
+}
+
+void gg_ar_frame_pool_trim(struct gg_ar_frame_pool *p)
+{
 	while (p->free) {
 		struct gg_ar_frame *f = p->free;
 		p->free = f->next_free;

@@ -83,6 +83,8 @@ struct gg_ar_frame_pool {
 
 void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max);
 void gg_ar_frame_pool_fini(struct gg_ar_frame_pool *p);
+/* Frees the frames the pool keeps; it stays usable. */
+void gg_ar_frame_pool_trim(struct gg_ar_frame_pool *p);
 /* A frame with room for `cap` bytes and one reference, or NULL. `pool`
  * may be NULL. */
 struct gg_ar_frame *gg_ar_frame_new(struct gg_ar_frame_pool *pool, size_t cap);

@@ -21,6 +21,7 @@
 #define MAX_FEEDBACK 64
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define CONN_TXQ 512         /* messages queued on one stream */
+#define POOL_IDLE_US 5000000 /* an idle node gives its cached frames back after this */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -71,8 +72,7 @@ struct early {
 	uint64_t seq;
 	struct gg_wire_step wstep;
 	struct gg_ar_chunk_id id;
-	size_t len;
-	uint8_t frame[];
+	struct gg_ar_frame *frame; /* from the node's pool */
 };
 
 struct job {
@@ -164,6 +164,12 @@ static void free_out(struct out *o)
 
 static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason);
 static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint64_t to_seq);
+
+static void early_free(struct early *e)
+{
+	gg_ar_frame_put(e->frame);
+	free(e);
+}
 
 /* Ends the job's step: calls done and forgets the step's frames. */
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
@@ -563,9 +569,9 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			continue;
 		}
 		*pp = e->next;
-		feed_frame(n, j, e->from, &e->wstep, &e->id, e->frame, e->len);
+		feed_frame(n, j, e->from, &e->wstep, &e->id, e->frame->data, e->frame->len);
 		send_ack(n, pick_stream(n, e->from, e->id.chunk), j->name, e->seq, &e->id);
-		free(e);
+		early_free(e);
 		pp = &j->early;
 	}
 	if (j->step && j->step->seq == seq && gg_ar_step_done(j->ar))
@@ -598,7 +604,7 @@ static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint
 		}
 		*pp = e->next;
 		send_ack(n, pick_stream(n, e->from, e->id.chunk), j->name, e->seq, &e->id);
-		free(e);
+		early_free(e);
 	}
 }
 
@@ -628,15 +634,17 @@ static void on_data(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 	for (struct early *e = j->early; e; e = e->next)
 		if (e->seq == ws->step && e->from == from && same_chunk(&e->id, &m->u.data.id))
 			return;
-	struct early *e = malloc(sizeof(*e) + m->u.data.frame_bytes);
-	if (!e)
+	struct early *e = malloc(sizeof(*e));
+	if (!e || !(e->frame = gg_ar_frame_new(&n->frames, m->u.data.frame_bytes))) {
+		free(e);
 		return;
+	}
 	e->from = from;
 	e->seq = ws->step;
 	e->wstep = *ws;
 	e->id = m->u.data.id;
-	e->len = m->u.data.frame_bytes;
-	memcpy(e->frame, m->u.data.frame, e->len);
+	e->frame->len = m->u.data.frame_bytes;
+	memcpy(e->frame->data, m->u.data.frame, e->frame->len);
 	e->next = j->early;
 	j->early = e;
 	/* The ACK goes out when the step consumes it. */
@@ -1155,6 +1163,14 @@ static void timers(struct gg_node *n)
 	const uint64_t now = n->loop.now_us;
 	const struct gg_config *cfg = n->cfg;
 
+	if (n->frames.count) {
+		bool idle = true;
+		for (unsigned i = 0; i < MAX_JOBS && idle; i++)
+			idle = !n->jobs[i].used || (!n->jobs[i].step && now - n->jobs[i].active_us > POOL_IDLE_US);
+		if (idle)
+			gg_ar_frame_pool_trim(&n->frames);
+	}
+
 	for (int ci = 0; ci < MAX_CONNS; ci++) {
 		struct conn *c = &n->conns[ci];
 		if (!c->used)
@@ -1384,10 +1400,12 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 		goto fail;
 	}
 	n->rx_max = GG_WIRE_DATA_FIXED_BYTES + bound;
-	/* Enough frames for what the streams keep queued (ar_may_encode) and
-	 * in flight, a few dozen megabytes at the default chunk size. */
-	gg_ar_frame_pool_init(&n->frames, bound,
-			      GG_MIN(64u, 8u + 4u * (unsigned)cfg->transport.streams_per_peer * (n->sites - 1)));
+	/* Enough frames for what the streams keep queued (ar_may_encode), in
+	 * flight and early, a few dozen megabytes at the default chunk size
+	 * and at most a sixteenth of [limits] memory; an idle node lets them go. */
+	unsigned pool_max = 64;
+	pool_max = (unsigned)GG_MIN((uint64_t)pool_max, cfg->limits.memory_bytes / 16 / bound);
+	gg_ar_frame_pool_init(&n->frames, bound, pool_max);
 
 	n->hello = (struct gg_wire_hello){ .streams = (uint16_t)cfg->transport.streams_per_peer,
 					   .sites = (uint8_t)n->sites,
@@ -1452,7 +1470,7 @@ void gg_node_free(struct gg_node *n)
 		while (j->early) {
 			struct early *e = j->early;
 			j->early = e->next;
-			free(e);
+			early_free(e);
 		}
 	}
 	for (int ci = 0; ci < MAX_CONNS; ci++)
