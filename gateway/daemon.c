@@ -303,10 +303,11 @@ static int run_single(struct daemon *d)
 		log_mesh(d, &connected);
 	}
 
-	/* Deliver what peers still wait for, then stop the core (it fails the
-	 * steps it holds, which the backend reports to their ranks), then the
-	 * backend. */
+	/* Fail the steps in progress (the backend reports them to their ranks),
+	 * deliver what peers still wait for of finished steps, close the
+	 * streams, then stop the backend. */
 	gg_log(GG_LOG_INFO, "stopping", "site=%s", d->cfg->site.name);
+	gg_node_stop_steps(d->node);
 	uint64_t until = gg_monotonic_us() + DRAIN_US;
 	while (status == GG_EXIT_OK && !gg_node_flushed(d->node) && gg_monotonic_us() < until)
 		if (turn(d, 20000))
@@ -367,6 +368,7 @@ static void *core_main(void *arg)
 			reload(d);
 		log_mesh(d, &connected);
 	}
+	gg_node_stop_steps(d->node);
 	uint64_t until = gg_monotonic_us() + DRAIN_US;
 	while (status == GG_EXIT_OK && !gg_node_flushed(d->node) && gg_monotonic_us() < until)
 		if (gg_node_run_once(d->node, 20000, core_cqe, d))

@@ -1293,13 +1293,18 @@ int gg_node_reload(struct gg_node *n, char *err, size_t err_size)
 	return gg_tls_context_reload(n->tls, err, err_size);
 }
 
-void gg_node_shutdown(struct gg_node *n)
+void gg_node_stop_steps(struct gg_node *n)
 {
 	n->shutting_down = true;
 	for (unsigned i = 0; i < MAX_JOBS; i++)
 		if (n->jobs[i].used && n->jobs[i].step)
 			fail_step(n, &n->jobs[i], "step %llu of job '%s': the gateway of site %s is shutting down",
 				  (unsigned long long)n->jobs[i].step->seq, n->jobs[i].name, n->names[n->self]);
+}
+
+void gg_node_shutdown(struct gg_node *n)
+{
+	gg_node_stop_steps(n);
 	for (int ci = 0; ci < MAX_CONNS; ci++) {
 		if (!n->conns[ci].used)
 			continue;

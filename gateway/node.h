@@ -94,7 +94,11 @@ GG_MUST_CHECK int gg_node_reload(struct gg_node *n, char *err, size_t err_size);
  * (bounded) before gg_node_shutdown(). */
 bool gg_node_flushed(const struct gg_node *n);
 
-/* Closes every stream (close_notify) and fails the steps in progress. */
+/* Refuses new steps and fails those in progress, telling the peers (their
+ * frames for those steps are then acknowledged at once, so a stop need not
+ * wait for them). */
+void gg_node_stop_steps(struct gg_node *n);
+/* gg_node_stop_steps(), then closes every stream (close_notify). */
 void gg_node_shutdown(struct gg_node *n);
 /* True once shutdown finished: nothing in flight. */
 bool gg_node_idle(const struct gg_node *n);

@@ -33,6 +33,9 @@ gw_stop 0 TERM
 stop_ms=$((($(date +%s%N) - stop_at) / 1000000))
 [ "$reaped" = 0 ] || fail "site-a exited $reaped on SIGTERM"
 log "site-a stopped in ${stop_ms} ms"
+# The held step fails at once and its peers let its frames go: no waiting
+# out the 2 s drain for frames nobody will take.
+[ "$stop_ms" -lt 1000 ] || fail "site-a took ${stop_ms} ms to stop with a step pending"
 expect "$(site_log 0)" "event=stopping site=site-a" "site-a's log"
 expect "$(site_log 0)" "event=stopped site=site-a steps_done=2 steps_failed=1" "site-a's log"
 ranks_wait
