@@ -137,6 +137,8 @@ static int to_errc(int status)
 		return GG_ERR_TIMEOUT;
 	case -ENOMEM:
 		return GG_ERR_NOMEM;
+	case -ENOSPC:
+		return GG_ERR_LIMIT;
 	case -EBUSY:
 		return GG_ERR_BUSY;
 	case -EINVAL:

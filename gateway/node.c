@@ -18,7 +18,6 @@
 
 #define MAX_CONNS 192        /* streams to all peers plus handshakes in progress */
 #define MAX_JOBS 32
-#define MAX_FEEDBACK 64
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define CONN_TXQ 512         /* messages queued on one stream */
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached frames back after this */
@@ -111,7 +110,11 @@ struct gg_node {
 	int listen_fd;
 	struct conn conns[MAX_CONNS];
 	struct job jobs[MAX_JOBS];
-	struct feedback_slot feedback[MAX_FEEDBACK];
+	/* Error feedback, one slot per (job, tensor), each allocated on its own
+	 * (steps hold pointers to them); residuals bounded by [limits] memory. */
+	struct feedback_slot **feedback;
+	unsigned feedback_count, feedback_cap;
+	uint64_t feedback_bytes;
 	struct gg_wire_hello hello;
 	uint32_t chunk_elems;
 	size_t rx_max;          /* largest message accepted */
@@ -243,6 +246,17 @@ static bool job_idle(const struct gg_node *n, const struct job *j)
 	return true;
 }
 
+/* Frees feedback slot i; the last slot takes its place. */
+static void feedback_drop(struct gg_node *n, unsigned i)
+{
+	struct feedback_slot *f = n->feedback[i];
+
+	n->feedback_bytes -= f->fb.elems * sizeof(float);
+	gg_feedback_fini(&f->fb);
+	free(f);
+	n->feedback[i] = n->feedback[--n->feedback_count];
+}
+
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
 {
 	struct job *free_slot = NULL;
@@ -265,13 +279,9 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 			return NULL;
 		gg_log(GG_LOG_INFO, "job_forgotten", "job=%s last_step=%llu reason=\"its slot went to job %s\"",
 		       free_slot->name, (unsigned long long)free_slot->last_seq, name);
-		for (unsigned i = 0; i < MAX_FEEDBACK; i++) {
-			struct feedback_slot *f = &n->feedback[i];
-			if (f->used && !strcmp(f->job, free_slot->name)) {
-				gg_feedback_fini(&f->fb);
-				f->used = false;
-			}
-		}
+		for (unsigned i = 0; i < n->feedback_count; i++)
+			if (!strcmp(n->feedback[i]->job, free_slot->name))
+				feedback_drop(n, i--);
 	}
 	memset(free_slot, 0, sizeof(*free_slot));
 	free_slot->active_us = n->loop.now_us;
@@ -281,27 +291,54 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	return free_slot;
 }
 
-static struct gg_feedback *feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uint64_t count)
+/* The error feedback of one tensor of a job, made on its first step.
+ * Returns 0 with *out, or a negative errno with err saying why. */
+static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uint64_t count,
+			struct gg_feedback **out, char *err, size_t err_size)
 {
-	struct feedback_slot *free_slot = NULL;
+	const uint64_t limit = n->cfg->limits.memory_bytes;
 
-	for (unsigned i = 0; i < MAX_FEEDBACK; i++) {
-		struct feedback_slot *f = &n->feedback[i];
-		if (f->used && f->tensor_id == tensor && !strcmp(f->job, job)) {
-			if (f->fb.elems == count)
-				return &f->fb;
-			gg_feedback_fini(&f->fb); /* the tensor changed size: start afresh */
-			f->used = false;
+	for (unsigned i = 0; i < n->feedback_count; i++) {
+		struct feedback_slot *f = n->feedback[i];
+		if (f->tensor_id != tensor || strcmp(f->job, job))
+			continue;
+		if (f->fb.elems == count) {
+			*out = &f->fb;
+			return 0;
 		}
-		if (!f->used && !free_slot)
-			free_slot = f;
+		feedback_drop(n, i); /* the tensor changed size: start afresh */
+		break;
 	}
-	if (!free_slot || gg_feedback_init(&free_slot->fb, count, GG_MIN(count, (uint64_t)n->chunk_elems)))
-		return NULL;
-	free_slot->used = true;
-	free_slot->tensor_id = tensor;
-	snprintf(free_slot->job, sizeof(free_slot->job), "%s", job);
-	return &free_slot->fb;
+	if (count * sizeof(float) > limit - n->feedback_bytes) {
+		char a[32], b[32];
+		return gg_errf(err, err_size, -ENOSPC,
+			       "error feedback for tensor %u (%llu elements) does not fit: the residuals of %u "
+			       "tensors take %s of [limits] memory = %s; raise it, or set [compression] "
+			       "error_feedback = false",
+			       tensor, (unsigned long long)count, n->feedback_count,
+			       gg_format_size(n->feedback_bytes, a, sizeof(a)), gg_format_size(limit, b, sizeof(b)));
+	}
+	if (n->feedback_count == n->feedback_cap) {
+		unsigned cap = n->feedback_cap ? 2 * n->feedback_cap : 16;
+		struct feedback_slot **grown = realloc(n->feedback, cap * sizeof(*grown));
+		if (!grown)
+			return gg_errf(err, err_size, -ENOMEM, "no memory for the error feedback of tensor %u", tensor);
+		n->feedback = grown;
+		n->feedback_cap = cap;
+	}
+	struct feedback_slot *f = calloc(1, sizeof(*f));
+	if (!f || gg_feedback_init(&f->fb, count, GG_MIN(count, (uint64_t)n->chunk_elems))) {
+		free(f);
+		return gg_errf(err, err_size, -ENOMEM, "no memory for the error feedback of tensor %u (%llu elements)",
+			       tensor, (unsigned long long)count);
+	}
+	f->used = true;
+	f->tensor_id = tensor;
+	snprintf(f->job, sizeof(f->job), "%s", job);
+	n->feedback[n->feedback_count++] = f;
+	n->feedback_bytes += count * sizeof(float);
+	*out = &f->fb;
+	return 0;
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -528,9 +565,11 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 					     (uint32_t)n->cfg->compression.block_size);
 	struct gg_feedback *fb = NULL;
 	if (n->cfg->compression.error_feedback && gg_codec_is_lossy(n->cfg->compression.codec)) {
-		fb = feedback_for(n, st->job, st->tensor_id, st->count);
-		if (!fb)
-			return gg_errf(err, err_size, -EINVAL, "no memory for the error feedback of tensor %u", st->tensor_id);
+		char fwhy[GG_NODE_ERROR_MAX - 64];
+		int rc = feedback_for(n, st->job, st->tensor_id, st->count, &fb, fwhy, sizeof(fwhy));
+		if (rc)
+			return gg_errf(err, err_size, rc, "step %llu of job '%s': %s", (unsigned long long)st->seq,
+				       st->job, fwhy);
 	}
 	j->step = st;
 	j->wstep = ws;
@@ -1496,9 +1535,9 @@ void gg_node_free(struct gg_node *n)
 			free_out(o);
 		}
 	}
-	for (unsigned i = 0; i < MAX_FEEDBACK; i++)
-		if (n->feedback[i].used)
-			gg_feedback_fini(&n->feedback[i].fb);
+	while (n->feedback_count)
+		feedback_drop(n, n->feedback_count - 1);
+	free(n->feedback);
 	if (n->listen_fd >= 0)
 		close(n->listen_fd);
 	if (n->loop.ring.ring_fd > 0)

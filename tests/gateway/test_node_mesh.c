@@ -22,6 +22,7 @@
 #include "node.h"
 
 #define MAX_K 4
+#define MAX_STEPS 80
 
 static const char *cert_dir;
 static int ports[MAX_K];
@@ -35,6 +36,7 @@ struct scenario {
 	unsigned steps;
 	int cut_at_step;      /* cut stream 0 of site 0 towards site 1 during this step */
 	bool mismatch;        /* site K-1 announces one element more */
+	bool tensor_per_step; /* step t is tensor t: a new error feedback state each step */
 };
 
 struct site {
@@ -44,8 +46,8 @@ struct site {
 	struct gg_config cfg;
 	float *input, *result;
 	float *results;       /* every step's result, for comparison */
-	int status[8];
-	char message[8][GG_NODE_ERROR_MAX];
+	int status[MAX_STEPS];
+	char message[MAX_STEPS][GG_NODE_ERROR_MAX];
 	bool done;
 	double seconds;
 };
@@ -85,7 +87,7 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 			      "[transport]\nstreams_per_peer = 2\nchunk_size = \"256KiB\"\nstep_timeout = \"20s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
-			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"8MiB\"\n",
+			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"8MiB\"\nmemory = \"64MiB\"\n",
 			      sc->codec, sc->algo);
 	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, ports[0]);
 	FILE *f = fopen(path, "w");
@@ -117,7 +119,7 @@ static void *run_site(void *arg)
 		uint64_t count = sc->count + (sc->mismatch && s->index == sc->K - 1);
 		for (uint64_t i = 0; i < count; i++)
 			s->input[i] = value(s->index, t, i);
-		struct gg_node_step st = { .seq = t, .tensor_id = 7, .count = count, .dtype = 1,
+		struct gg_node_step st = { .seq = t, .tensor_id = sc->tensor_per_step ? t : 7, .count = count, .dtype = 1,
 					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
 		snprintf(st.job, sizeof(st.job), "mesh");
 		s->done = false;
@@ -148,6 +150,19 @@ static void *run_site(void *arg)
 	CHECK(gg_node_submit(node, &again, err, sizeof(err)) == -EINVAL && strstr(err, "comes after step") &&
 		      strstr(err, "a new job name"),
 	      "site %u: a rerun of step 1 was not refused: %s", s->index, err);
+	if (sc->tensor_per_step) {
+		/* Residuals are bounded by [limits] memory (64 MiB here): a tensor
+		 * of 17 Mi elements is refused before anything is read. */
+		struct gg_node_step big = { .seq = sc->steps + 1, .tensor_id = 1000, .count = 17u << 20, .dtype = 1,
+					    .input = s->input, .result = s->result, .done = on_done, .arg = s };
+		snprintf(big.job, sizeof(big.job), "mesh");
+		CHECK(gg_node_submit(node, &big, err, sizeof(err)) == -ENOSPC &&
+			      strstr(err, "error feedback for tensor 1000 (17825792 elements) does not fit") &&
+			      strstr(err, "[limits] memory = 64MiB"),
+		      "site %u: a tensor past the feedback memory was not refused: %s", s->index, err);
+		if (s->index == 0)
+			printf("  site 0: %s\n", err);
+	}
 	s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	if (sc->cut_at_step)
 		CHECK(s->index != 0 || gg_node_stats(node)->resent_messages > 0, "nothing was re-sent after the cut");
@@ -257,17 +272,19 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false },
-		{ 3, "int8", "ring", 1000003, 3, 0, false },
-		{ 3, "int4", "direct", 4099, 2, 0, false },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false },
-		{ 3, "fp32", "direct", 1000, 1, 0, true },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false },
+		/* More tensors than a fixed table of feedback states once held. */
+		{ 2, "int8", "direct", 1000, 70, 0, false, true },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -276,7 +293,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);
