@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "codec.h"
+#include "crc32c.h"
 #include "frame.h"
 #include "gg_common.h"
 #include "units.h"
@@ -42,7 +43,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: gradgate-bench codec [options]\n"
-		"  --json            one JSON object per line (codec x data) instead of a table\n"
+		"  --json            one JSON object per line (codec x data, then one per CRC-32C path)\n"
+		"                    instead of a table\n"
 		"  --size SIZE       fp32 bytes of synthetic data per kind (default 64MiB)\n"
 		"  --file PATH       measure a raw little-endian fp32 file instead\n"
 		"  --data LIST       synthetic kinds: gaussian,heavy,outliers (default all)\n"
@@ -475,6 +477,33 @@ static int run_data(const struct opts *o, const float *x, size_t n, const char *
 	return rc;
 }
 
+/* The frame checksum, which every frame costs twice (made and checked):
+ * each CRC-32C path this CPU has, over the data in frame-sized pieces. */
+static void run_crc(const struct opts *o, const float *x, size_t n)
+{
+	const struct gg_crc32c_impl *impls;
+	size_t count = gg_crc32c_impls(&impls), bytes = n * sizeof(float);
+	size_t piece = (size_t)GG_MIN(o->chunk_bytes, (uint64_t)bytes);
+	volatile uint32_t sink = 0;
+
+	if (!bytes)
+		return;
+	for (size_t i = 0; i < count; i++) {
+		double best;
+		BEST_OF(o->reps, best, {
+			for (size_t off = 0; off < bytes; off += piece)
+				sink ^= impls[i].fn(0, (const uint8_t *)x + off, GG_MIN(piece, bytes - off));
+		});
+		double gbps = (double)bytes / best / 1e9;
+		if (o->json)
+			printf("{\"checksum\":\"crc32c\",\"impl\":\"%s\",\"piece_bytes\":%zu,\"gb_per_s\":%.3f%s}\n",
+			       impls[i].name, piece, gbps, i + 1 == count ? ",\"used\":true" : "");
+		else
+			printf("crc32c %-26s %8.2f GB/s%s\n", impls[i].name, gbps, i + 1 == count ? "  (used)" : "");
+	}
+	(void)sink;
+}
+
 int gg_bench_codec_main(int argc, char **argv)
 {
 	struct opts o;
@@ -501,6 +530,8 @@ int gg_bench_codec_main(int argc, char **argv)
 			return 1;
 		const char *base = strrchr(o.file, '/');
 		rc = run_data(&o, x, n, base ? base + 1 : o.file);
+		if (!rc)
+			run_crc(&o, x, n);
 		free(x);
 		return rc ? 1 : 0;
 	}
@@ -516,6 +547,8 @@ int gg_bench_codec_main(int argc, char **argv)
 		synthesize(x, n, (enum data_kind)k);
 		rc = run_data(&o, x, n, data_names[k]);
 	}
+	if (!rc)
+		run_crc(&o, x, n);
 	free(x);
 	return rc ? 1 : 0;
 }
