@@ -84,6 +84,8 @@ struct job {
 	struct gg_wire_step wstep;
 	struct gg_ar_step *ar;
 	uint64_t deadline_us;
+	bool has_result;        /* the step's result is whole here (DONE sent) */
+	uint32_t done_from;     /* sites that said DONE for the step, by bit */
 	uint64_t aborted_seq;   /* a peer aborted this step before it started here */
 	char abort_reason[GG_NODE_ERROR_MAX];
 	struct early *early;
@@ -123,6 +125,7 @@ struct gg_node {
 	struct gg_ar_frame_pool frames;
 	struct gg_node_stats stats;
 	bool shutting_down;
+	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
 };
 
 static double now_s(void)
@@ -182,6 +185,8 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	if (!st)
 		return;
 	j->step = NULL;
+	j->has_result = false;
+	j->done_from = 0;
 	j->active_us = n->loop.now_us;
 	gg_ar_step_free(j->ar);
 	j->ar = NULL;
@@ -507,6 +512,49 @@ static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, con
 	}
 }
 
+/* DONE for the job's step to peer `only` (every peer when -1), on every
+ * ready stream: one cut after the message was queued must not lose it, and
+ * a second copy changes nothing. */
+static void send_done(struct gg_node *n, const struct job *j, int only)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+	ssize_t len = gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq);
+
+	for (unsigned p = 0; p < n->sites && len > 0; p++) {
+		if (p == n->self || (only >= 0 && p != (unsigned)only))
+			continue;
+		for (int k = 0; k < n->cfg->transport.streams_per_peer; k++) {
+			int ci = n->peers[p].conn[k];
+			if (ci >= 0 && n->conns[ci].ready)
+				send_ctrl(n, ci, buf, (size_t)len);
+		}
+	}
+}
+
+/* Completes the step once its result is whole here and every other site
+ * said DONE: a step completes at every site or, when a site fails it
+ * first (ABORT), at none. */
+static void maybe_complete(struct gg_node *n, struct job *j)
+{
+	if (!j->step || !j->has_result)
+		return;
+	for (unsigned p = 0; p < n->sites; p++)
+		if (p != n->self && !(j->done_from & (1u << p)))
+			return;
+	finish_step(n, j, 0, NULL);
+}
+
+static void step_has_result(struct gg_node *n, struct job *j)
+{
+	if (n->test_freeze_at_result)
+		return;
+	if (!j->has_result) {
+		j->has_result = true;
+		send_done(n, j, -1);
+	}
+	maybe_complete(n, j);
+}
+
 static void feed_frame(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_step *ws,
 		       const struct gg_ar_chunk_id *id, const uint8_t *frame, size_t len)
 {
@@ -531,7 +579,7 @@ static void feed_frame(struct gg_node *n, struct job *j, unsigned from, const st
 	}
 	n->stats.data_bytes_in += len;
 	if (gg_ar_step_done(j->ar))
-		finish_step(n, j, 0, NULL);
+		step_has_result(n, j);
 }
 
 int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t err_size)
@@ -572,6 +620,8 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 				       st->job, fwhy);
 	}
 	j->step = st;
+	j->has_result = false;
+	j->done_from = 0;
 	j->wstep = ws;
 	j->last_seq = st->seq;
 	j->active_us = n->loop.now_us;
@@ -614,7 +664,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		pp = &j->early;
 	}
 	if (j->step && j->step->seq == seq && gg_ar_step_done(j->ar))
-		finish_step(n, j, 0, NULL);
+		step_has_result(n, j);
 	return 0;
 }
 
@@ -731,6 +781,18 @@ static void on_abort(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 	}
 }
 
+static void on_done(struct gg_node *n, int ci, const struct gg_wire_msg *m)
+{
+	struct job *j = find_job(n, m->u.done.job, false);
+
+	/* A DONE for a step not in progress here is stale: this site failed
+	 * or completed it (which needed this DONE, so it was a copy). */
+	if (!j || !j->step || j->step->seq != m->u.done.step)
+		return;
+	j->done_from |= 1u << n->conns[ci].peer;
+	maybe_complete(n, j);
+}
+
 /* Every step in progress with `p` fails: it restarted and lost them. */
 static void peer_lost_state(struct gg_node *n, unsigned p, const char *why)
 {
@@ -800,6 +862,9 @@ static void stream_ready(struct gg_node *n, int ci)
 	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", n->names[c->peer], c->stream,
 	       gg_tls_engine_cipher(c->ts.tls));
 	resend_lost(n, (unsigned)c->peer);
+	for (unsigned i = 0; i < MAX_JOBS; i++)
+		if (n->jobs[i].used && n->jobs[i].step && n->jobs[i].has_result)
+			send_done(n, &n->jobs[i], c->peer);
 }
 
 static void on_hello(struct gg_node *n, int ci, const struct gg_wire_msg *m)
@@ -883,6 +948,9 @@ static void dispatch(struct gg_node *n, int ci, enum gg_wire_type type, const ui
 		break;
 	case GG_WIRE_ABORT:
 		on_abort(n, ci, &m);
+		break;
+	case GG_WIRE_DONE:
+		on_done(n, ci, &m);
 		break;
 	}
 }
@@ -1246,7 +1314,20 @@ static void timers(struct gg_node *n)
 		struct gg_ar_chunk_id id;
 		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
 		unreachable_peers(n, down, sizeof(down));
-		if (gg_ar_step_first_missing(j->ar, &from, &id))
+		if (j->has_result) {
+			char waiting[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 2) + 1] = "";
+			size_t len = 0;
+			for (unsigned p = 0; p < n->sites; p++)
+				if (p != n->self && !(j->done_from & (1u << p)))
+					len += (size_t)snprintf(waiting + len, sizeof(waiting) - len, "%s%s", len ? ", " : "",
+								n->names[p]);
+			fail_step_code(n, j, -ETIMEDOUT,
+				       "step %llu of job '%s' missed its %s deadline: this site had the result, but "
+				       "site%s %s never said so too%s",
+				       (unsigned long long)j->step->seq, j->name,
+				       gg_format_duration(cfg->transport.step_timeout_us, buf, sizeof(buf)),
+				       strchr(waiting, ',') ? "s" : "", waiting, down);
+		} else if (gg_ar_step_first_missing(j->ar, &from, &id))
 			fail_step_code(n, j, -ETIMEDOUT,
 				  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for "
 				  "shard %u chunk %u%s",
@@ -1287,7 +1368,7 @@ static void resume_steps(struct gg_node *n)
 		if (rc)
 			fail_step(n, j, "step %llu of job '%s': %s", (unsigned long long)j->step->seq, j->name, why);
 		else if (gg_ar_step_done(j->ar))
-			finish_step(n, j, 0, NULL);
+			step_has_result(n, j);
 	}
 }
 
@@ -1311,6 +1392,11 @@ int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream)
 	if (ci < 0 || !n->conns[ci].used)
 		return -ENOTCONN;
 	return shutdown(n->conns[ci].ts.fd, SHUT_RDWR) ? -errno : 0;
+}
+
+void gg_node_test_freeze_at_result(struct gg_node *n)
+{
+	n->test_freeze_at_result = true;
 }
 
 bool gg_node_connected(const struct gg_node *n)

@@ -18,9 +18,15 @@
  * one. A peer that comes back with a new instance id has lost its steps:
  * every step in progress fails at once, naming it.
  *
+ * Commit. A site whose result is whole sends DONE to every peer and hands
+ * the result over only once every peer said DONE too; a site that fails
+ * the step first sends ABORT instead. So a step completes at every site or
+ * at none, short of a site dying between its DONE messages.
+ *
  * Failure. A step that is not complete by its deadline fails naming the
- * site, phase, shard and chunk it still waits for; a failed step sends
- * ABORT to every peer, which fail it too with the reason. */
+ * site, phase, shard and chunk it still waits for (or the sites that never
+ * said DONE); a failed step sends ABORT to every peer, which fail it too
+ * with the reason. */
 #ifndef GG_NODE_H
 #define GG_NODE_H
 
@@ -105,6 +111,9 @@ bool gg_node_idle(const struct gg_node *n);
 
 /* Tests: cuts one stream's TCP connection as a network fault would. */
 GG_MUST_CHECK int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream);
+/* Tests: from now on the node stops where a step's result is whole, as a
+ * gateway that died at that moment would: no DONE, no completion. */
+void gg_node_test_freeze_at_result(struct gg_node *n);
 
 const struct gg_node_stats *gg_node_stats(const struct gg_node *n);
 const char *gg_node_site_name(const struct gg_node *n, unsigned index);

@@ -182,6 +182,15 @@ ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t
 	});
 }
 
+ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step)
+{
+	size_t extra_ = 0;
+	ENCODE(buf, cap, GG_WIRE_DONE, {
+		put_str(&w, job);
+		put_le(&w, step, 8);
+	});
+}
+
 /* ---- decoding ----------------------------------------------------------- */
 
 int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_payload_bytes,
@@ -199,7 +208,7 @@ int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_pay
 	if (version != GG_WIRE_VERSION)
 		return gg_errf(err, err_size, -EBADMSG, "protocol version %u, this gateway speaks %u", version,
 			    GG_WIRE_VERSION);
-	if (t < GG_WIRE_HELLO || t > GG_WIRE_ABORT)
+	if (t < GG_WIRE_HELLO || t > GG_WIRE_DONE)
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", t);
 	if (reserved)
 		return gg_errf(err, err_size, -EBADMSG, "reserved header bits set (%#x)", reserved);
@@ -300,6 +309,10 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		get_str(&r, msg->u.abort.job, GG_WIRE_NAME_MAX, "job");
 		msg->u.abort.step = get_le(&r, 8, "step");
 		get_str(&r, msg->u.abort.reason, GG_WIRE_REASON_MAX, "reason");
+		break;
+	case GG_WIRE_DONE:
+		get_str(&r, msg->u.done.job, GG_WIRE_NAME_MAX, "job");
+		msg->u.done.step = get_le(&r, 8, "step");
 		break;
 	default:
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", (unsigned)type);

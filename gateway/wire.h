@@ -23,6 +23,9 @@
  *   PING    u64 sender's clock in microseconds
  *   PONG    u64 the PING's value, echoed
  *   ABORT   str job, u64 step, str reason (the step failed at the sender)
+ *   DONE    str job, u64 step (the sender holds the step's whole result;
+ *           a site hands a result to its ranks only once every site said
+ *           DONE, so a step completes at every site or at none)
  *
  * A receiver treats every field as hostile: lengths are checked against
  * the message and the limits before anything is read, names are checked
@@ -39,7 +42,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 1
+#define GG_WIRE_VERSION 2
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
@@ -52,6 +55,7 @@ enum gg_wire_type {
 	GG_WIRE_PING = 4,
 	GG_WIRE_PONG = 5,
 	GG_WIRE_ABORT = 6,
+	GG_WIRE_DONE = 7,
 };
 
 enum gg_dtype_wire {
@@ -105,6 +109,10 @@ struct gg_wire_msg {
 			uint64_t step;
 			char reason[GG_WIRE_REASON_MAX + 1];
 		} abort;
+		struct {
+			char job[GG_WIRE_NAME_MAX + 1];
+			uint64_t step;
+		} done;
 	} u;
 };
 
@@ -134,6 +142,7 @@ GG_MUST_CHECK ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *j
 GG_MUST_CHECK ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, uint64_t value);
 GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step,
 					   const char *reason);
+GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step);
 
 /* Compares a peer's HELLO with ours; 0, or -EPROTO with err naming the
  * first setting that differs and both values ("peer site-b uses codec

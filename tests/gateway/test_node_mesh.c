@@ -37,6 +37,7 @@ struct scenario {
 	int cut_at_step;      /* cut stream 0 of site 0 towards site 1 during this step */
 	bool mismatch;        /* site K-1 announces one element more */
 	bool tensor_per_step; /* step t is tensor t: a new error feedback state each step */
+	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
 };
 
 struct site {
@@ -84,11 +85,11 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 					      "identity = \"dns:s%u.gradgate.test\"\n",
 					      p, ports[p], p);
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
-			      "[transport]\nstreams_per_peer = 2\nchunk_size = \"256KiB\"\nstep_timeout = \"20s\"\n"
+			      "[transport]\nstreams_per_peer = 2\nchunk_size = \"256KiB\"\nstep_timeout = \"%s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
 			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"8MiB\"\nmemory = \"64MiB\"\n",
-			      sc->codec, sc->algo);
+			      sc->freeze_site >= 0 ? "1s" : "20s", sc->codec, sc->algo);
 	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, ports[0]);
 	FILE *f = fopen(path, "w");
 	if (!f || fputs(text, f) < 0 || fclose(f))
@@ -114,6 +115,9 @@ static void *run_site(void *arg)
 		if (gg_node_run_once(node, 20000, NULL, NULL))
 			break;
 	CHECK(gg_node_connected(node), "site %u did not connect to every peer", s->index);
+	bool frozen = (int)s->index == sc->freeze_site;
+	if (frozen)
+		gg_node_test_freeze_at_result(node);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (unsigned t = 1; t <= sc->steps; t++) {
 		uint64_t count = sc->count + (sc->mismatch && s->index == sc->K - 1);
@@ -129,7 +133,9 @@ static void *run_site(void *arg)
 			continue;
 		}
 		bool cut = false;
-		for (int spins = 0; !s->done && spins < 200000; spins++) {
+		/* A frozen site never finishes: it runs until the others gave up
+		 * (their 1 s deadline), then dies with its streams cut. */
+		for (int spins = 0; !s->done && spins < (frozen ? 200 : 200000); spins++) {
 			if (gg_node_run_once(node, 10000, NULL, NULL))
 				break;
 			if ((int)t == sc->cut_at_step && s->index == 0 && !cut &&
@@ -137,6 +143,13 @@ static void *run_site(void *arg)
 				CHECK(gg_node_test_cut_stream(node, 1, 0) == 0, "cut");
 				cut = true;
 			}
+		}
+		if (frozen) {
+			/* The others' ABORT may have reached it: failed, never done. */
+			CHECK(!s->done || s->status[t - 1] != 0, "the frozen site %u completed its step", s->index);
+			atomic_fetch_add(&flushed_sites, 1); /* nobody waits for a dead site */
+			gg_node_free(node); /* sockets closed with no close_notify, as a crash does */
+			return NULL;
 		}
 		CHECK(s->done, "site %u: step %u never finished", s->index, t);
 		memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
@@ -192,9 +205,10 @@ static void run(const struct scenario *sc)
 	static struct site sites[MAX_K];
 	char path[512];
 
-	printf("%u sites, %s, %s, %llu elements, %u steps%s%s\n", sc->K, sc->codec, sc->algo,
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s\n", sc->K, sc->codec, sc->algo,
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
-	       sc->mismatch ? ", mismatched announcement" : "");
+	       sc->mismatch ? ", mismatched announcement" : "",
+	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "");
 	fflush(stdout);
 	for (unsigned k = 0; k < sc->K; k++) {
 		ports[k] = gg_net_free_loopback_port();
@@ -224,6 +238,15 @@ static void run(const struct scenario *sc)
 		pthread_join(sites[k].thread, NULL);
 
 	for (unsigned t = 0; t < sc->steps; t++) {
+		if (sc->freeze_site >= 0) {
+			char want[64];
+			snprintf(want, sizeof(want), "but site s%d never said so too", sc->freeze_site);
+			for (unsigned k = 0; k < sc->K; k++)
+				CHECK((int)k == sc->freeze_site || (sites[k].status[t] != 0 && strstr(sites[k].message[t], want)),
+				      "site %u: status %d: %s", k, sites[k].status[t], sites[k].message[t]);
+			printf("  site 0: %s\n", sites[0].message[t]);
+			continue;
+		}
 		if (sc->mismatch) {
 			for (unsigned k = 0; k < sc->K; k++)
 				CHECK(sites[k].status[t] != 0 && strstr(sites[k].message[t], "announced tensor 7 with"),
@@ -251,7 +274,7 @@ static void run(const struct scenario *sc)
 			}
 		}
 	}
-	if (!sc->mismatch)
+	if (!sc->mismatch && sc->freeze_site < 0)
 		printf("  %.3f s for %u steps at site 0\n", sites[0].seconds, sc->steps);
 	for (unsigned k = 0; k < sc->K; k++) {
 		gg_config_free(&sites[k].cfg);
@@ -272,19 +295,23 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1 },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1 },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1 },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1 },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1 },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1 },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1 },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1 },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1 },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1 },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1 },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1 },
+		/* A site dies holding the whole result: the others hold it too,
+		 * yet must not complete, since it never will. */
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2 },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1 },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -293,7 +320,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1 };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);

@@ -97,6 +97,11 @@ int main(void)
 		      !strcmp(msg.u.abort.reason, "site us-east: rank 1 disconnected"),
 	      "abort");
 	check_truncations(buf, (size_t)n, "abort");
+	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 12);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_DONE &&
+		      !strcmp(msg.u.done.job, "train-7b") && msg.u.done.step == 12,
+	      "done: %s", err);
+	check_truncations(buf, (size_t)n, "done");
 
 	/* Headers. */
 	n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, 1);
@@ -107,11 +112,11 @@ int main(void)
 		      !strcmp(err, "not a gradgate message (magic 31574746)"),
 	      "%s", err);
 	buf[0] ^= 1;
-	buf[5] = 2;
+	buf[5] = 1; /* a gateway from before DONE */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 2, this gateway speaks 1"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 2"),
 	      "%s", err);
-	buf[5] = 1;
+	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "unknown message type 9"),
