@@ -35,11 +35,6 @@ void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max)
 	*p = (struct gg_ar_frame_pool){ .cap = cap, .max = max };
 }
 
-void gg_ar_frame_pool_fini(struct gg_ar_frame_pool *p)
-{
-	gg_ar_frame_pool_trim(p);
-}
-
 void gg_ar_frame_pool_trim(struct gg_ar_frame_pool *p)
 {
 	while (p->free) {
@@ -66,7 +61,6 @@ struct gg_ar_frame *gg_ar_frame_new(struct gg_ar_frame_pool *pool, size_t cap)
 		f = malloc(sizeof(*f) + cap);
 		if (!f)
 			return NULL;
-		f->cap = cap;
 		f->pool = pool;
 	}
 	f->refs = 1;

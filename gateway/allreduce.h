@@ -63,7 +63,6 @@ struct gg_ar_frame_pool;
 struct gg_ar_frame {
 	unsigned refs;
 	size_t len;
-	size_t cap;                   /* bytes at data */
 	struct gg_ar_frame_pool *pool; /* where it returns; NULL: freed */
 	struct gg_ar_frame *next_free;
 	uint8_t data[];
@@ -82,8 +81,7 @@ struct gg_ar_frame_pool {
 };
 
 void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max);
-void gg_ar_frame_pool_fini(struct gg_ar_frame_pool *p);
-/* Frees the frames the pool keeps; it stays usable. */
+/* Frees the frames the pool keeps (it stays usable): when idle, and last. */
 void gg_ar_frame_pool_trim(struct gg_ar_frame_pool *p);
 /* A frame with room for `cap` bytes and one reference, or NULL. `pool`
  * may be NULL. */

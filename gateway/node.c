@@ -92,7 +92,6 @@ struct job {
 };
 
 struct feedback_slot {
-	bool used;
 	char job[GG_WIRE_NAME_MAX + 1];
 	uint32_t tensor_id;
 	struct gg_feedback fb;
@@ -185,8 +184,6 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	if (!st)
 		return;
 	j->step = NULL;
-	j->has_result = false;
-	j->done_from = 0;
 	j->active_us = n->loop.now_us;
 	gg_ar_step_free(j->ar);
 	j->ar = NULL;
@@ -337,7 +334,6 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 		return gg_errf(err, err_size, -ENOMEM, "no memory for the error feedback of tensor %u (%llu elements)",
 			       tensor, (unsigned long long)count);
 	}
-	f->used = true;
 	f->tensor_id = tensor;
 	snprintf(f->job, sizeof(f->job), "%s", job);
 	n->feedback[n->feedback_count++] = f;
@@ -1630,7 +1626,7 @@ void gg_node_free(struct gg_node *n)
 		gg_loop_fini(&n->loop);
 	gg_frame_encoder_fini(&n->enc);
 	gg_frame_decoder_fini(&n->dec);
-	gg_ar_frame_pool_fini(&n->frames);
+	gg_ar_frame_pool_trim(&n->frames);
 	gg_tls_context_free(n->tls);
 	free(n);
 }

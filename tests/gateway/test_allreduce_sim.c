@@ -105,7 +105,7 @@ static int site_init(struct site *s, struct net *net, unsigned index, enum gg_co
 static void site_fini(struct site *s)
 {
 	gg_ar_step_free(s->step);
-	gg_ar_frame_pool_fini(&s->pool);
+	gg_ar_frame_pool_trim(&s->pool);
 	gg_frame_encoder_fini(&s->enc);
 	gg_frame_decoder_fini(&s->dec);
 	if (s->use_fb)
