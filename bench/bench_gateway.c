@@ -7,14 +7,18 @@
  * site contributes a fixed input; the timed steps follow one warm-up step.
  * Payload throughput is every frame byte the gateways sent (all sites, all
  * directions) per second of wall time; the baseline is
- * gradgate-bench transport with TLS, the same ciphersuite and as many
- * streams, run right after. Both use every core of the machine, so the
- * ratio says what the gateway costs on top of the channel. The site
+ * gradgate-bench transport with TLS, the same ciphersuite and S streams
+ * one way (a sender and a receiver thread each), run right after. With two
+ * sites both sides have S connections and keep every core of this
+ * machine busy, so the ratio says what the gateway costs on top of the
+ * channel per byte; with more sites the gateways carry more connections
+ * than the baseline, and the ratio is a per-core comparison. The site
  * backend (ranks, shared memory, the site sum) is not part of it:
  * gradgate-bench allreduce measures that path end to end. */
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +28,7 @@
 #include <sys/stat.h>
 
 #include "bench.h"
+#include "codec.h"
 #include "config.h"
 #include "log.h"
 #include "net_addr.h"
@@ -33,8 +38,8 @@
 
 #define MAX_SITES 4
 #define MAX_JOBS 4
-#define CONNECT_SPINS 1000 /* x 10 ms */
-#define STEP_SPINS 15000   /* x 10 ms: past the step deadline (120 s) */
+#define CONNECT_S 10.0 /* for every site to connect */
+#define STALL_S 150.0  /* without a step finishing: past the steps' own deadline (120 s) */
 
 struct opts {
 	unsigned sites;
@@ -189,9 +194,16 @@ static int parse(int argc, char **argv, struct opts *o)
 				return 2;
 			}
 			break;
-		case 'x':
-			o->codec = optarg;
+		case 'x': {
+			enum gg_codec codec;
+			if (gg_codec_from_name(optarg, &codec)) {
+				fprintf(stderr, "gradgate-bench gateway: --codec is fp32, bf16, bf16-split, int8 or int4, "
+						"not '%s'\n", optarg);
+				return 2;
+			}
+			o->codec = gg_codec_name(codec);
 			break;
+		}
 		case 'a':
 			if (strcmp(optarg, "direct") && strcmp(optarg, "ring")) {
 				fprintf(stderr, "gradgate-bench gateway: --algorithm is direct or ring, not '%s'\n", optarg);
@@ -206,6 +218,12 @@ static int parse(int argc, char **argv, struct opts *o)
 			}
 			break;
 		case 'p':
+			/* Goes into the config text: an IANA TLS 1.3 suite name only. */
+			if (strlen(optarg) > 64 || strspn(optarg, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != strlen(optarg)) {
+				fprintf(stderr, "gradgate-bench gateway: --cipher wants a TLS 1.3 ciphersuite name such as "
+						"TLS_AES_256_GCM_SHA384, not '%s'\n", optarg);
+				return 2;
+			}
 			o->cipher = optarg;
 			break;
 		case 'b':
@@ -291,23 +309,37 @@ static int make_certs(const char *dir, unsigned sites)
 	return rc;
 }
 
+/* Appends to text (size bytes, *n used); once it is full, *n stays past
+ * the end and nothing more is written. */
+GG_PRINTF(4, 5) static void appendf(char *text, size_t size, size_t *n, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (*n >= size)
+		return;
+	va_start(ap, fmt);
+	int w = vsnprintf(text + *n, size - *n, fmt, ap);
+	va_end(ap);
+	*n = w < 0 ? size : *n + (size_t)w;
+}
+
 static int load_config(const struct opts *o, const char *dir, const int *ports, unsigned k, struct gg_config *cfg)
 {
 	char text[4096];
 	size_t n = 0;
 	struct gg_diag diag = { 0 };
 
-	n += (size_t)snprintf(text + n, sizeof(text) - n,
+	appendf(text, sizeof(text), &n,
 			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\nthreads = 1\n"
 			      "[tls]\nca = \"ca.pem\"\ncert = \"s%u.pem\"\nkey = \"s%u.key\"\nciphersuites = [\"%s\"]\n",
 			      k, ports[k], k, k, o->cipher);
 	for (unsigned p = 0; p < o->sites; p++)
 		if (p != k)
-			n += (size_t)snprintf(text + n, sizeof(text) - n,
+			appendf(text, sizeof(text), &n,
 					      "[[peers]]\nsite = \"s%u\"\naddress = \"127.0.0.1:%d\"\n"
 					      "identity = \"dns:s%u.gradgate.test\"\n",
 					      p, ports[p], p);
-	n += (size_t)snprintf(text + n, sizeof(text) - n,
+	appendf(text, sizeof(text), &n,
 			      "[transport]\nstreams_per_peer = %d\nchunk_size = %llu\nstep_timeout = \"120s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\nzstd_level = %d\n[allreduce]\nalgorithm = \"%s\"\n",
@@ -368,18 +400,25 @@ static int submit(struct gg_node *node, struct site *s, struct job *j)
  * job's next step submitted up to `per_job` steps each. */
 static void run_steps(struct gg_node *node, struct site *s, unsigned per_job, unsigned until)
 {
-	for (int spins = 0; !s->status && s->steps_done < until; spins++) {
+	unsigned seen = s->steps_done;
+	double stall_at = now_s() + STALL_S;
+
+	while (!s->status && s->steps_done < until && !atomic_load(&s->start->failed)) {
 		for (unsigned k = 0; k < s->o->jobs && !s->status; k++)
 			if (!s->jobs[k].busy && s->jobs[k].steps_done < per_job && submit(node, s, &s->jobs[k]))
-				return;
-		if (spins >= STEP_SPINS || gg_node_run_once(node, 10000, NULL, NULL)) {
-			if (!s->status) {
-				snprintf(s->message, sizeof(s->message), "site %u: the steps did not finish", s->index);
-				s->status = -ETIMEDOUT;
-			}
-			return;
+				break;
+		if (s->steps_done != seen) {
+			seen = s->steps_done;
+			stall_at = now_s() + STALL_S;
+		}
+		if (!s->status && (now_s() > stall_at || gg_node_run_once(node, 10000, NULL, NULL))) {
+			snprintf(s->message, sizeof(s->message), "site %u: no step finished for %.0f s", s->index,
+				 STALL_S);
+			s->status = -ETIMEDOUT;
 		}
 	}
+	if (s->status) /* the other sites stop too, rather than wait for this one */
+		atomic_store(&s->start->failed, true);
 }
 
 static void *run_site(void *arg)
@@ -399,7 +438,7 @@ static void *run_site(void *arg)
 		return NULL;
 	}
 	bool counted = false;
-	for (int spins = 0; spins < CONNECT_SPINS && !atomic_load(&s->start->failed); spins++) {
+	for (double until = now_s() + CONNECT_S; now_s() < until && !atomic_load(&s->start->failed);) {
 		if (!counted && gg_node_connected(node)) {
 			atomic_fetch_add(&s->start->connected, 1);
 			counted = true;
@@ -410,7 +449,8 @@ static void *run_site(void *arg)
 			break;
 	}
 	if (atomic_load(&s->start->connected) != o->sites) {
-		snprintf(s->message, sizeof(s->message), "site %u: the sites did not all connect within 10 s", s->index);
+		snprintf(s->message, sizeof(s->message), "site %u: the sites did not all connect within %.0f s", s->index,
+			 CONNECT_S);
 		s->status = -ETIMEDOUT;
 		atomic_store(&s->start->failed, true);
 	}
@@ -486,17 +526,22 @@ int gg_bench_gateway_main(int argc, char **argv)
 	if ((rc = parse(argc, argv, &o)))
 		return rc;
 	gg_log_set_level(GG_LOG_ERROR);
-	if (!mkdtemp(dir) || make_certs(dir, o.sites)) {
-		fprintf(stderr, "gradgate-bench gateway: cannot make throwaway certificates in %s\n", dir);
+	if (!mkdtemp(dir)) {
+		fprintf(stderr, "gradgate-bench gateway: cannot make a folder for throwaway certificates: %s\n",
+			strerror(errno));
+		return 1;
+	}
+	if ((rc = make_certs(dir, o.sites))) {
+		fprintf(stderr, "gradgate-bench gateway: cannot make throwaway certificates in %s: %s\n", dir,
+			strerror(-rc));
 		remove_dir(dir, o.sites);
 		return 1;
 	}
-	for (unsigned k = 0; k < o.sites; k++)
-		if ((ports[k] = gg_net_free_loopback_port()) < 0) {
-			fprintf(stderr, "gradgate-bench gateway: no free loopback port\n");
-			remove_dir(dir, o.sites);
-			return 1;
-		}
+	if ((rc = gg_net_free_loopback_ports(ports, o.sites))) {
+		fprintf(stderr, "gradgate-bench gateway: no free loopback ports: %s\n", strerror(-rc));
+		remove_dir(dir, o.sites);
+		return 1;
+	}
 	memset(sites, 0, sizeof(sites));
 	for (unsigned k = 0; k < o.sites; k++) {
 		struct site *s = &sites[k];
@@ -525,9 +570,15 @@ int gg_bench_gateway_main(int argc, char **argv)
 			s->input[i] = input_value(k, i);
 	}
 	if (!status) {
-		for (unsigned k = 0; k < o.sites; k++)
-			pthread_create(&sites[k].thread, NULL, run_site, &sites[k]);
-		for (unsigned k = 0; k < o.sites; k++)
+		unsigned started = 0;
+		while (started < o.sites && !pthread_create(&sites[started].thread, NULL, run_site, &sites[started]))
+			started++;
+		if (started < o.sites) {
+			fprintf(stderr, "gradgate-bench gateway: cannot start the thread of site %u\n", started);
+			atomic_store(&start.failed, true); /* the started sites give up */
+			status = 1;
+		}
+		for (unsigned k = 0; k < started; k++)
 			pthread_join(sites[k].thread, NULL);
 	}
 	remove_dir(dir, o.sites);

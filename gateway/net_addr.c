@@ -118,18 +118,26 @@ int gg_net_tune(int fd, int buffer_bytes)
 	return 0;
 }
 
-int gg_net_free_loopback_port(void)
+int gg_net_free_loopback_ports(int *ports, unsigned n)
 {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
+	int fds[64], rc = 0;
+	unsigned open_fds = 0;
 
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len))
-		rc = -errno;
-	else
-		rc = ntohs(a.sin_port);
-	close(fd);
+	if (n > GG_ARRAY_LEN(fds))
+		return -EINVAL;
+	/* Every socket stays bound until all ports are known, so the kernel
+	 * cannot hand out one port twice. */
+	for (; open_fds < n && !rc; open_fds++) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		socklen_t len = sizeof(a);
+		int fd = fds[open_fds] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || getsockname(fd, (struct sockaddr *)&a, &len))
+			rc = -errno;
+		else
+			ports[open_fds] = ntohs(a.sin_port);
+	}
+	while (open_fds--)
+		if (fds[open_fds] >= 0)
+			close(fds[open_fds]);
 	return rc;
 }

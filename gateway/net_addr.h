@@ -26,10 +26,11 @@ const char *gg_net_peer_addr(int fd, char *buf, size_t size);
  * a negative errno. Port 0 picks a free port: see gg_net_local_addr(). */
 GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog);
 
-/* A loopback TCP port nobody listens on right now (the kernel's pick for
- * port 0), for tests and benchmarks that start gateways; another process
- * may take it before it is used. Returns the port or a negative errno. */
-GG_MUST_CHECK int gg_net_free_loopback_port(void);
+/* n distinct loopback TCP ports nobody listens on right now (the kernel's
+ * picks for port 0), for tests and benchmarks that start gateways; another
+ * process may take one before it is used. n <= 64. Returns 0 or a negative
+ * errno. */
+GG_MUST_CHECK int gg_net_free_loopback_ports(int *ports, unsigned n);
 
 /* TCP_NODELAY, and SO_SNDBUF/SO_RCVBUF when buffer_bytes > 0 (0 keeps the
  * kernel's autotuning). Returns 0 or a negative errno. */

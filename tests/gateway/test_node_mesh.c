@@ -210,10 +210,8 @@ static void run(const struct scenario *sc)
 	       sc->mismatch ? ", mismatched announcement" : "",
 	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "");
 	fflush(stdout);
-	for (unsigned k = 0; k < sc->K; k++) {
-		ports[k] = gg_net_free_loopback_port();
-		CHECK(ports[k] > 0, "no free loopback port: %s", strerror(-ports[k]));
-	}
+	int rc = gg_net_free_loopback_ports(ports, sc->K);
+	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
 	for (unsigned k = 0; k < sc->K; k++) {
 		struct site *s = &sites[k];
 		struct gg_diag diag = { 0 };
