@@ -2,6 +2,7 @@
 #ifndef GG_COMMON_H
 #define GG_COMMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define GG_MUST_CHECK __attribute__((warn_unused_result))
@@ -13,5 +14,13 @@
 /* Formats a one-line message into err (when err_size > 0) and returns
  * `code`, so error paths read: return gg_errf(err, size, -EINVAL, "...", ...). */
 GG_PRINTF(4, 5) int gg_errf(char *err, size_t err_size, int code, const char *fmt, ...);
+
+/* A character a job name may hold (A-Z a-z 0-9 . _ -): ranks name jobs,
+ * and gateways pass the names on to each other and into their logs. */
+static inline bool gg_job_name_char_ok(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+	       c == '-';
+}
 
 #endif

@@ -196,8 +196,7 @@ bool gg_ctrl_job_name_ok(const char *job, char *why, size_t why_size)
 	}
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)job[i];
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-		      c == '_' || c == '-')) {
+		if (!gg_job_name_char_ok(c)) {
 			snprintf(why, why_size, "job name has character 0x%02x at %zu; allowed are A-Z a-z 0-9 . _ -",
 				 c, i);
 			return false;

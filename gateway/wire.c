@@ -323,6 +323,17 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	if (r.p != r.end)
 		return gg_errf(err, err_size, -EBADMSG, "message type %u: %zu bytes after the last field", (unsigned)type,
 			    (size_t)(r.end - r.p));
+	const char *job = type == GG_WIRE_DATA    ? msg->u.data.step.job
+			  : type == GG_WIRE_ACK   ? msg->u.ack.job
+			  : type == GG_WIRE_ABORT ? msg->u.abort.job
+			  : type == GG_WIRE_DONE  ? msg->u.done.job
+						  : NULL;
+	if (job && !*job)
+		return gg_errf(err, err_size, -EBADMSG, "message type %u: empty job name", (unsigned)type);
+	for (size_t i = 0; job && job[i]; i++)
+		if (!gg_job_name_char_ok((unsigned char)job[i]))
+			return gg_errf(err, err_size, -EBADMSG, "message type %u: job name has character 0x%02x at %zu",
+				       (unsigned)type, (unsigned char)job[i], i);
 	return 0;
 }
 

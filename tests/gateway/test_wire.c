@@ -102,6 +102,15 @@ int main(void)
 		      !strcmp(msg.u.done.job, "train-7b") && msg.u.done.step == 12,
 	      "done: %s", err);
 	check_truncations(buf, (size_t)n, "done");
+	/* Job names from a peer obey the rule ranks' names do. */
+	n = gg_wire_encode_done(buf, sizeof(buf), "", 12);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "message type 7: empty job name"),
+	      "empty job: %s", err);
+	n = gg_wire_encode_ack(buf, sizeof(buf), "tr\"ain", 12, &id);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "message type 3: job name has character 0x22 at 2"),
+	      "bad job: %s", err);
 
 	/* Headers. */
 	n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, 1);
