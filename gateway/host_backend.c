@@ -94,7 +94,7 @@ struct hb_job {
 	struct gg_site_step step;
 	/* The last step's sum buffer, kept for the next step of the same size:
 	 * a fresh one is a fresh mapping, and faulting in its pages cost more
-	 * than summing into it. Counted in the backend's spare_bytes. */
+	 * than summing into it. Counted in the stats' spare_bytes. */
 	float *spare;
 	uint64_t spare_bytes;
 
@@ -126,7 +126,6 @@ struct gg_host_backend {
 	struct hb_conn *conns; /* opts.max_clients slots */
 	struct hb_job *jobs;
 	struct gg_host_backend_stats stats;
-	uint64_t spare_bytes; /* sum buffers kept between steps (jobs' spare) */
 };
 
 static void job_advance(struct gg_host_backend *b, struct hb_job *j);
@@ -264,12 +263,20 @@ static bool step_in_progress(const struct hb_job *j)
 	return false;
 }
 
-static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
+/* The job's kept sum buffer, which it no longer keeps, or NULL. */
+static float *take_spare(struct gg_host_backend *b, struct hb_job *j)
 {
-	free(j->spare);
-	b->spare_bytes -= j->spare_bytes;
+	float *spare = j->spare;
+
+	b->stats.spare_bytes -= j->spare_bytes;
 	j->spare = NULL;
 	j->spare_bytes = 0;
+	return spare;
+}
+
+static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
+{
+	free(take_spare(b, j));
 }
 
 static void job_free(struct gg_host_backend *b, struct hb_job *j)
@@ -549,10 +556,9 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 		}
 	}
 	b->stats.sum_bytes -= st->count * sizeof(float);
-	drop_spare(b, j);
-	j->spare = st->sum;
+	j->spare = st->sum; /* step_start took the job's previous one */
 	j->spare_bytes = st->count * sizeof(float);
-	b->spare_bytes += j->spare_bytes;
+	b->stats.spare_bytes += j->spare_bytes;
 	st->sum = NULL;
 	j->with_core = false;
 	j->abandoned = false;
@@ -567,29 +573,25 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 {
 	uint64_t bytes = ref->count * sizeof(float);
 
-	float *sum = NULL;
-	if (j->spare && j->spare_bytes == bytes) {
-		sum = j->spare;
-		b->spare_bytes -= bytes;
-		j->spare = NULL;
-		j->spare_bytes = 0;
-	} else {
-		drop_spare(b, j);
-	}
 	const uint64_t limit = b->opts.memory_bytes;
-	/* Buffers other jobs keep go before a step is refused for memory. */
-	for (struct hb_job *o = b->jobs; o && !sum && bytes > limit - b->stats.sum_bytes - b->spare_bytes; o = o->next)
-		drop_spare(b, o);
-	if (!sum && bytes > limit - b->stats.sum_bytes - b->spare_bytes) {
+	bool fits = j->spare && j->spare_bytes == bytes;
+	float *sum = fits ? take_spare(b, j) : NULL;
+	if (!fits) {
+		drop_spare(b, j);
+		/* Buffers other jobs keep go first, when that makes room. */
+		fits = bytes <= limit - b->stats.sum_bytes;
+		for (struct hb_job *o = b->jobs; fits && o && bytes > limit - b->stats.sum_bytes - b->stats.spare_bytes;
+		     o = o->next)
+			drop_spare(b, o);
+	}
+	if (!fits) {
 		fail_step(b, j, GG_ERR_LIMIT,
 			  "the gateway's memory limit of %llu bytes leaves no room for a %llu-byte sum (%llu in use)",
 			  (unsigned long long)b->opts.memory_bytes, (unsigned long long)bytes,
 			  (unsigned long long)b->stats.sum_bytes);
 		return false;
 	}
-	if (!sum)
-		sum = malloc(bytes);
-	if (!sum) {
+	if (!sum && !(sum = malloc(bytes))) {
 		fail_step(b, j, GG_ERR_NOMEM, "the gateway is out of memory for a %llu-byte sum",
 			  (unsigned long long)bytes);
 		return false;

@@ -45,6 +45,7 @@ struct gg_host_backend_stats {
 	unsigned jobs;
 	unsigned regions;      /* shared regions mapped */
 	uint64_t sum_bytes;    /* held for steps in flight */
+	uint64_t spare_bytes;  /* sum buffers jobs keep for their next step */
 	uint64_t steps_done;   /* steps delivered to their ranks */
 	uint64_t steps_failed; /* steps failed at their ranks */
 	uint64_t refused;      /* connections refused */

@@ -208,6 +208,7 @@ void harness_stop(struct harness *h)
 	CHECK_EQ_INT(h->final.jobs, 0);
 	CHECK_EQ_INT(h->final.regions, 0);
 	CHECK_EQ_INT(h->final.sum_bytes, 0);
+	CHECK_EQ_INT(h->final.spare_bytes, 0);
 	CHECK(access(h->path, F_OK) != 0); /* the socket is gone */
 	CHECK(rmdir(h->dir) == 0);
 	CHECK_EQ_INT(count_open_fds(), h->fds_before);

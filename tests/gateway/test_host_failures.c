@@ -404,6 +404,11 @@ static void test_memory_kept_between_steps(void)
 		CHECK(buf[0] == (float)(round + 1) && buf[n - 1] == (float)(round + 1));
 		CHECK_EQ_INT(gg_allreduce(b, buf, n, GG_DTYPE_F32, 1, 0, &err), GG_OK);
 		CHECK(buf[n - 1] == (float)(round + 1));
+		/* Job b keeps its buffer; job a's went to make room for it (the
+		 * stats are published after the loop's turn). */
+		for (int i = 0; i < 500 && harness_stats(&h).spare_bytes != n * sizeof(float); i++)
+			usleep(10000);
+		CHECK_EQ_INT(harness_stats(&h).spare_bytes, n * sizeof(float));
 	}
 	gg_session_close(a);
 	gg_session_close(b);
