@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
+#include "log.h"
 
 static const char *const codec_names[GG_CODEC_LAST + 1] = {
 	[GG_CODEC_FP32] = "fp32",
@@ -214,9 +215,17 @@ static const struct gg_codec_kernels *pick_kernels(void)
 	const char *env = getenv("GG_CODEC_ISA");
 
 	if (env && *env) {
+		int named = -1;
 		for (int i = 0; i < GG_ISA_COUNT; i++)
 			if (!strcmp(env, isa_names[i]))
-				cap = i;
+				named = i;
+		if (named < 0)
+			gg_log(GG_LOG_WARN, "codec_isa_ignored",
+			       "variable=GG_CODEC_ISA value=\"%s\" reason=\"not scalar, avx2 or avx512: the best "
+			       "kernels this CPU has are used\"",
+			       env);
+		else
+			cap = named;
 	}
 	for (int i = cap; i > GG_ISA_SCALAR; i--) {
 		const struct gg_codec_kernels *k = gg_codec_kernels_for((enum gg_isa)i);

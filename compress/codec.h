@@ -151,7 +151,7 @@ GG_MUST_CHECK int gg_codec_decode_acc(const struct gg_codec_params *p, const voi
  * gg_codec_set_isa() caps it, so tests and benchmarks can compare paths. */
 enum gg_isa {
 	GG_ISA_SCALAR = 0,
-	GG_ISA_AVX2 = 1,   /* AVX2 + F16C */
+	GG_ISA_AVX2 = 1,   /* AVX2 */
 	GG_ISA_AVX512 = 2, /* AVX-512 F, BW, VL, DQ */
 };
 #define GG_ISA_COUNT 3
