@@ -10,20 +10,6 @@ static inline float tail_absmax(const float *x, size_t n, float m)
 	return t > m ? t : m;
 }
 
-static void fp32_encode_avx2(const float *src, size_t n, uint32_t block_elems,
-			     enum gg_scale_kind scale, uint8_t *dst)
-{
-	if (n)
-		memcpy(dst, src, n * sizeof(float));
-}
-
-static void fp32_decode_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
-			     enum gg_scale_kind scale, float *out)
-{
-	if (n)
-		memcpy(out, src, n * sizeof(float));
-}
-
 static void fp32_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
 				 enum gg_scale_kind scale, float *acc)
 {
@@ -371,14 +357,14 @@ static void int4_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_el
 const struct gg_codec_kernels gg_codec_kernels_avx2 = {
 	.isa = GG_ISA_AVX2,
 	.encode = {
-		[GG_CODEC_FP32] = fp32_encode_avx2,
+		[GG_CODEC_FP32] = gg_fp32_encode_copy,
 		[GG_CODEC_BF16] = bf16_encode_avx2,
 		[GG_CODEC_BF16_SPLIT] = bf16_split_encode_avx2,
 		[GG_CODEC_INT8] = int8_encode_avx2,
 		[GG_CODEC_INT4] = int4_encode_avx2,
 	},
 	.decode = {
-		[GG_CODEC_FP32] = fp32_decode_avx2,
+		[GG_CODEC_FP32] = gg_fp32_decode_copy,
 		[GG_CODEC_BF16] = bf16_decode_avx2,
 		[GG_CODEC_BF16_SPLIT] = bf16_split_decode_avx2,
 		[GG_CODEC_INT8] = int8_decode_avx2,

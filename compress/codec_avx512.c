@@ -5,20 +5,6 @@
 
 #include "codec_internal.h"
 
-static void fp32_encode_avx512(const float *src, size_t n, uint32_t block_elems,
-			       enum gg_scale_kind scale, uint8_t *dst)
-{
-	if (n)
-		memcpy(dst, src, n * sizeof(float));
-}
-
-static void fp32_decode_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
-			       enum gg_scale_kind scale, float *out)
-{
-	if (n)
-		memcpy(out, src, n * sizeof(float));
-}
-
 static inline void store16(float *out, __m512 v, bool acc)
 {
 	if (acc)
@@ -309,14 +295,14 @@ static void int4_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_
 const struct gg_codec_kernels gg_codec_kernels_avx512 = {
 	.isa = GG_ISA_AVX512,
 	.encode = {
-		[GG_CODEC_FP32] = fp32_encode_avx512,
+		[GG_CODEC_FP32] = gg_fp32_encode_copy,
 		[GG_CODEC_BF16] = bf16_encode_avx512,
 		[GG_CODEC_BF16_SPLIT] = bf16_split_encode_avx512,
 		[GG_CODEC_INT8] = int8_encode_avx512,
 		[GG_CODEC_INT4] = int4_encode_avx512,
 	},
 	.decode = {
-		[GG_CODEC_FP32] = fp32_decode_avx512,
+		[GG_CODEC_FP32] = gg_fp32_decode_copy,
 		[GG_CODEC_BF16] = bf16_decode_avx512,
 		[GG_CODEC_BF16_SPLIT] = bf16_split_decode_avx512,
 		[GG_CODEC_INT8] = int8_decode_avx512,

@@ -43,6 +43,10 @@ const struct gg_codec_kernels *gg_codec_kernels_for(enum gg_isa isa);
 /* The kernels gg_codec_encode() and friends use now. */
 const struct gg_codec_kernels *gg_codec_kernels_active(void);
 
+/* fp32 is a copy both ways, the same for every instruction set (codec_ref.c). */
+void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst);
+void gg_fp32_decode_copy(const uint8_t *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, float *out);
+
 /* bf16-input encoders (scalar only). */
 void gg_codec_encode_bf16_ref(enum gg_codec codec, const uint16_t *src, size_t n,
 			      uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst);

@@ -10,24 +10,14 @@ static inline void put(float *out, size_t i, float v, bool acc)
 		out[i] = v;
 }
 
-static void fp32_encode_ref(const float *src, size_t n, uint32_t block_elems,
-			    enum gg_scale_kind scale, uint8_t *dst)
+/* fp32 is a copy both ways: every kernel table uses these two. */
+void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst)
 {
 	if (n)
 		memcpy(dst, src, n * sizeof(float));
 }
 
-static inline void fp32_decode_any_ref(const uint8_t *src, size_t n, float *out, bool acc)
-{
-	for (size_t i = 0; i < n; i++) {
-		float v;
-		memcpy(&v, src + 4 * i, sizeof(v));
-		put(out, i, v, acc);
-	}
-}
-
-static void fp32_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
-			    enum gg_scale_kind scale, float *out)
+void gg_fp32_decode_copy(const uint8_t *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, float *out)
 {
 	if (n)
 		memcpy(out, src, n * sizeof(float));
@@ -36,7 +26,11 @@ static void fp32_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
 static void fp32_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
 				enum gg_scale_kind scale, float *acc)
 {
-	fp32_decode_any_ref(src, n, acc, true);
+	for (size_t i = 0; i < n; i++) {
+		float v;
+		memcpy(&v, src + 4 * i, sizeof(v));
+		acc[i] = acc[i] + v;
+	}
 }
 
 static void bf16_encode_ref(const float *src, size_t n, uint32_t block_elems,
@@ -194,14 +188,14 @@ static void int4_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_ele
 const struct gg_codec_kernels gg_codec_kernels_ref = {
 	.isa = GG_ISA_SCALAR,
 	.encode = {
-		[GG_CODEC_FP32] = fp32_encode_ref,
+		[GG_CODEC_FP32] = gg_fp32_encode_copy,
 		[GG_CODEC_BF16] = bf16_encode_ref,
 		[GG_CODEC_BF16_SPLIT] = bf16_split_encode_ref,
 		[GG_CODEC_INT8] = int8_encode_ref,
 		[GG_CODEC_INT4] = int4_encode_ref,
 	},
 	.decode = {
-		[GG_CODEC_FP32] = fp32_decode_ref,
+		[GG_CODEC_FP32] = gg_fp32_decode_copy,
 		[GG_CODEC_BF16] = bf16_decode_ref,
 		[GG_CODEC_BF16_SPLIT] = bf16_split_decode_ref,
 		[GG_CODEC_INT8] = int8_decode_ref,
