@@ -1,8 +1,6 @@
 #include "frame.h"
 
 #include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,18 +29,6 @@ static void st64(uint8_t *p, uint64_t v)
 {
 	st32(p, (uint32_t)v);
 	st32(p + 4, (uint32_t)(v >> 32));
-}
-
-GG_PRINTF(4, 5) static int fail(int rc, char *err, size_t err_size, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err_size) {
-		va_start(ap, fmt);
-		vsnprintf(err, err_size, fmt, ap);
-		va_end(ap);
-	}
-	return rc;
 }
 
 int gg_frame_bound(const struct gg_codec_params *p, uint64_t n, uint64_t *bytes)
@@ -187,24 +173,24 @@ int gg_frame_parse_header(const void *buf, size_t len, const struct gg_frame_lim
 	const uint8_t *h = buf;
 
 	if (len < GG_FRAME_HEADER_BYTES)
-		return fail(-EBADMSG, err, err_size, "frame: truncated header: %zu bytes, need %d", len,
+		return gg_errf(err, err_size, -EBADMSG, "frame: truncated header: %zu bytes, need %d", len,
 			    GG_FRAME_HEADER_BYTES);
 	uint32_t magic = ld32(h);
 	if (magic != GG_FRAME_MAGIC)
-		return fail(-EBADMSG, err, err_size, "frame: bad magic 0x%08x, expected 0x%08x (\"GGF1\")",
+		return gg_errf(err, err_size, -EBADMSG, "frame: bad magic 0x%08x, expected 0x%08x (\"GGF1\")",
 			    magic, GG_FRAME_MAGIC);
 	if (h[4] != GG_FRAME_VERSION)
-		return fail(-EBADMSG, err, err_size, "frame: unsupported version %u (this build reads %d)",
+		return gg_errf(err, err_size, -EBADMSG, "frame: unsupported version %u (this build reads %d)",
 			    h[4], GG_FRAME_VERSION);
 	const char *name = gg_codec_name((enum gg_codec)h[5]);
 	if (!name)
-		return fail(-EBADMSG, err, err_size, "frame: unknown codec id %u (known: %s)", h[5],
+		return gg_errf(err, err_size, -EBADMSG, "frame: unknown codec id %u (known: %s)", h[5],
 			    gg_codec_names());
 	uint8_t flags = h[6];
 	if (flags & ~(GG_FRAME_FLAG_ZSTD | GG_FRAME_FLAG_SCALE_F16))
-		return fail(-EBADMSG, err, err_size, "frame: unknown flag bits 0x%02x", flags);
+		return gg_errf(err, err_size, -EBADMSG, "frame: unknown flag bits 0x%02x", flags);
 	if (h[7])
-		return fail(-EBADMSG, err, err_size, "frame: reserved byte is 0x%02x, must be 0", h[7]);
+		return gg_errf(err, err_size, -EBADMSG, "frame: reserved byte is 0x%02x, must be 0", h[7]);
 
 	struct gg_frame_info fi = {
 		.params = { .codec = (enum gg_codec)h[5], .block_elems = ld32(h + 16),
@@ -217,38 +203,38 @@ int gg_frame_parse_header(const void *buf, size_t len, const struct gg_frame_lim
 	};
 	if (!gg_codec_has_blocks(fi.params.codec)) {
 		if (fi.params.block_elems)
-			return fail(-EBADMSG, err, err_size,
+			return gg_errf(err, err_size, -EBADMSG,
 				    "frame: block size %u given for codec %s, which has no blocks",
 				    fi.params.block_elems, name);
 		if (fi.params.scale != GG_SCALE_F32)
-			return fail(-EBADMSG, err, err_size,
+			return gg_errf(err, err_size, -EBADMSG,
 				    "frame: fp16 scale flag set for codec %s, which has no scales", name);
 	} else if (gg_codec_params_check(&fi.params, NULL)) {
-		return fail(-EBADMSG, err, err_size,
+		return gg_errf(err, err_size, -EBADMSG,
 			    "frame: block size %u for codec %s is not a multiple of %u in [%u, %u]",
 			    fi.params.block_elems, name, GG_CODEC_BLOCK_ALIGN_ELEMS, GG_CODEC_MIN_BLOCK_ELEMS,
 			    GG_CODEC_MAX_BLOCK_ELEMS);
 	}
 	if (fi.elems > lim->max_elems)
-		return fail(-E2BIG, err, err_size, "frame: element count %llu exceeds the limit %llu",
+		return gg_errf(err, err_size, -E2BIG, "frame: element count %llu exceeds the limit %llu",
 			    (unsigned long long)fi.elems, (unsigned long long)lim->max_elems);
 	uint64_t need = 0;
 	if (gg_codec_encoded_bytes(&fi.params, fi.elems, &need))
-		return fail(-EBADMSG, err, err_size, "frame: element count %llu is too large for codec %s",
+		return gg_errf(err, err_size, -EBADMSG, "frame: element count %llu is too large for codec %s",
 			    (unsigned long long)fi.elems, name);
 	if (need != fi.raw_bytes)
-		return fail(-EBADMSG, err, err_size,
+		return gg_errf(err, err_size, -EBADMSG,
 			    "frame: element count %llu needs %llu bytes for codec %s, header says %u",
 			    (unsigned long long)fi.elems, (unsigned long long)need, name, fi.raw_bytes);
 	if (fi.raw_bytes > lim->max_raw_bytes)
-		return fail(-E2BIG, err, err_size, "frame: raw size %u bytes exceeds the limit %zu",
+		return gg_errf(err, err_size, -E2BIG, "frame: raw size %u bytes exceeds the limit %zu",
 			    fi.raw_bytes, lim->max_raw_bytes);
 	if (!fi.zstd && fi.stored_bytes != fi.raw_bytes)
-		return fail(-EBADMSG, err, err_size,
+		return gg_errf(err, err_size, -EBADMSG,
 			    "frame: stored length %u differs from raw length %u in a frame without zstd",
 			    fi.stored_bytes, fi.raw_bytes);
 	if (fi.zstd && fi.stored_bytes >= fi.raw_bytes)
-		return fail(-EBADMSG, err, err_size,
+		return gg_errf(err, err_size, -EBADMSG,
 			    "frame: zstd payload of %u bytes is not smaller than its raw length %u",
 			    fi.stored_bytes, fi.raw_bytes);
 	fi.frame_bytes = GG_FRAME_HEADER_BYTES + (size_t)fi.stored_bytes;
@@ -288,11 +274,11 @@ int gg_frame_unwrap(struct gg_frame_decoder *dec, const void *frame, size_t fram
 		return rc;
 	size_t have = frame_bytes - GG_FRAME_HEADER_BYTES;
 	if (have < info->stored_bytes)
-		return fail(-EBADMSG, err, err_size,
+		return gg_errf(err, err_size, -EBADMSG,
 			    "frame: truncated payload: %zu bytes after the header, header says %u", have,
 			    info->stored_bytes);
 	if (have > info->stored_bytes)
-		return fail(-EBADMSG, err, err_size, "frame: %zu trailing bytes after the %u-byte payload",
+		return gg_errf(err, err_size, -EBADMSG, "frame: %zu trailing bytes after the %u-byte payload",
 			    have - info->stored_bytes, info->stored_bytes);
 	const uint8_t *payload = (const uint8_t *)frame + GG_FRAME_HEADER_BYTES;
 	if (info->zstd) {
@@ -300,12 +286,12 @@ int gg_frame_unwrap(struct gg_frame_decoder *dec, const void *frame, size_t fram
 		rc = gg_zstd_stage_decompress(&dec->zs, payload, info->stored_bytes, dec->scratch,
 					      info->raw_bytes, why, sizeof(why));
 		if (rc)
-			return fail(rc, err, err_size, "frame: %s", why);
+			return gg_errf(err, err_size, rc, "frame: %s", why);
 		payload = dec->scratch;
 	}
 	uint32_t crc = gg_crc32c(gg_crc32c(0, payload, info->raw_bytes), frame, CHECKED_HEADER_BYTES);
 	if (crc != info->checksum)
-		return fail(-EILSEQ, err, err_size, "frame: checksum mismatch: computed 0x%08x, header says 0x%08x",
+		return gg_errf(err, err_size, -EILSEQ, "frame: checksum mismatch: computed 0x%08x, header says 0x%08x",
 			    crc, info->checksum);
 	*raw = payload;
 	return 0;
@@ -321,14 +307,14 @@ int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t fram
 	if (rc)
 		return rc;
 	if (fi.elems != n)
-		return fail(-EBADMSG, err, err_size, "frame: element count %llu, caller expects %zu",
+		return gg_errf(err, err_size, -EBADMSG, "frame: element count %llu, caller expects %zu",
 			    (unsigned long long)fi.elems, n);
 	if (op == GG_FRAME_ACCUMULATE)
 		rc = gg_codec_decode_acc(&fi.params, raw, fi.raw_bytes, n, out);
 	else
 		rc = gg_codec_decode(&fi.params, raw, fi.raw_bytes, n, out);
 	if (rc)
-		return fail(rc, err, err_size, "frame: codec %s refused the payload", gg_codec_name(fi.params.codec));
+		return gg_errf(err, err_size, rc, "frame: codec %s refused the payload", gg_codec_name(fi.params.codec));
 	if (info)
 		*info = fi;
 	return 0;
