@@ -101,17 +101,19 @@ static void put_header(struct writer *w, enum gg_wire_type type, size_t payload)
 	put_le(w, payload, 4);
 }
 
-/* Writes the payload once to learn its size, then header and payload. */
+/* Writes the payload after room for the header, then the header, whose
+ * length counts `extra_` bytes the caller sends right after (DATA's frame). */
 #define ENCODE(buf, cap, type, body)                                         \
 	do {                                                                 \
-		struct writer w = { buf, buf + cap, false };                 \
-		w.p += GG_WIRE_HEADER_BYTES;                                 \
-		if (w.p > w.end)                                             \
+		if ((cap) < GG_WIRE_HEADER_BYTES)                            \
 			return -ENOBUFS;                                     \
+		struct writer w = { buf + GG_WIRE_HEADER_BYTES, buf + cap, false }; \
 		body;                                                        \
 		if (w.overflow)                                              \
 			return -ENOBUFS;                                     \
 		size_t n_ = (size_t)(w.p - buf);                             \
+		if (n_ - GG_WIRE_HEADER_BYTES + extra_ > UINT32_MAX)         \
+			return -EMSGSIZE;                                    \
 		struct writer h = { buf, buf + GG_WIRE_HEADER_BYTES, false }; \
 		put_header(&h, type, n_ - GG_WIRE_HEADER_BYTES + extra_);    \
 		return (ssize_t)n_;                                          \

@@ -77,6 +77,9 @@ int main(void)
 		      msg.u.data.frame_bytes == sizeof(frame) && !memcmp(msg.u.data.frame, frame, sizeof(frame)),
 	      "data round trip");
 	check_truncations(buf, (size_t)n + sizeof(frame), "data");
+	CHECK(gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, (size_t)1 << 32) == -EMSGSIZE,
+	      "a frame past the 32-bit length field");
+	CHECK(gg_wire_encode_ping(buf, GG_WIRE_HEADER_BYTES - 1, GG_WIRE_PING, 1) == -ENOBUFS, "no room for a header");
 
 	struct gg_wire_step other = st;
 	other.count++;
