@@ -15,7 +15,7 @@
 struct msg {
 	unsigned from, to;
 	struct gg_ar_chunk_id id;
-	struct gg_ar_frame *frame;
+	struct gg_buf *frame;
 };
 
 struct net {
@@ -32,7 +32,7 @@ struct site {
 	struct gg_feedback fb;
 	bool use_fb;
 	struct gg_ar_step *step;
-	struct gg_ar_frame_pool pool; /* small, so frames both come back and overflow it */
+	struct gg_buf_pool pool; /* small, so frames both come back and overflow it */
 	float *input, *result;
 };
 
@@ -51,7 +51,7 @@ static float gauss(uint64_t *s)
 	return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-static int net_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_ar_frame *f)
+static int net_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_buf *f)
 {
 	struct site *from = ctx;
 	struct net *n = from->net;
@@ -62,7 +62,7 @@ static int net_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, str
 		if (!n->q)
 			return -ENOMEM;
 	}
-	gg_ar_frame_get(f);
+	gg_buf_get(f);
 	n->q[n->len++] = (struct msg){ from->index, to, *id, f };
 	return 0;
 }
@@ -96,7 +96,7 @@ static int site_init(struct site *s, struct net *net, unsigned index, enum gg_co
 		return -1;
 	if (fb && gg_feedback_init(&s->fb, count, chunk))
 		return -1;
-	gg_ar_frame_pool_init(&s->pool, bound, 4);
+	gg_buf_pool_init(&s->pool, bound, 4);
 	s->input = malloc(count * sizeof(float));
 	s->result = malloc(count * sizeof(float));
 	return s->input && s->result ? 0 : -1;
@@ -105,7 +105,7 @@ static int site_init(struct site *s, struct net *net, unsigned index, enum gg_co
 static void site_fini(struct site *s)
 {
 	gg_ar_step_free(s->step);
-	gg_ar_frame_pool_trim(&s->pool);
+	gg_buf_pool_fini(&s->pool);
 	gg_frame_encoder_fini(&s->enc);
 	gg_frame_decoder_fini(&s->dec);
 	if (s->use_fb)
@@ -170,14 +170,14 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 			return -1;
 		}
 		if (!again)
-			gg_ar_frame_put(m.frame);
+			gg_buf_put(m.frame);
 		/* A frame delivered twice must be a no-op the second time. */
 		if (again) {
 			rc = gg_ar_step_on_frame(sites[m.to].step, m.from, &m.id, m.frame->data, m.frame->len, err,
 						 sizeof(err));
 			CHECK(rc == 1, "second delivery of a frame returned %d", rc);
 			net->q[pick] = net->q[--net->len];
-			gg_ar_frame_put(m.frame);
+			gg_buf_put(m.frame);
 		}
 	}
 	for (unsigned k = 0; k < K; k++)
@@ -293,7 +293,7 @@ static void check_case(enum gg_codec codec, enum gg_allreduce_algo algo, unsigne
 	for (unsigned k = 0; k < K; k++)
 		site_fini(&sites[k]);
 	for (size_t i = 0; i < net.len; i++)
-		gg_ar_frame_put(net.q[i].frame);
+		gg_buf_put(net.q[i].frame);
 	free(net.q);
 }
 
@@ -378,7 +378,7 @@ static void check_refusals(void)
 	      "chunk 1000: %s", err);
 
 	memset(sites[0].input, 0, N * sizeof(float));
-	struct gg_ar_frame *f;
+	struct gg_buf *f;
 	uint64_t fbound;
 	CHECK(gg_frame_bound(&sites[0].enc.cfg.codec, CHUNK, &fbound) == 0, "bound");
 	f = malloc(sizeof(*f) + fbound);
@@ -432,7 +432,7 @@ static void check_refusals(void)
 	}
 	free(f);
 	for (size_t i = 0; i < net.len; i++)
-		gg_ar_frame_put(net.q[i].frame);
+		gg_buf_put(net.q[i].frame);
 	free(net.q);
 	for (unsigned k = 0; k < K; k++)
 		site_fini(&sites[k]);

@@ -4,9 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "codec.h"
+#include "config.h"
 #include "gg_check.h"
 #include "wire.h"
-
 
 static struct gg_wire_hello hello(void)
 {

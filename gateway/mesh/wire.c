@@ -1,5 +1,8 @@
 #include "wire.h"
 
+#include "codec.h"
+#include "config.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>

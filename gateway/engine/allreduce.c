@@ -22,71 +22,13 @@ struct gg_ar_step {
 	uint32_t next_own;       /* all of them for direct, its starting shard's for ring */
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
-	struct gg_ar_frame **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
+	struct gg_buf **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
 	/* ring */
 	uint8_t *got;            /* per chunk: bit 0 scatter received, bit 1 gather received */
 	uint64_t chunks_done;
 	uint64_t bytes_out;
 	bool failed;
 };
-
-void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max)
-{
-	*p = (struct gg_ar_frame_pool){ .cap = cap, .max = max };
-}
-
-void gg_ar_frame_pool_trim(struct gg_ar_frame_pool *p)
-{
-	while (p->free) {
-		struct gg_ar_frame *f = p->free;
-		p->free = f->next_free;
-		free(f);
-	}
-	p->count = 0;
-}
-
-struct gg_ar_frame *gg_ar_frame_new(struct gg_ar_frame_pool *pool, size_t cap)
-{
-	struct gg_ar_frame *f;
-
-	if (pool && cap <= pool->cap && pool->free) {
-		f = pool->free;
-		pool->free = f->next_free;
-		pool->count--;
-	} else {
-		if (pool && cap <= pool->cap)
-			cap = pool->cap; /* a pool-sized frame, so it can go back */
-		else
-			pool = NULL;
-		f = malloc(sizeof(*f) + cap);
-		if (!f)
-			return NULL;
-		f->pool = pool;
-	}
-	f->refs = 1;
-	f->len = 0;
-	f->next_free = NULL;
-	return f;
-}
-
-void gg_ar_frame_get(struct gg_ar_frame *f)
-{
-	f->refs++;
-}
-
-void gg_ar_frame_put(struct gg_ar_frame *f)
-{
-	if (!f || --f->refs)
-		return;
-	struct gg_ar_frame_pool *p = f->pool;
-	if (p && p->count < p->max) {
-		f->next_free = p->free;
-		p->free = f;
-		p->count++;
-		return;
-	}
-	free(f);
-}
 
 static unsigned ring_next(const struct gg_ar_step *s)
 {
@@ -166,10 +108,10 @@ bool gg_ar_chunk_range(const struct gg_ar_config *cfg, const struct gg_ar_chunk_
 /* Encodes `n` elements at `offset` of the tensor from `src` into a new
  * frame, through error feedback when the step has it. */
 static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset, uint64_t n,
-			struct gg_ar_frame **out, char *err, size_t err_size)
+			struct gg_buf **out, char *err, size_t err_size)
 {
 	struct gg_frame_encoder *enc = s->cfg.enc;
-	struct gg_ar_frame *f = gg_ar_frame_new(s->cfg.pool, s->frame_cap);
+	struct gg_buf *f = gg_buf_new(s->cfg.pool, s->frame_cap);
 	int rc;
 
 	if (!f)
@@ -187,7 +129,7 @@ static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset,
 		rc = gg_frame_encode(enc, src, n, f->data, s->frame_cap, &f->len);
 	}
 	if (rc) {
-		gg_ar_frame_put(f);
+		gg_buf_put(f);
 		return gg_errf(err, err_size, rc, "encoding %llu elements at offset %llu failed: %s",
 			       (unsigned long long)n, (unsigned long long)offset, strerror(-rc));
 	}
@@ -196,7 +138,7 @@ static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset,
 }
 
 static int send_frame(struct gg_ar_step *s, unsigned to, const struct gg_ar_chunk_id *id,
-		      struct gg_ar_frame *f, char *err, size_t err_size)
+		      struct gg_buf *f, char *err, size_t err_size)
 {
 	int rc = s->ops->send(s->ctx, to, id, f);
 	if (rc) {
@@ -234,7 +176,7 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, si
 
 	while (s->next_site[c] < K) {
 		unsigned site = s->next_site[c];
-		struct gg_ar_frame **slot = &s->pending[(size_t)site * s->nchunks + c];
+		struct gg_buf **slot = &s->pending[(size_t)site * s->nchunks + c];
 		if (!frame && !*slot)
 			return 0;
 		if (!frame) {
@@ -246,7 +188,7 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, si
 		int rc = decode_into(s, site, &id, frame, len, s->result + offset, n,
 				     site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
 		frame = NULL;
-		gg_ar_frame_put(*slot);
+		gg_buf_put(*slot);
 		*slot = NULL;
 		if (rc)
 			return rc;
@@ -270,7 +212,7 @@ static int direct_emit(struct gg_ar_step *s, uint32_t upto, char *err, size_t er
 	while (s->next_own < s->own_chunks && (s->next_own < upto || may_encode(s))) {
 		uint32_t c = s->next_own++;
 		struct gg_ar_chunk_id id = { GG_AR_DIRECT, (uint8_t)self, c };
-		struct gg_ar_frame *f;
+		struct gg_buf *f;
 		uint64_t offset = 0, n = 0;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
 		int rc = encode_chunk(s, s->input + offset, offset, n, &f, err, err_size);
@@ -297,7 +239,7 @@ static int ring_finish_chunk(struct gg_ar_step *s, const struct gg_ar_chunk_id *
 			     char *err, size_t err_size)
 {
 	struct gg_ar_chunk_id id = { GG_AR_GATHER, sid->origin, sid->chunk };
-	struct gg_ar_frame *f;
+	struct gg_buf *f;
 	int rc = encode_chunk(s, s->scratch, offset, n, &f, err, err_size);
 
 	if (rc)
@@ -306,7 +248,7 @@ static int ring_finish_chunk(struct gg_ar_step *s, const struct gg_ar_chunk_id *
 			 err_size);
 	if (!rc)
 		rc = send_frame(s, ring_next(s), &id, f, err, err_size);
-	gg_ar_frame_put(f);
+	gg_buf_put(f);
 	if (!rc)
 		s->chunks_done++;
 	return rc;
@@ -326,14 +268,14 @@ static int ring_emit(struct gg_ar_step *s, char *err, size_t err_size)
 
 	while (s->next_own < s->own_chunks && may_encode(s)) {
 		struct gg_ar_chunk_id id = { GG_AR_SCATTER, shard, s->next_own++ };
-		struct gg_ar_frame *f;
+		struct gg_buf *f;
 		uint64_t offset = 0, n = 0;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
 		int rc = encode_chunk(s, s->input + offset, offset, n, &f, err, err_size);
 		if (rc)
 			return rc;
 		rc = send_frame(s, ring_next(s), &id, f, err, err_size);
-		gg_ar_frame_put(f);
+		gg_buf_put(f);
 		if (rc)
 			return rc;
 	}
@@ -371,11 +313,11 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 		*got |= 1;
 		if (id->origin == self)
 			return ring_finish_chunk(s, id, offset, n, err, err_size);
-		struct gg_ar_frame *f;
+		struct gg_buf *f;
 		if ((rc = encode_chunk(s, s->scratch, offset, n, &f, err, err_size)))
 			return rc;
 		rc = send_frame(s, ring_next(s), id, f, err, err_size);
-		gg_ar_frame_put(f);
+		gg_buf_put(f);
 		return rc;
 	}
 	if (*got & 2)
@@ -386,13 +328,13 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 	s->chunks_done++;
 	if (ring_next(s) == id->origin)
 		return 0;
-	struct gg_ar_frame *f = gg_ar_frame_new(s->cfg.pool, len);
+	struct gg_buf *f = gg_buf_new(s->cfg.pool, len);
 	if (!f)
 		return -ENOMEM;
 	memcpy(f->data, frame, len);
 	f->len = len;
 	rc = send_frame(s, ring_next(s), id, f, err, err_size);
-	gg_ar_frame_put(f);
+	gg_buf_put(f);
 	return rc;
 }
 
@@ -422,7 +364,7 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 			       phase_name(id->phase), id->chunk, id->origin);
 	}
 	if (id->phase == GG_AR_DIRECT) {
-		struct gg_ar_frame **slot = &s->pending[(size_t)from * s->nchunks + id->chunk];
+		struct gg_buf **slot = &s->pending[(size_t)from * s->nchunks + id->chunk];
 		if (s->next_site[id->chunk] > from || *slot)
 			return 1;
 		/* This site's own frame of the chunk goes first: results are then
@@ -435,7 +377,7 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 		if (s->next_site[id->chunk] == from) {
 			rc = direct_reduce(s, id->chunk, frame, len, err, err_size);
 		} else {
-			if (!(*slot = gg_ar_frame_new(s->cfg.pool, len))) {
+			if (!(*slot = gg_buf_new(s->cfg.pool, len))) {
 				s->failed = true;
 				return -ENOMEM;
 			}
@@ -595,7 +537,7 @@ void gg_ar_step_free(struct gg_ar_step *s)
 		return;
 	if (s->pending)
 		for (size_t i = 0; i < (size_t)s->cfg.sites * s->nchunks; i++)
-			gg_ar_frame_put(s->pending[i]);
+			gg_buf_put(s->pending[i]);
 	free(s->pending);
 	free(s->next_site);
 	free(s->got);

@@ -27,7 +27,7 @@ struct out {
 	struct out *next;
 	uint8_t head[GG_WIRE_HEADER_BYTES + GG_WIRE_DATA_FIXED_BYTES + GG_WIRE_REASON_MAX + 8];
 	size_t head_len;
-	struct gg_ar_frame *frame; /* NULL unless DATA */
+	struct gg_buf *frame; /* NULL unless DATA */
 	size_t off;                /* bytes of head + frame written */
 	/* DATA only: what the ACK names, and where the message is. */
 	unsigned job;
@@ -71,7 +71,7 @@ struct early {
 	uint64_t seq;
 	struct gg_wire_step wstep;
 	struct gg_ar_chunk_id id;
-	struct gg_ar_frame *frame; /* from the node's pool */
+	struct gg_buf *frame; /* from the node's pool */
 };
 
 struct job {
@@ -121,7 +121,7 @@ struct gg_node {
 	size_t rx_max;          /* largest message accepted */
 	struct gg_frame_encoder enc;
 	struct gg_frame_decoder dec;
-	struct gg_ar_frame_pool frames;
+	struct gg_buf_pool frames;
 	struct gg_node_stats stats;
 	bool shutting_down;
 	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
@@ -163,7 +163,7 @@ static bool same_chunk(const struct gg_ar_chunk_id *a, const struct gg_ar_chunk_
 
 static void free_out(struct out *o)
 {
-	gg_ar_frame_put(o->frame);
+	gg_buf_put(o->frame);
 	free(o);
 }
 
@@ -172,7 +172,7 @@ static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint
 
 static void early_free(struct early *e)
 {
-	gg_ar_frame_put(e->frame);
+	gg_buf_put(e->frame);
 	free(e);
 }
 
@@ -415,7 +415,7 @@ static void pump_peer(struct gg_node *n, unsigned p)
 			return;
 		}
 		*keep = *o;
-		gg_ar_frame_get(keep->frame);
+		gg_buf_get(keep->frame);
 		keep->conn = ci;
 		keep->next = pe->unacked;
 		pe->unacked = keep;
@@ -425,7 +425,7 @@ static void pump_peer(struct gg_node *n, unsigned p)
 }
 
 /* The step engine's send: DATA for one peer, queued behind the window. */
-static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_ar_frame *frame)
+static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_buf *frame)
 {
 	struct job *j = ctx;
 	struct gg_node *n = j->node;
@@ -440,7 +440,7 @@ static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, stru
 		return (int)len;
 	}
 	o->head_len = (size_t)len;
-	gg_ar_frame_get(frame);
+	gg_buf_get(frame);
 	o->frame = frame;
 	o->job = (unsigned)(j - n->jobs);
 	o->seq = j->wstep.step;
@@ -720,7 +720,7 @@ static void on_data(struct gg_node *n, int ci, const struct gg_wire_msg *m)
 		if (e->seq == ws->step && e->from == from && same_chunk(&e->id, &m->u.data.id))
 			return;
 	struct early *e = malloc(sizeof(*e));
-	if (!e || !(e->frame = gg_ar_frame_new(&n->frames, m->u.data.frame_bytes))) {
+	if (!e || !(e->frame = gg_buf_new(&n->frames, m->u.data.frame_bytes))) {
 		free(e);
 		return;
 	}
@@ -1266,12 +1266,12 @@ static void timers(struct gg_node *n)
 	const uint64_t now = n->loop.now_us;
 	const struct gg_config *cfg = n->cfg;
 
-	if (n->frames.count) {
+	if (gg_buf_pool_count(&n->frames)) {
 		bool idle = true;
 		for (unsigned i = 0; i < MAX_JOBS && idle; i++)
 			idle = !n->jobs[i].used || (!n->jobs[i].step && now - n->jobs[i].active_us > POOL_IDLE_US);
 		if (idle)
-			gg_ar_frame_pool_trim(&n->frames);
+			gg_buf_pool_trim(&n->frames);
 	}
 
 	for (int ci = 0; ci < MAX_CONNS; ci++) {
@@ -1531,7 +1531,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	 * and at most a sixteenth of [limits] memory; an idle node lets them go. */
 	unsigned pool_max = 64;
 	pool_max = (unsigned)GG_MIN((uint64_t)pool_max, cfg->limits.memory_bytes / 16 / bound);
-	gg_ar_frame_pool_init(&n->frames, bound, pool_max);
+	gg_buf_pool_init(&n->frames, bound, pool_max);
 
 	n->hello = (struct gg_wire_hello){ .streams = (uint16_t)cfg->transport.streams_per_peer,
 					   .sites = (uint8_t)n->sites,
@@ -1626,7 +1626,7 @@ void gg_node_free(struct gg_node *n)
 		gg_loop_fini(&n->loop);
 	gg_frame_encoder_fini(&n->enc);
 	gg_frame_decoder_fini(&n->dec);
-	gg_ar_frame_pool_trim(&n->frames);
+	gg_buf_pool_fini(&n->frames);
 	gg_tls_context_free(n->tls);
 	free(n);
 }

@@ -38,7 +38,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "allreduce.h"
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
@@ -47,6 +46,21 @@
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
 #define GG_WIRE_DATA_FIXED_BYTES (1 + GG_WIRE_NAME_MAX + 8 + 8 + 4 + 1 + 8 + 1 + 1 + 4)
+
+#define GG_AR_MAX_SITES 8
+
+/* What a DATA frame carries, and an ACK names: one chunk of one phase. */
+enum gg_ar_phase {
+	GG_AR_DIRECT = 1,  /* origin: the site whose input this is */
+	GG_AR_SCATTER = 2, /* origin: the shard */
+	GG_AR_GATHER = 3,  /* origin: the shard */
+};
+
+struct gg_ar_chunk_id {
+	uint8_t phase;  /* enum gg_ar_phase */
+	uint8_t origin;
+	uint32_t chunk; /* within the tensor (direct) or the shard (ring) */
+};
 
 enum gg_wire_type {
 	GG_WIRE_HELLO = 1,

@@ -39,61 +39,17 @@
 #include "config.h"
 #include "feedback.h"
 #include "frame.h"
+#include "buf.h"
 #include "gg_common.h"
+#include "wire.h"
 
-#define GG_AR_MAX_SITES 8
 #define GG_AR_ERROR_MAX 256
-
-enum gg_ar_phase {
-	GG_AR_DIRECT = 1,  /* origin: the site whose input this is */
-	GG_AR_SCATTER = 2, /* origin: the shard */
-	GG_AR_GATHER = 3,  /* origin: the shard */
-};
-
-struct gg_ar_chunk_id {
-	uint8_t phase;  /* enum gg_ar_phase */
-	uint8_t origin;
-	uint32_t chunk; /* within the tensor (direct) or the shard (ring) */
-};
-
-struct gg_ar_frame_pool;
-
-/* An encoded frame on its way to one or more peers; reference counted so a
- * direct step sends one buffer to every peer. */
-struct gg_ar_frame {
-	unsigned refs;
-	size_t len;
-	struct gg_ar_frame_pool *pool; /* where it returns; NULL: freed */
-	struct gg_ar_frame *next_free;
-	uint8_t data[];
-};
-
-/* Frames kept for reuse. A chunk's frame is about a megabyte: a fresh
- * malloc of that size is a fresh mapping, and its page faults cost more
- * than encoding the chunk. A pool keeps up to `max` frames of `cap` bytes;
- * frames return to it when their last reference goes, and larger ones are
- * malloc'd and freed as usual. One pool per thread: it has no lock. The
- * pool must outlive its frames. */
-struct gg_ar_frame_pool {
-	struct gg_ar_frame *free;
-	size_t cap;
-	unsigned count, max;
-};
-
-void gg_ar_frame_pool_init(struct gg_ar_frame_pool *p, size_t cap, unsigned max);
-/* Frees the frames the pool keeps (it stays usable): when idle, and last. */
-void gg_ar_frame_pool_trim(struct gg_ar_frame_pool *p);
-/* A frame with room for `cap` bytes and one reference, or NULL. `pool`
- * may be NULL. */
-struct gg_ar_frame *gg_ar_frame_new(struct gg_ar_frame_pool *pool, size_t cap);
-void gg_ar_frame_get(struct gg_ar_frame *f);
-void gg_ar_frame_put(struct gg_ar_frame *f);
 
 struct gg_ar_ops {
 	/* Takes a reference to `frame` for as long as it needs the bytes
-	 * (gg_ar_frame_get / gg_ar_frame_put). Returns 0 or a negative errno,
+	 * (gg_buf_get / gg_buf_put). Returns 0 or a negative errno,
 	 * which fails the step. */
-	int (*send)(void *ctx, unsigned to_site, const struct gg_ar_chunk_id *id, struct gg_ar_frame *frame);
+	int (*send)(void *ctx, unsigned to_site, const struct gg_ar_chunk_id *id, struct gg_buf *frame);
 	/* May the step encode another chunk of its own input now? A step
 	 * emits its own chunks (every chunk for direct, its starting shard for
 	 * ring) only while this says yes, so encoding keeps pace with the
@@ -112,7 +68,7 @@ struct gg_ar_config {
 	struct gg_frame_encoder *enc; /* its cfg.max_elems >= chunk_elems */
 	struct gg_frame_decoder *dec;
 	struct gg_feedback *feedback; /* NULL: none; else covers count elements */
-	struct gg_ar_frame_pool *pool; /* NULL: frames are malloc'd */
+	struct gg_buf_pool *pool; /* NULL: frames are malloc'd */
 };
 
 struct gg_ar_step;
