@@ -52,9 +52,10 @@ struct gg_buf *gg_buf_new(struct gg_buf_pool *pool, size_t cap)
 		pool = NULL;
 	}
 	if (!b) {
-		b = malloc(sizeof(*b) + cap);
-		if (!b)
+		void *mem;
+		if (posix_memalign(&mem, _Alignof(struct gg_buf), sizeof(*b) + cap))
 			return NULL;
+		b = mem;
 		b->pool = pool;
 		b->cap = cap;
 	}

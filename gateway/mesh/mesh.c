@@ -1,0 +1,964 @@
+#include "mesh.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "net_addr.h"
+#include "tls_stream.h"
+
+#define MAX_CONNS 192     /* streams to all peers plus handshakes in progress */
+#define CTRL_MSG_MAX 1024 /* every message but DATA fits */
+#define CONN_TXQ 512      /* messages queued on one stream */
+
+/* An outgoing message: a small head and, for DATA, a frame. */
+struct out {
+	struct out *next;
+	uint8_t head[GG_WIRE_HEADER_BYTES + GG_WIRE_DATA_FIXED_BYTES + GG_WIRE_REASON_MAX + 8];
+	size_t head_len;
+	struct gg_buf *frame; /* NULL unless DATA */
+	size_t off;           /* bytes of head + frame written */
+	/* DATA only: what the ACK names, and where the message is. */
+	char job[GG_WIRE_NAME_MAX + 1];
+	uint64_t seq;
+	struct gg_ar_chunk_id id;
+	int conn;             /* stream it was written to; -1: waiting */
+};
+
+struct conn {
+	struct gg_tls_stream ts;
+	bool used;
+	bool ready;  /* HELLOs exchanged */
+	bool lost;   /* conn_lost() ran */
+	bool dialer;
+	int peer;    /* site index, -1 until known */
+	int stream;  /* stream number, -1 until known */
+	/* The message being read: its header, then its payload into `msg`
+	 * (DATA) or `small`. */
+	uint8_t hdr[GG_WIRE_HEADER_BYTES];
+	size_t hdr_len;
+	enum gg_wire_type type;
+	size_t need, have;   /* payload bytes in all and so far; need 0: reading the header */
+	bool in_payload;
+	struct gg_buf *msg;
+	uint8_t *small;      /* CTRL_MSG_MAX bytes */
+	struct out *txq_head, *txq_tail; /* being written */
+	unsigned txq_count;
+	uint64_t last_rx_us, ping_sent_us;
+};
+
+struct peer {
+	int conn[GG_MESH_MAX_STREAMS]; /* per stream number: conn index or -1 */
+	uint64_t next_dial_us[GG_MESH_MAX_STREAMS];
+	uint64_t backoff_us[GG_MESH_MAX_STREAMS];
+	uint64_t instance_id;          /* 0 until the first HELLO */
+	struct out *unacked;           /* DATA written or waiting, until ACKed */
+	uint64_t unacked_bytes;
+	struct out *waiting;           /* DATA held back by the in-flight bound */
+	struct gg_tls_site tls_site;
+	char address[GG_NET_ADDR_TEXT_MAX + 256];
+};
+
+struct gg_mesh {
+	const struct gg_config *cfg;
+	const struct gg_mesh_ops *ops;
+	void *owner;
+	unsigned sites, self;
+	char names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
+	struct peer peers[GG_AR_MAX_SITES];
+	struct gg_tls_site accept_sites[GG_AR_MAX_SITES]; /* who may dial us */
+	int accept_map[GG_AR_MAX_SITES];                  /* accept_sites index -> site */
+	size_t accept_count;
+	struct gg_tls_context *tls;
+	struct gg_tls_stream_options sopts;
+	struct gg_loop *loop;
+	struct gg_buf_pool *pool;
+	int listen_fd;
+	struct conn conns[MAX_CONNS];
+	struct gg_wire_hello hello;
+	size_t max_payload;
+	struct gg_mesh_stats stats;
+	bool shutting_down;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool same_chunk(const struct gg_ar_chunk_id *a, const struct gg_ar_chunk_id *b)
+{
+	return a->phase == b->phase && a->origin == b->origin && a->chunk == b->chunk;
+}
+
+static void free_out(struct out *o)
+{
+	gg_buf_put(o->frame);
+	free(o);
+}
+
+static void free_list(struct out *o)
+{
+	while (o) {
+		struct out *next = o->next;
+		free_out(o);
+		o = next;
+	}
+}
+
+const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m)
+{
+	return &m->stats;
+}
+
+/* ---- sending -------------------------------------------------------------- */
+
+static void conn_flush(struct gg_mesh *m, int ci);
+static void conn_close(struct gg_mesh *m, int ci, const char *why);
+
+static void conn_enqueue(struct gg_mesh *m, int ci, struct out *o)
+{
+	struct conn *c = &m->conns[ci];
+
+	o->next = NULL;
+	o->off = 0;
+	if (c->txq_tail)
+		c->txq_tail->next = o;
+	else
+		c->txq_head = o;
+	c->txq_tail = o;
+	c->txq_count++;
+	conn_flush(m, ci);
+}
+
+/* A control message to one stream; dropped when the stream is gone. */
+static void send_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len)
+{
+	struct out *o;
+
+	if (ci < 0 || !m->conns[ci].used || m->conns[ci].txq_count >= CONN_TXQ || len > sizeof(o->head))
+		return;
+	o = calloc(1, sizeof(*o));
+	if (!o)
+		return;
+	memcpy(o->head, buf, len);
+	o->head_len = len;
+	o->conn = ci;
+	conn_enqueue(m, ci, o);
+}
+
+static bool conn_ready(const struct gg_mesh *m, int ci)
+{
+	return ci >= 0 && m->conns[ci].ready;
+}
+
+/* A ready stream to `peer` for chunk `chunk`, or -1. */
+static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk)
+{
+	const int S = m->cfg->transport.streams_per_peer;
+
+	for (int k = 0; k < S; k++) {
+		int ci = m->peers[peer].conn[(chunk + (uint32_t)k) % (uint32_t)S];
+		if (conn_ready(m, ci) && m->conns[ci].txq_count < CONN_TXQ)
+			return ci;
+	}
+	return -1;
+}
+
+/* Moves DATA from the waiting list onto streams while the peer's window
+ * has room. */
+static void pump_peer(struct gg_mesh *m, unsigned p)
+{
+	struct peer *pe = &m->peers[p];
+
+	while (pe->waiting) {
+		struct out *o = pe->waiting;
+		size_t bytes = o->head_len + o->frame->len;
+		if (pe->unacked_bytes && pe->unacked_bytes + bytes > m->cfg->limits.inflight_bytes_per_peer)
+			return;
+		int ci = pick_stream(m, p, o->id.chunk);
+		if (ci < 0)
+			return;
+		/* Written and kept: the unacked list owns a second reference. */
+		struct out *keep = malloc(sizeof(*keep));
+		if (!keep)
+			return;
+		pe->waiting = o->next;
+		pe->unacked_bytes += bytes;
+		*keep = *o;
+		gg_buf_get(keep->frame);
+		keep->conn = ci;
+		keep->next = pe->unacked;
+		pe->unacked = keep;
+		o->conn = ci;
+		conn_enqueue(m, ci, o);
+	}
+}
+
+int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_step *step,
+		      const struct gg_ar_chunk_id *id, struct gg_buf *frame)
+{
+	struct peer *pe = &m->peers[peer];
+	struct out *o = calloc(1, sizeof(*o));
+
+	if (!o)
+		return -ENOMEM;
+	ssize_t len = gg_wire_encode_data_head(o->head, sizeof(o->head), step, id, frame->len);
+	if (len < 0) {
+		free(o);
+		return (int)len;
+	}
+	o->head_len = (size_t)len;
+	gg_buf_get(frame);
+	o->frame = frame;
+	snprintf(o->job, sizeof(o->job), "%s", step->job);
+	o->seq = step->step;
+	o->id = *id;
+	o->conn = -1;
+	struct out **tail = &pe->waiting;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = o;
+	pump_peer(m, peer);
+	return 0;
+}
+
+void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, size_t len, bool every_stream)
+{
+	for (int s = 0; s < m->cfg->transport.streams_per_peer; s++) {
+		int ci = m->peers[peer].conn[s];
+		if (!conn_ready(m, ci))
+			continue;
+		send_ctrl(m, ci, msg, len);
+		if (!every_stream)
+			return;
+	}
+}
+
+void gg_mesh_ack(struct gg_mesh *m, unsigned peer, const char *job, uint64_t step, const struct gg_ar_chunk_id *id)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, step, id);
+
+	if (len > 0)
+		send_ctrl(m, pick_stream(m, peer, id->chunk), buf, (size_t)len);
+}
+
+unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)
+{
+	const struct peer *pe = &m->peers[peer];
+	unsigned queued = 0;
+
+	for (const struct out *o = pe->waiting; o && queued < limit; o = o->next)
+		queued++;
+	for (int s = 0; s < m->cfg->transport.streams_per_peer; s++)
+		if (pe->conn[s] >= 0)
+			queued += m->conns[pe->conn[s]].txq_count;
+	return queued;
+}
+
+void gg_mesh_forget_step(struct gg_mesh *m, const char *job, uint64_t step)
+{
+	for (unsigned p = 0; p < m->sites; p++) {
+		struct out **pp = &m->peers[p].waiting;
+		while (*pp) {
+			struct out *o = *pp;
+			if (o->seq == step && !strcmp(o->job, job)) {
+				*pp = o->next;
+				free_out(o);
+			} else {
+				pp = &o->next;
+			}
+		}
+	}
+}
+
+bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job)
+{
+	for (unsigned p = 0; p < m->sites; p++) {
+		for (const struct out *o = m->peers[p].unacked; o; o = o->next)
+			if (!strcmp(o->job, job))
+				return true;
+		for (const struct out *o = m->peers[p].waiting; o; o = o->next)
+			if (!strcmp(o->job, job))
+				return true;
+	}
+	return false;
+}
+
+/* Writes queued messages until the stream pushes back. */
+static void conn_flush(struct gg_mesh *m, int ci)
+{
+	struct conn *c = &m->conns[ci];
+
+	while (c->used && c->txq_head && c->ts.state == GG_TLS_STREAM_OPEN) {
+		struct out *o = c->txq_head;
+		size_t total = o->head_len + (o->frame ? o->frame->len : 0);
+		const uint8_t *src = o->off < o->head_len ? o->head + o->off : o->frame->data + (o->off - o->head_len);
+		size_t len = o->off < o->head_len ? o->head_len - o->off : total - o->off;
+		double t0 = now_s();
+		ssize_t w = gg_tls_stream_write(&c->ts, src, len);
+		m->stats.tls_s += now_s() - t0;
+		if (w == -EAGAIN)
+			return;
+		if (w < 0) {
+			conn_close(m, ci, gg_tls_stream_error(&c->ts));
+			return;
+		}
+		o->off += (size_t)w;
+		if (o->off < total)
+			continue;
+		c->txq_head = o->next;
+		if (!c->txq_head)
+			c->txq_tail = NULL;
+		c->txq_count--;
+		free_out(o);
+	}
+}
+
+/* ---- receiving ------------------------------------------------------------ */
+
+static void on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *msg)
+{
+	struct peer *pe = &m->peers[peer];
+
+	for (struct out **pp = &pe->unacked; *pp; pp = &(*pp)->next) {
+		struct out *o = *pp;
+		if (o->seq == msg->u.ack.step && same_chunk(&o->id, &msg->u.ack.id) && !strcmp(o->job, msg->u.ack.job)) {
+			*pp = o->next;
+			pe->unacked_bytes -= o->head_len + o->frame->len;
+			free_out(o);
+			break;
+		}
+	}
+	pump_peer(m, peer);
+}
+
+/* `p` restarted: nothing it was sent or owed survives. */
+static void peer_lost_state(struct gg_mesh *m, unsigned p)
+{
+	struct peer *pe = &m->peers[p];
+
+	free_list(pe->unacked);
+	pe->unacked = NULL;
+	pe->unacked_bytes = 0;
+	free_list(pe->waiting);
+	pe->waiting = NULL;
+	m->ops->on_peer_restarted(m->owner, p);
+}
+
+static void send_hello(struct gg_mesh *m, int ci, uint16_t stream)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+	struct gg_wire_hello h = m->hello;
+
+	h.stream_index = stream;
+	ssize_t len = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	if (len > 0)
+		send_ctrl(m, ci, buf, (size_t)len);
+}
+
+/* Sends again what `p` never acknowledged on streams that are gone. */
+static void resend_lost(struct gg_mesh *m, unsigned p)
+{
+	struct peer *pe = &m->peers[p];
+	struct out **pp = &pe->unacked;
+
+	while (*pp) {
+		struct out *o = *pp;
+		if (o->conn >= 0 && conn_ready(m, o->conn)) {
+			pp = &o->next;
+			continue;
+		}
+		/* Back to the front of the waiting list. */
+		*pp = o->next;
+		pe->unacked_bytes -= o->head_len + o->frame->len;
+		o->conn = -1;
+		o->next = pe->waiting;
+		pe->waiting = o;
+		m->stats.resent_messages++;
+	}
+	pump_peer(m, p);
+}
+
+/* The stream to a peer is ready: it carries what lost streams did. */
+static void stream_ready(struct gg_mesh *m, int ci)
+{
+	struct conn *c = &m->conns[ci];
+
+	c->ready = true;
+	m->peers[c->peer].backoff_us[c->stream] = 0;
+	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", m->names[c->peer], c->stream,
+	       gg_tls_engine_cipher(c->ts.tls));
+	resend_lost(m, (unsigned)c->peer);
+	m->ops->on_stream_ready(m->owner, (unsigned)c->peer);
+}
+
+static void on_hello(struct gg_mesh *m, int ci, const struct gg_wire_msg *msg)
+{
+	struct conn *c = &m->conns[ci];
+	const struct gg_wire_hello *h = &msg->u.hello;
+	char err[GG_MESH_ERROR_MAX];
+
+	if (c->ready) {
+		conn_close(m, ci, "a second HELLO on a stream");
+		return;
+	}
+	if (gg_wire_hello_check(&m->hello, h, m->names[c->peer], err, sizeof(err))) {
+		gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", m->names[c->peer], err);
+		/* Our HELLO lets the dialer see the mismatch too, rather than
+		 * only a closed stream; the close flushes it. */
+		if (!c->dialer)
+			send_hello(m, ci, h->stream_index);
+		conn_close(m, ci, err);
+		return;
+	}
+	if (c->dialer && h->stream_index != c->stream) {
+		conn_close(m, ci, "the peer answered for another stream");
+		return;
+	}
+	struct peer *pe = &m->peers[c->peer];
+	if (!c->dialer) {
+		c->stream = h->stream_index;
+		int old = pe->conn[c->stream];
+		if (old >= 0 && old != ci)
+			conn_close(m, old, "replaced by a new connection");
+		pe->conn[c->stream] = ci;
+		send_hello(m, ci, (uint16_t)c->stream);
+	}
+	if (pe->instance_id && pe->instance_id != h->instance_id) {
+		gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", m->names[c->peer]);
+		peer_lost_state(m, (unsigned)c->peer);
+	}
+	pe->instance_id = h->instance_id;
+	stream_ready(m, ci);
+}
+
+static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t len, struct gg_buf *buf)
+{
+	struct conn *c = &m->conns[ci];
+	struct gg_wire_msg msg;
+	char err[256];
+
+	if (gg_wire_decode(c->type, payload, len, &msg, err, sizeof(err))) {
+		char why[300];
+		snprintf(why, sizeof(why), "bad message from site %s: %s", m->names[c->peer], err);
+		conn_close(m, ci, why);
+		return;
+	}
+	if (!c->ready && c->type != GG_WIRE_HELLO) {
+		conn_close(m, ci, "data before HELLO");
+		return;
+	}
+	switch (c->type) {
+	case GG_WIRE_HELLO:
+		on_hello(m, ci, &msg);
+		break;
+	case GG_WIRE_DATA:
+		m->stats.data_bytes_in += len;
+		m->ops->on_data(m->owner, (unsigned)c->peer, &msg, buf);
+		break;
+	case GG_WIRE_ACK:
+		on_ack(m, (unsigned)c->peer, &msg);
+		break;
+	case GG_WIRE_PING: {
+		uint8_t out[64];
+		ssize_t l = gg_wire_encode_ping(out, sizeof(out), GG_WIRE_PONG, msg.u.ping_us);
+		if (l > 0)
+			send_ctrl(m, ci, out, (size_t)l);
+		break;
+	}
+	case GG_WIRE_PONG:
+		if (msg.u.ping_us == c->ping_sent_us) {
+			m->stats.rtt_us[c->peer] = m->loop->now_us - c->ping_sent_us;
+			c->ping_sent_us = 0;
+		}
+		break;
+	case GG_WIRE_ABORT:
+	case GG_WIRE_DONE:
+		m->ops->on_control(m->owner, (unsigned)c->peer, &msg);
+		break;
+	}
+}
+
+/* Starts reading the payload of the message whose header is complete.
+ * Returns false when the connection was closed. */
+static bool begin_payload(struct gg_mesh *m, int ci)
+{
+	struct conn *c = &m->conns[ci];
+	char err[256];
+
+	if (gg_wire_parse_header(c->hdr, m->max_payload, &c->type, &c->need, err, sizeof(err))) {
+		char why[300];
+		snprintf(why, sizeof(why), "bad message from site %s: %s", c->peer >= 0 ? m->names[c->peer] : "?", err);
+		conn_close(m, ci, why);
+		return false;
+	}
+	c->have = 0;
+	c->in_payload = true;
+	if (c->type != GG_WIRE_DATA) {
+		if (c->need > CTRL_MSG_MAX) {
+			conn_close(m, ci, "a control message longer than any the protocol has");
+			return false;
+		}
+		return true;
+	}
+	if (!(c->msg = gg_buf_new(m->pool, c->need))) {
+		conn_close(m, ci, "no memory for a received message");
+		return false;
+	}
+	return true;
+}
+
+/* Reads what the stream has and dispatches every whole message: the
+ * header first, then the payload straight into a buffer of its size. */
+static void conn_read(struct gg_mesh *m, int ci)
+{
+	struct conn *c = &m->conns[ci];
+
+	while (c->used && !c->lost) {
+		uint8_t *dst;
+		size_t want;
+		if (!c->in_payload) {
+			dst = c->hdr + c->hdr_len;
+			want = GG_WIRE_HEADER_BYTES - c->hdr_len;
+		} else {
+			dst = (c->msg ? c->msg->data : c->small) + c->have;
+			want = c->need - c->have;
+		}
+		if (want) {
+			double t0 = now_s();
+			ssize_t got = gg_tls_stream_read(&c->ts, dst, want);
+			m->stats.tls_s += now_s() - t0;
+			if (got == -EAGAIN)
+				return;
+			if (got <= 0) {
+				conn_close(m, ci, got == 0 ? "the peer closed the stream" : gg_tls_stream_error(&c->ts));
+				return;
+			}
+			c->last_rx_us = m->loop->now_us;
+			if (!c->in_payload) {
+				c->hdr_len += (size_t)got;
+				if (c->hdr_len < GG_WIRE_HEADER_BYTES)
+					continue;
+				if (!begin_payload(m, ci))
+					return;
+			} else {
+				c->have += (size_t)got;
+			}
+			if (c->have < c->need)
+				continue;
+		}
+		/* A whole message. */
+		struct gg_buf *buf = c->msg;
+		c->msg = NULL;
+		c->in_payload = false;
+		c->hdr_len = 0;
+		if (buf)
+			buf->len = c->need;
+		dispatch(m, ci, buf ? buf->data : c->small, c->need, buf);
+		gg_buf_put(buf);
+	}
+}
+
+/* ---- connections ---------------------------------------------------------- */
+
+static void conn_free_slot(struct gg_mesh *m, int ci)
+{
+	struct conn *c = &m->conns[ci];
+
+	free_list(c->txq_head);
+	gg_buf_put(c->msg);
+	free(c->small);
+	if (c->peer >= 0 && c->stream >= 0 && m->peers[c->peer].conn[c->stream] == ci)
+		m->peers[c->peer].conn[c->stream] = -1;
+	memset(c, 0, sizeof(*c));
+}
+
+/* Bookkeeping when a stream stops carrying data, once per stream: the
+ * dialer schedules a reconnect, and what the stream carried goes out again
+ * on another stream of that peer (or when one comes up). */
+static void conn_lost(struct gg_mesh *m, int ci, const char *why)
+{
+	struct conn *c = &m->conns[ci];
+
+	if (c->lost)
+		return;
+	c->lost = true;
+	gg_log(c->ready ? GG_LOG_WARN : GG_LOG_INFO, "stream_down", "site=%s stream=%d reason=\"%s\"",
+	       c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
+	bool was_ready = c->ready;
+	c->ready = false;
+	/* What it carried is lost with it. Forget the slot now: once freed it
+	 * may carry a new stream, which would pass for the one these went on. */
+	if (c->peer >= 0)
+		for (struct out *o = m->peers[c->peer].unacked; o; o = o->next)
+			if (o->conn == ci)
+				o->conn = -1;
+	if (c->peer < 0 || c->stream < 0 || m->peers[c->peer].conn[c->stream] != ci)
+		return;
+	struct peer *pe = &m->peers[c->peer];
+	pe->conn[c->stream] = -1;
+	if (c->dialer) {
+		uint64_t *b = &pe->backoff_us[c->stream];
+		*b = *b ? GG_MIN(*b * 2, m->cfg->transport.reconnect_max_us) : m->cfg->transport.reconnect_min_us;
+		pe->next_dial_us[c->stream] = m->loop->now_us + *b;
+	}
+	if (was_ready && gg_mesh_peer_up(m, (unsigned)c->peer))
+		resend_lost(m, (unsigned)c->peer);
+}
+
+static void conn_close(struct gg_mesh *m, int ci, const char *why)
+{
+	struct conn *c = &m->conns[ci];
+
+	if (!c->used)
+		return;
+	conn_lost(m, ci, why);
+	if (c->ts.state >= GG_TLS_STREAM_CLOSING)
+		return;
+	unsigned ev = gg_tls_stream_close(&c->ts);
+	if (ev & GG_TLS_STREAM_EV_DONE)
+		conn_free_slot(m, ci);
+}
+
+static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
+{
+	struct conn *c = &m->conns[ci];
+
+	if (!c->used)
+		return;
+	if (ev & GG_TLS_STREAM_EV_FAILED)
+		conn_lost(m, ci, gg_tls_stream_error(&c->ts));
+	if (ev & GG_TLS_STREAM_EV_OPEN) {
+		if (!c->dialer) {
+			size_t idx = gg_tls_engine_peer_site(c->ts.tls);
+			c->peer = idx < m->accept_count ? m->accept_map[idx] : -1;
+		}
+		c->last_rx_us = m->loop->now_us;
+		if (c->dialer)
+			send_hello(m, ci, (uint16_t)c->stream);
+	}
+	if (ev & GG_TLS_STREAM_EV_READABLE)
+		conn_read(m, ci);
+	if (c->used && (ev & (GG_TLS_STREAM_EV_WRITABLE | GG_TLS_STREAM_EV_OPEN)))
+		conn_flush(m, ci);
+	if (c->used && (ev & GG_TLS_STREAM_EV_DONE)) {
+		conn_lost(m, ci, gg_tls_stream_error(&c->ts)[0] ? gg_tls_stream_error(&c->ts) : "closed");
+		conn_free_slot(m, ci);
+	}
+}
+
+static int free_conn_slot(const struct gg_mesh *m)
+{
+	for (int i = 0; i < MAX_CONNS; i++)
+		if (!m->conns[i].used)
+			return i;
+	return -1;
+}
+
+static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int stream)
+{
+	struct conn *c = &m->conns[ci];
+
+	memset(c, 0, sizeof(*c));
+	c->small = malloc(CTRL_MSG_MAX);
+	if (!c->small)
+		return -ENOMEM;
+	c->used = true;
+	c->dialer = dialer;
+	c->peer = peer;
+	c->stream = stream;
+	return 0;
+}
+
+static void dial(struct gg_mesh *m, unsigned p, int s)
+{
+	struct peer *pe = &m->peers[p];
+	struct sockaddr_storage ss;
+	socklen_t len;
+	const char *why;
+	struct gg_tls_engine *e;
+	int ci = free_conn_slot(m);
+
+	if (ci < 0)
+		return;
+	if (gg_net_addr_parse(pe->address, &ss, &len, &why)) {
+		gg_log(GG_LOG_WARN, "dial_failed", "site=%s address=%s reason=\"%s\"", m->names[p], pe->address, why);
+		pe->next_dial_us[s] = m->loop->now_us + m->cfg->transport.reconnect_max_us;
+		return;
+	}
+	struct gg_tls_engine_config ec = { .role = GG_TLS_CLIENT, .peer_addr = pe->address, .sites = &pe->tls_site,
+					   .site_count = 1 };
+	if (gg_tls_engine_new(m->tls, &ec, &e))
+		return;
+	if (conn_init(m, ci, true, (int)p, s)) {
+		gg_tls_engine_free(e);
+		return;
+	}
+	pe->conn[s] = ci;
+	pe->next_dial_us[s] = UINT64_MAX;
+	if (gg_tls_stream_connect(&m->conns[ci].ts, m->loop, (uint32_t)ci, (struct sockaddr *)&ss, len, e, &m->sopts))
+		on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
+}
+
+static void accept_conn(struct gg_mesh *m, int fd)
+{
+	char addr[GG_NET_ADDR_TEXT_MAX];
+	struct gg_tls_engine *e;
+	int ci = free_conn_slot(m);
+
+	if (ci < 0 || m->accept_count == 0 || m->shutting_down) {
+		close(fd);
+		return;
+	}
+	if (gg_net_tune(fd, (int)m->cfg->transport.socket_buffer_bytes)) {
+		close(fd);
+		return;
+	}
+	struct gg_tls_engine_config ec = { .role = GG_TLS_SERVER, .peer_addr = gg_net_peer_addr(fd, addr, sizeof(addr)),
+					   .sites = m->accept_sites, .site_count = m->accept_count };
+	if (gg_tls_engine_new(m->tls, &ec, &e)) {
+		close(fd);
+		return;
+	}
+	if (conn_init(m, ci, false, -1, -1)) {
+		gg_tls_engine_free(e);
+		close(fd);
+		return;
+	}
+	gg_tls_stream_accept(&m->conns[ci].ts, m->loop, (uint32_t)ci, fd, e, &m->sopts);
+	on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
+}
+
+bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
+{
+	unsigned kind = gg_loop_ud_kind(cqe->user_data);
+	uint32_t i = gg_loop_ud_index(cqe->user_data);
+
+	switch (kind) {
+	case GG_OP_ACCEPT:
+		if (cqe->res >= 0)
+			accept_conn(m, cqe->res);
+		if (!(cqe->flags & IORING_CQE_F_MORE) && !m->shutting_down && m->listen_fd >= 0 &&
+		    gg_loop_accept(m->loop, m->listen_fd, cqe->user_data))
+			gg_log(GG_LOG_ERROR, "accept_failed", "reason=\"cannot re-arm accept\"");
+		return true;
+	case GG_OP_CONNECT:
+	case GG_OP_RECV:
+	case GG_OP_SEND:
+	case GG_OP_CANCEL:
+		if (i < MAX_CONNS && m->conns[i].used)
+			on_stream_events(m, (int)i, gg_tls_stream_on_cqe(&m->conns[i].ts, cqe));
+		return true;
+	default:
+		return false;
+	}
+}
+
+uint64_t gg_mesh_tick(struct gg_mesh *m)
+{
+	const uint64_t now = m->loop->now_us;
+	const struct gg_config *cfg = m->cfg;
+	uint64_t next = now + 100000; /* heartbeats and dials at least every 100 ms */
+
+	for (int ci = 0; ci < MAX_CONNS; ci++) {
+		struct conn *c = &m->conns[ci];
+		if (!c->used)
+			continue;
+		on_stream_events(m, ci, gg_tls_stream_tick(&c->ts, now));
+		if (!c->used)
+			continue;
+		uint64_t d = gg_tls_stream_deadline_us(&c->ts);
+		if (d && d < next)
+			next = d;
+		if (!c->ready)
+			continue;
+		if (now - c->last_rx_us > cfg->transport.heartbeat_timeout_us) {
+			conn_close(m, ci, "heartbeat timeout");
+			continue;
+		}
+		if (!c->ping_sent_us && now - c->last_rx_us >= cfg->transport.heartbeat_interval_us) {
+			uint8_t buf[64];
+			ssize_t l = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, now);
+			c->ping_sent_us = now;
+			if (l > 0)
+				send_ctrl(m, ci, buf, (size_t)l);
+		} else if (c->ping_sent_us && now - c->ping_sent_us > cfg->transport.heartbeat_interval_us) {
+			c->ping_sent_us = 0; /* lost with a stream; probe again */
+		}
+	}
+	for (unsigned p = m->self + 1; p < m->sites && !m->shutting_down; p++)
+		for (int s = 0; s < cfg->transport.streams_per_peer; s++)
+			if (m->peers[p].conn[s] < 0 && now >= m->peers[p].next_dial_us[s])
+				dial(m, p, s);
+	return next;
+}
+
+int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream)
+{
+	int ci = peer < m->sites && stream >= 0 && stream < GG_MESH_MAX_STREAMS ? m->peers[peer].conn[stream] : -1;
+
+	if (ci < 0 || !m->conns[ci].used)
+		return -ENOTCONN;
+	return shutdown(m->conns[ci].ts.fd, SHUT_RDWR) ? -errno : 0;
+}
+
+bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer)
+{
+	if (peer == m->self)
+		return true;
+	for (int s = 0; s < m->cfg->transport.streams_per_peer; s++)
+		if (conn_ready(m, m->peers[peer].conn[s]))
+			return true;
+	return false;
+}
+
+bool gg_mesh_connected(const struct gg_mesh *m)
+{
+	for (unsigned p = 0; p < m->sites; p++) {
+		if (p == m->self)
+			continue;
+		for (int s = 0; s < m->cfg->transport.streams_per_peer; s++)
+			if (!conn_ready(m, m->peers[p].conn[s]))
+				return false;
+	}
+	return true;
+}
+
+void gg_mesh_shutdown(struct gg_mesh *m)
+{
+	m->shutting_down = true;
+	for (int ci = 0; ci < MAX_CONNS; ci++) {
+		if (!m->conns[ci].used)
+			continue;
+		/* close_notify first, so the peer can tell a clean stop from a
+		 * cut; the close then flushes it. */
+		if (m->conns[ci].ts.state == GG_TLS_STREAM_OPEN && gg_tls_stream_shutdown(&m->conns[ci].ts) < 0)
+			gg_log(GG_LOG_DEBUG, "close_notify_failed", "site=%s stream=%d",
+			       m->conns[ci].peer >= 0 ? m->names[m->conns[ci].peer] : "?", m->conns[ci].stream);
+		conn_close(m, ci, "shutting down");
+	}
+	if (m->listen_fd >= 0) {
+		close(m->listen_fd);
+		m->listen_fd = -1;
+	}
+}
+
+bool gg_mesh_flushed(const struct gg_mesh *m)
+{
+	for (unsigned p = 0; p < m->sites; p++)
+		if (m->peers[p].unacked || m->peers[p].waiting)
+			return false;
+	for (int ci = 0; ci < MAX_CONNS; ci++)
+		if (m->conns[ci].used && m->conns[ci].ready && m->conns[ci].txq_head)
+			return false;
+	return true;
+}
+
+bool gg_mesh_idle(const struct gg_mesh *m)
+{
+	for (int ci = 0; ci < MAX_CONNS; ci++)
+		if (m->conns[ci].used)
+			return false;
+	return true;
+}
+
+int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size)
+{
+	const struct gg_config *cfg = mc->cfg;
+	struct gg_mesh *m = calloc(1, sizeof(*m));
+	const char *why;
+	int rc;
+
+	*out = NULL;
+	if (!m)
+		return gg_errf(err, err_size, -ENOMEM, "no memory for the peer mesh");
+	m->cfg = cfg;
+	m->ops = mc->ops;
+	m->owner = mc->owner;
+	m->sites = mc->sites;
+	m->self = mc->self;
+	m->tls = mc->tls;
+	m->loop = mc->loop;
+	m->pool = mc->pool;
+	m->max_payload = mc->max_payload_bytes;
+	m->hello = *mc->hello;
+	m->listen_fd = -1;
+	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);
+	for (unsigned i = 0; i < m->sites; i++) {
+		for (int s = 0; s < GG_MESH_MAX_STREAMS; s++)
+			m->peers[i].conn[s] = -1;
+		if (i == m->self)
+			continue;
+		const struct gg_peer_config *pc = NULL;
+		for (size_t k = 0; k < cfg->peer_count; k++)
+			if (!strcmp(cfg->peers[k].site, m->names[i]))
+				pc = &cfg->peers[k];
+		if (!pc) {
+			rc = gg_errf(err, err_size, -EINVAL, "site %s is not among the configured peers", m->names[i]);
+			goto fail;
+		}
+		snprintf(m->peers[i].address, sizeof(m->peers[i].address), "%s", pc->address);
+		if (gg_tls_site_init(&m->peers[i].tls_site, pc->site, pc->identity, &why)) {
+			rc = gg_errf(err, err_size, -EINVAL, "peer %s: identity %s: %s", pc->site, pc->identity, why);
+			goto fail;
+		}
+	}
+	for (unsigned i = 0; i < m->self; i++) {
+		m->accept_sites[m->accept_count] = m->peers[i].tls_site;
+		m->accept_map[m->accept_count++] = (int)i;
+	}
+	m->sopts = (struct gg_tls_stream_options){ .handshake_timeout_us = cfg->transport.handshake_timeout_us,
+						   .socket_buffer_bytes = (int)cfg->transport.socket_buffer_bytes };
+
+	struct sockaddr_storage ss;
+	socklen_t len;
+	if (gg_net_addr_parse(cfg->site.listen, &ss, &len, &why)) {
+		rc = gg_errf(err, err_size, -EINVAL, "listen address %s: %s", cfg->site.listen, why);
+		goto fail;
+	}
+	m->listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 128);
+	if (m->listen_fd < 0) {
+		rc = gg_errf(err, err_size, m->listen_fd, "cannot listen on %s: %s", cfg->site.listen,
+			     strerror(-m->listen_fd));
+		goto fail;
+	}
+	if ((rc = gg_loop_accept(m->loop, m->listen_fd, gg_loop_ud(GG_OP_ACCEPT, 0, 0)))) {
+		gg_errf(err, err_size, rc, "cannot accept on %s: %s", cfg->site.listen, strerror(-rc));
+		goto fail;
+	}
+	*out = m;
+	return 0;
+fail:
+	gg_mesh_free(m);
+	return rc ? rc : -EINVAL;
+}
+
+void gg_mesh_free(struct gg_mesh *m)
+{
+	if (!m)
+		return;
+	for (int ci = 0; ci < MAX_CONNS; ci++) {
+		if (!m->conns[ci].used)
+			continue;
+		if (m->conns[ci].ts.fd >= 0)
+			close(m->conns[ci].ts.fd);
+		gg_tls_engine_free(m->conns[ci].ts.tls);
+		conn_free_slot(m, ci);
+	}
+	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++) {
+		free_list(m->peers[p].unacked);
+		free_list(m->peers[p].waiting);
+	}
+	if (m->listen_fd >= 0)
+		close(m->listen_fd);
+	free(m);
+}

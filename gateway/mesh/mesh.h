@@ -1,0 +1,130 @@
+/* The peer mesh: TLS streams to every other site, and the delivery of the
+ * peer protocol (wire.h) over them.
+ *
+ * Sites are numbered by their names in sorted order, the same at every
+ * site. For each pair, the site with the lower index dials the other on
+ * streams_per_peer TLS streams (so either may start first: the dialer
+ * retries with back-off); the acceptor learns who dialed from the
+ * certificate and the stream number from the peer's HELLO, which both
+ * sides exchange and check (gg_wire_hello_check) before anything else.
+ * Heartbeats (PING/PONG) measure each stream's round trip and close a
+ * stream that stays silent for heartbeat_timeout.
+ *
+ * Data. DATA messages go out on the stream their chunk index picks (the
+ * first ready one from there), and each is kept until the peer
+ * acknowledges it: a stream cut mid-transfer is repaired by sending the
+ * unacknowledged messages again once a stream to that peer is up (the
+ * step engine drops duplicates). Unacknowledged bytes per peer are bounded
+ * by `inflight_bytes`; what does not fit waits here.
+ *
+ * Received messages are read straight into buffers of their exact size
+ * and handed to the owner with the buffer, which the owner may keep (a
+ * frame for a step that has not started) without a copy.
+ *
+ * A mesh is driven by one thread: its io_uring loop, and the owner's calls
+ * on that thread. Whoever owns the loop passes completions of the mesh's
+ * kinds to gg_mesh_on_cqe() and calls gg_mesh_tick() after every turn. */
+#ifndef GG_MESH_H
+#define GG_MESH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "config.h"
+#include "gg_common.h"
+#include "tls_context.h"
+#include "uring_loop.h"
+#include "wire.h"
+
+#define GG_MESH_ERROR_MAX 512
+#define GG_MESH_MAX_STREAMS 64
+
+struct gg_mesh;
+
+/* What the mesh tells its owner, on the mesh's thread. */
+struct gg_mesh_ops {
+	/* DATA from `peer`: `m` points into `payload`, which the owner may
+	 * keep with gg_buf_get(). The owner acknowledges it (gg_mesh_ack)
+	 * once it used it; until then it counts against the sender's window. */
+	void (*on_data)(void *owner, unsigned peer, const struct gg_wire_msg *m, struct gg_buf *payload);
+	/* ABORT or DONE from `peer`. */
+	void (*on_control)(void *owner, unsigned peer, const struct gg_wire_msg *m);
+	/* `peer` came back with a new instance id: it restarted, and every step
+	 * in progress with it is lost. Unsent and unacknowledged DATA to it is
+	 * dropped before this is called. */
+	void (*on_peer_restarted)(void *owner, unsigned peer);
+	/* A stream to `peer` became ready (HELLOs exchanged). */
+	void (*on_stream_ready)(void *owner, unsigned peer);
+};
+
+struct gg_mesh_config {
+	const struct gg_config *cfg;    /* must outlive the mesh */
+	unsigned sites, self;
+	char (*names)[GG_WIRE_NAME_MAX + 1]; /* site names by index; copied */
+	const struct gg_wire_hello *hello;         /* ours, without stream_index; copied */
+	struct gg_tls_context *tls;     /* shared; must outlive the mesh */
+	struct gg_loop *loop;           /* the thread's loop; must outlive the mesh */
+	struct gg_buf_pool *pool;       /* for received DATA; may be NULL */
+	size_t max_payload_bytes;       /* largest message payload accepted */
+	const struct gg_mesh_ops *ops;
+	void *owner;
+};
+
+struct gg_mesh_stats {
+	uint64_t data_bytes_in;   /* DATA payload bytes received */
+	uint64_t resent_messages;
+	uint64_t rtt_us[GG_AR_MAX_SITES]; /* last heartbeat round trip per site */
+	double tls_s;             /* time in TLS record encryption and decryption */
+};
+
+/* Makes the mesh and listens on the site's address. Returns 0, or a
+ * negative errno with a message in err. */
+GG_MUST_CHECK int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size);
+void gg_mesh_free(struct gg_mesh *m);
+
+/* Handles a completion of the mesh's kinds (GG_OP_ACCEPT .. GG_OP_CANCEL);
+ * false for any other kind. */
+bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe);
+/* Stream deadlines, heartbeats and dials; call after every loop turn.
+ * Returns the next deadline (gg_monotonic_us). */
+uint64_t gg_mesh_tick(struct gg_mesh *m);
+
+/* DATA of step `step` for chunk `id` to `peer`: queued behind the peer's
+ * window, sent and kept until acknowledged. Takes a reference to `frame`.
+ * Returns 0 or -ENOMEM. */
+GG_MUST_CHECK int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_step *step,
+				    const struct gg_ar_chunk_id *id, struct gg_buf *frame);
+/* A small message (ABORT, DONE: anything but DATA) to `peer`: on one ready
+ * stream, or on every ready stream with `every_stream` (so one cut after
+ * it was queued cannot lose it). Dropped when no stream is ready. */
+void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, size_t len, bool every_stream);
+/* Acknowledges DATA from `peer` for (job, step, id). */
+void gg_mesh_ack(struct gg_mesh *m, unsigned peer, const char *job, uint64_t step, const struct gg_ar_chunk_id *id);
+
+/* DATA messages waiting for or on `peer`'s streams but not yet written to
+ * a socket, counted up to `limit`. */
+unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit);
+/* Forgets DATA of (job, step) not yet sent: the step failed. */
+void gg_mesh_forget_step(struct gg_mesh *m, const char *job, uint64_t step);
+/* Whether DATA of `job` waits to be sent or acknowledged. */
+bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job);
+
+/* Whether `peer` has a ready stream; whether every peer has all its
+ * streams up. */
+bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer);
+bool gg_mesh_connected(const struct gg_mesh *m);
+/* True when every DATA sent was acknowledged and nothing waits. */
+bool gg_mesh_flushed(const struct gg_mesh *m);
+/* Refuses new connections and closes every stream (close_notify first). */
+void gg_mesh_shutdown(struct gg_mesh *m);
+/* True once shutdown finished: nothing in flight. */
+bool gg_mesh_idle(const struct gg_mesh *m);
+
+const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m);
+
+/* Tests: cuts one stream's TCP connection as a network fault would. */
+GG_MUST_CHECK int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream);
+
+#endif
