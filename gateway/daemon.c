@@ -167,6 +167,20 @@ static void step_done(void *arg, struct gg_node_step *ns, int status, const char
 	finish(arg, status ? to_errc(status) : 0, message);
 }
 
+static void step_gather(void *arg, uint64_t offset, uint64_t n)
+{
+	const struct pending *p = arg;
+
+	p->ss->gather(p->ss, offset, n);
+}
+
+static void step_deliver(void *arg, uint64_t offset, uint64_t n)
+{
+	const struct pending *p = arg;
+
+	p->ss->deliver(p->ss, offset, n);
+}
+
 /* Starts the step in the node, on the node's thread. */
 static void core_start(struct daemon *d, struct pending *p)
 {
@@ -178,9 +192,11 @@ static void core_start(struct daemon *d, struct pending *p)
 	p->ns.tensor_id = ss->tensor_id;
 	p->ns.count = ss->count;
 	p->ns.dtype = ss->dtype == GG_DTYPE_BF16 ? GG_WIRE_BF16 : GG_WIRE_F32;
-	p->ns.input = ss->sum; /* the engine reads each element before it writes it */
+	p->ns.input = ss->sum; /* gathered a range at a time; each read before it is written */
 	p->ns.result = ss->sum;
 	p->ns.done = step_done;
+	p->ns.gather = step_gather;
+	p->ns.deliver = step_deliver;
 	p->ns.arg = p;
 	int rc = gg_node_submit(d->node, &p->ns, err, sizeof(err));
 	if (rc) {

@@ -164,6 +164,20 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 	return 0;
 }
 
+/* The owner's site sum of [offset, offset + n) is read next. */
+static void gather(struct gg_ar_step *s, uint64_t offset, uint64_t n)
+{
+	if (s->ops->gather)
+		s->ops->gather(s->ctx, offset, n);
+}
+
+/* [offset, offset + n) of the result is final. */
+static void deliver(struct gg_ar_step *s, uint64_t offset, uint64_t n)
+{
+	if (s->ops->deliver)
+		s->ops->deliver(s->ctx, offset, n);
+}
+
 /* Reduces chunk c as far as the frames present allow, in site order.
  * `frame`, when not NULL, is the frame of the site whose turn it is,
  * decoded in place. */
@@ -195,6 +209,7 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, si
 		s->next_site[c]++;
 	}
 	s->chunks_done++;
+	deliver(s, offset, n);
 	return 0;
 }
 
@@ -215,6 +230,7 @@ static int direct_emit(struct gg_ar_step *s, uint32_t upto, char *err, size_t er
 		struct gg_buf *f;
 		uint64_t offset = 0, n = 0;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
+		gather(s, offset, n);
 		int rc = encode_chunk(s, s->input + offset, offset, n, &f, err, err_size);
 		if (rc)
 			return rc;
@@ -246,8 +262,10 @@ static int ring_finish_chunk(struct gg_ar_step *s, const struct gg_ar_chunk_id *
 		return rc;
 	rc = decode_into(s, s->cfg.self, &id, f->data, f->len, s->result + offset, n, GG_FRAME_STORE, err,
 			 err_size);
-	if (!rc)
+	if (!rc) {
+		deliver(s, offset, n);
 		rc = send_frame(s, ring_next(s), &id, f, err, err_size);
+	}
 	gg_buf_put(f);
 	if (!rc)
 		s->chunks_done++;
@@ -271,6 +289,7 @@ static int ring_emit(struct gg_ar_step *s, char *err, size_t err_size)
 		struct gg_buf *f;
 		uint64_t offset = 0, n = 0;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
+		gather(s, offset, n);
 		int rc = encode_chunk(s, s->input + offset, offset, n, &f, err, err_size);
 		if (rc)
 			return rc;
@@ -307,6 +326,7 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 	if (id->phase == GG_AR_SCATTER) {
 		if (*got & 1)
 			return 1;
+		gather(s, offset, n);
 		memcpy(s->scratch, s->input + offset, n * sizeof(float));
 		if ((rc = decode_into(s, from, id, frame, len, s->scratch, n, GG_FRAME_ACCUMULATE, err, err_size)))
 			return rc;
@@ -324,6 +344,7 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 		return 1;
 	if ((rc = decode_into(s, from, id, frame, len, s->result + offset, n, GG_FRAME_STORE, err, err_size)))
 		return rc;
+	deliver(s, offset, n);
 	*got |= 2;
 	s->chunks_done++;
 	if (ring_next(s) == id->origin)

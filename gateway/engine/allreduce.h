@@ -56,6 +56,13 @@ struct gg_ar_ops {
 	 * network instead of running ahead of it; the owner calls
 	 * gg_ar_step_resume() when room comes. NULL: always. */
 	bool (*may_encode)(void *ctx);
+	/* The input's elements [offset, offset + n) are read next: the owner
+	 * makes them ready (forms the site sum). Each element's range is
+	 * gathered once, before the step reads it. NULL: the input is ready. */
+	void (*gather)(void *ctx, uint64_t offset, uint64_t n);
+	/* The result's elements [offset, offset + n) are final, once each.
+	 * NULL: nobody needs to know before the step is done. */
+	void (*deliver)(void *ctx, uint64_t offset, uint64_t n);
 };
 
 struct gg_ar_config {

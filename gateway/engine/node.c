@@ -289,7 +289,23 @@ static bool ar_may_encode(void *ctx)
 	return true;
 }
 
-static const struct gg_ar_ops ar_ops = { ar_send, ar_may_encode };
+static void ar_gather(void *ctx, uint64_t offset, uint64_t n)
+{
+	const struct job *j = ctx;
+
+	if (j->step->gather)
+		j->step->gather(j->step->arg, offset, n);
+}
+
+static void ar_deliver(void *ctx, uint64_t offset, uint64_t n)
+{
+	const struct job *j = ctx;
+
+	if (j->step->deliver)
+		j->step->deliver(j->step->arg, offset, n);
+}
+
+static const struct gg_ar_ops ar_ops = { ar_send, ar_may_encode, ar_gather, ar_deliver };
 
 static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason)
 {

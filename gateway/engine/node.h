@@ -56,6 +56,11 @@ struct gg_node_step {
 	/* Called once, from the node's thread: status 0 with result final, or
 	 * a negative errno and a message naming the site, step and shard. */
 	void (*done)(void *arg, struct gg_node_step *step, int status, const char *message);
+	/* Optional (NULL): called before the node first reads input elements
+	 * [offset, offset + n), and once result elements [offset, offset + n)
+	 * are final; each element once (gg_ar_ops.gather and .deliver). */
+	void (*gather)(void *arg, uint64_t offset, uint64_t n);
+	void (*deliver)(void *arg, uint64_t offset, uint64_t n);
 	void *arg;
 };
 

@@ -80,12 +80,17 @@ struct hb_job {
 	uid_t uid;           /* every rank runs as the user that created the job */
 	unsigned connected;
 	struct hb_conn **ranks;
-	const void **inputs;
+	void **mem;           /* per rank: its tensor in shared memory, for the step with the core */
+	unsigned *mem_region; /* per rank: the region mem[] lies in */
+	/* Regions of ranks that left while the core held the step, which may
+	 * still read and write them: unmapped once the core gives it back. */
+	struct hb_region *orphans;
 	uint64_t seq;         /* the step being gathered or with the core; earlier ones are over */
 	uint64_t deadline_us; /* of step `seq` while gathering; 0: no rank has announced it */
 	uint32_t deadline_ms; /* the timeout that set deadline_us, for messages */
 
 	bool with_core;
+	bool sum_owned;  /* the step's sum is a buffer of the job's (bfloat16), not rank 0's memory */
 	bool abandoned;  /* the step with the core was already failed at its ranks */
 	bool in_submit;
 	bool sync_done;  /* completed from inside submit() */
@@ -289,7 +294,9 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 	}
 	drop_spare(b, j);
 	free(j->ranks);
-	free(j->inputs);
+	free(j->mem);
+	free(j->mem_region);
+	free(j->orphans);
 	free(j);
 	b->stats.jobs--;
 }
@@ -326,6 +333,12 @@ static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char
 	}
 	while (c->req_count)
 		req_pop(c);
+	if (j->with_core) {
+		/* The core may still be summing from or writing into it. */
+		unsigned id = j->mem_region[c->rank];
+		j->orphans[c->rank] = c->regions[id];
+		c->regions[id] = (struct hb_region){ 0 };
+	}
 	j->ranks[c->rank] = NULL;
 	j->connected--;
 	c->job = NULL;
@@ -524,8 +537,9 @@ static void fail_timeout(struct gg_host_backend *b, struct hb_job *j)
 		  missing == 1 ? "" : "s", list, j->name);
 }
 
-/* The core is done with the step (or refused it): results or the error go
- * to every rank, and the job moves to its next step. */
+/* The core is done with the step (or refused it): every rank learns the
+ * outcome (the results are in place already), and the job moves to its
+ * next step. */
 static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, const char *message)
 {
 	struct gg_site_step *st = &j->step;
@@ -536,17 +550,11 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 		for (unsigned r = 0; r < j->nranks; r++) {
 			struct hb_conn *c = j->ranks[r];
 			struct hb_req *h = head(c);
-			if (status) {
+			if (status)
 				answer(b, c, status, "step %llu (tensor %u): %s", (unsigned long long)h->seq, h->tensor_id,
 				       message);
-				continue;
-			}
-			unsigned char *dst = c->regions[h->region].base + h->offset;
-			if (st->dtype == GG_DTYPE_F32)
-				memcpy(dst, st->sum, st->count * sizeof(float));
 			else
-				gg_host_store_bf16((uint16_t *)(void *)dst, st->sum, st->count);
-			answer(b, c, GG_OK, "%s", "");
+				answer(b, c, GG_OK, "%s", "");
 		}
 		if (status) {
 			b->stats.steps_failed++;
@@ -555,56 +563,97 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 			b->stats.steps_done++;
 		}
 	}
-	b->stats.sum_bytes -= st->count * sizeof(float);
-	j->spare = st->sum; /* step_start took the job's previous one */
-	j->spare_bytes = st->count * sizeof(float);
-	b->stats.spare_bytes += j->spare_bytes;
+	if (j->sum_owned) {
+		b->stats.sum_bytes -= st->count * sizeof(float);
+		j->spare = st->sum; /* step_start took the job's previous one */
+		j->spare_bytes = st->count * sizeof(float);
+		b->stats.spare_bytes += j->spare_bytes;
+	}
+	for (unsigned r = 0; r < j->nranks; r++) {
+		if (j->orphans[r].base) {
+			munmap(j->orphans[r].base, j->orphans[r].size);
+			j->orphans[r] = (struct hb_region){ 0 };
+			b->stats.regions--;
+		}
+	}
 	st->sum = NULL;
+	j->sum_owned = false;
 	j->with_core = false;
+	b->stats.core_steps--;
 	j->abandoned = false;
 	j->seq++;
 	j->deadline_us = 0;
 }
 
-/* Sums the step in rank order and hands it to the core. Returns true when
- * the core holds it; false when it is already over (failed, or completed
- * from inside submit) and the job should look at its next step. */
+/* The site sum of a range, in rank order: in place in rank 0's memory for
+ * float32, into the job's own buffer for bfloat16. */
+static void hb_gather(const struct gg_site_step *st, uint64_t offset, uint64_t n)
+{
+	const struct hb_job *j = st->backend_data;
+
+	if (st->dtype == GG_DTYPE_F32)
+		gg_host_sum_f32(st->sum, (const float *const *)j->mem, j->nranks, offset, n);
+	else
+		gg_host_sum_bf16(st->sum, (const uint16_t *const *)j->mem, j->nranks, offset, n);
+}
+
+/* The result of a range into every rank's memory but the one it is in. */
+static void hb_deliver(const struct gg_site_step *st, uint64_t offset, uint64_t n)
+{
+	const struct hb_job *j = st->backend_data;
+
+	for (unsigned r = 0; r < j->nranks; r++) {
+		if (st->dtype == GG_DTYPE_BF16)
+			gg_host_store_bf16((uint16_t *)j->mem[r] + offset, st->sum + offset, n);
+		else if (j->mem[r] != st->sum)
+			memcpy((float *)j->mem[r] + offset, st->sum + offset, n * sizeof(float));
+	}
+}
+
+/* Hands the step to the core. Returns true when the core holds it; false
+ * when it is already over (failed, or completed from inside submit) and the
+ * job should look at its next step. */
 static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref)
 {
-	uint64_t bytes = ref->count * sizeof(float);
+	const uint64_t bytes = ref->count * sizeof(float);
+	const bool own_sum = ref->dtype != GG_DTYPE_F32;
+	float *sum = NULL;
 
-	const uint64_t limit = b->opts.memory_bytes;
-	bool fits = j->spare && j->spare_bytes == bytes;
-	float *sum = fits ? take_spare(b, j) : NULL;
-	if (!fits) {
-		drop_spare(b, j);
-		/* Buffers other jobs keep go first, when that makes room. */
-		fits = bytes <= limit - b->stats.sum_bytes;
-		for (struct hb_job *o = b->jobs; fits && o && bytes > limit - b->stats.sum_bytes - b->stats.spare_bytes;
-		     o = o->next)
-			drop_spare(b, o);
-	}
-	if (!fits) {
-		fail_step(b, j, GG_ERR_LIMIT,
-			  "the gateway's memory limit of %llu bytes leaves no room for a %llu-byte sum (%llu in use)",
-			  (unsigned long long)b->opts.memory_bytes, (unsigned long long)bytes,
-			  (unsigned long long)b->stats.sum_bytes);
-		return false;
-	}
-	if (!sum && !(sum = malloc(bytes))) {
-		fail_step(b, j, GG_ERR_NOMEM, "the gateway is out of memory for a %llu-byte sum",
-			  (unsigned long long)bytes);
-		return false;
-	}
 	for (unsigned r = 0; r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
 		struct hb_req *h = head(c);
-		j->inputs[r] = c->regions[h->region].base + h->offset;
+		j->mem[r] = c->regions[h->region].base + h->offset;
+		j->mem_region[r] = h->region;
 	}
-	if (ref->dtype == GG_DTYPE_F32)
-		gg_host_sum_f32(sum, (const float *const *)j->inputs, j->nranks, ref->count);
-	else
-		gg_host_sum_bf16(sum, (const uint16_t *const *)j->inputs, j->nranks, ref->count);
+	if (own_sum) {
+		/* bfloat16 ranks: the float32 sum needs memory of its own. */
+		const uint64_t limit = b->opts.memory_bytes;
+		bool fits = j->spare && j->spare_bytes == bytes;
+		sum = fits ? take_spare(b, j) : NULL;
+		if (!fits) {
+			drop_spare(b, j);
+			/* Buffers other jobs keep go first, when that makes room. */
+			fits = bytes <= limit - b->stats.sum_bytes;
+			for (struct hb_job *o = b->jobs;
+			     fits && o && bytes > limit - b->stats.sum_bytes - b->stats.spare_bytes; o = o->next)
+				drop_spare(b, o);
+		}
+		if (!fits) {
+			fail_step(b, j, GG_ERR_LIMIT,
+				  "the gateway's memory limit of %llu bytes leaves no room for a %llu-byte sum (%llu in "
+				  "use)", (unsigned long long)b->opts.memory_bytes, (unsigned long long)bytes,
+				  (unsigned long long)b->stats.sum_bytes);
+			return false;
+		}
+		if (!sum && !(sum = malloc(bytes))) {
+			fail_step(b, j, GG_ERR_NOMEM, "the gateway is out of memory for a %llu-byte sum",
+				  (unsigned long long)bytes);
+			return false;
+		}
+		b->stats.sum_bytes += bytes;
+	} else {
+		sum = j->mem[0];
+	}
 
 	j->step = (struct gg_site_step){
 		.backend = &b->base,
@@ -617,9 +666,13 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		.nranks = j->nranks,
 		.sum = sum,
 		.deadline_us = j->deadline_us,
+		.gather = hb_gather,
+		.deliver = hb_deliver,
+		.backend_data = j,
 	};
-	b->stats.sum_bytes += bytes;
+	j->sum_owned = own_sum;
 	j->with_core = true;
+	b->stats.core_steps++;
 	j->in_submit = true;
 	j->sync_done = false;
 	int rc = b->core_ops->submit(b->core, &j->step);
@@ -777,12 +830,16 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 		j = calloc(1, sizeof(*j));
 		if (j) {
 			j->ranks = calloc(h->nranks, sizeof(*j->ranks));
-			j->inputs = calloc(h->nranks, sizeof(*j->inputs));
+			j->mem = calloc(h->nranks, sizeof(*j->mem));
+			j->mem_region = calloc(h->nranks, sizeof(*j->mem_region));
+			j->orphans = calloc(h->nranks, sizeof(*j->orphans));
 		}
-		if (!j || !j->ranks || !j->inputs) {
+		if (!j || !j->ranks || !j->mem || !j->mem_region || !j->orphans) {
 			if (j) {
 				free(j->ranks);
-				free(j->inputs);
+				free(j->mem);
+				free(j->mem_region);
+				free(j->orphans);
 				free(j);
 			}
 			conn_refuse(b, c, GG_ERR_NOMEM, "the gateway of site %s is out of memory", b->site);

@@ -9,10 +9,15 @@
  * deadline, when they disagree, or when a rank leaves or breaks the
  * protocol. Each session may have GG_CTRL_MAX_INFLIGHT requests queued.
  *
+ * A float32 step is summed in place in rank 0's shared memory and its
+ * result goes straight into every rank's memory, a range at a time as the
+ * core finishes it (site_backend.h); a bfloat16 step needs a float32 sum
+ * of its own.
+ *
  * Bounds: max_clients connections (and so jobs); per connection a fixed
  * receive buffer, GG_CTRL_MAX_INFLIGHT + 2 queued answers and at most
  * GG_CTRL_MAX_REGIONS mapped regions of at most 2 * max_message bytes
- * each; memory_bytes for the float32 sums held at once. */
+ * each; memory_bytes for the float32 sums of bfloat16 steps held at once. */
 #ifndef GG_HOST_BACKEND_H
 #define GG_HOST_BACKEND_H
 
@@ -44,7 +49,8 @@ struct gg_host_backend_stats {
 	unsigned connections;  /* open, including those being closed */
 	unsigned jobs;
 	unsigned regions;      /* shared regions mapped */
-	uint64_t sum_bytes;    /* held for steps in flight */
+	unsigned core_steps;   /* steps the core holds now */
+	uint64_t sum_bytes;    /* float32 sums held for bfloat16 steps in flight */
 	uint64_t spare_bytes;  /* sum buffers jobs keep for their next step */
 	uint64_t steps_done;   /* steps delivered to their ranks */
 	uint64_t steps_failed; /* steps failed at their ranks */
@@ -69,9 +75,9 @@ GG_MUST_CHECK int gg_host_backend_create(const struct gg_host_backend_options *o
 /* The backend behind the generic seam (site_backend.h). */
 struct gg_site_backend *gg_host_backend_base(struct gg_host_backend *b);
 
-/* The core is done with `step` (see gg_site_backend_ops.complete): writes
- * the result, float32 or rounded to bfloat16, into every rank's shared
- * memory and answers DONE, or sends every rank the error. */
+/* The core is done with `step` (see gg_site_backend_ops.complete): answers
+ * every rank DONE (the result is in its shared memory already, float32 or
+ * rounded to bfloat16), or sends every rank the error. */
 void gg_host_backend_complete(struct gg_host_backend *b, struct gg_site_step *step, int status,
 			      const char *message);
 

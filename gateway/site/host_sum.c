@@ -3,17 +3,19 @@
 #include <stdlib.h>
 
 #include "codec.h"
+#include "gg_common.h"
 
 /* Blocks keep the running sum in cache while every rank's slice is added. */
 #define BLOCK 8192u
 
-void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t count)
+void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t offset, uint64_t count)
 {
-	for (uint64_t b = 0; b < count; b += BLOCK) {
-		uint64_t m = count - b < BLOCK ? count - b : BLOCK;
+	for (uint64_t b = offset; b < offset + count; b += BLOCK) {
+		uint64_t m = GG_MIN(offset + count - b, (uint64_t)BLOCK);
 		float *restrict s = sum + b;
 
-		memcpy(s, in[0] + b, m * sizeof(float));
+		if (in[0] != sum)
+			memcpy(s, in[0] + b, m * sizeof(float));
 		for (unsigned r = 1; r < n; r++) {
 			const float *restrict x = in[r] + b;
 			for (uint64_t i = 0; i < m; i++)
@@ -22,10 +24,10 @@ void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t co
 	}
 }
 
-void gg_host_sum_bf16(float *sum, const uint16_t *const *in, unsigned n, uint64_t count)
+void gg_host_sum_bf16(float *sum, const uint16_t *const *in, unsigned n, uint64_t offset, uint64_t count)
 {
-	for (uint64_t b = 0; b < count; b += BLOCK) {
-		uint64_t m = count - b < BLOCK ? count - b : BLOCK;
+	for (uint64_t b = offset; b < offset + count; b += BLOCK) {
+		uint64_t m = GG_MIN(offset + count - b, (uint64_t)BLOCK);
 		float *restrict s = sum + b;
 		const uint16_t *restrict x0 = in[0] + b;
 

@@ -6,11 +6,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* sum[i] = in[0][i] + in[1][i] + ... + in[n-1][i], added left to right in
- * float32 so the bytes depend on nothing but the inputs and their order.
- * bf16 inputs are widened exactly first. n >= 1. */
-void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t count);
-void gg_host_sum_bf16(float *sum, const uint16_t *const *in, unsigned n, uint64_t count);
+/* sum[i] = in[0][i] + in[1][i] + ... + in[n-1][i] for i in [offset,
+ * offset + count), added left to right in float32 so the bytes depend on
+ * nothing but the inputs and their order. bf16 inputs are widened exactly
+ * first. n >= 1. sum may be in[0] (summed in place), no other input. */
+void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t offset, uint64_t count);
+void gg_host_sum_bf16(float *sum, const uint16_t *const *in, unsigned n, uint64_t offset, uint64_t count);
 
 /* dst[i] = src[i] rounded to bfloat16 by the bf16 codec's rule (compress/codec.h):
  * to nearest even, NaN stays NaN. */

@@ -1,15 +1,17 @@
 /* The site backend: the seam between how a site's ranks reach the gateway
  * and the cross-site engine (the "core").
  *
- * A backend gathers one step of a job from all of the job's local ranks,
- * produces the site sum in float32 (summed in rank order), and lends it to
- * the core as a struct gg_site_step. The core exchanges it with the other
- * sites, overwrites `sum` with the final result and hands the step back
- * with gg_site_step_complete(); the backend then delivers the result (or
- * the error) to every rank of the job.
+ * A backend gathers one step of a job from all of the job's local ranks
+ * and lends it to the core as a struct gg_site_step, which forms the site
+ * sum in float32 (summed in rank order) and hands the result back to the
+ * ranks' memory range by range as the core computes it. The core exchanges
+ * the sum with the other sites and ends the step with
+ * gg_site_step_complete(); the backend then tells every rank of the job
+ * the outcome.
  *
- * Host mode (host_backend.c): ranks send host buffers over the control
- * socket and shared memory; the sum is computed on the CPU. GPU mode (NCCL,
+ * Host mode (host_backend.c): ranks hand over host buffers in shared
+ * memory; the sum is computed on the CPU, in place in rank 0's buffer for
+ * float32. GPU mode (NCCL,
  * later): the gateway is a rank of the site's communicator, the sum lands
  * in device memory (memory = GG_STEP_MEM_CUDA) and results go back with a
  * broadcast. Both implement struct gg_site_backend_ops; the daemon drives
@@ -49,8 +51,16 @@ enum gg_step_memory {
 
 /* One step of one job, lent to the core between submit() and
  * gg_site_step_complete(). Every field is owned by the backend and stays
- * valid and unchanged until the step is complete; the core writes only
- * sum[]. */
+ * valid and unchanged until the step is complete.
+ *
+ * The site sum is formed, and the result handed out, a range at a time as
+ * the core gets to it, so each byte is touched while it is in cache and no
+ * pass over the whole tensor waits for another: the core calls gather()
+ * for a range before it first reads that range of `sum`, and deliver()
+ * once that range of `sum` holds the final result. Each element is in
+ * exactly one range of each kind, gathered before it is delivered. Both
+ * may be called from any of the core's threads, for disjoint ranges at
+ * once. */
 struct gg_site_step {
 	struct gg_site_backend *backend;
 	const char *job;            /* the job's name */
@@ -60,8 +70,13 @@ struct gg_site_step {
 	enum gg_dtype dtype;        /* what the ranks hold; sum is float32 regardless */
 	enum gg_step_memory memory; /* where sum lives */
 	unsigned nranks;            /* local ranks that contributed */
-	float *sum;                 /* count floats: the site sum in, the final result out */
+	float *sum;                 /* count floats: the site sum, then the final result */
 	uint64_t deadline_us;       /* CLOCK_MONOTONIC (gg_monotonic_us) by which to complete */
+	/* Writes the site sum of elements [offset, offset + n) into sum[]. */
+	void (*gather)(const struct gg_site_step *step, uint64_t offset, uint64_t n);
+	/* Hands elements [offset, offset + n) of the final sum[] to the ranks. */
+	void (*deliver)(const struct gg_site_step *step, uint64_t offset, uint64_t n);
+	void *backend_data;         /* for gather and deliver */
 };
 
 /* What the backend needs from the core. */
@@ -84,7 +99,7 @@ struct gg_site_backend_ops {
 	/* Fires what is due at `now_us`; returns the next deadline
 	 * (gg_monotonic_us), 0 when none. */
 	uint64_t (*tick)(struct gg_site_backend *b, uint64_t now_us);
-	/* The core is done with `step`: status 0 and the result in sum[], or a
+	/* The core is done with `step`: status 0 with every range delivered, or a
 	 * negative enum gg_errc code with `message` (may be NULL) naming the
 	 * site and what failed, e.g. "site eu-west: peer gateway closed the
 	 * connection". Read during the call only. */

@@ -75,7 +75,7 @@ static bool net_may_encode(void *ctx)
 	return next_rand(&from->net->rng) % 3 != 0;
 }
 
-static const struct gg_ar_ops net_ops = { net_send, net_may_encode };
+static const struct gg_ar_ops net_ops = { .send = net_send, .may_encode = net_may_encode };
 
 static int site_init(struct site *s, struct net *net, unsigned index, enum gg_codec codec, uint32_t chunk,
 		     size_t count, bool fb)

@@ -266,9 +266,10 @@ static void test_rank_dies(void)
 	gg_request_free(req);
 	gg_session_close(s);
 	harness_wait_connections(&h, 0);
-	for (int i = 0; i < 500 && harness_stats(&h).sum_bytes; i++)
+	for (int i = 0; i < 500 && harness_stats(&h).core_steps; i++)
 		usleep(10000);
-	CHECK_EQ_INT(harness_stats(&h).sum_bytes, 0);
+	CHECK_EQ_INT(harness_stats(&h).core_steps, 0);
+	CHECK_EQ_INT(harness_stats(&h).regions, 0); /* the dead rank's too, once the core let go */
 	CHECK_EQ_INT(harness_stats(&h).jobs, 0);
 	atomic_store(&h.core_mode, CORE_SUM);
 
@@ -356,10 +357,14 @@ static void test_shutdown(void)
 	gg_session_close(s);
 }
 
+/* float32 steps are summed in place in rank 0's shared memory: they need
+ * no gateway memory, whatever their size. bfloat16 steps need a float32
+ * sum, and [limits] memory bounds those. */
 static void test_memory_limit(void)
 {
 	struct harness_options o = { .memory_bytes = 1u << 20 };
 	struct step_case c;
+	struct gg_request *req[2];
 
 	harness_start(&h, &o);
 	open_case(&c, "mem", 2);
@@ -368,13 +373,21 @@ static void test_memory_limit(void)
 	for (unsigned r = 0; r < 2; r++) {
 		big[r] = calloc(300000, sizeof(float));
 		CHECK(big[r]);
+		for (size_t i = 0; i < 300000; i++)
+			big[r][i] = (float)(r + 1);
 	}
-	struct gg_request *req[2];
 	for (unsigned r = 0; r < 2; r++)
 		CHECK_EQ_INT(gg_allreduce_start(c.sessions[r], big[r], 300000, GG_DTYPE_F32, 2, 0, &req[r], &c.err[r]), 0);
 	for (unsigned r = 0; r < 2; r++) {
+		CHECK_EQ_INT(gg_wait(req[r], -1, &c.err[r]), GG_OK);
+		CHECK(big[r][0] == 3.0f && big[r][299999] == 3.0f);
+		gg_request_free(req[r]);
+	}
+	for (unsigned r = 0; r < 2; r++)
+		CHECK_EQ_INT(gg_allreduce_start(c.sessions[r], big[r], 300000, GG_DTYPE_BF16, 2, 0, &req[r], &c.err[r]), 0);
+	for (unsigned r = 0; r < 2; r++) {
 		CHECK_EQ_INT(gg_wait(req[r], -1, &c.err[r]), GG_ERR_LIMIT);
-		CHECK_ERR(c.err[r], GG_ERR_LIMIT, "step 1 (tensor 2): the gateway's memory limit of 1048576 bytes leaves no "
+		CHECK_ERR(c.err[r], GG_ERR_LIMIT, "step 2 (tensor 2): the gateway's memory limit of 1048576 bytes leaves no "
 			  "room for a 1200000-byte sum (0 in use)");
 		gg_request_free(req[r]);
 		free(big[r]);
@@ -384,26 +397,28 @@ static void test_memory_limit(void)
 	harness_stop(&h);
 }
 
-/* A job keeps its sum buffer for its next step, but never at the cost of
- * another job's step: under a 1 MiB limit, two one-rank jobs of 600 KB
- * steps take turns, each step finding the other job's kept buffer gone. */
+/* A job keeps its bfloat16 sum buffer for its next step, but never at the
+ * cost of another job's step: under a 1 MiB limit, two one-rank jobs of
+ * 600 KB sums take turns, each step finding the other job's kept buffer
+ * gone. */
 static void test_memory_kept_between_steps(void)
 {
 	struct harness_options o = { .memory_bytes = 1u << 20 };
 	struct gg_error err;
 	const size_t n = 150000;
-	float *buf = calloc(n, sizeof(float));
+	uint16_t *buf = calloc(n, sizeof(uint16_t));
 
 	CHECK(buf);
 	harness_start(&h, &o);
 	struct gg_session *a = open_rank(h.endpoint, "keep-a", 0, 1), *b = open_rank(h.endpoint, "keep-b", 0, 1);
 	for (int round = 0; round < 3; round++) {
+		const uint16_t v = (uint16_t)(0x3f80 + round); /* 1.0, 1.0078125, ... exact in bfloat16 */
 		for (size_t i = 0; i < n; i++)
-			buf[i] = (float)(round + 1);
-		CHECK_EQ_INT(gg_allreduce(a, buf, n, GG_DTYPE_F32, 1, 0, &err), GG_OK);
-		CHECK(buf[0] == (float)(round + 1) && buf[n - 1] == (float)(round + 1));
-		CHECK_EQ_INT(gg_allreduce(b, buf, n, GG_DTYPE_F32, 1, 0, &err), GG_OK);
-		CHECK(buf[n - 1] == (float)(round + 1));
+			buf[i] = v;
+		CHECK_EQ_INT(gg_allreduce(a, buf, n, GG_DTYPE_BF16, 1, 0, &err), GG_OK);
+		CHECK(buf[0] == v && buf[n - 1] == v);
+		CHECK_EQ_INT(gg_allreduce(b, buf, n, GG_DTYPE_BF16, 1, 0, &err), GG_OK);
+		CHECK(buf[n - 1] == v);
 		/* Job b keeps its buffer; job a's went to make room for it (the
 		 * stats are published after the loop's turn). */
 		for (int i = 0; i < 500 && harness_stats(&h).spare_bytes != n * sizeof(float); i++)
