@@ -7,8 +7,11 @@
  * site's contributions in rank order (rank 0 + rank 1 + ...), exchanges
  * that sum with the other sites and hands every rank the same result bytes.
  *
- * Data moves through shared memory: the library copies the caller's buffer
- * into a region it shares with the gateway and copies the result back.
+ * Data moves through shared memory. On memory from gg_buffer_alloc(),
+ * which the gateway maps too, an all-reduce copies nothing: the ranks'
+ * contributions are summed in place and the result is written straight
+ * into each rank's buffer. On any other memory the library copies the
+ * tensor into a region it shares with the gateway, and the result back.
  *
  * Errors: every function that can fail returns 0 or a negative code from
  * enum gg_errc, and fills `err` (when not NULL) with the code and a message
@@ -102,16 +105,45 @@ struct gg_session_info {
 	uint64_t max_message_bytes; /* largest tensor (count * element size) */
 	uint32_t max_inflight;      /* requests a session may have in flight */
 	uint32_t step_timeout_ms;   /* the gateway's deadline for a step, and the upper bound */
+	uint32_t max_buffers;       /* shared buffers (gg_buffer_alloc) a session may hold at once */
 };
 
 /* Fills `info` (owned by the caller) from the open session `s`. */
 GRADGATE_API void gg_session_get_info(const struct gg_session *s, struct gg_session_info *info);
 
+/* Allocates `bytes` of memory that the gateway maps too (a shared
+ * buffer), so that all-reduces on tensors inside it move no bytes between
+ * the caller and the gateway. Page-aligned, zero-filled, readable and
+ * writable like any memory.
+ *
+ * s      an open session; the buffer belongs to it.
+ * bytes  1 to gg_session_info.max_message_bytes (rounded up to pages).
+ * out    on success receives the buffer, owned by the caller until
+ *        gg_buffer_free() or gg_session_close(), which unmap it; on failure
+ *        set to NULL.
+ *
+ * Fails with GG_ERR_LIMIT when the session holds max_buffers already,
+ * GG_ERR_TOO_LARGE above max_message_bytes, GG_ERR_NOMEM / GG_ERR_SYSTEM
+ * when the memory cannot be had, or the session's error once it failed. */
+GRADGATE_API int gg_buffer_alloc(struct gg_session *s, size_t bytes, void **out, struct gg_error *err);
+
+/* Gives a shared buffer back. `buf` is what gg_buffer_alloc() returned
+ * (NULL is allowed and does nothing). When requests in flight still use
+ * it, it goes once they finish; either way the caller must not touch it
+ * after this call. Returns 0, or GG_ERR_INVALID when `buf` is not a shared
+ * buffer of this session. */
+GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error *err);
+
 /* All-reduces `count` elements of `dtype` at `buf`, in place, and blocks
  * until the result is there or the step failed.
  *
  * buf        count elements, read and overwritten with the result; owned
- *            by the caller. On failure its contents are unchanged.
+ *            by the caller. When it lies inside a shared buffer
+ *            (gg_buffer_alloc) nothing is copied, and `buf` must be
+ *            aligned to the element size and end inside that buffer. On
+ *            failure the contents of ordinary memory are unchanged; those
+ *            of a shared buffer are unspecified (the gateway may have
+ *            summed into it or written part of a result).
  * tensor_id  the caller's name for the tensor; every rank must announce the
  *            same (tensor_id, count, dtype) for the same step, otherwise
  *            the step fails at every rank with GG_ERR_MISMATCH.
@@ -136,7 +168,9 @@ GRADGATE_API int gg_allreduce(struct gg_session *s, void *buf, size_t count, enu
  * arrives, which may happen during any later call on the same session.
  * So `buf` stays owned by the caller but must stay valid, and must be
  * neither read nor written, until gg_wait() reports the request finished
- * or the request is freed.
+ * or the request is freed. Inside a shared buffer the gateway reads and
+ * writes `buf` itself until the step ends, even after gg_request_free();
+ * requests in flight must not overlap there.
  *
  * Up to gg_session_info.max_inflight requests may be in flight per
  * session; one more fails with GG_ERR_BUSY and changes nothing. Requests
@@ -160,10 +194,13 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
  * the caller's buffer, which the caller owns again from here on. */
 GRADGATE_API void gg_request_free(struct gg_request *req);
 
-/* Closes the connection and frees the session (NULL is allowed). Requests
- * the caller has not freed yet stay valid for gg_wait() (which then returns
- * GG_ERR_CLOSED if they had not finished) and gg_request_free(). Closing
- * with a step in flight fails that step at the job's other ranks. */
+/* Closes the connection and frees the session (NULL is allowed), its
+ * shared buffers included. Requests the caller has not freed yet stay
+ * valid for gg_wait() (which then returns GG_ERR_CLOSED if they had not
+ * finished) and gg_request_free(). Closing with a step in flight fails
+ * that step at the job's other ranks. A session that failed keeps its
+ * shared buffers mapped until it is closed, so their contents stay
+ * readable. */
 GRADGATE_API void gg_session_close(struct gg_session *s);
 
 /* A static, one-line description of `code` ("unknown error" for codes

@@ -26,6 +26,7 @@ struct region {
 	uint64_t size;
 	unsigned users;      /* requests in flight with their data here */
 	bool retired;        /* unmapped once users drops to 0 */
+	bool shared;         /* the caller's (gg_buffer_alloc), not the library's staging */
 };
 
 struct gg_request {
@@ -52,6 +53,7 @@ struct gg_session {
 	struct gg_session_info info;
 	uint64_t max_region_bytes;
 	unsigned max_regions;
+	unsigned buffers;               /* shared buffers held */
 	uint64_t next_seq;
 	struct gg_request *head, *tail; /* in flight, oldest first */
 	unsigned inflight;
@@ -235,9 +237,18 @@ GG_PRINTF(3, 4) static void session_fail(struct gg_session *s, int code, const c
 	}
 	s->tail = NULL;
 	s->inflight = 0;
-	for (unsigned i = 0; i < GG_ARRAY_LEN(s->regions); i++)
-		if (s->regions[i].base)
+	/* Shared buffers are the caller's memory: they stay readable until
+	 * gg_buffer_free() or gg_session_close(). */
+	for (unsigned i = 0; i < GG_ARRAY_LEN(s->regions); i++) {
+		struct region *reg = &s->regions[i];
+		if (!reg->base)
+			continue;
+		reg->users = 0;
+		if (!reg->shared || reg->retired) {
+			s->buffers -= reg->shared;
 			region_release(s, i, false);
+		}
+	}
 }
 
 static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
@@ -260,10 +271,12 @@ static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 	s->inflight--;
 
 	struct region *reg = &s->regions[r->region];
-	if (d->status == GG_OK && r->buf)
+	if (d->status == GG_OK && r->buf && !reg->shared)
 		memcpy(r->buf, reg->base + r->offset, r->bytes);
-	if (--reg->users == 0 && reg->retired)
+	if (--reg->users == 0 && reg->retired) {
+		s->buffers -= reg->shared;
 		region_release(s, r->region, true);
+	}
 	request_finish(r, d->status, d->message);
 }
 
@@ -404,7 +417,7 @@ static int handshake(struct gg_session *s, const char *path, int nranks, struct 
 
 	const struct gg_ctrl_accept *a = &m.accept;
 	if (a->version != GG_CTRL_VERSION || a->max_inflight < 1 || a->max_inflight > GG_CTRL_MAX_INFLIGHT ||
-	    a->max_regions < 2 || a->max_regions > GG_CTRL_MAX_REGIONS || a->max_message_bytes == 0 ||
+	    a->max_regions < 2 || a->max_message_bytes == 0 ||
 	    a->max_region_bytes < a->max_message_bytes + GG_CTRL_ALIGN || a->step_timeout_ms == 0)
 		return set_err(err, GG_ERR_PROTOCOL,
 			       "the gateway at unix:%s accepted with limits this library cannot use (version %u, "
@@ -415,7 +428,9 @@ static int handshake(struct gg_session *s, const char *path, int nranks, struct 
 	s->info.max_inflight = GG_MIN(a->max_inflight, a->max_regions - 1);
 	s->info.step_timeout_ms = a->step_timeout_ms;
 	s->max_region_bytes = a->max_region_bytes;
-	s->max_regions = a->max_regions;
+	s->max_regions = GG_MIN(a->max_regions, GG_CTRL_MAX_REGIONS);
+	/* Staging needs a region per request in flight and one to grow into. */
+	s->info.max_buffers = s->max_regions > s->info.max_inflight + 1 ? s->max_regions - s->info.max_inflight - 1 : 0;
 	return 0;
 }
 
@@ -499,31 +514,26 @@ static bool region_fit(const struct gg_session *s, unsigned id, uint64_t len, ui
 	return lo - hi >= len;
 }
 
-/* Maps a new region of at least `len` bytes, tells the gateway, and makes
- * it current; the old current region goes once its requests are done. */
-static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms, const char *step,
-		       struct gg_error *err)
+/* Maps a new region of `size` bytes (a multiple of the page size) and
+ * hands it to the gateway. Returns its id, or a negative gg_errc with err. */
+static int region_map(struct gg_session *s, uint64_t size, bool shared, uint64_t deadline_ms, const char *what,
+		      struct gg_error *err)
 {
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-	uint64_t size = s->current >= 0 ? 2 * s->regions[s->current].size : MIN_REGION_BYTES;
 	unsigned id;
 
-	size = GG_MAX(size, len);
-	size = (size + page - 1) / page * page;
-	size = GG_MIN(size, s->max_region_bytes);
 	for (id = 0; id < s->max_regions; id++)
 		if (!s->regions[id].base)
 			break;
 	if (id == s->max_regions)
-		return set_err(err, GG_ERR_BUSY, "%s: all %u shared regions are in use", step, s->max_regions);
+		return set_err(err, GG_ERR_BUSY, "%s: all %u shared regions are in use", what, s->max_regions);
 
 	int fd = memfd_create("gradgate", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
-		return set_err(err, GG_ERR_SYSTEM, "%s: memfd_create: %s", step, strerror(errno));
+		return set_err(err, GG_ERR_SYSTEM, "%s: memfd_create: %s", what, strerror(errno));
 	if (ftruncate(fd, (off_t)size) || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
 		int e = errno;
 		close(fd);
-		return set_err(err, GG_ERR_SYSTEM, "%s: preparing a %llu-byte shared region: %s", step,
+		return set_err(err, GG_ERR_SYSTEM, "%s: preparing a %llu-byte shared region: %s", what,
 			       (unsigned long long)size, strerror(e));
 	}
 	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -531,7 +541,7 @@ static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms,
 		int e = errno;
 		close(fd);
 		return set_err(err, e == ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM,
-			       "%s: mapping a %llu-byte shared region: %s", step, (unsigned long long)size,
+			       "%s: mapping a %llu-byte shared region: %s", what, (unsigned long long)size,
 			       strerror(e));
 	}
 
@@ -544,9 +554,30 @@ static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms,
 	if (rc) {
 		munmap(base, size);
 		send_failed(s, rc, "sending a shared region");
-		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
+		return set_err(err, s->failed, "%s: %s", what, s->failed_msg);
 	}
-	s->regions[id] = (struct region){ .base = base, .size = size };
+	s->regions[id] = (struct region){ .base = base, .size = size, .shared = shared };
+	return (int)id;
+}
+
+static uint64_t page_round(uint64_t bytes)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+	return (bytes + page - 1) / page * page;
+}
+
+/* Maps a new staging region of at least `len` bytes and makes it current;
+ * the old current region goes once its requests are done. */
+static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms, const char *step,
+		       struct gg_error *err)
+{
+	uint64_t size = s->current >= 0 ? 2 * s->regions[s->current].size : MIN_REGION_BYTES;
+
+	size = GG_MIN(page_round(GG_MAX(size, len)), s->max_region_bytes);
+	int id = region_map(s, size, false, deadline_ms, step, err);
+	if (id < 0)
+		return id;
 	if (s->current >= 0) {
 		struct region *old = &s->regions[s->current];
 		if (old->users)
@@ -554,8 +585,73 @@ static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms,
 		else
 			region_release(s, (unsigned)s->current, true);
 	}
-	s->current = (int)id;
+	s->current = id;
 	return 0;
+}
+
+GRADGATE_API int gg_buffer_alloc(struct gg_session *s, size_t bytes, void **out, struct gg_error *err)
+{
+	if (!out)
+		return set_err(err, GG_ERR_INVALID, "gg_buffer_alloc: out is NULL");
+	*out = NULL;
+	if (!s)
+		return set_err(err, GG_ERR_INVALID, "gg_buffer_alloc: session is NULL");
+	if (!bytes)
+		return set_err(err, GG_ERR_INVALID, "gg_buffer_alloc: bytes is 0");
+	if (s->failed)
+		return set_err(err, s->failed, "gg_buffer_alloc: session failed earlier: %s", s->failed_msg);
+	if (bytes > s->info.max_message_bytes)
+		return set_err(err, GG_ERR_TOO_LARGE,
+			       "gg_buffer_alloc: %zu bytes exceed the max_message of %llu bytes of the gateway of "
+			       "site %s", bytes, (unsigned long long)s->info.max_message_bytes, site_of(s));
+	if (s->buffers >= s->info.max_buffers)
+		return set_err(err, GG_ERR_LIMIT, "gg_buffer_alloc: the session holds %u shared buffers, as many as "
+			       "the gateway of site %s allows", s->buffers, site_of(s));
+	pump(s, 0);
+	if (s->failed)
+		return set_err(err, s->failed, "gg_buffer_alloc: %s", s->failed_msg);
+	int id = region_map(s, page_round(bytes), true, now_ms() + OPEN_TIMEOUT_MS, "gg_buffer_alloc", err);
+	if (id < 0)
+		return id;
+	s->buffers++;
+	*out = s->regions[id].base;
+	return set_ok(err);
+}
+
+GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error *err)
+{
+	if (!buf)
+		return set_ok(err);
+	if (!s)
+		return set_err(err, GG_ERR_INVALID, "gg_buffer_free: session is NULL");
+	for (unsigned id = 0; id < GG_ARRAY_LEN(s->regions); id++) {
+		struct region *r = &s->regions[id];
+		if (!r->shared || r->base != buf || r->retired)
+			continue;
+		if (r->users) {
+			r->retired = true; /* released with its last request */
+		} else {
+			s->buffers--;
+			region_release(s, id, !s->failed);
+		}
+		return set_ok(err);
+	}
+	return set_err(err, GG_ERR_INVALID, "gg_buffer_free: %p is not a shared buffer of this session", buf);
+}
+
+/* The shared buffer `buf` lies in: its id, -1 when none, or -2 when the
+ * tensor starts in one but does not end there. */
+static int shared_region_of(const struct gg_session *s, const void *buf, uint64_t bytes)
+{
+	const unsigned char *p = buf;
+
+	for (unsigned id = 0; id < GG_ARRAY_LEN(s->regions); id++) {
+		const struct region *r = &s->regions[id];
+		if (!r->shared || r->retired || p < r->base || p >= r->base + r->size)
+			continue;
+		return bytes <= r->size - (uint64_t)(p - r->base) ? (int)id : -2;
+	}
+	return -1;
 }
 
 GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
@@ -595,19 +691,30 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 					  : s->info.step_timeout_ms;
 	uint64_t deadline = now_ms() + timeout + GRACE_MS;
 	uint64_t offset;
-	int rc;
+	int rc, id = shared_region_of(s, buf, bytes);
 
-	if (s->current < 0 || !region_fit(s, (unsigned)s->current, bytes, &offset)) {
+	if (id == -2)
+		return set_err(err, GG_ERR_INVALID, "%s: %llu bytes at %p run past the end of the shared buffer "
+			       "they start in", step, (unsigned long long)bytes, buf);
+	if (id >= 0) {
+		offset = (uint64_t)((unsigned char *)buf - s->regions[id].base);
+		if (offset % esize)
+			return set_err(err, GG_ERR_INVALID, "%s: %p in a shared buffer is not aligned to the %zu-byte "
+				       "%s elements", step, buf, esize, gg_dtype_name(dtype));
+	} else if (s->current < 0 || !region_fit(s, (unsigned)s->current, bytes, &offset)) {
 		if ((rc = region_grow(s, bytes, deadline, step, err)))
 			return rc;
 		offset = 0;
 	}
+	if (id < 0)
+		id = s->current;
 
 	struct gg_request *r = calloc(1, sizeof(*r));
 	if (!r)
 		return set_err(err, GG_ERR_NOMEM, "%s: out of memory for a request", step);
-	struct region *reg = &s->regions[s->current];
-	memcpy(reg->base + offset, buf, bytes);
+	struct region *reg = &s->regions[id];
+	if (!reg->shared)
+		memcpy(reg->base + offset, buf, bytes);
 
 	union gg_ctrl_msg m;
 	size_t mlen = gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
@@ -616,7 +723,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	m.allreduce.dtype = (uint32_t)dtype;
 	m.allreduce.count = count;
 	m.allreduce.offset = offset;
-	m.allreduce.region = (uint32_t)s->current;
+	m.allreduce.region = (uint32_t)id;
 	m.allreduce.timeout_ms = (uint32_t)timeout;
 	if ((rc = send_msg(s->fd, &m, mlen, -1, deadline))) {
 		free(r);
@@ -626,7 +733,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 
 	*r = (struct gg_request){
 		.s = s, .seq = s->next_seq++, .tensor_id = tensor_id, .dtype = dtype, .bytes = bytes, .buf = buf,
-		.region = (unsigned)s->current, .offset = offset, .deadline_ms = deadline,
+		.region = (unsigned)id, .offset = offset, .deadline_ms = deadline,
 	};
 	reg->users++;
 	if (s->tail)
@@ -695,5 +802,8 @@ GRADGATE_API void gg_session_close(struct gg_session *s)
 	if (!s)
 		return;
 	session_fail(s, GG_ERR_CLOSED, "the session was closed");
+	for (unsigned i = 0; i < GG_ARRAY_LEN(s->regions); i++)
+		if (s->regions[i].base)
+			region_release(s, i, false);
 	free(s);
 }

@@ -32,8 +32,8 @@
 #define GG_CTRL_NAME_SIZE 64  /* job and site names: 63 characters and the NUL */
 #define GG_CTRL_TEXT_SIZE GG_ERROR_MESSAGE_MAX
 #define GG_CTRL_MAX_INFLIGHT 8u   /* ALLREDUCE requests a session may have unanswered */
-#define GG_CTRL_MAX_REGIONS (GG_CTRL_MAX_INFLIGHT + 1u)
-#define GG_CTRL_ALIGN 64u         /* ALLREDUCE offsets are multiples of this */
+#define GG_CTRL_MAX_REGIONS 64u  /* staging (max in flight + 1) and shared buffers */
+#define GG_CTRL_ALIGN 64u         /* where the library places staged tensors */
 #define GG_CTRL_MAX_RANKS 4096u
 #define GG_CTRL_RECV_MAX 512u     /* larger than every message */
 
@@ -109,8 +109,9 @@ struct gg_ctrl_unmap {
 };
 
 /* client -> gateway: this rank's contribution to step `seq` (1, 2, 3, ...
- * per session) lies at `offset` in `region`, count * element size bytes;
- * the result is written back to the same place before DONE. */
+ * per session) lies at `offset` (a multiple of the element size) in
+ * `region`, count * element size bytes; the result is written back to the
+ * same place before DONE. */
 struct gg_ctrl_allreduce {
 	struct gg_ctrl_hdr hdr;
 	uint64_t seq;

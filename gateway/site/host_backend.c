@@ -978,12 +978,12 @@ static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
 			   (unsigned)a->region);
 		return;
 	}
-	if (a->offset % GG_CTRL_ALIGN || a->offset > reg->size || bytes > reg->size - a->offset) {
+	if (a->offset % esize || a->offset > reg->size || bytes > reg->size - a->offset) {
 		conn_fatal(b, c, GG_ERR_PROTOCOL,
 			   "step %llu: %llu bytes at offset %llu do not fit region %u of %llu bytes (offsets are "
-			   "multiples of %u)", (unsigned long long)a->seq, (unsigned long long)bytes,
-			   (unsigned long long)a->offset, (unsigned)a->region, (unsigned long long)reg->size,
-			   GG_CTRL_ALIGN);
+			   "multiples of the element size, %zu)", (unsigned long long)a->seq,
+			   (unsigned long long)bytes, (unsigned long long)a->offset, (unsigned)a->region,
+			   (unsigned long long)reg->size, esize);
 		return;
 	}
 

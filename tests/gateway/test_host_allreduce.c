@@ -1,6 +1,7 @@
 /* Host mode end to end: 1, 2 and 3 ranks through the client library, fp32
- * and bf16, results bit for bit equal to the sum in rank order; requests
- * in flight together; the library's own argument checks. */
+ * and bf16, results bit for bit equal to the sum in rank order, from
+ * ordinary memory and from shared buffers; requests in flight together;
+ * the library's own argument checks. */
 #include <unistd.h>
 
 #include "host_harness.h"
@@ -181,6 +182,114 @@ static void test_async(void)
 	pthread_barrier_destroy(&async_barrier);
 }
 
+/* ---- shared buffers ------------------------------------------------------ */
+
+/* Tensors inside shared buffers, at odd element offsets, for some ranks
+ * (even ranks) while the others copy: the same bytes as the copying path,
+ * and the result in place. */
+static void shared_rank(unsigned rank, void *arg)
+{
+	const struct sum_case *c = arg;
+	static const size_t counts[] = { 1, 1000003 };
+	static const enum gg_dtype dtypes[] = { GG_DTYPE_F32, GG_DTYPE_BF16 };
+	struct gg_session *s;
+	struct gg_session_info info;
+	struct gg_error err;
+	unsigned tensor = 100;
+	void *shared;
+
+	CHECK_OK(gg_session_open(h.endpoint, c->job, (int)rank, (int)c->nranks, &s, &err), err);
+	gg_session_get_info(s, &info);
+	CHECK(info.max_buffers >= 8);
+	CHECK_OK(gg_buffer_alloc(s, 1000003 * sizeof(float) + 64, &shared, &err), err);
+	CHECK(((uintptr_t)shared & 4095) == 0);
+	for (size_t d = 0; d < GG_ARRAY_LEN(dtypes); d++) {
+		for (size_t k = 0; k < GG_ARRAY_LEN(counts); k++, tensor++) {
+			size_t esize = gg_dtype_size(dtypes[d]), bytes = counts[k] * esize;
+			void *in = make_input(tensor, dtypes[d], counts[k], rank);
+			void *buf = rank % 2 ? in : (char *)shared + 3 * esize;
+			if (buf != in)
+				memcpy(buf, in, bytes);
+			CHECK_OK(gg_allreduce(s, buf, counts[k], dtypes[d], tensor, 10000, &err), err);
+			check_result(buf, tensor, dtypes[d], counts[k], c->nranks, rank);
+			free(in);
+		}
+	}
+	CHECK_OK(gg_buffer_free(s, shared, &err), err);
+	gg_session_close(s);
+}
+
+static void test_shared_sums(void)
+{
+	for (unsigned n = 1; n <= 3; n++) {
+		struct sum_case c = { .nranks = n };
+		snprintf(c.job, sizeof(c.job), "shared-%u", n);
+		atomic_store(&h.core_sync, n == 2);
+		run_ranks(n, shared_rank, &c);
+	}
+	atomic_store(&h.core_sync, false);
+}
+
+static void test_shared_arguments(void)
+{
+	struct gg_session *s, *other;
+	struct gg_session_info info;
+	struct gg_request *r;
+	struct gg_error err;
+	void *buf, *bufs[64];
+	float local[4] = { 1, 2, 3, 4 };
+
+	CHECK_OK(gg_session_open(h.endpoint, "shared-args", 0, 1, &s, &err), err);
+	CHECK_OK(gg_session_open(h.endpoint, "shared-other", 0, 1, &other, &err), err);
+	gg_session_get_info(s, &info);
+	CHECK_EQ_INT(gg_buffer_alloc(s, 0, &buf, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "gg_buffer_alloc: bytes is 0");
+	CHECK(buf == NULL);
+	CHECK_EQ_INT(gg_buffer_alloc(s, info.max_message_bytes + 1, &buf, &err), GG_ERR_TOO_LARGE);
+	CHECK_ERR(err, GG_ERR_TOO_LARGE, "exceed the max_message", "site test-site");
+	CHECK_EQ_INT(gg_buffer_alloc(s, 64, NULL, &err), GG_ERR_INVALID);
+
+	CHECK_OK(gg_buffer_alloc(s, 4096, &buf, &err), err);
+	float *f = buf;
+	/* Past its end, not aligned to the element, or someone else's. */
+	CHECK_EQ_INT(gg_allreduce(s, f + 1000, 100, GG_DTYPE_F32, 1, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 1)", "run past the end of the shared buffer");
+	CHECK_EQ_INT(gg_allreduce(s, (char *)buf + 2, 4, GG_DTYPE_F32, 1, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "is not aligned to the 4-byte float32 elements");
+	CHECK_EQ_INT(gg_buffer_free(other, buf, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "is not a shared buffer of this session");
+	CHECK_EQ_INT(gg_buffer_free(s, local, &err), GG_ERR_INVALID);
+	CHECK_EQ_INT(gg_buffer_free(s, f + 1, &err), GG_ERR_INVALID);
+	CHECK_OK(gg_buffer_free(s, NULL, &err), err);
+	/* bfloat16 at an odd 2-byte offset is aligned. */
+	uint16_t *b = (uint16_t *)buf + 1;
+	b[0] = 0x3f80;
+	CHECK_OK(gg_allreduce(s, b, 1, GG_DTYPE_BF16, 1, 0, &err), err);
+	CHECK_EQ_INT(b[0], 0x3f80);
+
+	/* Freed while a request uses it: it goes once the request finished. */
+	f[0] = 5;
+	CHECK_OK(gg_allreduce_start(s, f, 1, GG_DTYPE_F32, 2, 0, &r, &err), err);
+	CHECK_OK(gg_buffer_free(s, buf, &err), err);
+	CHECK_EQ_INT(gg_buffer_free(s, buf, &err), GG_ERR_INVALID); /* once only */
+	CHECK_OK(gg_wait(r, -1, &err), err);
+	gg_request_free(r);
+
+	/* As many as the session may hold, then one more is refused. */
+	unsigned n = 0;
+	for (; n < info.max_buffers; n++)
+		CHECK_OK(gg_buffer_alloc(s, 64, &bufs[n], &err), err);
+	CHECK_EQ_INT(gg_buffer_alloc(s, 64, &buf, &err), GG_ERR_LIMIT);
+	CHECK_ERR(err, GG_ERR_LIMIT, "holds", "shared buffers, as many as the gateway of site test-site allows");
+	/* Staged requests still work with every buffer taken. */
+	CHECK_OK(gg_allreduce(s, local, 4, GG_DTYPE_F32, 3, 0, &err), err);
+	CHECK(local[0] == 1 && local[3] == 4);
+	CHECK_OK(gg_buffer_free(s, bufs[0], &err), err);
+	CHECK_OK(gg_buffer_alloc(s, 64, &bufs[0], &err), err);
+	gg_session_close(other);
+	gg_session_close(s); /* frees the rest */
+}
+
 /* ---- the endpoint and the library's own checks --------------------------- */
 
 static void test_endpoint_env(void)
@@ -256,10 +365,12 @@ int main(void)
 	test_arguments();
 	test_endpoint_env();
 	test_sums();
+	test_shared_arguments();
+	test_shared_sums();
 	test_async();
 	harness_wait_connections(&h, 0);
 	struct gg_host_backend_stats st = harness_stats(&h);
-	CHECK_EQ_INT(st.steps_done, 2 + 3 * 4 + ASYNC_REQS + 1);
+	CHECK_EQ_INT(st.steps_done, 2 + 3 * 4 + 3 + 3 * 4 + ASYNC_REQS + 1);
 	CHECK_EQ_INT(st.steps_failed, 0);
 	CHECK_EQ_INT(st.violations, 0);
 	harness_stop(&h);

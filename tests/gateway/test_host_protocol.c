@@ -270,7 +270,7 @@ static void bad_dtype(struct raw_rank *rr)
 
 static void bad_offset(struct raw_rank *rr)
 {
-	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 4, 0, 4);
+	raw_allreduce(rr->fd, 1, 5, GG_DTYPE_F32, 4, 0, 6);
 }
 
 static void bad_count_zero(struct raw_rank *rr)
@@ -442,11 +442,11 @@ static void bad_window(struct raw_rank *rr)
 
 static const struct violation violations[] = {
 	{ "too-large", bad_too_large, GG_ERR_TOO_LARGE, "step 1: 1048577 float32 elements; max_message allows 1 to 1048576", false },
-	{ "past-region", bad_past_region, GG_ERR_PROTOCOL, "step 1: 4000 bytes at offset 128 do not fit region 0 of 4096 bytes (offsets are multiples of 64)", false },
+	{ "past-region", bad_past_region, GG_ERR_PROTOCOL, "step 1: 4000 bytes at offset 128 do not fit region 0 of 4096 bytes (offsets are multiples of the element size, 4)", false },
 	{ "no-region", bad_region, GG_ERR_PROTOCOL, "step 1: region 3 is not mapped", false },
 	{ "seq", bad_seq, GG_ERR_PROTOCOL, "ALLREDUCE with seq 2, expected 1", false },
 	{ "dtype", bad_dtype, GG_ERR_PROTOCOL, "step 1: unknown dtype 7", false },
-	{ "offset", bad_offset, GG_ERR_PROTOCOL, "step 1: 16 bytes at offset 4 do not fit region 0 of 4096 bytes (offsets are multiples of 64)", false },
+	{ "offset", bad_offset, GG_ERR_PROTOCOL, "step 1: 16 bytes at offset 6 do not fit region 0 of 4096 bytes (offsets are multiples of the element size, 4)", false },
 	{ "count-zero", bad_count_zero, GG_ERR_PROTOCOL, "step 1: 0 float32 elements; max_message allows 1 to 1048576", false },
 	{ "garbage", bad_garbage, GG_ERR_PROTOCOL, "not a gradgate control message (magic 0xefbeadde)", false },
 	{ "truncated", bad_truncated, GG_ERR_PROTOCOL, "truncated ALLREDUCE: 30 of 56 bytes", false },
@@ -459,7 +459,7 @@ static const struct violation violations[] = {
 	{ "map-two-fds", bad_map_two_fds, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not 2", false },
 	{ "map-many-fds", bad_map_many_fds, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not more than 4", false },
 	{ "map-twice", bad_map_twice, GG_ERR_PROTOCOL, "MAP of region 0, which is mapped already", false },
-	{ "map-id", bad_map_id, GG_ERR_PROTOCOL, "MAP of region 99; regions are 0..8", false },
+	{ "map-id", bad_map_id, GG_ERR_PROTOCOL, "MAP of region 99; regions are 0..63", false },
 	{ "map-huge", bad_map_huge, GG_ERR_TOO_LARGE, "MAP of region 1 with 1099511627776 bytes; regions hold 1 to 8392704 bytes", false },
 	{ "write-sealed", bad_write_sealed, GG_ERR_PROTOCOL, "MAP of region 1: mmap: Operation not permitted", false },
 	{ "unmap-busy", bad_unmap_busy, GG_ERR_PROTOCOL, "UNMAP of region 0 while it holds 1 request in flight", true },
