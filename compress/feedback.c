@@ -67,19 +67,22 @@ int gg_feedback_commit(struct gg_feedback *fb, const struct gg_codec_params *p, 
 }
 
 int gg_feedback_encode(struct gg_feedback *fb, const struct gg_codec_params *p, size_t offset,
-		       const float *in, size_t n, void *dst, size_t dst_bytes)
+		       const float *in, size_t n, void *dst, size_t dst_bytes, float *scratch)
 {
-	if (n > fb->max_chunk_elems)
-		return -EINVAL;
-	int rc = gg_feedback_compensate(fb, offset, in, n, fb->scratch);
+	if (!scratch) {
+		if (n > fb->max_chunk_elems)
+			return -EINVAL;
+		scratch = fb->scratch;
+	}
+	int rc = gg_feedback_compensate(fb, offset, in, n, scratch);
 	if (rc)
 		return rc;
 	uint64_t bytes;
 	rc = gg_codec_encoded_bytes(p, n, &bytes);
 	if (rc)
 		return rc;
-	rc = gg_codec_encode(p, fb->scratch, n, dst, dst_bytes);
+	rc = gg_codec_encode(p, scratch, n, dst, dst_bytes);
 	if (rc)
 		return rc;
-	return gg_feedback_commit(fb, p, offset, fb->scratch, n, dst, bytes);
+	return gg_feedback_commit(fb, p, offset, scratch, n, dst, bytes);
 }

@@ -11,8 +11,8 @@
  * every later step. cuda/ must use exactly these operations (__fadd_rn,
  * __fsub_rn).
  *
- * Chunks are independent: offset says where a chunk sits in the tensor. Not
- * thread-safe for overlapping ranges. */
+ * Chunks are independent: offset says where a chunk sits in the tensor.
+ * Threads may work on disjoint ranges at once, each with its own scratch. */
 #ifndef GG_FEEDBACK_H
 #define GG_FEEDBACK_H
 
@@ -45,9 +45,11 @@ GG_MUST_CHECK int gg_feedback_commit(struct gg_feedback *fb, const struct gg_cod
 				     const void *encoded, size_t encoded_bytes);
 /* Both around gg_codec_encode(): encodes in[0..n) with its residual into
  * dst (exactly gg_codec_encoded_bytes() bytes) and updates the residual.
- * n <= max_chunk_elems. Returns 0 or what those return. */
+ * `scratch` holds the compensated chunk: n floats of the caller's, so
+ * threads may encode disjoint ranges at once, or NULL for the feedback's
+ * own (n <= max_chunk_elems). Returns 0 or what those return. */
 GG_MUST_CHECK int gg_feedback_encode(struct gg_feedback *fb, const struct gg_codec_params *p,
 				     size_t offset, const float *in, size_t n, void *dst,
-				     size_t dst_bytes);
+				     size_t dst_bytes, float *scratch);
 
 #endif

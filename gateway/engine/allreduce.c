@@ -19,7 +19,10 @@ struct gg_ar_step {
 	uint32_t chunk_base[GG_AR_MAX_SITES + 1]; /* prefix sums of shard_chunks */
 	uint32_t nchunks;        /* direct: chunks of the tensor; ring: of all shards */
 	uint32_t own_chunks;     /* chunks of its own input the site encodes first: */
-	uint32_t next_own;       /* all of them for direct, its starting shard's for ring */
+	uint64_t next_own;       /* all of them for direct, its starting shard's for ring;
+				    of those, the part's: part, part + parts, ... */
+	uint64_t part_chunks;    /* the chunks of the step's part, when all are done */
+	float *fb_scratch;       /* one chunk: the input compensated by error feedback */
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
 	struct gg_buf **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
@@ -60,6 +63,17 @@ static const char *phase_name(unsigned phase)
 		return "all-gather";
 	}
 	return "unknown phase";
+}
+
+static bool in_part(const struct gg_ar_step *s, uint32_t chunk)
+{
+	return chunk % s->cfg.parts == s->cfg.part;
+}
+
+/* How many of chunks 0..n-1 are the part's. */
+static uint64_t part_count(const struct gg_ar_step *s, uint64_t n)
+{
+	return n > s->cfg.part ? (n - s->cfg.part + s->cfg.parts - 1) / s->cfg.parts : 0;
 }
 
 static bool range_of(const struct gg_ar_config *cfg, const uint64_t *shard_lo, const struct gg_ar_chunk_id *id,
@@ -121,7 +135,7 @@ static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset,
 		rc = gg_codec_encoded_bytes(&enc->cfg.codec, n, &raw_bytes);
 		if (!rc)
 			rc = gg_feedback_encode(s->cfg.feedback, &enc->cfg.codec, offset, src, n,
-						f->data + GG_FRAME_HEADER_BYTES, raw_bytes);
+						f->data + GG_FRAME_HEADER_BYTES, raw_bytes, s->fb_scratch);
 		if (!rc)
 			rc = gg_frame_wrap(enc, f->data + GG_FRAME_HEADER_BYTES, raw_bytes, n, f->data,
 					   s->frame_cap, &f->len);
@@ -225,7 +239,8 @@ static int direct_emit(struct gg_ar_step *s, uint32_t upto, char *err, size_t er
 	const unsigned K = s->cfg.sites, self = s->cfg.self;
 
 	while (s->next_own < s->own_chunks && (s->next_own < upto || may_encode(s))) {
-		uint32_t c = s->next_own++;
+		uint32_t c = (uint32_t)s->next_own;
+		s->next_own += s->cfg.parts;
 		struct gg_ar_chunk_id id = { GG_AR_DIRECT, (uint8_t)self, c };
 		struct gg_buf *f;
 		uint64_t offset = 0, n = 0;
@@ -285,7 +300,8 @@ static int ring_emit(struct gg_ar_step *s, char *err, size_t err_size)
 	uint8_t shard = ring_start_shard(s);
 
 	while (s->next_own < s->own_chunks && may_encode(s)) {
-		struct gg_ar_chunk_id id = { GG_AR_SCATTER, shard, s->next_own++ };
+		struct gg_ar_chunk_id id = { GG_AR_SCATTER, shard, (uint32_t)s->next_own };
+		s->next_own += s->cfg.parts;
 		struct gg_buf *f;
 		uint64_t offset = 0, n = 0;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
@@ -373,6 +389,12 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 		return gg_errf(err, err_size, -EPROTO, "site %u sent %s chunk %u of %u, which does not exist in this step",
 			       from, phase_name(id->phase), id->chunk, id->origin);
 	}
+	if (!in_part(s, id->chunk)) {
+		s->failed = true;
+		return gg_errf(err, err_size, -EPROTO, "%s chunk %u of %u from site %u belongs to part %u of %u, not %u",
+			       phase_name(id->phase), id->chunk, id->origin, from, id->chunk % s->cfg.parts,
+			       s->cfg.parts, s->cfg.part);
+	}
 	/* Who may send what: direct frames come from their origin; ring
 	 * frames from the predecessor, never for a shard it cannot hold. */
 	bool expected = id->phase == GG_AR_DIRECT
@@ -433,6 +455,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 			    (unsigned long long)cfg->enc->cfg.max_elems);
 	if (cfg->algo != GG_ALLREDUCE_DIRECT && cfg->algo != GG_ALLREDUCE_RING)
 		return gg_errf(err, err_size, -EINVAL, "unknown all-reduce algorithm %d", (int)cfg->algo);
+	if (cfg->parts ? cfg->part >= cfg->parts : cfg->part != 0)
+		return gg_errf(err, err_size, -EINVAL, "part %u of %u", cfg->part, cfg->parts);
 	if (cfg->feedback && cfg->feedback->elems < cfg->count)
 		return gg_errf(err, err_size, -EINVAL, "error feedback covers %zu elements, the step has %llu",
 			    cfg->feedback->elems, (unsigned long long)cfg->count);
@@ -441,6 +465,9 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	if (!s)
 		return -ENOMEM;
 	s->cfg = *cfg;
+	if (!s->cfg.parts)
+		s->cfg.parts = 1;
+	s->next_own = s->cfg.part;
 	s->ops = ops;
 	s->ctx = ctx;
 	s->input = input;
@@ -449,6 +476,10 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
 	if (rc)
 		goto fail;
+	if (cfg->feedback && !(s->fb_scratch = malloc(sizeof(float) * cfg->chunk_elems))) {
+		rc = -ENOMEM;
+		goto fail;
+	}
 	if (cfg->algo == GG_ALLREDUCE_DIRECT) {
 		uint64_t nchunks = (cfg->count + cfg->chunk_elems - 1) / cfg->chunk_elems;
 		if (nchunks > UINT32_MAX) {
@@ -463,6 +494,7 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 			goto fail;
 		}
 		s->own_chunks = s->nchunks;
+		s->part_chunks = part_count(s, s->nchunks);
 		rc = direct_emit(s, 0, err, err_size);
 	} else {
 		for (unsigned j = 0; j < cfg->sites; j++) {
@@ -483,6 +515,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 			goto fail;
 		}
 		s->own_chunks = s->shard_chunks[ring_start_shard(s)];
+		for (unsigned j = 0; j < cfg->sites; j++)
+			s->part_chunks += part_count(s, s->shard_chunks[j]);
 		rc = ring_emit(s, err, err_size);
 	}
 	if (rc)
@@ -496,13 +530,13 @@ fail:
 
 bool gg_ar_step_done(const struct gg_ar_step *s)
 {
-	return !s->failed && s->chunks_done == s->nchunks;
+	return !s->failed && s->chunks_done == s->part_chunks;
 }
 
 bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct gg_ar_chunk_id *id)
 {
 	if (s->cfg.algo == GG_ALLREDUCE_DIRECT) {
-		for (uint32_t c = 0; c < s->nchunks; c++) {
+		for (uint32_t c = s->cfg.part; c < s->nchunks; c += s->cfg.parts) {
 			/* A chunk waiting for this site's own frame, which waits for
 			 * room on the streams, names no peer that failed to send. */
 			if (s->next_site[c] == s->cfg.self && c >= s->next_own)
@@ -517,7 +551,7 @@ bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct
 	}
 	*from = ring_prev(s);
 	for (unsigned j = 0; j < s->cfg.sites; j++) {
-		for (uint32_t c = 0; c < s->shard_chunks[j]; c++) {
+		for (uint32_t c = s->cfg.part; c < s->shard_chunks[j]; c += s->cfg.parts) {
 			uint8_t got = s->got[s->chunk_base[j] + c];
 			for (unsigned bit = 0; bit < 2; bit++) {
 				unsigned phase = bit ? GG_AR_GATHER : GG_AR_SCATTER;
@@ -538,12 +572,12 @@ uint64_t gg_ar_step_expected_from(const struct gg_ar_step *s, unsigned from)
 	if (from >= s->cfg.sites || from == s->cfg.self)
 		return 0;
 	if (s->cfg.algo == GG_ALLREDUCE_DIRECT)
-		return s->nchunks;
+		return part_count(s, s->nchunks);
 	if (from != ring_prev(s))
 		return 0;
 	for (unsigned j = 0; j < s->cfg.sites; j++)
-		total += s->shard_chunks[j] * (uint64_t)(ring_expects(s, GG_AR_SCATTER, j) +
-							 ring_expects(s, GG_AR_GATHER, j));
+		total += part_count(s, s->shard_chunks[j]) *
+			 (uint64_t)(ring_expects(s, GG_AR_SCATTER, j) + ring_expects(s, GG_AR_GATHER, j));
 	return total;
 }
 
@@ -563,5 +597,6 @@ void gg_ar_step_free(struct gg_ar_step *s)
 	free(s->next_site);
 	free(s->got);
 	free(s->scratch);
+	free(s->fb_scratch);
 	free(s);
 }

@@ -76,6 +76,11 @@ struct gg_ar_config {
 	struct gg_frame_decoder *dec;
 	struct gg_feedback *feedback; /* NULL: none; else covers count elements */
 	struct gg_buf_pool *pool; /* NULL: frames are malloc'd */
+	/* This step handles the chunks c with c % parts == part only (chunk
+	 * numbers as in struct gg_ar_chunk_id), so `parts` steps, one per
+	 * thread, may share input and result and split the work. 0 and 0:
+	 * every chunk. */
+	unsigned part, parts;
 };
 
 struct gg_ar_step;
@@ -107,7 +112,7 @@ bool gg_ar_step_wants_resume(const struct gg_ar_step *s);
 GG_MUST_CHECK int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_chunk_id *id,
 				      const void *frame, size_t len, char *err, size_t err_size);
 
-/* True once every element of `result` is final. */
+/* True once every element of `result` in the step's part is final. */
 bool gg_ar_step_done(const struct gg_ar_step *s);
 
 /* The first chunk still awaited and the site it must come from (for the

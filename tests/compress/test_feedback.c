@@ -44,7 +44,7 @@ static void run_codec(const struct gg_codec_params *p, struct run *run)
 		for (size_t i = 0; i < N; i++)
 			x[i] = base[i] * (float)(1.0 + 0.01 * rng_normal(&r));
 		for (size_t off = 0; off < N; off += CHUNK) {
-			CHECK(gg_feedback_encode(&fb, p, off, x + off, CHUNK, enc, bytes) == 0, "feedback encode");
+			CHECK(gg_feedback_encode(&fb, p, off, x + off, CHUNK, enc, bytes, NULL) == 0, "feedback encode");
 			CHECK(gg_codec_decode(p, enc, bytes, CHUNK, dec + off) == 0, "decode");
 		}
 		for (size_t i = 0; i < N; i++)
@@ -92,7 +92,7 @@ static void non_finite_resets(void)
 			CHECK(fb.residual[10] == 0 && fb.residual[11] == 0, "non-finite inputs leave a zero residual");
 	}
 	CHECK(gg_feedback_compensate(&fb, N - 1, x, 2, to_encode) == -EINVAL, "range past the tensor");
-	CHECK(gg_feedback_encode(&fb, &p, 0, x, N + 1, enc, bytes) == -EINVAL, "chunk over the limit");
+	CHECK(gg_feedback_encode(&fb, &p, 0, x, N + 1, enc, bytes, NULL) == -EINVAL, "chunk over the limit");
 	gg_feedback_reset(&fb);
 	for (size_t i = 0; i < N; i++)
 		CHECK(fb.residual[i] == 0, "reset");

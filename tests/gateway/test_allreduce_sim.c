@@ -1,7 +1,8 @@
 /* The all-reduce step engine with K simulated sites in one process: frames
  * are delivered in a shuffled order, some twice, and every site must end
  * with the same bytes, equal to the fixed-order sum for fp32 and within
- * the codec's bound for the lossy codecs. */
+ * the codec's bound for the lossy codecs. Sites split their steps into 1
+ * to 3 parts (as a gateway's lanes do), each site its own number. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include "gg_check.h"
 #include "allreduce.h"
 
+
+#define MAX_PARTS 3
 
 struct msg {
 	unsigned from, to;
@@ -31,9 +34,11 @@ struct site {
 	struct gg_frame_decoder dec;
 	struct gg_feedback fb;
 	bool use_fb;
-	struct gg_ar_step *step;
+	struct gg_ar_step *step[MAX_PARTS];
+	unsigned parts;
 	struct gg_buf_pool pool; /* small, so frames both come back and overflow it */
 	float *input, *result;
+	uint8_t *seen;           /* per element: 1 gathered, 2 delivered too */
 };
 
 static uint64_t next_rand(uint64_t *s)
@@ -75,7 +80,31 @@ static bool net_may_encode(void *ctx)
 	return next_rand(&from->net->rng) % 3 != 0;
 }
 
-static const struct gg_ar_ops net_ops = { .send = net_send, .may_encode = net_may_encode };
+/* Every element is gathered once, before it is first read, and delivered
+ * once, after it was gathered. */
+static void net_gather(void *ctx, uint64_t offset, uint64_t n)
+{
+	struct site *s = ctx;
+
+	for (uint64_t i = offset; i < offset + n; i++) {
+		CHECK(s->seen[i] == 0, "site %u: element %llu gathered twice", s->index, (unsigned long long)i);
+		s->seen[i] = 1;
+	}
+}
+
+static void net_deliver(void *ctx, uint64_t offset, uint64_t n)
+{
+	struct site *s = ctx;
+
+	for (uint64_t i = offset; i < offset + n; i++) {
+		CHECK(s->seen[i] == 1, "site %u: element %llu delivered %s", s->index, (unsigned long long)i,
+		      s->seen[i] ? "twice" : "before it was gathered");
+		s->seen[i] = 2;
+	}
+}
+
+static const struct gg_ar_ops net_ops = { .send = net_send, .may_encode = net_may_encode, .gather = net_gather,
+					  .deliver = net_deliver };
 
 static int site_init(struct site *s, struct net *net, unsigned index, enum gg_codec codec, uint32_t chunk,
 		     size_t count, bool fb)
@@ -99,12 +128,21 @@ static int site_init(struct site *s, struct net *net, unsigned index, enum gg_co
 	gg_buf_pool_init(&s->pool, bound, 4);
 	s->input = malloc(count * sizeof(float));
 	s->result = malloc(count * sizeof(float));
-	return s->input && s->result ? 0 : -1;
+	s->seen = calloc(count, 1);
+	return s->input && s->result && s->seen ? 0 : -1;
+}
+
+static void free_steps(struct site *s)
+{
+	for (unsigned p = 0; p < MAX_PARTS; p++) {
+		gg_ar_step_free(s->step[p]);
+		s->step[p] = NULL;
+	}
 }
 
 static void site_fini(struct site *s)
 {
-	gg_ar_step_free(s->step);
+	free_steps(s);
 	gg_buf_pool_fini(&s->pool);
 	gg_frame_encoder_fini(&s->enc);
 	gg_frame_decoder_fini(&s->dec);
@@ -112,6 +150,7 @@ static void site_fini(struct site *s)
 		gg_feedback_fini(&s->fb);
 	free(s->input);
 	free(s->result);
+	free(s->seen);
 }
 
 /* Runs one step on every site, delivering frames in random order and
@@ -122,12 +161,7 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 	char err[GG_AR_ERROR_MAX];
 
 	for (unsigned k = 0; k < K; k++) {
-		struct gg_ar_config cfg = { .sites = K, .self = k, .algo = algo, .count = count,
-					    .chunk_elems = chunk, .enc = &sites[k].enc, .dec = &sites[k].dec,
-					    .feedback = sites[k].use_fb ? &sites[k].fb : NULL,
-					    .pool = k % 2 ? &sites[k].pool : NULL };
-		gg_ar_step_free(sites[k].step);
-		sites[k].step = NULL;
+		free_steps(&sites[k]);
 		/* Every other site sums in place, as the gateway's backends do:
 		 * input and result are then the same memory. */
 		bool in_place = (k + count) % 2 == 0;
@@ -135,10 +169,19 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 			memcpy(sites[k].result, sites[k].input, count * sizeof(float));
 		else
 			memset(sites[k].result, 0xa5, count * sizeof(float)); /* sentinel */
-		if (gg_ar_step_start(&sites[k].step, &cfg, in_place ? sites[k].result : sites[k].input, sites[k].result,
-				     &net_ops, &sites[k], err, sizeof(err))) {
-			printf("start at site %u: %s\n", k, err);
-			return -1;
+		sites[k].parts = 1 + (unsigned)((k + count / 7) % MAX_PARTS);
+		memset(sites[k].seen, 0, count);
+		for (unsigned p = 0; p < sites[k].parts; p++) {
+			struct gg_ar_config cfg = { .sites = K, .self = k, .algo = algo, .count = count,
+						    .chunk_elems = chunk, .enc = &sites[k].enc, .dec = &sites[k].dec,
+						    .feedback = sites[k].use_fb ? &sites[k].fb : NULL,
+						    .pool = k % 2 ? &sites[k].pool : NULL, .part = p,
+						    .parts = sites[k].parts };
+			if (gg_ar_step_start(&sites[k].step[p], &cfg, in_place ? sites[k].result : sites[k].input,
+					     sites[k].result, &net_ops, &sites[k], err, sizeof(err))) {
+				printf("start at site %u part %u: %s\n", k, p, err);
+				return -1;
+			}
 		}
 	}
 	for (;;) {
@@ -146,11 +189,13 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 		 * nothing else is left to deliver. */
 		bool held = false;
 		for (unsigned k = 0; k < K; k++) {
-			if (!gg_ar_step_wants_resume(sites[k].step))
-				continue;
-			held = true;
-			if (!net->len || next_rand(&net->rng) % 4 == 0)
-				CHECK(gg_ar_step_resume(sites[k].step, err, sizeof(err)) == 0, "resume: %s", err);
+			for (unsigned p = 0; p < sites[k].parts; p++) {
+				if (!gg_ar_step_wants_resume(sites[k].step[p]))
+					continue;
+				held = true;
+				if (!net->len || next_rand(&net->rng) % 4 == 0)
+					CHECK(gg_ar_step_resume(sites[k].step[p], err, sizeof(err)) == 0, "resume: %s", err);
+			}
 		}
 		if (!net->len && !held)
 			break;
@@ -161,8 +206,8 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 		bool again = next_rand(&net->rng) % 8 == 0;
 		if (!again)
 			net->q[pick] = net->q[--net->len];
-		int rc = gg_ar_step_on_frame(sites[m.to].step, m.from, &m.id, m.frame->data, m.frame->len, err,
-					     sizeof(err));
+		struct gg_ar_step *to = sites[m.to].step[m.id.chunk % sites[m.to].parts];
+		int rc = gg_ar_step_on_frame(to, m.from, &m.id, m.frame->data, m.frame->len, err, sizeof(err));
 		if (again)
 			CHECK(rc == 0 || rc == 1, "rc %d", rc);
 		if (rc < 0) {
@@ -173,22 +218,26 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 			gg_buf_put(m.frame);
 		/* A frame delivered twice must be a no-op the second time. */
 		if (again) {
-			rc = gg_ar_step_on_frame(sites[m.to].step, m.from, &m.id, m.frame->data, m.frame->len, err,
-						 sizeof(err));
+			rc = gg_ar_step_on_frame(to, m.from, &m.id, m.frame->data, m.frame->len, err, sizeof(err));
 			CHECK(rc == 1, "second delivery of a frame returned %d", rc);
 			net->q[pick] = net->q[--net->len];
 			gg_buf_put(m.frame);
 		}
 	}
-	for (unsigned k = 0; k < K; k++)
-		if (!gg_ar_step_done(sites[k].step)) {
+	for (unsigned k = 0; k < K; k++) {
+		for (unsigned p = 0; p < sites[k].parts; p++) {
+			if (gg_ar_step_done(sites[k].step[p]))
+				continue;
 			unsigned from = 0;
 			struct gg_ar_chunk_id id = { 0 };
-			gg_ar_step_first_missing(sites[k].step, &from, &id);
-			printf("site %u not done: missing phase %u origin %u chunk %u from %u\n", k, id.phase,
-			       id.origin, id.chunk, from);
+			gg_ar_step_first_missing(sites[k].step[p], &from, &id);
+			printf("site %u part %u not done: missing phase %u origin %u chunk %u from %u\n", k, p,
+			       id.phase, id.origin, id.chunk, from);
 			return -1;
 		}
+		for (size_t i = 0; i < count; i++)
+			CHECK(sites[k].seen[i] == 2, "site %u: element %zu was never delivered", k, i);
+	}
 	return 0;
 }
 
@@ -406,6 +455,7 @@ static void check_refusals(void)
 		{ 0, { GG_AR_SCATTER, 2, 0 }, -EBADMSG, NULL }, /* wrong element count: shard 2 chunk 0 is 1024 */
 	};
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		memset(sites[1].seen, 0, N); /* a fresh step gathers afresh */
 		CHECK(gg_ar_step_start(&step, &cfg, sites[1].input, sites[1].result, &net_ops, &sites[1], err,
 				       sizeof(err)) == 0,
 		      "start: %s", err);
