@@ -49,6 +49,7 @@ struct opts {
 	int zstd_level;
 	const char *algo;
 	int streams;
+	int threads;
 	unsigned jobs;
 	uint64_t chunk_bytes;
 	const char *cipher;
@@ -124,6 +125,8 @@ static void usage(FILE *f)
 		"  --zstd-level N       0 (off, default) to 19\n"
 		"  --algorithm A        direct or ring (default direct)\n"
 		"  --streams S          TLS streams per peer, and of the baseline (default 2)\n"
+		"  --threads W          lanes per gateway: threads with a loop and a share of the\n"
+		"                       streams and chunks each (default 1)\n"
 		"  --chunk SIZE         chunk size (default 1MiB)\n"
 		"  --cipher SUITE       TLS 1.3 ciphersuite (default TLS_AES_256_GCM_SHA384)\n"
 		"  --baseline-time S    seconds of the transport baseline (default 3; 0 skips it)\n"
@@ -140,6 +143,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "streams", required_argument, NULL, 's' },   { "chunk", required_argument, NULL, 'C' },
 		{ "cipher", required_argument, NULL, 'p' },    { "baseline-time", required_argument, NULL, 'b' },
 		{ "jobs", required_argument, NULL, 'j' },      { "json", no_argument, NULL, 'J' },
+		{ "threads", required_argument, NULL, 'w' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -148,7 +152,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	int c;
 
 	*o = (struct opts){ .sites = 2, .count = 16u << 20, .steps = 8, .codec = "fp32", .algo = "direct",
-			    .streams = 2, .jobs = 1, .chunk_bytes = 1u << 20, .cipher = "TLS_AES_256_GCM_SHA384",
+			    .streams = 2, .threads = 1, .jobs = 1, .chunk_bytes = 1u << 20, .cipher = "TLS_AES_256_GCM_SHA384",
 			    .baseline_s = 3 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
@@ -158,6 +162,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 't':
 		case 'z':
 		case 's':
+		case 'w':
 		case 'j': {
 			static const struct {
 				int opt;
@@ -165,7 +170,7 @@ static int parse(int argc, char **argv, struct opts *o)
 				const char *name;
 			} ranges[] = { { 'k', 2, MAX_SITES, "--sites" }, { 't', 1, 10000, "--steps" },
 				       { 'z', 0, 19, "--zstd-level" }, { 's', 1, 32, "--streams" },
-				       { 'j', 1, MAX_JOBS, "--jobs" } };
+				       { 'j', 1, MAX_JOBS, "--jobs" }, { 'w', 1, 64, "--threads" } };
 			size_t r = 0;
 			while (ranges[r].opt != c)
 				r++;
@@ -183,6 +188,8 @@ static int parse(int argc, char **argv, struct opts *o)
 				o->zstd_level = (int)v;
 			else if (c == 'j')
 				o->jobs = (unsigned)v;
+			else if (c == 'w')
+				o->threads = (int)v;
 			else
 				o->streams = (int)v;
 			break;
@@ -330,9 +337,9 @@ static int load_config(const struct opts *o, const char *dir, const int *ports, 
 	struct gg_diag diag = { 0 };
 
 	appendf(text, sizeof(text), &n,
-			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\nthreads = 1\n"
+			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\nthreads = %d\n"
 			      "[tls]\nca = \"ca.pem\"\ncert = \"s%u.pem\"\nkey = \"s%u.key\"\nciphersuites = [\"%s\"]\n",
-			      k, ports[k], k, k, o->cipher);
+			      k, ports[k], o->threads, k, k, o->cipher);
 	for (unsigned p = 0; p < o->sites; p++)
 		if (p != k)
 			appendf(text, sizeof(text), &n,
@@ -608,17 +615,18 @@ int gg_bench_gateway_main(int argc, char **argv)
 		}
 		if (o.json) {
 			printf("{\"sites\": %u, \"count\": %llu, \"steps\": %u, \"codec\": \"%s\", \"algorithm\": \"%s\", "
-			       "\"streams\": %d, \"jobs\": %u, \"cipher\": \"%s\", \"step_ms_p50\": %.3f, \"payload_gbps\": %.3f, "
-			       "\"raw_gbps\": %.3f, \"tls_share\": %.3f, \"codec_share\": %.3f",
-			       o.sites, (unsigned long long)o.count, o.steps, o.codec, o.algo, o.streams, o.jobs, o.cipher, p50,
+			       "\"streams\": %d, \"threads\": %d, \"jobs\": %u, \"cipher\": \"%s\", \"step_ms_p50\": %.3f, "
+			       "\"payload_gbps\": %.3f, \"raw_gbps\": %.3f, \"tls_share\": %.3f, \"codec_share\": %.3f",
+			       o.sites, (unsigned long long)o.count, o.steps, o.codec, o.algo, o.streams, o.threads, o.jobs,
+			       o.cipher, p50,
 			       gbps, (double)raw * 8 / wall / 1e9, tls / (wall * o.sites), codec / (wall * o.sites));
 			if (base > 0)
 				printf(", \"transport_gbps\": %.3f, \"ratio_vs_transport\": %.3f", base, gbps / base);
 			printf("}\n");
 		} else {
 			printf("gradgate-bench gateway: %u sites, %llu float32 per step (%s), %s, %s, %d streams per peer, "
-			       "%u jobs in flight, loopback\n",
-			       o.sites, (unsigned long long)o.count, o.codec, o.algo, o.cipher, o.streams, o.jobs);
+			       "%d threads per gateway, %u jobs in flight, loopback\n",
+			       o.sites, (unsigned long long)o.count, o.codec, o.algo, o.cipher, o.streams, o.threads, o.jobs);
 			printf("  gateways        %8.2f Gbit/s payload (all sites and directions), %.2f Gbit/s of fp32; "
 			       "step p50 %.1f ms over %u steps\n",
 			       gbps, (double)raw * 8 / wall / 1e9, p50, o.steps);

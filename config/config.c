@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +60,8 @@ static const struct field site_fields[] = {
 	  "host:port where peer gateways connect" },
 	{ "control", F_STRING, CFG(site.control), false, NULL, 0, 0, NULL, gg_check_control,
 	  "local client endpoint: unix:/absolute/path" },
-	{ "threads", F_INT, CFG(site.threads), false, "2", 1, 2, NULL, NULL,
-	  "io_uring loop threads: 1, or 2 (site backend and peer mesh apart)" },
+	{ "threads", F_INT, CFG(site.threads), false, NULL, 1, 64, NULL, NULL,
+	  "threads, each with an io_uring loop and a share of the streams and chunks (default: one per CPU)" },
 };
 
 static const struct field tls_fields[] = {
@@ -631,8 +632,19 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 	}
 }
 
+/* One thread per CPU this process may run on, within the setting's range. */
+static int default_threads(void)
+{
+	cpu_set_t set;
+	int n = sched_getaffinity(0, sizeof(set), &set) ? 1 : CPU_COUNT(&set);
+
+	return n < 1 ? 1 : n > 64 ? 64 : n;
+}
+
 static void fill_derived(struct loader *ld, struct gg_config *cfg)
 {
+	if (!cfg->site.threads)
+		cfg->site.threads = default_threads();
 	if (!cfg->site.control && cfg->site.name &&
 	    asprintf(&cfg->site.control, "unix:/run/gradgate/%s.sock", cfg->site.name) < 0) {
 		cfg->site.control = NULL;

@@ -33,7 +33,7 @@ struct gg_config {
 		char *name;
 		char *listen;   /* "host:port" for peer gateways */
 		char *control;  /* "unix:/PATH" for local clients */
-		int threads;    /* io_uring worker threads */
+		int threads;    /* lanes: threads with an io_uring loop each (default: one per CPU) */
 	} site;
 
 	struct {

@@ -98,6 +98,27 @@ static const char *source_name(const char *path, const char *pem)
 	return pem ? "(in memory)" : path;
 }
 
+/* OpenSSL fills each certificate's cache of decoded extensions the first
+ * time a handshake looks at it; a context shared by threads has it filled
+ * here, before any of them does. */
+static void prime_caches(SSL_CTX *sc)
+{
+	STACK_OF(X509_OBJECT) *objs = X509_STORE_get0_objects(SSL_CTX_get_cert_store(sc));
+	STACK_OF(X509) *chain = NULL;
+	X509 *leaf = SSL_CTX_get0_certificate(sc);
+
+	for (int i = 0; i < sk_X509_OBJECT_num(objs); i++) {
+		X509 *x = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(objs, i));
+		if (x)
+			X509_check_purpose(x, -1, 0);
+	}
+	if (leaf)
+		X509_check_purpose(leaf, -1, 0);
+	if (SSL_CTX_get0_chain_certs(sc, &chain) && chain)
+		for (int i = 0; i < sk_X509_num(chain); i++)
+			X509_check_purpose(sk_X509_value(chain, i), -1, 0);
+}
+
 static int load_ca(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
 {
 	X509_STORE *store = SSL_CTX_get_cert_store(sc);
@@ -325,6 +346,7 @@ static int build_ssl_ctx(const struct gg_tls_options *o, SSL_CTX **out, char *er
 		goto out;
 	if (o->crl_file && (rc = load_crl(o, sc, err, size)))
 		goto out;
+	prime_caches(sc);
 	*out = sc;
 	sc = NULL;
 out:

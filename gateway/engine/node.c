@@ -2,7 +2,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,18 +14,98 @@
 
 #include "allreduce.h"
 #include "log.h"
+#include "mailbox.h"
 #include "mesh.h"
 #include "units.h"
 
 #define MAX_JOBS 32
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
+#define TICK_US 100000       /* lanes look at their timers at least this often */
+
+/* user_data kinds of the two mailboxes a lane's loop reads: below
+ * GG_OP_USER, above the mesh's kinds. */
+#define KIND_LANE_MAIL 16
+#define KIND_COORD_MAIL 17
+
+/* ---- messages between the coordinator and the lanes ----------------------
+ *
+ * The coordinator (on lane 0's thread) owns jobs and steps: their start,
+ * the commit round, deadlines of whole steps, error feedback. Each lane
+ * owns a share of the streams and of every step's chunks (a part), and
+ * runs both on its own thread and io_uring loop; the two sides talk only
+ * through these messages. */
+
+enum mail_type {
+	M_START,        /* coordinator -> lane: start your part of a step */
+	M_END,          /* coordinator -> lane: the step is over; drop your part */
+	M_ENDED,        /* lane -> coordinator: the part is gone, its memory untouched from now on */
+	M_PART_DONE,    /* lane -> coordinator: every element of the part is final */
+	M_PART_FAILED,  /* lane -> coordinator: the part cannot finish */
+	M_SEND,         /* coordinator -> lane: a control message for a peer on the lane's streams */
+	M_FORGET,       /* coordinator -> lane: a peer aborted a step that never ran here */
+	M_CONTROL,      /* lane -> coordinator: ABORT or DONE from a peer */
+	M_RESTARTED,    /* lane -> coordinator: a peer came back with a new instance */
+	M_STREAM_READY, /* lane -> coordinator: a stream to a peer is up */
+	M_DATA,         /* lane -> lane: DATA for a chunk of the receiver's */
+	M_ACK,          /* lane -> lane: an ACK for DATA the receiver may hold */
+	M_ACK_SEND,     /* lane -> lane: acknowledge DATA that came on the receiver's stream */
+	M_CONN,         /* lane 0 -> lane: an accepted stream of the receiver's */
+	M_SHUTDOWN,     /* coordinator -> lane: close every stream */
+	M_CUT,          /* tests: cut a stream */
+};
+
+struct mail {
+	struct gg_mail base;
+	unsigned slot;        /* the coordinator's job */
+	uint64_t seq;
+	unsigned peer;
+	unsigned via_lane;    /* M_DATA, M_ACK_SEND: the lane whose stream the DATA came on */
+	struct gg_mesh_via via;
+	int code;
+	bool forget;          /* M_END: the step failed; unsent DATA of it goes */
+	union {
+		struct {      /* M_START */
+			struct gg_wire_step wstep;
+			const float *input;
+			float *result;
+			struct gg_feedback *feedback;
+			uint64_t deadline_us;
+			void (*gather)(void *arg, uint64_t offset, uint64_t n);
+			void (*deliver)(void *arg, uint64_t offset, uint64_t n);
+			void *arg;
+		} start;
+		char job[GG_WIRE_NAME_MAX + 1]; /* M_END, M_FORGET */
+		struct {      /* M_SEND */
+			uint8_t bytes[CTRL_MSG_MAX];
+			size_t len;
+			bool every_stream;
+		} send;
+		struct gg_wire_msg msg;         /* M_CONTROL, M_ACK */
+		struct {      /* M_DATA */
+			struct gg_wire_msg msg;
+			struct gg_buf *payload;
+		} data;
+		struct {      /* M_ACK_SEND */
+			char job[GG_WIRE_NAME_MAX + 1];
+			struct gg_ar_chunk_id id;
+		} ack;
+		struct gg_mesh_handoff *conn;   /* M_CONN */
+		uint64_t instance_id;           /* M_RESTARTED */
+		char text[GG_NODE_ERROR_MAX];   /* M_PART_FAILED */
+		int stream;                     /* M_CUT */
+	} u;
+};
+
+/* ---- lanes ---------------------------------------------------------------- */
 
 /* A frame for a step that has not started here yet: the received message,
  * kept as it arrived. */
 struct early {
 	struct early *next;
 	unsigned from;
+	unsigned via_lane;
+	struct gg_mesh_via via;
 	uint64_t seq;
 	struct gg_wire_step wstep;
 	struct gg_ar_chunk_id id;
@@ -31,21 +114,75 @@ struct early {
 	size_t frame_len;
 };
 
-struct job {
+/* A lane's view of a job: the part of its step in progress, and frames of
+ * steps that have not started here. */
+struct lane_job {
+	struct lane *lane;
+	bool used;
+	char name[GG_WIRE_NAME_MAX + 1];
+	uint64_t last_seq;   /* the last step started or ended here */
+	uint64_t active_us;
+	struct early *early;
+	/* the part in progress, when ar */
+	struct gg_ar_step *ar;
+	unsigned slot;
+	uint64_t seq;
+	struct gg_wire_step wstep;
+	uint64_t deadline_us;
+	bool reported;       /* PART_DONE or PART_FAILED sent */
+	void (*gather)(void *arg, uint64_t offset, uint64_t n);
+	void (*deliver)(void *arg, uint64_t offset, uint64_t n);
+	void *arg;
+};
+
+struct lane_stats {
+	atomic_uint_fast64_t data_bytes_out, raw_bytes_out, data_bytes_in;
+	atomic_uint_fast64_t encode_ns, decode_ns;
+};
+
+struct lane {
 	struct gg_node *node;
+	unsigned index;
+	pthread_t thread;
+	bool has_thread;
+	struct gg_loop loop;
+	bool loop_ok;
+	struct gg_mesh *mesh;
+	struct gg_mailbox inbox;
+	struct gg_frame_encoder enc;
+	struct gg_frame_decoder dec;
+	struct lane_job jobs[MAX_JOBS];
+	uint64_t next_us;
+	bool shutting_down;
+	struct lane_stats stats;
+	atomic_bool flushed, idle;
+	/* published by the mesh's thread for gg_node_stats() */
+	atomic_uint_fast64_t resent, tls_ns, rtt_us[GG_AR_MAX_SITES];
+	/* start-up of lanes 1..: made on their own thread */
+	int start_rc;
+	char start_err[GG_NODE_ERROR_MAX];
+};
+
+/* ---- the coordinator ------------------------------------------------------ */
+
+struct job {
 	bool used;
 	char name[GG_WIRE_NAME_MAX + 1];
 	uint64_t last_seq;      /* last step started */
 	uint64_t active_us;     /* when a step last started or ended */
 	struct gg_node_step *step; /* in progress, or NULL */
 	struct gg_wire_step wstep;
-	struct gg_ar_step *ar;
 	uint64_t deadline_us;
+	unsigned parts_done;
 	bool has_result;        /* the step's result is whole here (DONE sent) */
 	uint32_t done_from;     /* sites that said DONE for the step, by bit */
 	uint64_t aborted_seq;   /* a peer aborted this step before it started here */
 	char abort_reason[GG_NODE_ERROR_MAX];
-	struct early *early;
+	/* The step is over and its lanes let go of it. */
+	bool ending;
+	unsigned ended;
+	int end_status;
+	char end_message[GG_NODE_ERROR_MAX];
 };
 
 struct feedback_slot {
@@ -58,30 +195,47 @@ struct gg_node {
 	const struct gg_config *cfg;
 	unsigned sites, self;
 	char names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
+	struct gg_wire_hello hello;
 	struct gg_tls_context *tls;
-	struct gg_loop loop;
-	struct gg_mesh *mesh;
+	uint32_t chunk_elems;
+	struct gg_frame_config frame_cfg;
+	struct gg_frame_limits frame_limits;
+	size_t max_payload;
+	struct gg_buf_pool frames; /* frames sent and messages received, shared by the lanes */
+	unsigned nlanes;
+	struct lane *lanes;
+	/* Streams ready, per peer, by bit: written by the lanes that own them. */
+	atomic_uint_fast64_t ready[GG_AR_MAX_SITES];
+	uint64_t all_streams;
+	/* coordinator, on lane 0's thread */
+	struct gg_mailbox inbox;
 	struct job jobs[MAX_JOBS];
+	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
 	/* Error feedback, one slot per (job, tensor), each allocated on its own
 	 * (steps hold pointers to them); residuals bounded by [limits] memory. */
 	struct feedback_slot **feedback;
 	unsigned feedback_count, feedback_cap;
 	uint64_t feedback_bytes;
-	uint32_t chunk_elems;
-	struct gg_frame_encoder enc;
-	struct gg_frame_decoder dec;
-	struct gg_buf_pool frames; /* frames sent and messages received */
 	struct gg_node_stats stats;
-	uint64_t next_us;          /* the earliest deadline of the mesh and the steps */
+	uint64_t coord_next_us;    /* the coordinator's next deadline */
 	bool shutting_down;
 	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
+	atomic_bool lanes_stop;
+	pthread_mutex_t start_lock;
+	pthread_cond_t started;
+	unsigned lanes_starting;
 };
 
-static double now_s(void)
+static uint64_t now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void count(atomic_uint_fast64_t *c, uint64_t v)
+{
+	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
 
 const char *gg_node_site_name(const struct gg_node *n, unsigned index)
@@ -96,43 +250,725 @@ unsigned gg_node_self(const struct gg_node *n)
 
 struct gg_loop *gg_node_loop(struct gg_node *n)
 {
-	return &n->loop;
+	return &n->lanes[0].loop;
 }
 
-/* ---- steps ---------------------------------------------------------------- */
+static struct mail *mail_new(enum mail_type type)
+{
+	struct mail *m = calloc(1, sizeof(*m));
 
-static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason);
-static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint64_t to_seq);
+	if (m)
+		m->base.type = type;
+	return m;
+}
+
+/* Mail is small and rare next to the data; running out of memory for it
+ * leaves a step to its deadline, which is logged. */
+static void post(struct gg_mailbox *box, struct mail *m)
+{
+	gg_mailbox_post(box, &m->base);
+}
+
+static void post_lanes(struct gg_node *n, const struct mail *proto)
+{
+	for (unsigned l = 0; l < n->nlanes; l++) {
+		struct mail *m = mail_new(proto->base.type);
+		if (!m) {
+			gg_log(GG_LOG_ERROR, "out_of_memory", "what=\"a message to lane %u\"", l);
+			continue;
+		}
+		*m = *proto;
+		post(&n->lanes[l].inbox, m);
+	}
+}
+
+static void tell_coordinator(struct lane *ln, struct mail *m)
+{
+	post(&ln->node->inbox, m);
+}
+
+static unsigned chunk_lane(const struct gg_node *n, const struct gg_ar_chunk_id *id)
+{
+	return id->chunk % n->nlanes;
+}
+
+/* ---- a lane's parts of steps ---------------------------------------------- */
 
 static void early_free(struct early *e)
 {
 	gg_buf_put(e->msg);
 	free(e);
 }
-/* Ends the job's step: calls done and forgets the step's frames. */
+
+static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create)
+{
+	struct lane_job *free_slot = NULL;
+
+	for (unsigned i = 0; i < MAX_JOBS; i++) {
+		struct lane_job *lj = &ln->jobs[i];
+		if (lj->used && !strcmp(lj->name, name))
+			return lj;
+		if (!lj->used && !free_slot)
+			free_slot = lj;
+	}
+	if (!create)
+		return NULL;
+	if (!free_slot) {
+		/* A lane learns of no job's end: it takes back the entry idle
+		 * longest, which holds no part and no early frames. */
+		for (unsigned i = 0; i < MAX_JOBS; i++) {
+			struct lane_job *lj = &ln->jobs[i];
+			if (!lj->ar && !lj->early && (!free_slot || lj->active_us < free_slot->active_us))
+				free_slot = lj;
+		}
+		if (!free_slot)
+			return NULL;
+	}
+	memset(free_slot, 0, sizeof(*free_slot));
+	free_slot->lane = ln;
+	free_slot->used = true;
+	free_slot->active_us = ln->loop.now_us;
+	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
+	return free_slot;
+}
+
+static void part_report(struct lane_job *lj, enum mail_type type, int code, const char *text)
+{
+	struct mail *m;
+
+	if (lj->reported || !(m = mail_new(type)))
+		return;
+	lj->reported = true;
+	m->slot = lj->slot;
+	m->seq = lj->seq;
+	m->code = code;
+	if (text)
+		snprintf(m->u.text, sizeof(m->u.text), "%s", text);
+	tell_coordinator(lj->lane, m);
+}
+
+GG_PRINTF(3, 4) static void part_fail(struct lane_job *lj, int code, const char *fmt, ...)
+{
+	char text[GG_NODE_ERROR_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	part_report(lj, M_PART_FAILED, code, text);
+}
+
+static void part_check_done(struct lane_job *lj)
+{
+	if (lj->ar && gg_ar_step_done(lj->ar))
+		part_report(lj, M_PART_DONE, 0, NULL);
+}
+
+/* The step engine's send: DATA for one peer, queued behind the window. */
+static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_buf *frame)
+{
+	struct lane_job *lj = ctx;
+	struct lane *ln = lj->lane;
+	int rc = gg_mesh_send_data(ln->mesh, to, &lj->wstep, id, frame);
+
+	if (rc)
+		return rc;
+	count(&ln->stats.data_bytes_out, frame->len);
+	uint64_t elems = 0; /* the frame header's element count (frame.h: bytes 8-15, little-endian) */
+	for (int b = 7; b >= 0; b--)
+		elems = elems << 8 | frame->data[8 + b];
+	count(&ln->stats.raw_bytes_out, elems * sizeof(float));
+	return 0;
+}
+
+/* A part may encode another chunk of its own while no peer has more than
+ * two chunks per stream of the lane queued ahead of its sockets: enough to
+ * keep every stream busy, few enough that encoding keeps pace with the
+ * network and few frames are alive at once. */
+static bool ar_may_encode(void *ctx)
+{
+	const struct lane_job *lj = ctx;
+	const struct lane *ln = lj->lane;
+	const struct gg_node *n = ln->node;
+	const unsigned S = (unsigned)n->cfg->transport.streams_per_peer;
+	const unsigned own = (S + n->nlanes - 1 - ln->index) / n->nlanes;
+	const unsigned limit = 2u * GG_MAX(own, 1u);
+
+	for (unsigned p = 0; p < n->sites; p++)
+		if (p != n->self && gg_mesh_queued(ln->mesh, p, limit) >= limit)
+			return false;
+	return true;
+}
+
+static void ar_gather(void *ctx, uint64_t offset, uint64_t n)
+{
+	const struct lane_job *lj = ctx;
+
+	if (lj->gather)
+		lj->gather(lj->arg, offset, n);
+}
+
+static void ar_deliver(void *ctx, uint64_t offset, uint64_t n)
+{
+	const struct lane_job *lj = ctx;
+
+	if (lj->deliver)
+		lj->deliver(lj->arg, offset, n);
+}
+
+static const struct gg_ar_ops ar_ops = { ar_send, ar_may_encode, ar_gather, ar_deliver };
+
+/* Acknowledges DATA on the stream it came on, which may be another lane's. */
+static void lane_ack(struct lane *ln, unsigned via_lane, struct gg_mesh_via via, const char *job, uint64_t seq,
+		     const struct gg_ar_chunk_id *id)
+{
+	struct mail *m;
+
+	if (via_lane == ln->index) {
+		gg_mesh_ack(ln->mesh, via, job, seq, id);
+		return;
+	}
+	if (!(m = mail_new(M_ACK_SEND)))
+		return; /* unacknowledged: the peer sends it again after its next reconnect */
+	m->via = via;
+	m->seq = seq;
+	snprintf(m->u.ack.job, sizeof(m->u.ack.job), "%s", job);
+	m->u.ack.id = *id;
+	post(&ln->node->lanes[via_lane].inbox, m);
+}
+
+/* Hands the part a frame of its step; acknowledged once used. */
+static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, struct gg_mesh_via via,
+		      const struct gg_wire_step *ws, const struct gg_ar_chunk_id *id, const uint8_t *frame, size_t len)
+{
+	struct lane *ln = lj->lane;
+	const struct gg_node *n = ln->node;
+	char err[GG_AR_ERROR_MAX];
+
+	lane_ack(ln, via_lane, via, lj->name, ws->step, id);
+	if (lj->reported && !gg_ar_step_done(lj->ar))
+		return; /* failed already */
+	if (ws->fingerprint != lj->wstep.fingerprint) {
+		part_fail(lj, -EIO,
+			  "step %llu of job '%s': site %s announced tensor %u with %llu elements (dtype %u), "
+			  "this site tensor %u with %llu elements (dtype %u)",
+			  (unsigned long long)lj->wstep.step, lj->name, n->names[from], ws->tensor_id,
+			  (unsigned long long)ws->count, ws->dtype, lj->wstep.tensor_id,
+			  (unsigned long long)lj->wstep.count, lj->wstep.dtype);
+		return;
+	}
+	uint64_t t0 = now_ns();
+	int rc = gg_ar_step_on_frame(lj->ar, from, id, frame, len, err, sizeof(err));
+	count(&ln->stats.decode_ns, now_ns() - t0);
+	if (rc < 0) {
+		part_fail(lj, -EIO, "step %llu of job '%s': %s (site index %u is %s)",
+			  (unsigned long long)lj->wstep.step, lj->name, err, from, n->names[from]);
+		return;
+	}
+	count(&ln->stats.data_bytes_in, len);
+	part_check_done(lj);
+}
+
+/* Frames that waited for steps from_seq..to_seq, which are over without
+ * them (aborted, or refused): acknowledged, so their senders stop keeping
+ * them. */
+static void drop_early(struct lane_job *lj, uint64_t from_seq, uint64_t to_seq)
+{
+	struct early **pp = &lj->early;
+
+	while (*pp) {
+		struct early *e = *pp;
+		if (e->seq < from_seq || e->seq > to_seq) {
+			pp = &e->next;
+			continue;
+		}
+		*pp = e->next;
+		lane_ack(lj->lane, e->via_lane, e->via, lj->name, e->seq, &e->id);
+		early_free(e);
+	}
+}
+
+/* DATA for a chunk of this lane's, which came on lane via_lane's stream `via`. */
+static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct gg_mesh_via via,
+		      const struct gg_wire_msg *m, struct gg_buf *payload)
+{
+	const struct gg_wire_step *ws = &m->u.data.step;
+	struct lane_job *lj = lane_job_find(ln, ws->job, true);
+
+	if (!lj) {
+		gg_log(GG_LOG_WARN, "data_dropped", "site=%s job=%s reason=\"too many jobs\"", ln->node->names[from],
+		       ws->job);
+		return;
+	}
+	if (lj->ar && ws->step == lj->seq) {
+		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
+		return;
+	}
+	if (ws->step <= lj->last_seq) {
+		/* A step already finished or failed here: a re-send, or data of a
+		 * step this site aborted. Acknowledge so the peer lets it go. */
+		lane_ack(ln, via_lane, via, ws->job, ws->step, &m->u.data.id);
+		return;
+	}
+	/* Not started here yet: keep it unacknowledged, so the peer's window
+	 * bounds how much waits. A copy sent again came on a newer stream,
+	 * which its ACK must take. */
+	for (struct early *e = lj->early; e; e = e->next) {
+		if (e->seq == ws->step && e->from == from && e->id.phase == m->u.data.id.phase &&
+		    e->id.origin == m->u.data.id.origin && e->id.chunk == m->u.data.id.chunk) {
+			e->via_lane = via_lane;
+			e->via = via;
+			return;
+		}
+	}
+	struct early *e = malloc(sizeof(*e));
+	if (!e)
+		return;
+	gg_buf_get(payload);
+	*e = (struct early){ .from = from, .via_lane = via_lane, .via = via, .seq = ws->step, .wstep = *ws,
+			     .id = m->u.data.id, .msg = payload, .frame = m->u.data.frame,
+			     .frame_len = m->u.data.frame_bytes };
+	e->next = lj->early;
+	lj->early = e;
+}
+
+static void lane_start(struct lane *ln, const struct mail *m)
+{
+	struct gg_node *n = ln->node;
+	struct lane_job *lj = lane_job_find(ln, m->u.start.wstep.job, true);
+	char why[GG_AR_ERROR_MAX];
+
+	if (!lj) {
+		struct mail *f = mail_new(M_PART_FAILED);
+		if (f) {
+			f->slot = m->slot;
+			f->seq = m->seq;
+			f->code = -ENOSPC;
+			snprintf(f->u.text, sizeof(f->u.text), "step %llu of job '%s': lane %u holds %d jobs already",
+				 (unsigned long long)m->seq, m->u.start.wstep.job, ln->index, MAX_JOBS);
+			tell_coordinator(ln, f);
+		}
+		return;
+	}
+	gg_ar_step_free(lj->ar);
+	lj->ar = NULL;
+	lj->slot = m->slot;
+	lj->seq = m->seq;
+	lj->wstep = m->u.start.wstep;
+	lj->deadline_us = m->u.start.deadline_us;
+	lj->gather = m->u.start.gather;
+	lj->deliver = m->u.start.deliver;
+	lj->arg = m->u.start.arg;
+	lj->reported = false;
+	lj->last_seq = m->seq;
+	lj->active_us = ln->loop.now_us;
+
+	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = n->cfg->allreduce.algorithm,
+				   .count = lj->wstep.count, .chunk_elems = n->chunk_elems, .enc = &ln->enc,
+				   .dec = &ln->dec, .feedback = m->u.start.feedback, .pool = &n->frames,
+				   .part = ln->index, .parts = n->nlanes };
+	uint64_t t0 = now_ns();
+	int rc = gg_ar_step_start(&lj->ar, &ac, m->u.start.input, m->u.start.result, &ar_ops, lj, why, sizeof(why));
+	count(&ln->stats.encode_ns, now_ns() - t0);
+	if (rc) {
+		part_fail(lj, rc == -ENOMEM ? -ENOMEM : -EIO, "step %llu of job '%s': %s", (unsigned long long)m->seq,
+			  lj->name, why);
+		return;
+	}
+	/* Frames that arrived before this lane started the step. */
+	struct early **pp = &lj->early;
+	while (*pp) {
+		struct early *e = *pp;
+		if (e->seq != lj->seq) {
+			pp = &e->next;
+			continue;
+		}
+		*pp = e->next;
+		part_feed(lj, e->from, e->via_lane, e->via, &e->wstep, &e->id, e->frame, e->frame_len);
+		early_free(e);
+	}
+	part_check_done(lj);
+}
+
+static void lane_end(struct lane *ln, const struct mail *m)
+{
+	struct lane_job *lj = NULL;
+
+	for (unsigned i = 0; i < MAX_JOBS && !lj; i++)
+		if (ln->jobs[i].used && ln->jobs[i].ar && ln->jobs[i].slot == m->slot && ln->jobs[i].seq == m->seq)
+			lj = &ln->jobs[i];
+	if (!lj)
+		lj = lane_job_find(ln, m->u.job, false);
+	if (lj) {
+		if (lj->ar && lj->seq == m->seq) {
+			gg_ar_step_free(lj->ar);
+			lj->ar = NULL;
+		}
+		if (m->seq > lj->last_seq)
+			lj->last_seq = m->seq;
+		lj->active_us = ln->loop.now_us;
+		drop_early(lj, 0, m->seq);
+		if (m->forget)
+			gg_mesh_forget_step(ln->mesh, lj->name, m->seq);
+	}
+	struct mail *r = mail_new(M_ENDED);
+	if (r) {
+		r->slot = m->slot;
+		r->seq = m->seq;
+		tell_coordinator(ln, r);
+	} else {
+		gg_log(GG_LOG_ERROR, "out_of_memory", "what=\"the end of step %llu on lane %u\"",
+		       (unsigned long long)m->seq, ln->index);
+	}
+}
+
+static void lane_forget(struct lane *ln, const struct mail *m)
+{
+	struct lane_job *lj = lane_job_find(ln, m->u.job, false);
+
+	if (lj && m->seq > lj->last_seq)
+		drop_early(lj, m->seq, m->seq);
+}
+
+/* ---- a lane's mesh -------------------------------------------------------- */
+
+static void on_data(void *owner, unsigned from, struct gg_mesh_via via, const struct gg_wire_msg *m,
+		    struct gg_buf *payload)
+{
+	struct lane *ln = owner;
+	unsigned to = chunk_lane(ln->node, &m->u.data.id);
+
+	if (to == ln->index) {
+		lane_data(ln, from, ln->index, via, m, payload);
+		return;
+	}
+	struct mail *f = mail_new(M_DATA);
+	if (!f)
+		return; /* unacknowledged: the peer sends it again after a reconnect */
+	f->peer = from;
+	f->via_lane = ln->index;
+	f->via = via;
+	f->u.data.msg = *m;
+	gg_buf_get(payload);
+	f->u.data.payload = payload;
+	post(&ln->node->lanes[to].inbox, f);
+}
+
+static void on_foreign_ack(void *owner, unsigned peer, const struct gg_wire_msg *m)
+{
+	struct lane *ln = owner;
+	unsigned to = chunk_lane(ln->node, &m->u.ack.id);
+	struct mail *f;
+
+	if (to == ln->index || !(f = mail_new(M_ACK)))
+		return; /* a stale copy */
+	f->peer = peer;
+	f->u.msg = *m;
+	post(&ln->node->lanes[to].inbox, f);
+}
+
+static void on_control(void *owner, unsigned from, const struct gg_wire_msg *m)
+{
+	struct lane *ln = owner;
+	struct mail *f = mail_new(M_CONTROL);
+
+	if (!f)
+		return;
+	f->peer = from;
+	f->u.msg = *m;
+	tell_coordinator(ln, f);
+}
+
+static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
+{
+	struct lane *ln = owner;
+	struct mail *f = mail_new(M_RESTARTED);
+
+	if (!f)
+		return;
+	f->peer = peer;
+	f->u.instance_id = instance_id;
+	tell_coordinator(ln, f);
+}
+
+static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool up)
+{
+	struct lane *ln = owner;
+	struct gg_node *n = ln->node;
+	uint64_t bit = (uint64_t)1 << stream;
+
+	if (up)
+		atomic_fetch_or(&n->ready[peer], bit);
+	else
+		atomic_fetch_and(&n->ready[peer], ~bit);
+	struct mail *f;
+	if (up && (f = mail_new(M_STREAM_READY))) {
+		f->peer = peer;
+		tell_coordinator(ln, f);
+	}
+}
+
+static void hand_off(void *owner, unsigned lane, struct gg_mesh_handoff *h)
+{
+	struct lane *ln = owner;
+	struct mail *f = mail_new(M_CONN);
+
+	if (!f) {
+		close(h->fd);
+		gg_tls_engine_free(h->tls);
+		free(h);
+		return;
+	}
+	f->u.conn = h;
+	post(&ln->node->lanes[lane].inbox, f);
+}
+
+static const struct gg_mesh_ops mesh_ops = {
+	.on_data = on_data,
+	.on_control = on_control,
+	.on_foreign_ack = on_foreign_ack,
+	.on_peer_restarted = on_peer_restarted,
+	.on_stream_change = on_stream_change,
+	.hand_off = hand_off,
+};
+
+/* ---- a lane's turn -------------------------------------------------------- */
+
+static void lane_mail(struct lane *ln)
+{
+	for (struct gg_mail *g = gg_mailbox_take(&ln->inbox), *next; g; g = next) {
+		struct mail *m = (struct mail *)g;
+		next = g->next;
+		switch ((enum mail_type)g->type) {
+		case M_START:
+			lane_start(ln, m);
+			break;
+		case M_END:
+			lane_end(ln, m);
+			break;
+		case M_FORGET:
+			lane_forget(ln, m);
+			break;
+		case M_SEND:
+			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
+			break;
+		case M_DATA:
+			lane_data(ln, m->peer, m->via_lane, m->via, &m->u.data.msg, m->u.data.payload);
+			gg_buf_put(m->u.data.payload);
+			break;
+		case M_ACK_SEND:
+			gg_mesh_ack(ln->mesh, m->via, m->u.ack.job, m->seq, &m->u.ack.id);
+			break;
+		case M_ACK:
+			gg_mesh_take_ack(ln->mesh, m->peer, &m->u.msg);
+			break;
+		case M_CONN:
+			gg_mesh_adopt(ln->mesh, m->u.conn);
+			break;
+		case M_SHUTDOWN:
+			ln->shutting_down = true;
+			gg_mesh_shutdown(ln->mesh);
+			break;
+		case M_CUT:
+			if (gg_mesh_test_cut_stream(ln->mesh, m->peer, m->u.stream))
+				gg_log(GG_LOG_WARN, "test_cut_failed", "site=%s stream=%d", ln->node->names[m->peer],
+				       m->u.stream);
+			break;
+		default:
+			break;
+		}
+		free(m);
+	}
+}
+
+/* " (no connection to site X, site Y)" for peers with no stream up, or "":
+ * when a site is gone, what a step waits for may be held up by it rather
+ * than by the site the step waits on. */
+static void unreachable_peers(const struct gg_node *n, char *buf, size_t size)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (unsigned p = 0; p < n->sites && len < size; p++)
+		if (p != n->self && !atomic_load(&n->ready[p]))
+			len += (size_t)snprintf(buf + len, size - len, "%s site %s", len ? "," : " (no connection to",
+						n->names[p]);
+	if (len && len < size)
+		snprintf(buf + len, size - len, ")");
+}
+
+/* A part that missed its step's deadline fails it, naming what it waits for. */
+static void part_missed_deadline(struct lane_job *lj)
+{
+	const struct gg_node *n = lj->lane->node;
+	unsigned from;
+	struct gg_ar_chunk_id id;
+	char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
+
+	unreachable_peers(n, down, sizeof(down));
+	gg_format_duration(n->cfg->transport.step_timeout_us, buf, sizeof(buf));
+	if (gg_ar_step_first_missing(lj->ar, &from, &id))
+		part_fail(lj, -ETIMEDOUT,
+			  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for shard %u chunk "
+			  "%u%s", (unsigned long long)lj->seq, lj->name, buf, n->names[from],
+			  id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
+			  id.origin, id.chunk, down);
+	else
+		part_fail(lj, -ETIMEDOUT, "step %llu of job '%s' missed its %s deadline%s", (unsigned long long)lj->seq,
+			  lj->name, buf, down);
+}
+
+/* Parts' deadlines, and own chunks that wait for room on the streams. */
+static uint64_t lane_timers(struct lane *ln)
+{
+	char why[GG_AR_ERROR_MAX];
+	uint64_t next = gg_mesh_tick(ln->mesh);
+
+	for (unsigned i = 0; i < MAX_JOBS; i++) {
+		struct lane_job *lj = &ln->jobs[i];
+		if (!lj->used || !lj->ar || lj->reported)
+			continue;
+		if (ln->loop.now_us >= lj->deadline_us) {
+			part_missed_deadline(lj);
+			continue;
+		}
+		if (lj->deadline_us < next)
+			next = lj->deadline_us;
+		if (!gg_ar_step_wants_resume(lj->ar))
+			continue;
+		uint64_t t0 = now_ns();
+		int rc = gg_ar_step_resume(lj->ar, why, sizeof(why));
+		count(&ln->stats.encode_ns, now_ns() - t0);
+		if (rc)
+			part_fail(lj, -EIO, "step %llu of job '%s': %s", (unsigned long long)lj->seq, lj->name, why);
+		else
+			part_check_done(lj);
+	}
+	const struct gg_mesh_stats *ms = gg_mesh_stats(ln->mesh);
+	atomic_store_explicit(&ln->resent, ms->resent_messages, memory_order_relaxed);
+	atomic_store_explicit(&ln->tls_ns, (uint64_t)(ms->tls_s * 1e9), memory_order_relaxed);
+	for (unsigned p = 0; p < ln->node->sites; p++)
+		if (ms->rtt_us[p])
+			atomic_store_explicit(&ln->rtt_us[p], ms->rtt_us[p], memory_order_relaxed);
+	atomic_store(&ln->flushed, gg_mesh_flushed(ln->mesh));
+	atomic_store(&ln->idle, gg_mesh_idle(ln->mesh));
+	return next;
+}
+
+struct cqe_ctx {
+	struct lane *ln;
+	gg_node_cqe_fn *other;
+	void *arg;
+	bool lane_mail, coord_mail;
+};
+
+static void on_cqe(void *arg, const struct io_uring_cqe *cqe)
+{
+	struct cqe_ctx *x = arg;
+	unsigned kind = gg_loop_ud_kind(cqe->user_data);
+
+	if (kind >= GG_OP_USER) {
+		if (x->other)
+			x->other(x->arg, cqe);
+	} else if (kind == KIND_LANE_MAIL) {
+		x->lane_mail = true;
+	} else if (kind == KIND_COORD_MAIL) {
+		x->coord_mail = true;
+	} else {
+		gg_mesh_on_cqe(x->ln->mesh, cqe);
+	}
+}
+
+/* One turn of a lane's loop. Returns 0 or a negative errno (the ring broke). */
+static int lane_turn(struct lane *ln, uint64_t max_wait_us, struct cqe_ctx *x)
+{
+	uint64_t wait = GG_MIN(max_wait_us, gg_loop_timeout_us(&ln->loop, ln->next_us));
+	int rc = gg_loop_run(&ln->loop, wait, on_cqe, x);
+
+	if (rc < 0)
+		return rc;
+	if (x->lane_mail && (rc = gg_mailbox_arm(&ln->inbox, &ln->loop, gg_loop_ud(KIND_LANE_MAIL, 0, 0))))
+		return rc;
+	lane_mail(ln);
+	ln->next_us = lane_timers(ln);
+	return 0;
+}
+
+static void *lane_main(void *arg);
+
+/* ---- the coordinator: jobs and steps -------------------------------------- */
+
+static void send_to_peers(struct gg_node *n, int only, const uint8_t *bytes, ssize_t len, bool every_stream)
+{
+	struct mail m = { .base.type = M_SEND };
+
+	if (len <= 0 || (size_t)len > sizeof(m.u.send.bytes))
+		return;
+	memcpy(m.u.send.bytes, bytes, (size_t)len);
+	m.u.send.len = (size_t)len;
+	m.u.send.every_stream = every_stream;
+	for (unsigned p = 0; p < n->sites; p++) {
+		if (p == n->self || (only >= 0 && p != (unsigned)only))
+			continue;
+		m.peer = p;
+		post_lanes(n, &m);
+	}
+}
+
+static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+
+	send_to_peers(n, -1, buf, gg_wire_encode_abort(buf, sizeof(buf), j->name, seq, reason), false);
+}
+
+/* DONE for the job's step to peer `only` (every peer when -1), on every
+ * ready stream: one cut after the message was queued must not lose it, and
+ * a second copy changes nothing. */
+static void send_done(struct gg_node *n, const struct job *j, int only)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+
+	send_to_peers(n, only, buf, gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq), true);
+}
+
+/* Ends the job's step: the lanes let go of their parts first (a part may
+ * still be reading or writing the step's memory), then done is called. */
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
 {
-	struct gg_node_step *st = j->step;
-
-	if (!st)
+	if (!j->step || j->ending)
 		return;
-	j->step = NULL;
-	j->active_us = n->loop.now_us;
-	gg_ar_step_free(j->ar);
-	j->ar = NULL;
+	j->ending = true;
+	j->ended = 0;
+	j->end_status = status;
+	snprintf(j->end_message, sizeof(j->end_message), "%s", message ? message : "");
 	if (status) {
 		n->stats.steps_failed++;
 		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
-		       (unsigned long long)st->seq, message);
+		       (unsigned long long)j->step->seq, message);
 	} else {
 		n->stats.steps_done++;
 	}
-	/* Frames of a finished step that peers never acknowledged are no
-	 * longer worth re-sending. */
-	if (status)
-		gg_mesh_forget_step(n->mesh, j->name, st->seq);
-	drop_early(n, j, 0, st->seq);
-	st->done(st->arg, st, status, message);
+	/* Frames of a failed step that peers never acknowledged are no longer
+	 * worth sending. */
+	struct mail m = { .base.type = M_END, .slot = (unsigned)(j - n->jobs), .seq = j->step->seq,
+			  .forget = status != 0 };
+	snprintf(m.u.job, sizeof(m.u.job), "%s", j->name);
+	post_lanes(n, &m);
+}
+
+static void step_ended(struct gg_node *n, struct job *j)
+{
+	struct gg_node_step *st = j->step;
+	char message[GG_NODE_ERROR_MAX];
+	int status = j->end_status;
+
+	snprintf(message, sizeof(message), "%s", j->end_message);
+	j->step = NULL;
+	j->ending = false;
+	j->active_us = gg_node_loop(n)->now_us;
+	/* done() may submit the job's next step. */
+	st->done(st->arg, st, status, status ? message : NULL);
 }
 
 static void fail_step_code(struct gg_node *n, struct job *j, int code, const char *fmt, ...) GG_PRINTF(4, 5);
@@ -141,7 +977,7 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 	char msg[GG_NODE_ERROR_MAX];
 	va_list ap;
 
-	if (!j->step)
+	if (!j->step || j->ending)
 		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -151,13 +987,6 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 }
 
 #define fail_step(n, j, ...) fail_step_code(n, j, -EIO, __VA_ARGS__)
-
-/* True when the job holds nothing: no step, no early frames, no DATA of
- * its own waiting to be sent or acknowledged. */
-static bool job_idle(const struct gg_node *n, const struct job *j)
-{
-	return !j->step && !j->early && !gg_mesh_holds_job(n->mesh, j->name);
-}
 
 /* Frees feedback slot i; the last slot takes its place. */
 static void feedback_drop(struct gg_node *n, unsigned i)
@@ -186,7 +1015,7 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 		/* Nothing tells the node that a job ended, so a slot is taken
 		 * back when needed: from the job idle longest. */
 		for (unsigned i = 0; i < MAX_JOBS; i++)
-			if (job_idle(n, &n->jobs[i]) && (!free_slot || n->jobs[i].active_us < free_slot->active_us))
+			if (!n->jobs[i].step && (!free_slot || n->jobs[i].active_us < free_slot->active_us))
 				free_slot = &n->jobs[i];
 		if (!free_slot)
 			return NULL;
@@ -197,8 +1026,7 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 				feedback_drop(n, i--);
 	}
 	memset(free_slot, 0, sizeof(*free_slot));
-	free_slot->active_us = n->loop.now_us;
-	free_slot->node = n;
+	free_slot->active_us = gg_node_loop(n)->now_us;
 	free_slot->used = true;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
 	return free_slot;
@@ -253,89 +1081,12 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 	return 0;
 }
 
-/* ---- sending -------------------------------------------------------------- */
-
-/* The step engine's send: DATA for one peer, queued behind the window. */
-static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_buf *frame)
-{
-	struct job *j = ctx;
-	struct gg_node *n = j->node;
-	int rc = gg_mesh_send_data(n->mesh, to, &j->wstep, id, frame);
-
-	if (rc)
-		return rc;
-	n->stats.data_bytes_out += frame->len;
-	uint64_t elems = 0; /* the frame header's element count (frame.h: bytes 8-15, little-endian) */
-	for (int b = 7; b >= 0; b--)
-		elems = elems << 8 | frame->data[8 + b];
-	n->stats.raw_bytes_out += elems * sizeof(float);
-	return 0;
-}
-
-/* The step engine may encode another chunk of its own while no peer has
- * more than two chunks per stream queued ahead of its sockets: enough to
- * keep every stream busy, few enough that encoding keeps pace with the
- * network and few frames are alive at once. */
-static bool ar_may_encode(void *ctx)
-{
-	const struct job *j = ctx;
-	const struct gg_node *n = j->node;
-	const int S = n->cfg->transport.streams_per_peer;
-	const unsigned limit = 2u * (unsigned)S;
-
-	for (unsigned p = 0; p < n->sites; p++)
-		if (p != n->self && gg_mesh_queued(n->mesh, p, limit) >= limit)
-			return false;
-	return true;
-}
-
-static void ar_gather(void *ctx, uint64_t offset, uint64_t n)
-{
-	const struct job *j = ctx;
-
-	if (j->step->gather)
-		j->step->gather(j->step->arg, offset, n);
-}
-
-static void ar_deliver(void *ctx, uint64_t offset, uint64_t n)
-{
-	const struct job *j = ctx;
-
-	if (j->step->deliver)
-		j->step->deliver(j->step->arg, offset, n);
-}
-
-static const struct gg_ar_ops ar_ops = { ar_send, ar_may_encode, ar_gather, ar_deliver };
-
-static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason)
-{
-	uint8_t buf[CTRL_MSG_MAX];
-	ssize_t len = gg_wire_encode_abort(buf, sizeof(buf), j->name, seq, reason);
-
-	for (unsigned p = 0; p < n->sites && len > 0; p++)
-		if (p != n->self)
-			gg_mesh_send_control(n->mesh, p, buf, (size_t)len, false);
-}
-
-/* DONE for the job's step to peer `only` (every peer when -1), on every
- * ready stream: one cut after the message was queued must not lose it, and
- * a second copy changes nothing. */
-static void send_done(struct gg_node *n, const struct job *j, int only)
-{
-	uint8_t buf[CTRL_MSG_MAX];
-	ssize_t len = gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq);
-
-	for (unsigned p = 0; p < n->sites && len > 0; p++)
-		if (p != n->self && (only < 0 || p == (unsigned)only))
-			gg_mesh_send_control(n->mesh, p, buf, (size_t)len, true);
-}
-
 /* Completes the step once its result is whole here and every other site
  * said DONE: a step completes at every site or, when a site fails it
  * first (ABORT), at none. */
 static void maybe_complete(struct gg_node *n, struct job *j)
 {
-	if (!j->step || !j->has_result)
+	if (!j->step || j->ending || !j->has_result)
 		return;
 	for (unsigned p = 0; p < n->sites; p++)
 		if (p != n->self && !(j->done_from & (1u << p)))
@@ -354,36 +1105,8 @@ static void step_has_result(struct gg_node *n, struct job *j)
 	maybe_complete(n, j);
 }
 
-static void feed_frame(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_step *ws,
-		       const struct gg_ar_chunk_id *id, const uint8_t *frame, size_t len)
-{
-	char err[GG_AR_ERROR_MAX];
-
-	if (ws->fingerprint != j->wstep.fingerprint) {
-		fail_step(n, j,
-			  "step %llu of job '%s': site %s announced tensor %u with %llu elements (dtype %u), "
-			  "this site tensor %u with %llu elements (dtype %u)",
-			  (unsigned long long)j->wstep.step, j->name, n->names[from], ws->tensor_id,
-			  (unsigned long long)ws->count, ws->dtype, j->wstep.tensor_id,
-			  (unsigned long long)j->wstep.count, j->wstep.dtype);
-		return;
-	}
-	double t0 = now_s();
-	int rc = gg_ar_step_on_frame(j->ar, from, id, frame, len, err, sizeof(err));
-	n->stats.decode_s += now_s() - t0;
-	if (rc < 0) {
-		fail_step(n, j, "step %llu of job '%s': %s (site index %u is %s)", (unsigned long long)j->wstep.step,
-			  j->name, err, from, n->names[from]);
-		return;
-	}
-	n->stats.data_bytes_in += len;
-	if (gg_ar_step_done(j->ar))
-		step_has_result(n, j);
-}
-
 int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t err_size)
 {
-	char why[GG_AR_ERROR_MAX];
 	struct job *j;
 
 	if (n->shutting_down)
@@ -392,6 +1115,9 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		return gg_errf(err, err_size, -EINVAL, "a step needs a job name and at least one element");
 	if (st->count * sizeof(float) > n->cfg->limits.max_message_bytes)
 		return gg_errf(err, err_size, -EINVAL, "%llu elements exceed [limits] max_message", (unsigned long long)st->count);
+	if ((st->count + n->chunk_elems - 1) / n->chunk_elems > UINT32_MAX)
+		return gg_errf(err, err_size, -EINVAL, "%llu elements make too many chunks for one step",
+			       (unsigned long long)st->count);
 	j = find_job(n, st->job, true);
 	if (!j)
 		return gg_errf(err, err_size, -EINVAL, "too many jobs (at most %d)", MAX_JOBS);
@@ -418,116 +1144,32 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			return gg_errf(err, err_size, rc, "step %llu of job '%s': %s", (unsigned long long)st->seq,
 				       st->job, fwhy);
 	}
+	const uint64_t now = gg_node_loop(n)->now_us;
 	j->step = st;
 	j->has_result = false;
+	j->parts_done = 0;
 	j->done_from = 0;
 	j->wstep = ws;
 	j->last_seq = st->seq;
-	j->active_us = n->loop.now_us;
-	j->deadline_us = n->loop.now_us + n->cfg->transport.step_timeout_us;
-
-	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = n->cfg->allreduce.algorithm,
-				   .count = st->count, .chunk_elems = n->chunk_elems, .enc = &n->enc, .dec = &n->dec,
-				   .feedback = fb, .pool = &n->frames };
-	double t0 = now_s();
-	int rc = gg_ar_step_start(&j->ar, &ac, st->input, st->result, &ar_ops, j, why, sizeof(why));
-	n->stats.encode_s += now_s() - t0;
-	if (rc) {
-		j->step = NULL;
-		drop_early(n, j, 0, st->seq);
-		return gg_errf(err, err_size, -EINVAL, "step %llu of job '%s': %s", (unsigned long long)st->seq, j->name,
-			       why);
-	}
+	j->active_us = now;
+	j->deadline_us = now + n->cfg->transport.step_timeout_us;
 	if (j->aborted_seq == st->seq) {
-		char reason[GG_NODE_ERROR_MAX];
-		snprintf(reason, sizeof(reason), "%s", j->abort_reason);
-		finish_step(n, j, -EIO, reason);
+		finish_step(n, j, -EIO, j->abort_reason);
 		return 0;
 	}
-	/* Frames that arrived before this site started the step. Feeding one
-	 * may finish the step, whose done() may free st and even submit the
-	 * job's next step, and drop_early() may free entries: so check by
-	 * step number, and scan again from the head after each frame. */
-	const uint64_t seq = st->seq;
-	struct early **pp = &j->early;
-	while (j->step && j->step->seq == seq && *pp) {
-		struct early *e = *pp;
-		if (e->seq != seq) {
-			pp = &e->next;
-			continue;
-		}
-		*pp = e->next;
-		feed_frame(n, j, e->from, &e->wstep, &e->id, e->frame, e->frame_len);
-		gg_mesh_ack(n->mesh, e->from, j->name, e->seq, &e->id);
-		early_free(e);
-		pp = &j->early;
-	}
-	if (j->step && j->step->seq == seq && gg_ar_step_done(j->ar))
-		step_has_result(n, j);
+	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
+			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb,
+				       .deadline_us = j->deadline_us, .gather = st->gather, .deliver = st->deliver,
+				       .arg = st->arg } };
+	post_lanes(n, &m);
 	return 0;
 }
 
-/* ---- receiving ------------------------------------------------------------ */
-
-/* Frames that waited for steps from_seq..to_seq, which are over without
- * them (aborted, or refused): acknowledged, so their senders stop keeping
- * them. */
-static void drop_early(struct gg_node *n, struct job *j, uint64_t from_seq, uint64_t to_seq)
+static struct job *job_of(struct gg_node *n, unsigned slot, uint64_t seq)
 {
-	struct early **pp = &j->early;
+	struct job *j = slot < MAX_JOBS ? &n->jobs[slot] : NULL;
 
-	while (*pp) {
-		struct early *e = *pp;
-		if (e->seq < from_seq || e->seq > to_seq) {
-			pp = &e->next;
-			continue;
-		}
-		*pp = e->next;
-		gg_mesh_ack(n->mesh, e->from, j->name, e->seq, &e->id);
-		early_free(e);
-	}
-}
-
-static bool same_chunk(const struct gg_ar_chunk_id *a, const struct gg_ar_chunk_id *b)
-{
-	return a->phase == b->phase && a->origin == b->origin && a->chunk == b->chunk;
-}
-
-static void on_data(void *owner, unsigned from, const struct gg_wire_msg *m, struct gg_buf *payload)
-{
-	struct gg_node *n = owner;
-	const struct gg_wire_step *ws = &m->u.data.step;
-	struct job *j = find_job(n, ws->job, true);
-
-	if (!j) {
-		gg_log(GG_LOG_WARN, "data_dropped", "site=%s job=%s reason=\"too many jobs\"", n->names[from], ws->job);
-		return;
-	}
-	if (j->step && ws->step == j->step->seq) {
-		feed_frame(n, j, from, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
-		gg_mesh_ack(n->mesh, from, ws->job, ws->step, &m->u.data.id);
-		return;
-	}
-	if (ws->step <= j->last_seq) {
-		/* A step already finished or failed here: a re-send, or data of a
-		 * step this site aborted. Acknowledge so the peer lets it go. */
-		gg_mesh_ack(n->mesh, from, ws->job, ws->step, &m->u.data.id);
-		return;
-	}
-	/* Not started here yet: keep it unacknowledged, so the peer's window
-	 * bounds how much waits. */
-	for (struct early *e = j->early; e; e = e->next)
-		if (e->seq == ws->step && e->from == from && same_chunk(&e->id, &m->u.data.id))
-			return;
-	struct early *e = malloc(sizeof(*e));
-	if (!e)
-		return;
-	gg_buf_get(payload);
-	*e = (struct early){ .from = from, .seq = ws->step, .wstep = *ws, .id = m->u.data.id, .msg = payload,
-			     .frame = m->u.data.frame, .frame_len = m->u.data.frame_bytes };
-	e->next = j->early;
-	j->early = e;
-	/* The ACK goes out when the step consumes it. */
+	return j && j->used && j->step && j->step->seq == seq ? j : NULL;
 }
 
 static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
@@ -543,9 +1185,11 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
 		finish_step(n, j, -EIO, msg);
 	} else if (m->u.abort.step > j->last_seq) {
-		/* This site may never run that step: the frames it holds for it
-		 * would pin the peer's window for good. */
-		drop_early(n, j, m->u.abort.step, m->u.abort.step);
+		/* This site may never run that step: the frames its lanes hold
+		 * for it would pin the peer's window for good. */
+		struct mail f = { .base.type = M_FORGET, .seq = m->u.abort.step };
+		snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
+		post_lanes(n, &f);
 		j->aborted_seq = m->u.abort.step;
 		snprintf(j->abort_reason, sizeof(j->abort_reason), "site %s aborted step %llu of job '%s': %s", site,
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
@@ -564,117 +1208,61 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 	maybe_complete(n, j);
 }
 
-static void on_control(void *owner, unsigned from, const struct gg_wire_msg *m)
+static void coordinator_mail(struct gg_node *n)
 {
-	if (m->type == GG_WIRE_ABORT)
-		on_abort(owner, from, m);
-	else
-		on_done(owner, from, m);
-}
-
-/* Every step in progress fails: `p` restarted and lost them. */
-static void on_peer_restarted(void *owner, unsigned p)
-{
-	struct gg_node *n = owner;
-
-	for (unsigned i = 0; i < MAX_JOBS; i++) {
-		struct job *j = &n->jobs[i];
-		if (j->used && j->step)
-			fail_step(n, j, "step %llu of job '%s': site %s restarted and lost the step",
-				  (unsigned long long)j->step->seq, j->name, n->names[p]);
+	for (struct gg_mail *g = gg_mailbox_take(&n->inbox), *next; g; g = next) {
+		struct mail *m = (struct mail *)g;
+		struct job *j;
+		next = g->next;
+		switch ((enum mail_type)g->type) {
+		case M_PART_DONE:
+			if ((j = job_of(n, m->slot, m->seq)) && !j->ending && ++j->parts_done == n->nlanes)
+				step_has_result(n, j);
+			break;
+		case M_PART_FAILED:
+			if ((j = job_of(n, m->slot, m->seq)))
+				fail_step_code(n, j, m->code, "%s", m->u.text);
+			break;
+		case M_ENDED:
+			if ((j = job_of(n, m->slot, m->seq)) && j->ending && ++j->ended == n->nlanes)
+				step_ended(n, j);
+			break;
+		case M_CONTROL:
+			if (m->u.msg.type == GG_WIRE_ABORT)
+				on_abort(n, m->peer, &m->u.msg);
+			else
+				on_done(n, m->peer, &m->u.msg);
+			break;
+		case M_RESTARTED:
+			/* Every lane that had streams to it tells; the first says it. */
+			if (n->instance_id[m->peer] == m->u.instance_id)
+				break;
+			n->instance_id[m->peer] = m->u.instance_id;
+			for (unsigned i = 0; i < MAX_JOBS; i++) {
+				struct job *jj = &n->jobs[i];
+				if (jj->used && jj->step)
+					fail_step(n, jj, "step %llu of job '%s': site %s restarted and lost the step",
+						  (unsigned long long)jj->step->seq, jj->name, n->names[m->peer]);
+			}
+			break;
+		case M_STREAM_READY:
+			/* A new stream may carry a DONE a lost one did not. */
+			for (unsigned i = 0; i < MAX_JOBS; i++)
+				if (n->jobs[i].used && n->jobs[i].step && !n->jobs[i].ending && n->jobs[i].has_result)
+					send_done(n, &n->jobs[i], (int)m->peer);
+			break;
+		default:
+			break;
+		}
+		free(m);
 	}
 }
 
-/* A new stream may carry a DONE a lost one did not. */
-static void on_stream_ready(void *owner, unsigned p)
+/* Whole steps whose parts are done but whose commit round is not. */
+static uint64_t coordinator_timers(struct gg_node *n)
 {
-	struct gg_node *n = owner;
-
-	for (unsigned i = 0; i < MAX_JOBS; i++)
-		if (n->jobs[i].used && n->jobs[i].step && n->jobs[i].has_result)
-			send_done(n, &n->jobs[i], (int)p);
-}
-
-static const struct gg_mesh_ops mesh_ops = { on_data, on_control, on_peer_restarted, on_stream_ready };
-
-/* ---- the loop ------------------------------------------------------------- */
-
-struct cqe_ctx {
-	struct gg_node *n;
-	gg_node_cqe_fn *other;
-	void *arg;
-};
-
-static void on_cqe(void *arg, const struct io_uring_cqe *cqe)
-{
-	struct cqe_ctx *x = arg;
-
-	if (gg_loop_ud_kind(cqe->user_data) >= GG_OP_USER) {
-		if (x->other)
-			x->other(x->arg, cqe);
-		return;
-	}
-	gg_mesh_on_cqe(x->n->mesh, cqe);
-}
-
-/* " (no connection to site X, site Y)" for peers with no stream up, or "":
- * when a site is gone, what a step waits for may be held up by it rather
- * than by the site the step waits on. */
-static void unreachable_peers(const struct gg_node *n, char *buf, size_t size)
-{
-	size_t len = 0;
-
-	buf[0] = '\0';
-	for (unsigned p = 0; p < n->sites && len < size; p++)
-		if (!gg_mesh_peer_up(n->mesh, p))
-			len += (size_t)snprintf(buf + len, size - len, "%s site %s", len ? "," : " (no connection to",
-						n->names[p]);
-	if (len && len < size)
-		snprintf(buf + len, size - len, ")");
-}
-
-/* Fails the job's step, which missed its deadline, naming what it waits for. */
-static void step_missed_deadline(struct gg_node *n, struct job *j)
-{
-	const struct gg_config *cfg = n->cfg;
-	unsigned from;
-	struct gg_ar_chunk_id id;
-	char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
-
-	unreachable_peers(n, down, sizeof(down));
-	if (j->has_result) {
-		char waiting[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 2) + 1] = "";
-		size_t len = 0;
-		for (unsigned p = 0; p < n->sites; p++)
-			if (p != n->self && !(j->done_from & (1u << p)))
-				len += (size_t)snprintf(waiting + len, sizeof(waiting) - len, "%s%s", len ? ", " : "",
-							n->names[p]);
-		fail_step_code(n, j, -ETIMEDOUT,
-			       "step %llu of job '%s' missed its %s deadline: this site had the result, but "
-			       "site%s %s never said so too%s",
-			       (unsigned long long)j->step->seq, j->name,
-			       gg_format_duration(cfg->transport.step_timeout_us, buf, sizeof(buf)),
-			       strchr(waiting, ',') ? "s" : "", waiting, down);
-	} else if (gg_ar_step_first_missing(j->ar, &from, &id)) {
-		fail_step_code(n, j, -ETIMEDOUT,
-			       "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for "
-			       "shard %u chunk %u%s",
-			       (unsigned long long)j->step->seq, j->name,
-			       gg_format_duration(cfg->transport.step_timeout_us, buf, sizeof(buf)), n->names[from],
-			       id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
-			       id.origin, id.chunk, down);
-	} else {
-		fail_step_code(n, j, -ETIMEDOUT, "step %llu of job '%s' missed its deadline%s",
-			       (unsigned long long)j->step->seq, j->name, down);
-	}
-}
-
-/* Deadlines of steps, and the buffer pool of an idle node. Returns the
- * next deadline. */
-static uint64_t timers(struct gg_node *n)
-{
-	const uint64_t now = n->loop.now_us;
-	uint64_t next = gg_mesh_tick(n->mesh);
+	const uint64_t now = gg_node_loop(n)->now_us;
+	uint64_t next = now + TICK_US;
 
 	if (gg_buf_pool_count(&n->frames)) {
 		bool idle = true;
@@ -685,55 +1273,88 @@ static uint64_t timers(struct gg_node *n)
 	}
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
-		if (!j->used || !j->step)
+		if (!j->used || !j->step || j->ending || !j->has_result)
 			continue;
-		if (now >= j->deadline_us)
-			step_missed_deadline(n, j);
-		else if (j->deadline_us < next)
-			next = j->deadline_us;
+		if (now < j->deadline_us) {
+			next = GG_MIN(next, j->deadline_us);
+			continue;
+		}
+		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
+		char waiting[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 2) + 1] = "";
+		size_t len = 0;
+		unreachable_peers(n, down, sizeof(down));
+		for (unsigned p = 0; p < n->sites; p++)
+			if (p != n->self && !(j->done_from & (1u << p)))
+				len += (size_t)snprintf(waiting + len, sizeof(waiting) - len, "%s%s", len ? ", " : "",
+							n->names[p]);
+		fail_step_code(n, j, -ETIMEDOUT,
+			       "step %llu of job '%s' missed its %s deadline: this site had the result, but "
+			       "site%s %s never said so too%s",
+			       (unsigned long long)j->step->seq, j->name,
+			       gg_format_duration(n->cfg->transport.step_timeout_us, buf, sizeof(buf)),
+			       strchr(waiting, ',') ? "s" : "", waiting, down);
 	}
 	return next;
 }
 
-/* Steps whose own chunks wait for room on the streams go on encoding. */
-static void resume_steps(struct gg_node *n)
+static void gather_stats(struct gg_node *n)
 {
-	char why[GG_AR_ERROR_MAX];
+	struct gg_node_stats *st = &n->stats;
 
-	for (unsigned i = 0; i < MAX_JOBS; i++) {
-		struct job *j = &n->jobs[i];
-		if (!j->used || !j->step || !gg_ar_step_wants_resume(j->ar))
-			continue;
-		double t0 = now_s();
-		int rc = gg_ar_step_resume(j->ar, why, sizeof(why));
-		n->stats.encode_s += now_s() - t0;
-		if (rc)
-			fail_step(n, j, "step %llu of job '%s': %s", (unsigned long long)j->step->seq, j->name, why);
-		else if (gg_ar_step_done(j->ar))
-			step_has_result(n, j);
+	st->data_bytes_out = st->raw_bytes_out = st->data_bytes_in = st->resent_messages = 0;
+	st->encode_s = st->decode_s = st->tls_s = 0;
+	for (unsigned l = 0; l < n->nlanes; l++) {
+		struct lane *ln = &n->lanes[l];
+		st->data_bytes_out += atomic_load_explicit(&ln->stats.data_bytes_out, memory_order_relaxed);
+		st->raw_bytes_out += atomic_load_explicit(&ln->stats.raw_bytes_out, memory_order_relaxed);
+		st->data_bytes_in += atomic_load_explicit(&ln->stats.data_bytes_in, memory_order_relaxed);
+		st->encode_s += (double)atomic_load_explicit(&ln->stats.encode_ns, memory_order_relaxed) * 1e-9;
+		st->decode_s += (double)atomic_load_explicit(&ln->stats.decode_ns, memory_order_relaxed) * 1e-9;
+		st->tls_s += (double)atomic_load_explicit(&ln->tls_ns, memory_order_relaxed) * 1e-9;
+		st->resent_messages += atomic_load_explicit(&ln->resent, memory_order_relaxed);
+		for (unsigned p = 0; p < n->sites; p++) {
+			uint64_t rtt = atomic_load_explicit(&ln->rtt_us[p], memory_order_relaxed);
+			if (rtt)
+				st->rtt_us[p] = rtt;
+		}
 	}
 }
 
 int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *other, void *arg)
 {
-	struct cqe_ctx x = { n, other, arg };
-	uint64_t wait = GG_MIN(timeout_us, gg_loop_timeout_us(&n->loop, n->next_us));
-	int rc = gg_loop_run(&n->loop, wait, on_cqe, &x);
+	struct lane *ln = &n->lanes[0];
+	struct cqe_ctx x = { .ln = ln, .other = other, .arg = arg };
+	int rc = lane_turn(ln, GG_MIN(timeout_us, gg_loop_timeout_us(&ln->loop, n->coord_next_us)), &x);
 
-	if (rc < 0)
+	if (rc)
 		return rc;
-	n->next_us = timers(n);
-	resume_steps(n);
-	const struct gg_mesh_stats *ms = gg_mesh_stats(n->mesh);
-	n->stats.resent_messages = ms->resent_messages;
-	n->stats.tls_s = ms->tls_s;
-	memcpy(n->stats.rtt_us, ms->rtt_us, sizeof(n->stats.rtt_us));
+	if (x.coord_mail && (rc = gg_mailbox_arm(&n->inbox, &ln->loop, gg_loop_ud(KIND_COORD_MAIL, 0, 0))))
+		return rc;
+	coordinator_mail(n);
+	/* What the coordinator posted to lane 0 itself is handled in this
+	 * turn, not the next. */
+	lane_mail(ln);
+	n->coord_next_us = coordinator_timers(n);
+	gather_stats(n);
 	return 0;
 }
 
 int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream)
 {
-	return gg_mesh_test_cut_stream(n->mesh, peer, stream);
+	if (peer >= n->sites || stream < 0 || stream >= n->cfg->transport.streams_per_peer)
+		return -EINVAL;
+	struct lane *ln = &n->lanes[(unsigned)stream % n->nlanes];
+	if (ln->index == 0)
+		return gg_mesh_test_cut_stream(ln->mesh, peer, stream);
+	if (!(atomic_load(&n->ready[peer]) & ((uint64_t)1 << stream)))
+		return -ENOTCONN;
+	struct mail *m = mail_new(M_CUT);
+	if (!m)
+		return -ENOMEM;
+	m->peer = peer;
+	m->u.stream = stream;
+	post(&ln->inbox, m);
+	return 0;
 }
 
 void gg_node_test_freeze_at_result(struct gg_node *n)
@@ -743,7 +1364,10 @@ void gg_node_test_freeze_at_result(struct gg_node *n)
 
 bool gg_node_connected(const struct gg_node *n)
 {
-	return gg_mesh_connected(n->mesh);
+	for (unsigned p = 0; p < n->sites; p++)
+		if (p != n->self && atomic_load(&n->ready[p]) != n->all_streams)
+			return false;
+	return true;
 }
 
 int gg_node_reload(struct gg_node *n, char *err, size_t err_size)
@@ -763,17 +1387,31 @@ void gg_node_stop_steps(struct gg_node *n)
 void gg_node_shutdown(struct gg_node *n)
 {
 	gg_node_stop_steps(n);
-	gg_mesh_shutdown(n->mesh);
+	struct mail m = { .base.type = M_SHUTDOWN };
+	post_lanes(n, &m);
+	lane_mail(&n->lanes[0]);
 }
 
 bool gg_node_flushed(const struct gg_node *n)
 {
-	return gg_mesh_flushed(n->mesh);
+	for (unsigned l = 0; l < n->nlanes; l++)
+		if (!atomic_load(&n->lanes[l].flushed))
+			return false;
+	for (unsigned i = 0; i < MAX_JOBS; i++)
+		if (n->jobs[i].ending)
+			return false;
+	return true;
 }
 
 bool gg_node_idle(const struct gg_node *n)
 {
-	return gg_mesh_idle(n->mesh);
+	for (unsigned l = 0; l < n->nlanes; l++)
+		if (!atomic_load(&n->lanes[l].idle))
+			return false;
+	for (unsigned i = 0; i < MAX_JOBS; i++)
+		if (n->jobs[i].step)
+			return false;
+	return true;
 }
 
 const struct gg_node_stats *gg_node_stats(const struct gg_node *n)
@@ -781,21 +1419,125 @@ const struct gg_node_stats *gg_node_stats(const struct gg_node *n)
 	return &n->stats;
 }
 
+/* ---- making and freeing lanes --------------------------------------------- */
+
+/* Makes the lane's loop, mesh and codecs, on the thread that runs it.
+ * Returns 0 or a negative errno with ln->start_err set. */
+static int lane_init(struct lane *ln)
+{
+	struct gg_node *n = ln->node;
+	int rc;
+
+	if ((rc = gg_loop_init(&ln->loop, 1024)))
+		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "cannot set up io_uring for lane %u: %s",
+			       ln->index, strerror(-rc));
+	ln->loop_ok = true;
+	ln->loop.now_us = gg_monotonic_us();
+	gg_mailbox_claim(&ln->inbox);
+	if ((rc = gg_frame_encoder_init(&ln->enc, &n->frame_cfg)) ||
+	    (rc = gg_frame_decoder_init(&ln->dec, &n->frame_limits)))
+		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "codec %s for lane %u: %s",
+			       gg_codec_name(n->cfg->compression.codec), ln->index, strerror(-rc));
+	struct gg_mesh_config mc = { .cfg = n->cfg, .sites = n->sites, .self = n->self, .names = n->names,
+				     .hello = &n->hello, .tls = n->tls, .loop = &ln->loop, .pool = &n->frames,
+				     .max_payload_bytes = n->max_payload, .ops = &mesh_ops, .owner = ln,
+				     .lane = ln->index, .lanes = n->nlanes, .listen = ln->index == 0 };
+	if ((rc = gg_mesh_new(&mc, &ln->mesh, ln->start_err, sizeof(ln->start_err))))
+		return rc;
+	if ((rc = gg_mailbox_arm(&ln->inbox, &ln->loop, gg_loop_ud(KIND_LANE_MAIL, 0, 0))))
+		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "cannot arm the mailbox of lane %u: %s",
+			       ln->index, strerror(-rc));
+	ln->next_us = ln->loop.now_us;
+	return 0;
+}
+
+static void lane_fini(struct lane *ln)
+{
+	for (unsigned i = 0; i < MAX_JOBS; i++) {
+		struct lane_job *lj = &ln->jobs[i];
+		gg_ar_step_free(lj->ar);
+		lj->ar = NULL;
+		while (lj->early) {
+			struct early *e = lj->early;
+			lj->early = e->next;
+			early_free(e);
+		}
+	}
+	gg_mesh_free(ln->mesh);
+	ln->mesh = NULL;
+	for (struct gg_mail *g = gg_mailbox_take(&ln->inbox), *next; g; g = next) {
+		struct mail *m = (struct mail *)g;
+		next = g->next;
+		if (g->type == M_DATA)
+			gg_buf_put(m->u.data.payload);
+		if (g->type == M_CONN) {
+			close(m->u.conn->fd);
+			gg_tls_engine_free(m->u.conn->tls);
+			free(m->u.conn);
+		}
+		free(m);
+	}
+	if (ln->loop_ok)
+		gg_loop_fini(&ln->loop);
+	ln->loop_ok = false;
+	gg_frame_encoder_fini(&ln->enc);
+	gg_frame_decoder_fini(&ln->dec);
+}
+
+static void *lane_main(void *arg)
+{
+	struct lane *ln = arg;
+	struct gg_node *n = ln->node;
+	sigset_t all;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the process's main thread's */
+	int rc = lane_init(ln);
+	pthread_mutex_lock(&n->start_lock);
+	ln->start_rc = rc;
+	n->lanes_starting--;
+	pthread_cond_broadcast(&n->started);
+	pthread_mutex_unlock(&n->start_lock);
+	struct cqe_ctx x = { .ln = ln };
+	while (!rc && !atomic_load(&n->lanes_stop)) {
+		x.lane_mail = false;
+		if ((rc = lane_turn(ln, TICK_US, &x))) {
+			gg_log(GG_LOG_ERROR, "loop_failed", "site=%s lane=%u reason=\"%s\"", n->cfg->site.name, ln->index,
+			       strerror(-rc));
+			atomic_store(&ln->idle, true);
+			atomic_store(&ln->flushed, true);
+		}
+	}
+	lane_fini(ln);
+	return NULL;
+}
+
 static int by_name(const void *a, const void *b)
 {
 	return strcmp(a, b);
 }
 
+/* The lanes a node runs: [site] threads, but no more than there are
+ * streams to each peer, for a lane sends only on streams of its own. */
+static unsigned lane_count(const struct gg_config *cfg)
+{
+	unsigned w = cfg->site.threads > 0 ? (unsigned)cfg->site.threads : 1;
+
+	return GG_MIN(w, (unsigned)cfg->transport.streams_per_peer);
+}
+
 int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size)
 {
 	struct gg_node *n = calloc(1, sizeof(*n));
-	struct gg_wire_hello hello;
 	int rc;
 
 	*out = NULL;
 	if (!n)
 		return -ENOMEM;
 	n->cfg = cfg;
+	n->inbox.efd = -1;
+	pthread_mutex_init(&n->start_lock, NULL);
+	pthread_cond_init(&n->started, NULL);
 	n->sites = (unsigned)cfg->peer_count + 1;
 	snprintf(n->names[0], sizeof(n->names[0]), "%s", cfg->site.name);
 	for (size_t i = 0; i < cfg->peer_count; i++)
@@ -804,70 +1546,113 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	for (unsigned i = 0; i < n->sites; i++)
 		if (!strcmp(n->names[i], cfg->site.name))
 			n->self = i;
+	n->all_streams = cfg->transport.streams_per_peer >= 64 ? UINT64_MAX
+							      : ((uint64_t)1 << cfg->transport.streams_per_peer) - 1;
 
 	n->chunk_elems = (uint32_t)GG_MIN(cfg->transport.chunk_bytes / sizeof(float), (uint64_t)UINT32_MAX) /
 			 GG_CODEC_BLOCK_ALIGN_ELEMS * GG_CODEC_BLOCK_ALIGN_ELEMS;
-	struct gg_frame_config fc = { .codec = gg_codec_defaults(cfg->compression.codec),
-				      .zstd = cfg->compression.zstd_level > 0,
-				      .zstd_level = cfg->compression.zstd_level > 0 ? cfg->compression.zstd_level : 1,
-				      .max_elems = n->chunk_elems };
+	n->frame_cfg = (struct gg_frame_config){ .codec = gg_codec_defaults(cfg->compression.codec),
+						 .zstd = cfg->compression.zstd_level > 0,
+						 .zstd_level = cfg->compression.zstd_level > 0 ? cfg->compression.zstd_level : 1,
+						 .max_elems = n->chunk_elems };
 	if (gg_codec_has_blocks(cfg->compression.codec)) {
-		fc.codec.block_elems = (uint32_t)cfg->compression.block_size;
-		fc.codec.scale = cfg->compression.scale;
+		n->frame_cfg.codec.block_elems = (uint32_t)cfg->compression.block_size;
+		n->frame_cfg.codec.scale = cfg->compression.scale;
 	}
 	uint64_t bound;
-	if ((rc = gg_frame_bound(&fc.codec, n->chunk_elems, &bound)) || (rc = gg_frame_encoder_init(&n->enc, &fc))) {
+	if ((rc = gg_frame_bound(&n->frame_cfg.codec, n->chunk_elems, &bound))) {
 		gg_errf(err, err_size, -EINVAL, "codec %s with block size %d: %s", gg_codec_name(cfg->compression.codec),
 			cfg->compression.block_size, strerror(-rc));
 		goto fail;
 	}
-	struct gg_frame_limits lim = { .max_elems = n->chunk_elems, .max_raw_bytes = bound };
-	if ((rc = gg_frame_decoder_init(&n->dec, &lim))) {
-		gg_errf(err, err_size, -EINVAL, "frame decoder: %s", strerror(-rc));
-		goto fail;
-	}
+	n->frame_limits = (struct gg_frame_limits){ .max_elems = n->chunk_elems, .max_raw_bytes = bound };
 	/* One pool for the frames a site sends and the DATA it receives (a
 	 * frame and its message head): enough for what the streams keep
 	 * queued (ar_may_encode), in flight and early, a few dozen megabytes
 	 * at the default chunk size and at most a sixteenth of [limits]
 	 * memory; an idle node lets them go. */
-	const size_t max_payload = GG_WIRE_DATA_FIXED_BYTES + bound;
-	unsigned pool_max = (unsigned)GG_MIN((uint64_t)64, cfg->limits.memory_bytes / 16 / max_payload);
-	gg_buf_pool_init(&n->frames, max_payload, pool_max);
+	n->max_payload = GG_WIRE_DATA_FIXED_BYTES + bound;
+	unsigned pool_max = (unsigned)GG_MIN((uint64_t)64, cfg->limits.memory_bytes / 16 / n->max_payload);
+	gg_buf_pool_init(&n->frames, n->max_payload, pool_max);
 
-	hello = (struct gg_wire_hello){ .streams = (uint16_t)cfg->transport.streams_per_peer,
-					 .sites = (uint8_t)n->sites,
-					 .codec = (uint8_t)cfg->compression.codec,
-					 .scale = (uint8_t)fc.codec.scale,
-					 .block_elems = fc.codec.block_elems,
-					 .algorithm = (uint8_t)cfg->allreduce.algorithm,
-					 .chunk_elems = n->chunk_elems,
-					 .zstd = cfg->compression.zstd_level > 0 };
-	memcpy(hello.site_names, n->names, sizeof(n->names));
+	n->hello = (struct gg_wire_hello){ .streams = (uint16_t)cfg->transport.streams_per_peer,
+					   .sites = (uint8_t)n->sites,
+					   .codec = (uint8_t)cfg->compression.codec,
+					   .scale = (uint8_t)n->frame_cfg.codec.scale,
+					   .block_elems = n->frame_cfg.codec.block_elems,
+					   .algorithm = (uint8_t)cfg->allreduce.algorithm,
+					   .chunk_elems = n->chunk_elems,
+					   .zstd = cfg->compression.zstd_level > 0 };
+	memcpy(n->hello.site_names, n->names, sizeof(n->names));
 	int urandom = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-	if (urandom < 0 || read(urandom, &hello.instance_id, sizeof(hello.instance_id)) != 8) {
+	if (urandom < 0 || read(urandom, &n->hello.instance_id, sizeof(n->hello.instance_id)) != 8) {
 		if (urandom >= 0)
 			close(urandom);
 		rc = gg_errf(err, err_size, -EINVAL, "cannot read /dev/urandom for the instance id");
 		goto fail;
 	}
 	close(urandom);
-	hello.instance_id |= 1; /* never 0, which means "not seen yet" */
+	n->hello.instance_id |= 1; /* never 0, which means "not seen yet" */
 
 	struct gg_tls_options to = { .ca_file = cfg->tls.ca, .cert_file = cfg->tls.cert, .key_file = cfg->tls.key,
 				     .crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites };
 	if ((rc = gg_tls_context_new(&to, &n->tls, err, err_size)))
 		goto fail;
-	if ((rc = gg_loop_init(&n->loop, 1024))) {
-		gg_errf(err, err_size, -EINVAL, "cannot set up io_uring: %s", strerror(-rc));
+
+	n->nlanes = lane_count(cfg);
+	n->lanes = calloc(n->nlanes, sizeof(*n->lanes));
+	if (!n->lanes) {
+		rc = gg_errf(err, err_size, -ENOMEM, "no memory for %u lanes", n->nlanes);
 		goto fail;
 	}
-	n->loop.now_us = gg_monotonic_us();
-	struct gg_mesh_config mc = { .cfg = cfg, .sites = n->sites, .self = n->self, .names = n->names,
-				     .hello = &hello, .tls = n->tls, .loop = &n->loop, .pool = &n->frames,
-				     .max_payload_bytes = max_payload, .ops = &mesh_ops, .owner = n };
-	if ((rc = gg_mesh_new(&mc, &n->mesh, err, err_size)))
+	for (unsigned l = 0; l < n->nlanes; l++) {
+		n->lanes[l].node = n;
+		n->lanes[l].index = l;
+		n->lanes[l].inbox.efd = -1;
+		atomic_init(&n->lanes[l].flushed, true);
+		atomic_init(&n->lanes[l].idle, false);
+		if ((rc = gg_mailbox_init(&n->lanes[l].inbox))) {
+			gg_errf(err, err_size, rc, "cannot make the mailbox of lane %u: %s", l, strerror(-rc));
+			goto fail;
+		}
+	}
+	/* The coordinator and lane 0 run on the caller's thread. */
+	if ((rc = gg_mailbox_init(&n->inbox))) {
+		gg_errf(err, err_size, rc, "cannot make the coordinator's mailbox: %s", strerror(-rc));
 		goto fail;
+	}
+	if ((rc = lane_init(&n->lanes[0]))) {
+		gg_errf(err, err_size, rc, "%s", n->lanes[0].start_err);
+		goto fail;
+	}
+	if ((rc = gg_mailbox_arm(&n->inbox, &n->lanes[0].loop, gg_loop_ud(KIND_COORD_MAIL, 0, 0)))) {
+		gg_errf(err, err_size, rc, "cannot arm the coordinator's mailbox: %s", strerror(-rc));
+		goto fail;
+	}
+	/* Lanes 1..: each makes its own ring, which only its thread may use. */
+	for (unsigned l = 1; l < n->nlanes; l++) {
+		pthread_mutex_lock(&n->start_lock);
+		n->lanes_starting++;
+		pthread_mutex_unlock(&n->start_lock);
+		if ((rc = -pthread_create(&n->lanes[l].thread, NULL, lane_main, &n->lanes[l]))) {
+			pthread_mutex_lock(&n->start_lock);
+			n->lanes_starting--;
+			pthread_mutex_unlock(&n->start_lock);
+			gg_errf(err, err_size, rc, "cannot start the thread of lane %u: %s", l, strerror(-rc));
+			goto fail;
+		}
+		n->lanes[l].has_thread = true;
+	}
+	pthread_mutex_lock(&n->start_lock);
+	while (n->lanes_starting)
+		pthread_cond_wait(&n->started, &n->start_lock);
+	pthread_mutex_unlock(&n->start_lock);
+	for (unsigned l = 1; l < n->nlanes; l++) {
+		if ((rc = n->lanes[l].start_rc)) {
+			gg_errf(err, err_size, rc, "%s", n->lanes[l].start_err);
+			goto fail;
+		}
+	}
 	*out = n;
 	return 0;
 fail:
@@ -879,24 +1664,30 @@ void gg_node_free(struct gg_node *n)
 {
 	if (!n)
 		return;
-	for (unsigned i = 0; i < MAX_JOBS; i++) {
-		struct job *j = &n->jobs[i];
-		gg_ar_step_free(j->ar);
-		while (j->early) {
-			struct early *e = j->early;
-			j->early = e->next;
-			early_free(e);
-		}
+	atomic_store(&n->lanes_stop, true);
+	for (unsigned l = 1; l < n->nlanes && n->lanes; l++) {
+		if (!n->lanes[l].has_thread)
+			continue;
+		gg_mailbox_wake(&n->lanes[l].inbox);
+		pthread_join(n->lanes[l].thread, NULL);
 	}
-	gg_mesh_free(n->mesh);
+	if (n->lanes) {
+		lane_fini(&n->lanes[0]);
+		for (unsigned l = 0; l < n->nlanes; l++)
+			gg_mailbox_fini(&n->lanes[l].inbox);
+	}
+	free(n->lanes);
+	for (struct gg_mail *g = gg_mailbox_take(&n->inbox), *next; g; g = next) {
+		next = g->next;
+		free(g);
+	}
+	gg_mailbox_fini(&n->inbox);
 	while (n->feedback_count)
 		feedback_drop(n, n->feedback_count - 1);
 	free(n->feedback);
-	if (n->loop.ring.ring_fd > 0)
-		gg_loop_fini(&n->loop);
-	gg_frame_encoder_fini(&n->enc);
-	gg_frame_decoder_fini(&n->dec);
 	gg_buf_pool_fini(&n->frames);
 	gg_tls_context_free(n->tls);
+	pthread_mutex_destroy(&n->start_lock);
+	pthread_cond_destroy(&n->started);
 	free(n);
 }

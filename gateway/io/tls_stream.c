@@ -69,6 +69,17 @@ static void advance(struct gg_tls_stream *s)
 			s->fin_sent = true;
 		}
 		return;
+	case GG_TLS_STREAM_DETACHING:
+		if (s->recv_busy || s->send_busy) {
+			if (!s->cancel_busy && gg_loop_cancel_fd(s->loop, s->fd, ud(s, GG_OP_CANCEL)) == 0)
+				s->cancel_busy = true;
+			return;
+		}
+		if (s->cancel_busy)
+			return;
+		s->state = GG_TLS_STREAM_DETACHED;
+		s->pending_ev |= GG_TLS_STREAM_EV_DETACHED;
+		return;
 	case GG_TLS_STREAM_CLOSING:
 		if ((rc = arm_send(s)))
 			break;
@@ -353,4 +364,34 @@ unsigned gg_tls_stream_close(struct gg_tls_stream *s)
 const char *gg_tls_stream_error(const struct gg_tls_stream *s)
 {
 	return s->error_text;
+}
+
+int gg_tls_stream_detach(struct gg_tls_stream *s)
+{
+	if (s->state != GG_TLS_STREAM_OPEN || s->error)
+		return -ENOTCONN;
+	s->state = GG_TLS_STREAM_DETACHING;
+	advance(s);
+	return 0;
+}
+
+void gg_tls_stream_take(struct gg_tls_stream *s, int *fd, struct gg_tls_engine **tls)
+{
+	*fd = s->fd;
+	*tls = s->tls;
+	s->fd = -1;
+	s->tls = NULL;
+	s->state = GG_TLS_STREAM_FREE;
+}
+
+void gg_tls_stream_adopt(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index, int fd,
+			 struct gg_tls_engine *tls, const struct gg_tls_stream_options *opts)
+{
+	init(s, loop, index, tls, opts);
+	s->fd = fd;
+	s->connected = true;
+	s->state = GG_TLS_STREAM_OPEN;
+	s->deadline_us = 0;
+	s->pending_ev |= GG_TLS_STREAM_EV_READABLE | GG_TLS_STREAM_EV_WRITABLE;
+	advance(s);
 }

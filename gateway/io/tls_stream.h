@@ -53,6 +53,8 @@ enum gg_tls_stream_state {
 	GG_TLS_STREAM_CLOSING,  /* flushing the last bytes (alert, close_notify) */
 	GG_TLS_STREAM_DRAINING, /* waiting for the operations in flight */
 	GG_TLS_STREAM_DONE,
+	GG_TLS_STREAM_DETACHING, /* open, waiting for its operations before it moves to another loop */
+	GG_TLS_STREAM_DETACHED,  /* nothing in flight: gg_tls_stream_take() hands over socket and engine */
 };
 
 #define GG_TLS_STREAM_EV_OPEN 1u     /* handshake complete: the peer is proven */
@@ -60,6 +62,7 @@ enum gg_tls_stream_state {
 #define GG_TLS_STREAM_EV_WRITABLE 4u /* tx room freed: a write that returned -EAGAIN may go on */
 #define GG_TLS_STREAM_EV_FAILED 8u   /* see gg_tls_stream_error(); the stream closes itself */
 #define GG_TLS_STREAM_EV_DONE 16u    /* closed and idle: the slot may be reused */
+#define GG_TLS_STREAM_EV_DETACHED 32u /* gg_tls_stream_detach() finished: call gg_tls_stream_take() */
 
 struct gg_tls_stream {
 	struct gg_loop *loop;
@@ -125,5 +128,19 @@ GG_MUST_CHECK int gg_tls_stream_shutdown(struct gg_tls_stream *s);
 unsigned gg_tls_stream_close(struct gg_tls_stream *s);
 
 const char *gg_tls_stream_error(const struct gg_tls_stream *s);
+
+/* Moving an open stream to another thread's loop: detach() stops reading
+ * and cancels what is in flight on this loop (the engine keeps every byte
+ * received so far); once EV_DETACHED comes (maybe at once), take() hands
+ * over the socket and the engine and leaves the slot free. The other
+ * thread then calls adopt(), which goes on where the stream stopped.
+ * Writes queued in the engine's tx ring go out after adopt(). detach()
+ * returns -ENOTCONN unless the stream is open. */
+GG_MUST_CHECK int gg_tls_stream_detach(struct gg_tls_stream *s);
+void gg_tls_stream_take(struct gg_tls_stream *s, int *fd, struct gg_tls_engine **tls);
+/* Takes over an open connection: fd and tls from gg_tls_stream_take(). The
+ * stream is OPEN and reports EV_READABLE from its first tick. */
+void gg_tls_stream_adopt(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index, int fd,
+			 struct gg_tls_engine *tls, const struct gg_tls_stream_options *opts);
 
 #endif

@@ -38,6 +38,7 @@ struct conn {
 	bool dialer;
 	int peer;    /* site index, -1 until known */
 	int stream;  /* stream number, -1 until known */
+	struct gg_mesh_handoff *moving; /* being handed to the lane that owns it */
 	/* The message being read: its header, then its payload into `msg`
 	 * (DATA) or `small`. */
 	uint8_t hdr[GG_WIRE_HEADER_BYTES];
@@ -50,6 +51,7 @@ struct conn {
 	struct out *txq_head, *txq_tail; /* being written */
 	unsigned txq_count;
 	uint64_t last_rx_us, ping_sent_us;
+	uint32_t gen;        /* counts the slot's uses: a via names one of them */
 };
 
 struct peer {
@@ -83,6 +85,8 @@ struct gg_mesh {
 	struct gg_wire_hello hello;
 	size_t max_payload;
 	struct gg_mesh_stats stats;
+	unsigned lane, lanes;
+	bool listen;
 	bool shutting_down;
 };
 
@@ -159,14 +163,20 @@ static bool conn_ready(const struct gg_mesh *m, int ci)
 	return ci >= 0 && m->conns[ci].ready;
 }
 
+static bool owned(const struct gg_mesh *m, unsigned stream)
+{
+	return stream % m->lanes == m->lane;
+}
+
 /* A ready stream to `peer` for chunk `chunk`, or -1. */
 static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk)
 {
 	const int S = m->cfg->transport.streams_per_peer;
 
 	for (int k = 0; k < S; k++) {
-		int ci = m->peers[peer].conn[(chunk + (uint32_t)k) % (uint32_t)S];
-		if (conn_ready(m, ci) && m->conns[ci].txq_count < CONN_TXQ)
+		uint32_t s = (chunk + (uint32_t)k) % (uint32_t)S;
+		int ci = m->peers[peer].conn[s];
+		if (owned(m, s) && conn_ready(m, ci) && m->conns[ci].txq_count < CONN_TXQ)
 			return ci;
 	}
 	return -1;
@@ -242,13 +252,16 @@ void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, 
 	}
 }
 
-void gg_mesh_ack(struct gg_mesh *m, unsigned peer, const char *job, uint64_t step, const struct gg_ar_chunk_id *id)
+void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t step,
+		 const struct gg_ar_chunk_id *id)
 {
 	uint8_t buf[CTRL_MSG_MAX];
-	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, step, id);
 
+	if (via.conn < 0 || via.conn >= MAX_CONNS || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
+		return;
+	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, step, id);
 	if (len > 0)
-		send_ctrl(m, pick_stream(m, peer, id->chunk), buf, (size_t)len);
+		send_ctrl(m, via.conn, buf, (size_t)len);
 }
 
 unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)
@@ -325,7 +338,7 @@ static void conn_flush(struct gg_mesh *m, int ci)
 
 /* ---- receiving ------------------------------------------------------------ */
 
-static void on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *msg)
+static bool on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *msg)
 {
 	struct peer *pe = &m->peers[peer];
 
@@ -335,10 +348,16 @@ static void on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *m
 			*pp = o->next;
 			pe->unacked_bytes -= o->head_len + o->frame->len;
 			free_out(o);
-			break;
+			pump_peer(m, peer);
+			return true;
 		}
 	}
-	pump_peer(m, peer);
+	return false;
+}
+
+void gg_mesh_take_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *msg)
+{
+	on_ack(m, peer, msg);
 }
 
 /* `p` restarted: nothing it was sent or owed survives. */
@@ -351,7 +370,7 @@ static void peer_lost_state(struct gg_mesh *m, unsigned p)
 	pe->unacked_bytes = 0;
 	free_list(pe->waiting);
 	pe->waiting = NULL;
-	m->ops->on_peer_restarted(m->owner, p);
+	m->ops->on_peer_restarted(m->owner, p, pe->instance_id);
 }
 
 static void send_hello(struct gg_mesh *m, int ci, uint16_t stream)
@@ -398,7 +417,31 @@ static void stream_ready(struct gg_mesh *m, int ci)
 	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", m->names[c->peer], c->stream,
 	       gg_tls_engine_cipher(c->ts.tls));
 	resend_lost(m, (unsigned)c->peer);
-	m->ops->on_stream_ready(m->owner, (unsigned)c->peer);
+	m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, true);
+}
+
+/* A stream whose HELLO checked out: it takes its place among the peer's
+ * streams (the acceptor answers HELLO), and carries data from now on. */
+static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hello *h)
+{
+	struct conn *c = &m->conns[ci];
+	struct peer *pe = &m->peers[c->peer];
+
+	if (!c->dialer) {
+		c->stream = h->stream_index;
+		int old = pe->conn[c->stream];
+		if (old >= 0 && old != ci)
+			conn_close(m, old, "replaced by a new connection");
+		pe->conn[c->stream] = ci;
+		send_hello(m, ci, (uint16_t)c->stream);
+	}
+	if (pe->instance_id && pe->instance_id != h->instance_id) {
+		gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", m->names[c->peer]);
+		pe->instance_id = h->instance_id;
+		peer_lost_state(m, (unsigned)c->peer);
+	}
+	pe->instance_id = h->instance_id;
+	stream_ready(m, ci);
 }
 
 static void on_hello(struct gg_mesh *m, int ci, const struct gg_wire_msg *msg)
@@ -424,21 +467,20 @@ static void on_hello(struct gg_mesh *m, int ci, const struct gg_wire_msg *msg)
 		conn_close(m, ci, "the peer answered for another stream");
 		return;
 	}
-	struct peer *pe = &m->peers[c->peer];
-	if (!c->dialer) {
-		c->stream = h->stream_index;
-		int old = pe->conn[c->stream];
-		if (old >= 0 && old != ci)
-			conn_close(m, old, "replaced by a new connection");
-		pe->conn[c->stream] = ci;
-		send_hello(m, ci, (uint16_t)c->stream);
+	if (!c->dialer && !owned(m, h->stream_index)) {
+		/* Another lane's: it answers HELLO once it holds the stream. */
+		struct gg_mesh_handoff *ho = malloc(sizeof(*ho));
+		if (!ho || gg_tls_stream_detach(&c->ts)) {
+			free(ho);
+			conn_close(m, ci, "cannot hand the stream to its lane");
+			return;
+		}
+		*ho = (struct gg_mesh_handoff){ .fd = -1, .peer = (unsigned)c->peer, .stream = h->stream_index,
+						.hello = *h };
+		c->moving = ho;
+		return;
 	}
-	if (pe->instance_id && pe->instance_id != h->instance_id) {
-		gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", m->names[c->peer]);
-		peer_lost_state(m, (unsigned)c->peer);
-	}
-	pe->instance_id = h->instance_id;
-	stream_ready(m, ci);
+	stream_accepted(m, ci, h);
 }
 
 static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t len, struct gg_buf *buf)
@@ -463,10 +505,11 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		break;
 	case GG_WIRE_DATA:
 		m->stats.data_bytes_in += len;
-		m->ops->on_data(m->owner, (unsigned)c->peer, &msg, buf);
+		m->ops->on_data(m->owner, (unsigned)c->peer, (struct gg_mesh_via){ ci, c->gen }, &msg, buf);
 		break;
 	case GG_WIRE_ACK:
-		on_ack(m, (unsigned)c->peer, &msg);
+		if (!on_ack(m, (unsigned)c->peer, &msg) && m->lanes > 1)
+			m->ops->on_foreign_ack(m->owner, (unsigned)c->peer, &msg);
 		break;
 	case GG_WIRE_PING: {
 		uint8_t out[64];
@@ -523,7 +566,7 @@ static void conn_read(struct gg_mesh *m, int ci)
 {
 	struct conn *c = &m->conns[ci];
 
-	while (c->used && !c->lost) {
+	while (c->used && !c->lost && !c->moving) {
 		uint8_t *dst;
 		size_t want;
 		if (!c->in_payload) {
@@ -577,9 +620,12 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 	free_list(c->txq_head);
 	gg_buf_put(c->msg);
 	free(c->small);
+	free(c->moving);
 	if (c->peer >= 0 && c->stream >= 0 && m->peers[c->peer].conn[c->stream] == ci)
 		m->peers[c->peer].conn[c->stream] = -1;
+	uint32_t gen = c->gen + 1;
 	memset(c, 0, sizeof(*c));
+	c->gen = gen;
 }
 
 /* Bookkeeping when a stream stops carrying data, once per stream: the
@@ -606,6 +652,8 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		return;
 	struct peer *pe = &m->peers[c->peer];
 	pe->conn[c->stream] = -1;
+	if (was_ready)
+		m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, false);
 	if (c->dialer) {
 		uint64_t *b = &pe->backoff_us[c->stream];
 		*b = *b ? GG_MIN(*b * 2, m->cfg->transport.reconnect_max_us) : m->cfg->transport.reconnect_min_us;
@@ -654,6 +702,13 @@ static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
 		conn_lost(m, ci, gg_tls_stream_error(&c->ts)[0] ? gg_tls_stream_error(&c->ts) : "closed");
 		conn_free_slot(m, ci);
 	}
+	if (c->used && (ev & GG_TLS_STREAM_EV_DETACHED)) {
+		struct gg_mesh_handoff *ho = c->moving;
+		c->moving = NULL;
+		gg_tls_stream_take(&c->ts, &ho->fd, &ho->tls);
+		conn_free_slot(m, ci);
+		m->ops->hand_off(m->owner, ho->stream % m->lanes, ho);
+	}
 }
 
 static int free_conn_slot(const struct gg_mesh *m)
@@ -667,8 +722,10 @@ static int free_conn_slot(const struct gg_mesh *m)
 static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int stream)
 {
 	struct conn *c = &m->conns[ci];
+	uint32_t gen = c->gen;
 
 	memset(c, 0, sizeof(*c));
+	c->gen = gen;
 	c->small = malloc(CTRL_MSG_MAX);
 	if (!c->small)
 		return -ENOMEM;
@@ -738,6 +795,26 @@ static void accept_conn(struct gg_mesh *m, int fd)
 	on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
 }
 
+void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h)
+{
+	int ci = m->shutting_down ? -1 : free_conn_slot(m);
+
+	if (ci < 0 || conn_init(m, ci, false, (int)h->peer, -1)) {
+		gg_log(GG_LOG_WARN, "stream_dropped", "site=%s stream=%u reason=\"%s\"", m->names[h->peer], h->stream,
+		       ci < 0 ? "no free connection slot" : "out of memory");
+		close(h->fd);
+		gg_tls_engine_free(h->tls);
+		free(h);
+		return;
+	}
+	struct conn *c = &m->conns[ci];
+	gg_tls_stream_adopt(&c->ts, m->loop, (uint32_t)ci, h->fd, h->tls, &m->sopts);
+	c->last_rx_us = m->loop->now_us;
+	stream_accepted(m, ci, &h->hello);
+	free(h);
+	on_stream_events(m, ci, gg_tls_stream_tick(&c->ts, m->loop->now_us));
+}
+
 bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 {
 	unsigned kind = gg_loop_ud_kind(cqe->user_data);
@@ -796,7 +873,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		}
 	}
 	for (unsigned p = m->self + 1; p < m->sites && !m->shutting_down; p++)
-		for (int s = 0; s < cfg->transport.streams_per_peer; s++)
+		for (int s = (int)m->lane; s < cfg->transport.streams_per_peer; s += (int)m->lanes)
 			if (m->peers[p].conn[s] < 0 && now >= m->peers[p].next_dial_us[s])
 				dial(m, p, s);
 	return next;
@@ -826,7 +903,7 @@ bool gg_mesh_connected(const struct gg_mesh *m)
 	for (unsigned p = 0; p < m->sites; p++) {
 		if (p == m->self)
 			continue;
-		for (int s = 0; s < m->cfg->transport.streams_per_peer; s++)
+		for (int s = (int)m->lane; s < m->cfg->transport.streams_per_peer; s += (int)m->lanes)
 			if (!conn_ready(m, m->peers[p].conn[s]))
 				return false;
 	}
@@ -892,6 +969,9 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	m->max_payload = mc->max_payload_bytes;
 	m->hello = *mc->hello;
 	m->listen_fd = -1;
+	m->lanes = mc->lanes ? mc->lanes : 1;
+	m->lane = mc->lane;
+	m->listen = mc->listen || m->lanes == 1;
 	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);
 	for (unsigned i = 0; i < m->sites; i++) {
 		for (int s = 0; s < GG_MESH_MAX_STREAMS; s++)
@@ -919,6 +999,10 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	m->sopts = (struct gg_tls_stream_options){ .handshake_timeout_us = cfg->transport.handshake_timeout_us,
 						   .socket_buffer_bytes = (int)cfg->transport.socket_buffer_bytes };
 
+	if (!m->listen) {
+		*out = m;
+		return 0;
+	}
 	struct sockaddr_storage ss;
 	socklen_t len;
 	if (gg_net_addr_parse(cfg->site.listen, &ss, &len, &why)) {

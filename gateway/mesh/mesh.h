@@ -23,7 +23,13 @@
  *
  * A mesh is driven by one thread: its io_uring loop, and the owner's calls
  * on that thread. Whoever owns the loop passes completions of the mesh's
- * kinds to gg_mesh_on_cqe() and calls gg_mesh_tick() after every turn. */
+ * kinds to gg_mesh_on_cqe() and calls gg_mesh_tick() after every turn.
+ *
+ * Lanes. A gateway may run several meshes, one per thread (lane): lane l
+ * of L owns the streams whose number s has s % L == l, to every peer. It
+ * dials those of them it dials; the mesh of lane 0 also listens, runs the
+ * handshake and HELLO of every accepted stream, and hands those of other
+ * lanes over (ops->hand_off, then gg_mesh_adopt() on that lane). */
 #ifndef GG_MESH_H
 #define GG_MESH_H
 
@@ -35,6 +41,7 @@
 #include "config.h"
 #include "gg_common.h"
 #include "tls_context.h"
+#include "tls_engine.h"
 #include "uring_loop.h"
 #include "wire.h"
 
@@ -42,21 +49,47 @@
 #define GG_MESH_MAX_STREAMS 64
 
 struct gg_mesh;
+struct gg_mesh_handoff;
+
+/* The stream a message arrived on, as long as it lives. An ACK goes back
+ * on the stream its DATA came on: when that stream dies, the sender sends
+ * the DATA again, so the ACK is never lost on its own. */
+struct gg_mesh_via {
+	int conn;
+	uint32_t gen;
+};
 
 /* What the mesh tells its owner, on the mesh's thread. */
 struct gg_mesh_ops {
-	/* DATA from `peer`: `m` points into `payload`, which the owner may
-	 * keep with gg_buf_get(). The owner acknowledges it (gg_mesh_ack)
-	 * once it used it; until then it counts against the sender's window. */
-	void (*on_data)(void *owner, unsigned peer, const struct gg_wire_msg *m, struct gg_buf *payload);
+	/* DATA from `peer` on stream `via`: `m` points into `payload`, which the
+	 * owner may keep with gg_buf_get(). The owner acknowledges it
+	 * (gg_mesh_ack, on this mesh's thread, with `via`) once it used it;
+	 * until then it counts against the sender's window. */
+	void (*on_data)(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
+			struct gg_buf *payload);
 	/* ABORT or DONE from `peer`. */
 	void (*on_control)(void *owner, unsigned peer, const struct gg_wire_msg *m);
+	/* An ACK for DATA this mesh does not hold (another lane may). */
+	void (*on_foreign_ack)(void *owner, unsigned peer, const struct gg_wire_msg *m);
 	/* `peer` came back with a new instance id: it restarted, and every step
 	 * in progress with it is lost. Unsent and unacknowledged DATA to it is
 	 * dropped before this is called. */
-	void (*on_peer_restarted)(void *owner, unsigned peer);
-	/* A stream to `peer` became ready (HELLOs exchanged). */
-	void (*on_stream_ready)(void *owner, unsigned peer);
+	void (*on_peer_restarted)(void *owner, unsigned peer, uint64_t instance_id);
+	/* Stream `stream` to `peer` became ready (HELLOs exchanged), or stopped
+	 * being ready. */
+	void (*on_stream_change)(void *owner, unsigned peer, unsigned stream, bool ready);
+	/* An accepted stream that lane `lane` owns, ready for gg_mesh_adopt()
+	 * there; the owner takes `h` (malloc'd). */
+	void (*hand_off)(void *owner, unsigned lane, struct gg_mesh_handoff *h);
+};
+
+/* An accepted stream on its way to the lane that owns it: handshake done,
+ * the peer's HELLO received and checked, ours not sent yet. */
+struct gg_mesh_handoff {
+	int fd;
+	struct gg_tls_engine *tls;
+	unsigned peer, stream;
+	struct gg_wire_hello hello; /* the peer's */
 };
 
 struct gg_mesh_config {
@@ -70,6 +103,8 @@ struct gg_mesh_config {
 	size_t max_payload_bytes;       /* largest message payload accepted */
 	const struct gg_mesh_ops *ops;
 	void *owner;
+	unsigned lane, lanes;           /* this mesh owns streams s with s % lanes == lane; 0, 0: all */
+	bool listen;                    /* accepts peers' streams (lane 0) */
 };
 
 struct gg_mesh_stats {
@@ -91,6 +126,11 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe);
  * Returns the next deadline (gg_monotonic_us). */
 uint64_t gg_mesh_tick(struct gg_mesh *m);
 
+/* Takes over an accepted stream another lane's mesh handed off; frees `h`. */
+void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h);
+/* An ACK another lane received for DATA this mesh may hold. */
+void gg_mesh_take_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *msg);
+
 /* DATA of step `step` for chunk `id` to `peer`: queued behind the peer's
  * window, sent and kept until acknowledged. Takes a reference to `frame`.
  * Returns 0 or -ENOMEM. */
@@ -100,8 +140,10 @@ GG_MUST_CHECK int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const stru
  * stream, or on every ready stream with `every_stream` (so one cut after
  * it was queued cannot lose it). Dropped when no stream is ready. */
 void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, size_t len, bool every_stream);
-/* Acknowledges DATA from `peer` for (job, step, id). */
-void gg_mesh_ack(struct gg_mesh *m, unsigned peer, const char *job, uint64_t step, const struct gg_ar_chunk_id *id);
+/* Acknowledges DATA for (job, step, id) on the stream it came on; nothing
+ * when that stream is gone (the peer sends the DATA again). */
+void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t step,
+		 const struct gg_ar_chunk_id *id);
 
 /* DATA messages waiting for or on `peer`'s streams but not yet written to
  * a socket, counted up to `limit`. */
@@ -111,8 +153,8 @@ void gg_mesh_forget_step(struct gg_mesh *m, const char *job, uint64_t step);
 /* Whether DATA of `job` waits to be sent or acknowledged. */
 bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job);
 
-/* Whether `peer` has a ready stream; whether every peer has all its
- * streams up. */
+/* Whether `peer` has a ready stream of this mesh's; whether every peer has
+ * all this mesh's streams up. */
 bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer);
 bool gg_mesh_connected(const struct gg_mesh *m);
 /* True when every DATA sent was acknowledged and nothing waits. */

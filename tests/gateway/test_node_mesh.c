@@ -1,8 +1,9 @@
-/* Gateways of K sites, each on its own thread and io_uring loop, connected
- * over loopback TLS: steps complete with bit-identical results equal to
- * the fixed-order sum (fp32), survive a stream cut mid-transfer, and fail
- * at every site, with a message naming both announcements, when sites
- * announce different collectives.
+/* Gateways of K sites, each on its own threads (2 or 3 lanes with 4 streams
+ * per peer, so lanes own different numbers of streams and some frames
+ * reach another lane first), connected over loopback TLS: steps complete
+ * with bit-identical results equal to the fixed-order sum (fp32), survive
+ * a stream cut mid-transfer, and fail at every site, with a message naming
+ * both announcements, when sites announce different collectives.
  *
  *   test_node_mesh CERT_DIR (certificates from examples/make-certs.sh for
  *   sites s0..s3) */
@@ -34,7 +35,7 @@ struct scenario {
 	const char *algo;
 	uint64_t count;
 	unsigned steps;
-	int cut_at_step;      /* cut stream 0 of site 0 towards site 1 during this step */
+	int cut_at_step;      /* cut streams 0 and 1 (two lanes) of site 0 towards site 1 during this step */
 	bool mismatch;        /* site K-1 announces one element more */
 	bool tensor_per_step; /* step t is tensor t: a new error feedback state each step */
 	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
@@ -75,9 +76,9 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 	size_t n = 0;
 
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
-			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\n"
+			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\nthreads = %u\n"
 			      "[tls]\nca = \"%s/ca.pem\"\ncert = \"%s/s%u.pem\"\nkey = \"%s/s%u.key\"\n",
-			      k, ports[k], cert_dir, cert_dir, k, cert_dir, k);
+			      k, ports[k], 2 + k % 2, cert_dir, cert_dir, k, cert_dir, k);
 	for (unsigned p = 0; p < sc->K; p++)
 		if (p != k)
 			n += (size_t)snprintf(text + n, sizeof(text) - n,
@@ -85,7 +86,7 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 					      "identity = \"dns:s%u.gradgate.test\"\n",
 					      p, ports[p], p);
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
-			      "[transport]\nstreams_per_peer = 2\nchunk_size = \"256KiB\"\nstep_timeout = \"%s\"\n"
+			      "[transport]\nstreams_per_peer = 4\nchunk_size = \"256KiB\"\nstep_timeout = \"%s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
 			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"8MiB\"\nmemory = \"64MiB\"\n",
@@ -140,7 +141,10 @@ static void *run_site(void *arg)
 				break;
 			if ((int)t == sc->cut_at_step && s->index == 0 && !cut &&
 			    gg_node_stats(node)->data_bytes_out > 0) {
+				/* Stream 0 is lane 0's, cut right here; stream 1 is lane
+				 * 1's, cut on its own thread a moment later. */
 				CHECK(gg_node_test_cut_stream(node, 1, 0) == 0, "cut");
+				CHECK(gg_node_test_cut_stream(node, 1, 1) == 0, "cut");
 				cut = true;
 			}
 		}

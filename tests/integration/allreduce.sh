@@ -12,7 +12,7 @@
 . "$(dirname "$0")/lib.sh"
 
 K=${1:?usage: allreduce.sh K}
-SITE_THREADS[1]=1 # one gateway of each mesh runs everything on one loop
+SITE_THREADS[1]=1 # one gateway of each mesh runs everything on one loop, the others on two lanes
 
 # codec scale algorithm ranks-per-site steps [pipelined]
 case $K in

@@ -31,7 +31,7 @@ STEP_TIMEOUT=10s
 STREAMS=2
 CHUNK=256KiB
 SOCKET_BUFFER=1MiB
-THREADS=2                 # 2: the site backend and the peer mesh on threads of their own
+THREADS=2                 # lanes per gateway: 2 threads, each with a loop and a share of the streams
 LINK_ARGS=()              # linkem options for every dialer -> acceptor link; () = no links
 declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refused mesh)
 declare -A SITE_THREADS=()
