@@ -43,6 +43,7 @@ struct daemon {
 	struct gg_node_stats final_stats; /* the node's, as it stopped */
 };
 
+/* A refusal of the node's (a negative errno) as the ranks hear it. */
 static int to_errc(int status)
 {
 	switch (status) {
@@ -71,7 +72,7 @@ static void finish(struct pending *p, int status, const char *message)
 static void step_done(void *arg, struct gg_node_step *ns, int status, const char *message)
 {
 	(void)ns;
-	finish(arg, status ? to_errc(status) : 0, message);
+	finish(arg, status, message);
 }
 
 static void step_gather(void *arg, uint64_t offset, uint64_t n)
@@ -101,6 +102,7 @@ static void core_start(struct daemon *d, struct pending *p)
 	p->ns.dtype = ss->dtype == GG_DTYPE_BF16 ? GG_WIRE_BF16 : GG_WIRE_F32;
 	p->ns.input = ss->sum; /* gathered a range at a time; each read before it is written */
 	p->ns.result = ss->sum;
+	p->ns.deadline_us = ss->deadline_us;
 	p->ns.done = step_done;
 	p->ns.gather = step_gather;
 	p->ns.deliver = step_deliver;
@@ -135,7 +137,21 @@ static int core_submit(void *core, struct gg_site_step *ss)
 	return 0;
 }
 
-static const struct gg_core_ops core_ops = { core_submit };
+static void core_abort(void *core, const char *job, uint64_t seq, int code, const char *message)
+{
+	struct daemon *d = core;
+
+	gg_node_abort(d->node, job, seq, code, message);
+}
+
+static void core_end_job(void *core, const char *job)
+{
+	struct daemon *d = core;
+
+	gg_node_end_job(d->node, job);
+}
+
+static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job };
 
 static void backend_log(void *arg, const char *line)
 {

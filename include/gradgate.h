@@ -144,14 +144,21 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  *            failure the contents of ordinary memory are unchanged; those
  *            of a shared buffer are unspecified (the gateway may have
  *            summed into it or written part of a result).
- * tensor_id  the caller's name for the tensor; every rank must announce the
- *            same (tensor_id, count, dtype) for the same step, otherwise
- *            the step fails at every rank with GG_ERR_MISMATCH.
+ * tensor_id  the caller's name for the tensor; every rank of every site
+ *            must announce the same (tensor_id, count, dtype) for the same
+ *            step, otherwise the step fails at every rank of every site
+ *            with GG_ERR_MISMATCH.
  * timeout_ms the step's deadline from this call: > 0 milliseconds, capped
  *            by the gateway's step_timeout; <= 0 the gateway's step_timeout.
- *            When ranks are missing at the deadline the step fails with
- *            GG_ERR_TIMEOUT naming them. Should the gateway itself not
- *            answer within the deadline plus 2 seconds, the session fails
+ *            It is the deadline of the whole step, at every site: the
+ *            earliest deadline of any rank of any site wins, and the step
+ *            fails everywhere with GG_ERR_TIMEOUT naming what it waited
+ *            for. A site that already holds the result may answer later,
+ *            by its answer grace (the peers' heartbeat_timeout): the other
+ *            sites may have completed the step, and it completes here too
+ *            rather than split the outcome. A timed-out step leaves the
+ *            session usable. Should the gateway itself not answer within
+ *            the deadline, its grace and 2 seconds more, the session fails
  *            (GG_ERR_TIMEOUT) and must be closed.
  *
  * Steps are numbered per session from 1 in call order; a call refused

@@ -18,7 +18,7 @@
 #include "gg_common.h"
 
 #define OPEN_TIMEOUT_MS 10000
-#define GRACE_MS 2000           /* past a step's deadline before the gateway counts as lost */
+#define GRACE_MS 2000           /* past a step's deadline and the gateway's own grace: the gateway is lost */
 #define MIN_REGION_BYTES (4u << 20)
 
 struct region {
@@ -52,6 +52,7 @@ struct gg_session {
 	int rank;
 	struct gg_session_info info;
 	uint64_t max_region_bytes;
+	uint64_t answer_grace_ms;       /* the gateway's, past a step's deadline */
 	unsigned max_regions;
 	unsigned buffers;               /* shared buffers held */
 	uint64_t next_seq;
@@ -428,6 +429,7 @@ static int handshake(struct gg_session *s, const char *path, int nranks, struct 
 	s->info.max_inflight = GG_MIN(a->max_inflight, a->max_regions - 1);
 	s->info.step_timeout_ms = a->step_timeout_ms;
 	s->max_region_bytes = a->max_region_bytes;
+	s->answer_grace_ms = a->answer_grace_ms;
 	s->max_regions = GG_MIN(a->max_regions, GG_CTRL_MAX_REGIONS);
 	/* Staging needs a region per request in flight and one to grow into. */
 	s->info.max_buffers = s->max_regions > s->info.max_inflight + 1 ? s->max_regions - s->info.max_inflight - 1 : 0;
@@ -689,7 +691,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	uint64_t bytes = (uint64_t)count * esize;
 	uint64_t timeout = timeout_ms > 0 ? GG_MIN((uint64_t)timeout_ms, s->info.step_timeout_ms)
 					  : s->info.step_timeout_ms;
-	uint64_t deadline = now_ms() + timeout + GRACE_MS;
+	uint64_t deadline = now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
 	uint64_t offset;
 	int rc, id = shared_region_of(s, buf, bytes);
 
@@ -759,7 +761,8 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 
 		if (now >= head->deadline_ms) {
 			session_fail(s, GG_ERR_TIMEOUT, "the gateway of site %s did not answer step %llu within its "
-				     "deadline and %d ms more", site_of(s), (unsigned long long)head->seq, GRACE_MS);
+				     "deadline and %llu ms more", site_of(s), (unsigned long long)head->seq,
+				     (unsigned long long)s->answer_grace_ms + GRACE_MS);
 			break;
 		}
 		if (now >= until)

@@ -147,7 +147,7 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		ok = !msg->hello.reserved && text_ok(msg->hello.job, sizeof(msg->hello.job));
 		break;
 	case GG_CTRL_ACCEPT:
-		ok = text_ok(msg->accept.site, sizeof(msg->accept.site));
+		ok = !msg->accept.reserved && text_ok(msg->accept.site, sizeof(msg->accept.site));
 		break;
 	case GG_CTRL_REFUSE:
 	case GG_CTRL_ERROR:

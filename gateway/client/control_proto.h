@@ -27,7 +27,7 @@
 #include "gradgate.h"
 
 #define GG_CTRL_MAGIC 0x31434747u /* "GGC1" */
-#define GG_CTRL_VERSION 1u
+#define GG_CTRL_VERSION 2u
 
 #define GG_CTRL_NAME_SIZE 64  /* job and site names: 63 characters and the NUL */
 #define GG_CTRL_TEXT_SIZE GG_ERROR_MESSAGE_MAX
@@ -77,6 +77,10 @@ struct gg_ctrl_accept {
 	uint64_t max_region_bytes;  /* size of one MAP region */
 	uint32_t max_regions;       /* regions mapped at once, <= GG_CTRL_MAX_REGIONS */
 	uint32_t step_timeout_ms;
+	/* Past a step's deadline, how long the gateway may still take to
+	 * answer it: a site that said DONE waits that long for the others'. */
+	uint32_t answer_grace_ms;
+	uint32_t reserved;
 	char site[GG_CTRL_NAME_SIZE];
 };
 
@@ -135,7 +139,7 @@ struct gg_ctrl_done {
 
 _Static_assert(sizeof(struct gg_ctrl_hdr) == 16, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_hello) == 96, "wire layout");
-_Static_assert(sizeof(struct gg_ctrl_accept) == 112, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_accept) == 120, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_error) == 288, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_map) == 32, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_unmap) == 24, "wire layout");

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "allreduce.h"
+#include "gradgate.h"
 #include "log.h"
 #include "mailbox.h"
 #include "mesh.h"
@@ -47,6 +48,8 @@ enum mail_type {
 	M_CONTROL,      /* lane -> coordinator: ABORT or DONE from a peer */
 	M_RESTARTED,    /* lane -> coordinator: a peer came back with a new instance */
 	M_STREAM_READY, /* lane -> coordinator: a stream to a peer is up */
+	M_STREAM_DOWN,  /* lane -> coordinator: a stream to a peer went down, and why */
+	M_FORGET_JOB,   /* coordinator -> lane: the job is over everywhere; forget it */
 	M_DATA,         /* lane -> lane: DATA for a chunk of the receiver's */
 	M_ACK,          /* lane -> lane: an ACK for DATA the receiver may hold */
 	M_ACK_SEND,     /* lane -> lane: acknowledge DATA that came on the receiver's stream */
@@ -70,12 +73,12 @@ struct mail {
 			const float *input;
 			float *result;
 			struct gg_feedback *feedback;
-			uint64_t deadline_us;
+			uint64_t deadline_us, timeout_us;
 			void (*gather)(void *arg, uint64_t offset, uint64_t n);
 			void (*deliver)(void *arg, uint64_t offset, uint64_t n);
 			void *arg;
 		} start;
-		char job[GG_WIRE_NAME_MAX + 1]; /* M_END, M_FORGET */
+		char job[GG_WIRE_NAME_MAX + 1]; /* M_END, M_FORGET, M_FORGET_JOB */
 		struct {      /* M_SEND */
 			uint8_t bytes[CTRL_MSG_MAX];
 			size_t len;
@@ -92,7 +95,7 @@ struct mail {
 		} ack;
 		struct gg_mesh_handoff *conn;   /* M_CONN */
 		uint64_t instance_id;           /* M_RESTARTED */
-		char text[GG_NODE_ERROR_MAX];   /* M_PART_FAILED */
+		char text[GG_NODE_ERROR_MAX];   /* M_PART_FAILED, M_STREAM_DOWN */
 		int stream;                     /* M_CUT */
 	} u;
 };
@@ -129,6 +132,7 @@ struct lane_job {
 	uint64_t seq;
 	struct gg_wire_step wstep;
 	uint64_t deadline_us;
+	uint64_t timeout_us; /* the time the step had, for messages */
 	bool reported;       /* PART_DONE or PART_FAILED sent */
 	void (*gather)(void *arg, uint64_t offset, uint64_t n);
 	void (*deliver)(void *arg, uint64_t offset, uint64_t n);
@@ -156,8 +160,9 @@ struct lane {
 	bool shutting_down;
 	struct lane_stats stats;
 	atomic_bool flushed, idle;
-	/* published by the mesh's thread for gg_node_stats() */
+	/* published by the lane's thread for the coordinator */
 	atomic_uint_fast64_t resent, tls_ns, rtt_us[GG_AR_MAX_SITES];
+	atomic_uint_fast64_t heard_us[GG_AR_MAX_SITES]; /* last receive from each peer */
 	/* start-up of lanes 1..: made on their own thread */
 	int start_rc;
 	char start_err[GG_NODE_ERROR_MAX];
@@ -176,8 +181,15 @@ struct job {
 	unsigned parts_done;
 	bool has_result;        /* the step's result is whole here (DONE sent) */
 	uint32_t done_from;     /* sites that said DONE for the step, by bit */
+	uint64_t has_result_us; /* when it did */
 	uint64_t aborted_seq;   /* a peer aborted this step before it started here */
+	int aborted_code;
 	char abort_reason[GG_NODE_ERROR_MAX];
+	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
+	uint64_t done_us;       /* goes again to a peer whose stream comes back */
+	uint32_t ended_by;      /* sites where the job is over (END), by bit */
+	uint64_t ended_after;   /* the earliest step they ended after: later steps fail */
+	char end_reason[GG_NODE_ERROR_MAX];
 	/* The step is over and its lanes let go of it. */
 	bool ending;
 	unsigned ended;
@@ -211,6 +223,7 @@ struct gg_node {
 	struct gg_mailbox inbox;
 	struct job jobs[MAX_JOBS];
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
+	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
 	/* Error feedback, one slot per (job, tensor), each allocated on its own
 	 * (steps hold pointers to them); residuals bounded by [limits] memory. */
 	struct feedback_slot **feedback;
@@ -449,7 +462,7 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	if (lj->reported && !gg_ar_step_done(lj->ar))
 		return; /* failed already */
 	if (ws->fingerprint != lj->wstep.fingerprint) {
-		part_fail(lj, -EIO,
+		part_fail(lj, GG_ERR_MISMATCH,
 			  "step %llu of job '%s': site %s announced tensor %u with %llu elements (dtype %u), "
 			  "this site tensor %u with %llu elements (dtype %u)",
 			  (unsigned long long)lj->wstep.step, lj->name, n->names[from], ws->tensor_id,
@@ -461,7 +474,7 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	int rc = gg_ar_step_on_frame(lj->ar, from, id, frame, len, err, sizeof(err));
 	count(&ln->stats.decode_ns, now_ns() - t0);
 	if (rc < 0) {
-		part_fail(lj, -EIO, "step %llu of job '%s': %s (site index %u is %s)",
+		part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s (site index %u is %s)",
 			  (unsigned long long)lj->wstep.step, lj->name, err, from, n->names[from]);
 		return;
 	}
@@ -543,7 +556,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 		if (f) {
 			f->slot = m->slot;
 			f->seq = m->seq;
-			f->code = -ENOSPC;
+			f->code = GG_ERR_LIMIT;
 			snprintf(f->u.text, sizeof(f->u.text), "step %llu of job '%s': lane %u holds %d jobs already",
 				 (unsigned long long)m->seq, m->u.start.wstep.job, ln->index, MAX_JOBS);
 			tell_coordinator(ln, f);
@@ -556,6 +569,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->seq = m->seq;
 	lj->wstep = m->u.start.wstep;
 	lj->deadline_us = m->u.start.deadline_us;
+	lj->timeout_us = m->u.start.timeout_us;
 	lj->gather = m->u.start.gather;
 	lj->deliver = m->u.start.deliver;
 	lj->arg = m->u.start.arg;
@@ -571,8 +585,8 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	int rc = gg_ar_step_start(&lj->ar, &ac, m->u.start.input, m->u.start.result, &ar_ops, lj, why, sizeof(why));
 	count(&ln->stats.encode_ns, now_ns() - t0);
 	if (rc) {
-		part_fail(lj, rc == -ENOMEM ? -ENOMEM : -EIO, "step %llu of job '%s': %s", (unsigned long long)m->seq,
-			  lj->name, why);
+		part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
+			  (unsigned long long)m->seq, lj->name, why);
 		return;
 	}
 	/* Frames that arrived before this lane started the step. */
@@ -628,6 +642,18 @@ static void lane_forget(struct lane *ln, const struct mail *m)
 
 	if (lj && m->seq > lj->last_seq)
 		drop_early(lj, m->seq, m->seq);
+}
+
+/* The job is over: its early frames are acknowledged and let go, and its
+ * name may start a new run. */
+static void lane_forget_job(struct lane *ln, const char *job)
+{
+	struct lane_job *lj = lane_job_find(ln, job, false);
+
+	if (!lj || lj->ar)
+		return;
+	drop_early(lj, 0, UINT64_MAX);
+	memset(lj, 0, sizeof(*lj));
 }
 
 /* ---- a lane's mesh -------------------------------------------------------- */
@@ -691,7 +717,7 @@ static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
 	tell_coordinator(ln, f);
 }
 
-static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool up)
+static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool up, const char *why)
 {
 	struct lane *ln = owner;
 	struct gg_node *n = ln->node;
@@ -701,11 +727,13 @@ static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool u
 		atomic_fetch_or(&n->ready[peer], bit);
 	else
 		atomic_fetch_and(&n->ready[peer], ~bit);
-	struct mail *f;
-	if (up && (f = mail_new(M_STREAM_READY))) {
-		f->peer = peer;
-		tell_coordinator(ln, f);
-	}
+	struct mail *f = mail_new(up ? M_STREAM_READY : M_STREAM_DOWN);
+	if (!f)
+		return;
+	f->peer = peer;
+	if (why)
+		snprintf(f->u.text, sizeof(f->u.text), "%s", why);
+	tell_coordinator(ln, f);
 }
 
 static void hand_off(void *owner, unsigned lane, struct gg_mesh_handoff *h)
@@ -748,6 +776,9 @@ static void lane_mail(struct lane *ln)
 			break;
 		case M_FORGET:
 			lane_forget(ln, m);
+			break;
+		case M_FORGET_JOB:
+			lane_forget_job(ln, m->u.job);
 			break;
 		case M_SEND:
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
@@ -806,16 +837,16 @@ static void part_missed_deadline(struct lane_job *lj)
 	char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
 
 	unreachable_peers(n, down, sizeof(down));
-	gg_format_duration(n->cfg->transport.step_timeout_us, buf, sizeof(buf));
+	gg_format_duration(lj->timeout_us, buf, sizeof(buf));
 	if (gg_ar_step_first_missing(lj->ar, &from, &id))
-		part_fail(lj, -ETIMEDOUT,
+		part_fail(lj, GG_ERR_TIMEOUT,
 			  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for shard %u chunk "
 			  "%u%s", (unsigned long long)lj->seq, lj->name, buf, n->names[from],
 			  id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
 			  id.origin, id.chunk, down);
 	else
-		part_fail(lj, -ETIMEDOUT, "step %llu of job '%s' missed its %s deadline%s", (unsigned long long)lj->seq,
-			  lj->name, buf, down);
+		part_fail(lj, GG_ERR_TIMEOUT, "step %llu of job '%s' missed its %s deadline%s",
+			  (unsigned long long)lj->seq, lj->name, buf, down);
 }
 
 /* Parts' deadlines, and own chunks that wait for room on the streams. */
@@ -840,16 +871,19 @@ static uint64_t lane_timers(struct lane *ln)
 		int rc = gg_ar_step_resume(lj->ar, why, sizeof(why));
 		count(&ln->stats.encode_ns, now_ns() - t0);
 		if (rc)
-			part_fail(lj, -EIO, "step %llu of job '%s': %s", (unsigned long long)lj->seq, lj->name, why);
+			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
+				  (unsigned long long)lj->seq, lj->name, why);
 		else
 			part_check_done(lj);
 	}
 	const struct gg_mesh_stats *ms = gg_mesh_stats(ln->mesh);
 	atomic_store_explicit(&ln->resent, ms->resent_messages, memory_order_relaxed);
 	atomic_store_explicit(&ln->tls_ns, (uint64_t)(ms->tls_s * 1e9), memory_order_relaxed);
-	for (unsigned p = 0; p < ln->node->sites; p++)
+	for (unsigned p = 0; p < ln->node->sites; p++) {
 		if (ms->rtt_us[p])
 			atomic_store_explicit(&ln->rtt_us[p], ms->rtt_us[p], memory_order_relaxed);
+		atomic_store_explicit(&ln->heard_us[p], gg_mesh_last_heard(ln->mesh, p), memory_order_relaxed);
+	}
 	atomic_store(&ln->flushed, gg_mesh_flushed(ln->mesh));
 	atomic_store(&ln->idle, gg_mesh_idle(ln->mesh));
 	return next;
@@ -915,11 +949,14 @@ static void send_to_peers(struct gg_node *n, int only, const uint8_t *bytes, ssi
 	}
 }
 
-static void send_abort(struct gg_node *n, const struct job *j, uint64_t seq, const char *reason)
+/* ABORT with the code the step failed with here; a gateway that shuts
+ * down is a lost site to the others. */
+static void send_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
 {
 	uint8_t buf[CTRL_MSG_MAX];
+	uint8_t wire = (uint8_t)(code == GG_ERR_CLOSED || code >= 0 || -code > GG_WIRE_CODE_MAX ? -GG_ERR_SITE : -code);
 
-	send_to_peers(n, -1, buf, gg_wire_encode_abort(buf, sizeof(buf), j->name, seq, reason), false);
+	send_to_peers(n, -1, buf, gg_wire_encode_abort(buf, sizeof(buf), job, seq, wire, reason), false);
 }
 
 /* DONE for the job's step to peer `only` (every peer when -1), on every
@@ -929,7 +966,7 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
-	send_to_peers(n, only, buf, gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq), true);
+	send_to_peers(n, only, buf, gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, j->name, j->step->seq), true);
 }
 
 /* Ends the job's step: the lanes let go of their parts first (a part may
@@ -967,6 +1004,10 @@ static void step_ended(struct gg_node *n, struct job *j)
 	j->step = NULL;
 	j->ending = false;
 	j->active_us = gg_node_loop(n)->now_us;
+	if (!status) {
+		j->done_seq = st->seq;
+		j->done_us = j->active_us;
+	}
 	/* done() may submit the job's next step. */
 	st->done(st->arg, st, status, status ? message : NULL);
 }
@@ -982,11 +1023,9 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	send_abort(n, j, j->step->seq, msg);
+	send_abort(n, j->name, j->step->seq, code, msg);
 	finish_step(n, j, code, msg);
 }
-
-#define fail_step(n, j, ...) fail_step_code(n, j, -EIO, __VA_ARGS__)
 
 /* Frees feedback slot i; the last slot takes its place. */
 static void feedback_drop(struct gg_node *n, unsigned i)
@@ -1100,6 +1139,7 @@ static void step_has_result(struct gg_node *n, struct job *j)
 		return;
 	if (!j->has_result) {
 		j->has_result = true;
+		j->has_result_us = gg_node_loop(n)->now_us;
 		send_done(n, j, -1);
 	}
 	maybe_complete(n, j);
@@ -1153,14 +1193,20 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	j->last_seq = st->seq;
 	j->active_us = now;
 	j->deadline_us = now + n->cfg->transport.step_timeout_us;
+	if (st->deadline_us && st->deadline_us < j->deadline_us)
+		j->deadline_us = st->deadline_us;
 	if (j->aborted_seq == st->seq) {
-		finish_step(n, j, -EIO, j->abort_reason);
+		finish_step(n, j, j->aborted_code, j->abort_reason);
+		return 0;
+	}
+	if (j->ended_by && st->seq > j->ended_after) {
+		finish_step(n, j, GG_ERR_RANK, j->end_reason);
 		return 0;
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
 			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb,
-				       .deadline_us = j->deadline_us, .gather = st->gather, .deliver = st->deliver,
-				       .arg = st->arg } };
+				       .deadline_us = j->deadline_us, .timeout_us = j->deadline_us - now,
+				       .gather = st->gather, .deliver = st->deliver, .arg = st->arg } };
 	post_lanes(n, &m);
 	return 0;
 }
@@ -1183,7 +1229,7 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 		char msg[GG_NODE_ERROR_MAX];
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site,
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
-		finish_step(n, j, -EIO, msg);
+		finish_step(n, j, -(int)m->u.abort.code, msg);
 	} else if (m->u.abort.step > j->last_seq) {
 		/* This site may never run that step: the frames its lanes hold
 		 * for it would pin the peer's window for good. */
@@ -1191,9 +1237,32 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 		snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
 		post_lanes(n, &f);
 		j->aborted_seq = m->u.abort.step;
+		j->aborted_code = -(int)m->u.abort.code;
 		snprintf(j->abort_reason, sizeof(j->abort_reason), "site %s aborted step %llu of job '%s': %s", site,
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
+		gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu reason=\"%s\"", j->name,
+		       (unsigned long long)j->aborted_seq, j->abort_reason);
 	}
+}
+
+/* The job is over at site `from`: its ranks there are gone. */
+static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
+{
+	struct job *j = find_job(n, m->u.end.job, true);
+
+	if (!j)
+		return;
+	/* Steps up to the one it ended after had its ranks: they complete or
+	 * fail on their own. */
+	if (j->ended_by && m->u.end.step >= j->ended_after)
+		return;
+	j->ended_by |= 1u << from;
+	j->ended_after = m->u.end.step;
+	snprintf(j->end_reason, sizeof(j->end_reason), "site %s ended job '%s' after step %llu: its ranks there are gone",
+		 n->names[from], j->name, (unsigned long long)m->u.end.step);
+	if (j->step && j->step->seq > j->ended_after)
+		fail_step_code(n, j, GG_ERR_RANK, "step %llu of job '%s': %s", (unsigned long long)j->step->seq, j->name,
+			       j->end_reason);
 }
 
 static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
@@ -1206,6 +1275,26 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 		return;
 	j->done_from |= 1u << from;
 	maybe_complete(n, j);
+}
+
+/* A new stream to `peer` may carry a DONE a lost one did not: of a step in
+ * progress, or of one this site completed while the peer may still wait
+ * for it. */
+static void resend_done(struct gg_node *n, unsigned peer)
+{
+	const uint64_t now = gg_node_loop(n)->now_us;
+
+	for (unsigned i = 0; i < MAX_JOBS; i++) {
+		struct job *j = &n->jobs[i];
+		uint8_t buf[CTRL_MSG_MAX];
+		if (!j->used)
+			continue;
+		if (j->step && !j->ending && j->has_result)
+			send_done(n, j, (int)peer);
+		else if (!j->step && j->done_seq && now - j->done_us < n->cfg->transport.step_timeout_us)
+			send_to_peers(n, (int)peer, buf,
+				      gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, j->name, j->done_seq), true);
+	}
 }
 
 static void coordinator_mail(struct gg_node *n)
@@ -1230,6 +1319,8 @@ static void coordinator_mail(struct gg_node *n)
 		case M_CONTROL:
 			if (m->u.msg.type == GG_WIRE_ABORT)
 				on_abort(n, m->peer, &m->u.msg);
+			else if (m->u.msg.type == GG_WIRE_END)
+				on_end(n, m->peer, &m->u.msg);
 			else
 				on_done(n, m->peer, &m->u.msg);
 			break;
@@ -1241,15 +1332,15 @@ static void coordinator_mail(struct gg_node *n)
 			for (unsigned i = 0; i < MAX_JOBS; i++) {
 				struct job *jj = &n->jobs[i];
 				if (jj->used && jj->step)
-					fail_step(n, jj, "step %llu of job '%s': site %s restarted and lost the step",
-						  (unsigned long long)jj->step->seq, jj->name, n->names[m->peer]);
+					fail_step_code(n, jj, GG_ERR_SITE, "step %llu of job '%s': site %s restarted and lost the step",
+						       (unsigned long long)jj->step->seq, jj->name, n->names[m->peer]);
 			}
 			break;
 		case M_STREAM_READY:
-			/* A new stream may carry a DONE a lost one did not. */
-			for (unsigned i = 0; i < MAX_JOBS; i++)
-				if (n->jobs[i].used && n->jobs[i].step && !n->jobs[i].ending && n->jobs[i].has_result)
-					send_done(n, &n->jobs[i], (int)m->peer);
+			resend_done(n, m->peer);
+			break;
+		case M_STREAM_DOWN:
+			snprintf(n->down_reason[m->peer], sizeof(n->down_reason[m->peer]), "%.200s", m->u.text);
 			break;
 		default:
 			break;
@@ -1258,7 +1349,40 @@ static void coordinator_mail(struct gg_node *n)
 	}
 }
 
-/* Whole steps whose parts are done but whose commit round is not. */
+/* When anything was last heard from `peer`, on any lane. */
+static uint64_t last_heard(const struct gg_node *n, unsigned peer)
+{
+	uint64_t t = 0;
+
+	for (unsigned l = 0; l < n->nlanes; l++)
+		t = GG_MAX(t, (uint64_t)atomic_load_explicit(&n->lanes[l].heard_us[peer], memory_order_relaxed));
+	return t;
+}
+
+/* A step needs every site: one not heard from for heartbeat_timeout fails
+ * it now, rather than at its deadline. Returns true when it did. */
+static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
+{
+	const uint64_t limit = n->cfg->transport.heartbeat_timeout_us;
+
+	for (unsigned p = 0; p < n->sites; p++) {
+		uint64_t heard = last_heard(n, p); /* by a lane's clock, which may be ahead of this one */
+		if (p == n->self || heard >= now || now - heard <= limit)
+			continue;
+		char buf[32];
+		bool up = atomic_load(&n->ready[p]) != 0;
+		fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s is unreachable: nothing heard from it "
+			       "for %s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
+			       gg_format_duration(now - heard, buf, sizeof(buf)),
+			       up ? "its streams are up but silent" : "its streams are down: ",
+			       up ? "" : n->down_reason[p][0] ? n->down_reason[p] : "never connected");
+		return true;
+	}
+	return false;
+}
+
+/* Whole steps: sites lost, and steps whose parts are done but whose commit
+ * round is not. */
 static uint64_t coordinator_timers(struct gg_node *n)
 {
 	const uint64_t now = gg_node_loop(n)->now_us;
@@ -1273,10 +1397,14 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	}
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
-		if (!j->used || !j->step || j->ending || !j->has_result)
+		if (!j->used || !j->step || j->ending || fail_if_peer_lost(n, j, now) || !j->has_result)
 			continue;
-		if (now < j->deadline_us) {
-			next = GG_MIN(next, j->deadline_us);
+		/* Said DONE: the others may complete on it, so this site waits
+		 * for their DONE past the deadline, for as long as it takes to
+		 * find a site lost. */
+		uint64_t until = GG_MAX(j->deadline_us, j->has_result_us) + n->cfg->transport.heartbeat_timeout_us;
+		if (now < until) {
+			next = GG_MIN(next, until);
 			continue;
 		}
 		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
@@ -1287,11 +1415,11 @@ static uint64_t coordinator_timers(struct gg_node *n)
 			if (p != n->self && !(j->done_from & (1u << p)))
 				len += (size_t)snprintf(waiting + len, sizeof(waiting) - len, "%s%s", len ? ", " : "",
 							n->names[p]);
-		fail_step_code(n, j, -ETIMEDOUT,
+		fail_step_code(n, j, GG_ERR_TIMEOUT,
 			       "step %llu of job '%s' missed its %s deadline: this site had the result, but "
 			       "site%s %s never said so too%s",
 			       (unsigned long long)j->step->seq, j->name,
-			       gg_format_duration(n->cfg->transport.step_timeout_us, buf, sizeof(buf)),
+			       gg_format_duration(j->deadline_us - j->active_us, buf, sizeof(buf)),
 			       strchr(waiting, ',') ? "s" : "", waiting, down);
 	}
 	return next;
@@ -1380,8 +1508,45 @@ void gg_node_stop_steps(struct gg_node *n)
 	n->shutting_down = true;
 	for (unsigned i = 0; i < MAX_JOBS; i++)
 		if (n->jobs[i].used && n->jobs[i].step)
-			fail_step(n, &n->jobs[i], "step %llu of job '%s': the gateway of site %s is shutting down",
-				  (unsigned long long)n->jobs[i].step->seq, n->jobs[i].name, n->names[n->self]);
+			fail_step_code(n, &n->jobs[i], GG_ERR_CLOSED,
+				       "step %llu of job '%s': the gateway of site %s is shutting down",
+				       (unsigned long long)n->jobs[i].step->seq, n->jobs[i].name, n->names[n->self]);
+}
+
+void gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
+{
+	struct job *j = find_job(n, job, true);
+
+	if (j && j->step && !j->ending && j->step->seq == seq) {
+		fail_step_code(n, j, code, "%s", reason);
+		return;
+	}
+	send_abort(n, job, seq, code, reason);
+	/* Frames the lanes keep for the step are let go. */
+	struct mail f = { .base.type = M_FORGET, .seq = seq };
+	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
+	post_lanes(n, &f);
+	if (j && seq > j->last_seq)
+		j->last_seq = seq;
+}
+
+void gg_node_end_job(struct gg_node *n, const char *job)
+{
+	struct job *j = find_job(n, job, false);
+	uint8_t buf[CTRL_MSG_MAX];
+
+	if (j && j->step)
+		return; /* the site backend ends a job once none of its steps is here */
+	send_to_peers(n, -1, buf, gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_END, job, j ? j->last_seq : 0), false);
+	for (unsigned i = 0; i < n->feedback_count; i++)
+		if (!strcmp(n->feedback[i]->job, job))
+			feedback_drop(n, i--);
+	struct mail f = { .base.type = M_FORGET_JOB };
+	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
+	post_lanes(n, &f);
+	if (j)
+		memset(j, 0, sizeof(*j));
+	gg_log(GG_LOG_INFO, "job_ended", "job=%s", job);
 }
 
 void gg_node_shutdown(struct gg_node *n)

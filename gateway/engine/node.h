@@ -23,10 +23,15 @@
  * the step first sends ABORT instead. So a step completes at every site or
  * at none, short of a site dying between its DONE messages.
  *
- * Failure. A step that is not complete by its deadline fails naming the
- * site, phase, shard and chunk it still waits for (or the sites that never
- * said DONE); a failed step sends ABORT to every peer, which fail it too
- * with the reason. */
+ * Failure. A step fails at every site, with the code and message of the
+ * site where it failed first: that site sends ABORT to every peer. A step
+ * fails when it is not complete by its deadline (the ranks' earliest,
+ * naming the site, phase, shard and chunk it still waits for), when a site
+ * it needs has not been heard from for heartbeat_timeout, when a peer
+ * restarted, or when this site's ranks failed it (gg_node_abort). Once a
+ * site holds the result and said DONE, it waits for the other DONEs past
+ * the deadline, up to heartbeat_timeout more: the others may have
+ * completed, and failing here would split the outcome. */
 #ifndef GG_NODE_H
 #define GG_NODE_H
 
@@ -53,8 +58,13 @@ struct gg_node_step {
 	uint8_t dtype;      /* what the ranks hold (GG_WIRE_F32 / GG_WIRE_BF16); sums are fp32 */
 	const float *input;
 	float *result;
+	uint64_t deadline_us; /* gg_monotonic_us() by which the step fails; 0: step_timeout from now */
 	/* Called once, from the node's thread: status 0 with result final, or
-	 * a negative errno and a message naming the site, step and shard. */
+	 * an enum gg_errc code (include/gradgate.h) and a message naming the
+	 * site, step and shard: GG_ERR_TIMEOUT for a deadline, GG_ERR_MISMATCH
+	 * when sites or ranks announced different tensors, GG_ERR_RANK when a
+	 * rank left, GG_ERR_SITE for a site lost, restarted or broken, the
+	 * code an aborting site gave otherwise. */
 	void (*done)(void *arg, struct gg_node_step *step, int status, const char *message);
 	/* Optional (NULL): called before the node first reads input elements
 	 * [offset, offset + n), and once result elements [offset, offset + n)
@@ -93,6 +103,18 @@ GG_MUST_CHECK int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_no
  * with err set (done will not be called): -EBUSY when the job already has
  * a step in progress, -EINVAL for a bad step, -ENOMEM. */
 GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, char *err, size_t err_size);
+
+/* This site failed step `seq` of `job` (its ranks disagreed, missed their
+ * deadline, or one left) with an enum gg_errc `code`: the step fails at
+ * every other site too, with `reason`. The step in progress here, if it is
+ * that one, fails now. */
+void gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason);
+
+/* The job's ranks at this site are gone: the job is over everywhere. The
+ * other sites fail its steps (GG_ERR_RANK), and every site forgets it, its
+ * error-feedback residuals with it, so the name may start a new run once
+ * every site's ranks of the old one are gone. */
+void gg_node_end_job(struct gg_node *n, const char *job);
 
 /* True when every peer has all its streams up. */
 bool gg_node_connected(const struct gg_node *n);

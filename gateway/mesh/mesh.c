@@ -85,6 +85,7 @@ struct gg_mesh {
 	struct gg_wire_hello hello;
 	size_t max_payload;
 	struct gg_mesh_stats stats;
+	uint64_t heard[GG_AR_MAX_SITES]; /* last receive from each peer */
 	unsigned lane, lanes;
 	bool listen;
 	bool shutting_down;
@@ -417,7 +418,7 @@ static void stream_ready(struct gg_mesh *m, int ci)
 	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", m->names[c->peer], c->stream,
 	       gg_tls_engine_cipher(c->ts.tls));
 	resend_lost(m, (unsigned)c->peer);
-	m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, true);
+	m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, true, NULL);
 }
 
 /* A stream whose HELLO checked out: it takes its place among the peer's
@@ -526,6 +527,7 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		break;
 	case GG_WIRE_ABORT:
 	case GG_WIRE_DONE:
+	case GG_WIRE_END:
 		m->ops->on_control(m->owner, (unsigned)c->peer, &msg);
 		break;
 	}
@@ -653,7 +655,7 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 	struct peer *pe = &m->peers[c->peer];
 	pe->conn[c->stream] = -1;
 	if (was_ready)
-		m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, false);
+		m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, false, why);
 	if (c->dialer) {
 		uint64_t *b = &pe->backoff_us[c->stream];
 		*b = *b ? GG_MIN(*b * 2, m->cfg->transport.reconnect_max_us) : m->cfg->transport.reconnect_min_us;
@@ -853,6 +855,8 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		on_stream_events(m, ci, gg_tls_stream_tick(&c->ts, now));
 		if (!c->used)
 			continue;
+		if (c->peer >= 0 && c->last_rx_us > m->heard[c->peer])
+			m->heard[c->peer] = c->last_rx_us;
 		uint64_t d = gg_tls_stream_deadline_us(&c->ts);
 		if (d && d < next)
 			next = d;
@@ -886,6 +890,11 @@ int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream)
 	if (ci < 0 || !m->conns[ci].used)
 		return -ENOTCONN;
 	return shutdown(m->conns[ci].ts.fd, SHUT_RDWR) ? -errno : 0;
+}
+
+uint64_t gg_mesh_last_heard(const struct gg_mesh *m, unsigned peer)
+{
+	return peer < m->sites ? m->heard[peer] : 0;
 }
 
 bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer)
@@ -970,6 +979,8 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	m->hello = *mc->hello;
 	m->listen_fd = -1;
 	m->lanes = mc->lanes ? mc->lanes : 1;
+	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++)
+		m->heard[p] = m->loop->now_us;
 	m->lane = mc->lane;
 	m->listen = mc->listen || m->lanes == 1;
 	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);

@@ -67,7 +67,7 @@ struct gg_mesh_ops {
 	 * until then it counts against the sender's window. */
 	void (*on_data)(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
 			struct gg_buf *payload);
-	/* ABORT or DONE from `peer`. */
+	/* ABORT, DONE or END from `peer`. */
 	void (*on_control)(void *owner, unsigned peer, const struct gg_wire_msg *m);
 	/* An ACK for DATA this mesh does not hold (another lane may). */
 	void (*on_foreign_ack)(void *owner, unsigned peer, const struct gg_wire_msg *m);
@@ -76,8 +76,8 @@ struct gg_mesh_ops {
 	 * dropped before this is called. */
 	void (*on_peer_restarted)(void *owner, unsigned peer, uint64_t instance_id);
 	/* Stream `stream` to `peer` became ready (HELLOs exchanged), or stopped
-	 * being ready. */
-	void (*on_stream_change)(void *owner, unsigned peer, unsigned stream, bool ready);
+	 * being ready (`why` says why). */
+	void (*on_stream_change)(void *owner, unsigned peer, unsigned stream, bool ready, const char *why);
 	/* An accepted stream that lane `lane` owns, ready for gg_mesh_adopt()
 	 * there; the owner takes `h` (malloc'd). */
 	void (*hand_off)(void *owner, unsigned lane, struct gg_mesh_handoff *h);
@@ -152,6 +152,10 @@ unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit);
 void gg_mesh_forget_step(struct gg_mesh *m, const char *job, uint64_t step);
 /* Whether DATA of `job` waits to be sent or acknowledged. */
 bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job);
+
+/* When this mesh last received anything from `peer` (gg_monotonic_us; the
+ * mesh's start until then), as of the last gg_mesh_tick(). */
+uint64_t gg_mesh_last_heard(const struct gg_mesh *m, unsigned peer);
 
 /* Whether `peer` has a ready stream of this mesh's; whether every peer has
  * all this mesh's streams up. */

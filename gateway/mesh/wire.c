@@ -177,20 +177,24 @@ ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, ui
 	ENCODE(buf, cap, type, { put_le(&w, value, 8); });
 }
 
-ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step, const char *reason)
+ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step, uint8_t code,
+			     const char *reason)
 {
 	size_t extra_ = 0;
 	ENCODE(buf, cap, GG_WIRE_ABORT, {
 		put_str(&w, job);
 		put_le(&w, step, 8);
+		put_le(&w, code, 1);
 		put_str(&w, reason);
 	});
 }
 
-ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step)
+ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job, uint64_t step)
 {
 	size_t extra_ = 0;
-	ENCODE(buf, cap, GG_WIRE_DONE, {
+	if (type != GG_WIRE_DONE && type != GG_WIRE_END)
+		return -EINVAL;
+	ENCODE(buf, cap, type, {
 		put_str(&w, job);
 		put_le(&w, step, 8);
 	});
@@ -213,7 +217,7 @@ int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_pay
 	if (version != GG_WIRE_VERSION)
 		return gg_errf(err, err_size, -EBADMSG, "protocol version %u, this gateway speaks %u", version,
 			    GG_WIRE_VERSION);
-	if (t < GG_WIRE_HELLO || t > GG_WIRE_DONE)
+	if (t < GG_WIRE_HELLO || t > GG_WIRE_END)
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", t);
 	if (reserved)
 		return gg_errf(err, err_size, -EBADMSG, "reserved header bits set (%#x)", reserved);
@@ -313,9 +317,14 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	case GG_WIRE_ABORT:
 		get_str(&r, msg->u.abort.job, GG_WIRE_NAME_MAX, "job");
 		msg->u.abort.step = get_le(&r, 8, "step");
+		msg->u.abort.code = (uint8_t)get_le(&r, 1, "code");
 		get_str(&r, msg->u.abort.reason, GG_WIRE_REASON_MAX, "reason");
+		if (!r.field && (msg->u.abort.code < 1 || msg->u.abort.code > GG_WIRE_CODE_MAX))
+			return gg_errf(err, err_size, -EBADMSG, "abort: code %u, must be 1 to %d", msg->u.abort.code,
+				       GG_WIRE_CODE_MAX);
 		break;
 	case GG_WIRE_DONE:
+	case GG_WIRE_END:
 		get_str(&r, msg->u.done.job, GG_WIRE_NAME_MAX, "job");
 		msg->u.done.step = get_le(&r, 8, "step");
 		break;
@@ -331,7 +340,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	const char *job = type == GG_WIRE_DATA    ? msg->u.data.step.job
 			  : type == GG_WIRE_ACK   ? msg->u.ack.job
 			  : type == GG_WIRE_ABORT ? msg->u.abort.job
-			  : type == GG_WIRE_DONE  ? msg->u.done.job
+			  : type == GG_WIRE_DONE || type == GG_WIRE_END ? msg->u.done.job
 						  : NULL;
 	if (job && !*job)
 		return gg_errf(err, err_size, -EBADMSG, "message type %u: empty job name", (unsigned)type);

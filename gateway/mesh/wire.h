@@ -22,10 +22,14 @@
  *   ACK     str job, u64 step, u8 phase, u8 origin, u32 chunk
  *   PING    u64 sender's clock in microseconds
  *   PONG    u64 the PING's value, echoed
- *   ABORT   str job, u64 step, str reason (the step failed at the sender)
+ *   ABORT   str job, u64 step, u8 code (what failed: the client library's
+ *           error code, negated: 8 timeout, 10 mismatch, 11 rank, 12 site,
+ *           ...), str reason (the step failed at the sender)
  *   DONE    str job, u64 step (the sender holds the step's whole result;
  *           a site hands a result to its ranks only once every site said
  *           DONE, so a step completes at every site or at none)
+ *   END     str job, u64 step (the job is over at the sender, after that
+ *           step: its ranks there are gone)
  *
  * A receiver treats every field as hostile: lengths are checked against
  * the message and the limits before anything is read, names are checked
@@ -41,7 +45,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 2
+#define GG_WIRE_VERSION 3
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
@@ -70,7 +74,11 @@ enum gg_wire_type {
 	GG_WIRE_PONG = 5,
 	GG_WIRE_ABORT = 6,
 	GG_WIRE_DONE = 7,
+	GG_WIRE_END = 8,
 };
+
+/* ABORT codes: a gg_errc (include/gradgate.h) negated. */
+#define GG_WIRE_CODE_MAX 15
 
 enum gg_dtype_wire {
 	GG_WIRE_F32 = 1,
@@ -121,12 +129,13 @@ struct gg_wire_msg {
 		struct {
 			char job[GG_WIRE_NAME_MAX + 1];
 			uint64_t step;
+			uint8_t code; /* 1..GG_WIRE_CODE_MAX */
 			char reason[GG_WIRE_REASON_MAX + 1];
 		} abort;
 		struct {
 			char job[GG_WIRE_NAME_MAX + 1];
 			uint64_t step;
-		} done;
+		} done, end;
 	} u;
 };
 
@@ -155,8 +164,10 @@ GG_MUST_CHECK ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *j
 					 const struct gg_ar_chunk_id *id);
 GG_MUST_CHECK ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, uint64_t value);
 GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step,
-					   const char *reason);
-GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step);
+					   uint8_t code, const char *reason);
+/* DONE or END. */
+GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job,
+					  uint64_t step);
 
 /* Compares a peer's HELLO with ours; 0, or -EPROTO with err naming the
  * first setting that differs and both values ("peer site-b uses codec

@@ -105,6 +105,7 @@ struct hb_job {
 
 	int broken; /* a rank left or broke the protocol: every request fails with broken_msg */
 	char broken_msg[TEXT];
+	uint64_t aborted_to; /* the core was told that steps up to this one failed here */
 	uint64_t failed_seq; /* the last step failed before all ranks had announced it */
 	int failed_code;
 	char failed_msg[TEXT];
@@ -292,6 +293,8 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 			break;
 		}
 	}
+	if (b->core_ops->end_job)
+		b->core_ops->end_job(b->core, j->name);
 	drop_spare(b, j);
 	free(j->ranks);
 	free(j->mem);
@@ -301,15 +304,29 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 	b->stats.jobs--;
 }
 
+/* Step `seq` failed here: the core fails it at the other sites too. */
+static void tell_core(struct gg_host_backend *b, struct hb_job *j, uint64_t seq, int code, const char *why)
+{
+	if (seq <= j->aborted_to)
+		return;
+	j->aborted_to = seq;
+	if (b->core_ops->abort)
+		b->core_ops->abort(b->core, j->name, seq, code, why);
+}
+
 /* Every request of the job fails from now on with `why`. */
-static void job_break(struct hb_job *j, int code, const char *why)
+static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, const char *why)
 {
 	if (j->broken)
 		return;
 	j->broken = code;
 	gg_ctrl_set_text(j->broken_msg, sizeof(j->broken_msg), why);
-	if (j->with_core)
+	if (j->with_core) {
 		j->abandoned = true;
+		tell_core(b, j, j->step.seq, code, why);
+	} else {
+		tell_core(b, j, j->seq, code, why);
+	}
 }
 
 static void job_settle(struct gg_host_backend *b, struct hb_job *j)
@@ -329,7 +346,7 @@ static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char
 		return;
 	if (why) {
 		hb_log(b, "%s", why);
-		job_break(j, GG_ERR_RANK, why);
+		job_break(b, j, GG_ERR_RANK, why);
 	}
 	while (c->req_count)
 		req_pop(c);
@@ -501,6 +518,7 @@ GG_PRINTF(4, 5) static void fail_step(struct gg_host_backend *b, struct hb_job *
 	j->failed_seq = j->seq;
 	j->failed_code = code;
 	hb_log(b, "job '%s' step %llu failed: %s", j->name, (unsigned long long)j->seq, j->failed_msg);
+	tell_core(b, j, j->seq, code, j->failed_msg);
 	for (unsigned r = 0; r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
 		struct hb_req *h = c ? head(c) : NULL;
@@ -704,17 +722,19 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 			struct hb_conn *c = j->ranks[r];
 			struct hb_req *h;
 			while (c && (h = head(c)) && (j->broken || h->seq < j->seq)) {
-				if (j->broken)
+				if (j->broken) {
+					tell_core(b, j, h->seq, j->broken, j->broken_msg);
 					answer(b, c, j->broken, "step %llu (tensor %u): %s", (unsigned long long)h->seq,
 					       h->tensor_id, j->broken_msg);
-				else if (h->seq == j->failed_seq)
+				} else if (h->seq == j->failed_seq) {
 					answer(b, c, j->failed_code, "step %llu (tensor %u): %s",
 					       (unsigned long long)h->seq, h->tensor_id, j->failed_msg);
-				else
+				} else {
 					answer(b, c, GG_ERR_TIMEOUT,
 					       "step %llu (tensor %u): the other ranks of job '%s' gave up on this step "
 					       "before this rank announced it", (unsigned long long)h->seq, h->tensor_id,
 					       j->name);
+				}
 			}
 		}
 		if (j->broken || j->with_core)
@@ -869,6 +889,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	m->accept.max_region_bytes = b->max_region_bytes;
 	m->accept.max_regions = GG_CTRL_MAX_REGIONS;
 	m->accept.step_timeout_ms = (uint32_t)GG_MIN(b->opts.step_timeout_us / 1000, UINT32_MAX);
+	m->accept.answer_grace_ms = (uint32_t)GG_MIN(b->opts.answer_grace_us / 1000, UINT32_MAX);
 	gg_ctrl_set_text(m->accept.site, sizeof(m->accept.site), b->site);
 	out_kick(b, c);
 }
@@ -1406,6 +1427,7 @@ void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_
 		.max_message_bytes = cfg->limits.max_message_bytes,
 		.memory_bytes = cfg->limits.memory_bytes,
 		.step_timeout_us = cfg->transport.step_timeout_us,
+		.answer_grace_us = cfg->transport.heartbeat_timeout_us,
 		.hello_timeout_us = cfg->transport.handshake_timeout_us,
 		.kind_base = GG_OP_USER,
 	};

@@ -38,6 +38,7 @@ struct gg_host_backend_options {
 	uint64_t max_message_bytes; /* largest tensor a rank may submit */
 	uint64_t memory_bytes;      /* float32 sums held at once */
 	uint64_t step_timeout_us;   /* longest a step may take; also the default */
+	uint64_t answer_grace_us;   /* past a step's deadline, the longest the core may take to end it */
 	uint64_t hello_timeout_us;  /* a new connection must say HELLO within this */
 	unsigned kind_base;         /* >= GG_OP_USER; kinds kind_base..+GG_HOST_BACKEND_KINDS-1 */
 	/* Called for refusals, protocol errors and failed steps; NULL: quiet. */

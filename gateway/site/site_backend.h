@@ -86,6 +86,16 @@ struct gg_core_ops {
 	 * without keeping the step, which then fails at its ranks with
 	 * "site core refused the step: " and gg_strerror(code). */
 	int (*submit)(void *core, struct gg_site_step *step);
+	/* The backend failed step `seq` of `job` at this site (ranks that
+	 * disagree or miss their deadline, a rank that left): the core fails
+	 * it at the other sites too, with the enum gg_errc `code` and
+	 * `message`, and fails it here if it holds it (completing it as
+	 * usual). Strings are read during the call only. NULL: a core of one
+	 * site. */
+	void (*abort)(void *core, const char *job, uint64_t seq, int code, const char *message);
+	/* Every rank of `job` is gone; no step of it is with the core. NULL
+	 * as for abort. */
+	void (*end_job)(void *core, const char *job);
 };
 
 struct gg_site_backend_ops {

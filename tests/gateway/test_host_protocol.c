@@ -65,9 +65,9 @@ static void test_hello_refusals(void)
 	refused(big, sizeof(big), -1, GG_ERR_PROTOCOL, "HELLO message of 1000 bytes; it has 96");
 
 	hello_msg(&m, "job", 0, 1);
-	m.hello.version = 2;
+	m.hello.version = 1;
 	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED,
-		"protocol version 2 is not supported: the gateway of site test-site speaks version 1");
+		"protocol version 1 is not supported: the gateway of site test-site speaks version 2");
 
 	hello_msg(&m, "job", 5, 3);
 	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "rank 5 of job 'job' is out of range for nranks 3");

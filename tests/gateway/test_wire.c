@@ -96,18 +96,30 @@ int main(void)
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_PONG &&
 		      msg.u.ping_us == 123456789,
 	      "pong");
-	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, "site us-east: rank 1 disconnected");
-	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 &&
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 11, "site us-east: rank 1 disconnected");
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.abort.code == 11 &&
 		      !strcmp(msg.u.abort.reason, "site us-east: rank 1 disconnected"),
 	      "abort");
 	check_truncations(buf, (size_t)n, "abort");
-	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 12);
+	for (unsigned code = 0; code <= 16; code += 16) {
+		n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, (uint8_t)code, "x");
+		CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+			      !strcmp(err, code ? "abort: code 16, must be 1 to 15" : "abort: code 0, must be 1 to 15"),
+		      "abort code %u: %s", code, err);
+	}
+	n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, "train-7b", 12);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_DONE &&
 		      !strcmp(msg.u.done.job, "train-7b") && msg.u.done.step == 12,
 	      "done: %s", err);
 	check_truncations(buf, (size_t)n, "done");
+	n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_END, "train-7b", 40);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
+		      !strcmp(msg.u.end.job, "train-7b") && msg.u.end.step == 40,
+	      "end: %s", err);
+	check_truncations(buf, (size_t)n, "end");
+	CHECK(gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_ACK, "train-7b", 40) == -EINVAL, "done of another type");
 	/* Job names from a peer obey the rule ranks' names do. */
-	n = gg_wire_encode_done(buf, sizeof(buf), "", 12);
+	n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, "", 12);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "message type 7: empty job name"),
 	      "empty job: %s", err);
@@ -125,9 +137,9 @@ int main(void)
 		      !strcmp(err, "not a gradgate message (magic 31574746)"),
 	      "%s", err);
 	buf[0] ^= 1;
-	buf[5] = 1; /* a gateway from before DONE */
+	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 2"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 3"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;

@@ -58,11 +58,14 @@ assert s.recv(4096) == b"", "the gateway kept the connection"
 PY
 wait_for "$(site_log 0)" "control connection [0-9]+ refused" 5 || fail "site-a did not log the garbage client"
 
-# The step the dead rank left behind fails at its deadline, and site-b,
-# which never ran it, lets go of site-a's frames for it: site-a has nothing
-# left unacknowledged by the time it stops (checked below: a quick stop).
-wait_for "$(site_log 0)" "event=step_failed job=victim step=1 .*deadline" 10 ||
-	fail "site-a's abandoned step did not end at its deadline"
+# The step the dead rank left behind fails at once at every site, naming
+# the rank, and site-b, which never ran it, lets go of site-a's frames for
+# it: site-a has nothing left unacknowledged by the time it stops (checked
+# below: a quick stop).
+wait_for "$(site_log 0)" "event=step_failed job=victim step=1 .*rank 2 of job 'victim'" 5 ||
+	fail "site-a's abandoned step did not fail naming rank 2"
+expect "$(site_log 1)" "event=abort_recorded job=victim step=1 .*site site-a.*rank 2 of job 'victim'" \
+	"site-b recorded site-a's abort of step 1"
 
 # The gateway still serves, beyond its 32 job slots.
 for j in $(seq 1 34); do
