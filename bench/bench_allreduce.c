@@ -39,6 +39,13 @@ struct opts {
 	int warmup;        /* untimed steps before the timed ones */
 	enum { DATA_GRID, DATA_GAUSSIAN } data;
 	enum { CHECK_ALL, CHECK_FIRST, CHECK_NONE } check;
+	bool shared;       /* tensors in shared buffers (gg_buffer_alloc): no copies */
+	int timeout_ms;    /* each step's deadline; <= 0: the gateway's step_timeout */
+	int timeout_step;  /* only this step's, when > 0 */
+	int mismatch_step; /* announce one element more at this step (a fault) */
+	int late_step;     /* sleep late_ms before announcing this step (a fault) */
+	int late_ms;
+	bool per_step;     /* a line per step: its outcome and result digest */
 	bool json;
 };
 
@@ -158,7 +165,13 @@ static void usage(FILE *f)
 		   "  --check WHICH  steps checked against the exact sum: all (default), first, none;\n"
 		   "                 the digest covers the checked steps\n"
 		   "  --codec NAME   the gateways' codec, for the error bound (default: fp32, exact)\n"
-		   "  --json         print the summary as one JSON object, with every timed step's time\n",
+		   "  --shared       tensors in shared buffers (gg_buffer_alloc): nothing copied to the gateway\n"
+		   "  --timeout-ms T[@STEP] each step's deadline, or only STEP's (default: step_timeout)\n"
+		   "  --per-step     print a line per step: 'step T rc=CODE digest=HEX'\n"
+		   "  --json         print the summary as one JSON object, with every timed step's time\n"
+		   "faults, for tests:\n"
+		   "  --mismatch-step T       announce one element more than the others at step T\n"
+		   "  --late MS@T             wait MS milliseconds before announcing step T\n",
 		GG_ENDPOINT_ENV);
 }
 
@@ -179,6 +192,9 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "codec", required_argument, NULL, 'x' },    { "json", no_argument, NULL, 'J' },
 		{ "inflight", required_argument, NULL, 'i' }, { "warmup", required_argument, NULL, 'w' },
 		{ "data", required_argument, NULL, 'd' },     { "check", required_argument, NULL, 'C' },
+		{ "shared", no_argument, NULL, 'S' },         { "timeout-ms", required_argument, NULL, 'T' },
+		{ "mismatch-step", required_argument, NULL, 'M' }, { "late", required_argument, NULL, 'L' },
+		{ "per-step", no_argument, NULL, 'P' },
 		{ "help", no_argument, NULL, 'h' },           { NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -200,6 +216,21 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'x': o->codec = optarg; break;
 		case 'i': o->inflight = atoi(optarg); break;
 		case 'J': o->json = true; break;
+		case 'S': o->shared = true; break;
+		case 'T':
+			if (sscanf(optarg, "%d@%d", &o->timeout_ms, &o->timeout_step) < 1 || o->timeout_ms < 1) {
+				fprintf(stderr, "allreduce: --timeout-ms is MS or MS@STEP, not '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'M': o->mismatch_step = atoi(optarg); break;
+		case 'P': o->per_step = true; break;
+		case 'L':
+			if (sscanf(optarg, "%d@%d", &o->late_ms, &o->late_step) != 2 || o->late_ms < 0 || o->late_step < 1) {
+				fprintf(stderr, "allreduce: --late is MS@STEP, e.g. 3000@2, not '%s'\n", optarg);
+				return 2;
+			}
+			break;
 		case 'd':
 			if (strcmp(optarg, "grid") && strcmp(optarg, "gaussian")) {
 				fprintf(stderr, "allreduce: --data is grid or gaussian, not '%s'\n", optarg);
@@ -288,6 +319,8 @@ int gg_bench_allreduce_main(int argc, char **argv)
 
 	struct gg_session *s;
 	struct gg_error err;
+	if (o.per_step)
+		setvbuf(stdout, NULL, _IOLBF, 0); /* a watcher sees each step as it ends */
 	if (gg_session_open(o.endpoint, o.job, o.rank, o.ranks, &s, &err)) {
 		fprintf(stderr, "allreduce: rank %d: %s\n", o.rank, err.message);
 		return 1;
@@ -304,8 +337,15 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	float *grads = NULL;  /* Gaussian data: this rank's input */
 	double *step_s = calloc((size_t)o.steps, sizeof(double));
 	bool oom = !step_s;
-	for (int k = 0; k < o.inflight; k++)
-		oom |= !(slots[k].buf = malloc(o.count * sizeof(float)));
+	const size_t cap = o.count + (o.mismatch_step > 0); /* room for the one element more */
+	for (int k = 0; k < o.inflight && !oom; k++) {
+		if (!o.shared) {
+			oom |= !(slots[k].buf = malloc(cap * sizeof(float)));
+		} else if (gg_buffer_alloc(s, cap * sizeof(float), (void **)&slots[k].buf, &err)) {
+			fprintf(stderr, "allreduce: rank %d: %s\n", o.rank, err.message);
+			return 1;
+		}
+	}
 	if (o.data == DATA_GAUSSIAN && !oom && (grads = malloc(o.count * sizeof(float))))
 		gaussian_fill(grads, o.site, o.rank, 0, o.count);
 	if (oom || (o.data == DATA_GAUSSIAN && !grads)) {
@@ -331,8 +371,16 @@ int gg_bench_allreduce_main(int argc, char **argv)
 			else
 				for (size_t i = 0; i < o.count; i++)
 					sl->buf[i] = input_value(o.site, o.rank, next, i);
+			size_t n = o.count;
+			if (next == o.mismatch_step)
+				sl->buf[n++] = 0;
+			if (next == o.late_step) {
+				struct timespec ts = { o.late_ms / 1000, (long)(o.late_ms % 1000) * 1000000 };
+				nanosleep(&ts, NULL);
+			}
 			sl->t0 = now_s();
-			sl->start_rc = gg_allreduce_start(s, sl->buf, o.count, GG_DTYPE_F32, 1, -1, &sl->req, &sl->err);
+			int timeout = !o.timeout_step || o.timeout_step == next ? o.timeout_ms : 0;
+			sl->start_rc = gg_allreduce_start(s, sl->buf, n, GG_DTYPE_F32, 1, timeout, &sl->req, &sl->err);
 		}
 		struct slot *sl = &slots[(t - 1) % o.inflight];
 		float *buf = sl->buf;
@@ -352,10 +400,18 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		}
 		if (rc) {
 			failed++;
-			fprintf(stderr, "allreduce: rank %d step %d: %s\n", o.rank, t, err.message);
+			fprintf(stderr, "allreduce: rank %d step %d: error %d: %s\n", o.rank, t, rc, err.message);
+			if (o.per_step)
+				printf("step %d rc=%d\n", t, rc);
 			if (rc == GG_ERR_CLOSED || rc == GG_ERR_PROTOCOL)
 				break;
 			continue;
+		}
+		if (o.per_step) {
+			uint64_t d = 0xcbf29ce484222325ull;
+			for (size_t i = 0; i < o.count * sizeof(float); i++)
+				d = (d ^ ((const uint8_t *)buf)[i]) * 0x100000001b3ull;
+			printf("step %d rc=0 digest=%016llx\n", t, (unsigned long long)d);
 		}
 		if (o.check == CHECK_NONE || (o.check == CHECK_FIRST && t > 1))
 			continue;
@@ -372,7 +428,9 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	}
 	for (int k = 0; k < o.inflight; k++)
 		gg_request_free(slots[k].req); /* after a lost session: detached */
-	gg_session_close(s);
+	gg_session_close(s); /* shared buffers go with it */
+	for (int k = 0; k < o.inflight && o.shared; k++)
+		slots[k].buf = NULL;
 	if (o.json) {
 		printf("{\"rank\":%d,\"site\":%d,\"steps\":%d,\"warmup\":%d,\"failed\":%d,\"wrong\":%d,\"checked\":%d,"
 		       "\"t_timed_start\":%.6f,\"t_timed_end\":%.6f,\"cpu_s\":%.6f,\"step_ms\":[",

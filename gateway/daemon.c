@@ -103,6 +103,7 @@ static void core_start(struct daemon *d, struct pending *p)
 	p->ns.input = ss->sum; /* gathered a range at a time; each read before it is written */
 	p->ns.result = ss->sum;
 	p->ns.deadline_us = ss->deadline_us;
+	p->ns.timeout_us = (uint64_t)ss->timeout_ms * 1000;
 	p->ns.done = step_done;
 	p->ns.gather = step_gather;
 	p->ns.deliver = step_deliver;

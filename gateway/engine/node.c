@@ -23,6 +23,7 @@
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
 #define TICK_US 100000       /* lanes look at their timers at least this often */
+#define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 
 /* user_data kinds of the two mailboxes a lane's loop reads: below
  * GG_OP_USER, above the mesh's kinds. */
@@ -178,13 +179,18 @@ struct job {
 	struct gg_node_step *step; /* in progress, or NULL */
 	struct gg_wire_step wstep;
 	uint64_t deadline_us;
+	uint64_t timeout_us;    /* what set the deadline, for messages */
 	unsigned parts_done;
 	bool has_result;        /* the step's result is whole here (DONE sent) */
 	uint32_t done_from;     /* sites that said DONE for the step, by bit */
 	uint64_t has_result_us; /* when it did */
-	uint64_t aborted_seq;   /* a peer aborted this step before it started here */
-	int aborted_code;
-	char abort_reason[GG_NODE_ERROR_MAX];
+	/* Steps peers aborted before they started here (a job broken at a
+	 * site aborts each step its ranks there still announce). */
+	struct {
+		uint64_t seq;   /* 0: free */
+		int code;
+		char reason[GG_NODE_ERROR_MAX];
+	} aborted[ABORTS_KEPT];
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
 	uint32_t ended_by;      /* sites where the job is over (END), by bit */
@@ -1193,11 +1199,16 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	j->last_seq = st->seq;
 	j->active_us = now;
 	j->deadline_us = now + n->cfg->transport.step_timeout_us;
-	if (st->deadline_us && st->deadline_us < j->deadline_us)
+	j->timeout_us = n->cfg->transport.step_timeout_us;
+	if (st->deadline_us && st->deadline_us < j->deadline_us) {
 		j->deadline_us = st->deadline_us;
-	if (j->aborted_seq == st->seq) {
-		finish_step(n, j, j->aborted_code, j->abort_reason);
-		return 0;
+		j->timeout_us = st->timeout_us ? st->timeout_us : st->deadline_us - now;
+	}
+	for (unsigned a = 0; a < ABORTS_KEPT; a++) {
+		if (j->aborted[a].seq == st->seq) {
+			finish_step(n, j, j->aborted[a].code, j->aborted[a].reason);
+			return 0;
+		}
 	}
 	if (j->ended_by && st->seq > j->ended_after) {
 		finish_step(n, j, GG_ERR_RANK, j->end_reason);
@@ -1205,7 +1216,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
 			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb,
-				       .deadline_us = j->deadline_us, .timeout_us = j->deadline_us - now,
+				       .deadline_us = j->deadline_us, .timeout_us = j->timeout_us,
 				       .gather = st->gather, .deliver = st->deliver, .arg = st->arg } };
 	post_lanes(n, &m);
 	return 0;
@@ -1236,12 +1247,21 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 		struct mail f = { .base.type = M_FORGET, .seq = m->u.abort.step };
 		snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
 		post_lanes(n, &f);
-		j->aborted_seq = m->u.abort.step;
-		j->aborted_code = -(int)m->u.abort.code;
-		snprintf(j->abort_reason, sizeof(j->abort_reason), "site %s aborted step %llu of job '%s': %s", site,
+		/* Kept in the entry of the same step, or else of the lowest one,
+		 * which ran first. */
+		unsigned a = 0;
+		for (unsigned k = 0; k < ABORTS_KEPT; k++) {
+			if (j->aborted[k].seq == m->u.abort.step)
+				return; /* a copy: each lane sends it */
+			if (j->aborted[k].seq < j->aborted[a].seq)
+				a = k;
+		}
+		j->aborted[a].seq = m->u.abort.step;
+		j->aborted[a].code = -(int)m->u.abort.code;
+		snprintf(j->aborted[a].reason, sizeof(j->aborted[a].reason), "site %s aborted step %llu of job '%s': %s", site,
 			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
 		gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu reason=\"%s\"", j->name,
-		       (unsigned long long)j->aborted_seq, j->abort_reason);
+		       (unsigned long long)j->aborted[a].seq, j->aborted[a].reason);
 	}
 }
 
@@ -1369,11 +1389,10 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 		uint64_t heard = last_heard(n, p); /* by a lane's clock, which may be ahead of this one */
 		if (p == n->self || heard >= now || now - heard <= limit)
 			continue;
-		char buf[32];
 		bool up = atomic_load(&n->ready[p]) != 0;
 		fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s is unreachable: nothing heard from it "
-			       "for %s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
-			       gg_format_duration(now - heard, buf, sizeof(buf)),
+			       "for %.1f s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
+			       (double)(now - heard) / 1e6,
 			       up ? "its streams are up but silent" : "its streams are down: ",
 			       up ? "" : n->down_reason[p][0] ? n->down_reason[p] : "never connected");
 		return true;
@@ -1419,7 +1438,7 @@ static uint64_t coordinator_timers(struct gg_node *n)
 			       "step %llu of job '%s' missed its %s deadline: this site had the result, but "
 			       "site%s %s never said so too%s",
 			       (unsigned long long)j->step->seq, j->name,
-			       gg_format_duration(j->deadline_us - j->active_us, buf, sizeof(buf)),
+			       gg_format_duration(j->timeout_us, buf, sizeof(buf)),
 			       strchr(waiting, ',') ? "s" : "", waiting, down);
 	}
 	return next;

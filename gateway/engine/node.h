@@ -59,6 +59,7 @@ struct gg_node_step {
 	const float *input;
 	float *result;
 	uint64_t deadline_us; /* gg_monotonic_us() by which the step fails; 0: step_timeout from now */
+	uint64_t timeout_us;  /* the time the ranks gave it, which set deadline_us (for messages) */
 	/* Called once, from the node's thread: status 0 with result final, or
 	 * an enum gg_errc code (include/gradgate.h) and a message naming the
 	 * site, step and shard: GG_ERR_TIMEOUT for a deadline, GG_ERR_MISMATCH

@@ -684,6 +684,7 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		.nranks = j->nranks,
 		.sum = sum,
 		.deadline_us = j->deadline_us,
+		.timeout_ms = j->deadline_ms,
 		.gather = hb_gather,
 		.deliver = hb_deliver,
 		.backend_data = j,

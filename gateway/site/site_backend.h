@@ -72,6 +72,7 @@ struct gg_site_step {
 	unsigned nranks;            /* local ranks that contributed */
 	float *sum;                 /* count floats: the site sum, then the final result */
 	uint64_t deadline_us;       /* CLOCK_MONOTONIC (gg_monotonic_us) by which to complete */
+	uint32_t timeout_ms;        /* the ranks' shortest timeout, which set deadline_us (for messages) */
 	/* Writes the site sum of elements [offset, offset + n) into sum[]. */
 	void (*gather)(const struct gg_site_step *step, uint64_t offset, uint64_t n);
 	/* Hands elements [offset, offset + n) of the final sum[] to the ranks. */

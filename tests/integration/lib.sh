@@ -28,6 +28,8 @@ CODEC=fp32
 SCALE=fp32
 ALGO=ring
 STEP_TIMEOUT=10s
+HEARTBEAT_TIMEOUT=5s
+MEMORY=2GiB
 STREAMS=2
 CHUNK=256KiB
 SOCKET_BUFFER=1MiB
@@ -222,7 +224,7 @@ streams_per_peer = $STREAMS
 chunk_size = "$CHUNK"
 socket_buffer = "$SOCKET_BUFFER"
 heartbeat_interval = "500ms"
-heartbeat_timeout = "5s"
+heartbeat_timeout = "$HEARTBEAT_TIMEOUT"
 connect_timeout = "2s"
 handshake_timeout = "2s"
 step_timeout = "$STEP_TIMEOUT"
@@ -237,7 +239,7 @@ scale = "$scale"
 algorithm = "$algo"
 
 [limits]
-memory = "2GiB"
+memory = "$MEMORY"
 max_message = "1GiB"
 inflight_per_peer = "8MiB"
 max_clients = 16

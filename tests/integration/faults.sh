@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# A step completes at every site or fails at every site, fast, with the
+# code of its real cause, and the next step works:
+#
+#   faults.sh CASE K:ALGORITHM...   e.g. faults.sh ranks-disagree 2:direct 3:ring
+#
+# ranks-disagree  one rank of site-a announces one element more at step 2:
+#                 GG_ERR_MISMATCH at every rank of every site, at once
+# sites-disagree  every rank of the last site does: the same
+# rank-killed     a rank of site-a dies while step 2 is with the gateways:
+#                 GG_ERR_RANK everywhere, naming it, long before step_timeout
+# deadline        site-a's ranks give each step 1.5 s and the last site comes
+#                 4 s late to step 2: GG_ERR_TIMEOUT everywhere, from site-a's
+#                 deadline on; the same sessions go on with step 3
+# peer-killed     the last site's gateway is SIGKILLed while the others wait
+#                 in step 2: GG_ERR_SITE naming it within heartbeat_timeout
+# peer-stopped    the same with SIGSTOP: its streams stay up but fall silent
+# job-end         int8 jobs whose error-feedback residuals do not fit next to
+#                 each other in [limits] memory run one after another: the
+#                 end of a job frees them at every site
+#
+# Every case but job-end runs 3 steps with 2 ranks per site; each rank
+# reports every step's outcome, and a step must succeed with the same
+# bytes at every rank or fail at every rank with the same code.
+# step_timeout is 30 s and heartbeat_timeout 2 s: a case that waited for
+# step_timeout fails its time check.
+. "$(dirname "$0")/lib.sh"
+
+fault=$1
+shift
+[ $# -gt 0 ] || fail "usage: faults.sh CASE K:ALGORITHM..."
+STEP_TIMEOUT=30s
+HEARTBEAT_TIMEOUT=2s
+RANK_LIMIT=40
+RANKS=2
+STEPS=3
+COUNT=100000
+
+now_ns() { date +%s%N; }
+ms_since() { echo $((($(now_ns) - $1) / 1000000)); }
+
+# start_job JOB [SITE:RANK:ARGS...]: RANKS ranks per site for STEPS steps,
+# reporting each step; the named ranks get the extra bench arguments.
+start_job() {
+	local job=$1 s r spec args
+	shift
+	for ((s = 0; s < K; s++)); do
+		for ((r = 0; r < RANKS; r++)); do
+			args=()
+			for spec in "$@"; do
+				[ "${spec%%:*}" = "$s" ] || continue
+				spec=${spec#*:}
+				[ "${spec%%:*}" = "$r" ] || continue
+				read -r -a args <<<"${spec#*:}"
+			done
+			rank_start "$job" "$COUNT" "$r" "$RANKS" "$s" "$STEPS" --per-step --check none "${args[@]}"
+		done
+	done
+}
+
+# outcome NAME STEP: "ok DIGEST" or "rc=CODE" for a rank's step.
+outcome() {
+	local line
+	line=$(grep -E "^step $2 rc=" "$work/$1.out" || true)
+	[ -n "$line" ] || fail "$1 reported no outcome of step $2: $(cat "$work/$1.err")"
+	case $line in
+	*rc=0*) echo "ok ${line##*digest=}" ;;
+	*) echo "rc=${line##*rc=}" ;;
+	esac
+}
+
+# check_steps JOB [SITE:RANK...]: for each step, every rank (but the named,
+# which died) succeeded with the same bytes or failed with the same code:
+# no split outcome. Leaves each step's outcome in outcome_of[STEP].
+declare -A outcome_of
+check_steps() {
+	local job=$1 t s r first out skip
+	shift
+	for ((t = 1; t <= STEPS; t++)); do
+		first=
+		for ((s = 0; s < K; s++)); do
+			for ((r = 0; r < RANKS; r++)); do
+				skip=
+				for spec in "$@"; do [ "$spec" != "$s:$r" ] || skip=1; done
+				[ -z "$skip" ] || continue
+				out=$(outcome "$job-s$s-r$r" "$t")
+				if [ -z "$first" ]; then
+					first=$out
+				elif [ "$out" != "$first" ]; then
+					fail "step $t of $job split: $job-s0-r0 '$first', $job-s$s-r$r '$out'"
+				fi
+			done
+		done
+		outcome_of[$t]=$first
+	done
+}
+
+# expect_failed JOB STEP CODE REGEX [SITE:RANK...]: every rank (but those
+# named) failed STEP with CODE and a message matching REGEX.
+expect_failed() {
+	local job=$1 step=$2 code=$3 re=$4 s r name skip
+	shift 4
+	[ "${outcome_of[$step]}" = "rc=$code" ] || fail "step $step of $job: '${outcome_of[$step]}', expected rc=$code"
+	for ((s = 0; s < K; s++)); do
+		for ((r = 0; r < RANKS; r++)); do
+			skip=
+			for spec in "$@"; do [ "$spec" != "$s:$r" ] || skip=1; done
+			[ -z "$skip" ] || continue
+			name=$job-s$s-r$r
+			expect "$work/$name.err" "step $step: error $code: .*$re" "$name's error of step $step"
+		done
+	done
+	log "  ${SITES[$last]}'s rank hears: $(grep -m1 "step $step: error" "$work/$job-s$last-r0.err" | cut -c1-300)"
+}
+
+expect_ok() {
+	local job=$1 step
+	shift
+	for step in "$@"; do
+		[ "${outcome_of[$step]%% *}" = ok ] || fail "step $step of $job: '${outcome_of[$step]}', expected success"
+	done
+}
+
+# within MS LIMIT WHAT: MS must be below LIMIT.
+within() {
+	[ "$1" -lt "$2" ] || fail "$3 took $1 ms (bound $2 ms)"
+}
+
+case_ranks_disagree() {
+	local t0
+	t0=$(now_ns)
+	start_job rd "0:1:--mismatch-step 2"
+	ranks_wait
+	check_steps rd
+	expect_ok rd 1 3
+	expect_failed rd 2 -10 "ranks disagree: rank 0 announced tensor 1 \\(100000 .*rank 1 announced tensor 1 \\(100001 "
+	within "$(ms_since "$t0")" 8000 "3 steps with one failed at every site"
+}
+
+case_sites_disagree() {
+	local t0 r specs=()
+	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--mismatch-step 2"); done
+	t0=$(now_ns)
+	start_job sd "${specs[@]}"
+	ranks_wait
+	check_steps sd
+	expect_ok sd 1 3
+	expect_failed sd 2 -10 "announced tensor 1 with 10000[01] elements .*tensor 1 with 10000[01] elements"
+	within "$(ms_since "$t0")" 8000 "3 steps with one failed at every site"
+}
+
+case_rank_killed() {
+	local r specs=() victim killed
+	# The last site comes 3 s late to step 2, so site-a's gateway holds
+	# step 2 (both its ranks announced it) when its rank 1 dies.
+	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 3000@2"); done
+	start_job rk "${specs[@]}"
+	victim=${rank_pids[1]}
+	[ "${rank_names[1]}" = rk-s0-r1 ] || fail "unexpected rank order: ${rank_names[*]}"
+	wait_for "$work/rk-s0-r0.out" "^step 1 rc=" 10 || fail "step 1 did not end at site-a"
+	sleep 0.5 # site-a's ranks announce step 2 and its gateway holds it
+	kill -KILL "$victim"
+	killed=$(now_ns)
+	wait_for "$work/rk-s0-r0.out" "^step 2 rc=" 2 || fail "site-a's other rank did not hear of the death at once"
+	within "$(ms_since "$killed")" 1000 "site-a's other rank hearing of the death"
+	# The late site hears as its ranks come to step 2, 3 s after step 1.
+	ranks_wait
+	within "$(ms_since "$killed")" 8000 "every site hearing of the death"
+	check_steps rk 0:1
+	expect_ok rk 1
+	expect_failed rk 2 -11 "rank 1 of job 'rk' (disconnected|lost its connection) during step 2" 0:1
+}
+
+case_deadline() {
+	local r specs=() t0
+	for ((r = 0; r < RANKS; r++)); do
+		specs+=("0:$r:--timeout-ms 1500@2")
+		specs+=("$last:$r:--late 4000@2")
+	done
+	t0=$(now_ns)
+	start_job dl "${specs[@]}"
+	wait_for "$work/dl-s0-r0.out" "^step 2 rc=" 10 || fail "site-a's step 2 did not end"
+	local at_a
+	at_a=$(ms_since "$t0")
+	ranks_wait
+	check_steps dl
+	expect_ok dl 1 3
+	expect_failed dl 2 -8 "missed its 1500ms deadline"
+	# site-a fails step 2 at its 1.5 s deadline (after step 1), well
+	# before step_timeout; the sessions go on to step 3.
+	within "$at_a" 6000 "site-a's step 2 at its 1.5 s deadline"
+}
+
+# peer_lost SIGNAL: the last site's gateway gets SIGNAL while the others
+# wait for its ranks in step 2.
+peer_lost() {
+	local sig=$1 r specs=() t0 lost
+	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 20000@2"); done
+	start_job pl "${specs[@]}"
+	wait_for "$work/pl-s0-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at site-a"
+	sleep 0.3 # the others announce step 2 and wait for the last site
+	kill "-$sig" "${gw_pid[$last]}"
+	lost=$(now_ns)
+	local s
+	for ((s = 0; s < last; s++)); do
+		for ((r = 0; r < RANKS; r++)); do
+			wait_for "$work/pl-s$s-r$r.out" "^step 2 rc=" 12 || fail "pl-s$s-r$r did not hear of the lost site"
+		done
+	done
+	local took
+	took=$(ms_since "$lost")
+	log "  every other site failed step 2 ${took} ms after SIG$sig (heartbeat_timeout 2 s)"
+	within "$took" 6000 "failing step 2 after the site was lost"
+	for ((s = 0; s < last; s++)); do
+		expect "$work/pl-s$s-r0.err" "step 2: error -12: .*site ${SITES[$last]} is unreachable" \
+			"pl-s$s-r0's error names ${SITES[$last]}"
+	done
+	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pl-s0-r0.err" | cut -c1-300)"
+	if [ "$sig" = STOP ]; then
+		kill -CONT "${gw_pid[$last]}"
+		gw_stop "$last"
+	else
+		wait_exit "${gw_pid[$last]}" 5 || fail "the killed gateway still runs"
+		reap "${gw_pid[$last]}"
+		gw_pid[$last]=
+	fi
+	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
+	ranks_wait
+	# The site comes back, and a new job works everywhere.
+	gw_start "$last"
+	mesh_up 15
+	run_ok after 1000 1 2
+}
+
+case_peer_killed() { peer_lost KILL; }
+case_peer_stopped() { peer_lost STOP; }
+
+case_job_end() {
+	# 12 Mi int8 elements keep 48 MiB of residuals per site: two jobs'
+	# would not fit in 64 MiB.
+	local j
+	for j in 1 2 3 4; do
+		run_ok "end$j" $((12 << 20)) 1 1 -- --data gaussian --check first
+	done
+	for ((s = 0; s < K; s++)); do
+		expect "$(site_log "$s")" "event=job_ended job=end3" "${SITES[$s]} ended job end3"
+	done
+}
+
+for config in "$@"; do
+	K=${config%%:*}
+	ALGO=${config#*:}
+	last=$((K - 1))
+	CODEC=fp32
+	MEMORY=2GiB
+	if [ "$fault" = job-end ]; then
+		CODEC=int8
+		MEMORY=64MiB
+	fi
+	log "$fault: $K sites, $ALGO"
+	mesh_start
+	mesh_up 15
+	"case_${fault//-/_}"
+	mesh_stop
+done
