@@ -864,7 +864,7 @@ static int start_records(struct gg_tls_engine *e)
 	e->suite = s;
 	if (SSL_has_pending(e->ssl))
 		return fail_records(e, SSL_AD_UNEXPECTED_MESSAGE, SSL_R_NOT_ON_RECORD_BOUNDARY,
-				    "records arrived that the handshake read ahead");
+				    "OpenSSL read past the handshake's last record");
 	SSL_free(e->ssl);
 	e->ssl = NULL;
 	return 0;

@@ -69,6 +69,7 @@ struct end {
 	SSL_CTX *ssl_ctx;
 	SSL *ssl;
 	BIO *rbio, *wbio;
+	size_t sent, received; /* ciphertext moved, handshake included */
 };
 
 enum kind { OURS, OPENSSL };
@@ -239,6 +240,8 @@ static size_t move(struct end *from, struct end *to)
 			gg_tls_engine_rx_commit(to->e, n);
 		moved += n;
 	}
+	from->sent += moved;
+	to->received += moved;
 	return moved;
 }
 
@@ -434,6 +437,43 @@ static void test_writev(void)
 	pair_free(&p);
 }
 
+/* Sends whole records from w to r until the ring whose bytes *count
+ * counts is `before_end` bytes short of its end. */
+static void fill_ring(struct end *w, struct end *r, const size_t *count, size_t before_end)
+{
+	const size_t ring = GG_TLS_RING_MIN_BYTES, full = GG_TLS_RECORD_PLAINTEXT_MAX + 22;
+	size_t gap = (2 * ring - before_end - *count % ring) % ring;
+
+	if (gap && gap < 22)
+		gap += ring;
+	while (gap) {
+		size_t rec = GG_MIN(gap, full);
+		if (gap - rec && gap - rec < 22)
+			rec = gap - 22;
+		transfer(w, r, rec - 22, rec - 22, rec - 22);
+		gap -= rec;
+	}
+}
+
+/* A record split by the end of a ring anywhere: in its header, content,
+ * content type or tag, in the engine's tx ring and in its rx ring. */
+static void test_ring_wrap(void)
+{
+	const struct options o = { .ring_bytes = GG_TLS_RING_MIN_BYTES };
+
+	for (int engine_reads = 0; engine_reads < 2; engine_reads++) {
+		struct pair p = connect_pair(OURS, OPENSSL, suite_names[engine_reads], &o, NULL);
+		struct end *w = engine_reads ? &p.s : &p.c, *r = engine_reads ? &p.c : &p.s;
+		const size_t *count = engine_reads ? &p.c.received : &p.c.sent;
+		for (size_t before_end = 1; before_end <= 42; before_end++) {
+			fill_ring(w, r, count, before_end);
+			CHECK_EQ_INT(*count % GG_TLS_RING_MIN_BYTES, GG_TLS_RING_MIN_BYTES - before_end);
+			transfer(w, r, 20, 20, 20);
+		}
+		pair_free(&p);
+	}
+}
+
 /* OpenSSL moves its keys on, with and without asking for ours: the
  * engine follows and answers with exactly one KeyUpdate record. */
 static void test_key_update_from_openssl(void)
@@ -513,8 +553,8 @@ static void test_key_update_from_engine(void)
 	struct pair p = connect_pair(OURS, OURS, suite_names[0], &both, NULL);
 	CHECK_EQ_INT(transfer(&p.c, &p.s, total, 65536, 100000), total + records * 22 + (records - 1) * KEY_UPDATE_RECORD);
 	transfer(&p.s, &p.c, total, 1 << 20, 333);
-	/* Crossing KeyUpdates: OpenSSL asks while the engine moves on by itself. */
 	pair_free(&p);
+	/* Crossing KeyUpdates: OpenSSL asks while the engine moves on by itself. */
 	p = connect_pair(OPENSSL, OURS, suite_names[2], &o, NULL);
 	for (int i = 0; i < 10; i++) {
 		CHECK(SSL_key_update(p.c.ssl, SSL_KEY_UPDATE_REQUESTED));
@@ -1030,6 +1070,7 @@ int main(void)
 	test_interop();
 	test_data_right_after_finished();
 	test_writev();
+	test_ring_wrap();
 	test_key_update_from_openssl();
 	test_key_update_answer_waits();
 	test_key_update_from_engine();
