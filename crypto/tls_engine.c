@@ -554,7 +554,7 @@ static ssize_t alert_content(struct gg_tls_engine *e, const struct opened *o, si
 	}
 	if (desc == SSL_AD_USER_CANCELLED) /* RFC 8446 6.1: close_notify follows */
 		return 0;
-	e->chk.alert_received = (int)desc;
+	e->chk.alert_received = (int)desc; /* gg_tls_explain words the failure from it */
 	return fail_records(e, -1, SSL_R_UNEXPECTED_RECORD, "alert %u", desc);
 }
 
