@@ -278,6 +278,8 @@ out:
 	return rc;
 }
 
+/* The first RECORD_SUITES are those the engine protects records with. */
+enum { RECORD_SUITES = 3 };
 static const char *const tls13_suites[] = {
 	"TLS_AES_256_GCM_SHA384", "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256",
 	"TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256",
@@ -292,14 +294,18 @@ static int check_suites(const char *list, char *err, size_t size)
 	if (!*p)
 		return fail(err, size, -EINVAL, "the ciphersuite list is empty");
 	while (*p) {
-		size_t n = strcspn(p, ":");
-		bool known = false;
+		size_t n = strcspn(p, ":"), known = GG_ARRAY_LEN(tls13_suites);
 		for (size_t i = 0; i < GG_ARRAY_LEN(tls13_suites); i++)
-			known |= strlen(tls13_suites[i]) == n && !strncmp(tls13_suites[i], p, n);
-		if (!known)
+			if (strlen(tls13_suites[i]) == n && !strncmp(tls13_suites[i], p, n))
+				known = i;
+		if (known == GG_ARRAY_LEN(tls13_suites))
 			return fail(err, size, -EINVAL,
 				    "unknown TLS 1.3 ciphersuite '%.*s' (known: %s)", (int)GG_MIN(n, 64u), p,
 				    GG_TLS_DEFAULT_CIPHERSUITES ":TLS_AES_128_CCM_SHA256:TLS_AES_128_CCM_8_SHA256");
+		if (known >= RECORD_SUITES)
+			return fail(err, size, -EINVAL,
+				    "TLS 1.3 ciphersuite '%s' is not supported: records are protected with AES-GCM or "
+				    "ChaCha20-Poly1305 (supported: %s)", tls13_suites[known], GG_TLS_DEFAULT_CIPHERSUITES);
 		p += n;
 		if (*p == ':')
 			p++;
@@ -331,11 +337,11 @@ static int build_ssl_ctx(const struct gg_tls_options *o, SSL_CTX **out, char *er
 	}
 	SSL_CTX_set_options(sc, SSL_OP_NO_TICKET | SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_RENEGOTIATION);
 	SSL_CTX_set_session_cache_mode(sc, SSL_SESS_CACHE_OFF);
-	/* One record per SSL_write call, encrypted from the caller's buffer;
-	 * record buffers stay allocated for the life of the connection. */
-	SSL_CTX_set_mode(sc, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-	SSL_CTX_clear_mode(sc, SSL_MODE_RELEASE_BUFFERS);
-	SSL_CTX_set_read_ahead(sc, 1);
+	/* OpenSSL runs the handshake only; the engine protects the records
+	 * after it with the traffic secrets this callback hands over. Read
+	 * ahead stays off: OpenSSL must not take bytes past the handshake's
+	 * last record. */
+	SSL_CTX_set_keylog_callback(sc, gg_tls_keylog_cb);
 	SSL_CTX_set_verify(sc, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, gg_tls_verify_cb);
 	SSL_CTX_set_verify_depth(sc, 8);
 	SSL_CTX_set_info_callback(sc, gg_tls_info_cb);

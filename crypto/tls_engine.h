@@ -1,21 +1,30 @@
 /* The TLS record engine of one connection, with no socket in it.
  *
- * OpenSSL runs the handshake and the record layer; the engine's BIO is a
- * pair of bounded byte rings, one per direction. Whoever owns the socket
+ * OpenSSL runs the handshake over a BIO made of two bounded byte rings,
+ * one per direction. Once the handshake completes, the engine protects
+ * application records itself (RFC 8446 sections 5 and 7) with the traffic
+ * secrets of the connection, and OpenSSL is done. Whoever owns the socket
  * (gateway/tls_stream.c drives it with io_uring) moves ciphertext between
  * the socket and the rings without copying it anywhere else:
  *
- *   socket --recv--> gg_tls_engine_rx_space()/rx_commit()  -> OpenSSL
- *   OpenSSL -> gg_tls_engine_tx_data()/tx_consume() --send--> socket
+ *   socket --recv--> gg_tls_engine_rx_space()/rx_commit()  -> engine
+ *   engine -> gg_tls_engine_tx_data()/tx_consume() --send--> socket
  *
  * and the application reads and writes plaintext with gg_tls_engine_read()
- * and gg_tls_engine_write(). A large write becomes full 16 KiB records,
- * each encrypted by OpenSSL straight from the caller's buffer.
+ * and gg_tls_engine_write(). Writes are encrypted in one pass from the
+ * caller's buffer into full 16 KiB records in the tx ring; reads decrypt
+ * records from the rx ring straight into the caller's buffer, and only the
+ * part of a record that does not fit there goes to a one-record staging
+ * buffer, handed out by the next reads.
  *
- * Memory per engine is bounded: the two rings (sizes fixed at creation)
- * plus OpenSSL's own record buffers. When the tx ring is full, writes
- * return -EAGAIN; when the rx ring is full, the owner stops receiving,
- * which lets TCP flow control push back on the peer.
+ * Memory per engine is bounded: the two rings (sizes fixed at creation),
+ * one staging record, and OpenSSL's buffers while the handshake runs. When
+ * the tx ring is full, writes return -EAGAIN; when the rx ring is full, the
+ * owner stops receiving, which lets TCP flow control push back on the peer.
+ *
+ * After the handshake the engine skips NewSessionTicket, follows the
+ * peer's KeyUpdate (answering one that asks for it), and moves its own
+ * write key on with a KeyUpdate after key_update_records records.
  *
  * An engine is used by one thread at a time. The rx region handed out by
  * gg_tls_engine_rx_space() and the tx region from gg_tls_engine_tx_data()
@@ -28,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "gg_common.h"
 #include "tls_context.h"
@@ -38,6 +48,9 @@
 #define GG_TLS_RING_MIN_BYTES (64u << 10)
 #define GG_TLS_RING_DEFAULT_BYTES (256u << 10)
 #define GG_TLS_ERROR_MAX 512
+/* RFC 8446 5.5: an AES-GCM key protects at most 2^24.5 records. With the
+ * KeyUpdate that ends it, a write key protects at most 2^24 records. */
+#define GG_TLS_KEY_UPDATE_RECORDS_DEFAULT ((1u << 24) - 1)
 
 enum gg_tls_role {
 	GG_TLS_CLIENT, /* we connected: the peer is the server */
@@ -54,13 +67,18 @@ struct gg_tls_engine_config {
 	size_t site_count;
 	size_t rx_ring_bytes; /* 0: GG_TLS_RING_DEFAULT_BYTES; rounded up to a power of */
 	size_t tx_ring_bytes; /* two, at least GG_TLS_RING_MIN_BYTES */
+	/* Application records one write key protects before the engine sends
+	 * a KeyUpdate and moves on to the next; 0: the default, which is also
+	 * the largest value allowed. */
+	uint32_t key_update_records;
 };
 
 struct gg_tls_engine;
 
 /* Creates the engine with the context's current credentials. Returns 0
- * and sets *out (free with gg_tls_engine_free), -EINVAL for a bad config,
- * or -ENOMEM. The engine does not refer to `ctx` after this returns. */
+ * and sets *out (free with gg_tls_engine_free), -EINVAL for a bad config
+ * (no sites, too many, key_update_records past the default), or -ENOMEM.
+ * The engine does not refer to `ctx` after this returns. */
 GG_MUST_CHECK int gg_tls_engine_new(struct gg_tls_context *ctx, const struct gg_tls_engine_config *cfg,
 				    struct gg_tls_engine **out);
 void gg_tls_engine_free(struct gg_tls_engine *e);
@@ -92,19 +110,34 @@ bool gg_tls_engine_established(const struct gg_tls_engine *e);
 /* Encrypts up to `len` bytes of plaintext into records in the tx ring.
  * Returns the number of bytes taken (> 0; 0 for len 0), -EAGAIN when the tx ring has no
  * room for a record (send tx_data, then call again with the same bytes),
- * or a failure as for gg_tls_engine_handshake(). */
+ * -EPIPE after gg_tls_engine_shutdown(), or a failure as for
+ * gg_tls_engine_handshake(). Records are full (16 KiB of plaintext) but
+ * for the last one of a call. */
 GG_MUST_CHECK ssize_t gg_tls_engine_write(struct gg_tls_engine *e, const void *buf, size_t len);
+
+/* gg_tls_engine_write() of the iovcnt buffers one after the other, as one
+ * stream: records span buffer boundaries, so a small message head and its
+ * body share records. Returns as gg_tls_engine_write() does (bytes taken
+ * from the start of the sequence), or -EINVAL for a negative iovcnt or a
+ * total past SSIZE_MAX. */
+GG_MUST_CHECK ssize_t gg_tls_engine_writev(struct gg_tls_engine *e, const struct iovec *iov, int iovcnt);
 
 /* Decrypts up to `len` bytes of plaintext. Returns the number of bytes
  * (> 0), 0 when the peer closed the connection cleanly (close_notify),
  * -EAGAIN when more ciphertext is needed, or a failure as for
- * gg_tls_engine_handshake() (in TLS 1.3 a server refuses a client's
- * certificate after the client's handshake completed: the client learns it
- * here). */
+ * gg_tls_engine_handshake(): -EPROTO for a record that fails its checks
+ * (the alert telling the peer why is then queued in tx_data) or a fatal
+ * alert from the peer (in TLS 1.3 a server refuses a client's certificate
+ * after the client's handshake completed: the client learns it here), and
+ * -ECONNRESET when the connection ended without close_notify. Plaintext
+ * is handed out only once its record's tag is verified. A read may queue
+ * the KeyUpdate the peer asked for: send tx_data after reading. */
 GG_MUST_CHECK ssize_t gg_tls_engine_read(struct gg_tls_engine *e, void *buf, size_t len);
 
-/* Queues close_notify: the peer sees a clean end of data. Returns 0 or
- * -EAGAIN when the tx ring is full. */
+/* Queues close_notify: the peer sees a clean end of data. Returns 0
+ * (again 0 for a second call), -EAGAIN when the tx ring is full, or the
+ * failure. The engine may still read: TLS 1.3 closes each direction on
+ * its own. */
 GG_MUST_CHECK int gg_tls_engine_shutdown(struct gg_tls_engine *e);
 
 /* Marks the handshake as failed because its deadline passed, with the

@@ -6,12 +6,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <openssl/evp.h>
 #include <openssl/ssl.h>
 
 #include "tls_context.h"
 #include "tls_verify.h"
 
 #define GG_TLS_NAMES_MAX 256
+
+/* The application traffic secrets of one connection, as the keylog
+ * callback receives them while the handshake derives them. */
+struct gg_tls_secrets {
+	uint8_t client[EVP_MAX_MD_SIZE], server[EVP_MAX_MD_SIZE];
+	size_t client_len, server_len; /* 0: not seen */
+};
 
 /* What one connection learned while its handshake ran: filled by the
  * OpenSSL callbacks below, read by gg_tls_explain(). Owned by the engine
@@ -35,6 +43,7 @@ struct gg_tls_check {
 	bool established;     /* the handshake had completed */
 	bool eof;             /* the peer closed its end */
 	bool saw_bytes;       /* the peer sent anything at all */
+	struct gg_tls_secrets *secrets; /* where gg_tls_keylog_cb puts them */
 };
 
 GG_MUST_CHECK int gg_tls_check_index(void);
@@ -49,6 +58,10 @@ void gg_tls_info_cb(const SSL *ssl, int where, int ret);
 int gg_tls_client_hello_cb(SSL *ssl, int *alert, void *arg);
 int gg_tls_alpn_select_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen,
 			  const unsigned char *in, unsigned int inlen, void *arg);
+/* Keeps CLIENT_TRAFFIC_SECRET_0 and SERVER_TRAFFIC_SECRET_0 in the
+ * connection's gg_tls_secrets; every other line is dropped. Nothing is
+ * written anywhere else. */
+void gg_tls_keylog_cb(const SSL *ssl, const char *line);
 
 /* THE place that turns what went wrong into a failure kind and one line
  * for people: "peer ADDR: REASON (expected identity ID[; DETAIL])".

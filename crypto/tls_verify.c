@@ -405,6 +405,7 @@ static const char *alert_name(int desc)
 	switch (desc) {
 	case SSL_AD_UNEXPECTED_MESSAGE: return "unexpected_message";
 	case SSL_AD_BAD_RECORD_MAC: return "bad_record_mac";
+	case SSL_AD_RECORD_OVERFLOW: return "record_overflow";
 	case SSL_AD_HANDSHAKE_FAILURE: return "handshake_failure";
 	case SSL_AD_BAD_CERTIFICATE: return "bad_certificate";
 	case SSL_AD_UNSUPPORTED_CERTIFICATE: return "unsupported_certificate";
@@ -419,15 +420,20 @@ static const char *alert_name(int desc)
 	case SSL_AD_PROTOCOL_VERSION: return "protocol_version";
 	case SSL_AD_INSUFFICIENT_SECURITY: return "insufficient_security";
 	case SSL_AD_INTERNAL_ERROR: return "internal_error";
+	case SSL_AD_INAPPROPRIATE_FALLBACK: return "inappropriate_fallback";
+	case SSL_AD_USER_CANCELLED: return "user_canceled";
 	case SSL_AD_MISSING_EXTENSION: return "missing_extension";
 	case SSL_AD_UNSUPPORTED_EXTENSION: return "unsupported_extension";
+	case SSL_AD_UNRECOGNIZED_NAME: return "unrecognized_name";
+	case SSL_AD_BAD_CERTIFICATE_STATUS_RESPONSE: return "bad_certificate_status_response";
+	case SSL_AD_UNKNOWN_PSK_IDENTITY: return "unknown_psk_identity";
 	case SSL_AD_CERTIFICATE_REQUIRED: return "certificate_required";
 	case SSL_AD_NO_APPLICATION_PROTOCOL: return "no_application_protocol";
 	default: return "unknown";
 	}
 }
 
-static const char *refusal_reason(int desc)
+static const char *refusal_reason(int desc, bool established)
 {
 	switch (desc) {
 	case SSL_AD_CERTIFICATE_REQUIRED: return "peer requires a client certificate and we presented none";
@@ -439,7 +445,7 @@ static const char *refusal_reason(int desc)
 	case SSL_AD_PROTOCOL_VERSION: return "peer does not accept TLS 1.3";
 	case SSL_AD_NO_APPLICATION_PROTOCOL: return "peer does not speak " GG_TLS_ALPN " (ALPN)";
 	case SSL_AD_HANDSHAKE_FAILURE: return "peer found no acceptable parameters (ciphersuites?)";
-	default: return "peer refused the connection";
+	default: return established ? "peer ended the connection with an alert" : "peer refused the connection";
 	}
 }
 
@@ -519,7 +525,7 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 						    : "peer did not select ALPN " GG_TLS_ALPN };
 		append(detail, sizeof(detail), &dl, "; %s %s", chk->is_server ? "offered" : "selected", chk->alpn_seen);
 	} else if (chk->alert_received >= 0) {
-		r = (struct reason){ GG_TLS_FAIL_REFUSED, refusal_reason(chk->alert_received) };
+		r = (struct reason){ GG_TLS_FAIL_REFUSED, refusal_reason(chk->alert_received, chk->established) };
 		append(detail, sizeof(detail), &dl, "; alert %s", alert_name(chk->alert_received));
 	} else if (ssl_reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE) {
 		r = (struct reason){ GG_TLS_FAIL_NO_CERT, "no client certificate presented" };
@@ -529,7 +535,7 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 	} else if (chk->eof && (!chk->saw_bytes || !ssl_reason || ssl_reason == SSL_R_UNEXPECTED_EOF_WHILE_READING)) {
 		r = (struct reason){ GG_TLS_FAIL_CLOSED, chk->established ? "connection closed without close_notify (data may be truncated)"
 									   : "connection closed during the TLS handshake" };
-	} else if (reason_is_not_tls(ssl_reason)) {
+	} else if (!chk->established && reason_is_not_tls(ssl_reason)) {
 		snprintf(text, sizeof(text), "peer did not start a TLS handshake (%s)", ssl_reason_text);
 		r = (struct reason){ GG_TLS_FAIL_NOT_TLS, text };
 	} else {

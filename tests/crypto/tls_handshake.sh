@@ -319,6 +319,25 @@ print("listening on 127.0.0.1:%d" % s.getsockname()[1], flush=True); time.sleep(
 		fail "our client finished a handshake nobody answered"
 	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: handshake not completed within 400 ms (expected identity dns:site-b.gradgate.test)"
 	;;
+secrets_not_logged)
+	# s_client and s_server write the connection's traffic secrets to a
+	# key log; nothing our server or client prints may hold one of them.
+	no_secret_in() {
+		[ -s "$2" ] || fail "$(basename "$2") is empty"
+		for secret in $(awk '{print $3}' "$2"); do
+			! grep -qi -- "$secret" "$1" || fail "$(basename "$1") holds a traffic secret"
+		done
+	}
+	start_server --close-after-greeting
+	client site-a -alpn gradgate/1 -keylogfile "$work/client-keys.txt"
+	expect_line "$work/server.log" "$accepted_a"
+	expect_line "$work/server.log" "peer 127.0.0.1:PORT closed the connection"
+	no_secret_in "$work/server.log" "$work/client-keys.txt"
+	start_peer_server site-b -alpn gradgate/1 -keylogfile "$work/server-keys.txt"
+	connect_probe
+	wait_text "$work/peer.log" "hello from site-a"
+	no_secret_in "$work/client.log" "$work/server-keys.txt"
+	;;
 key_permissions)
 	chmod 640 site-b.key
 	"$probe" serve --ca ca.pem --cert site-b.pem --key site-b.key --allow site-a=dns:site-a.gradgate.test \
