@@ -816,6 +816,7 @@ static void lane_mail(struct lane *ln)
 		}
 		free(m);
 	}
+	gg_mesh_flush(ln->mesh);
 }
 
 /* " (no connection to site X, site Y)" for peers with no stream up, or "":

@@ -319,7 +319,7 @@ ssize_t gg_tls_stream_read(struct gg_tls_stream *s, void *buf, size_t len)
 	return n;
 }
 
-ssize_t gg_tls_stream_write(struct gg_tls_stream *s, const void *buf, size_t len)
+ssize_t gg_tls_stream_writev(struct gg_tls_stream *s, const struct iovec *iov, int iovcnt)
 {
 	if (s->error)
 		return s->error;
@@ -327,11 +327,18 @@ ssize_t gg_tls_stream_write(struct gg_tls_stream *s, const void *buf, size_t len
 		return -ENOTCONN;
 	if (s->write_shut)
 		return -EPIPE;
-	ssize_t n = gg_tls_engine_write(s->tls, buf, len);
+	ssize_t n = gg_tls_engine_writev(s->tls, iov, iovcnt);
 	if (n < 0 && n != -EAGAIN)
 		fail(s, (int)n, gg_tls_engine_error(s->tls), true);
 	advance(s);
 	return n;
+}
+
+ssize_t gg_tls_stream_write(struct gg_tls_stream *s, const void *buf, size_t len)
+{
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+
+	return gg_tls_stream_writev(s, &iov, 1);
 }
 
 int gg_tls_stream_shutdown(struct gg_tls_stream *s)

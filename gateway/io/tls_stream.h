@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "gg_common.h"
 #include "tls_engine.h"
@@ -118,6 +119,9 @@ static inline uint64_t gg_tls_stream_deadline_us(const struct gg_tls_stream *s)
  * or the failure. Both return -ENOTCONN before EV_OPEN. */
 GG_MUST_CHECK ssize_t gg_tls_stream_read(struct gg_tls_stream *s, void *buf, size_t len);
 GG_MUST_CHECK ssize_t gg_tls_stream_write(struct gg_tls_stream *s, const void *buf, size_t len);
+/* write() of several buffers as one: a small head shares records with
+ * the body after it. */
+GG_MUST_CHECK ssize_t gg_tls_stream_writev(struct gg_tls_stream *s, const struct iovec *iov, int iovcnt);
 
 /* Sends close_notify and then FIN once everything before it is sent; the
  * stream may still read (TLS 1.3 half-close). Returns 0 or -ENOTCONN. */

@@ -52,6 +52,7 @@ struct conn {
 	unsigned txq_count;
 	uint64_t last_rx_us, ping_sent_us;
 	uint32_t gen;        /* counts the slot's uses: a via names one of them */
+	bool flush_pending;  /* messages were queued during this turn */
 };
 
 struct peer {
@@ -86,6 +87,7 @@ struct gg_mesh {
 	size_t max_payload;
 	struct gg_mesh_stats stats;
 	uint64_t heard[GG_AR_MAX_SITES]; /* last receive from each peer */
+	unsigned flush_count; /* streams with flush_pending */
 	unsigned lane, lanes;
 	bool listen;
 	bool shutting_down;
@@ -127,6 +129,7 @@ const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m)
 
 static void conn_flush(struct gg_mesh *m, int ci);
 static void conn_close(struct gg_mesh *m, int ci, const char *why);
+void gg_mesh_flush(struct gg_mesh *m);
 
 static void conn_enqueue(struct gg_mesh *m, int ci, struct out *o)
 {
@@ -140,7 +143,25 @@ static void conn_enqueue(struct gg_mesh *m, int ci, struct out *o)
 		c->txq_head = o;
 	c->txq_tail = o;
 	c->txq_count++;
-	conn_flush(m, ci);
+	/* Written at the end of the turn, with whatever else was queued by
+	 * then: small messages share records. */
+	if (!c->flush_pending) {
+		c->flush_pending = true;
+		m->flush_count++;
+	}
+}
+
+void gg_mesh_flush(struct gg_mesh *m)
+{
+	for (int ci = 0; ci < MAX_CONNS && m->flush_count; ci++) {
+		struct conn *c = &m->conns[ci];
+		if (!c->flush_pending)
+			continue;
+		c->flush_pending = false;
+		m->flush_count--;
+		if (c->used)
+			conn_flush(m, ci);
+	}
 }
 
 /* A control message to one stream; dropped when the stream is gone. */
@@ -307,18 +328,26 @@ bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job)
 	return false;
 }
 
-/* Writes queued messages until the stream pushes back. */
+/* Writes queued messages until the stream pushes back, several at a time
+ * so that small ones share records. */
 static void conn_flush(struct gg_mesh *m, int ci)
 {
 	struct conn *c = &m->conns[ci];
 
 	while (c->used && c->txq_head && c->ts.state == GG_TLS_STREAM_OPEN) {
-		struct out *o = c->txq_head;
-		size_t total = o->head_len + (o->frame ? o->frame->len : 0);
-		const uint8_t *src = o->off < o->head_len ? o->head + o->off : o->frame->data + (o->off - o->head_len);
-		size_t len = o->off < o->head_len ? o->head_len - o->off : total - o->off;
+		struct iovec iov[32];
+		int n = 0;
+		for (struct out *o = c->txq_head; o && n + 2 <= (int)GG_ARRAY_LEN(iov); o = o->next) {
+			if (o->off < o->head_len)
+				iov[n++] = (struct iovec){ o->head + o->off, o->head_len - o->off };
+			if (o->frame) {
+				size_t done = o->off > o->head_len ? o->off - o->head_len : 0;
+				iov[n++] = (struct iovec){ o->frame->data + done, o->frame->len - done };
+				break; /* a frame fills records on its own */
+			}
+		}
 		double t0 = now_s();
-		ssize_t w = gg_tls_stream_write(&c->ts, src, len);
+		ssize_t w = gg_tls_stream_writev(&c->ts, iov, n);
 		m->stats.tls_s += now_s() - t0;
 		if (w == -EAGAIN)
 			return;
@@ -326,14 +355,20 @@ static void conn_flush(struct gg_mesh *m, int ci)
 			conn_close(m, ci, gg_tls_stream_error(&c->ts));
 			return;
 		}
-		o->off += (size_t)w;
-		if (o->off < total)
-			continue;
-		c->txq_head = o->next;
-		if (!c->txq_head)
-			c->txq_tail = NULL;
-		c->txq_count--;
-		free_out(o);
+		size_t left = (size_t)w;
+		while (left && c->txq_head) {
+			struct out *o = c->txq_head;
+			size_t total = o->head_len + (o->frame ? o->frame->len : 0), take = GG_MIN(left, total - o->off);
+			o->off += take;
+			left -= take;
+			if (o->off < total)
+				break;
+			c->txq_head = o->next;
+			if (!c->txq_head)
+				c->txq_tail = NULL;
+			c->txq_count--;
+			free_out(o);
+		}
 	}
 }
 
@@ -674,6 +709,10 @@ static void conn_close(struct gg_mesh *m, int ci, const char *why)
 	conn_lost(m, ci, why);
 	if (c->ts.state >= GG_TLS_STREAM_CLOSING)
 		return;
+	/* What is queued (a HELLO telling the peer why) goes out first. */
+	conn_flush(m, ci);
+	if (!c->used || c->ts.state >= GG_TLS_STREAM_CLOSING)
+		return;
 	unsigned ev = gg_tls_stream_close(&c->ts);
 	if (ev & GG_TLS_STREAM_EV_DONE)
 		conn_free_slot(m, ci);
@@ -814,6 +853,7 @@ void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h)
 	c->last_rx_us = m->loop->now_us;
 	stream_accepted(m, ci, &h->hello);
 	free(h);
+	gg_mesh_flush(m);
 	on_stream_events(m, ci, gg_tls_stream_tick(&c->ts, m->loop->now_us));
 }
 
@@ -836,6 +876,7 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 	case GG_OP_CANCEL:
 		if (i < MAX_CONNS && m->conns[i].used)
 			on_stream_events(m, (int)i, gg_tls_stream_on_cqe(&m->conns[i].ts, cqe));
+		gg_mesh_flush(m);
 		return true;
 	default:
 		return false;
@@ -880,6 +921,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		for (int s = (int)m->lane; s < cfg->transport.streams_per_peer; s += (int)m->lanes)
 			if (m->peers[p].conn[s] < 0 && now >= m->peers[p].next_dial_us[s])
 				dial(m, p, s);
+	gg_mesh_flush(m);
 	return next;
 }
 
@@ -921,6 +963,7 @@ bool gg_mesh_connected(const struct gg_mesh *m)
 
 void gg_mesh_shutdown(struct gg_mesh *m)
 {
+	gg_mesh_flush(m);
 	m->shutting_down = true;
 	for (int ci = 0; ci < MAX_CONNS; ci++) {
 		if (!m->conns[ci].used)

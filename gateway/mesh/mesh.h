@@ -145,6 +145,10 @@ void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, 
 void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t step,
 		 const struct gg_ar_chunk_id *id);
 
+/* Messages are queued by every call above and written, several to a
+ * record, at the end of each completion and tick, or by this. */
+void gg_mesh_flush(struct gg_mesh *m);
+
 /* DATA messages waiting for or on `peer`'s streams but not yet written to
  * a socket, counted up to `limit`. */
 unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit);
