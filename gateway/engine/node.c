@@ -1269,7 +1269,9 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 /* The job is over at site `from`: its ranks there are gone. */
 static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
 {
-	struct job *j = find_job(n, m->u.end.job, true);
+	/* A job unknown here has no step to fail: its ranks here are gone
+	 * (and this site forgot it), or not come yet. */
+	struct job *j = find_job(n, m->u.end.job, false);
 
 	if (!j)
 		return;

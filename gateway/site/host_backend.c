@@ -321,10 +321,13 @@ static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, con
 		return;
 	j->broken = code;
 	gg_ctrl_set_text(j->broken_msg, sizeof(j->broken_msg), why);
+	/* The step under way fails everywhere now. Later steps fail as the
+	 * job's remaining ranks here announce them, or, once none is left,
+	 * with the job's end. */
 	if (j->with_core) {
 		j->abandoned = true;
 		tell_core(b, j, j->step.seq, code, why);
-	} else {
+	} else if (step_in_progress(j)) {
 		tell_core(b, j, j->seq, code, why);
 	}
 }

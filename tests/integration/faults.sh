@@ -245,6 +245,8 @@ case_job_end() {
 	for ((s = 0; s < K; s++)); do
 		expect "$(site_log "$s")" "event=job_ended job=end3" "${SITES[$s]} ended job end3"
 	done
+	# Once every rank of a run is gone, its name may start a new run.
+	run_ok end1 1000 1 2 -- --data gaussian --check first
 }
 
 for config in "$@"; do
