@@ -23,6 +23,7 @@
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
 #define TICK_US 100000       /* lanes look at their timers at least this often */
+#define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 
 /* user_data kinds of the two mailboxes a lane's loop reads: below
@@ -184,23 +185,42 @@ struct job {
 	bool has_result;        /* the step's result is whole here (DONE sent) */
 	uint32_t done_from;     /* sites that said DONE for the step, by bit */
 	uint64_t has_result_us; /* when it did */
-	/* Steps peers aborted before they started here (a job broken at a
-	 * site aborts each step its ranks there still announce). */
+	/* Steps peers aborted before they started here, as runs of steps (a
+	 * job broken at a site aborts each step its ranks there announce; a
+	 * site back from being cut off hears of every step that failed). */
 	struct {
-		uint64_t seq;   /* 0: free */
+		uint64_t lo, hi; /* lo 0: free */
 		int code;
 		char reason[GG_NODE_ERROR_MAX];
 	} aborted[ABORTS_KEPT];
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
+	/* The run of steps that failed here last, one after another (nothing
+	 * completed since): a peer whose streams were down when their ABORTs
+	 * went out hears of them all once one is back. */
+	uint64_t failed_lo, failed_hi, failed_us;
+	int failed_code;
+	char failed_reason[GG_NODE_ERROR_MAX];
 	uint32_t ended_by;      /* sites where the job is over (END), by bit */
-	uint64_t ended_after;   /* the earliest step they ended after: later steps fail */
-	char end_reason[GG_NODE_ERROR_MAX];
+	uint64_t ended_done;    /* the last step done there: later ones fail */
+	uint64_t ended_last;    /* the last step started there */
+	int ended_code;         /* how steps ended_done+1..ended_last failed there */
+	char ended_reason[GG_NODE_ERROR_MAX];
+	char end_reason[GG_NODE_ERROR_MAX]; /* for steps after ended_last */
 	/* The step is over and its lanes let go of it. */
 	bool ending;
 	unsigned ended;
 	int end_status;
 	char end_message[GG_NODE_ERROR_MAX];
+};
+
+/* A job ended here, as its END said it: a peer whose streams were down
+ * when it went out may still wait in one of its steps. */
+struct ended_job {
+	char name[GG_WIRE_NAME_MAX + 1]; /* "": free */
+	uint64_t last_step, last_done, us;
+	int code;
+	char reason[GG_NODE_ERROR_MAX]; /* the wire carries its first GG_WIRE_REASON_MAX bytes */
 };
 
 struct feedback_slot {
@@ -228,6 +248,8 @@ struct gg_node {
 	/* coordinator, on lane 0's thread */
 	struct gg_mailbox inbox;
 	struct job jobs[MAX_JOBS];
+	struct ended_job ended[ENDS_KEPT];
+	unsigned ended_next;
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
 	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
 	/* Error feedback, one slot per (job, tensor), each allocated on its own
@@ -237,8 +259,11 @@ struct gg_node {
 	uint64_t feedback_bytes;
 	struct gg_node_stats stats;
 	uint64_t coord_next_us;    /* the coordinator's next deadline */
+	uint64_t coord_last_us;    /* when the coordinator last ran */
+	uint64_t stall_grace_us;   /* after this site itself stood still: no site counts as lost before this */
 	bool shutting_down;
 	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
+	unsigned test_drop_done;    /* gg_node_test_drop_done(): that peer + 1, or 0 */
 	atomic_bool lanes_stop;
 	pthread_mutex_t start_lock;
 	pthread_cond_t started;
@@ -956,14 +981,21 @@ static void send_to_peers(struct gg_node *n, int only, const uint8_t *bytes, ssi
 	}
 }
 
-/* ABORT with the code the step failed with here; a gateway that shuts
- * down is a lost site to the others. */
-static void send_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
+/* A failure's code as the wire carries it: a gateway that shuts down is a
+ * lost site to the others. */
+static uint8_t wire_code(int code)
+{
+	return (uint8_t)(code == GG_ERR_CLOSED || code >= 0 || -code > GG_WIRE_CODE_MAX ? -GG_ERR_SITE : -code);
+}
+
+/* ABORT of steps lo..hi with the code they failed with here, to one peer
+ * or all (-1). */
+static void send_abort(struct gg_node *n, int only, const char *job, uint64_t lo, uint64_t hi, int code,
+		       const char *reason)
 {
 	uint8_t buf[CTRL_MSG_MAX];
-	uint8_t wire = (uint8_t)(code == GG_ERR_CLOSED || code >= 0 || -code > GG_WIRE_CODE_MAX ? -GG_ERR_SITE : -code);
 
-	send_to_peers(n, -1, buf, gg_wire_encode_abort(buf, sizeof(buf), job, seq, wire, reason), false);
+	send_to_peers(n, only, buf, gg_wire_encode_abort(buf, sizeof(buf), job, lo, hi, wire_code(code), reason), false);
 }
 
 /* DONE for the job's step to peer `only` (every peer when -1), on every
@@ -973,7 +1005,18 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
-	send_to_peers(n, only, buf, gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, j->name, j->step->seq), true);
+	send_to_peers(n, only, buf, gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq), true);
+}
+
+/* END of a job ended here, to peer `only` or all (-1). */
+static void send_end(struct gg_node *n, int only, const struct ended_job *e)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+
+	send_to_peers(n, only, buf,
+		      gg_wire_encode_end(buf, sizeof(buf), e->name, e->last_done, e->last_step, wire_code(e->code),
+					 e->reason),
+		      false);
 }
 
 /* Ends the job's step: the lanes let go of their parts first (a part may
@@ -1014,9 +1057,22 @@ static void step_ended(struct gg_node *n, struct job *j)
 	if (!status) {
 		j->done_seq = st->seq;
 		j->done_us = j->active_us;
+		j->failed_lo = j->failed_hi = 0; /* every site is past them */
 	}
 	/* done() may submit the job's next step. */
 	st->done(st->arg, st, status, status ? message : NULL);
+}
+
+static void remember_abort(struct gg_node *n, struct job *j, uint64_t seq, int code, const char *reason)
+{
+	j->failed_us = gg_node_loop(n)->now_us;
+	if (j->failed_hi && seq == j->failed_hi + 1) {
+		j->failed_hi = seq;
+		return;
+	}
+	j->failed_lo = j->failed_hi = seq;
+	j->failed_code = code < 0 ? code : GG_ERR_SITE;
+	snprintf(j->failed_reason, sizeof(j->failed_reason), "%s", reason);
 }
 
 static void fail_step_code(struct gg_node *n, struct job *j, int code, const char *fmt, ...) GG_PRINTF(4, 5);
@@ -1030,7 +1086,8 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	send_abort(n, j->name, j->step->seq, code, msg);
+	send_abort(n, -1, j->name, j->step->seq, j->step->seq, code, msg);
+	remember_abort(n, j, j->step->seq, code, msg);
 	finish_step(n, j, code, msg);
 }
 
@@ -1071,6 +1128,10 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 			if (!strcmp(n->feedback[i]->job, free_slot->name))
 				feedback_drop(n, i--);
 	}
+	/* A job of that name starts again here: what ended before is over. */
+	for (unsigned e = 0; e < ENDS_KEPT; e++)
+		if (!strcmp(n->ended[e].name, name))
+			n->ended[e].name[0] = '\0';
 	memset(free_slot, 0, sizeof(*free_slot));
 	free_slot->active_us = gg_node_loop(n)->now_us;
 	free_slot->used = true;
@@ -1147,7 +1208,14 @@ static void step_has_result(struct gg_node *n, struct job *j)
 	if (!j->has_result) {
 		j->has_result = true;
 		j->has_result_us = gg_node_loop(n)->now_us;
-		send_done(n, j, -1);
+		if (n->test_drop_done) {
+			for (unsigned p = 0; p < n->sites; p++)
+				if (p != n->self && p + 1 != n->test_drop_done)
+					send_done(n, j, (int)p);
+			n->test_drop_done = 0;
+		} else {
+			send_done(n, j, -1);
+		}
 	}
 	maybe_complete(n, j);
 }
@@ -1206,13 +1274,16 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		j->timeout_us = st->timeout_us ? st->timeout_us : st->deadline_us - now;
 	}
 	for (unsigned a = 0; a < ABORTS_KEPT; a++) {
-		if (j->aborted[a].seq == st->seq) {
+		if (j->aborted[a].lo && j->aborted[a].lo <= st->seq && st->seq <= j->aborted[a].hi) {
 			finish_step(n, j, j->aborted[a].code, j->aborted[a].reason);
 			return 0;
 		}
 	}
-	if (j->ended_by && st->seq > j->ended_after) {
-		finish_step(n, j, GG_ERR_RANK, j->end_reason);
+	if (j->ended_by && st->seq > j->ended_done) {
+		if (st->seq <= j->ended_last)
+			finish_step(n, j, j->ended_code, j->ended_reason);
+		else
+			finish_step(n, j, GG_ERR_RANK, j->end_reason);
 		return 0;
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
@@ -1233,59 +1304,103 @@ static struct job *job_of(struct gg_node *n, unsigned slot, uint64_t seq)
 static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
 {
 	const char *site = n->names[from];
+	const uint64_t lo = m->u.abort.first, hi = m->u.abort.last;
 	struct job *j = find_job(n, m->u.abort.job, true);
+	char msg[GG_NODE_ERROR_MAX];
 
 	if (!j)
 		return;
-	if (j->step && j->step->seq == m->u.abort.step) {
-		char msg[GG_NODE_ERROR_MAX];
-		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site,
-			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
+	if (lo == hi)
+		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,
+			 j->name, m->u.abort.reason);
+	else
+		snprintf(msg, sizeof(msg), "site %s aborted steps %llu to %llu of job '%s': %s", site,
+			 (unsigned long long)lo, (unsigned long long)hi, j->name, m->u.abort.reason);
+	if (j->step && !j->ending && lo <= j->step->seq && j->step->seq <= hi)
 		finish_step(n, j, -(int)m->u.abort.code, msg);
-	} else if (m->u.abort.step > j->last_seq) {
-		/* This site may never run that step: the frames its lanes hold
-		 * for it would pin the peer's window for good. */
-		struct mail f = { .base.type = M_FORGET, .seq = m->u.abort.step };
+	/* Steps of the run that have not started here fail when they do. The
+	 * frames the lanes hold for them would pin the peer's window for
+	 * good: they go now. */
+	uint64_t from_seq = GG_MAX(lo, j->last_seq + 1);
+	if (from_seq > hi)
+		return;
+	unsigned a = 0;
+	for (unsigned k = 0; k < ABORTS_KEPT; k++) {
+		if (j->aborted[k].lo == from_seq && j->aborted[k].hi >= hi)
+			return; /* a copy: each lane sends it */
+		if (j->aborted[k].lo < j->aborted[a].lo)
+			a = k;
+	}
+	j->aborted[a].lo = from_seq;
+	j->aborted[a].hi = hi;
+	j->aborted[a].code = -(int)m->u.abort.code;
+	snprintf(j->aborted[a].reason, sizeof(j->aborted[a].reason), "%s", msg);
+	for (uint64_t seq = from_seq; seq <= hi && seq < from_seq + 64; seq++) {
+		struct mail f = { .base.type = M_FORGET, .seq = seq };
 		snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
 		post_lanes(n, &f);
-		/* Kept in the entry of the same step, or else of the lowest one,
-		 * which ran first. */
-		unsigned a = 0;
-		for (unsigned k = 0; k < ABORTS_KEPT; k++) {
-			if (j->aborted[k].seq == m->u.abort.step)
-				return; /* a copy: each lane sends it */
-			if (j->aborted[k].seq < j->aborted[a].seq)
-				a = k;
-		}
-		j->aborted[a].seq = m->u.abort.step;
-		j->aborted[a].code = -(int)m->u.abort.code;
-		snprintf(j->aborted[a].reason, sizeof(j->aborted[a].reason), "site %s aborted step %llu of job '%s': %s", site,
-			 (unsigned long long)m->u.abort.step, j->name, m->u.abort.reason);
-		gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu reason=\"%s\"", j->name,
-		       (unsigned long long)j->aborted[a].seq, j->aborted[a].reason);
 	}
+	gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
+	       (unsigned long long)from_seq, (unsigned long long)hi, msg);
 }
 
-/* The job is over at site `from`: its ranks there are gone. */
+/* The job is over at site `from`: steps up to last_done completed there,
+ * so they complete here too; those after it up to `last` failed there with
+ * `code` and `failed`; later ones cannot complete (GG_ERR_RANK, `gone`). */
+static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64_t last_done, uint64_t last, int code,
+			 const char *failed, const char *gone)
+{
+	if (j->ended_by && last_done >= j->ended_done)
+		return; /* a copy, or a site that ended later than one before */
+	j->ended_by |= 1u << from;
+	j->ended_done = last_done;
+	j->ended_last = GG_MAX(last, last_done);
+	j->ended_code = code;
+	snprintf(j->ended_reason, sizeof(j->ended_reason), "%s", failed);
+	snprintf(j->end_reason, sizeof(j->end_reason), "%s", gone);
+	if (!j->step || j->ending || j->step->seq <= j->ended_done)
+		return;
+	if (j->step->seq <= j->ended_last)
+		fail_step_code(n, j, j->ended_code, "step %llu of job '%s': %s", (unsigned long long)j->step->seq,
+			       j->name, j->ended_reason);
+	else
+		fail_step_code(n, j, GG_ERR_RANK, "step %llu of job '%s': %s", (unsigned long long)j->step->seq, j->name,
+			       j->end_reason);
+}
+
+/* END: the job is over at site `from`, its ranks there are gone. */
 static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
 {
 	/* A job unknown here has no step to fail: its ranks here are gone
 	 * (and this site forgot it), or not come yet. */
 	struct job *j = find_job(n, m->u.end.job, false);
+	char failed[GG_NODE_ERROR_MAX], gone[GG_NODE_ERROR_MAX];
 
 	if (!j)
 		return;
-	/* Steps up to the one it ended after had its ranks: they complete or
-	 * fail on their own. */
-	if (j->ended_by && m->u.end.step >= j->ended_after)
-		return;
-	j->ended_by |= 1u << from;
-	j->ended_after = m->u.end.step;
-	snprintf(j->end_reason, sizeof(j->end_reason), "site %s ended job '%s' after step %llu: its ranks there are gone",
-		 n->names[from], j->name, (unsigned long long)m->u.end.step);
-	if (j->step && j->step->seq > j->ended_after)
-		fail_step_code(n, j, GG_ERR_RANK, "step %llu of job '%s': %s", (unsigned long long)j->step->seq, j->name,
-			       j->end_reason);
+	snprintf(failed, sizeof(failed), "site %s failed it and ended job '%s': %s", n->names[from], j->name,
+		 m->u.end.reason);
+	snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: its ranks there are gone", n->names[from],
+		 j->name, (unsigned long long)m->u.end.last);
+	job_ended_at(n, j, from, m->u.end.first, m->u.end.last, -(int)m->u.end.code, failed, gone);
+}
+
+/* A restarted gateway closed its ranks' sessions: the jobs it took part in
+ * (a step of them completed) are over there after the last one completed
+ * here, and fail at once rather than each wait out its deadline. */
+static void on_peer_restart(struct gg_node *n, unsigned peer)
+{
+	char why[GG_NODE_ERROR_MAX];
+
+	for (unsigned i = 0; i < MAX_JOBS; i++) {
+		struct job *j = &n->jobs[i];
+		if (!j->used || !j->done_seq)
+			continue;
+		snprintf(why, sizeof(why),
+			 "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
+			 n->names[peer], (unsigned long long)j->done_seq, j->name);
+		job_ended_at(n, j, peer, j->done_seq, UINT64_MAX, GG_ERR_SITE, why, why);
+	}
 }
 
 static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
@@ -1300,9 +1415,9 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 	maybe_complete(n, j);
 }
 
-/* A new stream to `peer` may carry a DONE a lost one did not: of a step in
- * progress, or of one this site completed while the peer may still wait
- * for it. */
+/* A new stream to `peer` may carry a DONE or ABORT a lost one did not: of
+ * a step in progress, or of one this site completed or failed while the
+ * peer may still wait for it. */
 static void resend_done(struct gg_node *n, unsigned peer)
 {
 	const uint64_t now = gg_node_loop(n)->now_us;
@@ -1312,12 +1427,19 @@ static void resend_done(struct gg_node *n, unsigned peer)
 		uint8_t buf[CTRL_MSG_MAX];
 		if (!j->used)
 			continue;
+		/* The last step completed here may still be in progress there,
+		 * even with a later one in progress here. */
+		if (j->done_seq && now - j->done_us < n->cfg->transport.step_timeout_us)
+			send_to_peers(n, (int)peer, buf, gg_wire_encode_done(buf, sizeof(buf), j->name, j->done_seq),
+				      true);
 		if (j->step && !j->ending && j->has_result)
 			send_done(n, j, (int)peer);
-		else if (!j->step && j->done_seq && now - j->done_us < n->cfg->transport.step_timeout_us)
-			send_to_peers(n, (int)peer, buf,
-				      gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, j->name, j->done_seq), true);
+		if (j->failed_lo && now - j->failed_us < n->cfg->transport.step_timeout_us)
+			send_abort(n, (int)peer, j->name, j->failed_lo, j->failed_hi, j->failed_code, j->failed_reason);
 	}
+	for (unsigned e = 0; e < ENDS_KEPT; e++)
+		if (n->ended[e].name[0] && now - n->ended[e].us < n->cfg->transport.step_timeout_us)
+			send_end(n, (int)peer, &n->ended[e]);
 }
 
 static void coordinator_mail(struct gg_node *n)
@@ -1352,6 +1474,7 @@ static void coordinator_mail(struct gg_node *n)
 			if (n->instance_id[m->peer] == m->u.instance_id)
 				break;
 			n->instance_id[m->peer] = m->u.instance_id;
+			on_peer_restart(n, m->peer);
 			for (unsigned i = 0; i < MAX_JOBS; i++) {
 				struct job *jj = &n->jobs[i];
 				if (jj->used && jj->step)
@@ -1388,6 +1511,11 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 {
 	const uint64_t limit = n->cfg->transport.heartbeat_timeout_us;
 
+	/* A site that said DONE waits for the others' word instead (they may
+	 * have completed); and a site that stood still itself hears nothing
+	 * from anyone meanwhile, which says nothing about them. */
+	if (j->has_result || now < n->stall_grace_us)
+		return false;
 	for (unsigned p = 0; p < n->sites; p++) {
 		uint64_t heard = last_heard(n, p); /* by a lane's clock, which may be ahead of this one */
 		if (p == n->self || heard >= now || now - heard <= limit)
@@ -1409,6 +1537,10 @@ static uint64_t coordinator_timers(struct gg_node *n)
 {
 	const uint64_t now = gg_node_loop(n)->now_us;
 	uint64_t next = now + TICK_US;
+
+	if (n->coord_last_us && now - n->coord_last_us > n->cfg->transport.heartbeat_timeout_us / 2)
+		n->stall_grace_us = now + n->cfg->transport.heartbeat_timeout_us;
+	n->coord_last_us = now;
 
 	if (gg_buf_pool_count(&n->frames)) {
 		bool idle = true;
@@ -1507,6 +1639,11 @@ int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream)
 	return 0;
 }
 
+void gg_node_test_drop_done(struct gg_node *n, unsigned peer)
+{
+	n->test_drop_done = peer + 1;
+}
+
 void gg_node_test_freeze_at_result(struct gg_node *n)
 {
 	n->test_freeze_at_result = true;
@@ -1543,7 +1680,9 @@ void gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, c
 		fail_step_code(n, j, code, "%s", reason);
 		return;
 	}
-	send_abort(n, job, seq, code, reason);
+	send_abort(n, -1, job, seq, seq, code, reason);
+	if (j)
+		remember_abort(n, j, seq, code, reason);
 	/* Frames the lanes keep for the step are let go. */
 	struct mail f = { .base.type = M_FORGET, .seq = seq };
 	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
@@ -1555,11 +1694,24 @@ void gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, c
 void gg_node_end_job(struct gg_node *n, const char *job)
 {
 	struct job *j = find_job(n, job, false);
-	uint8_t buf[CTRL_MSG_MAX];
 
 	if (j && j->step)
 		return; /* the site backend ends a job once none of its steps is here */
-	send_to_peers(n, -1, buf, gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_END, job, j ? j->last_seq : 0), false);
+	struct ended_job *e = &n->ended[n->ended_next++ % ENDS_KEPT];
+	snprintf(e->name, sizeof(e->name), "%s", job);
+	e->last_step = j ? GG_MAX(j->last_seq, j->done_seq) : 0;
+	e->last_done = j ? j->done_seq : 0;
+	e->us = gg_node_loop(n)->now_us;
+	if (j && j->failed_lo && j->failed_lo <= e->last_done + 1 && e->last_done < j->failed_hi) {
+		e->code = j->failed_code;
+		snprintf(e->reason, sizeof(e->reason), "%s", j->failed_reason);
+	} else {
+		e->code = GG_ERR_RANK;
+		char reason[sizeof(e->reason)];
+		snprintf(reason, sizeof(reason), "its ranks at site %s are gone", n->names[n->self]);
+		memcpy(e->reason, reason, sizeof(reason));
+	}
+	send_end(n, -1, e);
 	for (unsigned i = 0; i < n->feedback_count; i++)
 		if (!strcmp(n->feedback[i]->job, job))
 			feedback_drop(n, i--);

@@ -142,6 +142,10 @@ GG_MUST_CHECK int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int 
 /* Tests: from now on the node stops where a step's result is whole, as a
  * gateway that died at that moment would: no DONE, no completion. */
 void gg_node_test_freeze_at_result(struct gg_node *n);
+/* Tests: the next DONE this node sends reaches every peer but `peer`, as if
+ * every stream to it broke right after it was queued: the peer hears of it
+ * only once a stream to it comes back. */
+void gg_node_test_drop_done(struct gg_node *n, unsigned peer);
 
 const struct gg_node_stats *gg_node_stats(const struct gg_node *n);
 const char *gg_node_site_name(const struct gg_node *n, unsigned index);

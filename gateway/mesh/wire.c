@@ -177,27 +177,38 @@ ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, ui
 	ENCODE(buf, cap, type, { put_le(&w, value, 8); });
 }
 
-ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step, uint8_t code,
-			     const char *reason)
+static ssize_t encode_steps(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job, uint64_t first,
+			    uint64_t last, uint8_t code, const char *reason)
 {
 	size_t extra_ = 0;
-	ENCODE(buf, cap, GG_WIRE_ABORT, {
+	ENCODE(buf, cap, type, {
 		put_str(&w, job);
-		put_le(&w, step, 8);
+		put_le(&w, first, 8);
+		put_le(&w, last, 8);
 		put_le(&w, code, 1);
 		put_str(&w, reason);
 	});
 }
 
-ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job, uint64_t step)
+ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step, uint64_t last_step,
+			     uint8_t code, const char *reason)
+{
+	return encode_steps(buf, cap, GG_WIRE_ABORT, job, step, last_step, code, reason);
+}
+
+ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step)
 {
 	size_t extra_ = 0;
-	if (type != GG_WIRE_DONE && type != GG_WIRE_END)
-		return -EINVAL;
-	ENCODE(buf, cap, type, {
+	ENCODE(buf, cap, GG_WIRE_DONE, {
 		put_str(&w, job);
 		put_le(&w, step, 8);
 	});
+}
+
+ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t last_done, uint64_t last_step,
+			   uint8_t code, const char *reason)
+{
+	return encode_steps(buf, cap, GG_WIRE_END, job, last_done, last_step, code, reason);
 }
 
 /* ---- decoding ----------------------------------------------------------- */
@@ -246,6 +257,26 @@ static int check_chunk_id(const struct gg_ar_chunk_id *id, char *err, size_t err
 		return gg_errf(err, err_size, -EBADMSG, "unknown phase %u", id->phase);
 	if (id->origin >= GG_AR_MAX_SITES)
 		return gg_errf(err, err_size, -EBADMSG, "origin %u is not a site index", id->origin);
+	return 0;
+}
+
+/* ABORT and END: a field that ran short is reported by the caller. */
+static int decode_steps(struct reader *r, struct gg_wire_steps *st, const char *what, const char *first,
+			const char *last, char *err, size_t err_size)
+{
+	get_str(r, st->job, GG_WIRE_NAME_MAX, "job");
+	st->first = get_le(r, 8, first);
+	st->last = get_le(r, 8, last);
+	st->code = (uint8_t)get_le(r, 1, "code");
+	get_str(r, st->reason, GG_WIRE_REASON_MAX, "reason");
+	if (r->field)
+		return 0;
+	if (st->code < 1 || st->code > GG_WIRE_CODE_MAX)
+		return gg_errf(err, err_size, -EBADMSG, "%s: code %u, must be 1 to %d", what, st->code,
+			       GG_WIRE_CODE_MAX);
+	if (st->last < st->first)
+		return gg_errf(err, err_size, -EBADMSG, "%s: %s %llu after the %s %llu", what, first,
+			       (unsigned long long)st->first, last, (unsigned long long)st->last);
 	return 0;
 }
 
@@ -315,18 +346,16 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		msg->u.ping_us = get_le(&r, 8, "clock");
 		break;
 	case GG_WIRE_ABORT:
-		get_str(&r, msg->u.abort.job, GG_WIRE_NAME_MAX, "job");
-		msg->u.abort.step = get_le(&r, 8, "step");
-		msg->u.abort.code = (uint8_t)get_le(&r, 1, "code");
-		get_str(&r, msg->u.abort.reason, GG_WIRE_REASON_MAX, "reason");
-		if (!r.field && (msg->u.abort.code < 1 || msg->u.abort.code > GG_WIRE_CODE_MAX))
-			return gg_errf(err, err_size, -EBADMSG, "abort: code %u, must be 1 to %d", msg->u.abort.code,
-				       GG_WIRE_CODE_MAX);
+		if (decode_steps(&r, &msg->u.abort, "abort", "step", "last step", err, err_size))
+			return -EBADMSG;
 		break;
 	case GG_WIRE_DONE:
-	case GG_WIRE_END:
 		get_str(&r, msg->u.done.job, GG_WIRE_NAME_MAX, "job");
 		msg->u.done.step = get_le(&r, 8, "step");
+		break;
+	case GG_WIRE_END:
+		if (decode_steps(&r, &msg->u.end, "end", "last done step", "last step", err, err_size))
+			return -EBADMSG;
 		break;
 	default:
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", (unsigned)type);
@@ -340,7 +369,8 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	const char *job = type == GG_WIRE_DATA    ? msg->u.data.step.job
 			  : type == GG_WIRE_ACK   ? msg->u.ack.job
 			  : type == GG_WIRE_ABORT ? msg->u.abort.job
-			  : type == GG_WIRE_DONE || type == GG_WIRE_END ? msg->u.done.job
+			  : type == GG_WIRE_DONE  ? msg->u.done.job
+			  : type == GG_WIRE_END   ? msg->u.end.job
 						  : NULL;
 	if (job && !*job)
 		return gg_errf(err, err_size, -EBADMSG, "message type %u: empty job name", (unsigned)type);

@@ -22,14 +22,19 @@
  *   ACK     str job, u64 step, u8 phase, u8 origin, u32 chunk
  *   PING    u64 sender's clock in microseconds
  *   PONG    u64 the PING's value, echoed
- *   ABORT   str job, u64 step, u8 code (what failed: the client library's
- *           error code, negated: 8 timeout, 10 mismatch, 11 rank, 12 site,
- *           ...), str reason (the step failed at the sender)
+ *   ABORT   str job, u64 step, u64 last step (>= step), u8 code (what
+ *           failed: the client library's error code, negated: 8 timeout,
+ *           10 mismatch, 11 rank, 12 site, ...), str reason (steps step to
+ *           last step failed at the sender; usually one, a run of them for
+ *           a site that was cut off meanwhile)
  *   DONE    str job, u64 step (the sender holds the step's whole result;
  *           a site hands a result to its ranks only once every site said
  *           DONE, so a step completes at every site or at none)
- *   END     str job, u64 step (the job is over at the sender, after that
- *           step: its ranks there are gone)
+ *   END     str job, u64 last done step (0: none), u64 last step (>= last
+ *           done), u8 code, str reason (the job is over at the sender: its
+ *           ranks there are gone after the last step; the steps after the
+ *           last done one failed there, the first of them with that code
+ *           and reason)
  *
  * A receiver treats every field as hostile: lengths are checked against
  * the message and the limits before anything is read, names are checked
@@ -110,6 +115,14 @@ struct gg_wire_step {
 	uint64_t fingerprint; /* gg_wire_fingerprint() of the fields above and the codec */
 };
 
+/* ABORT and END: a job, a run of its steps, and how they failed. */
+struct gg_wire_steps {
+	char job[GG_WIRE_NAME_MAX + 1];
+	uint64_t first, last; /* first <= last */
+	uint8_t code;         /* 1..GG_WIRE_CODE_MAX */
+	char reason[GG_WIRE_REASON_MAX + 1];
+};
+
 struct gg_wire_msg {
 	enum gg_wire_type type;
 	union {
@@ -126,16 +139,12 @@ struct gg_wire_msg {
 			struct gg_ar_chunk_id id;
 		} ack;
 		uint64_t ping_us;
+		struct gg_wire_steps abort; /* steps first..last failed */
 		struct {
 			char job[GG_WIRE_NAME_MAX + 1];
 			uint64_t step;
-			uint8_t code; /* 1..GG_WIRE_CODE_MAX */
-			char reason[GG_WIRE_REASON_MAX + 1];
-		} abort;
-		struct {
-			char job[GG_WIRE_NAME_MAX + 1];
-			uint64_t step;
-		} done, end;
+		} done;
+		struct gg_wire_steps end; /* steps up to first done, first+1..last failed */
 	} u;
 };
 
@@ -164,10 +173,10 @@ GG_MUST_CHECK ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *j
 					 const struct gg_ar_chunk_id *id);
 GG_MUST_CHECK ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, uint64_t value);
 GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step,
-					   uint8_t code, const char *reason);
-/* DONE or END. */
-GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job,
-					  uint64_t step);
+					   uint64_t last_step, uint8_t code, const char *reason);
+GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step);
+GG_MUST_CHECK ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t last_done,
+					 uint64_t last_step, uint8_t code, const char *reason);
 
 /* Compares a peer's HELLO with ours; 0, or -EPROTO with err naming the
  * first setting that differs and both values ("peer site-b uses codec

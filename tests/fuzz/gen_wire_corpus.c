@@ -40,11 +40,11 @@ int main(int argc, char **argv)
 		put(argv[1], "ack", buf, (size_t)n);
 	if ((n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, 12345)) > 0)
 		put(argv[1], "ping", buf, (size_t)n);
-	if ((n = gg_wire_encode_abort(buf, sizeof(buf), "train", 3, 11, "site site-b: rank 1 left")) > 0)
+	if ((n = gg_wire_encode_abort(buf, sizeof(buf), "train", 3, 3, 11, "site site-b: rank 1 left")) > 0)
 		put(argv[1], "abort", buf, (size_t)n);
-	if ((n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, "train", 3)) > 0)
+	if ((n = gg_wire_encode_done(buf, sizeof(buf), "train", 3)) > 0)
 		put(argv[1], "done", buf, (size_t)n);
-	if ((n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_END, "train", 3)) > 0)
+	if ((n = gg_wire_encode_end(buf, sizeof(buf), "train", 3, 5, 12, "site site-c is unreachable")) > 0)
 		put(argv[1], "end", buf, (size_t)n);
 	return 0;
 }

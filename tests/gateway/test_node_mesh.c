@@ -3,7 +3,8 @@
  * reach another lane first), connected over loopback TLS: steps complete
  * with bit-identical results equal to the fixed-order sum (fp32), survive
  * a stream cut mid-transfer, and fail at every site, with a message naming
- * both announcements, when sites announce different collectives.
+ * both announcements, when sites announce different collectives; a DONE
+ * lost with every stream that carried it is sent again on a new one.
  *
  *   test_node_mesh CERT_DIR (certificates from examples/make-certs.sh for
  *   sites s0..s3) */
@@ -39,6 +40,7 @@ struct scenario {
 	bool mismatch;        /* site K-1 announces one element more */
 	bool tensor_per_step; /* step t is tensor t: a new error feedback state each step */
 	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
+	int done_lost_step;   /* site 0's DONE of this step never reaches site 1, whose streams it then cuts */
 };
 
 struct site {
@@ -128,6 +130,9 @@ static void *run_site(void *arg)
 					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
 		snprintf(st.job, sizeof(st.job), "mesh");
 		s->done = false;
+		bool lose_done = (int)t == sc->done_lost_step && s->index == 0;
+		if (lose_done)
+			gg_node_test_drop_done(node, 1);
 		if (gg_node_submit(node, &st, err, sizeof(err))) {
 			s->status[t - 1] = -EINVAL;
 			snprintf(s->message[t - 1], sizeof(s->message[0]), "%s", err);
@@ -156,6 +161,15 @@ static void *run_site(void *arg)
 			return NULL;
 		}
 		CHECK(s->done, "site %u: step %u never finished", s->index, t);
+		if (lose_done) {
+			/* Site 1 waits for the DONE it never got: it must come again
+			 * on a new stream (while this site runs its next step), not
+			 * leave site 1 to fail a step that completed here. */
+			for (int i = 0; i < 4; i++) {
+				int crc = gg_node_test_cut_stream(node, 1, i);
+				CHECK(crc == 0 || crc == -ENOTCONN, "cut: %s", strerror(-crc));
+			}
+		}
 		memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -209,10 +223,11 @@ static void run(const struct scenario *sc)
 	static struct site sites[MAX_K];
 	char path[512];
 
-	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s\n", sc->K, sc->codec, sc->algo,
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s\n", sc->K, sc->codec, sc->algo,
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
 	       sc->mismatch ? ", mismatched announcement" : "",
-	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "");
+	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "",
+	       sc->done_lost_step ? ", a DONE lost with its streams" : "");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -297,23 +312,26 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1 },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1 },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1 },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1 },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1 },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1 },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1 },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1 },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1 },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1 },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1 },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0 },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0 },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0 },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0 },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0 },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0 },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0 },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0 },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0 },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0 },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0 },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1 },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0 },
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2 },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1 },
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0 },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0 },
+		/* A DONE lost with every stream that carried it comes again. */
+		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2 },
+		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2 },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -322,7 +340,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1 };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0 };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);

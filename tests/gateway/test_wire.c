@@ -96,30 +96,38 @@ int main(void)
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_PONG &&
 		      msg.u.ping_us == 123456789,
 	      "pong");
-	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 11, "site us-east: rank 1 disconnected");
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 14, 11, "site us-east: rank 1 disconnected");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.abort.code == 11 &&
+		      msg.u.abort.first == 12 && msg.u.abort.last == 14 &&
 		      !strcmp(msg.u.abort.reason, "site us-east: rank 1 disconnected"),
 	      "abort");
 	check_truncations(buf, (size_t)n, "abort");
 	for (unsigned code = 0; code <= 16; code += 16) {
-		n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, (uint8_t)code, "x");
+		n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 12, (uint8_t)code, "x");
 		CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 			      !strcmp(err, code ? "abort: code 16, must be 1 to 15" : "abort: code 0, must be 1 to 15"),
 		      "abort code %u: %s", code, err);
 	}
-	n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, "train-7b", 12);
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 11, 11, "x");
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "abort: step 12 after the last step 11"),
+	      "abort range: %s", err);
+	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 12);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_DONE &&
 		      !strcmp(msg.u.done.job, "train-7b") && msg.u.done.step == 12,
 	      "done: %s", err);
 	check_truncations(buf, (size_t)n, "done");
-	n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_END, "train-7b", 40);
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 37, 40, 12, "site ap-east is unreachable");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
-		      !strcmp(msg.u.end.job, "train-7b") && msg.u.end.step == 40,
+		      !strcmp(msg.u.end.job, "train-7b") && msg.u.end.first == 37 && msg.u.end.last == 40 &&
+		      msg.u.end.code == 12 && !strcmp(msg.u.end.reason, "site ap-east is unreachable"),
 	      "end: %s", err);
 	check_truncations(buf, (size_t)n, "end");
-	CHECK(gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_ACK, "train-7b", 40) == -EINVAL, "done of another type");
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 41, 40, 12, "x");
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "end: last done step 41 after the last step 40"),
+	      "end order: %s", err);
 	/* Job names from a peer obey the rule ranks' names do. */
-	n = gg_wire_encode_done(buf, sizeof(buf), GG_WIRE_DONE, "", 12);
+	n = gg_wire_encode_done(buf, sizeof(buf), "", 12);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "message type 7: empty job name"),
 	      "empty job: %s", err);

@@ -15,6 +15,10 @@
 # peer-killed     the last site's gateway is SIGKILLed while the others wait
 #                 in step 2: GG_ERR_SITE naming it within heartbeat_timeout
 # peer-stopped    the same with SIGSTOP: its streams stay up but fall silent
+# peer-restarted  the last site's gateway is SIGKILLed and started again
+#                 while the others wait in step 2 of 5: its ranks lost their
+#                 sessions, so steps 2 to 5 fail at the others at once with
+#                 GG_ERR_SITE naming the restart
 # job-end         int8 jobs whose error-feedback residuals do not fit next to
 #                 each other in [limits] memory run one after another: the
 #                 end of a job frees them at every site
@@ -98,7 +102,7 @@ check_steps() {
 # expect_failed JOB STEP CODE REGEX [SITE:RANK...]: every rank (but those
 # named) failed STEP with CODE and a message matching REGEX.
 expect_failed() {
-	local job=$1 step=$2 code=$3 re=$4 s r name skip
+	local job=$1 step=$2 code=$3 re=$4 s r name skip heard=
 	shift 4
 	[ "${outcome_of[$step]}" = "rc=$code" ] || fail "step $step of $job: '${outcome_of[$step]}', expected rc=$code"
 	for ((s = 0; s < K; s++)); do
@@ -108,9 +112,10 @@ expect_failed() {
 			[ -z "$skip" ] || continue
 			name=$job-s$s-r$r
 			expect "$work/$name.err" "step $step: error $code: .*$re" "$name's error of step $step"
+			heard=$s
 		done
 	done
-	log "  ${SITES[$last]}'s rank hears: $(grep -m1 "step $step: error" "$work/$job-s$last-r0.err" | cut -c1-300)"
+	log "  ${SITES[$heard]}'s rank hears: $(grep -m1 "step $step: error" "$work/$job-s$heard-r0.err" | cut -c1-300)"
 }
 
 expect_ok() {
@@ -228,6 +233,37 @@ peer_lost() {
 	ranks_wait
 	# The site comes back, and a new job works everywhere.
 	gw_start "$last"
+	mesh_up 15
+	run_ok after 1000 1 2
+}
+
+case_peer_restarted() {
+	local r s t specs=() restarted took
+	STEPS=5
+	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 20000@2"); done
+	start_job pr "${specs[@]}"
+	wait_for "$work/pr-s0-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at site-a"
+	sleep 0.3 # the others announce step 2 and wait for the last site
+	gw_stop "$last" KILL
+	gw_start "$last"
+	restarted=$(now_ns)
+	for ((s = 0; s < last; s++)); do
+		for ((r = 0; r < RANKS; r++)); do
+			wait_for "$work/pr-s$s-r$r.out" "^step $STEPS rc=" 12 || fail "pr-s$s-r$r did not finish its steps"
+		done
+	done
+	took=$(ms_since "$restarted")
+	log "  every other site failed steps 2 to $STEPS ${took} ms after the restart"
+	within "$took" 6000 "failing the steps after the restart"
+	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
+	ranks_wait
+	local dead=()
+	for ((r = 0; r < RANKS; r++)); do dead+=("$last:$r"); done
+	check_steps pr "${dead[@]}"
+	expect_ok pr 1
+	for ((t = 2; t <= STEPS; t++)); do
+		expect_failed pr $t -12 "site ${SITES[$last]} restarted after step 1 of job 'pr': its ranks there lost their sessions" "${dead[@]}"
+	done
 	mesh_up 15
 	run_ok after 1000 1 2
 }
