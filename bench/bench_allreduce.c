@@ -4,7 +4,14 @@
  * the exact global sum without talking to the others: exactly for lossless
  * codecs, within the codec's bound for lossy ones. A digest of every
  * result lets a script confirm that all ranks of all sites got the same
- * bytes. */
+ * bytes.
+ *
+ * --data gaussian gives each rank random normal values instead, made once
+ * and sent at every step: real-valued data that zstd cannot shrink more
+ * than real gradients. Their exact sum is not a float, so the check allows
+ * fp32 rounding on top of the codec's bound, and each rank checks its own
+ * share of the elements, since making every rank's input costs more than
+ * the step; the digests show every rank holds the same bytes. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -13,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 
 #include "bench.h"
+#include "gg_common.h"
 #include "gradgate.h"
 
 #define GG_BENCH_MAX_INFLIGHT 8 /* the most a gateway allows (GG_CTRL_MAX_INFLIGHT) */
@@ -27,6 +36,9 @@ struct opts {
 	int steps;
 	int inflight;      /* steps started before the oldest is waited for */
 	const char *codec; /* what the gateways use: sets the check's bound */
+	int warmup;        /* untimed steps before the timed ones */
+	enum { DATA_GRID, DATA_GAUSSIAN } data;
+	enum { CHECK_ALL, CHECK_FIRST, CHECK_NONE } check;
 	bool json;
 };
 
@@ -38,6 +50,84 @@ static float input_value(int site, int rank, int step, size_t i)
 		     (uint64_t)step * 0x94d049bb133111ebull;
 	h ^= h >> 31;
 	return (float)((int)(h % 4096) - 2048) / 64.0f;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* Elements [from, to) of the random normal input of (site, rank): a
+ * counter-based hash gives each pair of elements two uniforms and
+ * Box-Muller two normals, so any part of any rank's input can be made on
+ * its own. */
+static void gaussian_fill(float *out, int site, int rank, size_t from, size_t to)
+{
+	uint64_t seed = mix64(0x6761757373ull ^ (uint64_t)site << 32 ^ (uint64_t)rank);
+
+	for (size_t p = from / 2; 2 * p < to; p++) {
+		double u1 = (double)((mix64(seed + 2 * p) >> 11) + 1) * 0x1p-53; /* (0, 1] */
+		double u2 = (double)(mix64(seed + 2 * p + 1) >> 11) * 0x1p-53;
+		double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
+		if (2 * p >= from)
+			out[2 * p - from] = (float)(r * cos(a));
+		if (2 * p + 1 >= from && 2 * p + 1 < to)
+			out[2 * p + 1 - from] = (float)(r * sin(a));
+	}
+}
+
+/* The float64 reference of elements [lo, hi) for Gaussian inputs. */
+struct gauss_ref {
+	size_t lo, hi;
+	double *sum;  /* exact enough: the float64 sum of the float inputs */
+	double *mag;  /* sum of |input|, for the fp32 rounding bound */
+	double gmax;  /* largest sum of |site sum| within a block of any element here */
+};
+
+#define GG_BENCH_BLOCK_MAX 65536 /* the largest int8/int4 block (GG_CODEC_MAX_BLOCK_ELEMS) */
+
+/* This rank's share of the elements; gmax looks one largest block further
+ * on each side, so it covers every block that holds an element of it. */
+static int gauss_ref_make(const struct opts *o, struct gauss_ref *g)
+{
+	size_t me = (size_t)o->site * (size_t)o->ranks + (size_t)o->rank, n = (size_t)o->sites * (size_t)o->ranks;
+	g->lo = o->count * me / n;
+	g->hi = o->count * (me + 1) / n;
+	size_t xlo = g->lo > GG_BENCH_BLOCK_MAX ? g->lo - GG_BENCH_BLOCK_MAX : 0;
+	size_t xhi = GG_MIN(g->hi + GG_BENCH_BLOCK_MAX, o->count), len = xhi - xlo;
+	float *x = malloc(len * sizeof(float));
+	double *site_sum = malloc(len * sizeof(double)), *site_abs = calloc(len, sizeof(double));
+	g->sum = calloc(len, sizeof(double));
+	g->mag = calloc(len, sizeof(double));
+	int rc = x && site_sum && site_abs && g->sum && g->mag ? 0 : -ENOMEM;
+
+	for (int k = 0; k < o->sites && !rc; k++) {
+		memset(site_sum, 0, len * sizeof(double));
+		for (int r = 0; r < o->ranks; r++) {
+			gaussian_fill(x, k, r, xlo, xhi);
+			for (size_t i = 0; i < len; i++) {
+				site_sum[i] += x[i];
+				g->mag[i] += fabs((double)x[i]);
+			}
+		}
+		for (size_t i = 0; i < len; i++) {
+			g->sum[i] += site_sum[i];
+			site_abs[i] += fabs(site_sum[i]);
+		}
+	}
+	g->gmax = 0;
+	for (size_t i = 0; i < len && !rc; i++)
+		g->gmax = fmax(g->gmax, site_abs[i]);
+	if (!rc) { /* keep [lo, hi) only */
+		memmove(g->sum, g->sum + (g->lo - xlo), (g->hi - g->lo) * sizeof(double));
+		memmove(g->mag, g->mag + (g->lo - xlo), (g->hi - g->lo) * sizeof(double));
+	}
+	free(x);
+	free(site_sum);
+	free(site_abs);
+	return rc;
 }
 
 static double now_s(void)
@@ -60,14 +150,26 @@ static void usage(FILE *f)
 		   "  --endpoint E   the gateway's control endpoint (default: $%s)\n"
 		   "  --job NAME     job name (default: bench)\n"
 		   "  --count C      float32 elements per all-reduce (default: 1048576)\n"
-		   "  --steps T      all-reduce steps (default: 100)\n"
+		   "  --steps T      timed all-reduce steps (default: 100)\n"
+		   "  --warmup W     untimed steps before them (default: 0)\n"
 		   "  --inflight N   keep N steps in flight, as a pipelined trainer does (1-8, default 1)\n"
+		   "  --data KIND    grid: multiples of 1/64, new every step, sums exact in fp32 (default);\n"
+		   "                 gaussian: random normal values made once, sent every step\n"
+		   "  --check WHICH  steps checked against the exact sum: all (default), first, none;\n"
+		   "                 the digest covers the checked steps\n"
 		   "  --codec NAME   the gateways' codec, for the error bound (default: fp32, exact)\n"
-		   "  --json         print the summary as one JSON object\n",
+		   "  --json         print the summary as one JSON object, with every timed step's time\n",
 		GG_ENDPOINT_ENV);
 }
 
-int gg_bench_allreduce_main(int argc, char **argv)
+static double cpu_s(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+static int parse(int argc, char **argv, struct opts *o)
 {
 	static const struct option lopts[] = {
 		{ "endpoint", required_argument, NULL, 'e' }, { "job", required_argument, NULL, 'j' },
@@ -75,36 +177,113 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		{ "site", required_argument, NULL, 's' },     { "sites", required_argument, NULL, 'k' },
 		{ "count", required_argument, NULL, 'c' },    { "steps", required_argument, NULL, 't' },
 		{ "codec", required_argument, NULL, 'x' },    { "json", no_argument, NULL, 'J' },
-		{ "inflight", required_argument, NULL, 'i' }, { "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		{ "inflight", required_argument, NULL, 'i' }, { "warmup", required_argument, NULL, 'w' },
+		{ "data", required_argument, NULL, 'd' },     { "check", required_argument, NULL, 'C' },
+		{ "help", no_argument, NULL, 'h' },           { NULL, 0, NULL, 0 },
 	};
-	struct opts o = { .job = "bench", .rank = -1, .ranks = 0, .site = -1, .sites = 0, .count = 1u << 20,
-			  .steps = 100, .inflight = 1, .codec = "fp32" };
 	int c;
 
+	*o = (struct opts){ .job = "bench", .rank = -1, .ranks = 0, .site = -1, .sites = 0, .count = 1u << 20,
+			    .steps = 100, .inflight = 1, .codec = "fp32" };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
 		switch (c) {
-		case 'e': o.endpoint = optarg; break;
-		case 'j': o.job = optarg; break;
-		case 'r': o.rank = atoi(optarg); break;
-		case 'n': o.ranks = atoi(optarg); break;
-		case 's': o.site = atoi(optarg); break;
-		case 'k': o.sites = atoi(optarg); break;
-		case 'c': o.count = strtoull(optarg, NULL, 10); break;
-		case 't': o.steps = atoi(optarg); break;
-		case 'x': o.codec = optarg; break;
-		case 'i': o.inflight = atoi(optarg); break;
-		case 'J': o.json = true; break;
-		case 'h': usage(stdout); return 0;
+		case 'e': o->endpoint = optarg; break;
+		case 'j': o->job = optarg; break;
+		case 'r': o->rank = atoi(optarg); break;
+		case 'n': o->ranks = atoi(optarg); break;
+		case 's': o->site = atoi(optarg); break;
+		case 'k': o->sites = atoi(optarg); break;
+		case 'c': o->count = strtoull(optarg, NULL, 10); break;
+		case 't': o->steps = atoi(optarg); break;
+		case 'w': o->warmup = atoi(optarg); break;
+		case 'x': o->codec = optarg; break;
+		case 'i': o->inflight = atoi(optarg); break;
+		case 'J': o->json = true; break;
+		case 'd':
+			if (strcmp(optarg, "grid") && strcmp(optarg, "gaussian")) {
+				fprintf(stderr, "allreduce: --data is grid or gaussian, not '%s'\n", optarg);
+				return 2;
+			}
+			o->data = !strcmp(optarg, "grid") ? DATA_GRID : DATA_GAUSSIAN;
+			break;
+		case 'C':
+			if (strcmp(optarg, "all") && strcmp(optarg, "first") && strcmp(optarg, "none")) {
+				fprintf(stderr, "allreduce: --check is all, first or none, not '%s'\n", optarg);
+				return 2;
+			}
+			o->check = !strcmp(optarg, "all") ? CHECK_ALL : !strcmp(optarg, "first") ? CHECK_FIRST : CHECK_NONE;
+			break;
+		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return 2;
 		}
 	}
-	if (o.rank < 0 || o.ranks < 1 || o.rank >= o.ranks || o.site < 0 || o.sites < 2 || o.site >= o.sites ||
-	    o.count == 0 || o.steps < 1 || o.inflight < 1 || o.inflight > GG_BENCH_MAX_INFLIGHT) {
+	if (o->rank < 0 || o->ranks < 1 || o->rank >= o->ranks || o->site < 0 || o->sites < 2 || o->site >= o->sites ||
+	    o->count == 0 || o->steps < 1 || o->warmup < 0 || o->steps > 1000000 || o->warmup > 1000000 ||
+	    o->inflight < 1 || o->inflight > GG_BENCH_MAX_INFLIGHT) {
 		usage(stderr);
 		return 2;
 	}
+	return 0;
+}
+
+/* Compares a result with the exact sum; returns the elements out of bound
+ * and raises *max_err. Lossy codecs encode each site's sum once per hop
+ * with at most q levels per block (or 8 mantissa bits for bf16), and error
+ * feedback may carry up to one more step's error; Gaussian sums also round
+ * in fp32 at most once per input. */
+static int check_result(const struct opts *o, const float *buf, int t, double q, double **exact,
+			struct gauss_ref *g, double *max_err)
+{
+	int wrong = 0, inputs = o->sites * o->ranks;
+
+	if (o->data == DATA_GAUSSIAN) {
+		if (!g->sum && gauss_ref_make(o, g))
+			return -ENOMEM;
+		double codec_tol = q == 0 ? 0 : 2.0 * o->sites * g->gmax / q;
+		for (size_t i = g->lo; i < g->hi; i++) {
+			double want = g->sum[i - g->lo], e = fabs((double)buf[i] - want);
+			double tol = codec_tol + (inputs + 1) * 0x1p-24 * g->mag[i - g->lo];
+			*max_err = fmax(*max_err, e);
+			if ((e > tol || isnan(e)) && wrong++ < 3)
+				fprintf(stderr, "allreduce: rank %d step %d element %zu: %.9g, float64 sum %.9g\n",
+					o->rank, t, i, buf[i], want);
+		}
+		return wrong;
+	}
+	if (!*exact && !(*exact = malloc(o->count * sizeof(double))))
+		return -ENOMEM;
+	double gmax = 0;
+	for (size_t i = 0; i < o->count; i++) {
+		double sum = 0, mag = 0;
+		for (int k = 0; k < o->sites; k++) {
+			double site_sum = 0;
+			for (int r = 0; r < o->ranks; r++)
+				site_sum += input_value(k, r, t, i);
+			sum += site_sum;
+			mag += fabs(site_sum);
+		}
+		(*exact)[i] = sum;
+		gmax = fmax(gmax, mag);
+	}
+	for (size_t i = 0; i < o->count; i++) {
+		double e = fabs((double)buf[i] - (*exact)[i]);
+		double tol = q == 0 ? 0 : 2.0 * o->sites * gmax / q;
+		*max_err = fmax(*max_err, e);
+		if ((e > tol || isnan(e)) && wrong++ < 3)
+			fprintf(stderr, "allreduce: rank %d step %d element %zu: %.9g, exact %.9g\n", o->rank, t, i,
+				buf[i], (*exact)[i]);
+	}
+	return wrong;
+}
+
+int gg_bench_allreduce_main(int argc, char **argv)
+{
+	struct opts o;
+	int usage_rc = parse(argc, argv, &o);
+
+	if (usage_rc)
+		return usage_rc;
 	double q = !strcmp(o.codec, "fp32") ? 0 : !strcmp(o.codec, "int8") ? 127 : !strcmp(o.codec, "int4") ? 7 : 256;
 
 	struct gg_session *s;
@@ -120,26 +299,38 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		struct gg_error err;
 		double t0;
 	} slots[GG_BENCH_MAX_INFLIGHT] = { 0 };
-	double *exact = malloc(o.count * sizeof(double));
+	double *exact = NULL; /* grid data: the sum of the step checked last */
+	struct gauss_ref gref = { 0 };
+	float *grads = NULL;  /* Gaussian data: this rank's input */
 	double *step_s = calloc((size_t)o.steps, sizeof(double));
-	bool oom = !exact || !step_s;
+	bool oom = !step_s;
 	for (int k = 0; k < o.inflight; k++)
 		oom |= !(slots[k].buf = malloc(o.count * sizeof(float)));
-	if (oom) {
+	if (o.data == DATA_GAUSSIAN && !oom && (grads = malloc(o.count * sizeof(float))))
+		gaussian_fill(grads, o.site, o.rank, 0, o.count);
+	if (oom || (o.data == DATA_GAUSSIAN && !grads)) {
 		fprintf(stderr, "allreduce: out of memory for %zu elements\n", o.count);
 		return 1;
 	}
 	uint64_t digest = 0xcbf29ce484222325ull;
-	int failed = 0, wrong = 0, next = 1;
-	double max_err = 0, total = 0;
+	int failed = 0, wrong = 0, checked = 0, next = 1, last = o.warmup + o.steps;
+	double max_err = 0, total = 0, t_start = 0, t_end = 0, cpu_start = 0, cpu_end = 0;
 
 	/* Step t is waited for once steps up to t + inflight - 1 started;
-	 * results arrive in order. */
-	for (int t = 1; t <= o.steps; t++) {
-		for (; next <= o.steps && next < t + o.inflight; next++) {
+	 * results arrive in order. The timed window runs from the start of
+	 * the first timed step to the result of the last one. */
+	for (int t = 1; t <= last; t++) {
+		for (; next <= last && next < t + o.inflight; next++) {
 			struct slot *sl = &slots[(next - 1) % o.inflight];
-			for (size_t i = 0; i < o.count; i++)
-				sl->buf[i] = input_value(o.site, o.rank, next, i);
+			if (next == o.warmup + 1) {
+				t_start = now_s();
+				cpu_start = cpu_s();
+			}
+			if (o.data == DATA_GAUSSIAN)
+				memcpy(sl->buf, grads, o.count * sizeof(float)); /* the result replaced it */
+			else
+				for (size_t i = 0; i < o.count; i++)
+					sl->buf[i] = input_value(o.site, o.rank, next, i);
 			sl->t0 = now_s();
 			sl->start_rc = gg_allreduce_start(s, sl->buf, o.count, GG_DTYPE_F32, 1, -1, &sl->req, &sl->err);
 		}
@@ -150,8 +341,15 @@ int gg_bench_allreduce_main(int argc, char **argv)
 			err = sl->err;
 		gg_request_free(sl->req);
 		sl->req = NULL;
-		step_s[t - 1] = now_s() - sl->t0;
-		total += step_s[t - 1];
+		double now = now_s();
+		if (t > o.warmup) {
+			step_s[t - o.warmup - 1] = now - sl->t0;
+			total += now - sl->t0;
+		}
+		if (t == last) {
+			t_end = now;
+			cpu_end = cpu_s();
+		}
 		if (rc) {
 			failed++;
 			fprintf(stderr, "allreduce: rank %d step %d: %s\n", o.rank, t, err.message);
@@ -159,33 +357,15 @@ int gg_bench_allreduce_main(int argc, char **argv)
 				break;
 			continue;
 		}
-		/* The exact sum, and the bound a lossy codec must stay within: it
-		 * encodes each site's sum once per hop with at most q levels per
-		 * block (or 8 mantissa bits for bf16), and error feedback may carry
-		 * up to one more step's error. */
-		double gmax = 0;
-		for (size_t i = 0; i < o.count; i++) {
-			double sum = 0, mag = 0;
-			for (int k = 0; k < o.sites; k++) {
-				double site_sum = 0;
-				for (int r = 0; r < o.ranks; r++)
-					site_sum += input_value(k, r, t, i);
-				sum += site_sum;
-				mag += fabs(site_sum);
-			}
-			exact[i] = sum;
-			gmax = fmax(gmax, mag);
+		if (o.check == CHECK_NONE || (o.check == CHECK_FIRST && t > 1))
+			continue;
+		int w = check_result(&o, buf, t, q, &exact, &gref, &max_err);
+		if (w < 0) {
+			fprintf(stderr, "allreduce: out of memory for the check of %zu elements\n", o.count);
+			return 1;
 		}
-		for (size_t i = 0; i < o.count; i++) {
-			double e = fabs((double)buf[i] - exact[i]);
-			double tol = q == 0 ? 0 : q == 256 ? 2.0 * o.sites * gmax / 256.0 : 2.0 * o.sites * gmax / q;
-			max_err = fmax(max_err, e);
-			if (e > tol || isnan(e)) {
-				if (wrong++ < 3)
-					fprintf(stderr, "allreduce: rank %d step %d element %zu: %.9g, exact %.9g\n", o.rank,
-						t, i, buf[i], exact[i]);
-			}
-		}
+		wrong += w;
+		checked++;
 		const uint8_t *p = (const uint8_t *)buf;
 		for (size_t i = 0; i < o.count * sizeof(float); i++)
 			digest = (digest ^ p[i]) * 0x100000001b3ull;
@@ -193,13 +373,22 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	for (int k = 0; k < o.inflight; k++)
 		gg_request_free(slots[k].req); /* after a lost session: detached */
 	gg_session_close(s);
+	if (o.json) {
+		printf("{\"rank\":%d,\"site\":%d,\"steps\":%d,\"warmup\":%d,\"failed\":%d,\"wrong\":%d,\"checked\":%d,"
+		       "\"t_timed_start\":%.6f,\"t_timed_end\":%.6f,\"cpu_s\":%.6f,\"step_ms\":[",
+		       o.rank, o.site, o.steps, o.warmup, failed, wrong, checked, t_start, t_end, cpu_end - cpu_start);
+		for (int t = 0; t < o.steps; t++)
+			printf("%s%.3f", t ? "," : "", step_s[t] * 1e3);
+		printf("],");
+	}
 	qsort(step_s, (size_t)o.steps, sizeof(double), cmp_double);
-	double p50 = step_s[o.steps / 2] * 1e3, p99 = step_s[(o.steps * 99) / 100] * 1e3;
+	double p50 = step_s[o.steps / 2] * 1e3, p90 = step_s[(o.steps * 9) / 10] * 1e3;
+	double p99 = step_s[(o.steps * 99) / 100] * 1e3;
 	double gbps = total > 0 ? (double)o.count * 4.0 * o.steps * 8 / total / 1e9 : 0;
 	if (o.json)
-		printf("{\"rank\":%d,\"site\":%d,\"steps\":%d,\"failed\":%d,\"wrong\":%d,\"step_ms_p50\":%.3f,"
-		       "\"step_ms_p99\":%.3f,\"gbps\":%.3f,\"max_err\":%.6g,\"digest\":\"%016llx\"}\n",
-		       o.rank, o.site, o.steps, failed, wrong, p50, p99, gbps, max_err, (unsigned long long)digest);
+		printf("\"step_ms_p50\":%.3f,\"step_ms_p90\":%.3f,\"step_ms_p99\":%.3f,\"gbps\":%.3f,\"max_err\":%.6g,"
+		       "\"digest\":\"%016llx\"}\n",
+		       p50, p90, p99, gbps, max_err, (unsigned long long)digest);
 	else
 		printf("allreduce rank=%d site=%d steps=%d failed=%d wrong=%d step_ms_p50=%.3f step_ms_p99=%.3f "
 		       "gbps=%.3f max_err=%.6g digest=%016llx\n",
@@ -207,6 +396,9 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	for (int k = 0; k < o.inflight; k++)
 		free(slots[k].buf);
 	free(exact);
+	free(gref.sum);
+	free(gref.mag);
+	free(grads);
 	free(step_s);
 	return failed || wrong ? 1 : 0;
 }
