@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -70,6 +71,8 @@
 #define WAN_TLS_OVERHEAD 22
 #define WAN_TEXT_MAX (4u << 20) /* the most read back of a child's output */
 #define WAN_TRACE_CAP 4096
+#define WAN_QUIET_WAIT_S 1800 /* for a busy host to go quiet, per run */
+#define WAN_TRIES 5           /* runs of one mode and size that other processes disturbed */
 
 enum { WAN_OK = 0, WAN_FAILED = 1, WAN_USAGE = 2, WAN_CANNOT = 3 };
 
@@ -87,6 +90,7 @@ struct wan_opts {
 	int steps, warmup, repeat;
 	double delay_ms;
 	int streams;
+	int max_other_pct; /* a run that other processes disturbed more is discarded; 100: keep all */
 	uint64_t chunk_bytes;
 	bool json, cleanup, no_gloo, prefix_given;
 	const char *plot, *gloo_script, *python, *gradgate, *linkem, *make_certs;
@@ -107,6 +111,18 @@ struct sample {
 	double cpu_s_per_gb;
 	double wire_bytes; /* payload per step on the busiest link */
 	double link_bytes; /* what the busiest tbf counted per step */
+	double drops;      /* packets all tbfs dropped per step */
+	double other_cpu;  /* share of the host's CPU that other processes used meanwhile */
+};
+
+/* A run's measures at its start or end: what the shaped links counted
+ * ([0, K) the sites' uplinks, [K, 2K) their downlinks; bytes as tbf counts
+ * them, Ethernet, IP and TCP headers included), and the host's CPU next to
+ * this bench's own. */
+struct snapshot {
+	uint64_t bytes[2 * WAN_MAX_SITES];
+	uint64_t drops;
+	double t, host_busy_s, ours_s;
 };
 
 struct cell {
@@ -147,6 +163,7 @@ static struct {
 	int step_timeout_s;
 	uint64_t tbf_burst;
 	char gloo_skip[320]; /* why gloo does not run; empty when it does */
+	double children_cpu_s; /* of every child reaped so far */
 	struct cpu_trace trace;
 } W;
 
@@ -261,6 +278,9 @@ static void usage(FILE *f)
 		"  --warmup W           untimed steps before them, 0-1000 (default 2); gradgate's\n"
 		"                       first step is checked against a float64 sum\n"
 		"  --repeat N           runs of every mode, the modes alternating, 1-%d (default 3)\n"
+		"  --max-other-cpu PCT  discard a run during which other processes used more than PCT%%\n"
+		"                       of the host's CPU, wait for the host to go quiet and run it again\n"
+		"                       (at most %d times; default 100: keep every run, the column says)\n"
 		"  --json               one JSON object per mode and size instead of the table\n"
 		"  --plot FILE.svg      step time against size, one line per mode (gnuplot)\n"
 		"  --no-gloo            leave out the gloo baseline\n"
@@ -274,7 +294,7 @@ static void usage(FILE *f)
 		"                       namespaces of --prefix, or of ggw<pid> with <pid> gone\n\n"
 		"Exit status: 0 done, 1 a run failed, 2 bad options, 3 cannot run here (privileges,\n"
 		"tools, kernel features), 128+N after signal N.\n",
-		WAN_MAX_SITES, WAN_MAX_RANKS, WAN_MAX_STEPS, WAN_MAX_REPEAT);
+		WAN_MAX_SITES, WAN_MAX_RANKS, WAN_MAX_STEPS, WAN_MAX_REPEAT, WAN_TRIES);
 }
 
 /* "1gbit", "2.5gbit", "100mbit", "500kbit", "1000000bit" or a plain
@@ -360,7 +380,8 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		{ "python", required_argument, NULL, 'y' },	{ "gloo-script", required_argument, NULL, 'g' },
 		{ "gradgate", required_argument, NULL, 'D' },	{ "linkem", required_argument, NULL, 'L' },
 		{ "make-certs", required_argument, NULL, 'M' }, { "prefix", required_argument, NULL, 'p' },
-		{ "cleanup", no_argument, NULL, 'c' },		{ "help", no_argument, NULL, 'h' },
+		{ "cleanup", no_argument, NULL, 'c' },		{ "max-other-cpu", required_argument, NULL, 'o' },
+		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	char buf[512], *items[WAN_MAX_SIZES + 1];
@@ -371,7 +392,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		.sites = 3, .ranks = 2, .rate_bps = 1e9, .sizes = { 64u << 20 }, .nsizes = 1,
 		.codecs = { GG_CODEC_FP32, GG_CODEC_BF16_SPLIT, GG_CODEC_INT8 }, .ncodecs = 3,
 		.algos = { "ring", "direct" }, .nalgos = 2, .nzstd = 1, .steps = 10, .warmup = 2, .repeat = 3,
-		.streams = 4, .chunk_bytes = 1u << 20, .python = "/usr/bin/python3", .gloo_script = GG_WAN_GLOO_SCRIPT,
+		.streams = 4, .max_other_pct = 100, .chunk_bytes = 1u << 20, .python = "/usr/bin/python3", .gloo_script = GG_WAN_GLOO_SCRIPT,
 		.gradgate = GG_WAN_GRADGATE, .linkem = GG_WAN_LINKEM, .make_certs = GG_WAN_MAKE_CERTS,
 	};
 	snprintf(o->prefix, sizeof(o->prefix), "ggw%d", (int)getpid());
@@ -384,6 +405,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		{ 'k', "--sites", 2, WAN_MAX_SITES, &o->sites },   { 'r', "--ranks", 1, WAN_MAX_RANKS, &o->ranks },
 		{ 't', "--steps", 1, WAN_MAX_STEPS, &o->steps },   { 'w', "--warmup", 0, 1000, &o->warmup },
 		{ 'n', "--repeat", 1, WAN_MAX_REPEAT, &o->repeat }, { 's', "--streams", 1, 64, &o->streams },
+		{ 'o', "--max-other-cpu", 1, 100, &o->max_other_pct },
 	};
 	const struct {
 		int opt;
@@ -532,6 +554,18 @@ static pid_t spawn(const char *ns, const char *const argv[], int fd_out, int fd_
 	return pid;
 }
 
+/* waitpid() that adds the child's CPU to what this bench's children used. */
+static pid_t reap(pid_t pid, int *status, int flags)
+{
+	struct rusage ru;
+	pid_t r = wait4(pid, status, flags, &ru);
+
+	if (r == pid)
+		W.children_cpu_s += (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+				    (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+	return r;
+}
+
 static void describe_status(int status, char *buf, size_t size)
 {
 	if (WIFEXITED(status))
@@ -574,7 +608,7 @@ static int run_tool(const char *const argv[], double timeout_s, char *text, size
 			used += (size_t)r;
 		eof = r == 0 || (r < 0 && errno != EINTR);
 	}
-	while ((rc = (int)waitpid(pid, &status, WNOHANG)) == 0) {
+	while ((rc = (int)reap(pid, &status, WNOHANG)) == 0) {
 		if (stop_requested() || now_s() > until)
 			goto kill;
 		nap_ms(2);
@@ -590,7 +624,7 @@ static int run_tool(const char *const argv[], double timeout_s, char *text, size
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 kill:
 	kill(-pid, SIGKILL);
-	waitpid(pid, &status, 0);
+	reap(pid, &status, 0);
 	close(fds[0]);
 	if (size)
 		text[used] = '\0';
@@ -718,7 +752,7 @@ static void reap_exited(void)
 {
 	for (int i = 0; i < W.nkids; i++) {
 		struct child *k = &W.kids[i];
-		if (k->pid > 0 && !k->exited && waitpid(k->pid, &k->status, WNOHANG) == k->pid)
+		if (k->pid > 0 && !k->exited && reap(k->pid, &k->status, WNOHANG) == k->pid)
 			k->exited = true;
 	}
 }
@@ -745,7 +779,7 @@ static int stop_children(int role, int sig, double grace_s)
 		struct child *k = &W.kids[i];
 		if (k->pid > 0 && !k->exited && (role < 0 || (int)k->role == role)) {
 			kill(-k->pid, SIGKILL);
-			waitpid(k->pid, &k->status, 0);
+			reap(k->pid, &k->status, 0);
 			k->exited = true;
 			killed++;
 		}
@@ -932,11 +966,32 @@ static void topology_down(void)
 	W.hub_made = false;
 }
 
-/* Bytes the 2K shaped directions carried so far: [0, K) the sites'
- * uplinks, [K, 2K) their downlinks (as tbf counts them: Ethernet, IP and
- * TCP headers included). */
-static int link_counters(uint64_t *bytes)
+/* CPU seconds the host's processes used so far, all cores (user, nice
+ * and system time in /proc/stat; interrupts and softirqs left out). */
+static double host_busy_s(void)
 {
+	unsigned long long user = 0, nice = 0, sys = 0;
+	FILE *f = fopen("/proc/stat", "r");
+
+	if (f && fscanf(f, "cpu %llu %llu %llu", &user, &nice, &sys) != 3)
+		user = nice = sys = 0;
+	if (f)
+		fclose(f);
+	return (double)(user + nice + sys) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+/* Takes a run's measures at its start or end: what the shaped links
+ * counted, and the host's CPU next to this bench's own. */
+static int snapshot(struct snapshot *sn)
+{
+	sn->drops = 0;
 	for (int d = 0; d < 2 * W.o.sites; d++) {
 		char dev[16], out[2048];
 		int site = d % W.o.sites;
@@ -945,24 +1000,33 @@ static int link_counters(uint64_t *bytes)
 				       d < W.o.sites ? WAN_IFACE : dev, NULL };
 		int rc = run_tool(argv, 10, out, sizeof(out));
 		const char *sent = strstr(out, " Sent ");
-		unsigned long long v;
-		if (rc || !sent || sscanf(sent, " Sent %llu bytes", &v) != 1) {
+		unsigned long long bytes, packets, drops;
+		if (rc || !sent || sscanf(sent, " Sent %llu bytes %llu pkt (dropped %llu", &bytes, &packets, &drops) != 3) {
 			if (rc != -EINTR)
 				say("cannot read the tbf counters of %s in %s: %s", argv[7], argv[3], rc ? "tc failed" : out);
 			return rc == -EINTR ? rc : -EIO;
 		}
-		bytes[d] = v;
+		sn->bytes[d] = bytes;
+		sn->drops += drops;
 	}
+	sn->t = now_s();
+	sn->host_busy_s = host_busy_s();
+	sn->ours_s = W.children_cpu_s + self_cpu_s();
 	return 0;
 }
 
-static double busiest(const uint64_t *before, const uint64_t *after)
+/* The link measures of a sample, from a run's snapshots around `steps`. */
+static void link_measures(const struct snapshot *a, const struct snapshot *b, double steps, struct sample *out)
 {
 	uint64_t most = 0;
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
 	for (int d = 0; d < 2 * W.o.sites; d++)
-		most = GG_MAX(most, after[d] - before[d]);
-	return (double)most;
+		most = GG_MAX(most, b->bytes[d] - a->bytes[d]);
+	out->link_bytes = (double)most / steps;
+	out->drops = (double)(b->drops - a->drops) / steps;
+	out->other_cpu = GG_MAX(0.0, (b->host_busy_s - a->host_busy_s) - (b->ours_s - a->ours_s)) /
+			 ((b->t - a->t) * (double)GG_MAX(cores, 1));
 }
 
 /* ---- one run of a mode ---- */
@@ -1115,10 +1179,12 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 {
 	const struct wan_opts *o = &W.o;
 	const int K = o->sites, R = o->ranks;
-	uint64_t before[2 * WAN_MAX_SITES], after[2 * WAN_MAX_SITES];
+	struct snapshot before, after;
 	char name[48], tag[32], cfg[320], ep[320];
 	int rc;
 
+	if ((rc = snapshot(&before)))
+		return rc;
 	for (int i = 0; i < K; i++)
 		if ((rc = write_config(m, size, i)))
 			return rc;
@@ -1142,8 +1208,6 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 		if ((rc = wait_children(ROLE_LINK, "listening on ", 10, NULL, "at start")))
 			return rc;
 	}
-	if ((rc = link_counters(before)))
-		return rc;
 	for (int i = 0; i < K; i++) {
 		snprintf(cfg, sizeof(cfg), "%s/site-%d.toml", W.dir, i);
 		snprintf(name, sizeof(name), "gateway site-%d", i);
@@ -1194,7 +1258,7 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 			return -EIO;
 		}
 	stop_children(ROLE_LINK, SIGTERM, 5);
-	if ((rc = link_counters(after)))
+	if ((rc = snapshot(&after)))
 		return rc;
 
 	double step_ms[WAN_MAX_STEPS], cpu_ranks, t0, t1, wire = 0, steps = 0;
@@ -1218,7 +1282,7 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 	out->p90_ms = percentile(step_ms, o->steps, 0.9);
 	out->cpu_s_per_gb = cpu / ((double)o->steps * (double)size / 1e9);
 	out->wire_bytes = wire;
-	out->link_bytes = busiest(before, after) / steps;
+	link_measures(&before, &after, steps, out);
 	return 0;
 }
 
@@ -1226,7 +1290,7 @@ static int run_gloo(uint64_t size, int run_no, struct sample *out)
 {
 	const struct wan_opts *o = &W.o;
 	const int N = o->sites * o->ranks;
-	uint64_t before[2 * WAN_MAX_SITES], after[2 * WAN_MAX_SITES];
+	struct snapshot before, after;
 	char name[48], tag[32], master[32], rank[16], world[16], ranks[16], count[32], steps[16], warmup[16];
 	char timeout[16];
 	int rc;
@@ -1238,7 +1302,7 @@ static int run_gloo(uint64_t size, int run_no, struct sample *out)
 	snprintf(steps, sizeof(steps), "%d", o->steps);
 	snprintf(warmup, sizeof(warmup), "%d", o->warmup);
 	snprintf(timeout, sizeof(timeout), "%d", W.step_timeout_s);
-	if ((rc = link_counters(before)))
+	if ((rc = snapshot(&before)))
 		return rc;
 	for (int r = 0; r < N; r++) {
 		snprintf(rank, sizeof(rank), "%d", r);
@@ -1253,7 +1317,7 @@ static int run_gloo(uint64_t size, int run_no, struct sample *out)
 	if ((rc = wait_children(ROLE_GLOO, NULL, 120.0 + (double)(o->warmup + o->steps) * W.step_timeout_s, NULL,
 				"while the gloo ranks ran")))
 		return rc;
-	if ((rc = link_counters(after)))
+	if ((rc = snapshot(&after)))
 		return rc;
 
 	double step_ms[WAN_MAX_STEPS], cpu = 0;
@@ -1268,7 +1332,7 @@ static int run_gloo(uint64_t size, int run_no, struct sample *out)
 	out->p90_ms = percentile(step_ms, o->steps, 0.9);
 	out->cpu_s_per_gb = cpu / ((double)o->steps * (double)size / 1e9);
 	out->wire_bytes = 2.0 * (N - 1) / N * (double)size;
-	out->link_bytes = busiest(before, after) / (o->warmup + o->steps);
+	link_measures(&before, &after, o->warmup + o->steps, out);
 	return 0;
 }
 
@@ -1309,7 +1373,7 @@ static double model_s(const struct mode *m, double size, double wire)
 /* ---- output ---- */
 
 struct row {
-	double p50, p90, p50_min, p50_max, model_ms, cpu, wire, link, vs_gloo;
+	double p50, p90, p50_min, p50_max, model_ms, cpu, wire, link, drops, other_max, vs_gloo;
 };
 
 static struct row summarize(const struct mode *m, uint64_t size, const struct cell *c, double gloo_p50)
@@ -1323,12 +1387,17 @@ static struct row summarize(const struct mode *m, uint64_t size, const struct ce
 		v[2][i] = c->s[i].cpu_s_per_gb;
 		v[3][i] = c->s[i].wire_bytes;
 		v[4][i] = c->s[i].link_bytes;
+		v[5][i] = c->s[i].drops;
 	}
 	r.p50 = median(v[0], c->n);
 	r.p90 = median(v[1], c->n);
 	r.cpu = median(v[2], c->n);
 	r.wire = median(v[3], c->n);
 	r.link = median(v[4], c->n);
+	r.drops = median(v[5], c->n);
+	r.other_max = 0;
+	for (int i = 0; i < c->n; i++)
+		r.other_max = GG_MAX(r.other_max, c->s[i].other_cpu);
 	qsort(v[0], (size_t)c->n, sizeof(double), cmp_double);
 	r.p50_min = v[0][0];
 	r.p50_max = v[0][c->n - 1];
@@ -1363,9 +1432,11 @@ static void print_header(void)
 	printf("columns: step time p50/p90 over the timed steps (per step the slowest rank), median over repeats;\n"
 	       "  min-max of the repeats' p50; model and x model: the link model; x gloo: p50 over gloo's at that size;\n"
 	       "  CPU s/GB: CPU of the gateways and ranks (gloo: ranks) in the timed steps per GB of fp32 all-reduced;\n"
-	       "  wire MB: payload per step on the busiest link; link MB: what its tbf counted per step\n\n");
-	printf("%-32s %7s %9s %9s %19s %9s %7s %7s %8s %9s %9s\n", "mode", "size", "p50 ms", "p90 ms", "p50 min-max",
-	       "model ms", "x model", "x gloo", "CPU s/GB", "wire MB", "link MB");
+	       "  wire MB: payload per step on the busiest link; link MB: what its tbf counted per step;\n"
+	       "  drops: packets the tbfs dropped per step; other CPU: the most of the host's CPU that processes\n"
+	       "  outside this bench used during a repeat (more than a few %% makes the row less trustworthy)\n\n");
+	printf("%-30s %6s %8s %8s %15s %8s %7s %6s %8s %8s %8s %6s %6s\n", "mode", "size", "p50 ms", "p90 ms",
+	       "p50 min-max", "model ms", "x model", "x gloo", "CPU s/GB", "wire MB", "link MB", "drops", "other");
 }
 
 static void print_row(const struct mode *m, uint64_t size, const struct row *r)
@@ -1388,8 +1459,9 @@ static void print_row(const struct mode *m, uint64_t size, const struct row *r)
 			printf("\"ratio_gloo\":null,");
 		else
 			printf("\"ratio_gloo\":%.4f,", r->vs_gloo);
-		printf("\"cpu_s_per_gb\":%.4f,\"wire_bytes_per_step\":%.0f,\"link_bytes_per_step\":%.0f}\n", r->cpu,
-		       r->wire, r->link);
+		printf("\"cpu_s_per_gb\":%.4f,\"wire_bytes_per_step\":%.0f,\"model_link_bytes_per_step\":%.0f,"
+		       "\"link_bytes_per_step\":%.0f,\"drops_per_step\":%.1f,\"other_cpu_share_max\":%.3f}\n",
+		       r->cpu, r->wire, model_link_bytes(m, (double)size, r->wire), r->link, r->drops, r->other_max);
 		return;
 	}
 	snprintf(span, sizeof(span), "%.1f-%.1f", r->p50_min, r->p50_max);
@@ -1397,8 +1469,9 @@ static void print_row(const struct mode *m, uint64_t size, const struct row *r)
 		snprintf(vs, sizeof(vs), "-");
 	else
 		snprintf(vs, sizeof(vs), "%.2f", r->vs_gloo);
-	printf("%-32s %7s %9.1f %9.1f %19s %9.1f %7.2f %7s %8.2f %9.2f %9.2f\n", m->name, sz, r->p50, r->p90, span,
-	       r->model_ms, r->p50 / r->model_ms, vs, r->cpu, r->wire / 1e6, r->link / 1e6);
+	printf("%-30s %6s %8.1f %8.1f %15s %8.1f %7.2f %6s %8.2f %8.2f %8.2f %6.0f %5.0f%%\n", m->name, sz, r->p50,
+	       r->p90, span, r->model_ms, r->p50 / r->model_ms, vs, r->cpu, r->wire / 1e6, r->link / 1e6, r->drops,
+	       100 * r->other_max);
 }
 
 /* Step time against size, log-log, one line per mode. */
@@ -1715,6 +1788,33 @@ static int make_modes(struct mode *modes)
 	return n;
 }
 
+/* Waits, at most WAN_QUIET_WAIT_S, until the host's CPU over 2 s is busy
+ * no more than --max-other-cpu allows (nothing of this run is running). */
+static int wait_quiet(void)
+{
+	double limit = W.o.max_other_pct / 100.0, share = 0;
+	long cores = GG_MAX(sysconf(_SC_NPROCESSORS_ONLN), 1);
+	bool told = false;
+
+	for (double until = now_s() + WAN_QUIET_WAIT_S; now_s() < until;) {
+		double t0 = now_s(), busy0 = host_busy_s() - self_cpu_s();
+		for (int i = 0; i < 200 && !stop_requested(); i++)
+			nap_ms(10);
+		if (stop_requested())
+			return -EINTR;
+		share = (host_busy_s() - self_cpu_s() - busy0) / ((now_s() - t0) * (double)cores);
+		if (share <= limit)
+			return 0;
+		if (!told)
+			say("other processes use %.0f%% of the host's CPU; waiting for them to use at most %d%%", 100 * share,
+			    W.o.max_other_pct);
+		told = true;
+	}
+	say("other processes still used %.0f%% of the host's CPU after %d s (--max-other-cpu %d)", 100 * share,
+	    WAN_QUIET_WAIT_S, W.o.max_other_pct);
+	return -ETIMEDOUT;
+}
+
 /* Every size, each repeat running every mode once, in order. */
 static int run_all(const struct mode *modes, int nmodes, struct cell *cells)
 {
@@ -1726,9 +1826,22 @@ static int run_all(const struct mode *modes, int nmodes, struct cell *cells)
 			for (int m = 0; m < nmodes; m++) {
 				struct sample smp = { 0 };
 				char sz[32];
+				int rc = 0;
 				gg_format_size(o->sizes[s], sz, sizeof(sz));
-				int rc = modes[m].gloo ? run_gloo(o->sizes[s], done, &smp) : run_gradgate(&modes[m], o->sizes[s], &smp);
-				children_end();
+				for (int try = 1; !rc; try++) {
+					if (o->max_other_pct < 100 && (rc = wait_quiet()))
+						break;
+					rc = modes[m].gloo ? run_gloo(o->sizes[s], done, &smp)
+							   : run_gradgate(&modes[m], o->sizes[s], &smp);
+					children_end();
+					if (rc || o->max_other_pct == 100 || smp.other_cpu * 100 <= o->max_other_pct)
+						break;
+					fprintf(stderr, "[%d/%d] %-30s %6s  repeat %d/%d: other processes used %.0f%% of the CPU, "
+						"more than %d%%: %s\n", done + 1, total, modes[m].name, sz, rep + 1, o->repeat,
+						100 * smp.other_cpu, o->max_other_pct, try < WAN_TRIES ? "again" : "giving up");
+					if (try == WAN_TRIES)
+						rc = -EBUSY;
+				}
 				if (rc) {
 					if (rc != -EINTR)
 						say("%s at %s (repeat %d) failed", modes[m].name, sz, rep + 1);
@@ -1736,8 +1849,9 @@ static int run_all(const struct mode *modes, int nmodes, struct cell *cells)
 				}
 				struct cell *c = &cells[m * o->nsizes + s];
 				c->s[c->n++] = smp;
-				fprintf(stderr, "[%d/%d] %-32s %8s  repeat %d/%d: p50 %.1f ms, p90 %.1f ms\n", ++done, total,
-					modes[m].name, sz, rep + 1, o->repeat, smp.p50_ms, smp.p90_ms);
+				fprintf(stderr, "[%d/%d] %-30s %6s  repeat %d/%d: p50 %.1f ms, p90 %.1f ms, other CPU %.0f%%\n",
+					++done, total, modes[m].name, sz, rep + 1, o->repeat, smp.p50_ms, smp.p90_ms,
+					100 * smp.other_cpu);
 			}
 	return 0;
 }
@@ -1745,6 +1859,7 @@ static int run_all(const struct mode *modes, int nmodes, struct cell *cells)
 static void report(const struct mode *modes, int nmodes, const struct cell *cells)
 {
 	const struct wan_opts *o = &W.o;
+	double other = 0;
 
 	if (!o->json)
 		print_header();
@@ -1756,8 +1871,13 @@ static void report(const struct mode *modes, int nmodes, const struct cell *cell
 		for (int m = 0; m < nmodes; m++) {
 			struct row r = summarize(&modes[m], o->sizes[s], &cells[m * o->nsizes + s], gloo_p50);
 			print_row(&modes[m], o->sizes[s], &r);
+			other = GG_MAX(other, r.other_max);
 		}
 	}
+	if (!o->json && other > 0.05)
+		printf("\nOther processes used up to %.0f%% of the host's CPU during some runs (column other); "
+		       "--max-other-cpu 5 discards such runs and runs them again once the host is quiet.\n",
+		       100 * other);
 	fflush(stdout);
 }
 

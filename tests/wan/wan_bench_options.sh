@@ -25,6 +25,7 @@ cases=(
 	"--repeat 101|--repeat must be 1 to 100, not '101'"
 	"--streams 65|--streams must be 1 to 64, not '65'"
 	"--chunk 1KiB|--chunk must be 4KiB to 64MiB, not '1KiB'"
+	"--max-other-cpu 0|--max-other-cpu must be 1 to 100, not '0'"
 	"--prefix Bad|--prefix wants"
 	"--plot a'b.svg|--plot wants"
 	"extra|unexpected argument 'extra'"
