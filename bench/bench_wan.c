@@ -1478,8 +1478,10 @@ static void print_row(const struct mode *m, uint64_t size, const struct row *r)
 static int plot(const struct mode *modes, int nmodes, const struct cell *cells)
 {
 	const struct wan_opts *o = &W.o;
-	char path[320], out[1024];
+	char path[320], out[1024], delay[64] = "";
 
+	if (o->delay_ms > 0)
+		snprintf(delay, sizeof(delay), ", %g ms one way (gradgate only)", o->delay_ms);
 	snprintf(path, sizeof(path), "%s/plot.gp", W.dir);
 	FILE *f = fopen(path, "w");
 	if (!f) {
@@ -1489,9 +1491,8 @@ static int plot(const struct mode *modes, int nmodes, const struct cell *cells)
 	fprintf(f, "set terminal svg size 760,480 noenhanced font 'sans,11' background rgb 'white'\n"
 		   "set output '%s'\nset logscale xy\nset grid\nset key top left\n"
 		   "set xlabel 'fp32 bytes per all-reduce (MiB)'\nset ylabel 'step time, p50 (ms)'\n"
-		   "set title '%d sites x %d ranks, %.4g Mbit/s up and down per site%s%g%s'\n",
-		o->plot, o->sites, o->ranks, o->rate_bps / 1e6, o->delay_ms > 0 ? ", " : "", o->delay_ms,
-		o->delay_ms > 0 ? " ms one way (gradgate only)" : "");
+		   "set title '%d sites x %d ranks, %.4g Mbit/s up and down per site%s'\n",
+		o->plot, o->sites, o->ranks, o->rate_bps / 1e6, delay);
 	for (int m = 0; m < nmodes; m++) {
 		fprintf(f, "$d%d << EOD\n", m);
 		for (int s = 0; s < o->nsizes; s++) {
@@ -1585,13 +1586,12 @@ static int cleanup_leftovers(void)
 		found++;
 		/* Its processes first: a namespace lives on while one is in it. */
 		const char *pids_argv[] = { W.ip, "netns", "pids", line, NULL };
-		int killed = 0;
-		for (int round = 0; round < 50; round++) {
+		bool killed = false;
+		for (int round = 0; round < 50; round++) { /* 5 s for them to go */
 			if (run_tool(pids_argv, 10, text, sizeof(text)) || !*text)
 				break;
 			for (char *s2, *p = strtok_r(text, "\n", &s2); p; p = strtok_r(NULL, "\n", &s2))
-				if (atoi(p) > 1 && !kill((pid_t)atoi(p), SIGKILL))
-					killed += round == 0;
+				killed |= atoi(p) > 1 && !kill((pid_t)atoi(p), SIGKILL);
 			nap_ms(100);
 		}
 		if (netns_delete(line))
