@@ -72,7 +72,7 @@
 #define WAN_TEXT_MAX (4u << 20) /* the most read back of a child's output */
 #define WAN_TRACE_CAP 4096
 #define WAN_QUIET_WAIT_S 1800 /* for a busy host to go quiet, per run */
-#define WAN_TRIES 5           /* runs of one mode and size that other processes disturbed */
+#define WAN_TRIES 8           /* runs of one mode and size that other processes disturbed */
 
 enum { WAN_OK = 0, WAN_FAILED = 1, WAN_USAGE = 2, WAN_CANNOT = 3 };
 
@@ -164,6 +164,7 @@ static struct {
 	uint64_t tbf_burst;
 	char gloo_skip[320]; /* why gloo does not run; empty when it does */
 	double children_cpu_s; /* of every child reaped so far */
+	int gloo_runs;         /* each rendezvous on a port of its own */
 	struct cpu_trace trace;
 } W;
 
@@ -279,8 +280,9 @@ static void usage(FILE *f)
 		"                       first step is checked against a float64 sum\n"
 		"  --repeat N           runs of every mode, the modes alternating, 1-%d (default 3)\n"
 		"  --max-other-cpu PCT  discard a run during which other processes used more than PCT%%\n"
-		"                       of the host's CPU, wait for the host to go quiet and run it again\n"
-		"                       (at most %d times; default 100: keep every run, the column says)\n"
+		"                       of the host's CPU, wait for the host to go quiet and run it again;\n"
+		"                       of %d such runs the least disturbed stays (default 100: keep\n"
+		"                       every run; the column 'other' says how much others took)\n"
 		"  --json               one JSON object per mode and size instead of the table\n"
 		"  --plot FILE.svg      step time against size, one line per mode (gnuplot)\n"
 		"  --no-gloo            leave out the gloo baseline\n"
@@ -1286,7 +1288,7 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 	return 0;
 }
 
-static int run_gloo(uint64_t size, int run_no, struct sample *out)
+static int run_gloo(uint64_t size, struct sample *out)
 {
 	const struct wan_opts *o = &W.o;
 	const int N = o->sites * o->ranks;
@@ -1295,7 +1297,7 @@ static int run_gloo(uint64_t size, int run_no, struct sample *out)
 	char timeout[16];
 	int rc;
 
-	snprintf(master, sizeof(master), "10.77.0.1:%d", WAN_GLOO_PORT + run_no % 1000);
+	snprintf(master, sizeof(master), "10.77.0.1:%d", WAN_GLOO_PORT + W.gloo_runs++ % 1000);
 	snprintf(world, sizeof(world), "%d", N);
 	snprintf(ranks, sizeof(ranks), "%d", o->ranks);
 	snprintf(count, sizeof(count), "%llu", (unsigned long long)(size / 4));
@@ -1789,7 +1791,8 @@ static int make_modes(struct mode *modes)
 }
 
 /* Waits, at most WAN_QUIET_WAIT_S, until the host's CPU over 2 s is busy
- * no more than --max-other-cpu allows (nothing of this run is running). */
+ * no more than --max-other-cpu allows (nothing of this run is running).
+ * Returns 0, or -EINTR when asked to stop. */
 static int wait_quiet(void)
 {
 	double limit = W.o.max_other_pct / 100.0, share = 0;
@@ -1810,9 +1813,36 @@ static int wait_quiet(void)
 			    W.o.max_other_pct);
 		told = true;
 	}
-	say("other processes still used %.0f%% of the host's CPU after %d s (--max-other-cpu %d)", 100 * share,
-	    WAN_QUIET_WAIT_S, W.o.max_other_pct);
-	return -ETIMEDOUT;
+	say("other processes still use %.0f%% of the host's CPU after %d s; running anyway", 100 * share,
+	    WAN_QUIET_WAIT_S);
+	return 0;
+}
+
+/* One run of a mode at a size. With --max-other-cpu, a run that other
+ * processes disturbed more is run again; after WAN_TRIES such runs the
+ * least disturbed one stays, and its row shows how much. */
+static int run_measured(const struct mode *m, uint64_t size, const char *label, struct sample *out)
+{
+	const struct wan_opts *o = &W.o;
+
+	for (int try = 1; try <= WAN_TRIES; try++) {
+		struct sample smp = { 0 };
+		int rc = o->max_other_pct < 100 ? wait_quiet() : 0;
+		if (rc)
+			return rc;
+		rc = m->gloo ? run_gloo(size, &smp) : run_gradgate(m, size, &smp);
+		children_end();
+		if (rc)
+			return rc;
+		if (try == 1 || smp.other_cpu < out->other_cpu)
+			*out = smp;
+		if (o->max_other_pct == 100 || smp.other_cpu * 100 <= o->max_other_pct)
+			return 0;
+		fprintf(stderr, "%s: other processes used %.1f%% of the CPU, more than %d%%: %s\n", label,
+			100 * smp.other_cpu, o->max_other_pct,
+			try < WAN_TRIES ? "again" : "keeping the least disturbed run");
+	}
+	return 0;
 }
 
 /* Every size, each repeat running every mode once, in order. */
@@ -1824,34 +1854,21 @@ static int run_all(const struct mode *modes, int nmodes, struct cell *cells)
 	for (int s = 0; s < o->nsizes; s++)
 		for (int rep = 0; rep < o->repeat; rep++)
 			for (int m = 0; m < nmodes; m++) {
-				struct sample smp = { 0 };
-				char sz[32];
-				int rc = 0;
+				struct sample smp;
+				char sz[32], label[128];
 				gg_format_size(o->sizes[s], sz, sizeof(sz));
-				for (int try = 1; !rc; try++) {
-					if (o->max_other_pct < 100 && (rc = wait_quiet()))
-						break;
-					rc = modes[m].gloo ? run_gloo(o->sizes[s], done, &smp)
-							   : run_gradgate(&modes[m], o->sizes[s], &smp);
-					children_end();
-					if (rc || o->max_other_pct == 100 || smp.other_cpu * 100 <= o->max_other_pct)
-						break;
-					fprintf(stderr, "[%d/%d] %-30s %6s  repeat %d/%d: other processes used %.0f%% of the CPU, "
-						"more than %d%%: %s\n", done + 1, total, modes[m].name, sz, rep + 1, o->repeat,
-						100 * smp.other_cpu, o->max_other_pct, try < WAN_TRIES ? "again" : "giving up");
-					if (try == WAN_TRIES)
-						rc = -EBUSY;
-				}
+				snprintf(label, sizeof(label), "[%d/%d] %-30s %6s  repeat %d/%d", ++done, total, modes[m].name,
+					 sz, rep + 1, o->repeat);
+				int rc = run_measured(&modes[m], o->sizes[s], label, &smp);
 				if (rc) {
 					if (rc != -EINTR)
 						say("%s at %s (repeat %d) failed", modes[m].name, sz, rep + 1);
-					return rc == -EINTR ? rc : -EIO;
+					return rc;
 				}
 				struct cell *c = &cells[m * o->nsizes + s];
 				c->s[c->n++] = smp;
-				fprintf(stderr, "[%d/%d] %-30s %6s  repeat %d/%d: p50 %.1f ms, p90 %.1f ms, other CPU %.0f%%\n",
-					++done, total, modes[m].name, sz, rep + 1, o->repeat, smp.p50_ms, smp.p90_ms,
-					100 * smp.other_cpu);
+				fprintf(stderr, "%s: p50 %.1f ms, p90 %.1f ms, other CPU %.1f%%\n", label, smp.p50_ms,
+					smp.p90_ms, 100 * smp.other_cpu);
 			}
 	return 0;
 }
