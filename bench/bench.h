@@ -23,5 +23,8 @@ int gg_bench_transport_loopback(const char *suite, int streams, double seconds, 
 int gg_bench_gateway_main(int argc, char **argv);
 /* gradgate-bench codec: ratio, speed and error of every codec. */
 int gg_bench_codec_main(int argc, char **argv);
+/* gradgate-bench wan: an all-reduce step across sites over rate-limited
+ * links in network namespaces, gradgate against gloo. */
+int gg_bench_wan_main(int argc, char **argv);
 
 #endif

@@ -10,6 +10,7 @@ static const struct gg_bench_cmd commands[] = {
 	{ "gateway", "gateway-to-gateway all-reduce throughput against the TLS transport's", gg_bench_gateway_main },
 	{ "codec", "codec ratio, speed and error on synthetic or given data", gg_bench_codec_main },
 	{ "transport", "TLS 1.3 vs plain: throughput, CPU per GB, round-trip latency", gg_bench_transport_main },
+	{ "wan", "all-reduce steps across sites over rate-limited links, gradgate against gloo", gg_bench_wan_main },
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# gradgate-bench wan at its smallest: 2 sites of 1 rank, 64 KiB, 2 timed
+# steps, fp32 ring only, and gloo where torch imports. Every JSON row must
+# carry its fields, and nothing of the run may be left behind: no network
+# namespace with its prefix, no process, no temporary folder. Skips (77)
+# without root or where network namespaces cannot be made.
+#
+#   wan_bench_smoke.sh BENCH
+set -euo pipefail
+
+bench=${1:?usage: wan_bench_smoke.sh BENCH}
+prefix=ggs$$
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+skip() {
+	echo "skipped: $*"
+	exit 77
+}
+fail() {
+	echo "FAIL: $*" >&2
+	"$bench" wan --cleanup --prefix "$prefix" >&2 || true
+	exit 1
+}
+
+[ "$(id -u)" = 0 ] || skip "gradgate-bench wan needs root"
+PATH=$PATH:/usr/sbin:/sbin
+command -v ip >/dev/null || skip "ip (iproute2) is not installed"
+ip netns add "${prefix}probe" 2>"$tmp/probe.err" || skip "cannot make a network namespace: $(cat "$tmp/probe.err")"
+ip netns delete "${prefix}probe"
+
+rc=0
+"$bench" wan --sites 2 --ranks 1 --sizes 64KiB --steps 2 --warmup 1 --repeat 1 --codecs fp32 \
+	--algorithms ring --prefix "$prefix" --json >"$tmp/out" 2>"$tmp/err" || rc=$?
+cat "$tmp/err"
+# 3: the machine cannot run it; past the probes above only a missing
+# kernel part is a reason to skip, anything else is a failure.
+if [ $rc = 3 ] && grep -Eq 'sch_tbf|CONFIG_BRIDGE|CONFIG_VETH' "$tmp/err"; then
+	skip "the kernel lacks a part gradgate-bench wan needs (see above)"
+fi
+[ $rc = 0 ] || fail "gradgate-bench wan exited $rc"
+
+gloo=0
+if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+	gloo=1
+fi
+python3 - "$tmp/out" "$gloo" <<'PY' || fail "the JSON rows are not what they should be"
+import json, sys
+fields = ["mode", "system", "codec", "algorithm", "zstd_level", "size_bytes", "sites", "ranks", "rate_bps",
+          "delay_ms", "steps", "warmup", "repeats", "step_ms_p50", "step_ms_p90", "p50_ms_min", "p50_ms_median",
+          "p50_ms_max", "model_ms", "ratio_model", "ratio_gloo", "cpu_s_per_gb", "wire_bytes_per_step",
+          "model_link_bytes_per_step", "link_bytes_per_step", "drops_per_step", "other_cpu_share_max"]
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+want = ["gradgate fp32 ring"] + (["gloo"] if sys.argv[2] == "1" else [])
+assert sorted(r["mode"] for r in rows) == sorted(want), [r["mode"] for r in rows]
+for r in rows:
+    missing = [f for f in fields if f not in r]
+    assert not missing, (r["mode"], missing)
+    assert r["size_bytes"] == 65536 and r["sites"] == 2 and r["ranks"] == 1, r
+    for f in ["step_ms_p50", "step_ms_p90", "model_ms", "ratio_model", "cpu_s_per_gb", "wire_bytes_per_step",
+              "model_link_bytes_per_step", "link_bytes_per_step"]:
+        assert r[f] > 0, (r["mode"], f, r[f])
+    assert r["p50_ms_min"] <= r["step_ms_p50"] <= r["p50_ms_max"], r
+    assert (r["ratio_gloo"] is None) == (sys.argv[2] != "1"), r
+print("rows:", ", ".join(r["mode"] for r in rows))
+PY
+
+if ip netns list | grep -E "^${prefix}(hub|s[0-9]+)( |\$)"; then
+	fail "network namespaces of the run are left"
+fi
+if pgrep -a -f -- "gradgate-wan-${prefix}\\.|wan_gloo\\.py"; then
+	fail "processes of the run are left"
+fi
+if compgen -G "${TMPDIR:-/tmp}/gradgate-wan-${prefix}.*" >/dev/null; then
+	fail "the run's temporary folder is left: $(compgen -G "${TMPDIR:-/tmp}/gradgate-wan-${prefix}.*")"
+fi
+echo "nothing left behind"
