@@ -138,11 +138,11 @@ static int core_submit(void *core, struct gg_site_step *ss)
 	return 0;
 }
 
-static void core_abort(void *core, const char *job, uint64_t seq, int code, const char *message)
+static int core_abort(void *core, const char *job, uint64_t seq, int code, const char *message)
 {
 	struct daemon *d = core;
 
-	gg_node_abort(d->node, job, seq, code, message);
+	return gg_node_abort(d->node, job, seq, code, message);
 }
 
 static void core_end_job(void *core, const char *job)

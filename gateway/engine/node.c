@@ -1350,6 +1350,12 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64_t last_done, uint64_t last, int code,
 			 const char *failed, const char *gone)
 {
+	/* It completed the step in progress here: its DONE, lost or not sent
+	 * again once it forgot the job, is implied. */
+	if (j->step && !j->ending && j->step->seq <= last_done) {
+		j->done_from |= 1u << from;
+		maybe_complete(n, j);
+	}
 	if (j->ended_by && last_done >= j->ended_done)
 		return; /* a copy, or a site that ended later than one before */
 	j->ended_by |= 1u << from;
@@ -1672,13 +1678,20 @@ void gg_node_stop_steps(struct gg_node *n)
 				       (unsigned long long)n->jobs[i].step->seq, n->jobs[i].name, n->names[n->self]);
 }
 
-void gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
+int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
 {
 	struct job *j = find_job(n, job, true);
 
-	if (j && j->step && !j->ending && j->step->seq == seq) {
+	if (j && j->step && j->step->seq == seq) {
+		if (j->ending)
+			return j->end_status ? 0 : -EALREADY;
+		if (j->has_result) {
+			gg_log(GG_LOG_INFO, "abort_too_late", "job=%s step=%llu reason=\"%s\" outcome=\"as the peers say\"",
+			       j->name, (unsigned long long)seq, reason);
+			return -EALREADY;
+		}
 		fail_step_code(n, j, code, "%s", reason);
-		return;
+		return 0;
 	}
 	send_abort(n, -1, job, seq, seq, code, reason);
 	if (j)
@@ -1689,6 +1702,7 @@ void gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, c
 	post_lanes(n, &f);
 	if (j && seq > j->last_seq)
 		j->last_seq = seq;
+	return 0;
 }
 
 void gg_node_end_job(struct gg_node *n, const char *job)

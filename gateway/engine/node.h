@@ -108,8 +108,10 @@ GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, c
 /* This site failed step `seq` of `job` (its ranks disagreed, missed their
  * deadline, or one left) with an enum gg_errc `code`: the step fails at
  * every other site too, with `reason`. The step in progress here, if it is
- * that one, fails now. */
-void gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason);
+ * that one, fails now. Returns 0, or -EALREADY when that step's result is
+ * whole here and the other sites were told (DONE): they may have completed
+ * on it, so it completes or fails as they say, not by this call. */
+GG_MUST_CHECK int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason);
 
 /* The job's ranks at this site are gone: the job is over everywhere. The
  * other sites fail its steps (GG_ERR_RANK), and every site forgets it, its

@@ -304,14 +304,15 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 	b->stats.jobs--;
 }
 
-/* Step `seq` failed here: the core fails it at the other sites too. */
-static void tell_core(struct gg_host_backend *b, struct hb_job *j, uint64_t seq, int code, const char *why)
+/* Step `seq` failed here: the core fails it at the other sites too.
+ * -EALREADY: the core holds its whole result and told the other sites,
+ * so it completes or fails as they say. */
+static int tell_core(struct gg_host_backend *b, struct hb_job *j, uint64_t seq, int code, const char *why)
 {
 	if (seq <= j->aborted_to)
-		return;
+		return 0;
 	j->aborted_to = seq;
-	if (b->core_ops->abort)
-		b->core_ops->abort(b->core, j->name, seq, code, why);
+	return b->core_ops->abort ? b->core_ops->abort(b->core, j->name, seq, code, why) : 0;
 }
 
 /* Every request of the job fails from now on with `why`. */
@@ -321,12 +322,17 @@ static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, con
 		return;
 	j->broken = code;
 	gg_ctrl_set_text(j->broken_msg, sizeof(j->broken_msg), why);
-	/* The step under way fails everywhere now. Later steps fail as the
-	 * job's remaining ranks here announce them, or, once none is left,
-	 * with the job's end. */
+	/* The step under way fails everywhere now, unless the other sites may
+	 * have completed it already: then its remaining ranks here get its
+	 * outcome. Later steps fail as the job's remaining ranks here announce
+	 * them, or, once none is left, with the job's end. */
 	if (j->with_core) {
 		j->abandoned = true;
-		tell_core(b, j, j->step.seq, code, why);
+		if (tell_core(b, j, j->step.seq, code, why) == -EALREADY) {
+			j->abandoned = false;
+			hb_log(b, "job '%s' step %llu: its result was whole here and the other sites knew; it ends as "
+				  "they say, for the ranks still there", j->name, (unsigned long long)j->step.seq);
+		}
 	} else if (step_in_progress(j)) {
 		tell_core(b, j, j->seq, code, why);
 	}
@@ -570,7 +576,9 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 	if (!j->abandoned) {
 		for (unsigned r = 0; r < j->nranks; r++) {
 			struct hb_conn *c = j->ranks[r];
-			struct hb_req *h = head(c);
+			struct hb_req *h = c ? head(c) : NULL;
+			if (!h)
+				continue; /* a rank that left after the core had the result */
 			if (status)
 				answer(b, c, status, "step %llu (tensor %u): %s", (unsigned long long)h->seq, h->tensor_id,
 				       message);
@@ -717,6 +725,13 @@ static bool same_tensor(const struct hb_req *a, const struct hb_req *z)
 	return a->tensor_id == z->tensor_id && a->count == z->count && a->dtype == z->dtype;
 }
 
+/* The step with the core outlives the job's break (tell_core said
+ * -EALREADY): its ranks wait for its outcome. */
+static bool held_for_outcome(const struct hb_job *j, const struct hb_req *h)
+{
+	return j->with_core && !j->abandoned && h->seq == j->step.seq;
+}
+
 /* Answers what can no longer run, then starts step j->seq once every rank
  * has announced it. */
 static void job_advance(struct gg_host_backend *b, struct hb_job *j)
@@ -725,7 +740,7 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 		for (unsigned r = 0; r < j->nranks; r++) {
 			struct hb_conn *c = j->ranks[r];
 			struct hb_req *h;
-			while (c && (h = head(c)) && (j->broken || h->seq < j->seq)) {
+			while (c && (h = head(c)) && ((j->broken && !held_for_outcome(j, h)) || h->seq < j->seq)) {
 				if (j->broken) {
 					tell_core(b, j, h->seq, j->broken, j->broken_msg);
 					answer(b, c, j->broken, "step %llu (tensor %u): %s", (unsigned long long)h->seq,

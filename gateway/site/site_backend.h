@@ -91,9 +91,12 @@ struct gg_core_ops {
 	 * disagree or miss their deadline, a rank that left): the core fails
 	 * it at the other sites too, with the enum gg_errc `code` and
 	 * `message`, and fails it here if it holds it (completing it as
-	 * usual). Strings are read during the call only. NULL: a core of one
-	 * site. */
-	void (*abort)(void *core, const char *job, uint64_t seq, int code, const char *message);
+	 * usual), and returns 0. Or it returns -EALREADY: it holds the step's
+	 * whole result and told the other sites so, which may have completed
+	 * on its word; the step then completes (or fails) as usual and the
+	 * backend hands the result to the ranks still there. Strings are read
+	 * during the call only. NULL: a core of one site. */
+	int (*abort)(void *core, const char *job, uint64_t seq, int code, const char *message);
 	/* Every rank of `job` is gone; no step of it is with the core. NULL
 	 * as for abort. */
 	void (*end_job)(void *core, const char *job);

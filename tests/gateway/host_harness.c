@@ -18,6 +18,7 @@ struct loop_ctx {
 	struct gg_site_backend *base;
 	struct gg_site_step *held[MAX_HELD];
 	unsigned nheld;
+	unsigned aborts_too_late; /* CORE_PROMISED: aborts answered -EALREADY, not yet acted on */
 };
 
 static void on_log(void *arg, const char *line)
@@ -57,20 +58,34 @@ static int core_submit(void *core, struct gg_site_step *step)
 	return 0;
 }
 
+static int core_abort(void *core, const char *job, uint64_t seq, int code, const char *message)
+{
+	struct loop_ctx *x = core;
+
+	(void)job, (void)seq, (void)code, (void)message;
+	if (atomic_load(&x->h->core_mode) != CORE_PROMISED)
+		return 0;
+	x->aborts_too_late++;
+	return -EALREADY;
+}
+
 /* The fake core's own turn of the loop: completes what is due. */
 static void core_tick(struct loop_ctx *x, uint64_t now_us, bool stopping)
 {
 	for (unsigned i = 0; i < x->nheld;) {
 		struct gg_site_step *st = x->held[i];
 		int mode = atomic_load(&x->h->core_mode);
-		if (mode == CORE_HOLD && !stopping && now_us < st->deadline_us) {
+		if ((mode == CORE_HOLD || (mode == CORE_PROMISED && !x->aborts_too_late)) && !stopping &&
+		    now_us < st->deadline_us) {
 			i++;
 			continue;
 		}
 		x->held[i] = x->held[--x->nheld];
 		if (stopping)
 			gg_site_step_complete(st, GG_ERR_CLOSED, "the core is shutting down");
-		else if (mode == CORE_SUM) {
+		else if (mode == CORE_SUM || (mode == CORE_PROMISED && x->aborts_too_late)) {
+			if (mode == CORE_PROMISED)
+				x->aborts_too_late--;
 			core_sum(st);
 			gg_site_step_complete(st, 0, NULL);
 		}
@@ -103,7 +118,7 @@ static void *gateway_thread(void *arg)
 {
 	struct harness *h = arg;
 	struct loop_ctx x = { .h = h };
-	static const struct gg_core_ops core_ops = { .submit = core_submit };
+	static const struct gg_core_ops core_ops = { .submit = core_submit, .abort = core_abort };
 	struct gg_host_backend_options o = {
 		.control = h->endpoint,
 		.site = "test-site",

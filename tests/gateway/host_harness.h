@@ -45,6 +45,9 @@ enum core_mode {
 	CORE_ERROR,  /* fails every step as a lost peer site would */
 	CORE_HOLD,   /* holds every step until its deadline, then fails it */
 	CORE_REFUSE, /* submit() refuses */
+	CORE_PROMISED, /* holds every step until the backend aborts it, which is too
+			* late (the peers were told the result is whole): then
+			* completes it with the site sum */
 };
 
 #define CORE_ERROR_TEXT "site eu-west: peer gateway closed the connection"

@@ -273,6 +273,34 @@ static void test_rank_dies(void)
 	CHECK_EQ_INT(harness_stats(&h).jobs, 0);
 	atomic_store(&h.core_mode, CORE_SUM);
 
+	/* Rank 1 dies once the core holds the step's whole result and told the
+	 * other sites, which may have completed on it: the step completes for
+	 * rank 0 with the site sum, bit for bit, and the next one fails. */
+	atomic_store(&h.core_mode, CORE_PROMISED);
+	s = open_rank(h.endpoint, "promised", 0, 2);
+	submitted = atomic_load(&h.steps_submitted);
+	pid = spawn_child("promised", "announce");
+	float want[100];
+	for (int i = 0; i < 100; i++)
+		want[i] = x[i] = (float)i * 0.75f - 20.0f;
+	CHECK_EQ_INT(gg_allreduce_start(s, x, 100, GG_DTYPE_F32, 8, 0, &req, &err), 0);
+	for (int i = 0; i < 500 && atomic_load(&h.steps_submitted) == submitted; i++)
+		usleep(2000);
+	CHECK(atomic_load(&h.steps_submitted) == submitted + 1);
+	kill_child(pid);
+	CHECK_EQ_INT(gg_wait(req, -1, &err), GG_OK);
+	CHECK(!memcmp(x, want, sizeof(x))); /* the child's input is zeros */
+	gg_request_free(req);
+	CHECK_EQ_INT(gg_allreduce(s, x, 100, GG_DTYPE_F32, 8, 0, &err), GG_ERR_RANK);
+	CHECK_ERR(err, GG_ERR_RANK, "step 2 (tensor 8): rank 1 of job 'promised' disconnected during step 1");
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+	for (int i = 0; i < 500 && harness_stats(&h).jobs; i++)
+		usleep(10000);
+	CHECK_EQ_INT(harness_stats(&h).regions, 0);
+	CHECK_EQ_INT(harness_stats(&h).jobs, 0);
+	atomic_store(&h.core_mode, CORE_SUM);
+
 	/* The gateway serves the job again. */
 	struct step_case c;
 	open_case(&c, "die", 2);

@@ -41,6 +41,7 @@ struct scenario {
 	bool tensor_per_step; /* step t is tensor t: a new error feedback state each step */
 	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
 	int done_lost_step;   /* site 0's DONE of this step never reaches site 1, whose streams it then cuts */
+	bool end_after_lost;  /* and site 0 ends the job at once (it was the last step): its END stands for the DONE */
 };
 
 struct site {
@@ -169,6 +170,8 @@ static void *run_site(void *arg)
 				int crc = gg_node_test_cut_stream(node, 1, i);
 				CHECK(crc == 0 || crc == -ENOTCONN, "cut: %s", strerror(-crc));
 			}
+			if (sc->end_after_lost)
+				gg_node_end_job(node, "mesh");
 		}
 		memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
 	}
@@ -178,8 +181,9 @@ static void *run_site(void *arg)
 	struct gg_node_step again = { .seq = 1, .tensor_id = 7, .count = sc->count, .dtype = 1, .input = s->input,
 				      .result = s->result, .done = on_done, .arg = s };
 	snprintf(again.job, sizeof(again.job), "mesh");
-	CHECK(gg_node_submit(node, &again, err, sizeof(err)) == -EINVAL && strstr(err, "comes after step") &&
-		      strstr(err, "a new job name"),
+	CHECK((sc->end_after_lost && s->index == 0) ||
+		      (gg_node_submit(node, &again, err, sizeof(err)) == -EINVAL && strstr(err, "comes after step") &&
+		       strstr(err, "a new job name")),
 	      "site %u: a rerun of step 1 was not refused: %s", s->index, err);
 	if (sc->tensor_per_step) {
 		/* Residuals are bounded by [limits] memory (64 MiB here): a tensor
@@ -223,11 +227,11 @@ static void run(const struct scenario *sc)
 	static struct site sites[MAX_K];
 	char path[512];
 
-	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s\n", sc->K, sc->codec, sc->algo,
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
 	       sc->mismatch ? ", mismatched announcement" : "",
 	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "",
-	       sc->done_lost_step ? ", a DONE lost with its streams" : "");
+	       sc->done_lost_step ? ", a DONE lost with its streams" : "", sc->end_after_lost ? ", then the job ends" : "");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -312,26 +316,28 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0 },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0 },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0 },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0 },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0 },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0 },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0 },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0 },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0 },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0 },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0 },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0 },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false },
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0 },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0 },
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false },
 		/* A DONE lost with every stream that carried it comes again. */
-		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2 },
-		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2 },
+		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false },
+		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false },
+		/* ... or its END, once the sender forgot the job, stands for it. */
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -340,7 +346,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0 };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);
