@@ -169,6 +169,7 @@ static void usage(FILE *f)
 		   "  --timeout-ms T[@STEP] each step's deadline, or only STEP's (default: step_timeout)\n"
 		   "  --per-step     print a line per step: 'step T rc=CODE digest=HEX'\n"
 		   "  --json         print the summary as one JSON object, with every timed step's time\n"
+		   "                 and its start and end (CLOCK_MONOTONIC seconds)\n"
 		   "faults, for tests:\n"
 		   "  --mismatch-step T       announce one element more than the others at step T\n"
 		   "  --late MS@T             wait MS milliseconds before announcing step T\n",
@@ -336,7 +337,9 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	struct gauss_ref gref = { 0 };
 	float *grads = NULL;  /* Gaussian data: this rank's input */
 	double *step_s = calloc((size_t)o.steps, sizeof(double));
-	bool oom = !step_s;
+	double *step_t0 = calloc((size_t)o.steps, sizeof(double)); /* when each timed step started, */
+	double *step_t1 = calloc((size_t)o.steps, sizeof(double)); /* and ended (CLOCK_MONOTONIC) */
+	bool oom = !step_s || !step_t0 || !step_t1;
 	const size_t cap = o.count + (o.mismatch_step > 0); /* room for the one element more */
 	for (int k = 0; k < o.inflight && !oom; k++) {
 		if (!o.shared) {
@@ -392,6 +395,8 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		double now = now_s();
 		if (t > o.warmup) {
 			step_s[t - o.warmup - 1] = now - sl->t0;
+			step_t0[t - o.warmup - 1] = sl->t0;
+			step_t1[t - o.warmup - 1] = now;
 			total += now - sl->t0;
 		}
 		if (t == last) {
@@ -437,6 +442,12 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		       o.rank, o.site, o.steps, o.warmup, failed, wrong, checked, t_start, t_end, cpu_end - cpu_start);
 		for (int t = 0; t < o.steps; t++)
 			printf("%s%.3f", t ? "," : "", step_s[t] * 1e3);
+		printf("],\"step_start\":[");
+		for (int t = 0; t < o.steps; t++)
+			printf("%s%.6f", t ? "," : "", step_t0[t]);
+		printf("],\"step_end\":[");
+		for (int t = 0; t < o.steps; t++)
+			printf("%s%.6f", t ? "," : "", step_t1[t]);
 		printf("],");
 	}
 	qsort(step_s, (size_t)o.steps, sizeof(double), cmp_double);
@@ -458,5 +469,7 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	free(gref.mag);
 	free(grads);
 	free(step_s);
+	free(step_t0);
+	free(step_t1);
 	return failed || wrong ? 1 : 0;
 }

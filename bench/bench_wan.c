@@ -92,7 +92,7 @@ struct wan_opts {
 	int streams;
 	int max_other_pct; /* a run that other processes disturbed more is discarded; 100: keep all */
 	uint64_t chunk_bytes;
-	bool json, cleanup, no_gloo, prefix_given;
+	bool json, cleanup, no_gloo, prefix_given, copy;
 	const char *plot, *gloo_script, *python, *gradgate, *linkem, *make_certs;
 	char prefix[16];
 };
@@ -286,6 +286,8 @@ static void usage(FILE *f)
 		"  --json               one JSON object per mode and size instead of the table\n"
 		"  --plot FILE.svg      step time against size, one line per mode (gnuplot)\n"
 		"  --no-gloo            leave out the gloo baseline\n"
+		"  --copy               gradgate's ranks all-reduce their own memory, copied to and from\n"
+		"                       the gateway (default: buffers from gg_buffer_alloc, no copies)\n"
 		"  --python PATH        the Python with torch (default /usr/bin/python3)\n"
 		"  --gloo-script PATH   wan_gloo.py (default: the one in the source tree)\n"
 		"  --gradgate PATH, --linkem PATH, --make-certs PATH\n"
@@ -383,6 +385,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		{ "gradgate", required_argument, NULL, 'D' },	{ "linkem", required_argument, NULL, 'L' },
 		{ "make-certs", required_argument, NULL, 'M' }, { "prefix", required_argument, NULL, 'p' },
 		{ "cleanup", no_argument, NULL, 'c' },		{ "max-other-cpu", required_argument, NULL, 'o' },
+		{ "copy", no_argument, NULL, 'Y' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -489,6 +492,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 			break;
 		case 'J': o->json = true; break;
 		case 'G': o->no_gloo = true; break;
+		case 'Y': o->copy = true; break;
 		case 'c': o->cleanup = true; break;
 		case 'y': o->python = optarg; break;
 		case 'g': o->gloo_script = optarg; break;
@@ -1127,14 +1131,17 @@ static int parse_stopped(const struct child *k, double *wire_per_step, double *s
 }
 
 /* Reads the ranks' JSON: each must have passed its check of the first
- * step with the same digest; per step, the slowest rank's time counts. */
+ * step with the same digest. A step lasts from the moment the last rank
+ * started it (its data is ready everywhere, as after gloo's barrier) to
+ * the moment the last rank has the result. */
 static int collect_ranks(double *step_ms, double *cpu_s, double *t0, double *t1)
 {
 	const struct wan_opts *o = &W.o;
-	double *mine = malloc((size_t)o->steps * sizeof(double));
+	double *mine = malloc((size_t)o->steps * 3 * sizeof(double)), *start = mine + o->steps, *end = start + o->steps;
+	double *last_start = calloc((size_t)o->steps * 2, sizeof(double)), *last_end = last_start + o->steps;
 	char first[32] = "", digest[32];
 	const struct child *first_k = NULL;
-	int rc = mine ? 0 : -ENOMEM;
+	int rc = mine && last_start ? 0 : -ENOMEM;
 
 	*cpu_s = 0;
 	*t0 = INFINITY;
@@ -1151,7 +1158,9 @@ static int collect_ranks(double *step_ms, double *cpu_s, double *t0, double *t1)
 		if (!js || !d || sscanf(d, "\"digest\":\"%16[0-9a-f]\"", digest) != 1 || !json_number(js, "wrong", &wrong) ||
 		    !json_number(js, "checked", &checked) || !json_number(js, "cpu_s", &cpu) ||
 		    !json_number(js, "t_timed_start", &a) || !json_number(js, "t_timed_end", &b) ||
-		    json_numbers(js, "step_ms", mine, o->steps) != o->steps) {
+		    json_numbers(js, "step_ms", mine, o->steps) != o->steps ||
+		    json_numbers(js, "step_start", start, o->steps) != o->steps ||
+		    json_numbers(js, "step_end", end, o->steps) != o->steps) {
 			report_no_result(k);
 			rc = -EIO;
 		} else if (wrong != 0 || checked != 1) {
@@ -1165,14 +1174,19 @@ static int collect_ranks(double *step_ms, double *cpu_s, double *t0, double *t1)
 				first_k = k;
 				snprintf(first, sizeof(first), "%s", digest);
 			}
-			for (int t = 0; t < o->steps; t++)
-				step_ms[t] = GG_MAX(step_ms[t], mine[t]);
+			for (int t = 0; t < o->steps; t++) {
+				last_start[t] = GG_MAX(last_start[t], start[t]);
+				last_end[t] = GG_MAX(last_end[t], end[t]);
+			}
 			*cpu_s += cpu;
 			*t0 = GG_MIN(*t0, a);
 			*t1 = GG_MAX(*t1, b);
 		}
 		free(js);
 	}
+	for (int t = 0; t < o->steps && !rc; t++)
+		step_ms[t] = (last_end[t] - last_start[t]) * 1e3;
+	free(last_start);
 	free(mine);
 	return rc;
 }
@@ -1240,7 +1254,8 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 			const char *argv[] = { W.self, "allreduce", "--endpoint", ep, "--job", WAN_JOB, "--rank", rank,
 					       "--ranks", ranks, "--site", site, "--sites", sites, "--count", count,
 					       "--steps", steps_s, "--warmup", warmup, "--data", "gaussian", "--check",
-					       "first", "--codec", gg_codec_name(m->codec), "--json", NULL };
+					       "first", "--codec", gg_codec_name(m->codec), "--json",
+					       o->copy ? NULL : "--shared", NULL };
 			if (!child_start(ROLE_RANK, name, tag, W.site[i], argv, NULL))
 				return -EIO;
 		}

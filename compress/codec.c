@@ -246,6 +246,11 @@ const struct gg_codec_kernels *gg_codec_kernels_active(void)
 	return k;
 }
 
+void gg_f32_add(const float *a, const float *b, size_t n, float *out)
+{
+	gg_codec_kernels_active()->add(a, b, n, out);
+}
+
 int gg_codec_set_isa(enum gg_isa isa)
 {
 	const struct gg_codec_kernels *k = gg_codec_kernels_for(isa);

@@ -164,4 +164,8 @@ bool gg_isa_available(enum gg_isa isa);
 GG_MUST_CHECK int gg_codec_set_isa(enum gg_isa isa);
 enum gg_isa gg_codec_isa(void);
 
+/* out[i] = a[i] + b[i] in float32 (each sum rounded on its own), with the
+ * selected kernels; out may be a or b. */
+void gg_f32_add(const float *a, const float *b, size_t n, float *out);
+
 #endif

@@ -354,6 +354,31 @@ static void int4_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_el
 	int4_decode_any_avx2(src, n, block_elems, scale, acc, true);
 }
 
+/* ---- error feedback ------------------------------------------------------ */
+
+static void add_avx2(const float *a, const float *b, size_t n, float *out)
+{
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+	gg_add_ref(a + i, b + i, n - i, out + i);
+}
+
+/* Not finite: all exponent bits set. */
+static void residual_avx2(const float *c, float *r, size_t n)
+{
+	const __m256i exp = _mm256_set1_epi32(0x7f800000);
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		__m256 e = _mm256_sub_ps(_mm256_loadu_ps(c + i), _mm256_loadu_ps(r + i));
+		__m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(e), exp), exp);
+		_mm256_storeu_ps(r + i, _mm256_andnot_ps(_mm256_castsi256_ps(bad), e));
+	}
+	gg_residual_ref(c + i, r + i, n - i);
+}
+
 const struct gg_codec_kernels gg_codec_kernels_avx2 = {
 	.isa = GG_ISA_AVX2,
 	.encode = {
@@ -377,4 +402,6 @@ const struct gg_codec_kernels gg_codec_kernels_avx2 = {
 		[GG_CODEC_INT8] = int8_decode_acc_avx2,
 		[GG_CODEC_INT4] = int4_decode_acc_avx2,
 	},
+	.add = add_avx2,
+	.residual = residual_avx2,
 };

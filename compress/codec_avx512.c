@@ -292,6 +292,30 @@ static void int4_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_
 	int4_decode_any_avx512(src, n, block_elems, scale, acc, true);
 }
 
+/* ---- error feedback ------------------------------------------------------ */
+
+static void add_avx512(const float *a, const float *b, size_t n, float *out)
+{
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+	gg_add_ref(a + i, b + i, n - i, out + i);
+}
+
+static void residual_avx512(const float *c, float *r, size_t n)
+{
+	const __m512i exp = _mm512_set1_epi32(0x7f800000);
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		__m512 e = _mm512_sub_ps(_mm512_loadu_ps(c + i), _mm512_loadu_ps(r + i));
+		__mmask16 ok = _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(e), exp), exp);
+		_mm512_storeu_ps(r + i, _mm512_maskz_mov_ps(ok, e));
+	}
+	gg_residual_ref(c + i, r + i, n - i);
+}
+
 const struct gg_codec_kernels gg_codec_kernels_avx512 = {
 	.isa = GG_ISA_AVX512,
 	.encode = {
@@ -315,4 +339,6 @@ const struct gg_codec_kernels gg_codec_kernels_avx512 = {
 		[GG_CODEC_INT8] = int8_decode_acc_avx512,
 		[GG_CODEC_INT4] = int4_decode_acc_avx512,
 	},
+	.add = add_avx512,
+	.residual = residual_avx512,
 };

@@ -26,11 +26,18 @@ typedef void (*gg_encode_fn)(const float *src, size_t n, uint32_t block_elems,
 typedef void (*gg_decode_fn)(const uint8_t *src, size_t n, uint32_t block_elems,
 			     enum gg_scale_kind scale, float *out);
 
+/* Error feedback (feedback.h): out[i] = a[i] + b[i]; and r[i] = c[i] - r[i]
+ * where that is finite, else 0. */
+typedef void (*gg_add_fn)(const float *a, const float *b, size_t n, float *out);
+typedef void (*gg_residual_fn)(const float *c, float *r, size_t n);
+
 struct gg_codec_kernels {
 	enum gg_isa isa;
 	gg_encode_fn encode[GG_CODEC_LAST + 1];
 	gg_decode_fn decode[GG_CODEC_LAST + 1];
 	gg_decode_fn decode_acc[GG_CODEC_LAST + 1];
+	gg_add_fn add;
+	gg_residual_fn residual;
 };
 
 /* _avx2 and _avx512 exist when GG_HAVE_AVX2 / GG_HAVE_AVX512 are defined. */
@@ -68,6 +75,20 @@ static inline float gg_f32_from_bits(uint32_t u)
 static inline bool gg_f32_is_finite(float x)
 {
 	return (gg_f32_bits(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+static inline void gg_add_ref(const float *a, const float *b, size_t n, float *out)
+{
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[i] + b[i];
+}
+
+static inline void gg_residual_ref(const float *c, float *r, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float e = c[i] - r[i];
+		r[i] = gg_f32_is_finite(e) ? e : 0.0f;
+	}
 }
 
 static inline uint16_t gg_bf16_from_f32_ref(float x)

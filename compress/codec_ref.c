@@ -208,6 +208,8 @@ const struct gg_codec_kernels gg_codec_kernels_ref = {
 		[GG_CODEC_INT8] = int8_decode_acc_ref,
 		[GG_CODEC_INT4] = int4_decode_acc_ref,
 	},
+	.add = gg_add_ref,
+	.residual = gg_residual_ref,
 };
 
 /* bf16 input: the values widen exactly, so the int codecs run the same

@@ -43,9 +43,7 @@ int gg_feedback_compensate(struct gg_feedback *fb, size_t offset, const float *i
 {
 	if (!in_range(fb, offset, n))
 		return -EINVAL;
-	const float *r = fb->residual + offset;
-	for (size_t i = 0; i < n; i++)
-		to_encode[i] = in[i] + r[i];
+	gg_f32_add(in, fb->residual + offset, n, to_encode);
 	return 0;
 }
 
@@ -59,10 +57,7 @@ int gg_feedback_commit(struct gg_feedback *fb, const struct gg_codec_params *p, 
 	int rc = gg_codec_decode(p, encoded, encoded_bytes, n, r);
 	if (rc)
 		return rc;
-	for (size_t i = 0; i < n; i++) {
-		float e = to_encode[i] - r[i];
-		r[i] = gg_f32_is_finite(e) ? e : 0.0f;
-	}
+	gg_codec_kernels_active()->residual(to_encode, r, n);
 	return 0;
 }
 

@@ -16,11 +16,8 @@ void gg_host_sum_f32(float *sum, const float *const *in, unsigned n, uint64_t of
 
 		if (in[0] != sum)
 			memcpy(s, in[0] + b, m * sizeof(float));
-		for (unsigned r = 1; r < n; r++) {
-			const float *restrict x = in[r] + b;
-			for (uint64_t i = 0; i < m; i++)
-				s[i] = s[i] + x[i];
-		}
+		for (unsigned r = 1; r < n; r++)
+			gg_f32_add(s, in[r] + b, m, s);
 	}
 }
 

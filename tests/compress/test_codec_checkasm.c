@@ -102,6 +102,32 @@ static void check_one(const struct gg_codec_kernels *k, const struct gg_codec_pa
 	free(acc0);
 }
 
+/* The error-feedback kernels: out = a + b, and r = c - r where finite. */
+static void check_feedback(const struct gg_codec_kernels *k, const float *a, const float *b, size_t n,
+			   const char *kind)
+{
+	const char *isa = gg_isa_name(k->isa);
+	float *o_ref = xmalloc((n + 2 * GUARD) * sizeof(float)), *o_new = xmalloc((n + 2 * GUARD) * sizeof(float));
+	char what[96];
+
+	snprintf(what, sizeof(what), "%s/n=%zu", kind, n);
+	fill_sentinel_floats(o_ref, n + 2 * GUARD);
+	fill_sentinel_floats(o_new, n + 2 * GUARD);
+	gg_codec_kernels_ref.add(a, b, n, o_ref + GUARD);
+	k->add(a, b, n, o_new + GUARD);
+	compare_floats(o_ref, o_new, n, "add", what, isa);
+	for (size_t i = 0; i < n; i++)
+		o_ref[GUARD + i] = o_new[GUARD + i] = b[i];
+	gg_codec_kernels_ref.residual(a, o_ref + GUARD, n);
+	k->residual(a, o_new + GUARD, n);
+	compare_floats(o_ref, o_new, n, "residual", what, isa);
+	for (size_t i = 0; i < n; i++)
+		CHECK(isfinite(o_new[GUARD + i]), "%s residual %s: element %zu not finite", isa, what, i);
+	cases += 2;
+	free(o_ref);
+	free(o_new);
+}
+
 static void check_isa(const struct gg_codec_kernels *k)
 {
 	static const uint32_t blocks[] = { 32, 96, 256, 4096 };
@@ -135,6 +161,17 @@ static void check_isa(const struct gg_codec_kernels *k)
 		printf("%-7s %-10s encode/decode/decode_acc match the reference\n", gg_isa_name(k->isa),
 		       gg_codec_name((enum gg_codec)c));
 	}
+	for (size_t si = 0; si < GG_ARRAY_LEN(sizes); si++) {
+		size_t n = sizes[si];
+		float *buf = xmalloc((2 * n + 1) * sizeof(float)), *x = buf + 1, *y = x + n;
+		for (int kind = 0; kind < DATA_KINDS; kind++) {
+			fill_data(x, n, (enum data_kind)kind, &r);
+			fill_data(y, n, (enum data_kind)((kind + 1) % DATA_KINDS), &r);
+			check_feedback(k, x, y, n, data_kind_name((enum data_kind)kind));
+		}
+		free(buf);
+	}
+	printf("%-7s error-feedback add/residual match the reference\n", gg_isa_name(k->isa));
 	printf("%s: %llu cases\n", gg_isa_name(k->isa), cases - before);
 }
 
