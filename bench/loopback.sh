@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The whole data path through two gateway daemons on loopback, against one
+# TLS stream and plain TCP in the same run:
+#
+#   bench/loopback.sh [--build DIR] [--runs N] [--threads W] [--streams S]
+#                     [--count C] [--steps T] [--copy]
+#
+# Each run starts two gateways (site-a, site-b; direct exchange, fp32, zstd
+# off) and one rank per site (gradgate-bench allreduce on shared buffers,
+# --copy for plain ones), times T all-reduce steps of C float32 elements,
+# then runs `gradgate-bench transport --plain` (one stream, AES-256-GCM)
+# right after. It prints per run: the payload each site moves per second
+# (C x 4 bytes over the median step time), both sites together, the TLS
+# stream and plain TCP, and their ratios; then min/median/max over the
+# runs. Defaults: --build build, --runs 3, --threads 0 (one lane per CPU),
+# --streams 4, --count 16777216 (64 MiB), --steps 10.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+build=$here/../build
+runs=3 threads=0 streams=4 count=16777216 steps=10 shared=--shared
+
+die() { echo "loopback.sh: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--build) build=$2; shift ;;
+	--runs) runs=$2; shift ;;
+	--threads) threads=$2; shift ;;
+	--streams) streams=$2; shift ;;
+	--count) count=$2; shift ;;
+	--steps) steps=$2; shift ;;
+	--copy) shared= ;;
+	-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) die "unknown option '$1' (see --help)" ;;
+	esac
+	shift
+done
+for v in runs threads streams count steps; do
+	[[ ${!v} =~ ^[0-9]+$ ]] || die "--$v takes a number, not '${!v}'"
+done
+[ "$runs" -ge 1 ] && [ "$steps" -ge 1 ] && [ "$count" -ge 1 ] || die "--runs, --steps and --count must be at least 1"
+gradgate=$build/gateway/gradgate bench=$build/bench/gradgate-bench
+[ -x "$gradgate" ] && [ -x "$bench" ] || die "no gradgate and gradgate-bench in $build (build first, or pass --build)"
+[ "$threads" -gt 0 ] || threads=$(nproc)
+[ "$threads" -le "$streams" ] || threads=$streams
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/gg-loopback.XXXXXX")
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$here/../examples/make-certs.sh" --out "$work/certs" site-a site-b >/dev/null
+
+# Two free loopback ports: bound once by the kernel, then released.
+read -r port_a port_b < <(python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+
+config() { # config SITE PORT PEER PEER_PORT
+	cat >"$work/$1.toml" <<-EOF
+		[site]
+		name = "$1"
+		listen = "127.0.0.1:$2"
+		control = "unix:$work/$1.sock"
+		threads = $threads
+		[tls]
+		ca = "$work/certs/ca.pem"
+		cert = "$work/certs/$1.pem"
+		key = "$work/certs/$1.key"
+		[[peers]]
+		site = "$3"
+		address = "127.0.0.1:$4"
+		identity = "dns:$3.gradgate.test"
+		[transport]
+		streams_per_peer = $streams
+		step_timeout = "60s"
+		[compression]
+		codec = "fp32"
+		zstd_level = 0
+		[allreduce]
+		algorithm = "direct"
+		[limits]
+		memory = "4GiB"
+	EOF
+}
+config site-a "$port_a" site-b "$port_b"
+config site-b "$port_b" site-a "$port_a"
+
+# json_field FILE KEY: a number from a one-line JSON object.
+json_field() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" "$1" | head -n 1; }
+
+# daemons RUN: prints the median step time in ms (the slower site's).
+daemons() {
+	local s i p50 worst=0
+	for s in site-a site-b; do
+		"$gradgate" --config "$work/$s.toml" 2>"$work/$s.log" &
+		pids+=("$!")
+	done
+	for ((i = 0; i < 200; i++)); do
+		grep -q event=mesh_up "$work/site-a.log" && grep -q event=mesh_up "$work/site-b.log" && break
+		sleep 0.05
+	done
+	grep -q event=mesh_up "$work/site-a.log" || { cat "$work/site-a.log" >&2; die "the gateways did not connect"; }
+	local ranks=()
+	for i in 0 1; do
+		s=site-a
+		[ "$i" = 0 ] || s=site-b
+		# shellcheck disable=SC2086
+		"$bench" allreduce --endpoint "unix:$work/$s.sock" --job "loop$1" --rank 0 --ranks 1 --site "$i" \
+			--sites 2 --count "$count" --steps "$steps" --warmup 2 --data gaussian --check first \
+			--json $shared >"$work/rank$i.json" 2>"$work/rank$i.err" &
+		ranks+=("$!")
+	done
+	for i in 0 1; do
+		wait "${ranks[$i]}" || { cat "$work/rank$i.err" >&2; die "rank $i failed"; }
+		p50=$(json_field "$work/rank$i.json" step_ms_p50)
+		worst=$(awk -v a="$worst" -v b="$p50" 'BEGIN { print (b > a ? b : a) }')
+	done
+	kill -TERM "${pids[@]}"
+	wait "${pids[@]}" || true
+	pids=()
+	echo "$worst"
+}
+
+printf '%-4s %12s %14s %12s %12s %10s %12s %12s\n' run "site Gbit/s" "2 sites Gbit/s" "TLS Gbit/s" \
+	"plain Gbit/s" "TLS/plain" "site/TLS" "2 sites/TLS"
+rows=()
+for ((r = 1; r <= runs; r++)); do
+	ms=$(daemons "$r")
+	"$bench" transport --plain --modes TLS_AES_256_GCM_SHA384 --rtt-count 0 --time 3 --json \
+		>"$work/transport.json" 2>/dev/null
+	plain=$(grep '"mode":"plain"' "$work/transport.json" | sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p')
+	tls=$(grep '"mode":"TLS_AES_256_GCM_SHA384"' "$work/transport.json" | sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p')
+	row=$(awk -v ms="$ms" -v c="$count" -v tls="$tls" -v plain="$plain" 'BEGIN {
+		site = c * 32 / (ms / 1e3) / 1e9
+		printf "%.3f %.3f %.3f %.3f %.3f %.3f %.3f", site, 2 * site, tls, plain, tls / plain, site / tls, 2 * site / tls }')
+	rows+=("$row")
+	# shellcheck disable=SC2086
+	printf '%-4s %12s %14s %12s %12s %10s %12s %12s\n' "$r" $row
+done
+echo "min/median/max over $runs runs:"
+for col in 1 2 3 4 5 6 7; do
+	printf '%s\n' "${rows[@]}" | awk -v c=$col '{ print $c }' | sort -g | awk '{ v[NR] = $1 }
+		END { printf "%s/%s/%s ", v[1], v[int((NR + 1) / 2)], v[NR] }'
+done | awk '{ printf "  site Gbit/s %s, 2 sites %s, TLS stream %s, plain %s\n  TLS/plain %s, site/TLS %s, 2 sites/TLS %s\n",
+	$1, $2, $3, $4, $5, $6, $7 }'
