@@ -26,5 +26,7 @@ int gg_bench_codec_main(int argc, char **argv);
 /* gradgate-bench wan: an all-reduce step across sites over rate-limited
  * links in network namespaces, gradgate against gloo. */
 int gg_bench_wan_main(int argc, char **argv);
+/* gradgate-bench datapath: each pass over a step's bytes, timed alone. */
+int gg_bench_datapath_main(int argc, char **argv);
 
 #endif

@@ -9,6 +9,7 @@ static const struct gg_bench_cmd commands[] = {
 	{ "allreduce", "one rank's all-reduce loop through a running gateway, checked", gg_bench_allreduce_main },
 	{ "gateway", "gateway-to-gateway all-reduce throughput against the TLS transport's", gg_bench_gateway_main },
 	{ "codec", "codec ratio, speed and error on synthetic or given data", gg_bench_codec_main },
+	{ "datapath", "each pass a gateway makes over a step's bytes, timed alone, and their sum", gg_bench_datapath_main },
 	{ "transport", "TLS 1.3 vs plain: throughput, CPU per GB, round-trip latency", gg_bench_transport_main },
 	{ "wan", "all-reduce steps across sites over rate-limited links, gradgate against gloo", gg_bench_wan_main },
 };

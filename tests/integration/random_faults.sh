@@ -145,7 +145,9 @@ while [ "$steps" -lt "$total" ]; do
 	[ "$fault" = none ] || faults=$((faults + 1))
 	fault_count[$fault]=$((${fault_count[$fault]:-0} + 1))
 	run_job "$jobs" "$fault"
-	log "job $jobs ($fault): $steps steps, $wrong wrong, $splits split, $hangs hung"
+	rss=()
+	for ((s = 0; s < K; s++)); do rss+=("$(gw_stat "$s" | cut -d' ' -f1)"); done
+	log "job $jobs ($fault): $steps steps, $wrong wrong, $splits split, $hangs hung; RSS KiB ${rss[*]}"
 done
 for ((s = 0; s < K; s++)); do
 	log "${SITES[$s]}: RSS KiB and fds before $(cut -d' ' -f1,2 <<<"${before[$s]}"), after $(gw_stat "$s")"
