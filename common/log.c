@@ -11,10 +11,38 @@ void gg_log_set_level(enum gg_log_level level)
 	min_level = level;
 }
 
+char *gg_escape(char *dst, size_t size, const char *src, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t n = 0;
+
+	if (!size)
+		return dst;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)src[i];
+		size_t need = c == '\\' || c == '"' ? 2 : c < 0x20 || c >= 0x7f ? 4 : 1;
+		if (n + need >= size)
+			break;
+		if (need == 2) {
+			dst[n++] = '\\';
+			dst[n++] = (char)c;
+		} else if (need == 4) {
+			dst[n++] = '\\';
+			dst[n++] = 'x';
+			dst[n++] = hex[c >> 4];
+			dst[n++] = hex[c & 15];
+		} else {
+			dst[n++] = (char)c;
+		}
+	}
+	dst[n] = '\0';
+	return dst;
+}
+
 void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 {
 	static const char *const names[] = { "debug", "info", "warn", "error" };
-	char line[1024], ts[32];
+	char line[1024], safe[4 * sizeof(line)], ts[32];
 	struct timespec now;
 	struct tm tm;
 	va_list ap;
@@ -30,6 +58,15 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 	if (n > 0 && (size_t)n < sizeof(line))
 		vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
 	va_end(ap);
+	size_t o = 0;
+	for (const char *p = line; *p; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (c < 0x20 || c == 0x7f)
+			o += (size_t)snprintf(safe + o, sizeof(safe) - o, "\\x%02x", c);
+		else
+			safe[o++] = (char)c;
+	}
+	safe[o] = '\0';
 	/* One write per line keeps lines whole when several processes share stderr. */
-	fprintf(stderr, "%s\n", line);
+	fprintf(stderr, "%s\n", safe);
 }

@@ -8,8 +8,17 @@
 
 enum gg_log_level { GG_LOG_DEBUG, GG_LOG_INFO, GG_LOG_WARN, GG_LOG_ERROR };
 
+/* Copies `len` bytes of src into dst as text safe inside a log value or an
+ * error message: printable ASCII stays, a backslash or a double quote gets a
+ * backslash, every other byte (control characters, ESC, non-ASCII) becomes
+ * \xNN. dst is always terminated; the output is cut short, never overrun.
+ * For strings a peer or a certificate chose. Returns dst. */
+char *gg_escape(char *dst, size_t size, const char *src, size_t len);
+
 /* Messages below `level` are dropped (default: info). */
 void gg_log_set_level(enum gg_log_level level);
+/* Any control character that reaches a line (a caller that forgot
+ * gg_escape) is written as \xNN: one event is always one line. */
 GG_PRINTF(3, 4) void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...);
 
 #endif

@@ -26,7 +26,18 @@ enum field_kind {
 	F_DURATION, /* uint64_t microseconds: "500ms" */
 	F_ENUM,     /* int index into choices */
 	F_CODEC,    /* enum gg_codec, by its name */
-	F_SUITES,   /* char *, ':'-joined list of TLS 1.3 ciphersuites */
+	F_LIST,     /* char *, ':'-joined list of names from field->list */
+};
+
+/* The names a list field accepts, and those it knows but refuses (named,
+ * so the message can say why). */
+struct name_list {
+	const char *noun; /* "TLS 1.3 ciphersuite" */
+	const char *const *names;
+	size_t count;
+	const char *const *refused;
+	size_t refused_count;
+	const char *refused_why;
 };
 
 struct field {
@@ -49,6 +60,30 @@ struct section {
 
 #define CFG(member) offsetof(struct gg_config, member)
 #define PEER(member) offsetof(struct gg_peer_config, member)
+
+/* The suites the gateway's record layer protects records with, and the
+ * TLS 1.3 suites it does not. */
+static const char *const tls13_suites[] = {
+	"TLS_AES_256_GCM_SHA384", "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256",
+};
+static const char *const tls13_ccm_suites[] = { "TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256" };
+static const struct name_list suite_list = {
+	"TLS 1.3 ciphersuite", tls13_suites, GG_ARRAY_LEN(tls13_suites), tls13_ccm_suites,
+	GG_ARRAY_LEN(tls13_ccm_suites),
+	"records are protected with AES-GCM or ChaCha20-Poly1305 (TLS_AES_256_GCM_SHA384, "
+	"TLS_AES_128_GCM_SHA256, TLS_CHACHA20_POLY1305_SHA256)",
+};
+
+/* Key-exchange groups: the elliptic-curve ones cost about a millisecond of
+ * CPU per handshake; the finite-field ones up to hundreds, which lets any
+ * client that reaches the port burn the gateway's CPU. */
+static const char *const tls_groups[] = { "X25519", "P-256", "P-384", "P-521", "X448" };
+static const char *const tls_ffdhe_groups[] = { "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192" };
+static const struct name_list group_list = {
+	"key-exchange group", tls_groups, GG_ARRAY_LEN(tls_groups), tls_ffdhe_groups, GG_ARRAY_LEN(tls_ffdhe_groups),
+	"finite-field groups cost up to hundreds of milliseconds of CPU per handshake (supported: X25519, P-256, "
+	"P-384, P-521, X448)",
+};
 
 static const char *const scale_names[] = { "fp32", "fp16", NULL };
 static const char *const algo_names[] = { "direct", "ring", NULL };
@@ -73,9 +108,11 @@ static const struct field tls_fields[] = {
 	  "this site's private key (PEM, mode 0600 or stricter)" },
 	{ "crl", F_PATH, CFG(tls.crl), false, NULL, 0, 0, NULL, NULL,
 	  "optional certificate revocation list (PEM)" },
-	{ "ciphersuites", F_SUITES, CFG(tls.ciphersuites), false,
+	{ "ciphersuites", F_LIST, CFG(tls.ciphersuites), false,
 	  "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256",
 	  0, 0, NULL, NULL, "TLS 1.3 ciphersuites in preference order" },
+	{ "groups", F_LIST, CFG(tls.groups), false, "X25519:P-256", 0, 0, NULL, NULL,
+	  "key-exchange groups in preference order: X25519 P-256 P-384 P-521 X448" },
 };
 
 static const struct field peer_fields[] = {
@@ -151,12 +188,6 @@ static const struct section sections[] = {
 
 static const struct section peers_section = { "peers", peer_fields, GG_ARRAY_LEN(peer_fields) };
 
-/* The suites the gateway's record layer protects records with. */
-static const char *const tls13_suites[] = {
-	"TLS_AES_256_GCM_SHA384", "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256",
-};
-/* TLS 1.3 suites it does not: named, so the message can say why. */
-static const char *const tls13_ccm_suites[] = { "TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256" };
 
 struct loader {
 	const char *source;
@@ -351,16 +382,31 @@ static bool in_range(struct loader *ld, const struct field *f, const char *where
 	return false;
 }
 
-static void set_suites(struct loader *ld, const struct field *f, const char *where,
-		       const struct gg_toml_value *v, void *dst)
+/* The names an F_LIST field accepts. */
+static const struct name_list *list_of(const struct field *f)
 {
+	return f->offset == CFG(tls.groups) ? &group_list : &suite_list;
+}
+
+static bool in_names(const char *s, const char *const *names, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		if (!strcmp(s, names[i]))
+			return true;
+	return false;
+}
+
+static void set_list(struct loader *ld, const struct field *f, const char *where, const struct gg_toml_value *v,
+		     void *dst)
+{
+	const struct name_list *l = list_of(f);
 	const struct gg_toml_array *a = v->u.array;
 	size_t n = gg_toml_array_len(a), total = 1;
 	bool ok = true;
 
 	if (n == 0) {
-		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; name at least one TLS 1.3 ciphersuite",
-			 AT(ld, v->pos), f->key, where);
+		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; name at least one %s", AT(ld, v->pos), f->key,
+			 where, l->noun);
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -371,25 +417,17 @@ static void set_suites(struct loader *ld, const struct field *f, const char *whe
 			ok = false;
 			continue;
 		}
-		size_t k;
-		for (k = 0; k < GG_ARRAY_LEN(tls13_suites); k++)
-			if (!strcmp(e->u.str.ptr, tls13_suites[k]))
-				break;
-		bool ccm = false;
-		for (size_t c = 0; c < GG_ARRAY_LEN(tls13_ccm_suites); c++)
-			ccm |= !strcmp(e->u.str.ptr, tls13_ccm_suites[c]);
-		if (ccm) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not supported: records are protected with "
-				 "AES-GCM or ChaCha20-Poly1305 (TLS_AES_256_GCM_SHA384, TLS_AES_128_GCM_SHA256, "
-				 "TLS_CHACHA20_POLY1305_SHA256)", AT(ld, e->pos), f->key, where, e->u.str.ptr);
+		if (in_names(e->u.str.ptr, l->refused, l->refused_count)) {
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not supported: %s", AT(ld, e->pos), f->key,
+				 where, e->u.str.ptr, l->refused_why);
 			ok = false;
 			continue;
 		}
-		if (k == GG_ARRAY_LEN(tls13_suites)) {
-			const char *hint = closest(e->u.str.ptr, tls13_suites, GG_ARRAY_LEN(tls13_suites));
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not a TLS 1.3 ciphersuite%s%s%s",
-				 AT(ld, e->pos), f->key, where, e->u.str.ptr, hint ? " (did you mean '" : "",
-				 hint ? hint : "", hint ? "'?)" : "");
+		if (!in_names(e->u.str.ptr, l->names, l->count)) {
+			const char *hint = closest(e->u.str.ptr, l->names, l->count);
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not a %s%s%s%s", AT(ld, e->pos), f->key, where,
+				 e->u.str.ptr, l->noun, hint ? " (did you mean '" : "", hint ? hint : "",
+				 hint ? "'?)" : "");
 			ok = false;
 			continue;
 		}
@@ -541,10 +579,12 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 			*(uint64_t *)dst = n;
 		return;
 	}
-	case F_SUITES:
+	case F_LIST:
 		if (v) {
-			if (want_kind(ld, f, where, v, GG_TOML_ARRAY, "an array of ciphersuite names"))
-				set_suites(ld, f, where, v, dst);
+			char what[64];
+			snprintf(what, sizeof(what), "an array of %s names", list_of(f)->noun);
+			if (want_kind(ld, f, where, v, GG_TOML_ARRAY, what))
+				set_list(ld, f, where, v, dst);
 		} else {
 			char *copy = dup_or_oom(ld, text);
 			if (copy) {
@@ -827,7 +867,7 @@ void gg_config_free(struct gg_config *cfg)
 	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++)
 		for (size_t k = 0; k < sections[s].count; k++) {
 			const struct field *f = &sections[s].fields[k];
-			if (f->kind == F_STRING || f->kind == F_PATH || f->kind == F_SUITES)
+			if (f->kind == F_STRING || f->kind == F_PATH || f->kind == F_LIST)
 				free(*(char **)((char *)cfg + f->offset));
 		}
 	for (size_t i = 0; i < cfg->peer_count; i++)
@@ -888,7 +928,7 @@ static bool render_value(const struct field *f, const void *base, char *buf, siz
 	case F_CODEC:
 		render_string(buf, size, gg_codec_name(*(const enum gg_codec *)src));
 		return true;
-	case F_SUITES: {
+	case F_LIST: {
 		const char *s = *(char *const *)src;
 		size_t n = (size_t)snprintf(buf, size, "[");
 		for (bool first = true; s && *s && n < size; first = false) {
@@ -917,8 +957,8 @@ static bool is_default(const struct field *f, const void *base, const char *rend
 	memset(&scratch, 0, sizeof(scratch));
 	set_field(&ld, f, "", NULL, &scratch);
 	bool same = render_value(f, &scratch, def, sizeof(def)) && !strcmp(def, rendered);
-	if (f->kind == F_SUITES)
-		free(scratch.tls.ciphersuites);
+	if (f->kind == F_LIST)
+		free(*(char **)((char *)&scratch + f->offset));
 	gg_diag_free(&diag);
 	return same;
 }

@@ -42,6 +42,7 @@ struct gg_config {
 		char *key;
 		char *crl;       /* NULL when not configured */
 		char *ciphersuites; /* OpenSSL TLS 1.3 list, ':'-separated, in preference order */
+		char *groups;       /* key-exchange groups, ':'-separated, in preference order */
 	} tls;
 
 	struct gg_peer_config *peers;

@@ -285,27 +285,56 @@ static const char *const tls13_suites[] = {
 	"TLS_AES_128_CCM_SHA256", "TLS_AES_128_CCM_8_SHA256",
 };
 
+/* The first ACCEPTED_GROUPS are elliptic-curve groups (about a millisecond
+ * of CPU per handshake); the finite-field ones cost up to hundreds, which
+ * would let anyone who reaches the port burn the gateway's CPU. */
+enum { ACCEPTED_GROUPS = 5 };
+static const char *const tls13_groups[] = {
+	"X25519", "P-256", "P-384", "P-521", "X448", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192",
+};
+
+struct known_names {
+	const char *noun;
+	const char *const *names;
+	size_t count, accepted;
+	const char *refused_why;
+	const char *supported;
+};
+
+static const struct known_names suite_names = {
+	"TLS 1.3 ciphersuite", tls13_suites, GG_ARRAY_LEN(tls13_suites), RECORD_SUITES,
+	"records are protected with AES-GCM or ChaCha20-Poly1305", GG_TLS_DEFAULT_CIPHERSUITES,
+};
+static const struct known_names group_names = {
+	"key-exchange group", tls13_groups, GG_ARRAY_LEN(tls13_groups), ACCEPTED_GROUPS,
+	"finite-field groups cost up to hundreds of milliseconds of CPU per handshake", "X25519:P-256:P-384:P-521:X448",
+};
+
 /* OpenSSL skips names it does not know; a typo must not silently weaken
  * or empty the list. */
-static int check_suites(const char *list, char *err, size_t size)
+static int check_names(const char *list, const struct known_names *k, char *err, size_t size)
 {
 	const char *p = list;
 
 	if (!*p)
-		return fail(err, size, -EINVAL, "the ciphersuite list is empty");
+		return fail(err, size, -EINVAL, "the %s list is empty", k->noun);
 	while (*p) {
-		size_t n = strcspn(p, ":"), known = GG_ARRAY_LEN(tls13_suites);
-		for (size_t i = 0; i < GG_ARRAY_LEN(tls13_suites); i++)
-			if (strlen(tls13_suites[i]) == n && !strncmp(tls13_suites[i], p, n))
+		size_t n = strcspn(p, ":"), known = k->count;
+		for (size_t i = 0; i < k->count; i++)
+			if (strlen(k->names[i]) == n && !strncmp(k->names[i], p, n))
 				known = i;
-		if (known == GG_ARRAY_LEN(tls13_suites))
-			return fail(err, size, -EINVAL,
-				    "unknown TLS 1.3 ciphersuite '%.*s' (known: %s)", (int)GG_MIN(n, 64u), p,
-				    GG_TLS_DEFAULT_CIPHERSUITES ":TLS_AES_128_CCM_SHA256:TLS_AES_128_CCM_8_SHA256");
-		if (known >= RECORD_SUITES)
-			return fail(err, size, -EINVAL,
-				    "TLS 1.3 ciphersuite '%s' is not supported: records are protected with AES-GCM or "
-				    "ChaCha20-Poly1305 (supported: %s)", tls13_suites[known], GG_TLS_DEFAULT_CIPHERSUITES);
+		if (known == k->count) {
+			char all[256];
+			size_t used = 0;
+			all[0] = '\0';
+			for (size_t i = 0; i < k->count && used < sizeof(all); i++)
+				used += (size_t)snprintf(all + used, sizeof(all) - used, "%s%s", i ? ":" : "", k->names[i]);
+			return fail(err, size, -EINVAL, "unknown %s '%.*s' (known: %s)", k->noun, (int)GG_MIN(n, 64u), p,
+				    all);
+		}
+		if (known >= k->accepted)
+			return fail(err, size, -EINVAL, "%s '%s' is not supported: %s (supported: %s)", k->noun,
+				    k->names[known], k->refused_why, k->supported);
 		p += n;
 		if (*p == ':')
 			p++;
@@ -317,12 +346,12 @@ static int build_ssl_ctx(const struct gg_tls_options *o, SSL_CTX **out, char *er
 {
 	static const unsigned char alpn[] = "\x0a" GG_TLS_ALPN;
 	const char *suites = o->ciphersuites ? o->ciphersuites : GG_TLS_DEFAULT_CIPHERSUITES;
+	const char *groups = o->groups ? o->groups : GG_TLS_DEFAULT_GROUPS;
 	SSL_CTX *sc = NULL;
 	int rc;
 
 	ERR_clear_error();
-	rc = check_suites(suites, err, size);
-	if (rc)
+	if ((rc = check_names(suites, &suite_names, err, size)) || (rc = check_names(groups, &group_names, err, size)))
 		goto out;
 	sc = SSL_CTX_new(TLS_method());
 	if (!sc) {
@@ -330,7 +359,8 @@ static int build_ssl_ctx(const struct gg_tls_options *o, SSL_CTX **out, char *er
 		goto out;
 	}
 	if (!SSL_CTX_set_min_proto_version(sc, TLS1_3_VERSION) || !SSL_CTX_set_max_proto_version(sc, TLS1_3_VERSION) ||
-	    !SSL_CTX_set_ciphersuites(sc, suites) || SSL_CTX_set_alpn_protos(sc, alpn, sizeof(alpn) - 1) ||
+	    !SSL_CTX_set_ciphersuites(sc, suites) || !SSL_CTX_set1_groups_list(sc, groups) ||
+	    SSL_CTX_set_alpn_protos(sc, alpn, sizeof(alpn) - 1) ||
 	    !SSL_CTX_set_num_tickets(sc, 0)) {
 		rc = fail(err, size, -EINVAL, "cannot set the TLS policy: %s", openssl_reason());
 		goto out;
@@ -368,6 +398,7 @@ static void free_options(struct gg_tls_options *o)
 	free((char *)o->key_file);
 	free((char *)o->crl_file);
 	free((char *)o->ciphersuites);
+	free((char *)o->groups);
 	free((char *)o->ca_pem);
 	free((char *)o->cert_pem);
 	free((char *)o->key_pem);
@@ -384,7 +415,8 @@ static int copy_options(struct gg_tls_options *dst, const struct gg_tls_options 
 	memset(dst, 0, sizeof(*dst));
 	if (copy_string(&dst->ca_file, src->ca_file) && copy_string(&dst->cert_file, src->cert_file) &&
 	    copy_string(&dst->key_file, src->key_file) && copy_string(&dst->crl_file, src->crl_file) &&
-	    copy_string(&dst->ciphersuites, src->ciphersuites) && copy_string(&dst->ca_pem, src->ca_pem) &&
+	    copy_string(&dst->ciphersuites, src->ciphersuites) && copy_string(&dst->groups, src->groups) &&
+	    copy_string(&dst->ca_pem, src->ca_pem) &&
 	    copy_string(&dst->cert_pem, src->cert_pem) && copy_string(&dst->key_pem, src->key_pem))
 		return 0;
 	free_options(dst);

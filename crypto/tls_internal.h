@@ -38,6 +38,7 @@ struct gg_tls_check {
 	int alert_received;
 	bool alpn_refused;
 	char alpn_seen[96];   /* what the peer offered (server) or selected (client) */
+	char groups_seen[96]; /* the key-exchange groups a client offered */
 	bool timed_out;
 	uint64_t timeout_ms;
 	bool established;     /* the handshake had completed */

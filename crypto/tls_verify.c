@@ -15,6 +15,7 @@
 #include <openssl/x509v3.h>
 
 #include "tls_internal.h"
+#include "log.h"
 
 static bool dns_label_char(char c)
 {
@@ -145,6 +146,7 @@ const char *gg_tls_failure_name(enum gg_tls_failure failure)
 		[GG_TLS_FAIL_IDENTITY] = "identity",
 		[GG_TLS_FAIL_USAGE] = "usage",
 		[GG_TLS_FAIL_BAD_CERT] = "bad-cert",
+		[GG_TLS_FAIL_GROUP] = "group",
 		[GG_TLS_FAIL_REFUSED] = "refused",
 		[GG_TLS_FAIL_PROTOCOL] = "protocol",
 	};
@@ -199,8 +201,10 @@ static void note_san_names(struct gg_tls_check *chk, X509 *cert)
 		if (!kind)
 			continue;
 		const ASN1_IA5STRING *s = gn->d.ia5;
-		append(chk->presented, sizeof(chk->presented), &used, "%s%s:%.*s", used ? ", " : "", kind,
-		       (int)GG_MIN(s->length, 200), (const char *)s->data);
+		char safe[4 * 200 + 1];
+		/* The names are the peer's choice, read before it is trusted. */
+		gg_escape(safe, sizeof(safe), (const char *)s->data, (size_t)GG_MIN(s->length, 200));
+		append(chk->presented, sizeof(chk->presented), &used, "%s%s:%s", used ? ", " : "", kind, safe);
 	}
 	GENERAL_NAMES_free(names);
 	if (!used)
@@ -261,9 +265,10 @@ static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int error)
 	case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
 	case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
 	case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN: {
-		char dn[128];
+		char dn[128], safe[sizeof(chk->cert_detail)];
 		X509_NAME_oneline(X509_get_issuer_name(cert), dn, sizeof(dn));
-		snprintf(chk->cert_detail, sizeof(chk->cert_detail), "issuer %s", dn);
+		snprintf(chk->cert_detail, sizeof(chk->cert_detail), "issuer %s",
+			 gg_escape(safe, sizeof(safe), dn, strlen(dn)));
 		break;
 	}
 	default:
@@ -330,7 +335,8 @@ static bool alpn_list_has(const unsigned char *list, size_t len, const char *pro
 			found = true;
 		append(seen, seen_size, &used, "%s", used ? "," : "");
 		for (size_t i = 1; i <= n; i++)
-			append(seen, seen_size, &used, "%c", isprint(list[i]) ? list[i] : '?');
+			append(seen, seen_size, &used, "%c",
+			       isprint(list[i]) && list[i] != '"' && list[i] != '\\' ? list[i] : '?');
 		list += n + 1;
 		len -= n + 1;
 	}
@@ -351,6 +357,37 @@ static bool offers_tls13(SSL *ssl)
 	return false;
 }
 
+/* Names the groups of a ClientHello's supported_groups extension. */
+static void note_groups(SSL *ssl, struct gg_tls_check *chk)
+{
+	static const struct {
+		unsigned id;
+		const char *name;
+	} known[] = {
+		{ 0x0017, "P-256" },	 { 0x0018, "P-384" },	  { 0x0019, "P-521" },	   { 0x001d, "X25519" },
+		{ 0x001e, "X448" },	 { 0x0100, "ffdhe2048" }, { 0x0101, "ffdhe3072" }, { 0x0102, "ffdhe4096" },
+		{ 0x0103, "ffdhe6144" }, { 0x0104, "ffdhe8192" },
+	};
+	const unsigned char *ext;
+	size_t len, used = 0;
+
+	chk->groups_seen[0] = '\0';
+	if (!SSL_client_hello_get0_ext(ssl, TLSEXT_TYPE_supported_groups, &ext, &len) || len < 2)
+		return;
+	size_t n = GG_MIN(len - 2, (size_t)(ext[0] << 8 | ext[1]));
+	for (size_t i = 2; i + 1 < n + 2; i += 2) {
+		unsigned id = (unsigned)ext[i] << 8 | ext[i + 1];
+		const char *name = NULL;
+		for (size_t k = 0; k < GG_ARRAY_LEN(known) && !name; k++)
+			if (known[k].id == id)
+				name = known[k].name;
+		if (name)
+			append(chk->groups_seen, sizeof(chk->groups_seen), &used, "%s%s", used ? "," : "", name);
+		else
+			append(chk->groups_seen, sizeof(chk->groups_seen), &used, "%s0x%04x", used ? "," : "", id);
+	}
+}
+
 /* The ALPN select callback is not called when a client offers no ALPN at
  * all, so the requirement is enforced here, once the client offers TLS 1.3
  * (an older client is refused for its version first). */
@@ -362,6 +399,7 @@ int gg_tls_client_hello_cb(SSL *ssl, int *alert, void *arg)
 
 	if (!chk || !offers_tls13(ssl))
 		return SSL_CLIENT_HELLO_SUCCESS;
+	note_groups(ssl, chk);
 	if (SSL_client_hello_get0_ext(ssl, TLSEXT_TYPE_application_layer_protocol_negotiation, &ext, &len) &&
 	    len >= 2 && alpn_list_has(ext + 2, GG_MIN(len - 2, (size_t)(ext[0] << 8 | ext[1])), GG_TLS_ALPN,
 				      chk->alpn_seen, sizeof(chk->alpn_seen)))
@@ -393,7 +431,7 @@ bool gg_tls_check_alpn_selected(SSL *ssl, struct gg_tls_check *chk)
 	if (len == strlen(GG_TLS_ALPN) && !memcmp(sel, GG_TLS_ALPN, len))
 		return true;
 	if (len)
-		snprintf(chk->alpn_seen, sizeof(chk->alpn_seen), "%.*s", (int)GG_MIN(len, 64u), (const char *)sel);
+		gg_escape(chk->alpn_seen, sizeof(chk->alpn_seen), (const char *)sel, GG_MIN(len, 64u));
 	else
 		snprintf(chk->alpn_seen, sizeof(chk->alpn_seen), "none");
 	chk->alpn_refused = true;
@@ -444,7 +482,7 @@ static const char *refusal_reason(int desc, bool established)
 	case SSL_AD_UNSUPPORTED_CERTIFICATE: return "peer says our certificate is not issued for this use";
 	case SSL_AD_PROTOCOL_VERSION: return "peer does not accept TLS 1.3";
 	case SSL_AD_NO_APPLICATION_PROTOCOL: return "peer does not speak " GG_TLS_ALPN " (ALPN)";
-	case SSL_AD_HANDSHAKE_FAILURE: return "peer found no acceptable parameters (ciphersuites?)";
+	case SSL_AD_HANDSHAKE_FAILURE: return "peer found no acceptable parameters (ciphersuites or key-exchange groups?)";
 	default: return established ? "peer ended the connection with an alert" : "peer refused the connection";
 	}
 }
@@ -527,6 +565,11 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 	} else if (chk->alert_received >= 0) {
 		r = (struct reason){ GG_TLS_FAIL_REFUSED, refusal_reason(chk->alert_received, chk->established) };
 		append(detail, sizeof(detail), &dl, "; alert %s", alert_name(chk->alert_received));
+	} else if (ssl_reason == SSL_R_NO_SUITABLE_KEY_SHARE || ssl_reason == SSL_R_NO_SHARED_GROUPS) {
+		r = (struct reason){ GG_TLS_FAIL_GROUP, chk->is_server ? "peer offers no key-exchange group we accept"
+								      : "peer accepts none of our key-exchange groups" };
+		if (chk->is_server && chk->groups_seen[0])
+			append(detail, sizeof(detail), &dl, "; offered %s", chk->groups_seen);
 	} else if (ssl_reason == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE) {
 		r = (struct reason){ GG_TLS_FAIL_NO_CERT, "no client certificate presented" };
 	} else if (ssl_reason == SSL_R_UNSUPPORTED_PROTOCOL || ssl_reason == SSL_R_UNSUPPORTED_SSL_VERSION ||

@@ -65,13 +65,14 @@ enum gg_tls_failure {
 	GG_TLS_FAIL_IDENTITY,         /* valid, but names no expected site */
 	GG_TLS_FAIL_USAGE,            /* not issued for TLS client/server auth */
 	GG_TLS_FAIL_BAD_CERT,         /* any other certificate problem */
+	GG_TLS_FAIL_GROUP,            /* the peer offers no key-exchange group we accept */
 	GG_TLS_FAIL_REFUSED,          /* the peer refused us with an alert */
 	GG_TLS_FAIL_PROTOCOL,         /* any other TLS failure */
 };
 
 /* "timeout", "closed", "not-tls", "protocol-version", "alpn", "no-cert",
  * "unknown-ca", "expired", "revoked", "identity", "usage", "bad-cert",
- * "refused", "protocol"; "ok" for GG_TLS_OK. */
+ * "group", "refused", "protocol"; "ok" for GG_TLS_OK. */
 const char *gg_tls_failure_name(enum gg_tls_failure failure);
 
 #endif

@@ -1948,7 +1948,8 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	n->hello.instance_id |= 1; /* never 0, which means "not seen yet" */
 
 	struct gg_tls_options to = { .ca_file = cfg->tls.ca, .cert_file = cfg->tls.cert, .key_file = cfg->tls.key,
-				     .crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites };
+				     .crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites,
+				     .groups = cfg->tls.groups };
 	if ((rc = gg_tls_context_new(&to, &n->tls, err, err_size)))
 		goto fail;
 

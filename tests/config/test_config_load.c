@@ -117,6 +117,7 @@ static void test_defaults(void)
 	CHECK(cfg.tls.crl == NULL);
 	CHECK_STR(cfg.tls.ciphersuites,
 		  "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256");
+	CHECK_STR(cfg.tls.groups, "X25519:P-256");
 	CHECK(cfg.peer_count == 1);
 	CHECK_STR(cfg.peers[0].site, "site-b");
 	CHECK_STR(cfg.peers[0].address, "[::1]:7102");
@@ -160,6 +161,7 @@ static const char full[] =
 	"control = \"unix:/run/gradgate/eu.sock\"\nthreads = 1\n"
 	"[tls]\nca = \"ca.pem\"\ncert = \"cert.pem\"\nkey = \"key.pem\"\ncrl = \"crl.pem\"\n"
 	"ciphersuites = [\"TLS_CHACHA20_POLY1305_SHA256\", \"TLS_AES_128_GCM_SHA256\"]\n"
+	"groups = [\"P-384\", \"X25519\"]\n"
 	"[[peers]]\nsite = \"us-east-1\"\naddress = \"203.0.113.7:7101\"\n"
 	"identity = \"uri:spiffe://gradgate.test/us-east-1\"\n"
 	"[[peers]]\nsite = \"ap-south-1\"\naddress = \"[2001:db8::1]:7101\"\nidentity = \"dns:ap.gradgate.test\"\n"
@@ -185,6 +187,7 @@ static void test_full_and_round_trip(void)
 	CHECK(cfg.site.threads == 1);
 	CHECK(cfg.tls.crl != NULL && strstr(cfg.tls.crl, "/crl.pem"));
 	CHECK_STR(cfg.tls.ciphersuites, "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256");
+	CHECK_STR(cfg.tls.groups, "P-384:X25519");
 	CHECK(cfg.peer_count == 2);
 	CHECK_STR(cfg.peers[0].identity, "uri:spiffe://gradgate.test/us-east-1");
 	CHECK_STR(cfg.peers[1].address, "[2001:db8::1]:7101");

@@ -11,6 +11,8 @@
 #   noclient-a    site-a, extendedKeyUsage serverAuth only
 #   revoked-a     site-a, listed in crl.pem
 #   foreign-a     site-a, issued by another CA (foreign-ca.pem)
+#   forged-a      a SAN DNS name holding a newline, a forged log line, an
+#                 ESC sequence and quotes (what a log must never pass raw)
 # Usage: make-test-certs.sh DIR   (OPENSSL names the openssl binary)
 set -eu
 dir=$1
@@ -78,5 +80,11 @@ leaf ca expired-a site-a.gradgate.test DNS:site-a.gradgate.test $both -startdate
 leaf ca noclient-a site-a.gradgate.test DNS:site-a.gradgate.test serverAuth
 leaf ca revoked-a site-a.gradgate.test DNS:site-a.gradgate.test $both
 leaf foreign-ca foreign-a site-a.gradgate.test DNS:site-a.gradgate.test $both
+# The forged name as DER: SEQUENCE { [2] IA5String } (lengths below 128).
+printf 'x\nts=2026-01-01T00:00:00.000Z level=error event=forged\033[31m"quoted"' >forged.bin
+len=$(wc -c <forged.bin)
+der=$(printf '30%02x82%02x' $((len + 2)) "$len")$(od -An -tx1 forged.bin | tr -d ' \n')
+rm -f forged.bin
+leaf ca forged-a site-a.gradgate.test "DER:$der" $both
 "$openssl" ca -batch -config ca.cnf -revoke revoked-a.pem 2>/dev/null
 "$openssl" ca -batch -config ca.cnf -gencrl -out crl.pem 2>/dev/null

@@ -196,7 +196,7 @@ static void test_loading(void)
 	expect_refused(-EINVAL, "unknown TLS 1.3 ciphersuite 'TLS_AES_256_GCM_SHA385' (known: TLS_AES_256_GCM_SHA384:"
 				"TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_CCM_SHA256:"
 				"TLS_AES_128_CCM_8_SHA256)", NULL, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA385");
-	expect_refused(-EINVAL, "the ciphersuite list is empty", NULL, "");
+	expect_refused(-EINVAL, "the TLS 1.3 ciphersuite list is empty", NULL, "");
 	CHECK_EQ_INT(try_context(NULL, "TLS_CHACHA20_POLY1305_SHA256", err, sizeof(err), NULL), 0);
 
 	write_file("empty.pem", "", 0644);
@@ -320,6 +320,26 @@ static void remove_dir(void)
 	rmdir(dir);
 }
 
+/* A group list with a typo or a finite-field group is refused by name
+ * before OpenSSL, which would skip what it does not know, sees it. */
+static void test_groups(void)
+{
+	struct gg_tls_context *ctx;
+	char err[300];
+	struct gg_tls_options o = { .groups = "X25519:ffdhe8192" };
+
+	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), -EINVAL);
+	CHECK_STR(err, "key-exchange group 'ffdhe8192' is not supported: finite-field groups cost up to hundreds of "
+		       "milliseconds of CPU per handshake (supported: X25519:P-256:P-384:P-521:X448)");
+	o.groups = "X25519:secp256r1";
+	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), -EINVAL);
+	CHECK_STR(err, "unknown key-exchange group 'secp256r1' (known: X25519:P-256:P-384:P-521:X448:ffdhe2048:"
+		       "ffdhe3072:ffdhe4096:ffdhe6144:ffdhe8192)");
+	o.groups = "";
+	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), -EINVAL);
+	CHECK_STR(err, "the key-exchange group list is empty");
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "/tmp/gg-tls-context-XXXXXX");
@@ -329,6 +349,7 @@ int main(void)
 	test_identity_parse();
 	test_loading();
 	test_reload();
+	test_groups();
 
 	gg_tls_pki_free(ca);
 	remove_dir();

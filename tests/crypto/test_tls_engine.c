@@ -13,7 +13,8 @@
 
 static struct gg_tls_pki *ca, *foreign_ca;
 
-static struct gg_tls_context *make_ctx(struct gg_tls_pki *issuer, struct gg_tls_cert_request req, const char *suites)
+static struct gg_tls_context *make_ctx_groups(struct gg_tls_pki *issuer, struct gg_tls_cert_request req,
+					      const char *suites, const char *groups)
 {
 	struct gg_tls_context *ctx;
 	char *cert, *key, err[256];
@@ -23,6 +24,7 @@ static struct gg_tls_context *make_ctx(struct gg_tls_pki *issuer, struct gg_tls_
 	CHECK(gg_tls_pki_issue(issuer, &req, &cert, &key) == 0);
 	struct gg_tls_options o = {
 		.ca_pem = gg_tls_pki_ca_pem(ca), .cert_pem = cert, .key_pem = key, .ciphersuites = suites,
+		.groups = groups,
 	};
 	if (gg_tls_context_new(&o, &ctx, err, sizeof(err))) {
 		fprintf(stderr, "context: %s\n", err);
@@ -31,6 +33,11 @@ static struct gg_tls_context *make_ctx(struct gg_tls_pki *issuer, struct gg_tls_
 	free(cert);
 	free(key);
 	return ctx;
+}
+
+static struct gg_tls_context *make_ctx(struct gg_tls_pki *issuer, struct gg_tls_cert_request req, const char *suites)
+{
+	return make_ctx_groups(issuer, req, suites, NULL);
 }
 
 static struct gg_tls_site site(const char *name, const char *identity)
@@ -292,20 +299,52 @@ static void test_usage(void)
 	pair_free(&p);
 }
 
+/* Key exchange is pinned to elliptic curves: a client that offers only
+ * other groups (finite-field ones cost up to hundreds of milliseconds per
+ * handshake) is refused, and the refusal names what it offered. */
+/* A pair of engines, site-a dialling site-b, over the given contexts. */
+static struct pair pair_over(struct gg_tls_context *cctx, struct gg_tls_context *sctx)
+{
+	struct gg_tls_site want = site("site-b", "dns:site-b.gradgate.test");
+	struct pair p = { .cctx = cctx, .sctx = sctx };
+
+	p.c = make_engine(p.cctx, GG_TLS_CLIENT, "10.0.0.2:7001", &want, 1, 0);
+	p.s = make_engine(p.sctx, GG_TLS_SERVER, "10.0.0.1:40000", site_a_only, 1, 0);
+	return p;
+}
+
+static void test_no_common_group(void)
+{
+	struct pair p = pair_over(make_ctx_groups(ca, site_a_cert, NULL, "P-384"), make_ctx(ca, site_b_cert, NULL));
+	struct outcome o = handshake(p.c, p.s);
+
+	CHECK_EQ_INT(o.server_rc, -EPROTO);
+	CHECK_EQ_INT(o.client_rc, -EPROTO);
+	CHECK_EQ_INT(gg_tls_engine_failure(p.s), GG_TLS_FAIL_GROUP);
+	CHECK_STR(gg_tls_engine_error(p.s), "peer 10.0.0.1:40000: peer offers no key-exchange group we accept (expected "
+					    "identity dns:site-a.gradgate.test; offered P-384; sent alert handshake_failure)");
+	pair_free(&p);
+
+	/* A client pinned to one of the server's groups gets it. */
+	p = pair_over(make_ctx_groups(ca, site_a_cert, NULL, "P-256"), make_ctx(ca, site_b_cert, NULL));
+	o = handshake(p.c, p.s);
+	CHECK_EQ_INT(o.server_rc, 0);
+	CHECK_EQ_INT(o.client_rc, 0);
+	pair_free(&p);
+}
+
 static void test_no_common_suite(void)
 {
 	struct pair p;
 
-	p.cctx = make_ctx(ca, site_a_cert, "TLS_CHACHA20_POLY1305_SHA256");
-	p.sctx = make_ctx(ca, site_b_cert, "TLS_AES_128_GCM_SHA256");
-	struct gg_tls_site want = site("site-b", "dns:site-b.gradgate.test");
-	p.c = make_engine(p.cctx, GG_TLS_CLIENT, "10.0.0.2:7001", &want, 1, 0);
-	p.s = make_engine(p.sctx, GG_TLS_SERVER, "10.0.0.1:40000", site_a_only, 1, 0);
+	p = pair_over(make_ctx(ca, site_a_cert, "TLS_CHACHA20_POLY1305_SHA256"),
+		      make_ctx(ca, site_b_cert, "TLS_AES_128_GCM_SHA256"));
 	struct outcome o = handshake(p.c, p.s);
 	CHECK_EQ_INT(o.server_rc, -EPROTO);
 	CHECK_EQ_INT(o.client_rc, -EPROTO);
 	CHECK_STR(gg_tls_engine_error(p.c),
-		  "peer 10.0.0.2:7001: peer found no acceptable parameters (ciphersuites?) (expected identity "
+		  "peer 10.0.0.2:7001: peer found no acceptable parameters (ciphersuites or key-exchange groups?) "
+		  "(expected identity "
 		  "dns:site-b.gradgate.test; alert handshake_failure)");
 	CHECK_CONTAINS(gg_tls_engine_error(p.s), "peer 10.0.0.1:40000: TLS failure: no shared cipher");
 	pair_free(&p);
@@ -502,6 +541,7 @@ int main(void)
 	test_not_yet_valid();
 	test_usage();
 	test_no_common_suite();
+	test_no_common_group();
 	test_garbage_and_eof();
 	test_truncation();
 	test_bounded_rings();

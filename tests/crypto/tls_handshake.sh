@@ -203,6 +203,32 @@ no_alpn)
 	expect_line "$work/server.log" "refused: peer 127.0.0.1:PORT: peer does not offer ALPN gradgate/1 $expect_a; offered none; sent alert no_application_protocol)"
 	expect_text "$work/client.log" "tlsv1 alert no application protocol"
 	;;
+groups)
+	# Key exchange is pinned to X25519 and P-256: a client that offers
+	# only finite-field groups (ffdhe8192 costs the server hundreds of
+	# milliseconds of CPU per handshake) is refused, with what it offered.
+	start_server --close-after-greeting
+	refused site-a "peer offers no key-exchange group we accept $expect_a; offered ffdhe8192,ffdhe2048; sent alert handshake_failure)" \
+		"alert handshake failure" -groups ffdhe8192:ffdhe2048
+	client site-a -alpn gradgate/1 -groups P-256
+	expect_text "$work/client.log" "Server Temp Key: ECDH, prime256v1"
+	client site-a -alpn gradgate/1 -groups P-384:X25519
+	expect_text "$work/client.log" "Server Temp Key: X25519"
+	;;
+server_groups)
+	start_peer_server site-b -alpn gradgate/1 -groups ffdhe8192
+	connect_probe && fail "our client agreed to a finite-field key exchange"
+	expect_line "$work/client.log" "failed: peer 127.0.0.1:PORT: peer found no acceptable parameters (ciphersuites or key-exchange groups?) (expected identity dns:site-b.gradgate.test; alert handshake_failure)"
+	;;
+log_injection)
+	# A refused certificate's names reach the log escaped: no line break,
+	# no ESC byte, no bare quote from the peer.
+	start_server --close-after-greeting
+	refused forged-a "certificate does not name site 'site-a' $expect_a; sent alert bad_certificate; certificate names dns:x\\x0ats=2026-01-01T00:00:00.000Z level=error event=forged\\x1b[31m\\\"quoted\\\")" \
+		"sslv3 alert bad certificate"
+	! grep -q "^ts=" "$work/server.log" || fail "a certificate name started a log line of its own"
+	! grep -q "$(printf '\033')" "$work/server.log" || fail "an ESC byte reached the log"
+	;;
 server_valid)
 	start_peer_server site-b -alpn gradgate/1
 	connect_probe

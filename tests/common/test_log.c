@@ -1,0 +1,67 @@
+/* Log lines and escaped peer strings: one event is one line whatever the
+ * strings it carries, and gg_escape never overruns its buffer. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gg_check.h"
+#include "log.h"
+
+static void test_escape(void)
+{
+	char buf[64];
+	const char forged[] = "a\nts=x level=error\x1b[31m\"q\"\\\xc3\xa9";
+
+	gg_escape(buf, sizeof(buf), forged, sizeof(forged) - 1);
+	CHECK(!strcmp(buf, "a\\x0ats=x level=error\\x1b[31m\\\"q\\\"\\\\\\xc3\\xa9"), "got %s", buf);
+
+	/* Cut short at an escape's boundary, never inside one. */
+	gg_escape(buf, 6, "ab\ncd", 5);
+	CHECK(!strcmp(buf, "ab"), "got %s", buf);
+	gg_escape(buf, 7, "ab\ncd", 5);
+	CHECK(!strcmp(buf, "ab\\x0a"), "got %s", buf);
+	memset(buf, 'z', sizeof(buf));
+	gg_escape(buf, 1, "abc", 3);
+	CHECK(buf[0] == '\0' && buf[1] == 'z', "wrote past a 1-byte buffer");
+	/* Embedded NUL bytes are data, not the end. */
+	gg_escape(buf, sizeof(buf), "a\0b", 3);
+	CHECK(!strcmp(buf, "a\\x00b"), "got %s", buf);
+}
+
+static void test_log_line(void)
+{
+	char path[] = "/tmp/gg-test-log-XXXXXX", text[4096];
+	int fd = mkstemp(path), saved = dup(STDERR_FILENO);
+
+	CHECK(fd >= 0 && saved >= 0, "cannot make a temporary file");
+	if (fd < 0 || saved < 0)
+		return;
+	fflush(stderr);
+	dup2(fd, STDERR_FILENO);
+	gg_log(GG_LOG_WARN, "probe", "reason=\"%s\"", "x\nts=2026 level=error event=forged\x1b[0m\r");
+	gg_log(GG_LOG_DEBUG, "dropped", "below the level");
+	fflush(stderr);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+	close(fd);
+	unlink(path);
+	CHECK(n > 0, "nothing logged");
+	if (n <= 0)
+		return;
+	text[n] = '\0';
+	CHECK(strchr(text, '\n') == text + n - 1, "not exactly one line: %s", text);
+	CHECK(!strchr(text, '\x1b') && !strchr(text, '\r'), "a control byte reached the log: %s", text);
+	CHECK(strstr(text, " level=warn event=probe reason=\"x\\x0ats=2026 level=error event=forged\\x1b[0m\\x0d\"\n"),
+	      "got %s", text);
+}
+
+int main(void)
+{
+	test_escape();
+	test_log_line();
+	if (!failures)
+		printf("test_log: ok\n");
+	return failures ? 1 : 0;
+}
