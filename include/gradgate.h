@@ -74,6 +74,11 @@ struct gg_request;
 /* The endpoint gg_session_open() uses when given NULL. */
 #define GG_ENDPOINT_ENV "GRADGATE_ENDPOINT"
 
+/* The user, besides root, this process's own user and the owner of the
+ * control socket's folder, whose process gg_session_open() accepts as the
+ * gateway: a number or a user name. */
+#define GG_GATEWAY_UID_ENV "GRADGATE_GATEWAY_UID"
+
 /* Opens a session for rank `rank` of the `nranks` ranks of job `job`.
  *
  * endpoint  "unix:/absolute/path" of the gateway's control socket (the
@@ -89,6 +94,13 @@ struct gg_request;
  * out       on success receives the session, which the caller owns and
  *           frees with gg_session_close(); on failure set to NULL.
  * err       may be NULL.
+ *
+ * Before it sends anything, it checks who listens on the socket
+ * (SO_PEERCRED): a process running as root, as this process's user, as the
+ * owner of the socket's folder (when that folder is not writable by group
+ * or others) or as the user GRADGATE_GATEWAY_UID names. Any other listener
+ * may have taken the path before the gateway (a shared /tmp), and is
+ * refused with GG_ERR_CONNECT naming its uid.
  *
  * Blocks until the gateway accepts or refuses, at most 10 seconds. The
  * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it

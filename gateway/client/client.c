@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -358,6 +360,62 @@ static int parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struct
 	return 0;
 }
 
+/* The uid GRADGATE_GATEWAY_UID names (a number or a user name), or -1. */
+static long trusted_env_uid(struct gg_error *err, int *rc)
+{
+	const char *v = getenv(GG_GATEWAY_UID_ENV);
+	char *end;
+
+	*rc = 0;
+	if (!v || !*v)
+		return -1;
+	errno = 0;
+	long uid = strtol(v, &end, 10);
+	if (!*end && !errno && uid >= 0 && uid < (long)UINT32_MAX)
+		return uid;
+	struct passwd pw, *found = NULL;
+	char buf[1024];
+	if (!getpwnam_r(v, &pw, buf, sizeof(buf), &found) && found)
+		return (long)found->pw_uid;
+	*rc = set_err(err, GG_ERR_INVALID, GG_GATEWAY_UID_ENV "='%.64s' is neither a uid nor a known user name", v);
+	return -1;
+}
+
+/* Hands nothing to a process that may not be the gateway: whoever could
+ * bind the path first (a shared /tmp) would get the job's name and every
+ * shared buffer of the session. The listener must run as root, as this
+ * process's user, as the owner of the socket's folder (only it can create
+ * the socket there, unless the folder lets others write) or as the user
+ * GRADGATE_GATEWAY_UID names. */
+static int check_listener(int fd, const char *path, struct gg_error *err)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	struct stat st;
+	int rc;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len))
+		return set_err(err, GG_ERR_SYSTEM, "unix:%s: cannot tell who listens (SO_PEERCRED): %s", path,
+			       strerror(errno));
+	long env_uid = trusted_env_uid(err, &rc);
+	if (rc)
+		return rc;
+	if (cred.uid == 0 || cred.uid == geteuid() || (long)cred.uid == env_uid)
+		return 0;
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	slash[slash == dir ? 1 : 0] = '\0';
+	bool dir_ok = !stat(dir, &st);
+	if (dir_ok && st.st_uid == cred.uid && !(st.st_mode & (S_IWGRP | S_IWOTH)))
+		return 0;
+	return set_err(err, GG_ERR_CONNECT,
+		       "unix:%s is held by uid %u: not root, not us (uid %u)%s%.100s%s; nothing sent to it (set "
+		       GG_GATEWAY_UID_ENV " to trust the gateway's user)",
+		       path, (unsigned)cred.uid, (unsigned)geteuid(), dir_ok ? ", not the owner of " : "",
+		       dir_ok ? dir : "", dir_ok && (st.st_mode & (S_IWGRP | S_IWOTH)) ? " (others may write there)" : "");
+}
+
 static int connect_gateway(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err)
 {
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -378,6 +436,11 @@ static int connect_gateway(const struct sockaddr_un *addr, uint64_t deadline_ms,
 				       "with this control socket?", addr->sun_path, strerror(e));
 		return set_err(err, GG_ERR_CONNECT, "cannot connect to unix:%s: %s", addr->sun_path,
 			       e == EAGAIN ? "the gateway does not accept connections" : strerror(e));
+	}
+	int rc = check_listener(fd, addr->sun_path, err);
+	if (rc) {
+		close(fd);
+		return rc;
 	}
 	return fd;
 }

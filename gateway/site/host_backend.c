@@ -1316,6 +1316,23 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 		return -errno;
 	}
 	rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
+	if (rc == -ENOENT) {
+		/* The default folder (/run/gradgate) lives in a tmpfs that a
+		 * reboot empties. Made here, it belongs to the gateway's user and
+		 * only that user may add a socket to it, which the client library
+		 * takes as proof of who listens. */
+		char dir[sizeof(addr.sun_path)];
+		snprintf(dir, sizeof(dir), "%s", b->path);
+		char *slash = strrchr(dir, '/');
+		if (slash && slash != dir) {
+			*slash = '\0';
+			bool made = !mkdir(dir, 0755);
+			if (made)
+				(void)!chmod(dir, 0755); /* whatever the umask: ranks of every user reach it */
+			if (made || errno == EEXIST)
+				rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
+		}
+	}
 	if (rc == -EADDRINUSE) {
 		if ((rc = clear_stale_socket(b->path, &addr, err, err_size))) {
 			close(fd);

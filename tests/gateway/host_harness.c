@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -208,7 +209,9 @@ void harness_start(struct harness *h, const struct harness_options *opts)
 		h->opts.hello_timeout_us = 5000000;
 	snprintf(h->dir, sizeof(h->dir), "/tmp/gg-host-XXXXXX");
 	CHECK(mkdtemp(h->dir));
-	snprintf(h->path, sizeof(h->path), "%s/control.sock", h->dir);
+	/* The socket's folder does not exist yet: the gateway makes it, as it
+	 * makes /run/gradgate after a reboot. */
+	snprintf(h->path, sizeof(h->path), "%s/run/control.sock", h->dir);
 	snprintf(h->endpoint, sizeof(h->endpoint), "unix:%s", h->path);
 	atomic_store(&h->core_mode, CORE_SUM);
 	pthread_mutex_init(&h->lock, NULL);
@@ -222,6 +225,10 @@ void harness_start(struct harness *h, const struct harness_options *opts)
 		fprintf(stderr, "gateway did not start: %s\n", h->start_err);
 		exit(1);
 	}
+	char run[sizeof(h->dir) + 8];
+	struct stat st;
+	snprintf(run, sizeof(run), "%s/run", h->dir);
+	CHECK(stat(run, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 07777) == 0755);
 }
 
 void harness_stop_begin(struct harness *h)
@@ -239,6 +246,9 @@ void harness_stop(struct harness *h)
 	CHECK_EQ_INT(h->final.sum_bytes, 0);
 	CHECK_EQ_INT(h->final.spare_bytes, 0);
 	CHECK(access(h->path, F_OK) != 0); /* the socket is gone */
+	char run[sizeof(h->dir) + 8];
+	snprintf(run, sizeof(run), "%s/run", h->dir);
+	CHECK(rmdir(run) == 0);
 	CHECK(rmdir(h->dir) == 0);
 	CHECK_EQ_INT(count_open_fds(), h->fds_before);
 	pthread_mutex_destroy(&h->lock);

@@ -1,0 +1,142 @@
+/* gg_session_open() sends nothing to a control socket that another user may
+ * have bound before the gateway. A child running as `nobody` listens where
+ * a rank looks for its gateway; the library must refuse it unless that user
+ * owns the socket's folder (and nobody else may write there) or
+ * GRADGATE_GATEWAY_UID names it. Needs root (to become nobody); skips (77)
+ * without. */
+#include <errno.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gg_check.h"
+#include "gradgate.h"
+
+static char dir[64], sock[96];
+static uid_t nobody;
+
+/* A listener as `nobody` at `sock` that accepts and closes each
+ * connection: a squatter, or a gateway that refuses at once. */
+static pid_t squat(void)
+{
+	int ready[2];
+	char c = 0;
+
+	if (pipe(ready))
+		return -1;
+	pid_t pid = fork();
+	if (pid == 0) {
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+		snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+		if (setgid(65534) || setuid(nobody))
+			_exit(2);
+		int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+		if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 8))
+			_exit(3);
+		if (write(ready[1], "r", 1) != 1)
+			_exit(4);
+		for (int i = 0; i < 16; i++) {
+			int c2 = accept(fd, NULL, NULL);
+			if (c2 >= 0)
+				close(c2);
+		}
+		_exit(0);
+	}
+	close(ready[1]);
+	if (pid < 0 || read(ready[0], &c, 1) != 1) {
+		close(ready[0]);
+		return -1;
+	}
+	close(ready[0]);
+	return pid;
+}
+
+static void stop(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	unlink(sock);
+}
+
+/* Opens a session at the squatter; returns the code, message in `msg`. */
+static int open_at(char *msg, size_t size)
+{
+	char endpoint[160];
+	struct gg_session *s = NULL;
+	struct gg_error err;
+
+	snprintf(endpoint, sizeof(endpoint), "unix:%s", sock);
+	int rc = gg_session_open(endpoint, "job", 0, 1, &s, &err);
+	snprintf(msg, size, "%s", err.message);
+	if (s)
+		gg_session_close(s);
+	return rc;
+}
+
+int main(void)
+{
+	struct passwd *pw = getpwnam("nobody");
+	char msg[512], want[512];
+
+	if (geteuid() != 0 || !pw) {
+		printf("SKIP: needs root and a 'nobody' user\n");
+		return 77;
+	}
+	nobody = pw->pw_uid;
+	snprintf(dir, sizeof(dir), "/tmp/gg-listener-XXXXXX");
+	CHECK(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/site.sock", dir);
+	unsetenv("GRADGATE_GATEWAY_UID");
+
+	/* A folder anyone may write to, as /tmp: the squatter is refused. */
+	CHECK(chmod(dir, 01777) == 0, "chmod");
+	pid_t pid = squat();
+	CHECK(pid > 0, "cannot start the listener");
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter accepted: %s", msg);
+	snprintf(want, sizeof(want),
+		 "unix:%s is held by uid %u: not root, not us (uid 0), not the owner of %s (others may write "
+		 "there); nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
+		 sock, (unsigned)nobody, dir);
+	CHECK(!strcmp(msg, want), "got:  %s\nwant: %s", msg, want);
+
+	/* Named as the gateway's user, by name or number: the session goes on
+	 * (and this listener closes at once). */
+	setenv("GRADGATE_GATEWAY_UID", "nobody", 1);
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CLOSED, "trusted listener not reached: %s", msg);
+	snprintf(want, sizeof(want), "%u", (unsigned)nobody);
+	setenv("GRADGATE_GATEWAY_UID", want, 1);
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CLOSED, "trusted listener not reached: %s", msg);
+	setenv("GRADGATE_GATEWAY_UID", "no-such-user-gg", 1);
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "bad GRADGATE_GATEWAY_UID accepted: %s", msg);
+	CHECK(!strcmp(msg, "GRADGATE_GATEWAY_UID='no-such-user-gg' is neither a uid nor a known user name"), "got %s",
+	      msg);
+	unsetenv("GRADGATE_GATEWAY_UID");
+	stop(pid);
+
+	/* The folder belongs to the listener's user, as /run/gradgate belongs
+	 * to the gateway's: only that user could have made the socket. */
+	CHECK(chown(dir, nobody, 65534) == 0 && chmod(dir, 0755) == 0, "chown");
+	pid = squat();
+	CHECK(pid > 0, "cannot start the listener");
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CLOSED, "folder owner not trusted: %s", msg);
+	stop(pid);
+
+	/* Same folder, but others may write to it: refused again. */
+	CHECK(chmod(dir, 0777) == 0, "chmod");
+	pid = squat();
+	CHECK(pid > 0, "cannot start the listener");
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter in a shared folder accepted: %s", msg);
+	stop(pid);
+
+	rmdir(dir);
+	if (!failures)
+		printf("test_client_listener: ok\n");
+	return failures ? 1 : 0;
+}
