@@ -8,7 +8,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -947,6 +949,16 @@ static void on_map(struct gg_host_backend *b, struct hb_conn *c, int *fds, unsig
 	}
 	if (!(seals & F_SEAL_SHRINK)) {
 		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP of region %u: the memfd is not sealed against shrinking", id);
+		return;
+	}
+	/* Sealed hugetlbfs memfds still lose a page to a punched hole, and
+	 * once the huge-page pool is empty the next read is a SIGBUS. tmpfs
+	 * gives a fresh page instead. */
+	struct statfs sfs;
+	if (fstatfs(fds[0], &sfs) || sfs.f_type != TMPFS_MAGIC) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL,
+			   "MAP of region %u: the memfd is not plain shared memory (filesystem 0x%lx, not tmpfs; "
+			   "MFD_HUGETLB is not accepted)", id, (unsigned long)sfs.f_type);
 		return;
 	}
 	if (fstat(fds[0], &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != mp->size_bytes) {

@@ -394,6 +394,19 @@ static void bad_write_sealed(struct raw_rank *rr)
 	close(fd);
 }
 
+/* A sealed memfd of huge pages: a hole punched in it later would leave the
+ * gateway a SIGBUS once the huge-page pool is empty. */
+static void bad_hugetlb(struct raw_rank *rr)
+{
+	int fd = memfd_create("gg-test-huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+
+	CHECK(fd >= 0); /* hugetlbfs exists even with no huge pages reserved */
+	CHECK(ftruncate(fd, 2 << 20) == 0);
+	CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0);
+	raw_map(rr->fd, 1, 2 << 20, fd);
+	close(fd);
+}
+
 static void bad_unmap_busy(struct raw_rank *rr)
 {
 	union gg_ctrl_msg m;
@@ -454,6 +467,7 @@ static const struct violation violations[] = {
 	{ "hello-again", bad_hello_again, GG_ERR_PROTOCOL, "unexpected HELLO from a client", false },
 	{ "unsealed", bad_unsealed, GG_ERR_PROTOCOL, "MAP of region 1: the memfd is not sealed against shrinking", false },
 	{ "not-memfd", bad_not_memfd, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd (Invalid argument)", false },
+	{ "hugetlb", bad_hugetlb, GG_ERR_PROTOCOL, "MAP of region 1: the memfd is not plain shared memory (filesystem 0x958458f6, not tmpfs; MFD_HUGETLB is not accepted)", false },
 	{ "map-size", bad_map_size, GG_ERR_PROTOCOL, "MAP of region 1 says 8192 bytes, the memfd has 4096", false },
 	{ "map-no-fd", bad_map_no_fd, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not 0", false },
 	{ "map-two-fds", bad_map_two_fds, GG_ERR_PROTOCOL, "MAP must carry exactly one file descriptor, not 2", false },
