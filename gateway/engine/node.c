@@ -165,6 +165,9 @@ struct lane {
 	/* published by the lane's thread for the coordinator */
 	atomic_uint_fast64_t resent, tls_ns, rtt_us[GG_AR_MAX_SITES];
 	atomic_uint_fast64_t heard_us[GG_AR_MAX_SITES]; /* last receive from each peer */
+	/* Bytes of early frames this lane holds from each peer (written by
+	 * the lane only), and frames it let go past its budget. */
+	atomic_uint_fast64_t early_bytes[GG_AR_MAX_SITES], early_refused;
 	/* start-up of lanes 1..: made on their own thread */
 	int start_rc;
 	char start_err[GG_NODE_ERROR_MAX];
@@ -338,13 +341,37 @@ static unsigned chunk_lane(const struct gg_node *n, const struct gg_ar_chunk_id 
 
 /* ---- a lane's parts of steps ---------------------------------------------- */
 
-static void early_free(struct early *e)
+static void early_free(struct lane *ln, struct early *e)
 {
+	atomic_fetch_sub_explicit(&ln->early_bytes[e->from], e->frame_len, memory_order_relaxed);
 	gg_buf_put(e->msg);
 	free(e);
 }
 
-static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create)
+/* Lets go of a never-started job's early frames without acknowledging
+ * them: their sender keeps them, counted in its window. */
+static void lane_job_clear(struct lane_job *lj)
+{
+	while (lj->early) {
+		struct early *e = lj->early;
+		lj->early = e->next;
+		early_free(lj->lane, e);
+	}
+	memset(lj, 0, sizeof(*lj));
+}
+
+/* True when every early frame of lj came from `from`. */
+static bool early_only_from(const struct lane_job *lj, unsigned from)
+{
+	for (const struct early *e = lj->early; e; e = e->next)
+		if (e->from != from)
+			return false;
+	return true;
+}
+
+/* The entry of job `name`, or with `create` a new one for it. `from` is the
+ * peer whose DATA asks for it, or -1 for a step that starts here. */
+static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create, int from)
 {
 	struct lane_job *free_slot = NULL;
 
@@ -365,8 +392,23 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 			if (!lj->ar && !lj->early && (!free_slot || lj->active_us < free_slot->active_us))
 				free_slot = lj;
 		}
+		/* Then a job that never started here and holds only early
+		 * frames: a peer could otherwise fill the table with jobs that
+		 * never come, and lock every real one out. A step starting here
+		 * takes the oldest; a peer's DATA only one of its own. */
+		for (unsigned i = 0; i < MAX_JOBS && !free_slot; i++) {
+			struct lane_job *lj = &ln->jobs[i];
+			if (lj->ar || lj->last_seq || (from >= 0 && !early_only_from(lj, (unsigned)from)))
+				continue;
+			if (!free_slot || lj->active_us < free_slot->active_us)
+				free_slot = lj;
+		}
 		if (!free_slot)
 			return NULL;
+		if (free_slot->early)
+			gg_log(GG_LOG_WARN, "early_data_dropped", "job=%s reason=\"its slot went to job %s: it never "
+			       "started here\"", free_slot->name, name);
+		lane_job_clear(free_slot);
 	}
 	memset(free_slot, 0, sizeof(*free_slot));
 	free_slot->lane = ln;
@@ -528,8 +570,60 @@ static void drop_early(struct lane_job *lj, uint64_t from_seq, uint64_t to_seq)
 		}
 		*pp = e->next;
 		lane_ack(lj->lane, e->via_lane, e->via, lj->name, e->seq, &e->id);
-		early_free(e);
+		early_free(lj->lane, e);
 	}
+}
+
+/* A frame of step `seq` of lj that a peer may well send ahead of this site:
+ * the next step of a job that ran here. Any other early frame is a guess:
+ * a job that has not started here (yet), or steps further ahead, which a
+ * peer keeping to the protocol does not send. */
+static bool early_expected(const struct lane_job *lj, uint64_t seq)
+{
+	return lj->last_seq && seq == lj->last_seq + 1;
+}
+
+/* The early frames of `from` on this lane stay within what a peer with our
+ * inflight_per_peer may have unacknowledged (its lanes share the window,
+ * each may pass its share by one frame), whatever the peer's own window
+ * says. Past it, frames this site does not expect make room for one it
+ * does; they, and an unexpected frame that finds no room, are let go
+ * unacknowledged: the sender keeps them counted in its window, which stays
+ * shut to new DATA until this site catches up. Returns whether a frame of
+ * `len` bytes for step `seq` of lj may be kept. */
+static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint64_t seq, uint64_t len)
+{
+	struct gg_node *n = ln->node;
+	uint64_t limit = n->cfg->limits.inflight_bytes_per_peer +
+			 (uint64_t)n->cfg->transport.streams_per_peer * n->max_payload;
+	uint64_t held = atomic_load_explicit(&ln->early_bytes[from], memory_order_relaxed);
+	unsigned dropped = 0;
+
+	for (unsigned i = 0; i < MAX_JOBS && held + len > limit && early_expected(lj, seq); i++) {
+		struct lane_job *o = &ln->jobs[i];
+		for (struct early **pp = &o->early; *pp && held + len > limit;) {
+			struct early *e = *pp;
+			if (e->from != from || early_expected(o, e->seq)) {
+				pp = &e->next;
+				continue;
+			}
+			*pp = e->next;
+			held -= e->frame_len;
+			early_free(ln, e);
+			dropped++;
+		}
+	}
+	if (held + len <= limit && !dropped)
+		return true;
+	uint64_t refused = atomic_fetch_add_explicit(&ln->early_refused, dropped + (held + len > limit),
+						     memory_order_relaxed);
+	if (refused < 8 || refused % 1024 == 0)
+		gg_log(GG_LOG_WARN, "early_data_refused",
+		       "site=%s job=%s step=%llu held=%llu limit=%llu reason=\"DATA for steps not started here "
+		       "beyond inflight_per_peer; frames this site does not expect are not kept and not "
+		       "acknowledged (is inflight_per_peer alike at every site?)\"", n->names[from], lj->name,
+		       (unsigned long long)seq, (unsigned long long)held, (unsigned long long)limit);
+	return held + len <= limit;
 }
 
 /* DATA for a chunk of this lane's, which came on lane via_lane's stream `via`. */
@@ -537,7 +631,7 @@ static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct 
 		      const struct gg_wire_msg *m, struct gg_buf *payload)
 {
 	const struct gg_wire_step *ws = &m->u.data.step;
-	struct lane_job *lj = lane_job_find(ln, ws->job, true);
+	struct lane_job *lj = lane_job_find(ln, ws->job, true, (int)from);
 
 	if (!lj) {
 		gg_log(GG_LOG_WARN, "data_dropped", "site=%s job=%s reason=\"too many jobs\"", ln->node->names[from],
@@ -565,9 +659,12 @@ static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct 
 			return;
 		}
 	}
+	if (!early_room(ln, lj, from, ws->step, m->u.data.frame_bytes))
+		return;
 	struct early *e = malloc(sizeof(*e));
 	if (!e)
 		return;
+	atomic_fetch_add_explicit(&ln->early_bytes[from], m->u.data.frame_bytes, memory_order_relaxed);
 	gg_buf_get(payload);
 	*e = (struct early){ .from = from, .via_lane = via_lane, .via = via, .seq = ws->step, .wstep = *ws,
 			     .id = m->u.data.id, .msg = payload, .frame = m->u.data.frame,
@@ -579,7 +676,7 @@ static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct 
 static void lane_start(struct lane *ln, const struct mail *m)
 {
 	struct gg_node *n = ln->node;
-	struct lane_job *lj = lane_job_find(ln, m->u.start.wstep.job, true);
+	struct lane_job *lj = lane_job_find(ln, m->u.start.wstep.job, true, -1);
 	char why[GG_AR_ERROR_MAX];
 
 	if (!lj) {
@@ -630,7 +727,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 		}
 		*pp = e->next;
 		part_feed(lj, e->from, e->via_lane, e->via, &e->wstep, &e->id, e->frame, e->frame_len);
-		early_free(e);
+		early_free(ln, e);
 	}
 	part_check_done(lj);
 }
@@ -643,7 +740,7 @@ static void lane_end(struct lane *ln, const struct mail *m)
 		if (ln->jobs[i].used && ln->jobs[i].ar && ln->jobs[i].slot == m->slot && ln->jobs[i].seq == m->seq)
 			lj = &ln->jobs[i];
 	if (!lj)
-		lj = lane_job_find(ln, m->u.job, false);
+		lj = lane_job_find(ln, m->u.job, false, -1);
 	if (lj) {
 		if (lj->ar && lj->seq == m->seq) {
 			gg_ar_step_free(lj->ar);
@@ -669,7 +766,7 @@ static void lane_end(struct lane *ln, const struct mail *m)
 
 static void lane_forget(struct lane *ln, const struct mail *m)
 {
-	struct lane_job *lj = lane_job_find(ln, m->u.job, false);
+	struct lane_job *lj = lane_job_find(ln, m->u.job, false, -1);
 
 	if (lj && m->seq > lj->last_seq)
 		drop_early(lj, m->seq, m->seq);
@@ -679,7 +776,7 @@ static void lane_forget(struct lane *ln, const struct mail *m)
  * name may start a new run. */
 static void lane_forget_job(struct lane *ln, const char *job)
 {
-	struct lane_job *lj = lane_job_find(ln, job, false);
+	struct lane_job *lj = lane_job_find(ln, job, false, -1);
 
 	if (!lj || lj->ar)
 		return;
@@ -1382,8 +1479,14 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	struct job *j = find_job(n, m->u.end.job, false);
 	char failed[GG_NODE_ERROR_MAX], gone[GG_NODE_ERROR_MAX];
 
-	if (!j)
+	if (!j) {
+		/* None of its steps can complete anywhere now: the frames peers
+		 * sent ahead for it are let go (and acknowledged). */
+		struct mail f = { .base.type = M_FORGET_JOB };
+		snprintf(f.u.job, sizeof(f.u.job), "%s", m->u.end.job);
+		post_lanes(n, &f);
 		return;
+	}
 	snprintf(failed, sizeof(failed), "site %s failed it and ended job '%s': %s", n->names[from], j->name,
 		 m->u.end.reason);
 	snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: its ranks there are gone", n->names[from],
@@ -1591,6 +1694,7 @@ static void gather_stats(struct gg_node *n)
 
 	st->data_bytes_out = st->raw_bytes_out = st->data_bytes_in = st->resent_messages = 0;
 	st->encode_s = st->decode_s = st->tls_s = 0;
+	st->early_bytes = st->early_refused = 0;
 	for (unsigned l = 0; l < n->nlanes; l++) {
 		struct lane *ln = &n->lanes[l];
 		st->data_bytes_out += atomic_load_explicit(&ln->stats.data_bytes_out, memory_order_relaxed);
@@ -1600,6 +1704,9 @@ static void gather_stats(struct gg_node *n)
 		st->decode_s += (double)atomic_load_explicit(&ln->stats.decode_ns, memory_order_relaxed) * 1e-9;
 		st->tls_s += (double)atomic_load_explicit(&ln->tls_ns, memory_order_relaxed) * 1e-9;
 		st->resent_messages += atomic_load_explicit(&ln->resent, memory_order_relaxed);
+		st->early_refused += atomic_load_explicit(&ln->early_refused, memory_order_relaxed);
+		for (unsigned p = 0; p < n->sites; p++)
+			st->early_bytes += atomic_load_explicit(&ln->early_bytes[p], memory_order_relaxed);
 		for (unsigned p = 0; p < n->sites; p++) {
 			uint64_t rtt = atomic_load_explicit(&ln->rtt_us[p], memory_order_relaxed);
 			if (rtt)
@@ -1643,6 +1750,25 @@ int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream)
 	m->u.stream = stream;
 	post(&ln->inbox, m);
 	return 0;
+}
+
+int gg_node_test_send_data(struct gg_node *n, unsigned peer, const char *job, uint64_t step, uint32_t chunk,
+			   size_t bytes)
+{
+	struct gg_wire_step ws = { .step = step, .count = 1, .dtype = GG_WIRE_F32 };
+	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = (uint8_t)n->self, .chunk = chunk };
+
+	if (peer >= n->sites || peer == n->self || bytes > n->max_payload - GG_WIRE_DATA_FIXED_BYTES)
+		return -EINVAL;
+	snprintf(ws.job, sizeof(ws.job), "%s", job);
+	struct gg_buf *frame = gg_buf_new(&n->frames, n->max_payload);
+	if (!frame)
+		return -ENOMEM;
+	memset(frame->data, 0x5a, bytes);
+	frame->len = bytes;
+	int rc = gg_mesh_send_data(n->lanes[0].mesh, peer, &ws, &id, frame);
+	gg_buf_put(frame);
+	return rc;
 }
 
 void gg_node_test_drop_done(struct gg_node *n, unsigned peer)
@@ -1810,11 +1936,7 @@ static void lane_fini(struct lane *ln)
 		struct lane_job *lj = &ln->jobs[i];
 		gg_ar_step_free(lj->ar);
 		lj->ar = NULL;
-		while (lj->early) {
-			struct early *e = lj->early;
-			lj->early = e->next;
-			early_free(e);
-		}
+		lane_job_clear(lj);
 	}
 	gg_mesh_free(ln->mesh);
 	ln->mesh = NULL;

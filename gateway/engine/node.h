@@ -83,6 +83,8 @@ struct gg_node_stats {
 	uint64_t rtt_us[GG_AR_MAX_SITES];       /* last heartbeat round trip per site */
 	double encode_s, decode_s;              /* time spent in the step engine */
 	double tls_s;                           /* time in TLS record encryption and decryption */
+	uint64_t early_bytes;                   /* frames held for steps not started here, now */
+	uint64_t early_refused;                 /* frames past the early budget, not kept */
 };
 
 /* Builds the node from a validated config: TLS context, listening socket,
@@ -148,6 +150,12 @@ void gg_node_test_freeze_at_result(struct gg_node *n);
  * every stream to it broke right after it was queued: the peer hears of it
  * only once a stream to it comes back. */
 void gg_node_test_drop_done(struct gg_node *n, unsigned peer);
+/* Tests: sends `peer` DATA of `bytes` arbitrary frame bytes for chunk
+ * `chunk` of step `step` of `job` (1 float32 element), through lane 0's
+ * window, as a peer ahead of this one or one that makes steps up would.
+ * On lane 0's thread (the caller of gg_node_run_once). */
+GG_MUST_CHECK int gg_node_test_send_data(struct gg_node *n, unsigned peer, const char *job, uint64_t step,
+					 uint32_t chunk, size_t bytes);
 
 const struct gg_node_stats *gg_node_stats(const struct gg_node *n);
 const char *gg_node_site_name(const struct gg_node *n, unsigned index);

@@ -205,15 +205,17 @@ static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk)
 }
 
 /* Moves DATA from the waiting list onto streams while the peer's window
- * has room. */
+ * has room. Each lane's mesh has its share of inflight_per_peer, so that
+ * all lanes together stay within what the peer keeps of early frames. */
 static void pump_peer(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
+	uint64_t window = m->cfg->limits.inflight_bytes_per_peer / m->lanes;
 
 	while (pe->waiting) {
 		struct out *o = pe->waiting;
 		size_t bytes = o->head_len + o->frame->len;
-		if (pe->unacked_bytes && pe->unacked_bytes + bytes > m->cfg->limits.inflight_bytes_per_peer)
+		if (pe->unacked_bytes && pe->unacked_bytes + bytes > window)
 			return;
 		int ci = pick_stream(m, p, o->id.chunk);
 		if (ci < 0)
@@ -352,7 +354,9 @@ static void conn_flush(struct gg_mesh *m, int ci)
 		if (w == -EAGAIN)
 			return;
 		if (w < 0) {
-			conn_close(m, ci, gg_tls_stream_error(&c->ts));
+			/* From conn_close() itself (c->lost): it goes on closing. */
+			if (!c->lost)
+				conn_close(m, ci, gg_tls_stream_error(&c->ts));
 			return;
 		}
 		size_t left = (size_t)w;

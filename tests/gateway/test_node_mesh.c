@@ -4,7 +4,9 @@
  * with bit-identical results equal to the fixed-order sum (fp32), survive
  * a stream cut mid-transfer, and fail at every site, with a message naming
  * both announcements, when sites announce different collectives; a DONE
- * lost with every stream that carried it is sent again on a new one.
+ * lost with every stream that carried it is sent again on a new one; a
+ * peer that sends DATA for steps that never come fills neither memory nor
+ * the job table.
  *
  *   test_node_mesh CERT_DIR (certificates from examples/make-certs.sh for
  *   sites s0..s3) */
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "gg_check.h"
+#include "gradgate.h"
 #include "allreduce.h"
 #include "log.h"
 #include "net_addr.h"
@@ -42,6 +45,8 @@ struct scenario {
 	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
 	int done_lost_step;   /* site 0's DONE of this step never reaches site 1, whose streams it then cuts */
 	bool end_after_lost;  /* and site 0 ends the job at once (it was the last step): its END stands for the DONE */
+	bool flood;           /* site 1 ignores site 0's budget (its own window is 1 GiB): DATA of steps that never
+			       * come, for one job and for 40 jobs, before the real steps */
 };
 
 struct site {
@@ -92,13 +97,90 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 			      "[transport]\nstreams_per_peer = 4\nchunk_size = \"256KiB\"\nstep_timeout = \"%s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
-			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"8MiB\"\nmemory = \"64MiB\"\n",
-			      sc->freeze_site >= 0 ? "1s" : "20s", sc->codec, sc->algo);
+			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"%s\"\nmemory = \"%s\"\n",
+			      sc->freeze_site >= 0 ? "1s" : "20s", sc->codec, sc->algo,
+			      sc->flood && k == 1 ? "1GiB" : "8MiB", sc->flood && k == 1 ? "4GiB" : "64MiB");
 	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, ports[0]);
 	FILE *f = fopen(path, "w");
 	if (!f || fputs(text, f) < 0 || fclose(f))
 		return -1;
 	return 0;
+}
+
+static int fresh_status;
+static char fresh_message[GG_NODE_ERROR_MAX];
+
+static void on_fresh(void *arg, struct gg_node_step *st, int status, const char *message)
+{
+	(void)arg;
+	(void)st;
+	fresh_status = status ? status : 1;
+	snprintf(fresh_message, sizeof(fresh_message), "%s", message ? message : "");
+}
+
+/* Site 1 sends one frame for each of 40 jobs that never start, then 64
+ * frames of 200 KiB for steps 2..65 of another; site 0 must hold no more
+ * than inflight_per_peer (8 MiB) plus one frame per stream, and still
+ * start a job of its own. */
+static void flood(struct gg_node *node, unsigned index)
+{
+	const uint64_t limit = (8u << 20) + 4 * (256u << 10) + 4 * 1024;
+	uint64_t most = 0;
+
+	if (index == 1) {
+		for (unsigned j = 0; j < 40; j++) {
+			char job[16];
+			snprintf(job, sizeof(job), "never-%u", j);
+			CHECK(gg_node_test_send_data(node, 0, job, 1, 0, 1024) == 0, "flood");
+		}
+		for (unsigned step = 2; step < 66; step++)
+			CHECK(gg_node_test_send_data(node, 0, "flood", step, 0, 200u << 10) == 0, "flood");
+	}
+	for (int spins = 0; spins < 150; spins++) {
+		if (gg_node_run_once(node, 10000, NULL, NULL))
+			break;
+		most = GG_MAX(most, gg_node_stats(node)->early_bytes);
+	}
+	if (index == 0) {
+		const struct gg_node_stats *st = gg_node_stats(node);
+		printf("  site 0 held at most %llu bytes of early frames (budget %llu), refused %llu frames\n",
+		       (unsigned long long)most, (unsigned long long)limit, (unsigned long long)st->early_refused);
+		CHECK(most > (4u << 20) && most <= limit, "site 0 held %llu bytes of early frames", (unsigned long long)most);
+		CHECK(st->early_refused > 0, "nothing was refused");
+		/* Lane 0's job table is full of jobs that never started here: a
+		 * job starting here takes one of their entries. It times out
+		 * (site 1 never joins), but it must get that far. */
+		static float x[4], y[4];
+		struct gg_node_step fresh = { .seq = 1, .tensor_id = 1, .count = 4, .dtype = 1, .input = x, .result = y,
+					      .deadline_us = gg_monotonic_us() + 300000, .timeout_us = 300000,
+					      .done = on_fresh };
+		char err[GG_NODE_ERROR_MAX];
+		snprintf(fresh.job, sizeof(fresh.job), "fresh");
+		fresh_status = 0;
+		CHECK(gg_node_submit(node, &fresh, err, sizeof(err)) == 0, "fresh: %s", err);
+		for (int spins = 0; spins < 200 && !fresh_status; spins++)
+			if (gg_node_run_once(node, 10000, NULL, NULL))
+				break;
+		printf("  site 0, a job among those: %s\n", fresh_message);
+		CHECK(fresh_status == GG_ERR_TIMEOUT && strstr(fresh_message, "missed its 300ms deadline"),
+		      "fresh job: %d: %s", fresh_status, fresh_message);
+	} else {
+		/* The flooder ends its jobs: site 0 lets their frames go. */
+		gg_node_end_job(node, "flood");
+		for (unsigned j = 0; j < 40; j++) {
+			char job[16];
+			snprintf(job, sizeof(job), "never-%u", j);
+			gg_node_end_job(node, job);
+		}
+	}
+	for (int spins = 0; spins < 100; spins++)
+		if (gg_node_run_once(node, 10000, NULL, NULL))
+			break;
+	/* What may be left is site 1's first step of the real job (400 KB). */
+	if (index == 0)
+		CHECK(gg_node_stats(node)->early_bytes < (1u << 20),
+		      "site 0 still holds %llu bytes of early frames of ended jobs",
+		      (unsigned long long)gg_node_stats(node)->early_bytes);
 }
 
 static void *run_site(void *arg)
@@ -119,6 +201,8 @@ static void *run_site(void *arg)
 		if (gg_node_run_once(node, 20000, NULL, NULL))
 			break;
 	CHECK(gg_node_connected(node), "site %u did not connect to every peer", s->index);
+	if (sc->flood)
+		flood(node, s->index);
 	bool frozen = (int)s->index == sc->freeze_site;
 	if (frozen)
 		gg_node_test_freeze_at_result(node);
@@ -204,7 +288,9 @@ static void *run_site(void *arg)
 	/* A site shuts down only once every site has its frames acknowledged:
 	 * one that stopped early could no longer acknowledge what a slower
 	 * site still sends it. */
-	bool counted = false;
+	bool counted = sc->flood && s->index == 1;
+	if (counted)
+		atomic_fetch_add(&flushed_sites, 1);
 	for (int spins = 0; spins < 1000 && atomic_load(&flushed_sites) < sc->K; spins++) {
 		if (!counted && gg_node_flushed(node)) {
 			atomic_fetch_add(&flushed_sites, 1);
@@ -213,7 +299,9 @@ static void *run_site(void *arg)
 		if (gg_node_run_once(node, 10000, NULL, NULL))
 			break;
 	}
-	CHECK(gg_node_flushed(node), "site %u: frames still unacknowledged after 10 s", s->index);
+	/* The flooder's frames for steps that never come stay unacknowledged. */
+	CHECK(gg_node_flushed(node) || (sc->flood && s->index == 1), "site %u: frames still unacknowledged after 10 s",
+	      s->index);
 	gg_node_shutdown(node);
 	for (int spins = 0; spins < 100 && !gg_node_idle(node); spins++)
 		if (gg_node_run_once(node, 10000, NULL, NULL))
@@ -227,11 +315,12 @@ static void run(const struct scenario *sc)
 	static struct site sites[MAX_K];
 	char path[512];
 
-	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
 	       sc->mismatch ? ", mismatched announcement" : "",
 	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "",
-	       sc->done_lost_step ? ", a DONE lost with its streams" : "", sc->end_after_lost ? ", then the job ends" : "");
+	       sc->done_lost_step ? ", a DONE lost with its streams" : "", sc->end_after_lost ? ", then the job ends" : "",
+	       sc->flood ? ", a peer floods DATA of steps that never come" : "");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -316,28 +405,30 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, false },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, false },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, false },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, false },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, false },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, false },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, false },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, false },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, false },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, false },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, false },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, false },
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false },
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, false },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, false },
 		/* A DONE lost with every stream that carried it comes again. */
-		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false },
-		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false },
+		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, false },
+		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, false },
 		/* ... or its END, once the sender forgot the job, stands for it. */
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, false },
+		/* A peer floods DATA for steps that never come. */
+		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, true },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -346,7 +437,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, false };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);
