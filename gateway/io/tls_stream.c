@@ -203,6 +203,8 @@ int gg_tls_stream_connect(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 		s->tls = NULL;
 		s->state = GG_TLS_STREAM_DONE;
 		set_error(s, rc, text);
+		/* Nothing is in flight: the owner may reuse the slot at once. */
+		s->pending_ev |= GG_TLS_STREAM_EV_DONE;
 		return rc;
 	}
 	rc = gg_net_tune(s->fd, s->opts.socket_buffer_bytes);

@@ -95,7 +95,8 @@ void gg_tls_stream_accept(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 
 /* Connects to `addr` and runs the client handshake. Takes ownership of
  * tls in every case. Returns 0 or a negative errno (socket creation
- * failed; the stream is then DONE). */
+ * failed; the stream is then DONE, and the next tick reports EV_FAILED
+ * and EV_DONE). */
 GG_MUST_CHECK int gg_tls_stream_connect(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index,
 					const struct sockaddr *addr, socklen_t addr_len, struct gg_tls_engine *tls,
 					const struct gg_tls_stream_options *opts);
