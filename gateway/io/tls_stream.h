@@ -77,6 +77,7 @@ struct gg_tls_stream {
 	bool io_failed;    /* a send failed: nothing more can be sent */
 	bool peer_eof;     /* the socket reached end of file */
 	bool write_shut;   /* close_notify queued: no more writes */
+	bool notify_pending; /* closing: close_notify still to be queued */
 	bool fin_sent;
 	uint64_t deadline_us; /* 0: none */
 	uint64_t wire_in_bytes, wire_out_bytes;
@@ -128,7 +129,8 @@ GG_MUST_CHECK ssize_t gg_tls_stream_writev(struct gg_tls_stream *s, const struct
  * stream may still read (TLS 1.3 half-close). Returns 0 or -ENOTCONN. */
 GG_MUST_CHECK int gg_tls_stream_shutdown(struct gg_tls_stream *s);
 
-/* Stops reading, sends what is queued (within the close timeout), and
+/* Stops reading, sends what is queued and then close_notify (an open
+ * stream's; within the close timeout, never waiting beyond it), and
  * closes. Returns events (EV_DONE when that finished at once). */
 unsigned gg_tls_stream_close(struct gg_tls_stream *s);
 

@@ -965,16 +965,9 @@ void gg_mesh_shutdown(struct gg_mesh *m)
 {
 	gg_mesh_flush(m);
 	m->shutting_down = true;
-	for (int ci = 0; ci < MAX_CONNS; ci++) {
-		if (!m->conns[ci].used)
-			continue;
-		/* close_notify first, so the peer can tell a clean stop from a
-		 * cut; the close then flushes it. */
-		if (m->conns[ci].ts.state == GG_TLS_STREAM_OPEN && gg_tls_stream_shutdown(&m->conns[ci].ts) < 0)
-			gg_log(GG_LOG_DEBUG, "close_notify_failed", "site=%s stream=%d",
-			       m->conns[ci].peer >= 0 ? m->names[m->conns[ci].peer] : "?", m->conns[ci].stream);
-		conn_close(m, ci, "shutting down");
-	}
+	for (int ci = 0; ci < MAX_CONNS; ci++)
+		if (m->conns[ci].used)
+			conn_close(m, ci, "shutting down");
 	if (m->listen_fd >= 0) {
 		close(m->listen_fd);
 		m->listen_fd = -1;

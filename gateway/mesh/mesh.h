@@ -167,7 +167,8 @@ bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer);
 bool gg_mesh_connected(const struct gg_mesh *m);
 /* True when every DATA sent was acknowledged and nothing waits. */
 bool gg_mesh_flushed(const struct gg_mesh *m);
-/* Refuses new connections and closes every stream (close_notify first). */
+/* Refuses new connections and closes every stream (what is queued, then
+ * close_notify). */
 void gg_mesh_shutdown(struct gg_mesh *m);
 /* True once shutdown finished: nothing in flight. */
 bool gg_mesh_idle(const struct gg_mesh *m);
