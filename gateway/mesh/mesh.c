@@ -15,6 +15,7 @@
 #define MAX_CONNS 192     /* streams to all peers plus handshakes in progress */
 #define CTRL_MSG_MAX 1024 /* every message but DATA fits */
 #define CONN_TXQ 512      /* messages queued on one stream */
+#define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -164,20 +165,29 @@ void gg_mesh_flush(struct gg_mesh *m)
 	}
 }
 
-/* A control message to one stream; dropped when the stream is gone. */
-static void send_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len)
+/* Queues a control message on a stream that holds fewer than `limit`
+ * messages; whether it did. */
+static bool queue_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len, unsigned limit)
 {
 	struct out *o;
 
-	if (ci < 0 || !m->conns[ci].used || m->conns[ci].txq_count >= CONN_TXQ || len > sizeof(o->head))
-		return;
+	if (ci < 0 || !m->conns[ci].used || m->conns[ci].txq_count >= limit || len > sizeof(o->head))
+		return false;
 	o = calloc(1, sizeof(*o));
 	if (!o)
-		return;
+		return false;
 	memcpy(o->head, buf, len);
 	o->head_len = len;
 	o->conn = ci;
 	conn_enqueue(m, ci, o);
+	return true;
+}
+
+/* A control message to one stream; dropped when the stream is gone or
+ * its queue is full. */
+static void send_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len)
+{
+	queue_ctrl(m, ci, buf, len, CONN_TXQ);
 }
 
 static bool conn_ready(const struct gg_mesh *m, int ci)
@@ -282,8 +292,13 @@ void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uin
 	if (via.conn < 0 || via.conn >= MAX_CONNS || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
 		return;
 	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, step, id);
-	if (len > 0)
-		send_ctrl(m, via.conn, buf, (size_t)len);
+	/* Never dropped while the stream lives: the sender would keep the DATA
+	 * it names, and its window would stay that much shorter for good. A
+	 * stream that cannot take it (a peer that sends but does not read,
+	 * no memory) is closed instead, and its peer sends the DATA again on
+	 * another stream, where it is acknowledged. */
+	if (len > 0 && !queue_ctrl(m, via.conn, buf, (size_t)len, CONN_TXQ + CONN_TXQ_ACKS))
+		conn_close(m, via.conn, "cannot queue an ACK: the peer leaves too much unread");
 }
 
 unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)

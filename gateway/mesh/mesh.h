@@ -141,7 +141,8 @@ GG_MUST_CHECK int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const stru
  * it was queued cannot lose it). Dropped when no stream is ready. */
 void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, size_t len, bool every_stream);
 /* Acknowledges DATA for (job, step, id) on the stream it came on; nothing
- * when that stream is gone (the peer sends the DATA again). */
+ * when that stream is gone (the peer sends the DATA again). A full send
+ * queue does not drop it: a stream that cannot take it is closed. */
 void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t step,
 		 const struct gg_ar_chunk_id *id);
 

@@ -5,6 +5,8 @@
  *   dial-setup-fails  dials fail to start (no file descriptors left): the
  *                     mesh still connects once they come back, and
  *                     shuts down to idle
+ *   ack-at-full-queue ACKs owed while the stream they go on has a full
+ *                     send queue still reach the sender
  *
  *   test_mesh_streams CERT_DIR [CASE]  (certificates from
  *   examples/make-certs.sh for sites s0..s7) */
@@ -277,11 +279,59 @@ static void dial_setup_fails(void)
 	mesh_set_fini(&ms);
 }
 
+static bool s0_flushed(const struct mesh_set *ms)
+{
+	return gg_mesh_flushed(ms->sites[0].mesh);
+}
+
+/* Fills the stream back to s0 with more small messages than a stream
+ * queues, in the turn that acknowledges DATA from s0. */
+static void flood_controls(struct site *s, unsigned peer)
+{
+	uint8_t msg[128];
+	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "flood", 1);
+
+	for (int i = 0; len > 0 && i < 600; i++)
+		gg_mesh_send_control(s->mesh, peer, msg, (size_t)len, false);
+}
+
+/* s1 acknowledges s0's DATA while its one stream to s0 holds a full send
+ * queue: the ACKs must still arrive, so that s0's window is whole again. */
+static void ack_at_full_queue(void)
+{
+	struct mesh_set ms;
+	const unsigned chunks = 8;
+
+	CHECK(mesh_set_init(&ms, 2, 1) == 0, "set-up");
+	CHECK(site_start(&ms, 1) == 0 && site_start(&ms, 0) == 0, "start");
+	CHECK(turn_until(&ms, all_connected, 5), "the mesh did not connect");
+	ms.sites[1].before_ack = flood_controls;
+	struct gg_wire_step step = { .job = "acks", .step = 1, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
+	for (unsigned c = 0; c < chunks; c++) {
+		struct gg_buf *frame = gg_buf_new(NULL, 4096);
+		CHECK(frame, "no memory");
+		if (!frame)
+			break;
+		memset(frame->data, (int)c, 4096);
+		frame->len = 4096;
+		struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = 0, .chunk = c };
+		CHECK(gg_mesh_send_data(ms.sites[0].mesh, 1, &step, &id, frame) == 0, "send");
+		gg_buf_put(frame);
+	}
+	gg_mesh_flush(ms.sites[0].mesh);
+	bool acked = turn_until(&ms, s0_flushed, 5);
+	CHECK(ms.sites[1].data_in == chunks, "s1 received %u of %u DATA", ms.sites[1].data_in, chunks);
+	CHECK(acked, "s0 still waits for ACKs 5 s after s1 received every DATA: its window stays short");
+	CHECK(ms.sites[0].controls_in > 0, "s0 received none of s1's messages");
+	mesh_set_fini(&ms);
+}
+
 static const struct {
 	const char *name;
 	void (*run)(void);
 } cases[] = {
 	{ "dial-setup-fails", dial_setup_fails },
+	{ "ack-at-full-queue", ack_at_full_queue },
 };
 
 int main(int argc, char **argv)
