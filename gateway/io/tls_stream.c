@@ -376,6 +376,20 @@ unsigned gg_tls_stream_close(struct gg_tls_stream *s)
 	return take_events(s);
 }
 
+unsigned gg_tls_stream_abort(struct gg_tls_stream *s)
+{
+	if ((s->state >= GG_TLS_STREAM_CONNECTING && s->state < GG_TLS_STREAM_DRAINING) ||
+	    s->state == GG_TLS_STREAM_DETACHING)
+		s->state = GG_TLS_STREAM_DRAINING;
+	advance(s);
+	return take_events(s);
+}
+
+bool gg_tls_stream_busy(const struct gg_tls_stream *s)
+{
+	return s->recv_busy || s->send_busy || s->connect_busy || s->cancel_busy;
+}
+
 const char *gg_tls_stream_error(const struct gg_tls_stream *s)
 {
 	return s->error_text;

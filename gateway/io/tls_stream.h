@@ -134,6 +134,14 @@ GG_MUST_CHECK int gg_tls_stream_shutdown(struct gg_tls_stream *s);
  * closes. Returns events (EV_DONE when that finished at once). */
 unsigned gg_tls_stream_close(struct gg_tls_stream *s);
 
+/* Closes at once, sending nothing more: cancels what is in flight, and
+ * reports EV_DONE (maybe at once) when the kernel is done with the
+ * stream's buffers. For teardown. */
+unsigned gg_tls_stream_abort(struct gg_tls_stream *s);
+/* Whether an operation of the stream is in flight on its loop: until it
+ * completes, neither the engine nor the stream may be freed. */
+bool gg_tls_stream_busy(const struct gg_tls_stream *s);
+
 const char *gg_tls_stream_error(const struct gg_tls_stream *s);
 
 /* Moving an open stream to another thread's loop: detach() stops reading

@@ -16,6 +16,8 @@
 #define CTRL_MSG_MAX 1024 /* every message but DATA fits */
 #define CONN_TXQ 512      /* messages queued on one stream */
 #define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
+#define TEARDOWN_US 1000000 /* gg_mesh_free() waits this long for the kernel */
+#define LISTENER_INDEX UINT32_MAX /* user_data index of the listener's cancel */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -83,6 +85,7 @@ struct gg_mesh {
 	struct gg_loop *loop;
 	struct gg_buf_pool *pool;
 	int listen_fd;
+	bool accept_busy; /* the multishot accept is armed */
 	struct conn conns[MAX_CONNS];
 	struct gg_wire_hello hello;
 	size_t max_payload;
@@ -872,6 +875,18 @@ void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h)
 	on_stream_events(m, ci, gg_tls_stream_tick(&c->ts, m->loop->now_us));
 }
 
+/* A multishot accept keeps its listening socket open past close(): it is
+ * cancelled first, and the socket closed once the accept has ended. */
+static void stop_listening(struct gg_mesh *m)
+{
+	if (m->listen_fd < 0)
+		return;
+	if (m->accept_busy && !gg_loop_cancel_fd(m->loop, m->listen_fd, gg_loop_ud(GG_OP_CANCEL, LISTENER_INDEX, 0)))
+		return;
+	close(m->listen_fd);
+	m->listen_fd = -1;
+}
+
 bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 {
 	unsigned kind = gg_loop_ud_kind(cqe->user_data);
@@ -881,9 +896,15 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 	case GG_OP_ACCEPT:
 		if (cqe->res >= 0)
 			accept_conn(m, cqe->res);
-		if (!(cqe->flags & IORING_CQE_F_MORE) && !m->shutting_down && m->listen_fd >= 0 &&
-		    gg_loop_accept(m->loop, m->listen_fd, cqe->user_data))
+		if (cqe->flags & IORING_CQE_F_MORE)
+			return true;
+		m->accept_busy = false;
+		if (m->shutting_down)
+			stop_listening(m);
+		else if (m->listen_fd >= 0 && gg_loop_accept(m->loop, m->listen_fd, cqe->user_data))
 			gg_log(GG_LOG_ERROR, "accept_failed", "reason=\"cannot re-arm accept\"");
+		else
+			m->accept_busy = m->listen_fd >= 0;
 		return true;
 	case GG_OP_CONNECT:
 	case GG_OP_RECV:
@@ -983,10 +1004,7 @@ void gg_mesh_shutdown(struct gg_mesh *m)
 	for (int ci = 0; ci < MAX_CONNS; ci++)
 		if (m->conns[ci].used)
 			conn_close(m, ci, "shutting down");
-	if (m->listen_fd >= 0) {
-		close(m->listen_fd);
-		m->listen_fd = -1;
-	}
+	stop_listening(m);
 }
 
 bool gg_mesh_flushed(const struct gg_mesh *m)
@@ -1002,6 +1020,8 @@ bool gg_mesh_flushed(const struct gg_mesh *m)
 
 bool gg_mesh_idle(const struct gg_mesh *m)
 {
+	if (m->accept_busy)
+		return false;
 	for (int ci = 0; ci < MAX_CONNS; ci++)
 		if (m->conns[ci].used)
 			return false;
@@ -1081,6 +1101,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		gg_errf(err, err_size, rc, "cannot accept on %s: %s", cfg->site.listen, strerror(-rc));
 		goto fail;
 	}
+	m->accept_busy = true;
 	*out = m;
 	return 0;
 fail:
@@ -1088,16 +1109,76 @@ fail:
 	return rc ? rc : -EINVAL;
 }
 
+static bool in_flight(const struct gg_mesh *m)
+{
+	if (m->accept_busy)
+		return true;
+	for (int ci = 0; ci < MAX_CONNS; ci++)
+		if (m->conns[ci].used && gg_tls_stream_busy(&m->conns[ci].ts))
+			return true;
+	return false;
+}
+
+/* Completions while the mesh is torn down: they only tell the streams
+ * that their operations ended. */
+static void teardown_cqe(void *arg, const struct io_uring_cqe *cqe)
+{
+	struct gg_mesh *m = arg;
+	uint32_t i = gg_loop_ud_index(cqe->user_data);
+
+	switch (gg_loop_ud_kind(cqe->user_data)) {
+	case GG_OP_ACCEPT:
+		if (cqe->res >= 0)
+			close(cqe->res);
+		if (!(cqe->flags & IORING_CQE_F_MORE))
+			m->accept_busy = false;
+		break;
+	case GG_OP_CONNECT:
+	case GG_OP_RECV:
+	case GG_OP_SEND:
+	case GG_OP_CANCEL:
+		if (i < MAX_CONNS && m->conns[i].used)
+			gg_tls_stream_on_cqe(&m->conns[i].ts, cqe);
+		break;
+	default:
+		break;
+	}
+}
+
+/* Stops the listener and every stream at once, and turns the loop until
+ * the kernel is done with their buffers, TEARDOWN_US at most: a receive
+ * left in flight would write into an engine's ring after it was freed. */
+static void teardown(struct gg_mesh *m)
+{
+	m->shutting_down = true;
+	stop_listening(m);
+	for (int ci = 0; ci < MAX_CONNS; ci++)
+		if (m->conns[ci].used)
+			gg_tls_stream_abort(&m->conns[ci].ts);
+	uint64_t until = gg_monotonic_us() + TEARDOWN_US;
+	while (in_flight(m) && gg_monotonic_us() < until)
+		if (gg_loop_run(m->loop, 10000, teardown_cqe, m) < 0)
+			break;
+}
+
 void gg_mesh_free(struct gg_mesh *m)
 {
 	if (!m)
 		return;
+	teardown(m);
 	for (int ci = 0; ci < MAX_CONNS; ci++) {
-		if (!m->conns[ci].used)
+		struct conn *c = &m->conns[ci];
+		if (!c->used)
 			continue;
-		if (m->conns[ci].ts.fd >= 0)
-			close(m->conns[ci].ts.fd);
-		gg_tls_engine_free(m->conns[ci].ts.tls);
+		if (gg_tls_stream_busy(&c->ts)) {
+			/* Left allocated: the kernel may still write into its rings. */
+			gg_log(GG_LOG_WARN, "stream_abandoned", "site=%s stream=%d reason=\"I/O still in flight at teardown\"",
+			       c->peer >= 0 ? m->names[c->peer] : "?", c->stream);
+		} else {
+			if (c->ts.fd >= 0)
+				close(c->ts.fd);
+			gg_tls_engine_free(c->ts.tls);
+		}
 		conn_free_slot(m, ci);
 	}
 	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++) {

@@ -117,6 +117,11 @@ struct gg_mesh_stats {
 /* Makes the mesh and listens on the site's address. Returns 0, or a
  * negative errno with a message in err. */
 GG_MUST_CHECK int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size);
+/* Cancels what the mesh has in flight and turns its loop until the kernel
+ * is done with the buffers involved (a second at most; completions of
+ * other kinds that come meanwhile are dropped, so call it when the loop
+ * is being torn down too), then frees it. A stream still busy after that
+ * is logged and left allocated, never freed under the kernel. */
 void gg_mesh_free(struct gg_mesh *m);
 
 /* Handles a completion of the mesh's kinds (GG_OP_ACCEPT .. GG_OP_CANCEL);

@@ -7,6 +7,8 @@
  *                     shuts down to idle
  *   ack-at-full-queue ACKs owed while the stream they go on has a full
  *                     send queue still reach the sender
+ *   teardown-in-flight a mesh freed with I/O in flight leaves nothing in
+ *                     flight behind it
  *
  *   test_mesh_streams CERT_DIR [CASE]  (certificates from
  *   examples/make-certs.sh for sites s0..s7) */
@@ -263,7 +265,11 @@ static void dial_setup_fails(void)
 	CHECK(mesh_set_init(&ms, 2, 2) == 0, "set-up");
 	CHECK(site_start(&ms, 1) == 0 && site_start(&ms, 0) == 0, "start");
 	int lowest = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	CHECK(lowest >= 0 && getrlimit(RLIMIT_NOFILE, &old) == 0, "file limits");
+	if (lowest < 0 || getrlimit(RLIMIT_NOFILE, &old)) {
+		CHECK(0, "file limits: %s", strerror(errno));
+		mesh_set_fini(&ms);
+		return;
+	}
 	close(lowest);
 	low = old;
 	low.rlim_cur = (rlim_t)lowest;
@@ -326,12 +332,54 @@ static void ack_at_full_queue(void)
 	mesh_set_fini(&ms);
 }
 
+static void count_cqe(void *arg, const struct io_uring_cqe *cqe)
+{
+	unsigned *seen = arg;
+
+	if (!*seen)
+		printf("  after the free: kind %u index %u res %d\n", gg_loop_ud_kind(cqe->user_data),
+		       gg_loop_ud_index(cqe->user_data), cqe->res);
+	if (gg_loop_ud_kind(cqe->user_data) == GG_OP_ACCEPT && cqe->res >= 0)
+		close(cqe->res);
+	(*seen)++;
+}
+
+/* s1's mesh is freed while its streams have receives in flight and its
+ * listener an accept; then s0 sends on every stream and dials again. No
+ * operation of the freed mesh may complete after the free: the kernel
+ * would write into buffers that are gone. */
+static void teardown_in_flight(void)
+{
+	struct mesh_set ms;
+	uint8_t msg[128];
+	unsigned seen = 0;
+
+	CHECK(mesh_set_init(&ms, 2, 2) == 0, "set-up");
+	CHECK(site_start(&ms, 1) == 0 && site_start(&ms, 0) == 0, "start");
+	CHECK(turn_until(&ms, all_connected, 5), "the mesh did not connect");
+	gg_mesh_free(ms.sites[1].mesh);
+	ms.sites[1].mesh = NULL;
+	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "late", 1);
+	CHECK(len > 0, "encode");
+	gg_mesh_send_control(ms.sites[0].mesh, 1, msg, (size_t)len, true);
+	uint64_t until = now_us() + 300000;
+	while (now_us() < until)
+		turn(&ms);
+	for (int i = 0; i < 10; i++) {
+		int rc = gg_loop_run(&ms.sites[1].loop, 10000, count_cqe, &seen);
+		CHECK(rc >= 0, "loop: %s", strerror(-rc));
+	}
+	CHECK(seen == 0, "%u operations of s1's freed mesh completed after it was freed", seen);
+	mesh_set_fini(&ms);
+}
+
 static const struct {
 	const char *name;
 	void (*run)(void);
 } cases[] = {
 	{ "dial-setup-fails", dial_setup_fails },
 	{ "ack-at-full-queue", ack_at_full_queue },
+	{ "teardown-in-flight", teardown_in_flight },
 };
 
 int main(int argc, char **argv)
