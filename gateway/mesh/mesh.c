@@ -12,7 +12,6 @@
 #include "net_addr.h"
 #include "tls_stream.h"
 
-#define MAX_CONNS 192     /* streams to all peers plus handshakes in progress */
 #define CTRL_MSG_MAX 1024 /* every message but DATA fits */
 #define CONN_TXQ 512      /* messages queued on one stream */
 #define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
@@ -86,7 +85,9 @@ struct gg_mesh {
 	struct gg_buf_pool *pool;
 	int listen_fd;
 	bool accept_busy; /* the multishot accept is armed */
-	struct conn conns[MAX_CONNS];
+	struct conn *conns;  /* conn_cap of them: see conn_capacity() */
+	int conn_cap;
+	uint64_t slot_warned_us; /* the last "no free slot" warning */
 	struct gg_wire_hello hello;
 	size_t max_payload;
 	struct gg_mesh_stats stats;
@@ -157,7 +158,7 @@ static void conn_enqueue(struct gg_mesh *m, int ci, struct out *o)
 
 void gg_mesh_flush(struct gg_mesh *m)
 {
-	for (int ci = 0; ci < MAX_CONNS && m->flush_count; ci++) {
+	for (int ci = 0; ci < m->conn_cap && m->flush_count; ci++) {
 		struct conn *c = &m->conns[ci];
 		if (!c->flush_pending)
 			continue;
@@ -292,7 +293,7 @@ void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uin
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
-	if (via.conn < 0 || via.conn >= MAX_CONNS || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
+	if (via.conn < 0 || via.conn >= m->conn_cap || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
 		return;
 	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, step, id);
 	/* Never dropped while the stream lives: the sender would keep the DATA
@@ -772,7 +773,7 @@ static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
 
 static int free_conn_slot(const struct gg_mesh *m)
 {
-	for (int i = 0; i < MAX_CONNS; i++)
+	for (int i = 0; i < m->conn_cap; i++)
 		if (!m->conns[i].used)
 			return i;
 	return -1;
@@ -804,8 +805,16 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 	struct gg_tls_engine *e;
 	int ci = free_conn_slot(m);
 
-	if (ci < 0)
+	if (ci < 0) {
+		/* conn_capacity() leaves room for every stream: say so loudly
+		 * rather than leave a mesh that never comes up, and try again. */
+		if (m->loop->now_us - m->slot_warned_us >= 1000000) {
+			m->slot_warned_us = m->loop->now_us;
+			gg_log(GG_LOG_WARN, "dial_deferred", "site=%s stream=%d reason=\"all %d connection slots busy\"",
+			       m->names[p], s, m->conn_cap);
+		}
 		return;
+	}
 	if (gg_net_addr_parse(pe->address, &ss, &len, &why)) {
 		gg_log(GG_LOG_WARN, "dial_failed", "site=%s address=%s reason=\"%s\"", m->names[p], pe->address, why);
 		pe->next_dial_us[s] = m->loop->now_us + m->cfg->transport.reconnect_max_us;
@@ -910,7 +919,7 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 	case GG_OP_RECV:
 	case GG_OP_SEND:
 	case GG_OP_CANCEL:
-		if (i < MAX_CONNS && m->conns[i].used)
+		if (i < (uint32_t)m->conn_cap && m->conns[i].used)
 			on_stream_events(m, (int)i, gg_tls_stream_on_cqe(&m->conns[i].ts, cqe));
 		gg_mesh_flush(m);
 		return true;
@@ -925,7 +934,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	const struct gg_config *cfg = m->cfg;
 	uint64_t next = now + 100000; /* heartbeats and dials at least every 100 ms */
 
-	for (int ci = 0; ci < MAX_CONNS; ci++) {
+	for (int ci = 0; ci < m->conn_cap; ci++) {
 		struct conn *c = &m->conns[ci];
 		if (!c->used)
 			continue;
@@ -1001,7 +1010,7 @@ void gg_mesh_shutdown(struct gg_mesh *m)
 {
 	gg_mesh_flush(m);
 	m->shutting_down = true;
-	for (int ci = 0; ci < MAX_CONNS; ci++)
+	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used)
 			conn_close(m, ci, "shutting down");
 	stop_listening(m);
@@ -1012,7 +1021,7 @@ bool gg_mesh_flushed(const struct gg_mesh *m)
 	for (unsigned p = 0; p < m->sites; p++)
 		if (m->peers[p].unacked || m->peers[p].waiting)
 			return false;
-	for (int ci = 0; ci < MAX_CONNS; ci++)
+	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used && m->conns[ci].ready && m->conns[ci].txq_head)
 			return false;
 	return true;
@@ -1022,10 +1031,28 @@ bool gg_mesh_idle(const struct gg_mesh *m)
 {
 	if (m->accept_busy)
 		return false;
-	for (int ci = 0; ci < MAX_CONNS; ci++)
+	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used)
 			return false;
 	return true;
+}
+
+/* Room for every stream this lane holds and as many again closing while
+ * their replacements come up; the listening lane also runs the handshake
+ * and HELLO of each stream that the peers dialing this site open, before
+ * it keeps it or hands it to its lane. */
+static int conn_capacity(const struct gg_mesh *m)
+{
+	unsigned S = (unsigned)m->cfg->transport.streams_per_peer;
+	unsigned owned = (S - m->lane + m->lanes - 1) / m->lanes;
+
+	return (int)GG_MAX(1u, 2 * (m->sites - 1) * owned + (m->listen ? m->self * S : 0));
+}
+
+unsigned gg_mesh_conn_max(const struct gg_config *cfg)
+{
+	/* Over all lanes, and for the site that every peer dials. */
+	return 3 * (unsigned)cfg->peer_count * (unsigned)cfg->transport.streams_per_peer;
 }
 
 int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size)
@@ -1054,6 +1081,12 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		m->heard[p] = m->loop->now_us;
 	m->lane = mc->lane;
 	m->listen = mc->listen || m->lanes == 1;
+	int cap = conn_capacity(m);
+	if (!(m->conns = calloc((size_t)cap, sizeof(*m->conns)))) {
+		rc = gg_errf(err, err_size, -ENOMEM, "no memory for %d connection slots", cap);
+		goto fail;
+	}
+	m->conn_cap = cap;
 	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);
 	for (unsigned i = 0; i < m->sites; i++) {
 		for (int s = 0; s < GG_MESH_MAX_STREAMS; s++)
@@ -1113,7 +1146,7 @@ static bool in_flight(const struct gg_mesh *m)
 {
 	if (m->accept_busy)
 		return true;
-	for (int ci = 0; ci < MAX_CONNS; ci++)
+	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used && gg_tls_stream_busy(&m->conns[ci].ts))
 			return true;
 	return false;
@@ -1137,7 +1170,7 @@ static void teardown_cqe(void *arg, const struct io_uring_cqe *cqe)
 	case GG_OP_RECV:
 	case GG_OP_SEND:
 	case GG_OP_CANCEL:
-		if (i < MAX_CONNS && m->conns[i].used)
+		if (i < (uint32_t)m->conn_cap && m->conns[i].used)
 			gg_tls_stream_on_cqe(&m->conns[i].ts, cqe);
 		break;
 	default:
@@ -1152,7 +1185,7 @@ static void teardown(struct gg_mesh *m)
 {
 	m->shutting_down = true;
 	stop_listening(m);
-	for (int ci = 0; ci < MAX_CONNS; ci++)
+	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used)
 			gg_tls_stream_abort(&m->conns[ci].ts);
 	uint64_t until = gg_monotonic_us() + TEARDOWN_US;
@@ -1166,7 +1199,7 @@ void gg_mesh_free(struct gg_mesh *m)
 	if (!m)
 		return;
 	teardown(m);
-	for (int ci = 0; ci < MAX_CONNS; ci++) {
+	for (int ci = 0; ci < m->conn_cap; ci++) {
 		struct conn *c = &m->conns[ci];
 		if (!c->used)
 			continue;
@@ -1187,5 +1220,6 @@ void gg_mesh_free(struct gg_mesh *m)
 	}
 	if (m->listen_fd >= 0)
 		close(m->listen_fd);
+	free(m->conns);
 	free(m);
 }

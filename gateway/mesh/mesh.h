@@ -114,6 +114,12 @@ struct gg_mesh_stats {
 	double tls_s;             /* time in TLS record encryption and decryption */
 };
 
+/* The most connections the meshes of a gateway with this configuration
+ * hold at once, over all its lanes: what its file limit must allow. Each
+ * mesh sizes its table from the configuration, so that every stream it
+ * dials or accepts has a slot. */
+unsigned gg_mesh_conn_max(const struct gg_config *cfg);
+
 /* Makes the mesh and listens on the site's address. Returns 0, or a
  * negative errno with a message in err. */
 GG_MUST_CHECK int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size);
