@@ -1,5 +1,6 @@
 #include "mesh.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,9 @@ struct conn {
 	bool ready;  /* HELLOs exchanged */
 	bool lost;   /* conn_lost() ran */
 	bool dialer;
+	bool handshake; /* accepted, HELLO not yet taken: in the handshake pool */
+	uint8_t ip[16]; /* handshake: the peer's address (IPv4 mapped into IPv6) */
+	uint64_t since_us; /* handshake: when it was accepted */
 	int peer;    /* site index, -1 until known */
 	int stream;  /* stream number, -1 until known */
 	struct gg_mesh_handoff *moving; /* being handed to the lane that owns it */
@@ -69,6 +73,12 @@ struct peer {
 	char address[GG_NET_ADDR_TEXT_MAX + 256];
 };
 
+/* A warning that can come in floods: one line a second at most. */
+struct warn_limit {
+	uint64_t next_us;
+	unsigned held; /* left out since the last line */
+};
+
 struct gg_mesh {
 	const struct gg_config *cfg;
 	const struct gg_mesh_ops *ops;
@@ -85,9 +95,13 @@ struct gg_mesh {
 	struct gg_buf_pool *pool;
 	int listen_fd;
 	bool accept_busy; /* the multishot accept is armed */
-	struct conn *conns;  /* conn_cap of them: see conn_capacity() */
+	/* The table: stream_slots for streams this lane dials or holds, the
+	 * rest for the handshake pool (see size_table()). */
+	struct conn *conns;
 	int conn_cap;
-	uint64_t slot_warned_us; /* the last "no free slot" warning */
+	int stream_slots, streams;
+	int handshake_slots, handshakes, handshakes_per_address;
+	struct warn_limit slot_warn, refusal_warn;
 	struct gg_wire_hello hello;
 	size_t max_payload;
 	struct gg_mesh_stats stats;
@@ -97,6 +111,17 @@ struct gg_mesh {
 	bool listen;
 	bool shutting_down;
 };
+
+/* Whether to log now; counts what it holds back in w->held. */
+static bool warn_now(struct warn_limit *w, uint64_t now_us)
+{
+	if (now_us < w->next_us) {
+		w->held++;
+		return false;
+	}
+	w->next_us = now_us + 1000000;
+	return true;
+}
 
 static double now_s(void)
 {
@@ -482,6 +507,16 @@ static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hell
 	struct conn *c = &m->conns[ci];
 	struct peer *pe = &m->peers[c->peer];
 
+	if (c->handshake) {
+		/* Authenticated: from the handshake pool to a stream slot. */
+		if (m->streams >= m->stream_slots) {
+			conn_close(m, ci, "no free stream slot");
+			return;
+		}
+		c->handshake = false;
+		m->handshakes--;
+		m->streams++;
+	}
 	if (!c->dialer) {
 		c->stream = h->stream_index;
 		int old = pe->conn[c->stream];
@@ -679,6 +714,10 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 	free(c->moving);
 	if (c->peer >= 0 && c->stream >= 0 && m->peers[c->peer].conn[c->stream] == ci)
 		m->peers[c->peer].conn[c->stream] = -1;
+	if (c->handshake)
+		m->handshakes--;
+	else
+		m->streams--;
 	uint32_t gen = c->gen + 1;
 	memset(c, 0, sizeof(*c));
 	c->gen = gen;
@@ -779,7 +818,8 @@ static int free_conn_slot(const struct gg_mesh *m)
 	return -1;
 }
 
-static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int stream)
+/* Takes slot ci for a stream (handshake: for the handshake pool). */
+static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int stream, bool handshake)
 {
 	struct conn *c = &m->conns[ci];
 	uint32_t gen = c->gen;
@@ -793,6 +833,11 @@ static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int strea
 	c->dialer = dialer;
 	c->peer = peer;
 	c->stream = stream;
+	c->handshake = handshake;
+	if (handshake)
+		m->handshakes++;
+	else
+		m->streams++;
 	return 0;
 }
 
@@ -803,16 +848,14 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 	socklen_t len;
 	const char *why;
 	struct gg_tls_engine *e;
-	int ci = free_conn_slot(m);
+	int ci = m->streams < m->stream_slots ? free_conn_slot(m) : -1;
 
 	if (ci < 0) {
-		/* conn_capacity() leaves room for every stream: say so loudly
+		/* size_table() leaves room for every stream: say so loudly
 		 * rather than leave a mesh that never comes up, and try again. */
-		if (m->loop->now_us - m->slot_warned_us >= 1000000) {
-			m->slot_warned_us = m->loop->now_us;
-			gg_log(GG_LOG_WARN, "dial_deferred", "site=%s stream=%d reason=\"all %d connection slots busy\"",
-			       m->names[p], s, m->conn_cap);
-		}
+		if (warn_now(&m->slot_warn, m->loop->now_us))
+			gg_log(GG_LOG_WARN, "dial_deferred", "site=%s stream=%d reason=\"all %d stream slots busy\"",
+			       m->names[p], s, m->stream_slots);
 		return;
 	}
 	if (gg_net_addr_parse(pe->address, &ss, &len, &why)) {
@@ -824,7 +867,7 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 					   .site_count = 1 };
 	if (gg_tls_engine_new(m->tls, &ec, &e))
 		return;
-	if (conn_init(m, ci, true, (int)p, s)) {
+	if (conn_init(m, ci, true, (int)p, s, false)) {
 		gg_tls_engine_free(e);
 		return;
 	}
@@ -834,13 +877,74 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 		on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
 }
 
+/* The peer's address without its port, IPv4 mapped into IPv6. */
+static void peer_ip(int fd, uint8_t ip[16])
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+
+	memset(ip, 0, 16);
+	if (getpeername(fd, (struct sockaddr *)&ss, &len))
+		return;
+	if (ss.ss_family == AF_INET6) {
+		memcpy(ip, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+	} else if (ss.ss_family == AF_INET) {
+		ip[10] = ip[11] = 0xff;
+		memcpy(ip + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+	}
+}
+
+static const char *ip_text(const uint8_t ip[16], char *buf, size_t size)
+{
+	static const uint8_t v4_prefix[12] = { [10] = 0xff, [11] = 0xff };
+
+	if (!memcmp(ip, v4_prefix, sizeof(v4_prefix)))
+		return inet_ntop(AF_INET, ip + 12, buf, (socklen_t)size) ? buf : "?";
+	return inet_ntop(AF_INET6, ip, buf, (socklen_t)size) ? buf : "?";
+}
+
+/* Why a new connection from `ip` finds no room in the handshake pool, or
+ * NULL. The pool is apart from the stream slots, so that connections
+ * nobody authenticated yet can never take a slot our own dials need; and
+ * one address may hold only its share of it. */
+static const char *pool_full(const struct gg_mesh *m, const uint8_t ip[16], char *why, size_t size)
+{
+	int from = 0;
+
+	if (m->handshakes >= m->handshake_slots) {
+		snprintf(why, size, "all %d handshake slots are busy", m->handshake_slots);
+		return why;
+	}
+	for (int ci = 0; ci < m->conn_cap; ci++)
+		from += m->conns[ci].used && m->conns[ci].handshake && !memcmp(m->conns[ci].ip, ip, 16);
+	if (from < m->handshakes_per_address)
+		return NULL;
+	snprintf(why, size, "%d handshakes from this address in progress, the most one address may have", from);
+	return why;
+}
+
 static void accept_conn(struct gg_mesh *m, int fd)
 {
-	char addr[GG_NET_ADDR_TEXT_MAX];
+	char addr[GG_NET_ADDR_TEXT_MAX], why[128];
 	struct gg_tls_engine *e;
-	int ci = free_conn_slot(m);
+	uint8_t ip[16];
 
-	if (ci < 0 || m->accept_count == 0 || m->shutting_down) {
+	if (m->accept_count == 0 || m->shutting_down) {
+		close(fd);
+		return;
+	}
+	peer_ip(fd, ip);
+	if (pool_full(m, ip, why, sizeof(why))) {
+		if (warn_now(&m->refusal_warn, m->loop->now_us)) {
+			gg_log(GG_LOG_WARN, "handshake_refused", "addr=%s reason=\"%s\" refused_unlogged=%u",
+			       ip_text(ip, addr, sizeof(addr)), why, m->refusal_warn.held);
+			m->refusal_warn.held = 0;
+		}
+		close(fd);
+		return;
+	}
+	int ci = free_conn_slot(m);
+	if (ci < 0) { /* cannot be: the pool and the stream slots add up to the table */
 		close(fd);
 		return;
 	}
@@ -854,22 +958,24 @@ static void accept_conn(struct gg_mesh *m, int fd)
 		close(fd);
 		return;
 	}
-	if (conn_init(m, ci, false, -1, -1)) {
+	if (conn_init(m, ci, false, -1, -1, true)) {
 		gg_tls_engine_free(e);
 		close(fd);
 		return;
 	}
+	memcpy(m->conns[ci].ip, ip, sizeof(ip));
+	m->conns[ci].since_us = m->loop->now_us;
 	gg_tls_stream_accept(&m->conns[ci].ts, m->loop, (uint32_t)ci, fd, e, &m->sopts);
 	on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
 }
 
 void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h)
 {
-	int ci = m->shutting_down ? -1 : free_conn_slot(m);
+	int ci = m->shutting_down || m->streams >= m->stream_slots ? -1 : free_conn_slot(m);
 
-	if (ci < 0 || conn_init(m, ci, false, (int)h->peer, -1)) {
+	if (ci < 0 || conn_init(m, ci, false, (int)h->peer, -1, false)) {
 		gg_log(GG_LOG_WARN, "stream_dropped", "site=%s stream=%u reason=\"%s\"", m->names[h->peer], h->stream,
-		       ci < 0 ? "no free connection slot" : "out of memory");
+		       ci < 0 ? "no free stream slot" : "out of memory");
 		close(h->fd);
 		gg_tls_engine_free(h->tls);
 		free(h);
@@ -946,6 +1052,14 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		uint64_t d = gg_tls_stream_deadline_us(&c->ts);
 		if (d && d < next)
 			next = d;
+		/* The handshake pool holds a connection until its HELLO, and no
+		 * longer than a handshake may take (the stream times out one
+		 * that is still in its TLS handshake). */
+		if (c->handshake && !c->moving && c->ts.state == GG_TLS_STREAM_OPEN &&
+		    now - c->since_us > cfg->transport.handshake_timeout_us) {
+			conn_close(m, ci, "no HELLO within the handshake timeout");
+			continue;
+		}
 		if (!c->ready)
 			continue;
 		if (now - c->last_rx_us > cfg->transport.heartbeat_timeout_us) {
@@ -1037,22 +1151,27 @@ bool gg_mesh_idle(const struct gg_mesh *m)
 	return true;
 }
 
-/* Room for every stream this lane holds and as many again closing while
- * their replacements come up; the listening lane also runs the handshake
- * and HELLO of each stream that the peers dialing this site open, before
- * it keeps it or hands it to its lane. */
-static int conn_capacity(const struct gg_mesh *m)
+/* Stream slots: every stream this lane holds, and as many again closing
+ * while their replacements come up. The listening lane also has the
+ * handshake pool, for accepted connections until their HELLO (when it
+ * keeps them or hands them to their lane): room for all the streams the
+ * peers that dial this site open at once, from one address (as on
+ * loopback, or behind one NAT), and as much again, so that one address
+ * flooding the listener leaves the peers theirs. */
+static void size_table(struct gg_mesh *m)
 {
-	unsigned S = (unsigned)m->cfg->transport.streams_per_peer;
-	unsigned owned = (S - m->lane + m->lanes - 1) / m->lanes;
+	int S = m->cfg->transport.streams_per_peer;
+	int owned = (S - (int)m->lane + (int)m->lanes - 1) / (int)m->lanes;
 
-	return (int)GG_MAX(1u, 2 * (m->sites - 1) * owned + (m->listen ? m->self * S : 0));
+	m->stream_slots = 2 * (int)(m->sites - 1) * owned;
+	m->handshakes_per_address = GG_MAX(1, (int)m->self) * S;
+	m->handshake_slots = m->listen ? 2 * m->handshakes_per_address : 0;
 }
 
 unsigned gg_mesh_conn_max(const struct gg_config *cfg)
 {
 	/* Over all lanes, and for the site that every peer dials. */
-	return 3 * (unsigned)cfg->peer_count * (unsigned)cfg->transport.streams_per_peer;
+	return 4 * (unsigned)GG_MAX((size_t)1, cfg->peer_count) * (unsigned)cfg->transport.streams_per_peer;
 }
 
 int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size)
@@ -1081,7 +1200,8 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		m->heard[p] = m->loop->now_us;
 	m->lane = mc->lane;
 	m->listen = mc->listen || m->lanes == 1;
-	int cap = conn_capacity(m);
+	size_table(m);
+	int cap = GG_MAX(1, m->stream_slots + m->handshake_slots);
 	if (!(m->conns = calloc((size_t)cap, sizeof(*m->conns)))) {
 		rc = gg_errf(err, err_size, -ENOMEM, "no memory for %d connection slots", cap);
 		goto fail;

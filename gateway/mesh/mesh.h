@@ -7,6 +7,10 @@
  * retries with back-off); the acceptor learns who dialed from the
  * certificate and the stream number from the peer's HELLO, which both
  * sides exchange and check (gg_wire_hello_check) before anything else.
+ * Until then an accepted connection sits in a bounded handshake pool, with
+ * a share per source address, apart from the slots of the streams the
+ * mesh dials and holds: a flood of connections that never authenticate is
+ * refused at once and cannot keep the mesh from its peers.
  * Heartbeats (PING/PONG) measure each stream's round trip and close a
  * stream that stays silent for heartbeat_timeout.
  *
