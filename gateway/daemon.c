@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "host_backend.h"
 #include "log.h"
+#include "mesh.h"
 #include "node.h"
 #include "units.h"
 
@@ -248,6 +250,27 @@ static int run(struct daemon *d)
 	return status;
 }
 
+/* Every stream, handshake and client is a descriptor. The soft limit is
+ * often 1024, below what the largest configurations hold: it is raised as
+ * far as needed and allowed, and a shortfall is said at start rather than
+ * found as failed dials and accepts later. */
+static void raise_file_limit(const struct gg_config *cfg)
+{
+	rlim_t need = (rlim_t)gg_mesh_conn_max(cfg) + (rlim_t)cfg->limits.max_clients + 64;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= need)
+		return;
+	rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need ? rl.rlim_max : need;
+	if (!setrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur >= need)
+		return;
+	if (!getrlimit(RLIMIT_NOFILE, &rl))
+		gg_log(GG_LOG_WARN, "file_limit", "site=%s limit=%llu need=%llu reason=\"the open file limit is below "
+		       "what %zu peers x %d streams and %d clients may hold\"", cfg->site.name,
+		       (unsigned long long)rl.rlim_cur, (unsigned long long)need, cfg->peer_count,
+		       cfg->transport.streams_per_peer, cfg->limits.max_clients);
+}
+
 int gg_daemon_run(const struct gg_config *cfg)
 {
 	struct daemon d = { .cfg = cfg };
@@ -261,6 +284,7 @@ int gg_daemon_run(const struct gg_config *cfg)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	raise_file_limit(cfg);
 
 	if (gg_node_new(cfg, &d.node, err, sizeof(err))) {
 		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);

@@ -81,9 +81,13 @@ static void advance(struct gg_tls_stream *s)
 		s->pending_ev |= GG_TLS_STREAM_EV_DETACHED;
 		return;
 	case GG_TLS_STREAM_CLOSING:
+		/* close_notify goes after what is queued; a full tx ring defers
+		 * it to the next send completion, the close timeout bounds both. */
+		if (s->notify_pending && gg_tls_engine_shutdown(s->tls) != -EAGAIN)
+			s->notify_pending = false;
 		if ((rc = arm_send(s)))
 			break;
-		if (!flushed(s))
+		if (!flushed(s) || (s->notify_pending && !s->io_failed))
 			return;
 		if (s->connected && !s->fin_sent && !s->io_failed)
 			shutdown(s->fd, SHUT_WR);
@@ -203,6 +207,8 @@ int gg_tls_stream_connect(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 		s->tls = NULL;
 		s->state = GG_TLS_STREAM_DONE;
 		set_error(s, rc, text);
+		/* Nothing is in flight: the owner may reuse the slot at once. */
+		s->pending_ev |= GG_TLS_STREAM_EV_DONE;
 		return rc;
 	}
 	rc = gg_net_tune(s->fd, s->opts.socket_buffer_bytes);
@@ -361,11 +367,27 @@ int gg_tls_stream_shutdown(struct gg_tls_stream *s)
 unsigned gg_tls_stream_close(struct gg_tls_stream *s)
 {
 	if (s->state >= GG_TLS_STREAM_CONNECTING && s->state < GG_TLS_STREAM_CLOSING) {
+		/* Lets the peer tell a close from a cut or a truncation. */
+		s->notify_pending = s->state == GG_TLS_STREAM_OPEN && !s->write_shut && !s->error;
 		s->state = GG_TLS_STREAM_CLOSING;
 		s->deadline_us = gg_monotonic_us() + s->opts.close_timeout_us;
 	}
 	advance(s);
 	return take_events(s);
+}
+
+unsigned gg_tls_stream_abort(struct gg_tls_stream *s)
+{
+	if ((s->state >= GG_TLS_STREAM_CONNECTING && s->state < GG_TLS_STREAM_DRAINING) ||
+	    s->state == GG_TLS_STREAM_DETACHING)
+		s->state = GG_TLS_STREAM_DRAINING;
+	advance(s);
+	return take_events(s);
+}
+
+bool gg_tls_stream_busy(const struct gg_tls_stream *s)
+{
+	return s->recv_busy || s->send_busy || s->connect_busy || s->cancel_busy;
 }
 
 const char *gg_tls_stream_error(const struct gg_tls_stream *s)

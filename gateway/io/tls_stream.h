@@ -77,6 +77,7 @@ struct gg_tls_stream {
 	bool io_failed;    /* a send failed: nothing more can be sent */
 	bool peer_eof;     /* the socket reached end of file */
 	bool write_shut;   /* close_notify queued: no more writes */
+	bool notify_pending; /* closing: close_notify still to be queued */
 	bool fin_sent;
 	uint64_t deadline_us; /* 0: none */
 	uint64_t wire_in_bytes, wire_out_bytes;
@@ -95,7 +96,8 @@ void gg_tls_stream_accept(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 
 /* Connects to `addr` and runs the client handshake. Takes ownership of
  * tls in every case. Returns 0 or a negative errno (socket creation
- * failed; the stream is then DONE). */
+ * failed; the stream is then DONE, and the next tick reports EV_FAILED
+ * and EV_DONE). */
 GG_MUST_CHECK int gg_tls_stream_connect(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index,
 					const struct sockaddr *addr, socklen_t addr_len, struct gg_tls_engine *tls,
 					const struct gg_tls_stream_options *opts);
@@ -127,9 +129,18 @@ GG_MUST_CHECK ssize_t gg_tls_stream_writev(struct gg_tls_stream *s, const struct
  * stream may still read (TLS 1.3 half-close). Returns 0 or -ENOTCONN. */
 GG_MUST_CHECK int gg_tls_stream_shutdown(struct gg_tls_stream *s);
 
-/* Stops reading, sends what is queued (within the close timeout), and
+/* Stops reading, sends what is queued and then close_notify (an open
+ * stream's; within the close timeout, never waiting beyond it), and
  * closes. Returns events (EV_DONE when that finished at once). */
 unsigned gg_tls_stream_close(struct gg_tls_stream *s);
+
+/* Closes at once, sending nothing more: cancels what is in flight, and
+ * reports EV_DONE (maybe at once) when the kernel is done with the
+ * stream's buffers. For teardown. */
+unsigned gg_tls_stream_abort(struct gg_tls_stream *s);
+/* Whether an operation of the stream is in flight on its loop: until it
+ * completes, neither the engine nor the stream may be freed. */
+bool gg_tls_stream_busy(const struct gg_tls_stream *s);
 
 const char *gg_tls_stream_error(const struct gg_tls_stream *s);
 

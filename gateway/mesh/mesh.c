@@ -1,5 +1,6 @@
 #include "mesh.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +13,11 @@
 #include "net_addr.h"
 #include "tls_stream.h"
 
-#define MAX_CONNS 192     /* streams to all peers plus handshakes in progress */
 #define CTRL_MSG_MAX 1024 /* every message but DATA fits */
 #define CONN_TXQ 512      /* messages queued on one stream */
+#define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
+#define TEARDOWN_US 1000000 /* gg_mesh_free() waits this long for the kernel */
+#define LISTENER_INDEX UINT32_MAX /* user_data index of the listener's cancel */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -36,6 +39,9 @@ struct conn {
 	bool ready;  /* HELLOs exchanged */
 	bool lost;   /* conn_lost() ran */
 	bool dialer;
+	bool handshake; /* accepted, HELLO not yet taken: in the handshake pool */
+	uint8_t ip[16]; /* handshake: the peer's address (IPv4 mapped into IPv6) */
+	uint64_t since_us; /* handshake: when it was accepted */
 	int peer;    /* site index, -1 until known */
 	int stream;  /* stream number, -1 until known */
 	struct gg_mesh_handoff *moving; /* being handed to the lane that owns it */
@@ -67,6 +73,12 @@ struct peer {
 	char address[GG_NET_ADDR_TEXT_MAX + 256];
 };
 
+/* A warning that can come in floods: one line a second at most. */
+struct warn_limit {
+	uint64_t next_us;
+	unsigned held; /* left out since the last line */
+};
+
 struct gg_mesh {
 	const struct gg_config *cfg;
 	const struct gg_mesh_ops *ops;
@@ -82,7 +94,14 @@ struct gg_mesh {
 	struct gg_loop *loop;
 	struct gg_buf_pool *pool;
 	int listen_fd;
-	struct conn conns[MAX_CONNS];
+	bool accept_busy; /* the multishot accept is armed */
+	/* The table: stream_slots for streams this lane dials or holds, the
+	 * rest for the handshake pool (see size_table()). */
+	struct conn *conns;
+	int conn_cap;
+	int stream_slots, streams;
+	int handshake_slots, handshakes, handshakes_per_address;
+	struct warn_limit slot_warn, refusal_warn;
 	struct gg_wire_hello hello;
 	size_t max_payload;
 	struct gg_mesh_stats stats;
@@ -92,6 +111,17 @@ struct gg_mesh {
 	bool listen;
 	bool shutting_down;
 };
+
+/* Whether to log now; counts what it holds back in w->held. */
+static bool warn_now(struct warn_limit *w, uint64_t now_us)
+{
+	if (now_us < w->next_us) {
+		w->held++;
+		return false;
+	}
+	w->next_us = now_us + 1000000;
+	return true;
+}
 
 static double now_s(void)
 {
@@ -153,7 +183,7 @@ static void conn_enqueue(struct gg_mesh *m, int ci, struct out *o)
 
 void gg_mesh_flush(struct gg_mesh *m)
 {
-	for (int ci = 0; ci < MAX_CONNS && m->flush_count; ci++) {
+	for (int ci = 0; ci < m->conn_cap && m->flush_count; ci++) {
 		struct conn *c = &m->conns[ci];
 		if (!c->flush_pending)
 			continue;
@@ -164,20 +194,29 @@ void gg_mesh_flush(struct gg_mesh *m)
 	}
 }
 
-/* A control message to one stream; dropped when the stream is gone. */
-static void send_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len)
+/* Queues a control message on a stream that holds fewer than `limit`
+ * messages; whether it did. */
+static bool queue_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len, unsigned limit)
 {
 	struct out *o;
 
-	if (ci < 0 || !m->conns[ci].used || m->conns[ci].txq_count >= CONN_TXQ || len > sizeof(o->head))
-		return;
+	if (ci < 0 || !m->conns[ci].used || m->conns[ci].txq_count >= limit || len > sizeof(o->head))
+		return false;
 	o = calloc(1, sizeof(*o));
 	if (!o)
-		return;
+		return false;
 	memcpy(o->head, buf, len);
 	o->head_len = len;
 	o->conn = ci;
 	conn_enqueue(m, ci, o);
+	return true;
+}
+
+/* A control message to one stream; dropped when the stream is gone or
+ * its queue is full. */
+static void send_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len)
+{
+	queue_ctrl(m, ci, buf, len, CONN_TXQ);
 }
 
 static bool conn_ready(const struct gg_mesh *m, int ci)
@@ -281,11 +320,16 @@ void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uin
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
-	if (via.conn < 0 || via.conn >= MAX_CONNS || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
+	if (via.conn < 0 || via.conn >= m->conn_cap || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
 		return;
 	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, step, id);
-	if (len > 0)
-		send_ctrl(m, via.conn, buf, (size_t)len);
+	/* Never dropped while the stream lives: the sender would keep the DATA
+	 * it names, and its window would stay that much shorter for good. A
+	 * stream that cannot take it (a peer that sends but does not read,
+	 * no memory) is closed instead, and its peer sends the DATA again on
+	 * another stream, where it is acknowledged. */
+	if (len > 0 && !queue_ctrl(m, via.conn, buf, (size_t)len, CONN_TXQ + CONN_TXQ_ACKS))
+		conn_close(m, via.conn, "cannot queue an ACK: the peer leaves too much unread");
 }
 
 unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)
@@ -467,6 +511,16 @@ static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hell
 	struct conn *c = &m->conns[ci];
 	struct peer *pe = &m->peers[c->peer];
 
+	if (c->handshake) {
+		/* Authenticated: from the handshake pool to a stream slot. */
+		if (m->streams >= m->stream_slots) {
+			conn_close(m, ci, "no free stream slot");
+			return;
+		}
+		c->handshake = false;
+		m->handshakes--;
+		m->streams++;
+	}
 	if (!c->dialer) {
 		c->stream = h->stream_index;
 		int old = pe->conn[c->stream];
@@ -664,6 +718,10 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 	free(c->moving);
 	if (c->peer >= 0 && c->stream >= 0 && m->peers[c->peer].conn[c->stream] == ci)
 		m->peers[c->peer].conn[c->stream] = -1;
+	if (c->handshake)
+		m->handshakes--;
+	else
+		m->streams--;
 	uint32_t gen = c->gen + 1;
 	memset(c, 0, sizeof(*c));
 	c->gen = gen;
@@ -758,13 +816,14 @@ static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
 
 static int free_conn_slot(const struct gg_mesh *m)
 {
-	for (int i = 0; i < MAX_CONNS; i++)
+	for (int i = 0; i < m->conn_cap; i++)
 		if (!m->conns[i].used)
 			return i;
 	return -1;
 }
 
-static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int stream)
+/* Takes slot ci for a stream (handshake: for the handshake pool). */
+static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int stream, bool handshake)
 {
 	struct conn *c = &m->conns[ci];
 	uint32_t gen = c->gen;
@@ -778,6 +837,11 @@ static int conn_init(struct gg_mesh *m, int ci, bool dialer, int peer, int strea
 	c->dialer = dialer;
 	c->peer = peer;
 	c->stream = stream;
+	c->handshake = handshake;
+	if (handshake)
+		m->handshakes++;
+	else
+		m->streams++;
 	return 0;
 }
 
@@ -788,10 +852,16 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 	socklen_t len;
 	const char *why;
 	struct gg_tls_engine *e;
-	int ci = free_conn_slot(m);
+	int ci = m->streams < m->stream_slots ? free_conn_slot(m) : -1;
 
-	if (ci < 0)
+	if (ci < 0) {
+		/* size_table() leaves room for every stream: say so loudly
+		 * rather than leave a mesh that never comes up, and try again. */
+		if (warn_now(&m->slot_warn, m->loop->now_us))
+			gg_log(GG_LOG_WARN, "dial_deferred", "site=%s stream=%d reason=\"all %d stream slots busy\"",
+			       m->names[p], s, m->stream_slots);
 		return;
+	}
 	if (gg_net_addr_parse(pe->address, &ss, &len, &why)) {
 		gg_log(GG_LOG_WARN, "dial_failed", "site=%s address=%s reason=\"%s\"", m->names[p], pe->address, why);
 		pe->next_dial_us[s] = m->loop->now_us + m->cfg->transport.reconnect_max_us;
@@ -801,7 +871,7 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 					   .site_count = 1 };
 	if (gg_tls_engine_new(m->tls, &ec, &e))
 		return;
-	if (conn_init(m, ci, true, (int)p, s)) {
+	if (conn_init(m, ci, true, (int)p, s, false)) {
 		gg_tls_engine_free(e);
 		return;
 	}
@@ -811,13 +881,74 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 		on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
 }
 
+/* The peer's address without its port, IPv4 mapped into IPv6. */
+static void peer_ip(int fd, uint8_t ip[16])
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+
+	memset(ip, 0, 16);
+	if (getpeername(fd, (struct sockaddr *)&ss, &len))
+		return;
+	if (ss.ss_family == AF_INET6) {
+		memcpy(ip, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+	} else if (ss.ss_family == AF_INET) {
+		ip[10] = ip[11] = 0xff;
+		memcpy(ip + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+	}
+}
+
+static const char *ip_text(const uint8_t ip[16], char *buf, size_t size)
+{
+	static const uint8_t v4_prefix[12] = { [10] = 0xff, [11] = 0xff };
+
+	if (!memcmp(ip, v4_prefix, sizeof(v4_prefix)))
+		return inet_ntop(AF_INET, ip + 12, buf, (socklen_t)size) ? buf : "?";
+	return inet_ntop(AF_INET6, ip, buf, (socklen_t)size) ? buf : "?";
+}
+
+/* Why a new connection from `ip` finds no room in the handshake pool, or
+ * NULL. The pool is apart from the stream slots, so that connections
+ * nobody authenticated yet can never take a slot our own dials need; and
+ * one address may hold only its share of it. */
+static const char *pool_full(const struct gg_mesh *m, const uint8_t ip[16], char *why, size_t size)
+{
+	int from = 0;
+
+	if (m->handshakes >= m->handshake_slots) {
+		snprintf(why, size, "all %d handshake slots are busy", m->handshake_slots);
+		return why;
+	}
+	for (int ci = 0; ci < m->conn_cap; ci++)
+		from += m->conns[ci].used && m->conns[ci].handshake && !memcmp(m->conns[ci].ip, ip, 16);
+	if (from < m->handshakes_per_address)
+		return NULL;
+	snprintf(why, size, "%d handshakes from this address in progress, the most one address may have", from);
+	return why;
+}
+
 static void accept_conn(struct gg_mesh *m, int fd)
 {
-	char addr[GG_NET_ADDR_TEXT_MAX];
+	char addr[GG_NET_ADDR_TEXT_MAX], why[128];
 	struct gg_tls_engine *e;
-	int ci = free_conn_slot(m);
+	uint8_t ip[16];
 
-	if (ci < 0 || m->accept_count == 0 || m->shutting_down) {
+	if (m->accept_count == 0 || m->shutting_down) {
+		close(fd);
+		return;
+	}
+	peer_ip(fd, ip);
+	if (pool_full(m, ip, why, sizeof(why))) {
+		if (warn_now(&m->refusal_warn, m->loop->now_us)) {
+			gg_log(GG_LOG_WARN, "handshake_refused", "addr=%s reason=\"%s\" refused_unlogged=%u",
+			       ip_text(ip, addr, sizeof(addr)), why, m->refusal_warn.held);
+			m->refusal_warn.held = 0;
+		}
+		close(fd);
+		return;
+	}
+	int ci = free_conn_slot(m);
+	if (ci < 0) { /* cannot be: the pool and the stream slots add up to the table */
 		close(fd);
 		return;
 	}
@@ -831,22 +962,24 @@ static void accept_conn(struct gg_mesh *m, int fd)
 		close(fd);
 		return;
 	}
-	if (conn_init(m, ci, false, -1, -1)) {
+	if (conn_init(m, ci, false, -1, -1, true)) {
 		gg_tls_engine_free(e);
 		close(fd);
 		return;
 	}
+	memcpy(m->conns[ci].ip, ip, sizeof(ip));
+	m->conns[ci].since_us = m->loop->now_us;
 	gg_tls_stream_accept(&m->conns[ci].ts, m->loop, (uint32_t)ci, fd, e, &m->sopts);
 	on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
 }
 
 void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h)
 {
-	int ci = m->shutting_down ? -1 : free_conn_slot(m);
+	int ci = m->shutting_down || m->streams >= m->stream_slots ? -1 : free_conn_slot(m);
 
-	if (ci < 0 || conn_init(m, ci, false, (int)h->peer, -1)) {
+	if (ci < 0 || conn_init(m, ci, false, (int)h->peer, -1, false)) {
 		gg_log(GG_LOG_WARN, "stream_dropped", "site=%s stream=%u reason=\"%s\"", m->names[h->peer], h->stream,
-		       ci < 0 ? "no free connection slot" : "out of memory");
+		       ci < 0 ? "no free stream slot" : "out of memory");
 		close(h->fd);
 		gg_tls_engine_free(h->tls);
 		free(h);
@@ -861,6 +994,18 @@ void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h)
 	on_stream_events(m, ci, gg_tls_stream_tick(&c->ts, m->loop->now_us));
 }
 
+/* A multishot accept keeps its listening socket open past close(): it is
+ * cancelled first, and the socket closed once the accept has ended. */
+static void stop_listening(struct gg_mesh *m)
+{
+	if (m->listen_fd < 0)
+		return;
+	if (m->accept_busy && !gg_loop_cancel_fd(m->loop, m->listen_fd, gg_loop_ud(GG_OP_CANCEL, LISTENER_INDEX, 0)))
+		return;
+	close(m->listen_fd);
+	m->listen_fd = -1;
+}
+
 bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 {
 	unsigned kind = gg_loop_ud_kind(cqe->user_data);
@@ -870,15 +1015,21 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 	case GG_OP_ACCEPT:
 		if (cqe->res >= 0)
 			accept_conn(m, cqe->res);
-		if (!(cqe->flags & IORING_CQE_F_MORE) && !m->shutting_down && m->listen_fd >= 0 &&
-		    gg_loop_accept(m->loop, m->listen_fd, cqe->user_data))
+		if (cqe->flags & IORING_CQE_F_MORE)
+			return true;
+		m->accept_busy = false;
+		if (m->shutting_down)
+			stop_listening(m);
+		else if (m->listen_fd >= 0 && gg_loop_accept(m->loop, m->listen_fd, cqe->user_data))
 			gg_log(GG_LOG_ERROR, "accept_failed", "reason=\"cannot re-arm accept\"");
+		else
+			m->accept_busy = m->listen_fd >= 0;
 		return true;
 	case GG_OP_CONNECT:
 	case GG_OP_RECV:
 	case GG_OP_SEND:
 	case GG_OP_CANCEL:
-		if (i < MAX_CONNS && m->conns[i].used)
+		if (i < (uint32_t)m->conn_cap && m->conns[i].used)
 			on_stream_events(m, (int)i, gg_tls_stream_on_cqe(&m->conns[i].ts, cqe));
 		gg_mesh_flush(m);
 		return true;
@@ -893,7 +1044,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	const struct gg_config *cfg = m->cfg;
 	uint64_t next = now + 100000; /* heartbeats and dials at least every 100 ms */
 
-	for (int ci = 0; ci < MAX_CONNS; ci++) {
+	for (int ci = 0; ci < m->conn_cap; ci++) {
 		struct conn *c = &m->conns[ci];
 		if (!c->used)
 			continue;
@@ -905,6 +1056,14 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		uint64_t d = gg_tls_stream_deadline_us(&c->ts);
 		if (d && d < next)
 			next = d;
+		/* The handshake pool holds a connection until its HELLO, and no
+		 * longer than a handshake may take (the stream times out one
+		 * that is still in its TLS handshake). */
+		if (c->handshake && !c->moving && c->ts.state == GG_TLS_STREAM_OPEN &&
+		    now - c->since_us > cfg->transport.handshake_timeout_us) {
+			conn_close(m, ci, "no HELLO within the handshake timeout");
+			continue;
+		}
 		if (!c->ready)
 			continue;
 		if (now - c->last_rx_us > cfg->transport.heartbeat_timeout_us) {
@@ -969,20 +1128,10 @@ void gg_mesh_shutdown(struct gg_mesh *m)
 {
 	gg_mesh_flush(m);
 	m->shutting_down = true;
-	for (int ci = 0; ci < MAX_CONNS; ci++) {
-		if (!m->conns[ci].used)
-			continue;
-		/* close_notify first, so the peer can tell a clean stop from a
-		 * cut; the close then flushes it. */
-		if (m->conns[ci].ts.state == GG_TLS_STREAM_OPEN && gg_tls_stream_shutdown(&m->conns[ci].ts) < 0)
-			gg_log(GG_LOG_DEBUG, "close_notify_failed", "site=%s stream=%d",
-			       m->conns[ci].peer >= 0 ? m->names[m->conns[ci].peer] : "?", m->conns[ci].stream);
-		conn_close(m, ci, "shutting down");
-	}
-	if (m->listen_fd >= 0) {
-		close(m->listen_fd);
-		m->listen_fd = -1;
-	}
+	for (int ci = 0; ci < m->conn_cap; ci++)
+		if (m->conns[ci].used)
+			conn_close(m, ci, "shutting down");
+	stop_listening(m);
 }
 
 bool gg_mesh_flushed(const struct gg_mesh *m)
@@ -990,7 +1139,7 @@ bool gg_mesh_flushed(const struct gg_mesh *m)
 	for (unsigned p = 0; p < m->sites; p++)
 		if (m->peers[p].unacked || m->peers[p].waiting)
 			return false;
-	for (int ci = 0; ci < MAX_CONNS; ci++)
+	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used && m->conns[ci].ready && m->conns[ci].txq_head)
 			return false;
 	return true;
@@ -998,10 +1147,35 @@ bool gg_mesh_flushed(const struct gg_mesh *m)
 
 bool gg_mesh_idle(const struct gg_mesh *m)
 {
-	for (int ci = 0; ci < MAX_CONNS; ci++)
+	if (m->accept_busy)
+		return false;
+	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used)
 			return false;
 	return true;
+}
+
+/* Stream slots: every stream this lane holds, and as many again closing
+ * while their replacements come up. The listening lane also has the
+ * handshake pool, for accepted connections until their HELLO (when it
+ * keeps them or hands them to their lane): room for all the streams the
+ * peers that dial this site open at once, from one address (as on
+ * loopback, or behind one NAT), and as much again, so that one address
+ * flooding the listener leaves the peers theirs. */
+static void size_table(struct gg_mesh *m)
+{
+	int S = m->cfg->transport.streams_per_peer;
+	int owned = (S - (int)m->lane + (int)m->lanes - 1) / (int)m->lanes;
+
+	m->stream_slots = 2 * (int)(m->sites - 1) * owned;
+	m->handshakes_per_address = GG_MAX(1, (int)m->self) * S;
+	m->handshake_slots = m->listen ? 2 * m->handshakes_per_address : 0;
+}
+
+unsigned gg_mesh_conn_max(const struct gg_config *cfg)
+{
+	/* Over all lanes, and for the site that every peer dials. */
+	return 4 * (unsigned)GG_MAX((size_t)1, cfg->peer_count) * (unsigned)cfg->transport.streams_per_peer;
 }
 
 int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size)
@@ -1030,6 +1204,13 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		m->heard[p] = m->loop->now_us;
 	m->lane = mc->lane;
 	m->listen = mc->listen || m->lanes == 1;
+	size_table(m);
+	int cap = GG_MAX(1, m->stream_slots + m->handshake_slots);
+	if (!(m->conns = calloc((size_t)cap, sizeof(*m->conns)))) {
+		rc = gg_errf(err, err_size, -ENOMEM, "no memory for %d connection slots", cap);
+		goto fail;
+	}
+	m->conn_cap = cap;
 	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);
 	for (unsigned i = 0; i < m->sites; i++) {
 		for (int s = 0; s < GG_MESH_MAX_STREAMS; s++)
@@ -1077,6 +1258,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		gg_errf(err, err_size, rc, "cannot accept on %s: %s", cfg->site.listen, strerror(-rc));
 		goto fail;
 	}
+	m->accept_busy = true;
 	*out = m;
 	return 0;
 fail:
@@ -1084,16 +1266,76 @@ fail:
 	return rc ? rc : -EINVAL;
 }
 
+static bool in_flight(const struct gg_mesh *m)
+{
+	if (m->accept_busy)
+		return true;
+	for (int ci = 0; ci < m->conn_cap; ci++)
+		if (m->conns[ci].used && gg_tls_stream_busy(&m->conns[ci].ts))
+			return true;
+	return false;
+}
+
+/* Completions while the mesh is torn down: they only tell the streams
+ * that their operations ended. */
+static void teardown_cqe(void *arg, const struct io_uring_cqe *cqe)
+{
+	struct gg_mesh *m = arg;
+	uint32_t i = gg_loop_ud_index(cqe->user_data);
+
+	switch (gg_loop_ud_kind(cqe->user_data)) {
+	case GG_OP_ACCEPT:
+		if (cqe->res >= 0)
+			close(cqe->res);
+		if (!(cqe->flags & IORING_CQE_F_MORE))
+			m->accept_busy = false;
+		break;
+	case GG_OP_CONNECT:
+	case GG_OP_RECV:
+	case GG_OP_SEND:
+	case GG_OP_CANCEL:
+		if (i < (uint32_t)m->conn_cap && m->conns[i].used)
+			gg_tls_stream_on_cqe(&m->conns[i].ts, cqe);
+		break;
+	default:
+		break;
+	}
+}
+
+/* Stops the listener and every stream at once, and turns the loop until
+ * the kernel is done with their buffers, TEARDOWN_US at most: a receive
+ * left in flight would write into an engine's ring after it was freed. */
+static void teardown(struct gg_mesh *m)
+{
+	m->shutting_down = true;
+	stop_listening(m);
+	for (int ci = 0; ci < m->conn_cap; ci++)
+		if (m->conns[ci].used)
+			gg_tls_stream_abort(&m->conns[ci].ts);
+	uint64_t until = gg_monotonic_us() + TEARDOWN_US;
+	while (in_flight(m) && gg_monotonic_us() < until)
+		if (gg_loop_run(m->loop, 10000, teardown_cqe, m) < 0)
+			break;
+}
+
 void gg_mesh_free(struct gg_mesh *m)
 {
 	if (!m)
 		return;
-	for (int ci = 0; ci < MAX_CONNS; ci++) {
-		if (!m->conns[ci].used)
+	teardown(m);
+	for (int ci = 0; ci < m->conn_cap; ci++) {
+		struct conn *c = &m->conns[ci];
+		if (!c->used)
 			continue;
-		if (m->conns[ci].ts.fd >= 0)
-			close(m->conns[ci].ts.fd);
-		gg_tls_engine_free(m->conns[ci].ts.tls);
+		if (gg_tls_stream_busy(&c->ts)) {
+			/* Left allocated: the kernel may still write into its rings. */
+			gg_log(GG_LOG_WARN, "stream_abandoned", "site=%s stream=%d reason=\"I/O still in flight at teardown\"",
+			       c->peer >= 0 ? m->names[c->peer] : "?", c->stream);
+		} else {
+			if (c->ts.fd >= 0)
+				close(c->ts.fd);
+			gg_tls_engine_free(c->ts.tls);
+		}
 		conn_free_slot(m, ci);
 	}
 	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++) {
@@ -1102,5 +1344,6 @@ void gg_mesh_free(struct gg_mesh *m)
 	}
 	if (m->listen_fd >= 0)
 		close(m->listen_fd);
+	free(m->conns);
 	free(m);
 }

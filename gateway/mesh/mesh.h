@@ -7,6 +7,10 @@
  * retries with back-off); the acceptor learns who dialed from the
  * certificate and the stream number from the peer's HELLO, which both
  * sides exchange and check (gg_wire_hello_check) before anything else.
+ * Until then an accepted connection sits in a bounded handshake pool, with
+ * a share per source address, apart from the slots of the streams the
+ * mesh dials and holds: a flood of connections that never authenticate is
+ * refused at once and cannot keep the mesh from its peers.
  * Heartbeats (PING/PONG) measure each stream's round trip and close a
  * stream that stays silent for heartbeat_timeout.
  *
@@ -114,9 +118,20 @@ struct gg_mesh_stats {
 	double tls_s;             /* time in TLS record encryption and decryption */
 };
 
+/* The most connections the meshes of a gateway with this configuration
+ * hold at once, over all its lanes: what its file limit must allow. Each
+ * mesh sizes its table from the configuration, so that every stream it
+ * dials or accepts has a slot. */
+unsigned gg_mesh_conn_max(const struct gg_config *cfg);
+
 /* Makes the mesh and listens on the site's address. Returns 0, or a
  * negative errno with a message in err. */
 GG_MUST_CHECK int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size);
+/* Cancels what the mesh has in flight and turns its loop until the kernel
+ * is done with the buffers involved (a second at most; completions of
+ * other kinds that come meanwhile are dropped, so call it when the loop
+ * is being torn down too), then frees it. A stream still busy after that
+ * is logged and left allocated, never freed under the kernel. */
 void gg_mesh_free(struct gg_mesh *m);
 
 /* Handles a completion of the mesh's kinds (GG_OP_ACCEPT .. GG_OP_CANCEL);
@@ -141,7 +156,8 @@ GG_MUST_CHECK int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const stru
  * it was queued cannot lose it). Dropped when no stream is ready. */
 void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, size_t len, bool every_stream);
 /* Acknowledges DATA for (job, step, id) on the stream it came on; nothing
- * when that stream is gone (the peer sends the DATA again). */
+ * when that stream is gone (the peer sends the DATA again). A full send
+ * queue does not drop it: a stream that cannot take it is closed. */
 void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t step,
 		 const struct gg_ar_chunk_id *id);
 
@@ -167,7 +183,8 @@ bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer);
 bool gg_mesh_connected(const struct gg_mesh *m);
 /* True when every DATA sent was acknowledged and nothing waits. */
 bool gg_mesh_flushed(const struct gg_mesh *m);
-/* Refuses new connections and closes every stream (close_notify first). */
+/* Refuses new connections and closes every stream (what is queued, then
+ * close_notify). */
 void gg_mesh_shutdown(struct gg_mesh *m);
 /* True once shutdown finished: nothing in flight. */
 bool gg_mesh_idle(const struct gg_mesh *m);

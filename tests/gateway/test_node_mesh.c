@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "gg_check.h"
+#include "gg_sites.h"
 #include "gradgate.h"
 #include "allreduce.h"
 #include "log.h"
@@ -83,16 +84,7 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 	char text[4096];
 	size_t n = 0;
 
-	n += (size_t)snprintf(text + n, sizeof(text) - n,
-			      "[site]\nname = \"s%u\"\nlisten = \"127.0.0.1:%d\"\nthreads = %u\n"
-			      "[tls]\nca = \"%s/ca.pem\"\ncert = \"%s/s%u.pem\"\nkey = \"%s/s%u.key\"\n",
-			      k, ports[k], 2 + k % 2, cert_dir, cert_dir, k, cert_dir, k);
-	for (unsigned p = 0; p < sc->K; p++)
-		if (p != k)
-			n += (size_t)snprintf(text + n, sizeof(text) - n,
-					      "[[peers]]\nsite = \"s%u\"\naddress = \"127.0.0.1:%d\"\n"
-					      "identity = \"dns:s%u.gradgate.test\"\n",
-					      p, ports[p], p);
+	n += gg_test_site_toml(text, sizeof(text), k, sc->K, ports, 2 + k % 2, cert_dir);
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
 			      "[transport]\nstreams_per_peer = 4\nchunk_size = \"256KiB\"\nstep_timeout = \"%s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Connections that never finish their TLS handshake cannot keep real peers
+# out. Another loopback address (127.0.0.2) floods site-b's listener with
+# hundreds of connections, half of them silent, half stalled in the middle
+# of a ClientHello, reopening each as soon as site-b closes it. Meanwhile
+# site-a restarts and must be back in the mesh within a few seconds, while
+# site-b refuses the flood at once, saying why. A connection that
+# authenticates but never says HELLO is not kept either.
+. "$(dirname "$0")/lib.sh"
+
+K=2
+mesh_start
+mesh_up 15
+
+# flood HOST PORT COUNT: holds COUNT connections from 127.0.0.2, reopening
+# closed ones (at most 500 a second); "opened N closed N" every second.
+python3 - 127.0.0.1 "${gw_port[1]}" 400 >"$work/flood.out" 2>&1 <<'PY' &
+import selectors, socket, sys, time
+host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# A ClientHello's record and handshake headers and a few bytes of its body.
+partial = bytes.fromhex("16030100c8010000c40303") + bytes(16)
+sel = selectors.DefaultSelector()
+opened = closed = 0
+report = next_batch = time.monotonic()
+while True:
+    now = time.monotonic()
+    for _ in range(5 if now >= next_batch else 0):
+        next_batch = now + 0.01
+        if len(sel.get_map()) >= count:
+            break
+        s = socket.socket()
+        s.settimeout(0.2)
+        try:
+            s.bind(("127.0.0.2", 0))
+            s.connect((host, port))
+            if opened % 2:
+                s.sendall(partial)
+        except OSError:
+            s.close()
+            continue
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        opened += 1
+    for key, _ in sel.select(timeout=0.01):
+        try:
+            data = key.fileobj.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+            closed += 1
+    if now >= report:
+        print(f"opened {opened} closed {closed}", flush=True)
+        report = now + 1
+PY
+pids+=("$!")
+# Past site-b's handshake timeout (2 s): the first held ones have expired
+# and been replaced.
+wait_for "$work/flood.out" '^opened [0-9]{4,}' 10 || fail "the flood did not get going"
+log "flood: $(tail -n 1 "$work/flood.out")"
+
+gw_stop 0
+[ "$reaped" = 0 ] || fail "site-a exited $reaped on SIGTERM"
+restarted=$(date +%s%N)
+gw_start 0
+wait_for_since "$(site_log 0)" 'event=mesh_up' 8 ||
+	fail "site-a was not back in the mesh 8 s after its restart, under the flood"
+log "site-a back in the mesh $((($(date +%s%N) - restarted) / 1000000)) ms after its restart;" \
+	"flood: $(tail -n 1 "$work/flood.out")"
+wait_for "$(site_log 1)" 'event=handshake_refused addr=127\.0\.0\.2 reason=' 5 ||
+	fail "site-b did not log why it refused the flood"
+log "site-b: $(grep -m1 'event=handshake_refused' "$(site_log 1)")"
+run_ok after 1000 1 1
+
+# A connection that completes its TLS handshake (with site-a's certificate)
+# but never says HELLO leaves the pool after handshake_timeout (2 s) too.
+certs=$work/certs
+timeout 10 openssl s_client -connect "127.0.0.1:${gw_port[1]}" -CAfile "$certs/ca.pem" \
+	-cert "$certs/site-a.pem" -key "$certs/site-a.key" -alpn gradgate/1 \
+	-servername site-b.gradgate.test -ign_eof </dev/null >"$work/silent.out" 2>&1 || true
+expect "$(site_log 1)" 'event=stream_down site=site-a stream=-1 reason="no HELLO within the handshake timeout"' \
+	"site-b closed the silent connection"
+mesh_stop
