@@ -1495,20 +1495,29 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 }
 
 /* A restarted gateway closed its ranks' sessions: the jobs it took part in
- * (a step of them completed) are over there after the last one completed
- * here, and fail at once rather than each wait out its deadline. */
+ * are over there, and their later steps fail at once rather than each wait
+ * out its deadline.
+ *
+ * The step in progress completes here if its result is whole here: the
+ * old gateway is gone for good, so it can neither fail the step nor need
+ * its result any more, and every other site that holds the result decides
+ * the same (one that does not fails the step, and since this site said
+ * DONE only with the result whole, no site can complete without the
+ * others' DONE). Failing it instead would split the sites when the old
+ * gateway's DONE reached some of them before it died and not others. */
 static void on_peer_restart(struct gg_node *n, unsigned peer)
 {
 	char why[GG_NODE_ERROR_MAX];
 
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
-		if (!j->used || !j->done_seq)
+		uint64_t last = j->step && !j->ending && j->has_result ? j->step->seq : j->done_seq;
+		if (!j->used || !last)
 			continue;
 		snprintf(why, sizeof(why),
 			 "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
-			 n->names[peer], (unsigned long long)j->done_seq, j->name);
-		job_ended_at(n, j, peer, j->done_seq, UINT64_MAX, GG_ERR_SITE, why, why);
+			 n->names[peer], (unsigned long long)last, j->name);
+		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
 }
 

@@ -46,6 +46,7 @@ struct scenario {
 	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
 	int done_lost_step;   /* site 0's DONE of this step never reaches site 1, whose streams it then cuts */
 	bool end_after_lost;  /* and site 0 ends the job at once (it was the last step): its END stands for the DONE */
+	int restart_step;     /* site 1's DONE of this step reaches site 0 only, then site 1 crashes and restarts */
 	bool flood;           /* site 1 ignores site 0's budget (its own window is 1 GiB): DATA of steps that never
 			       * come, for one job and for 40 jobs, before the real steps */
 };
@@ -210,6 +211,8 @@ static void *run_site(void *arg)
 		bool lose_done = (int)t == sc->done_lost_step && s->index == 0;
 		if (lose_done)
 			gg_node_test_drop_done(node, 1);
+		if ((int)t == sc->restart_step && s->index == 1)
+			gg_node_test_drop_done(node, 2);
 		if (gg_node_submit(node, &st, err, sizeof(err))) {
 			s->status[t - 1] = -EINVAL;
 			snprintf(s->message[t - 1], sizeof(s->message[0]), "%s", err);
@@ -238,6 +241,23 @@ static void *run_site(void *arg)
 			return NULL;
 		}
 		CHECK(s->done, "site %u: step %u never finished", s->index, t);
+		if ((int)t == sc->restart_step && s->index == 1) {
+			/* Site 2 holds the result and waits for this DONE, which
+			 * the new gateway cannot send: its restart must complete
+			 * the step there as it completed at site 0. */
+			memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
+			gg_node_free(node); /* sockets closed with no close_notify, as a crash does */
+			if (gg_node_new(&s->cfg, &node, err, sizeof(err))) {
+				CHECK(0, "site 1 restarting: %s", err);
+				atomic_fetch_add(&flushed_sites, 1);
+				return NULL;
+			}
+			for (int spins = 0; spins < 500 && !gg_node_connected(node); spins++)
+				if (gg_node_run_once(node, 20000, NULL, NULL))
+					break;
+			CHECK(gg_node_connected(node), "site 1 did not reconnect after its restart");
+			continue;
+		}
 		if (lose_done) {
 			/* Site 1 waits for the DONE it never got: it must come again
 			 * on a new stream (while this site runs its next step), not
@@ -257,7 +277,7 @@ static void *run_site(void *arg)
 	struct gg_node_step again = { .seq = 1, .tensor_id = 7, .count = sc->count, .dtype = 1, .input = s->input,
 				      .result = s->result, .done = on_done, .arg = s };
 	snprintf(again.job, sizeof(again.job), "mesh");
-	CHECK((sc->end_after_lost && s->index == 0) ||
+	CHECK((sc->end_after_lost && s->index == 0) || (sc->restart_step && s->index == 1) ||
 		      (gg_node_submit(node, &again, err, sizeof(err)) == -EINVAL && strstr(err, "comes after step") &&
 		       strstr(err, "a new job name")),
 	      "site %u: a rerun of step 1 was not refused: %s", s->index, err);
@@ -307,12 +327,13 @@ static void run(const struct scenario *sc)
 	static struct site sites[MAX_K];
 	char path[512];
 
-	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
 	       sc->mismatch ? ", mismatched announcement" : "",
 	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "",
 	       sc->done_lost_step ? ", a DONE lost with its streams" : "", sc->end_after_lost ? ", then the job ends" : "",
-	       sc->flood ? ", a peer floods DATA of steps that never come" : "");
+	       sc->flood ? ", a peer floods DATA of steps that never come" : "",
+	       sc->restart_step ? ", a site restarts between its DONE messages" : "");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -397,30 +418,33 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, false },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, false },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, false },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, false },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, false },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, false },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, false },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, false },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, false },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, false },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, false },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, false },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false },
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, false },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, false },
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false },
 		/* A DONE lost with every stream that carried it comes again. */
-		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, false },
-		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, false },
+		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false },
+		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false },
 		/* ... or its END, once the sender forgot the job, stands for it. */
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, false },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false },
 		/* A peer floods DATA for steps that never come. */
-		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, true },
+		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true },
+		/* A site crashes between its DONE messages, and restarts. */
+		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -429,7 +453,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, false };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);
