@@ -5,7 +5,9 @@
 #                          into build/, make the demo certificates, run the live
 #                          demo: three gateways on loopback, two ranks per site
 #   ./quickstart.sh test   the same set-up, then every test suite in the normal
-#                          build (build/) and the ASan+UBSan build (build-asan/)
+#                          build (build/, warnings as errors) and the ASan+UBSan
+#                          build (build-asan/), and the threaded suites (gateway,
+#                          integration) in the ThreadSanitizer build (build-tsan/)
 #
 # Both are idempotent: a second run rebuilds only what changed.
 set -euo pipefail
@@ -100,10 +102,19 @@ if [ "$mode" = demo ]; then
 	exec examples/demo.sh build
 fi
 
-# The sanitizer build uses clang, which also builds the libFuzzer targets.
+# The test run holds the code to warnings as errors (gcc here, clang below).
+if [ "$(meson introspect build --buildoptions | python3 -c \
+	'import json, sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "werror"][0])')" != True ]; then
+	meson configure build -Dwerror=true >/dev/null
+	ninja -C build >/dev/null || ninja -C build
+fi
+# The sanitizer builds use clang, which also builds the libFuzzer targets.
 CC=clang setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-	-Dbuildtype=debug -Dcuda=disabled -Dnccl=disabled
+	-Dbuildtype=debug -Dcuda=disabled -Dnccl=disabled --werror
+CC=clang setup build-tsan -Db_sanitize=thread -Db_lundef=false \
+	-Dbuildtype=debugoptimized -Dcuda=disabled -Dnccl=disabled --werror
 run_tests build
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run_tests build-asan
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests build-tsan --suite gateway --suite integration
 echo "quickstart: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]

@@ -123,6 +123,13 @@ cleanup() {
 		fi
 		wait "$pid" 2>/dev/null
 	done
+	# A sanitizer report in any process's log fails the test, even one
+	# whose process carried on (ASan leaks at exit, TSan without halting).
+	if grep -lE "ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:" "$work"/*.log \
+		>/dev/null 2>&1; then
+		echo "FAIL: sanitizer report in $(grep -lE "Sanitizer|runtime error:" "$work"/*.log | xargs -n1 basename)" >&2
+		[ "$rc" != 0 ] || rc=1
+	fi
 	if [ "$rc" != 0 ] && [ -z "${GG_INTEG_QUIET:-}" ]; then
 		dump_logs >&2
 	fi
