@@ -92,7 +92,10 @@ PY
 }
 
 install_deps
-setup build
+# The test run holds the code to warnings as errors (gcc here, clang below).
+werror=()
+[ "$mode" = test ] && werror=(--werror)
+setup build "${werror[@]}"
 [ -f examples/certs/ca.pem ] || examples/make-certs.sh
 
 if [ "$mode" = demo ]; then
@@ -102,7 +105,7 @@ if [ "$mode" = demo ]; then
 	exec examples/demo.sh build
 fi
 
-# The test run holds the code to warnings as errors (gcc here, clang below).
+# A build/ configured by the demo gets warnings as errors now.
 if [ "$(meson introspect build --buildoptions | python3 -c \
 	'import json, sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "werror"][0])')" != True ]; then
 	meson configure build -Dwerror=true >/dev/null
