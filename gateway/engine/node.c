@@ -1116,6 +1116,23 @@ static void send_end(struct gg_node *n, int only, const struct ended_job *e)
 		      false);
 }
 
+/* Step seq failed here: it joins the run of failed steps kept for peers
+ * that come back (ABORT), whose first step's code and reason this site's
+ * END gives. */
+static void remember_abort(struct gg_node *n, struct job *j, uint64_t seq, int code, const char *reason)
+{
+	j->failed_us = gg_node_loop(n)->now_us;
+	if (j->failed_lo && seq >= j->failed_lo && seq <= j->failed_hi)
+		return;
+	if (j->failed_hi && seq == j->failed_hi + 1) {
+		j->failed_hi = seq;
+		return;
+	}
+	j->failed_lo = j->failed_hi = seq;
+	j->failed_code = code < 0 ? code : GG_ERR_SITE;
+	snprintf(j->failed_reason, sizeof(j->failed_reason), "%s", reason);
+}
+
 /* Ends the job's step: the lanes let go of their parts first (a part may
  * still be reading or writing the step's memory), then done is called. */
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
@@ -1127,6 +1144,9 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	j->end_status = status;
 	snprintf(j->end_message, sizeof(j->end_message), "%s", message ? message : "");
 	if (status) {
+		/* Whatever failed it, it joins the run of failed steps that a
+		 * returning peer hears of, and whose cause this site's END names. */
+		remember_abort(n, j, j->step->seq, status, message);
 		n->stats.steps_failed++;
 		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
 		       (unsigned long long)j->step->seq, message);
@@ -1160,17 +1180,6 @@ static void step_ended(struct gg_node *n, struct job *j)
 	st->done(st->arg, st, status, status ? message : NULL);
 }
 
-static void remember_abort(struct gg_node *n, struct job *j, uint64_t seq, int code, const char *reason)
-{
-	j->failed_us = gg_node_loop(n)->now_us;
-	if (j->failed_hi && seq == j->failed_hi + 1) {
-		j->failed_hi = seq;
-		return;
-	}
-	j->failed_lo = j->failed_hi = seq;
-	j->failed_code = code < 0 ? code : GG_ERR_SITE;
-	snprintf(j->failed_reason, sizeof(j->failed_reason), "%s", reason);
-}
 
 static void fail_step_code(struct gg_node *n, struct job *j, int code, const char *fmt, ...) GG_PRINTF(4, 5);
 static void fail_step_code(struct gg_node *n, struct job *j, int code, const char *fmt, ...)
@@ -1184,7 +1193,6 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	send_abort(n, -1, j->name, j->step->seq, j->step->seq, code, msg);
-	remember_abort(n, j, j->step->seq, code, msg);
 	finish_step(n, j, code, msg);
 }
 
@@ -1398,14 +1406,28 @@ static struct job *job_of(struct gg_node *n, unsigned slot, uint64_t seq)
 	return j && j->used && j->step && j->step->seq == seq ? j : NULL;
 }
 
+/* True when job `name` ended here recently (its END is kept for peers
+ * that come back). */
+static bool ended_here(const struct gg_node *n, const char *name)
+{
+	for (unsigned e = 0; e < ENDS_KEPT; e++)
+		if (n->ended[e].name[0] && !strcmp(n->ended[e].name, name))
+			return true;
+	return false;
+}
+
 static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
 {
 	const char *site = n->names[from];
 	const uint64_t lo = m->u.abort.first, hi = m->u.abort.last;
-	struct job *j = find_job(n, m->u.abort.job, true);
+	struct job *j = find_job(n, m->u.abort.job, false);
 	char msg[GG_NODE_ERROR_MAX];
 
-	if (!j)
+	/* A job over here stays over: recording the abort would make it anew
+	 * and drop the END that a peer cut off while it ended still needs. */
+	if (!j && ended_here(n, m->u.abort.job))
+		return;
+	if (!j && !(j = find_job(n, m->u.abort.job, true)))
 		return;
 	if (lo == hi)
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,

@@ -268,6 +268,44 @@ case_peer_restarted() {
 	run_ok after 1000 1 2
 }
 
+# The last site's gateway stands still (SIGSTOP) in step 2 while its ranks
+# wait; the others fail the step, and the remaining ones, at once, and end
+# the job. Resumed, it must hear of that from their END (sent again once
+# its streams are back) and fail its ranks' steps at once, not each at the
+# 30 s deadline.
+case_peer_resumed() {
+	local r s t stopped resumed took specs=()
+	STEPS=5
+	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2"); done
+	start_job ps "${specs[@]}"
+	wait_for "$work/ps-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
+	sleep 0.2 # the last site's ranks are in step 2, site-a's come a second late
+	kill -STOP "${gw_pid[$last]}"
+	stopped=$(now_ns)
+	for ((s = 0; s < last; s++)); do
+		for ((r = 0; r < RANKS; r++)); do
+			wait_for "$work/ps-s$s-r$r.out" "^step $STEPS rc=" 12 || fail "ps-s$s-r$r did not finish its steps"
+		done
+	done
+	while [ "$(ms_since "$stopped")" -lt 3500 ]; do sleep 0.1; done
+	kill -CONT "${gw_pid[$last]}"
+	resumed=$(now_ns)
+	for ((r = 0; r < RANKS; r++)); do
+		wait_for "$work/ps-s$last-r$r.out" "^step $STEPS rc=" 25 || fail "ps-s$last-r$r did not finish its steps"
+	done
+	took=$(ms_since "$resumed")
+	log "  ${SITES[$last]}'s ranks had every step's outcome ${took} ms after it resumed"
+	within "$took" 6000 "the resumed site failing its steps"
+	ranks_wait
+	check_steps ps
+	expect_ok ps 1
+	for ((t = 2; t <= STEPS; t++)); do
+		expect_failed ps $t -12 "site ${SITES[$last]} is unreachable"
+	done
+	mesh_up 15
+	run_ok after 1000 1 2
+}
+
 case_peer_killed() { peer_lost KILL; }
 case_peer_stopped() { peer_lost STOP; }
 
