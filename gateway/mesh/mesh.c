@@ -524,6 +524,7 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 	struct conn *c = &m->conns[ci];
 	struct gg_wire_msg msg;
 	char err[256];
+	int rc = 0;
 
 	if (gg_wire_decode(c->type, payload, len, &msg, err, sizeof(err))) {
 		char why[300];
@@ -541,11 +542,11 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		break;
 	case GG_WIRE_DATA:
 		m->stats.data_bytes_in += len;
-		m->ops->on_data(m->owner, (unsigned)c->peer, (struct gg_mesh_via){ ci, c->gen }, &msg, buf);
+		rc = m->ops->on_data(m->owner, (unsigned)c->peer, (struct gg_mesh_via){ ci, c->gen }, &msg, buf);
 		break;
 	case GG_WIRE_ACK:
 		if (!on_ack(m, (unsigned)c->peer, &msg) && m->lanes > 1)
-			m->ops->on_foreign_ack(m->owner, (unsigned)c->peer, &msg);
+			rc = m->ops->on_foreign_ack(m->owner, (unsigned)c->peer, &msg);
 		break;
 	case GG_WIRE_PING: {
 		uint8_t out[64];
@@ -563,9 +564,11 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 	case GG_WIRE_ABORT:
 	case GG_WIRE_DONE:
 	case GG_WIRE_END:
-		m->ops->on_control(m->owner, (unsigned)c->peer, &msg);
+		rc = m->ops->on_control(m->owner, (unsigned)c->peer, &msg);
 		break;
 	}
+	if (rc)
+		conn_close(m, ci, "no memory for a received message");
 }
 
 /* Starts reading the payload of the message whose header is complete.

@@ -59,18 +59,22 @@ struct gg_mesh_via {
 	uint32_t gen;
 };
 
-/* What the mesh tells its owner, on the mesh's thread. */
+/* What the mesh tells its owner, on the mesh's thread. The three that hand
+ * over a message return 0, or -ENOMEM when the owner could not take it:
+ * the mesh then closes the stream, and the peer sends again, on the next
+ * one, what it had not seen acknowledged or answered (DATA, DONE, ABORT,
+ * END), as it does after any cut. */
 struct gg_mesh_ops {
 	/* DATA from `peer` on stream `via`: `m` points into `payload`, which the
 	 * owner may keep with gg_buf_get(). The owner acknowledges it
 	 * (gg_mesh_ack, on this mesh's thread, with `via`) once it used it;
 	 * until then it counts against the sender's window. */
-	void (*on_data)(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
-			struct gg_buf *payload);
+	int (*on_data)(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
+		       struct gg_buf *payload);
 	/* ABORT, DONE or END from `peer`. */
-	void (*on_control)(void *owner, unsigned peer, const struct gg_wire_msg *m);
+	int (*on_control)(void *owner, unsigned peer, const struct gg_wire_msg *m);
 	/* An ACK for DATA this mesh does not hold (another lane may). */
-	void (*on_foreign_ack)(void *owner, unsigned peer, const struct gg_wire_msg *m);
+	int (*on_foreign_ack)(void *owner, unsigned peer, const struct gg_wire_msg *m);
 	/* `peer` came back with a new instance id: it restarted, and every step
 	 * in progress with it is lost. Unsent and unacknowledged DATA to it is
 	 * dropped before this is called. */
