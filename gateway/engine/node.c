@@ -1740,6 +1740,21 @@ void gg_node_test_drop_done(struct gg_node *n, unsigned peer)
 	n->test_drop_done = peer + 1;
 }
 
+int gg_node_test_open_stream(struct gg_node *n, unsigned peer, unsigned stream, uint64_t instance_id,
+			     gg_mesh_test_sent_fn *sent, void *arg)
+{
+	if (stream % n->nlanes)
+		return -EINVAL;
+	return gg_mesh_test_open(n->lanes[0].mesh, peer, stream, instance_id, sent, arg);
+}
+
+int gg_node_test_receive(struct gg_node *n, unsigned peer, unsigned stream, const uint8_t *bytes, size_t len)
+{
+	if (stream % n->nlanes)
+		return -EINVAL;
+	return gg_mesh_test_receive(n->lanes[0].mesh, peer, stream, bytes, len);
+}
+
 void gg_node_test_freeze_at_result(struct gg_node *n)
 {
 	n->test_freeze_at_result = true;

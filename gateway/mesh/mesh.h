@@ -181,4 +181,25 @@ const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m);
 /* Tests: cuts one stream's TCP connection as a network fault would. */
 GG_MUST_CHECK int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream);
 
+/* Tests: what a stream of gg_mesh_test_open() writes, one message at a
+ * time: its head (header and fixed part) and, for DATA, its frame. */
+typedef void gg_mesh_test_sent_fn(void *arg, unsigned peer, unsigned stream, const uint8_t *head, size_t head_len,
+				  const uint8_t *frame, size_t frame_len);
+
+/* Tests: a stream to `peer` with no socket or TLS behind it, ready at once
+ * as an accepted stream number `stream` whose HELLO carried `instance_id`
+ * would be (it replaces a stream open on that number; a new instance id
+ * means the peer restarted). What the mesh writes to it goes to `sent` at
+ * once; what it reads comes from gg_mesh_test_receive(). Returns 0,
+ * -EINVAL (the stream is not this mesh's, or `peer` is this site), -EBUSY
+ * (no free slot) or -ENOMEM. */
+GG_MUST_CHECK int gg_mesh_test_open(struct gg_mesh *m, unsigned peer, unsigned stream, uint64_t instance_id,
+				    gg_mesh_test_sent_fn *sent, void *arg);
+/* Tests: `len` bytes from the peer on such a stream, as the TLS stream
+ * would hand them over: whole messages or pieces of them. NULL: the peer
+ * closed the stream. Returns 0, or -ENOTCONN when that stream is not open
+ * (a bad message closes it). */
+GG_MUST_CHECK int gg_mesh_test_receive(struct gg_mesh *m, unsigned peer, unsigned stream, const uint8_t *bytes,
+				       size_t len);
+
 #endif

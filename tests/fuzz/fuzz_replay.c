@@ -5,7 +5,8 @@
  * Every input runs once as it is, then again with its first allocation
  * failing, then its second, and so on until a run gets past all of them
  * (fuzz_alloc.h): out-of-memory paths must neither crash nor leak.
- * --no-alloc-failures leaves those runs out. */
+ * --no-alloc-failures leaves those runs out; --fail-alloc=N runs each
+ * input once more with allocation N failing only (to look into one). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
@@ -26,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
 static bool alloc_failures = true;
-static unsigned long alloc_runs;
+static unsigned long alloc_runs, only_alloc;
 /* What runs now, for the last words of a run that dies. */
 static char running[512];
 
@@ -47,7 +48,7 @@ static void run_input(const char *path, const uint8_t *data, size_t len)
 {
 	snprintf(running, sizeof(running), "replaying %s\n", path);
 	LLVMFuzzerTestOneInput(data, len);
-	for (unsigned long n = 1; alloc_failures; n++) {
+	for (unsigned long n = only_alloc ? only_alloc : 1; alloc_failures; n++) {
 		snprintf(running, sizeof(running), "replaying %s with allocation %lu failing\n", path, n);
 		gg_fuzz_alloc_fail_at(n);
 		LLVMFuzzerTestOneInput(data, len);
@@ -56,6 +57,8 @@ static void run_input(const char *path, const uint8_t *data, size_t len)
 		if (!hit)
 			break;
 		alloc_runs++;
+		if (only_alloc)
+			break;
 	}
 	running[0] = '\0';
 }
@@ -163,11 +166,14 @@ int main(int argc, char **argv)
 	signal(SIGSEGV, on_fatal_signal);
 	signal(SIGBUS, on_fatal_signal);
 	signal(SIGABRT, on_fatal_signal);
-	for (int i = 1; i < argc; i++)
+	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--no-alloc-failures"))
 			alloc_failures = false;
+		else if (!strncmp(argv[i], "--fail-alloc=", 13))
+			only_alloc = strtoul(argv[i] + 13, NULL, 10);
+	}
 	for (int i = 1; i < argc; i++)
-		if (strcmp(argv[i], "--no-alloc-failures"))
+		if (strncmp(argv[i], "--", 2))
 			failed |= replay_path(argv[i], 8, &count);
 	printf("replayed %lu inputs, and %lu times with an allocation failing\n", count, alloc_runs);
 	return failed;
