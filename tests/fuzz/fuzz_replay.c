@@ -161,11 +161,14 @@ int main(int argc, char **argv)
 	unsigned long count = 0;
 	int failed = 0;
 
-	if (__sanitizer_set_death_callback)
+	/* A sanitizer's own handlers report more than these would. */
+	if (__sanitizer_set_death_callback) {
 		__sanitizer_set_death_callback(say_running);
-	signal(SIGSEGV, on_fatal_signal);
-	signal(SIGBUS, on_fatal_signal);
-	signal(SIGABRT, on_fatal_signal);
+	} else {
+		signal(SIGSEGV, on_fatal_signal);
+		signal(SIGBUS, on_fatal_signal);
+		signal(SIGABRT, on_fatal_signal);
+	}
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--no-alloc-failures"))
 			alloc_failures = false;

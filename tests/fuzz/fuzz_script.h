@@ -109,6 +109,39 @@ enum node_op {
 #define NODE_DATA_SPECIAL 16u    /* infinities and NaN among the values */
 #define NODE_ACK_FIELDS 1u       /* ACK flags */
 
+/* ---- fuzz_control.c: local clients against the host site backend ------
+ * The first six bytes set the backend's limits and the core's manner
+ * (fuzz_control.c, struct limits). A client is an index below
+ * CONTROL_CLIENTS; a region an index in the control protocol's range. */
+#define CONTROL_CLIENTS 6
+
+enum control_op {
+	CONTROL_CONNECT,   /* client */
+	CONTROL_HELLO,     /* client, u8 version (0: the right one), u8 rank, u8 nranks, u8 job (3: text follows) */
+	CONTROL_MAP,       /* client, u8 region, u8 pages, u8 descriptor kind (enum control_fd) */
+	CONTROL_UNMAP,     /* client, u8 region */
+	CONTROL_ALLREDUCE, /* client, u8 seq (0: the next), u8 tensor, u8 dtype, u16 count, u32 offset, u8 region,
+			    * u16 timeout ms */
+	CONTROL_RAW,       /* client, u16 length, bytes: any packet */
+	CONTROL_CLOSE,     /* client: it closes its socket */
+	CONTROL_RUN,       /* u8 turns of the loop */
+	CONTROL_TIME,      /* u16 milliseconds the clock jumps ahead */
+	CONTROL_CORE,      /* u8 what: the fake core completes (or fails) held steps, or changes its manner */
+	CONTROL_STOP,      /* the gateway begins to stop */
+	CONTROL_OPS
+};
+
+/* What a MAP carries. */
+enum control_fd {
+	CONTROL_FD_SEALED,   /* a memfd sealed against shrinking, of the size MAP says */
+	CONTROL_FD_UNSEALED,
+	CONTROL_FD_SHORT,    /* sealed, a page shorter than MAP says */
+	CONTROL_FD_NONE,
+	CONTROL_FD_TWO,      /* two sealed memfds */
+	CONTROL_FD_PIPE,     /* not a memfd at all */
+	CONTROL_FD_KINDS
+};
+
 /* ---- writing seeds ---- */
 
 struct script_out {
