@@ -13,7 +13,6 @@
  * REFUSE or ERROR); steps lent to the core are sane; and after the clients
  * leave and the core hands back what it holds, the backend stops, with no
  * memory or file descriptor left behind. */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -25,6 +24,7 @@
 #include <unistd.h>
 
 #include "control_proto.h"
+#include "fuzz_check.h"
 #include "fuzz_script.h"
 #include "host_backend.h"
 #include "uring_loop.h"
@@ -63,21 +63,7 @@ static bool verbose; /* GG_FUZZ_VERBOSE set: the backend's log and every answer 
 
 static _Noreturn void die(const char *what)
 {
-	fprintf(stderr, "fuzz_control: %s\n", what);
-	abort();
-}
-
-static unsigned count_open_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	unsigned n = 0;
-
-	if (!d)
-		die("cannot list /proc/self/fd");
-	while (readdir(d))
-		n++;
-	closedir(d);
-	return n;
+	fuzz_fail("fuzz_control", what);
 }
 
 static void remove_dir(void)
@@ -507,7 +493,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[256];
 
 	setup();
-	fds_before = count_open_fds();
+	fds_before = fuzz_open_fds();
 	memset(&r, 0, sizeof(r));
 	for (unsigned i = 0; i < CONTROL_CLIENTS; i++)
 		r.clients[i].fd = -1;
@@ -558,7 +544,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		die("the backend stopped with something left");
 	r.base->ops->destroy(r.base);
 	drain_ring();
-	if (count_open_fds() != fds_before)
+	if (fuzz_open_fds() != fds_before)
 		die("a file descriptor leaked");
 	return 0;
 }

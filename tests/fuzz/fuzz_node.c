@@ -21,6 +21,7 @@
 
 #include "allreduce.h"
 #include "frame.h"
+#include "fuzz_check.h"
 #include "fuzz_script.h"
 #include "gradgate.h"
 #include "log.h"
@@ -98,8 +99,7 @@ static const char *const job_names[JOBS] = { "j0", "j1", "train.run-2" };
 
 static _Noreturn void die(const char *what)
 {
-	fprintf(stderr, "fuzz_node: %s\n", what);
-	abort();
+	fuzz_fail("fuzz_node", what);
 }
 
 /* ---- set-up, once per process --------------------------------------------- */

@@ -142,6 +142,29 @@ enum control_fd {
 	CONTROL_FD_KINDS
 };
 
+/* ---- fuzz_client.c: a gateway's answers against the client library -----
+ * What the gateway sends before CLIENT_OPEN waits until the library
+ * connects; a gateway that has sent nothing by then closes at once. A
+ * request or buffer is an index in the target's tables. */
+enum client_op {
+	CLIENT_OPEN,         /* u8 rank, u8 nranks */
+	CLIENT_GW_ACCEPT,    /* u8 version (0: the right one), u8 max in flight, u32 max message, u32 max region
+			      * (0: room for two messages), u8 max regions, u16 step timeout ms, u16 grace ms,
+			      * text site */
+	CLIENT_GW_DONE,      /* u8 seq (0: the oldest unanswered request), u8 status (negated), text message */
+	CLIENT_GW_ERROR,     /* u8 refuse, u8 code (negated), u64 seq, text message */
+	CLIENT_GW_RAW,       /* u16 length, bytes, u8 descriptors to attach */
+	CLIENT_GW_CLOSE,     /* the gateway closes the connection */
+	CLIENT_ALLREDUCE,    /* u8 buffer (0: private memory), u32 offset, u16 count, u8 dtype, u8 tensor,
+			      * u16 timeout ms */
+	CLIENT_WAIT,         /* u8 request: gg_wait() without waiting */
+	CLIENT_FREE_REQUEST, /* u8 request */
+	CLIENT_BUFFER_ALLOC, /* u16 bytes */
+	CLIENT_BUFFER_FREE,  /* u8 buffer */
+	CLIENT_CLOSE,        /* gg_session_close() */
+	CLIENT_OPS
+};
+
 /* ---- writing seeds ---- */
 
 struct script_out {
@@ -169,6 +192,17 @@ static inline void script_put_text(struct script_out *o, const char *text)
 
 	script_put(o, n, 1);
 	script_put_bytes(o, text, n);
+}
+
+/* The folder a seed generator writes to, from its command line; NULL
+ * once it said how to call it. */
+static inline const char *script_dir(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s DIR\n", argv[0]);
+		return NULL;
+	}
+	return argv[1];
 }
 
 /* Writes the script to DIR/NAME and starts the next one. Returns 0 or -1. */

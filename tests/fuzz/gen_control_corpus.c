@@ -83,11 +83,10 @@ int main(int argc, char **argv)
 {
 	int rc = 0;
 
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s DIR\n", argv[0]);
+	const char *dir = script_dir(argc, argv);
+
+	if (!dir)
 		return 2;
-	}
-	const char *dir = argv[1];
 
 	/* Steps that complete, the core answering at once. */
 	limits(0);

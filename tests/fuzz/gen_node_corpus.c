@@ -146,11 +146,8 @@ static void steps_message(enum node_op what, unsigned peer, unsigned job, uint8_
 
 int main(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s DIR\n", argv[0]);
+	if (!(dir = script_dir(argc, argv)))
 		return 2;
-	}
-	dir = argv[1];
 	for (unsigned v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
 		/* Two steps that complete. */
 		begin(v);
