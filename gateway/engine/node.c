@@ -1786,6 +1786,14 @@ void gg_node_stop_steps(struct gg_node *n)
 int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
 {
 	struct job *j = find_job(n, job, true);
+	char unnamed[GG_NODE_ERROR_MAX];
+
+	/* A failed step always says what failed, here and at the peers. */
+	if (!reason || !*reason) {
+		snprintf(unnamed, sizeof(unnamed), "step %llu of job '%s' failed at site %s (no reason given)",
+			 (unsigned long long)seq, job, n->names[n->self]);
+		reason = unnamed;
+	}
 
 	if (j && j->step && j->step->seq == seq) {
 		if (j->ending)
