@@ -109,11 +109,13 @@ static const char *site_of(const struct gg_session *s)
 	return s->info.site[0] ? s->info.site : "?";
 }
 
-/* A code of enum gg_errc other than GG_OK (GG_ERR_LIMIT is the last): the
- * gateway's own codes reach the caller only when they are. */
-static bool errc_known(int code)
+/* A failure a gateway may report: a code of enum gg_errc (GG_ERR_LIMIT is
+ * the last) other than GG_OK and GG_ERR_AGAIN, which gg_wait() returns for
+ * a request still in progress: a step that "failed" with it would look in
+ * progress for ever. Only these reach the caller. */
+static bool failure_code_ok(int code)
 {
-	return code < 0 && code >= GG_ERR_LIMIT;
+	return code < 0 && code >= GG_ERR_LIMIT && code != GG_ERR_AGAIN;
 }
 
 /* Sends one message (and at most one fd) before `deadline_ms`. Returns 0
@@ -270,7 +272,7 @@ static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 			     site_of(s), (unsigned long long)d->seq, r ? (unsigned long long)r->seq : 0ull);
 		return;
 	}
-	if (d->status && !errc_known(d->status)) {
+	if (d->status && !failure_code_ok(d->status)) {
 		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu with status %d",
 			     site_of(s), (unsigned long long)d->seq, (int)d->status);
 		return;
@@ -325,7 +327,7 @@ static void pump(struct gg_session *s, uint64_t deadline_ms)
 		if (type == GG_CTRL_DONE) {
 			on_done(s, &m.done);
 		} else if (type == GG_CTRL_ERROR) {
-			session_fail(s, errc_known(m.error.code) ? m.error.code : GG_ERR_PROTOCOL, "%s",
+			session_fail(s, failure_code_ok(m.error.code) ? m.error.code : GG_ERR_PROTOCOL, "%s",
 				     m.error.message[0] ? m.error.message : "the gateway ended the session without a reason");
 		} else if (type < 0) {
 			session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s sent a bad message: %s", site_of(s),
