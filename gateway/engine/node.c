@@ -136,7 +136,8 @@ struct lane_job {
 	uint64_t deadline_us;
 	uint64_t timeout_us; /* the time the step had, for messages */
 	bool reported;       /* PART_DONE or PART_FAILED sent */
-	enum mail_type owed; /* that report, while no memory was left to send it; 0: none */
+	bool owed;           /* that report is made, but no memory was left to send it */
+	enum mail_type owed_type;
 	int owed_code;
 	char owed_text[GG_NODE_ERROR_MAX];
 	void (*gather)(void *arg, uint64_t offset, uint64_t n);
@@ -409,18 +410,19 @@ static void part_report(struct lane_job *lj, enum mail_type type, int code, cons
 	if (lj->reported)
 		return;
 	if (!lj->owed) {
-		lj->owed = type;
+		lj->owed = true;
+		lj->owed_type = type;
 		lj->owed_code = code;
 		snprintf(lj->owed_text, sizeof(lj->owed_text), "%s", text ? text : "");
 	}
-	if (!(m = mail_new(lj->owed)))
+	if (!(m = mail_new(lj->owed_type)))
 		return;
 	lj->reported = true;
+	lj->owed = false;
 	m->slot = lj->slot;
 	m->seq = lj->seq;
 	m->code = lj->owed_code;
 	memcpy(m->u.text, lj->owed_text, sizeof(m->u.text));
-	lj->owed = 0;
 	tell_coordinator(lj->lane, m);
 }
 
@@ -663,7 +665,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->deliver = m->u.start.deliver;
 	lj->arg = m->u.start.arg;
 	lj->reported = false;
-	lj->owed = 0;
+	lj->owed = false;
 	lj->last_seq = m->seq;
 	lj->active_us = ln->loop.now_us;
 
@@ -953,7 +955,7 @@ static uint64_t lane_timers(struct lane *ln)
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct lane_job *lj = &ln->jobs[i];
 		if (lj->used && lj->ar && lj->owed)
-			part_report(lj, lj->owed, 0, NULL);
+			part_report(lj, lj->owed_type, 0, NULL);
 		if (!lj->used || !lj->ar || lj->reported)
 			continue;
 		if (ln->loop.now_us >= lj->deadline_us) {
