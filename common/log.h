@@ -6,7 +6,8 @@
 
 #include "gg_common.h"
 
-enum gg_log_level { GG_LOG_DEBUG, GG_LOG_INFO, GG_LOG_WARN, GG_LOG_ERROR };
+/* GG_LOG_NONE is for gg_log_set_level() only: nothing is logged. */
+enum gg_log_level { GG_LOG_DEBUG, GG_LOG_INFO, GG_LOG_WARN, GG_LOG_ERROR, GG_LOG_NONE };
 
 /* Copies `len` bytes of src into dst as text safe inside a log value or an
  * error message: printable ASCII stays, a backslash or a double quote gets a

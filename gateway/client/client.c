@@ -109,6 +109,15 @@ static const char *site_of(const struct gg_session *s)
 	return s->info.site[0] ? s->info.site : "?";
 }
 
+/* A failure a gateway may report: a code of enum gg_errc (GG_ERR_LIMIT is
+ * the last) other than GG_OK and GG_ERR_AGAIN, which gg_wait() returns for
+ * a request still in progress: a step that "failed" with it would look in
+ * progress for ever. Only these reach the caller. */
+static bool failure_code_ok(int code)
+{
+	return code < 0 && code >= GG_ERR_LIMIT && code != GG_ERR_AGAIN;
+}
+
 /* Sends one message (and at most one fd) before `deadline_ms`. Returns 0
  * or a negative errno. */
 static int send_msg(int fd, const void *msg, size_t len, int pass_fd, uint64_t deadline_ms)
@@ -263,7 +272,7 @@ static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 			     site_of(s), (unsigned long long)d->seq, r ? (unsigned long long)r->seq : 0ull);
 		return;
 	}
-	if (d->status > 0) {
+	if (d->status && !failure_code_ok(d->status)) {
 		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu with status %d",
 			     site_of(s), (unsigned long long)d->seq, (int)d->status);
 		return;
@@ -279,6 +288,13 @@ static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 	if (--reg->users == 0 && reg->retired) {
 		s->buffers -= reg->shared;
 		region_release(s, r->region, true);
+	}
+	if (d->status && !d->message[0]) {
+		char msg[GG_ERROR_MESSAGE_MAX];
+		snprintf(msg, sizeof(msg), "step %llu (tensor %u): %s (the gateway of site %s gave no reason)",
+			 (unsigned long long)r->seq, r->tensor_id, gg_strerror(d->status), site_of(s));
+		request_finish(r, d->status, msg);
+		return;
 	}
 	request_finish(r, d->status, d->message);
 }
@@ -311,7 +327,8 @@ static void pump(struct gg_session *s, uint64_t deadline_ms)
 		if (type == GG_CTRL_DONE) {
 			on_done(s, &m.done);
 		} else if (type == GG_CTRL_ERROR) {
-			session_fail(s, m.error.code < 0 ? m.error.code : GG_ERR_PROTOCOL, "%s", m.error.message);
+			session_fail(s, failure_code_ok(m.error.code) ? m.error.code : GG_ERR_PROTOCOL, "%s",
+				     m.error.message[0] ? m.error.message : "the gateway ended the session without a reason");
 		} else if (type < 0) {
 			session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s sent a bad message: %s", site_of(s),
 				     why);
@@ -474,7 +491,8 @@ static int handshake(struct gg_session *s, const char *path, int nranks, struct 
 			       n == -EPROTO ? "it carried file descriptors" : strerror((int)-n));
 	int type = gg_ctrl_check(&m, (size_t)n, why, sizeof(why));
 	if (type == GG_CTRL_REFUSE)
-		return set_err(err, GG_ERR_REFUSED, "%s", m.error.message);
+		return set_err(err, GG_ERR_REFUSED, "%s",
+			       m.error.message[0] ? m.error.message : "the gateway refused the session without a reason");
 	if (type != GG_CTRL_ACCEPT)
 		return set_err(err, GG_ERR_PROTOCOL, "the gateway at unix:%s answered HELLO with %s", path,
 			       type < 0 ? why : gg_ctrl_type_name((unsigned)type));
@@ -817,7 +835,7 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 		return set_err(err, GG_ERR_INVALID, "gg_wait: request is NULL");
 
 	uint64_t until = timeout_ms < 0 ? UINT64_MAX : now_ms() + (uint64_t)timeout_ms;
-	while (!req->done) {
+	for (bool looked = false; !req->done; looked = true) {
 		struct gg_session *s = req->s;
 		struct gg_request *head = s->head;
 		uint64_t now = now_ms();
@@ -828,7 +846,9 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 				     (unsigned long long)s->answer_grace_ms + GRACE_MS);
 			break;
 		}
-		if (now >= until)
+		/* What the gateway sent already counts, however short the wait:
+		 * a caller polling with 0 would otherwise never see its answer. */
+		if (looked && now >= until)
 			return set_err(err, GG_ERR_AGAIN, "step %llu (tensor %u) still in progress after %d ms",
 				       (unsigned long long)req->seq, req->tensor_id, timeout_ms);
 		pump(s, GG_MIN(until, head->deadline_ms));

@@ -81,13 +81,18 @@ size_t gg_ctrl_init(union gg_ctrl_msg *msg, enum gg_ctrl_type type)
 	return size;
 }
 
-/* A string field is valid when it holds a NUL and only zeroes after it. */
+/* A string field is valid when it holds a NUL and only zeroes after it,
+ * and no control character before it: messages reach people and logs as
+ * one line each. */
 static bool text_ok(const char *field, size_t size)
 {
 	const char *nul = memchr(field, 0, size);
 
 	if (!nul)
 		return false;
+	for (const char *p = field; p < nul; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			return false;
 	for (const char *p = nul; p < field + size; p++)
 		if (*p)
 			return false;
@@ -166,8 +171,8 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		break;
 	}
 	if (!ok) {
-		snprintf(why, why_size, "%s with an unterminated string or nonzero reserved field",
-			 ctrl_types[type].name);
+		snprintf(why, why_size, "%s with a string unterminated or holding control characters, or a nonzero "
+			 "reserved field", ctrl_types[type].name);
 		return GG_ERR_PROTOCOL;
 	}
 	return (int)type;

@@ -168,7 +168,8 @@ const char *gg_ctrl_type_name(unsigned type);
 /* Checks the header and size of a received packet of `len` bytes (the
  * whole packet: a longer one must be reported with a len above
  * GG_CTRL_RECV_MAX) and the fixed fields every message of its type must
- * hold: reserved fields zero, strings terminated. Returns the type, or
+ * hold: reserved fields zero, strings terminated and free of control
+ * characters. Returns the type, or
  * GG_ERR_PROTOCOL with `why` ("truncated DONE: 40 of 288 bytes"). A HELLO
  * of another protocol version is returned as GG_CTRL_HELLO when its
  * version field is readable, for the caller to refuse it by version. */

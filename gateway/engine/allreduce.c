@@ -129,7 +129,8 @@ static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset,
 	int rc;
 
 	if (!f)
-		return -ENOMEM;
+		return gg_errf(err, err_size, -ENOMEM, "no memory for the frame of %llu elements at offset %llu",
+			       (unsigned long long)n, (unsigned long long)offset);
 	if (s->cfg.feedback) {
 		uint64_t raw_bytes;
 		rc = gg_codec_encoded_bytes(&enc->cfg.codec, n, &raw_bytes);
@@ -358,6 +359,14 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 	}
 	if (*got & 2)
 		return 1;
+	/* A shard's sum holds this site's part only once this site added it
+	 * and passed it on: an all-gather frame that comes earlier cannot be
+	 * that sum, and this site's input would never be read. */
+	bool added = id->origin == ring_start_shard(s) ? id->chunk < s->next_own : (*got & 1);
+	if (!added)
+		return gg_errf(err, err_size, -EPROTO,
+			       "site %u sent all-gather chunk %u of %u before this site added its part to it", from,
+			       id->chunk, id->origin);
 	if ((rc = decode_into(s, from, id, frame, len, s->result + offset, n, GG_FRAME_STORE, err, err_size)))
 		return rc;
 	deliver(s, offset, n);
@@ -367,7 +376,8 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 		return 0;
 	struct gg_buf *f = gg_buf_new(s->cfg.pool, len);
 	if (!f)
-		return -ENOMEM;
+		return gg_errf(err, err_size, -ENOMEM, "no memory to pass on %s chunk %u of %u to site %u",
+			       phase_name(id->phase), id->chunk, id->origin, ring_next(s));
 	memcpy(f->data, frame, len);
 	f->len = len;
 	rc = send_frame(s, ring_next(s), id, f, err, err_size);
@@ -422,7 +432,8 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 		} else {
 			if (!(*slot = gg_buf_new(s->cfg.pool, len))) {
 				s->failed = true;
-				return -ENOMEM;
+				return gg_errf(err, err_size, -ENOMEM, "no memory to keep site %u's %s chunk %u of %u "
+					       "until its turn", from, phase_name(id->phase), id->chunk, id->origin);
 			}
 			memcpy((*slot)->data, frame, len);
 			(*slot)->len = len;
@@ -463,7 +474,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 
 	s = calloc(1, sizeof(*s));
 	if (!s)
-		return -ENOMEM;
+		return gg_errf(err, err_size, -ENOMEM, "no memory for a step of %llu elements",
+			       (unsigned long long)cfg->count);
 	s->cfg = *cfg;
 	if (!s->cfg.parts)
 		s->cfg.parts = 1;
@@ -474,12 +486,12 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	s->result = result;
 	shard_bounds(cfg, s->shard_lo);
 	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
-	if (rc)
-		goto fail;
-	if (cfg->feedback && !(s->fb_scratch = malloc(sizeof(float) * cfg->chunk_elems))) {
-		rc = -ENOMEM;
+	if (rc) {
+		gg_errf(err, err_size, rc, "frames of %u elements: %s", cfg->chunk_elems, strerror(-rc));
 		goto fail;
 	}
+	if (cfg->feedback && !(s->fb_scratch = malloc(sizeof(float) * cfg->chunk_elems)))
+		goto nomem;
 	if (cfg->algo == GG_ALLREDUCE_DIRECT) {
 		uint64_t nchunks = (cfg->count + cfg->chunk_elems - 1) / cfg->chunk_elems;
 		if (nchunks > UINT32_MAX) {
@@ -489,10 +501,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 		s->nchunks = (uint32_t)nchunks;
 		s->next_site = calloc(s->nchunks, 1);
 		s->pending = calloc((size_t)cfg->sites * s->nchunks, sizeof(*s->pending));
-		if (!s->next_site || !s->pending) {
-			rc = -ENOMEM;
-			goto fail;
-		}
+		if (!s->next_site || !s->pending)
+			goto nomem;
 		s->own_chunks = s->nchunks;
 		s->part_chunks = part_count(s, s->nchunks);
 		rc = direct_emit(s, 0, err, err_size);
@@ -510,10 +520,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 		s->nchunks = s->chunk_base[cfg->sites];
 		s->got = calloc(s->nchunks ? s->nchunks : 1, 1);
 		s->scratch = malloc(sizeof(float) * cfg->chunk_elems);
-		if (!s->got || !s->scratch) {
-			rc = -ENOMEM;
-			goto fail;
-		}
+		if (!s->got || !s->scratch)
+			goto nomem;
 		s->own_chunks = s->shard_chunks[ring_start_shard(s)];
 		for (unsigned j = 0; j < cfg->sites; j++)
 			s->part_chunks += part_count(s, s->shard_chunks[j]);
@@ -523,6 +531,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 		goto fail;
 	*out = s;
 	return 0;
+nomem:
+	rc = gg_errf(err, err_size, -ENOMEM, "no memory for a step of %llu elements", (unsigned long long)cfg->count);
 fail:
 	gg_ar_step_free(s);
 	return rc;

@@ -136,6 +136,10 @@ struct lane_job {
 	uint64_t deadline_us;
 	uint64_t timeout_us; /* the time the step had, for messages */
 	bool reported;       /* PART_DONE or PART_FAILED sent */
+	bool owed;           /* that report is made, but no memory was left to send it */
+	enum mail_type owed_type;
+	int owed_code;
+	char owed_text[GG_NODE_ERROR_MAX];
 	void (*gather)(void *arg, uint64_t offset, uint64_t n);
 	void (*deliver)(void *arg, uint64_t offset, uint64_t n);
 	void *arg;
@@ -158,6 +162,12 @@ struct lane {
 	struct gg_frame_encoder enc;
 	struct gg_frame_decoder dec;
 	struct lane_job jobs[MAX_JOBS];
+	/* Per coordinator slot, mail the coordinator waits for that no memory
+	 * was left to send (lane_timers tries again): the end of step
+	 * ended_owed, and the refusal of step refused_owed; 0: none. */
+	uint64_t ended_owed[MAX_JOBS];
+	uint64_t refused_owed[MAX_JOBS];
+	char refused_job[MAX_JOBS][GG_WIRE_NAME_MAX + 1];
 	uint64_t next_us;
 	bool shutting_down;
 	struct lane_stats stats;
@@ -212,6 +222,7 @@ struct job {
 	char end_reason[GG_NODE_ERROR_MAX]; /* for steps after ended_last */
 	/* The step is over and its lanes let go of it. */
 	bool ending;
+	uint64_t end_told;      /* lanes posted M_END, by bit */
 	unsigned ended;
 	int end_status;
 	char end_message[GG_NODE_ERROR_MAX];
@@ -265,6 +276,8 @@ struct gg_node {
 	uint64_t coord_last_us;    /* when the coordinator last ran */
 	uint64_t stall_grace_us;   /* after this site itself stood still: no site counts as lost before this */
 	bool shutting_down;
+	bool closing;               /* gg_node_shutdown(): lanes close their streams */
+	uint64_t close_told;        /* lanes posted M_SHUTDOWN, by bit */
 	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
 	unsigned test_drop_done;    /* gg_node_test_drop_done(): that peer + 1, or 0 */
 	atomic_bool lanes_stop;
@@ -309,16 +322,26 @@ static struct mail *mail_new(enum mail_type type)
 	return m;
 }
 
-/* Mail is small and rare next to the data; running out of memory for it
- * leaves a step to its deadline, which is logged. */
 static void post(struct gg_mailbox *box, struct mail *m)
 {
 	gg_mailbox_post(box, &m->base);
 }
 
-static void post_lanes(struct gg_node *n, const struct mail *proto)
+static uint64_t all_lanes(const struct gg_node *n)
+{
+	return n->nlanes >= 64 ? UINT64_MAX : ((uint64_t)1 << n->nlanes) - 1;
+}
+
+/* Posts a copy of `proto` to every lane not in `told` (by bit) and returns
+ * the lanes told now or before. Mail a step cannot end without (its start
+ * and end, a part's report and its end's answer) is posted again until it
+ * goes: a step never waits for mail that memory ran out for. Losing other
+ * mail costs a resend or a deadline, and is logged. */
+static uint64_t post_lanes(struct gg_node *n, const struct mail *proto, uint64_t told)
 {
 	for (unsigned l = 0; l < n->nlanes; l++) {
+		if (told & ((uint64_t)1 << l))
+			continue;
 		struct mail *m = mail_new(proto->base.type);
 		if (!m) {
 			gg_log(GG_LOG_ERROR, "out_of_memory", "what=\"a message to lane %u\"", l);
@@ -326,7 +349,9 @@ static void post_lanes(struct gg_node *n, const struct mail *proto)
 		}
 		*m = *proto;
 		post(&n->lanes[l].inbox, m);
+		told |= (uint64_t)1 << l;
 	}
+	return told;
 }
 
 static void tell_coordinator(struct lane *ln, struct mail *m)
@@ -418,19 +443,60 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 	return free_slot;
 }
 
+/* The part's one report: the first made, sent as soon as there is memory
+ * for it (lane_timers tries again). */
 static void part_report(struct lane_job *lj, enum mail_type type, int code, const char *text)
 {
 	struct mail *m;
 
-	if (lj->reported || !(m = mail_new(type)))
+	if (lj->reported)
+		return;
+	if (!lj->owed) {
+		lj->owed = true;
+		lj->owed_type = type;
+		lj->owed_code = code;
+		snprintf(lj->owed_text, sizeof(lj->owed_text), "%s", text ? text : "");
+	}
+	if (!(m = mail_new(lj->owed_type)))
 		return;
 	lj->reported = true;
+	lj->owed = false;
 	m->slot = lj->slot;
 	m->seq = lj->seq;
+	m->code = lj->owed_code;
+	memcpy(m->u.text, lj->owed_text, sizeof(m->u.text));
+	tell_coordinator(lj->lane, m);
+}
+
+/* Mail for the coordinator about step `seq` in its slot `slot`; false
+ * when there was no memory for it. */
+static bool tell_slot(struct lane *ln, enum mail_type type, unsigned slot, uint64_t seq, int code, const char *text)
+{
+	struct mail *m = mail_new(type);
+
+	if (!m) {
+		gg_log(GG_LOG_ERROR, "out_of_memory", "what=\"a message from lane %u\" retry=true", ln->index);
+		return false;
+	}
+	m->slot = slot;
+	m->seq = seq;
 	m->code = code;
 	if (text)
 		snprintf(m->u.text, sizeof(m->u.text), "%s", text);
-	tell_coordinator(lj->lane, m);
+	tell_coordinator(ln, m);
+	return true;
+}
+
+/* A lane refuses a step when it has no room for the job. */
+static void lane_refuse(struct lane *ln, unsigned slot, uint64_t seq, const char *job)
+{
+	char text[GG_NODE_ERROR_MAX];
+
+	if (job != ln->refused_job[slot])
+		snprintf(ln->refused_job[slot], sizeof(ln->refused_job[slot]), "%s", job);
+	snprintf(text, sizeof(text), "step %llu of job '%s': lane %u holds %d jobs already", (unsigned long long)seq,
+		 job, ln->index, MAX_JOBS);
+	ln->refused_owed[slot] = tell_slot(ln, M_PART_FAILED, slot, seq, GG_ERR_LIMIT, text) ? 0 : seq;
 }
 
 GG_PRINTF(3, 4) static void part_fail(struct lane_job *lj, int code, const char *fmt, ...)
@@ -626,9 +692,10 @@ static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint
 	return held + len <= limit;
 }
 
-/* DATA for a chunk of this lane's, which came on lane via_lane's stream `via`. */
-static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct gg_mesh_via via,
-		      const struct gg_wire_msg *m, struct gg_buf *payload)
+/* DATA for a chunk of this lane's, which came on lane via_lane's stream
+ * `via`. Returns 0, or -ENOMEM when it could not be kept. */
+static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct gg_mesh_via via,
+		     const struct gg_wire_msg *m, struct gg_buf *payload)
 {
 	const struct gg_wire_step *ws = &m->u.data.step;
 	struct lane_job *lj = lane_job_find(ln, ws->job, true, (int)from);
@@ -636,17 +703,17 @@ static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct 
 	if (!lj) {
 		gg_log(GG_LOG_WARN, "data_dropped", "site=%s job=%s reason=\"too many jobs\"", ln->node->names[from],
 		       ws->job);
-		return;
+		return 0;
 	}
 	if (lj->ar && ws->step == lj->seq) {
 		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
-		return;
+		return 0;
 	}
 	if (ws->step <= lj->last_seq) {
 		/* A step already finished or failed here: a re-send, or data of a
 		 * step this site aborted. Acknowledge so the peer lets it go. */
 		lane_ack(ln, via_lane, via, ws->job, ws->step, &m->u.data.id);
-		return;
+		return 0;
 	}
 	/* Not started here yet: keep it unacknowledged, so the peer's window
 	 * bounds how much waits. A copy sent again came on a newer stream,
@@ -656,14 +723,14 @@ static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct 
 		    e->id.origin == m->u.data.id.origin && e->id.chunk == m->u.data.id.chunk) {
 			e->via_lane = via_lane;
 			e->via = via;
-			return;
+			return 0;
 		}
 	}
 	if (!early_room(ln, lj, from, ws->step, m->u.data.frame_bytes))
-		return;
+		return 0; /* refused on purpose: left unacknowledged, not resent at once */
 	struct early *e = malloc(sizeof(*e));
 	if (!e)
-		return;
+		return -ENOMEM;
 	atomic_fetch_add_explicit(&ln->early_bytes[from], m->u.data.frame_bytes, memory_order_relaxed);
 	gg_buf_get(payload);
 	*e = (struct early){ .from = from, .via_lane = via_lane, .via = via, .seq = ws->step, .wstep = *ws,
@@ -671,6 +738,7 @@ static void lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct 
 			     .frame_len = m->u.data.frame_bytes };
 	e->next = lj->early;
 	lj->early = e;
+	return 0;
 }
 
 static void lane_start(struct lane *ln, const struct mail *m)
@@ -680,15 +748,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	char why[GG_AR_ERROR_MAX];
 
 	if (!lj) {
-		struct mail *f = mail_new(M_PART_FAILED);
-		if (f) {
-			f->slot = m->slot;
-			f->seq = m->seq;
-			f->code = GG_ERR_LIMIT;
-			snprintf(f->u.text, sizeof(f->u.text), "step %llu of job '%s': lane %u holds %d jobs already",
-				 (unsigned long long)m->seq, m->u.start.wstep.job, ln->index, MAX_JOBS);
-			tell_coordinator(ln, f);
-		}
+		lane_refuse(ln, m->slot, m->seq, m->u.start.wstep.job);
 		return;
 	}
 	gg_ar_step_free(lj->ar);
@@ -702,6 +762,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->deliver = m->u.start.deliver;
 	lj->arg = m->u.start.arg;
 	lj->reported = false;
+	lj->owed = false;
 	lj->last_seq = m->seq;
 	lj->active_us = ln->loop.now_us;
 
@@ -753,15 +814,8 @@ static void lane_end(struct lane *ln, const struct mail *m)
 		if (m->forget)
 			gg_mesh_forget_step(ln->mesh, lj->name, m->seq);
 	}
-	struct mail *r = mail_new(M_ENDED);
-	if (r) {
-		r->slot = m->slot;
-		r->seq = m->seq;
-		tell_coordinator(ln, r);
-	} else {
-		gg_log(GG_LOG_ERROR, "out_of_memory", "what=\"the end of step %llu on lane %u\"",
-		       (unsigned long long)m->seq, ln->index);
-	}
+	ln->refused_owed[m->slot] = 0; /* the step is over: the refusal is moot */
+	ln->ended_owed[m->slot] = tell_slot(ln, M_ENDED, m->slot, m->seq, 0, NULL) ? 0 : m->seq;
 }
 
 static void lane_forget(struct lane *ln, const struct mail *m)
@@ -786,19 +840,17 @@ static void lane_forget_job(struct lane *ln, const char *job)
 
 /* ---- a lane's mesh -------------------------------------------------------- */
 
-static void on_data(void *owner, unsigned from, struct gg_mesh_via via, const struct gg_wire_msg *m,
-		    struct gg_buf *payload)
+static int on_data(void *owner, unsigned from, struct gg_mesh_via via, const struct gg_wire_msg *m,
+		   struct gg_buf *payload)
 {
 	struct lane *ln = owner;
 	unsigned to = chunk_lane(ln->node, &m->u.data.id);
 
-	if (to == ln->index) {
-		lane_data(ln, from, ln->index, via, m, payload);
-		return;
-	}
+	if (to == ln->index)
+		return lane_data(ln, from, ln->index, via, m, payload);
 	struct mail *f = mail_new(M_DATA);
 	if (!f)
-		return; /* unacknowledged: the peer sends it again after a reconnect */
+		return -ENOMEM;
 	f->peer = from;
 	f->via_lane = ln->index;
 	f->via = via;
@@ -806,31 +858,36 @@ static void on_data(void *owner, unsigned from, struct gg_mesh_via via, const st
 	gg_buf_get(payload);
 	f->u.data.payload = payload;
 	post(&ln->node->lanes[to].inbox, f);
+	return 0;
 }
 
-static void on_foreign_ack(void *owner, unsigned peer, const struct gg_wire_msg *m)
+static int on_foreign_ack(void *owner, unsigned peer, const struct gg_wire_msg *m)
 {
 	struct lane *ln = owner;
 	unsigned to = chunk_lane(ln->node, &m->u.ack.id);
 	struct mail *f;
 
-	if (to == ln->index || !(f = mail_new(M_ACK)))
-		return; /* a stale copy */
+	if (to == ln->index)
+		return 0; /* a stale copy */
+	if (!(f = mail_new(M_ACK)))
+		return -ENOMEM;
 	f->peer = peer;
 	f->u.msg = *m;
 	post(&ln->node->lanes[to].inbox, f);
+	return 0;
 }
 
-static void on_control(void *owner, unsigned from, const struct gg_wire_msg *m)
+static int on_control(void *owner, unsigned from, const struct gg_wire_msg *m)
 {
 	struct lane *ln = owner;
 	struct mail *f = mail_new(M_CONTROL);
 
 	if (!f)
-		return;
+		return -ENOMEM;
 	f->peer = from;
 	f->u.msg = *m;
 	tell_coordinator(ln, f);
+	return 0;
 }
 
 static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
@@ -912,7 +969,9 @@ static void lane_mail(struct lane *ln)
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
 			break;
 		case M_DATA:
-			lane_data(ln, m->peer, m->via_lane, m->via, &m->u.data.msg, m->u.data.payload);
+			/* Not kept for want of memory, it stays unacknowledged: the
+			 * peer sends it again once a stream to it is cut. */
+			(void)lane_data(ln, m->peer, m->via_lane, m->via, &m->u.data.msg, m->u.data.payload);
 			gg_buf_put(m->u.data.payload);
 			break;
 		case M_ACK_SEND:
@@ -984,8 +1043,16 @@ static uint64_t lane_timers(struct lane *ln)
 	char why[GG_AR_ERROR_MAX];
 	uint64_t next = gg_mesh_tick(ln->mesh);
 
+	for (unsigned slot = 0; slot < MAX_JOBS; slot++) {
+		if (ln->ended_owed[slot] && tell_slot(ln, M_ENDED, slot, ln->ended_owed[slot], 0, NULL))
+			ln->ended_owed[slot] = 0;
+		if (ln->refused_owed[slot])
+			lane_refuse(ln, slot, ln->refused_owed[slot], ln->refused_job[slot]);
+	}
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct lane_job *lj = &ln->jobs[i];
+		if (lj->used && lj->ar && lj->owed)
+			part_report(lj, lj->owed_type, 0, NULL);
 		if (!lj->used || !lj->ar || lj->reported)
 			continue;
 		if (ln->loop.now_us >= lj->deadline_us) {
@@ -1074,7 +1141,7 @@ static void send_to_peers(struct gg_node *n, int only, const uint8_t *bytes, ssi
 		if (p == n->self || (only >= 0 && p != (unsigned)only))
 			continue;
 		m.peer = p;
-		post_lanes(n, &m);
+		post_lanes(n, &m, 0);
 	}
 }
 
@@ -1133,6 +1200,17 @@ static void remember_abort(struct gg_node *n, struct job *j, uint64_t seq, int c
 	snprintf(j->failed_reason, sizeof(j->failed_reason), "%s", reason);
 }
 
+/* Tells the lanes not told yet that the job's step is over. */
+static void post_end(struct gg_node *n, struct job *j)
+{
+	/* Frames of a failed step that peers never acknowledged are no longer
+	 * worth sending. */
+	struct mail m = { .base.type = M_END, .slot = (unsigned)(j - n->jobs), .seq = j->step->seq,
+			  .forget = j->end_status != 0 };
+	snprintf(m.u.job, sizeof(m.u.job), "%s", j->name);
+	j->end_told = post_lanes(n, &m, j->end_told);
+}
+
 /* Ends the job's step: the lanes let go of their parts first (a part may
  * still be reading or writing the step's memory), then done is called. */
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
@@ -1153,12 +1231,8 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	} else {
 		n->stats.steps_done++;
 	}
-	/* Frames of a failed step that peers never acknowledged are no longer
-	 * worth sending. */
-	struct mail m = { .base.type = M_END, .slot = (unsigned)(j - n->jobs), .seq = j->step->seq,
-			  .forget = status != 0 };
-	snprintf(m.u.job, sizeof(m.u.job), "%s", j->name);
-	post_lanes(n, &m);
+	j->end_told = 0;
+	post_end(n, j);
 }
 
 static void step_ended(struct gg_node *n, struct job *j)
@@ -1395,7 +1469,11 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb,
 				       .deadline_us = j->deadline_us, .timeout_us = j->timeout_us,
 				       .gather = st->gather, .deliver = st->deliver, .arg = st->arg } };
-	post_lanes(n, &m);
+	/* A lane that never starts its part would leave the step without a
+	 * deadline: without memory for every start, the step fails now. */
+	if (post_lanes(n, &m, 0) != all_lanes(n))
+		fail_step_code(n, j, GG_ERR_NOMEM, "step %llu of job '%s': the gateway of site %s is out of memory",
+			       (unsigned long long)st->seq, j->name, n->names[n->self]);
 	return 0;
 }
 
@@ -1457,7 +1535,7 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	for (uint64_t seq = from_seq; seq <= hi && seq < from_seq + 64; seq++) {
 		struct mail f = { .base.type = M_FORGET, .seq = seq };
 		snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
-		post_lanes(n, &f);
+		post_lanes(n, &f, 0);
 	}
 	gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
 	       (unsigned long long)from_seq, (unsigned long long)hi, msg);
@@ -1506,7 +1584,7 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 		 * sent ahead for it are let go (and acknowledged). */
 		struct mail f = { .base.type = M_FORGET_JOB };
 		snprintf(f.u.job, sizeof(f.u.job), "%s", m->u.end.job);
-		post_lanes(n, &f);
+		post_lanes(n, &f, 0);
 		return;
 	}
 	snprintf(failed, sizeof(failed), "site %s failed it and ended job '%s': %s", n->names[from], j->name,
@@ -1671,6 +1749,13 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 	return false;
 }
 
+static void post_shutdown(struct gg_node *n)
+{
+	struct mail m = { .base.type = M_SHUTDOWN };
+
+	n->close_told = post_lanes(n, &m, n->close_told);
+}
+
 /* Whole steps: sites lost, and steps whose parts are done but whose commit
  * round is not. */
 static uint64_t coordinator_timers(struct gg_node *n)
@@ -1681,6 +1766,13 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	if (n->coord_last_us && now - n->coord_last_us > n->cfg->transport.heartbeat_timeout_us / 2)
 		n->stall_grace_us = now + n->cfg->transport.heartbeat_timeout_us;
 	n->coord_last_us = now;
+
+	/* Mail that memory ran out for, again. */
+	if (n->closing && n->close_told != all_lanes(n))
+		post_shutdown(n);
+	for (unsigned i = 0; i < MAX_JOBS; i++)
+		if (n->jobs[i].used && n->jobs[i].ending && n->jobs[i].end_told != all_lanes(n))
+			post_end(n, &n->jobs[i]);
 
 	if (gg_buf_pool_count(&n->frames)) {
 		bool idle = true;
@@ -1807,6 +1899,21 @@ void gg_node_test_drop_done(struct gg_node *n, unsigned peer)
 	n->test_drop_done = peer + 1;
 }
 
+int gg_node_test_open_stream(struct gg_node *n, unsigned peer, unsigned stream, uint64_t instance_id,
+			     gg_mesh_test_sent_fn *sent, void *arg)
+{
+	if (stream % n->nlanes)
+		return -EINVAL;
+	return gg_mesh_test_open(n->lanes[0].mesh, peer, stream, instance_id, sent, arg);
+}
+
+int gg_node_test_receive(struct gg_node *n, unsigned peer, unsigned stream, const uint8_t *bytes, size_t len)
+{
+	if (stream % n->nlanes)
+		return -EINVAL;
+	return gg_mesh_test_receive(n->lanes[0].mesh, peer, stream, bytes, len);
+}
+
 void gg_node_test_freeze_at_result(struct gg_node *n)
 {
 	n->test_freeze_at_result = true;
@@ -1838,6 +1945,14 @@ void gg_node_stop_steps(struct gg_node *n)
 int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
 {
 	struct job *j = find_job(n, job, true);
+	char unnamed[GG_NODE_ERROR_MAX];
+
+	/* A failed step always says what failed, here and at the peers. */
+	if (!reason || !*reason) {
+		snprintf(unnamed, sizeof(unnamed), "step %llu of job '%s' failed at site %s (no reason given)",
+			 (unsigned long long)seq, job, n->names[n->self]);
+		reason = unnamed;
+	}
 
 	if (j && j->step && j->step->seq == seq) {
 		if (j->ending)
@@ -1856,7 +1971,7 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 	/* Frames the lanes keep for the step are let go. */
 	struct mail f = { .base.type = M_FORGET, .seq = seq };
 	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
-	post_lanes(n, &f);
+	post_lanes(n, &f, 0);
 	if (j && seq > j->last_seq)
 		j->last_seq = seq;
 	return 0;
@@ -1888,7 +2003,7 @@ void gg_node_end_job(struct gg_node *n, const char *job)
 			feedback_drop(n, i--);
 	struct mail f = { .base.type = M_FORGET_JOB };
 	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
-	post_lanes(n, &f);
+	post_lanes(n, &f, 0);
 	if (j)
 		memset(j, 0, sizeof(*j));
 	gg_log(GG_LOG_INFO, "job_ended", "job=%s", job);
@@ -1897,8 +2012,8 @@ void gg_node_end_job(struct gg_node *n, const char *job)
 void gg_node_shutdown(struct gg_node *n)
 {
 	gg_node_stop_steps(n);
-	struct mail m = { .base.type = M_SHUTDOWN };
-	post_lanes(n, &m);
+	n->closing = true;
+	post_shutdown(n);
 	lane_mail(&n->lanes[0]);
 }
 

@@ -40,6 +40,7 @@
 
 #include "config.h"
 #include "gg_common.h"
+#include "mesh.h"
 #include "uring_loop.h"
 #include "wire.h"
 
@@ -156,6 +157,15 @@ void gg_node_test_drop_done(struct gg_node *n, unsigned peer);
  * On lane 0's thread (the caller of gg_node_run_once). */
 GG_MUST_CHECK int gg_node_test_send_data(struct gg_node *n, unsigned peer, const char *job, uint64_t step,
 					 uint32_t chunk, size_t bytes);
+/* Tests: a stream to `peer` with no socket behind it, on lane 0's mesh
+ * (gg_mesh_test_open): the node writes to it through `sent`, and
+ * gg_node_test_receive() hands it what the peer sends, which the node
+ * handles then and in its next turns. Only for streams lane 0 owns
+ * (stream % lanes == 0): -EINVAL for others. */
+GG_MUST_CHECK int gg_node_test_open_stream(struct gg_node *n, unsigned peer, unsigned stream, uint64_t instance_id,
+					   gg_mesh_test_sent_fn *sent, void *arg);
+GG_MUST_CHECK int gg_node_test_receive(struct gg_node *n, unsigned peer, unsigned stream, const uint8_t *bytes,
+				       size_t len);
 
 const struct gg_node_stats *gg_node_stats(const struct gg_node *n);
 const char *gg_node_site_name(const struct gg_node *n, unsigned index);

@@ -150,7 +150,7 @@ int gg_loop_run(struct gg_loop *loop, uint64_t timeout_us, gg_loop_cqe_fn *fn, v
 		};
 		rc = io_uring_submit_and_wait_timeout(&loop->ring, &cqe, 1, &ts, NULL);
 	}
-	loop->now_us = gg_monotonic_us();
+	loop->now_us = gg_monotonic_us() + loop->test_skew_us;
 	if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN)
 		return rc;
 	io_uring_for_each_cqe(&loop->ring, head, cqe) {

@@ -75,6 +75,9 @@ struct gg_loop {
 	bool single_issuer;   /* SINGLE_ISSUER|DEFER_TASKRUN accepted by the kernel */
 	uint64_t now_us;      /* CLOCK_MONOTONIC, refreshed by every gg_loop_run */
 	uint64_t cqes_total;  /* completions dispatched so far */
+	/* Tests: added to now_us from the next gg_loop_run on, so that
+	 * deadlines and timeouts come without waiting for them. Only grows. */
+	uint64_t test_skew_us;
 };
 
 /* Sets up a ring of `entries` submission slots (at least 8). Tries

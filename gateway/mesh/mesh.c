@@ -59,6 +59,13 @@ struct conn {
 	uint64_t last_rx_us, ping_sent_us;
 	uint32_t gen;        /* counts the slot's uses: a via names one of them */
 	bool flush_pending;  /* messages were queued during this turn */
+	/* Tests (gg_mesh_test_open): no socket; writes go to test_sent, reads
+	 * come from test_in. */
+	gg_mesh_test_sent_fn *test_sent;
+	void *test_arg;
+	const uint8_t *test_in;
+	size_t test_left;
+	bool test_eof;
 };
 
 struct peer {
@@ -374,12 +381,30 @@ bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job)
 	return false;
 }
 
+/* A test stream writes everything at once. */
+static void test_flush(struct conn *c)
+{
+	while (c->txq_head) {
+		struct out *o = c->txq_head;
+		c->txq_head = o->next;
+		c->txq_count--;
+		c->test_sent(c->test_arg, (unsigned)c->peer, (unsigned)c->stream, o->head, o->head_len,
+			     o->frame ? o->frame->data : NULL, o->frame ? o->frame->len : 0);
+		free_out(o);
+	}
+	c->txq_tail = NULL;
+}
+
 /* Writes queued messages until the stream pushes back, several at a time
  * so that small ones share records. */
 static void conn_flush(struct gg_mesh *m, int ci)
 {
 	struct conn *c = &m->conns[ci];
 
+	if (c->used && c->test_sent) {
+		test_flush(c);
+		return;
+	}
 	while (c->used && c->txq_head && c->ts.state == GG_TLS_STREAM_OPEN) {
 		struct iovec iov[32];
 		int n = 0;
@@ -499,7 +524,7 @@ static void stream_ready(struct gg_mesh *m, int ci)
 	c->ready = true;
 	m->peers[c->peer].backoff_us[c->stream] = 0;
 	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", m->names[c->peer], c->stream,
-	       gg_tls_engine_cipher(c->ts.tls));
+	       c->ts.tls ? gg_tls_engine_cipher(c->ts.tls) : "none");
 	resend_lost(m, (unsigned)c->peer);
 	m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, true, NULL);
 }
@@ -582,6 +607,7 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 	struct conn *c = &m->conns[ci];
 	struct gg_wire_msg msg;
 	char err[256];
+	int rc = 0;
 
 	if (gg_wire_decode(c->type, payload, len, &msg, err, sizeof(err))) {
 		char why[300];
@@ -599,11 +625,11 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		break;
 	case GG_WIRE_DATA:
 		m->stats.data_bytes_in += len;
-		m->ops->on_data(m->owner, (unsigned)c->peer, (struct gg_mesh_via){ ci, c->gen }, &msg, buf);
+		rc = m->ops->on_data(m->owner, (unsigned)c->peer, (struct gg_mesh_via){ ci, c->gen }, &msg, buf);
 		break;
 	case GG_WIRE_ACK:
 		if (!on_ack(m, (unsigned)c->peer, &msg) && m->lanes > 1)
-			m->ops->on_foreign_ack(m->owner, (unsigned)c->peer, &msg);
+			rc = m->ops->on_foreign_ack(m->owner, (unsigned)c->peer, &msg);
 		break;
 	case GG_WIRE_PING: {
 		uint8_t out[64];
@@ -621,9 +647,11 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 	case GG_WIRE_ABORT:
 	case GG_WIRE_DONE:
 	case GG_WIRE_END:
-		m->ops->on_control(m->owner, (unsigned)c->peer, &msg);
+		rc = m->ops->on_control(m->owner, (unsigned)c->peer, &msg);
 		break;
 	}
+	if (rc)
+		conn_close(m, ci, "no memory for a received message");
 }
 
 /* Starts reading the payload of the message whose header is complete.
@@ -655,6 +683,20 @@ static bool begin_payload(struct gg_mesh *m, int ci)
 	return true;
 }
 
+/* A test stream's read: what gg_mesh_test_receive() hands it. */
+static ssize_t test_read(struct conn *c, uint8_t *dst, size_t want)
+{
+	if (c->test_eof)
+		return 0;
+	if (!c->test_left)
+		return -EAGAIN;
+	size_t n = GG_MIN(want, c->test_left);
+	memcpy(dst, c->test_in, n);
+	c->test_in += n;
+	c->test_left -= n;
+	return (ssize_t)n;
+}
+
 /* Reads what the stream has and dispatches every whole message: the
  * header first, then the payload straight into a buffer of its size. */
 static void conn_read(struct gg_mesh *m, int ci)
@@ -673,7 +715,7 @@ static void conn_read(struct gg_mesh *m, int ci)
 		}
 		if (want) {
 			double t0 = now_s();
-			ssize_t got = gg_tls_stream_read(&c->ts, dst, want);
+			ssize_t got = c->test_sent ? test_read(c, dst, want) : gg_tls_stream_read(&c->ts, dst, want);
 			m->stats.tls_s += now_s() - t0;
 			if (got == -EAGAIN)
 				return;
@@ -775,6 +817,10 @@ static void conn_close(struct gg_mesh *m, int ci, const char *why)
 	conn_flush(m, ci);
 	if (!c->used || c->ts.state >= GG_TLS_STREAM_CLOSING)
 		return;
+	if (c->test_sent) {
+		conn_free_slot(m, ci);
+		return;
+	}
 	unsigned ev = gg_tls_stream_close(&c->ts);
 	if (ev & GG_TLS_STREAM_EV_DONE)
 		conn_free_slot(m, ci);
@@ -1095,6 +1141,50 @@ int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream)
 	if (ci < 0 || !m->conns[ci].used)
 		return -ENOTCONN;
 	return shutdown(m->conns[ci].ts.fd, SHUT_RDWR) ? -errno : 0;
+}
+
+int gg_mesh_test_open(struct gg_mesh *m, unsigned peer, unsigned stream, uint64_t instance_id,
+		      gg_mesh_test_sent_fn *sent, void *arg)
+{
+	int ci = free_conn_slot(m);
+
+	if (peer >= m->sites || peer == m->self || stream >= (unsigned)m->cfg->transport.streams_per_peer ||
+	    !owned(m, stream) || !sent)
+		return -EINVAL;
+	if (ci < 0)
+		return -EBUSY;
+	if (conn_init(m, ci, false, (int)peer, -1, false))
+		return -ENOMEM;
+	struct conn *c = &m->conns[ci];
+	c->ts.fd = -1;
+	c->test_sent = sent;
+	c->test_arg = arg;
+	c->last_rx_us = m->loop->now_us;
+	struct gg_wire_hello h = m->hello;
+	h.stream_index = (uint16_t)stream;
+	h.instance_id = instance_id;
+	stream_accepted(m, ci, &h);
+	gg_mesh_flush(m);
+	return 0;
+}
+
+int gg_mesh_test_receive(struct gg_mesh *m, unsigned peer, unsigned stream, const uint8_t *bytes, size_t len)
+{
+	int ci = peer < m->sites && stream < GG_MESH_MAX_STREAMS ? m->peers[peer].conn[stream] : -1;
+
+	if (ci < 0 || !m->conns[ci].test_sent)
+		return -ENOTCONN;
+	struct conn *c = &m->conns[ci];
+	c->test_in = bytes;
+	c->test_left = bytes ? len : 0;
+	c->test_eof = !bytes;
+	conn_read(m, ci);
+	if (c->used) {
+		c->test_in = NULL;
+		c->test_left = 0;
+	}
+	gg_mesh_flush(m);
+	return 0;
 }
 
 uint64_t gg_mesh_last_heard(const struct gg_mesh *m, unsigned peer)

@@ -63,18 +63,22 @@ struct gg_mesh_via {
 	uint32_t gen;
 };
 
-/* What the mesh tells its owner, on the mesh's thread. */
+/* What the mesh tells its owner, on the mesh's thread. The three that hand
+ * over a message return 0, or -ENOMEM when the owner could not take it:
+ * the mesh then closes the stream, and the peer sends again, on the next
+ * one, what it had not seen acknowledged or answered (DATA, DONE, ABORT,
+ * END), as it does after any cut. */
 struct gg_mesh_ops {
 	/* DATA from `peer` on stream `via`: `m` points into `payload`, which the
 	 * owner may keep with gg_buf_get(). The owner acknowledges it
 	 * (gg_mesh_ack, on this mesh's thread, with `via`) once it used it;
 	 * until then it counts against the sender's window. */
-	void (*on_data)(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
-			struct gg_buf *payload);
+	int (*on_data)(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
+		       struct gg_buf *payload);
 	/* ABORT, DONE or END from `peer`. */
-	void (*on_control)(void *owner, unsigned peer, const struct gg_wire_msg *m);
+	int (*on_control)(void *owner, unsigned peer, const struct gg_wire_msg *m);
 	/* An ACK for DATA this mesh does not hold (another lane may). */
-	void (*on_foreign_ack)(void *owner, unsigned peer, const struct gg_wire_msg *m);
+	int (*on_foreign_ack)(void *owner, unsigned peer, const struct gg_wire_msg *m);
 	/* `peer` came back with a new instance id: it restarted, and every step
 	 * in progress with it is lost. Unsent and unacknowledged DATA to it is
 	 * dropped before this is called. */
@@ -193,5 +197,26 @@ const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m);
 
 /* Tests: cuts one stream's TCP connection as a network fault would. */
 GG_MUST_CHECK int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream);
+
+/* Tests: what a stream of gg_mesh_test_open() writes, one message at a
+ * time: its head (header and fixed part) and, for DATA, its frame. */
+typedef void gg_mesh_test_sent_fn(void *arg, unsigned peer, unsigned stream, const uint8_t *head, size_t head_len,
+				  const uint8_t *frame, size_t frame_len);
+
+/* Tests: a stream to `peer` with no socket or TLS behind it, ready at once
+ * as an accepted stream number `stream` whose HELLO carried `instance_id`
+ * would be (it replaces a stream open on that number; a new instance id
+ * means the peer restarted). What the mesh writes to it goes to `sent` at
+ * once; what it reads comes from gg_mesh_test_receive(). Returns 0,
+ * -EINVAL (the stream is not this mesh's, or `peer` is this site), -EBUSY
+ * (no free slot) or -ENOMEM. */
+GG_MUST_CHECK int gg_mesh_test_open(struct gg_mesh *m, unsigned peer, unsigned stream, uint64_t instance_id,
+				    gg_mesh_test_sent_fn *sent, void *arg);
+/* Tests: `len` bytes from the peer on such a stream, as the TLS stream
+ * would hand them over: whole messages or pieces of them. NULL: the peer
+ * closed the stream. Returns 0, or -ENOTCONN when that stream is not open
+ * (a bad message closes it). */
+GG_MUST_CHECK int gg_mesh_test_receive(struct gg_mesh *m, unsigned peer, unsigned stream, const uint8_t *bytes,
+				       size_t len);
 
 #endif

@@ -38,11 +38,14 @@ static void put_le(struct writer *w, uint64_t v, unsigned bytes)
 	put(w, b, bytes);
 }
 
+/* Control bytes go out as '?': a reason may quote what a rank or a peer
+ * said, and the receiver refuses a string that holds them (get_str). */
 static void put_str(struct writer *w, const char *s)
 {
 	size_t n = strnlen(s, GG_WIRE_REASON_MAX);
 	put_u8(w, (uint8_t)n);
-	put(w, s, n);
+	for (size_t i = 0; i < n; i++)
+		put_u8(w, (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : (uint8_t)s[i]);
 }
 
 struct reader {

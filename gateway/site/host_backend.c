@@ -348,6 +348,22 @@ static void job_settle(struct gg_host_backend *b, struct hb_job *j)
 		job_advance(b, j);
 }
 
+/* The core may still sum from and write into the memory of the step it
+ * holds, even once that step failed at the ranks: when the rank lets
+ * region `id` go (UNMAP, or leaving) while the step lies in it, the job
+ * keeps it mapped until the core gives the step back. Returns true when
+ * it did. */
+static bool keep_for_core(struct hb_conn *c, unsigned id)
+{
+	struct hb_job *j = c->job;
+
+	if (!j || !j->with_core || j->mem_region[c->rank] != id || !c->regions[id].base || j->orphans[c->rank].base)
+		return false;
+	j->orphans[c->rank] = c->regions[id];
+	c->regions[id] = (struct hb_region){ 0 };
+	return true;
+}
+
 /* Takes the connection out of its job; with `why`, the job cannot go on. */
 static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char *why)
 {
@@ -361,12 +377,7 @@ static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char
 	}
 	while (c->req_count)
 		req_pop(c);
-	if (j->with_core) {
-		/* The core may still be summing from or writing into it. */
-		unsigned id = j->mem_region[c->rank];
-		j->orphans[c->rank] = c->regions[id];
-		c->regions[id] = (struct hb_region){ 0 };
-	}
+	keep_for_core(c, j->mem_region[c->rank]);
 	j->ranks[c->rank] = NULL;
 	j->connected--;
 	c->job = NULL;
@@ -991,6 +1002,9 @@ static void on_unmap(struct gg_host_backend *b, struct hb_conn *c)
 			   c->regions[id].users, c->regions[id].users == 1 ? "" : "s");
 		return;
 	}
+	/* A step that already failed at the rank may still be with the core. */
+	if (keep_for_core(c, id))
+		return;
 	munmap(c->regions[id].base, c->regions[id].size);
 	c->regions[id] = (struct hb_region){ 0 };
 	b->stats.regions--;
@@ -1142,10 +1156,14 @@ static void on_send(struct gg_host_backend *b, struct hb_conn *c, int res)
 		c->dones_queued--;
 	c->out_head = (c->out_head + 1) % OUTQ;
 	c->out_count--;
-	if (res < 0 || (size_t)res != len)
+	if (res < 0 || (size_t)res != len) {
 		conn_lost(b, c, res < 0 ? res : -EMSGSIZE);
-	else
+		/* Closing already, it would wait out CLOSE_TIMEOUT_US for
+		 * answers that can no longer leave. */
+		c->out_count = 0;
+	} else {
 		out_kick(b, c);
+	}
 }
 
 static void arm_accept(struct gg_host_backend *b)

@@ -1,16 +1,67 @@
 /* Runs a libFuzzer target over saved inputs without libFuzzer, so corpora
  * can be replayed as ordinary (sanitized) tests. Each argument is a file or
- * a directory whose regular files are read (not its subdirectories). */
+ * a directory whose regular files are read (not its subdirectories).
+ *
+ * Every input runs once as it is, then again with its first allocation
+ * failing, then its second, and so on until a run gets past all of them
+ * (fuzz_alloc.h): out-of-memory paths must neither crash nor leak.
+ * --no-alloc-failures leaves those runs out; --fail-alloc=N runs each
+ * input once more with allocation N failing only (to look into one). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include "fuzz_alloc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Sanitizer runtimes call this just before they end the process. */
+void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+
+static bool alloc_failures = true;
+static unsigned long alloc_runs, only_alloc;
+/* What runs now, for the last words of a run that dies. */
+static char running[512];
+
+static void say_running(void)
+{
+	if (running[0])
+		(void)!write(STDERR_FILENO, running, strlen(running));
+}
+
+static void on_fatal_signal(int sig)
+{
+	say_running();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void run_input(const char *path, const uint8_t *data, size_t len)
+{
+	snprintf(running, sizeof(running), "replaying %s\n", path);
+	LLVMFuzzerTestOneInput(data, len);
+	for (unsigned long n = only_alloc ? only_alloc : 1; alloc_failures; n++) {
+		snprintf(running, sizeof(running), "replaying %s with allocation %lu failing\n", path, n);
+		gg_fuzz_alloc_fail_at(n);
+		LLVMFuzzerTestOneInput(data, len);
+		bool hit = gg_fuzz_alloc_failed();
+		gg_fuzz_alloc_fail_at(0);
+		if (!hit)
+			break;
+		alloc_runs++;
+		if (only_alloc)
+			break;
+	}
+	running[0] = '\0';
+}
 
 /* The input gets a buffer of exactly its size, so overreads are caught. */
 static int replay_file(const char *path)
@@ -44,7 +95,7 @@ static int replay_file(const char *path)
 	}
 	memcpy(exact, buf, len);
 	free(buf);
-	LLVMFuzzerTestOneInput(exact, len);
+	run_input(path, exact, len);
 	free(exact);
 	return 0;
 fail:
@@ -110,8 +161,23 @@ int main(int argc, char **argv)
 	unsigned long count = 0;
 	int failed = 0;
 
+	/* A sanitizer's own handlers report more than these would. */
+	if (__sanitizer_set_death_callback) {
+		__sanitizer_set_death_callback(say_running);
+	} else {
+		signal(SIGSEGV, on_fatal_signal);
+		signal(SIGBUS, on_fatal_signal);
+		signal(SIGABRT, on_fatal_signal);
+	}
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--no-alloc-failures"))
+			alloc_failures = false;
+		else if (!strncmp(argv[i], "--fail-alloc=", 13))
+			only_alloc = strtoul(argv[i] + 13, NULL, 10);
+	}
 	for (int i = 1; i < argc; i++)
-		failed |= replay_path(argv[i], 8, &count);
-	printf("replayed %lu inputs\n", count);
+		if (strncmp(argv[i], "--", 2))
+			failed |= replay_path(argv[i], 8, &count);
+	printf("replayed %lu inputs, and %lu times with an allocation failing\n", count, alloc_runs);
 	return failed;
 }

@@ -1,7 +1,7 @@
 /* Host mode end to end: 1, 2 and 3 ranks through the client library, fp32
  * and bf16, results bit for bit equal to the sum in rank order, from
- * ordinary memory and from shared buffers; requests in flight together;
- * the library's own argument checks. */
+ * ordinary memory and from shared buffers; requests in flight together,
+ * and one polled with gg_wait(req, 0); the library's own argument checks. */
 #include <unistd.h>
 
 #include "host_harness.h"
@@ -180,6 +180,28 @@ static void test_async(void)
 	CHECK(pthread_barrier_init(&async_barrier, NULL, 3) == 0);
 	run_ranks(3, async_rank, NULL);
 	pthread_barrier_destroy(&async_barrier);
+}
+
+/* A caller that polls with gg_wait(req, 0) sees the answer once it came:
+ * the look reads what the gateway sent, it does not only check. */
+static void test_poll(void)
+{
+	struct gg_session *s;
+	struct gg_request *req;
+	struct gg_error err;
+	float x[64] = { 1 };
+	int rc = GG_ERR_AGAIN;
+
+	CHECK_OK(gg_session_open(h.endpoint, "poll", 0, 1, &s, &err), err);
+	CHECK_OK(gg_allreduce_start(s, x, 64, GG_DTYPE_F32, 1, 5000, &req, &err), err);
+	for (int i = 0; i < 500 && rc == GG_ERR_AGAIN; i++) {
+		usleep(10000);
+		rc = gg_wait(req, 0, &err);
+	}
+	CHECK_OK(rc, err);
+	CHECK(x[0] == 1 && x[1] == 0);
+	gg_request_free(req);
+	gg_session_close(s);
 }
 
 /* ---- shared buffers ------------------------------------------------------ */
@@ -368,9 +390,10 @@ int main(void)
 	test_shared_arguments();
 	test_shared_sums();
 	test_async();
+	test_poll();
 	harness_wait_connections(&h, 0);
 	struct gg_host_backend_stats st = harness_stats(&h);
-	CHECK_EQ_INT(st.steps_done, 2 + 3 * 4 + 3 + 3 * 4 + ASYNC_REQS + 1);
+	CHECK_EQ_INT(st.steps_done, 2 + 3 * 4 + 3 + 3 * 4 + ASYNC_REQS + 1 + 1);
 	CHECK_EQ_INT(st.steps_failed, 0);
 	CHECK_EQ_INT(st.violations, 0);
 	harness_stop(&h);

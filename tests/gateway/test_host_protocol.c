@@ -80,7 +80,10 @@ static void test_hello_refusals(void)
 	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "job name has character 0x2f at 3");
 	hello_msg(&m, "job", 0, 1);
 	memset(m.hello.job, 'j', sizeof(m.hello.job));
-	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with an unterminated string");
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with a string unterminated or holding control");
+	hello_msg(&m, "job", 0, 1);
+	m.hello.job[1] = '\n';
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with a string unterminated or holding control");
 	hello_msg(&m, "job", 0, 1);
 	m.hdr.reserved = 1;
 	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with nonzero reserved header fields");

@@ -58,8 +58,8 @@ static uint64_t now_us(void)
 	return gg_monotonic_us();
 }
 
-static void on_data(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
-		    struct gg_buf *payload)
+static int on_data(void *owner, unsigned peer, struct gg_mesh_via via, const struct gg_wire_msg *m,
+		   struct gg_buf *payload)
 {
 	struct site *s = owner;
 
@@ -68,22 +68,25 @@ static void on_data(void *owner, unsigned peer, struct gg_mesh_via via, const st
 	if (s->before_ack)
 		s->before_ack(s, peer);
 	gg_mesh_ack(s->mesh, via, m->u.data.step.job, m->u.data.step.step, &m->u.data.id);
+	return 0;
 }
 
-static void on_control(void *owner, unsigned peer, const struct gg_wire_msg *m)
+static int on_control(void *owner, unsigned peer, const struct gg_wire_msg *m)
 {
 	struct site *s = owner;
 
 	(void)peer;
 	(void)m;
 	s->controls_in++;
+	return 0;
 }
 
-static void on_foreign_ack(void *owner, unsigned peer, const struct gg_wire_msg *m)
+static int on_foreign_ack(void *owner, unsigned peer, const struct gg_wire_msg *m)
 {
 	(void)owner;
 	(void)peer;
 	(void)m;
+	return 0;
 }
 
 static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)

@@ -108,6 +108,12 @@ int main(void)
 			      !strcmp(err, code ? "abort: code 16, must be 1 to 15" : "abort: code 0, must be 1 to 15"),
 		      "abort code %u: %s", code, err);
 	}
+	/* A reason that quotes a control character still goes out as one a
+	 * peer accepts. */
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 12, 10, "ranks\vdisagree\n");
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 &&
+		      !strcmp(msg.u.abort.reason, "ranks?disagree?"),
+	      "abort reason with control characters: %s", err);
 	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 11, 11, "x");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "abort: step 12 after the last step 11"),
 	      "abort range: %s", err);
