@@ -71,30 +71,17 @@ static _Noreturn void die(const char *what)
 /* Sends one packet to the library with `nfds` descriptors (of /dev/null). */
 static void gw_send(struct run *r, const void *msg, size_t len, unsigned nfds)
 {
-	_Alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
-	struct iovec iov = { .iov_base = (void *)msg, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	int fds[2] = { -1, -1 };
+	int fds[FUZZ_MAX_PASSED_FDS] = { -1, -1 };
 
 	if (r->gw < 0)
 		return;
-	nfds = nfds > 2 ? 2 : nfds;
+	nfds = nfds > FUZZ_MAX_PASSED_FDS ? FUZZ_MAX_PASSED_FDS : nfds;
 	for (unsigned i = 0; i < nfds; i++)
 		if ((fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
 			nfds = i;
-	if (nfds) {
-		memset(cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf;
-		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-	}
-	if (sendmsg(r->gw, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
+	if (fuzz_send_fds(r->gw, msg, len, fds, nfds) >= 0)
 		r->sent++;
-	for (unsigned i = 0; i < 2; i++)
+	for (unsigned i = 0; i < FUZZ_MAX_PASSED_FDS; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
 }

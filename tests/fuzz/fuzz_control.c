@@ -220,27 +220,6 @@ static struct client *pick_client(struct run *r, struct script *s)
 	return c->fd >= 0 ? c : NULL;
 }
 
-/* Sends a packet with up to two descriptors; a full or closed socket
- * drops it, as the client would see. */
-static void client_send(struct client *c, const void *msg, size_t len, const int *fds, unsigned nfds)
-{
-	_Alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
-	struct iovec iov = { .iov_base = (void *)msg, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-
-	if (nfds) {
-		memset(cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf;
-		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-	}
-	(void)!sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
 /* What gg_ctrl_check() promises about a packet it accepts or refuses. */
 static void check_parse(const union gg_ctrl_msg *m, size_t len)
 {
@@ -291,7 +270,7 @@ static void op_hello(struct client *c, struct script *s)
 		gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), job_names[job]);
 	else
 		gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), script_text(s, name, sizeof(name)));
-	client_send(c, &m, len, NULL, 0);
+	(void)fuzz_send_fds(c->fd, &m, len, NULL, 0);
 }
 
 static void op_map(struct client *c, struct script *s)
@@ -330,7 +309,7 @@ static void op_map(struct client *c, struct script *s)
 	}
 	if (nfds && (fds[0] < 0 || (nfds == 2 && fds[1] < 0)))
 		nfds = 0;
-	client_send(c, &m, len, fds, nfds);
+	(void)fuzz_send_fds(c->fd, &m, len, fds, nfds);
 	for (unsigned i = 0; i < 2; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
@@ -353,7 +332,7 @@ static void op_allreduce(struct client *c, struct script *s)
 	m.allreduce.timeout_ms = script_u16(s);
 	if (m.allreduce.seq == c->next_seq)
 		c->next_seq++;
-	client_send(c, &m, len, NULL, 0);
+	(void)fuzz_send_fds(c->fd, &m, len, NULL, 0);
 }
 
 /* ---- the loop --------------------------------------------------------------- */
@@ -430,7 +409,7 @@ static void op(struct run *r, struct script *s)
 		len = gg_ctrl_init(&m, GG_CTRL_UNMAP);
 		m.unmap.region = script_u8(s) % (GG_CTRL_MAX_REGIONS + 2);
 		if (c)
-			client_send(c, &m, len, NULL, 0);
+			(void)fuzz_send_fds(c->fd, &m, len, NULL, 0);
 		break;
 	case CONTROL_ALLREDUCE:
 		if (c)
@@ -442,7 +421,7 @@ static void op(struct run *r, struct script *s)
 		memcpy(&m, bytes, GG_MIN(len, sizeof(m)));
 		check_parse(&m, len > sizeof(m) ? sizeof(m) + 1 : len);
 		if (c)
-			client_send(c, bytes, len, NULL, 0);
+			(void)fuzz_send_fds(c->fd, bytes, len, NULL, 0);
 		break;
 	case CONTROL_CLOSE:
 		if (c) {
