@@ -1619,6 +1619,14 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 			 n->names[peer], (unsigned long long)last, j->name);
 		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
+	/* A step with no result here (a first step, too) needed the old
+	 * gateway's part: lost with it. */
+	for (unsigned i = 0; i < MAX_JOBS; i++) {
+		struct job *j = &n->jobs[i];
+		if (j->used && j->step && !j->has_result)
+			fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s restarted and lost the step",
+				       (unsigned long long)j->step->seq, j->name, n->names[peer]);
+	}
 }
 
 static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
@@ -1693,12 +1701,6 @@ static void coordinator_mail(struct gg_node *n)
 				break;
 			n->instance_id[m->peer] = m->u.instance_id;
 			on_peer_restart(n, m->peer);
-			for (unsigned i = 0; i < MAX_JOBS; i++) {
-				struct job *jj = &n->jobs[i];
-				if (jj->used && jj->step)
-					fail_step_code(n, jj, GG_ERR_SITE, "step %llu of job '%s': site %s restarted and lost the step",
-						       (unsigned long long)jj->step->seq, jj->name, n->names[m->peer]);
-			}
 			break;
 		case M_STREAM_READY:
 			resend_done(n, m->peer);

@@ -33,6 +33,7 @@
 static const char *cert_dir;
 static int ports[MAX_K];
 static atomic_uint flushed_sites; /* of the scenario running */
+static atomic_bool restarted;      /* site 1 is back (restart_step) */
 
 struct scenario {
 	unsigned K;
@@ -46,7 +47,8 @@ struct scenario {
 	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
 	int done_lost_step;   /* site 0's DONE of this step never reaches site 1, whose streams it then cuts */
 	bool end_after_lost;  /* and site 0 ends the job at once (it was the last step): its END stands for the DONE */
-	int restart_step;     /* site 1's DONE of this step reaches site 0 only, then site 1 crashes and restarts */
+	int restart_step;     /* site 1's DONE of this step reaches site 0 only, then site 1 crashes and restarts;
+			       * site 0's reaches site 2 only once site 1 is back */
 	bool flood;           /* site 1 ignores site 0's budget (its own window is 1 GiB): DATA of steps that never
 			       * come, for one job and for 40 jobs, before the real steps */
 };
@@ -211,7 +213,7 @@ static void *run_site(void *arg)
 		bool lose_done = (int)t == sc->done_lost_step && s->index == 0;
 		if (lose_done)
 			gg_node_test_drop_done(node, 1);
-		if ((int)t == sc->restart_step && s->index == 1)
+		if ((int)t == sc->restart_step && s->index < 2)
 			gg_node_test_drop_done(node, 2);
 		if (gg_node_submit(node, &st, err, sizeof(err))) {
 			s->status[t - 1] = -EINVAL;
@@ -256,7 +258,22 @@ static void *run_site(void *arg)
 				if (gg_node_run_once(node, 20000, NULL, NULL))
 					break;
 			CHECK(gg_node_connected(node), "site 1 did not reconnect after its restart");
+			atomic_store(&restarted, true);
 			continue;
+		}
+		if ((int)t == sc->restart_step && s->index == 0) {
+			/* Site 0's DONE reaches site 2 only after site 2 saw site 1
+			 * restart: until then site 2 must wait for it, not fail. */
+			for (int spins = 0; spins < 1000 && !atomic_load(&restarted); spins++)
+				if (gg_node_run_once(node, 10000, NULL, NULL))
+					break;
+			for (int spins = 0; spins < 20; spins++)
+				if (gg_node_run_once(node, 10000, NULL, NULL))
+					break;
+			for (int i = 0; i < 4; i++) {
+				int crc = gg_node_test_cut_stream(node, 2, i);
+				CHECK(crc == 0 || crc == -ENOTCONN, "cut: %s", strerror(-crc));
+			}
 		}
 		if (lose_done) {
 			/* Site 1 waits for the DONE it never got: it must come again
@@ -355,6 +372,7 @@ static void run(const struct scenario *sc)
 		s->results = malloc(sc->count * sc->steps * sizeof(float));
 	}
 	atomic_store(&flushed_sites, 0);
+	atomic_store(&restarted, false);
 	for (unsigned k = 0; k < sc->K; k++)
 		pthread_create(&sites[k].thread, NULL, run_site, &sites[k]);
 	for (unsigned k = 0; k < sc->K; k++)
