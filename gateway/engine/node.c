@@ -104,13 +104,24 @@ struct mail {
 
 /* ---- lanes ---------------------------------------------------------------- */
 
+/* Streams a kept frame came on, which its ACK takes: copies sent again
+ * after a stream was cut may reach this lane out of order (through other
+ * lanes' inboxes), so the last to arrive need not be on the stream the
+ * sender still watches. Each copy's stream is answered; a dead one drops
+ * its ACK. */
+#define EARLY_VIAS 4
+struct early_via {
+	unsigned lane;
+	struct gg_mesh_via via;
+};
+
 /* A frame for a step that has not started here yet: the received message,
  * kept as it arrived. */
 struct early {
 	struct early *next;
 	unsigned from;
-	unsigned via_lane;
-	struct gg_mesh_via via;
+	struct early_via vias[EARLY_VIAS]; /* the oldest first */
+	unsigned nvias;
 	uint64_t seq;
 	struct gg_wire_step wstep;
 	struct gg_ar_chunk_id id;
@@ -621,6 +632,27 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	part_check_done(lj);
 }
 
+/* Acknowledges a kept frame on the streams its copies came on, from the
+ * `from`th on. */
+static void early_ack(struct lane_job *lj, const struct early *e, unsigned from)
+{
+	for (unsigned i = from; i < e->nvias; i++)
+		lane_ack(lj->lane, e->vias[i].lane, e->vias[i].via, lj->name, e->seq, &e->id);
+}
+
+/* A copy of a kept frame came again, on lane via_lane's stream `via`. */
+static void early_again(struct early *e, unsigned via_lane, struct gg_mesh_via via)
+{
+	for (unsigned i = 0; i < e->nvias; i++)
+		if (e->vias[i].lane == via_lane && e->vias[i].via.conn == via.conn && e->vias[i].via.gen == via.gen)
+			return;
+	if (e->nvias == EARLY_VIAS) /* the oldest stream is the likeliest gone */
+		memmove(&e->vias[0], &e->vias[1], (EARLY_VIAS - 1) * sizeof(e->vias[0]));
+	else
+		e->nvias++;
+	e->vias[e->nvias - 1] = (struct early_via){ via_lane, via };
+}
+
 /* Frames that waited for steps from_seq..to_seq, which are over without
  * them (aborted, or refused): acknowledged, so their senders stop keeping
  * them. */
@@ -635,7 +667,7 @@ static void drop_early(struct lane_job *lj, uint64_t from_seq, uint64_t to_seq)
 			continue;
 		}
 		*pp = e->next;
-		lane_ack(lj->lane, e->via_lane, e->via, lj->name, e->seq, &e->id);
+		early_ack(lj, e, 0);
 		early_free(lj->lane, e);
 	}
 }
@@ -716,13 +748,12 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 		return 0;
 	}
 	/* Not started here yet: keep it unacknowledged, so the peer's window
-	 * bounds how much waits. A copy sent again came on a newer stream,
-	 * which its ACK must take. */
+	 * bounds how much waits. A copy sent again came on another stream,
+	 * which its ACK takes too. */
 	for (struct early *e = lj->early; e; e = e->next) {
 		if (e->seq == ws->step && e->from == from && e->id.phase == m->u.data.id.phase &&
 		    e->id.origin == m->u.data.id.origin && e->id.chunk == m->u.data.id.chunk) {
-			e->via_lane = via_lane;
-			e->via = via;
+			early_again(e, via_lane, via);
 			return 0;
 		}
 	}
@@ -733,7 +764,7 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 		return -ENOMEM;
 	atomic_fetch_add_explicit(&ln->early_bytes[from], m->u.data.frame_bytes, memory_order_relaxed);
 	gg_buf_get(payload);
-	*e = (struct early){ .from = from, .via_lane = via_lane, .via = via, .seq = ws->step, .wstep = *ws,
+	*e = (struct early){ .from = from, .vias = { { via_lane, via } }, .nvias = 1, .seq = ws->step, .wstep = *ws,
 			     .id = m->u.data.id, .msg = payload, .frame = m->u.data.frame,
 			     .frame_len = m->u.data.frame_bytes };
 	e->next = lj->early;
@@ -787,7 +818,8 @@ static void lane_start(struct lane *ln, const struct mail *m)
 			continue;
 		}
 		*pp = e->next;
-		part_feed(lj, e->from, e->via_lane, e->via, &e->wstep, &e->id, e->frame, e->frame_len);
+		early_ack(lj, e, 1);
+		part_feed(lj, e->from, e->vias[0].lane, e->vias[0].via, &e->wstep, &e->id, e->frame, e->frame_len);
 		early_free(ln, e);
 	}
 	part_check_done(lj);

@@ -1,0 +1,197 @@
+/* Where a gateway acknowledges DATA it kept for a step not started yet.
+ *
+ * A sender keeps each frame until it is acknowledged, and sends it again
+ * only when the stream it went on is lost. Copies of one frame can reach
+ * the receiver in any order: TCP streams are independent, and a frame
+ * read before its stream was cut may be handled after the copy sent
+ * again on another stream. The ACK must reach the stream the sender still
+ * watches, whichever copy came last; else the sender keeps the frame for
+ * good, its window that much shorter, and never finishes flushing.
+ *
+ * Site s1 runs here (one lane, two streams to s0); s0 is played by the
+ * test through streams with no socket behind them:
+ *
+ *   1. DATA for step 1, chunk 0, on stream 1 (the copy sent again)
+ *   2. the same DATA on stream 0 (the first copy, read late)
+ *   3. stream 0 ends, as the cut stream does
+ *   4. s1 starts step 1: the kept frame is used and acknowledged
+ *
+ * Checks that the ACK went out on stream 1, and that a frame that came
+ * once is acknowledged once, on its own stream.
+ *
+ *   test_node_acks CERT_DIR  (certificates from examples/make-certs.sh) */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame.h"
+#include "gg_check.h"
+#include "gg_sites.h"
+#include "log.h"
+#include "net_addr.h"
+#include "node.h"
+
+#define COUNT 1000u /* elements: one chunk */
+#define MAX_ACKS 16
+
+struct sent {
+	unsigned acks;
+	struct {
+		unsigned stream;
+		uint64_t step;
+		struct gg_ar_chunk_id id;
+	} ack[MAX_ACKS];
+};
+
+static void on_sent(void *arg, unsigned peer, unsigned stream, const uint8_t *head, size_t head_len,
+		    const uint8_t *frame, size_t frame_len)
+{
+	struct sent *s = arg;
+	enum gg_wire_type type;
+	size_t payload;
+	struct gg_wire_msg m;
+	char err[256];
+
+	(void)peer;
+	(void)frame;
+	CHECK(head_len >= GG_WIRE_HEADER_BYTES && !gg_wire_parse_header(head, SIZE_MAX, &type, &payload, err, sizeof(err)),
+	      "the node wrote a message with a bad header");
+	if (head_len < GG_WIRE_HEADER_BYTES || type != GG_WIRE_ACK || frame_len)
+		return;
+	CHECK(!gg_wire_decode(type, head + GG_WIRE_HEADER_BYTES, payload, &m, err, sizeof(err)), "bad ACK: %s", err);
+	if (s->acks < MAX_ACKS) {
+		s->ack[s->acks].stream = stream;
+		s->ack[s->acks].step = m.u.ack.step;
+		s->ack[s->acks].id = m.u.ack.id;
+	}
+	s->acks++;
+}
+
+static void on_done(void *arg, struct gg_node_step *st, int status, const char *message)
+{
+	(void)arg;
+	(void)st;
+	(void)status;
+	(void)message;
+}
+
+/* DATA of step `step` for chunk 0 of a COUNT-element fp32 tensor, as s0
+ * sends it: *len bytes at the returned buffer (free it). */
+static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, size_t *len)
+{
+	struct gg_wire_step ws = { .step = step, .count = COUNT, .tensor_id = 7, .dtype = GG_WIRE_F32 };
+	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = 0, .chunk = 0 };
+	struct gg_frame_config fc = { .codec = gg_codec_defaults(cfg->compression.codec), .max_elems = COUNT };
+	struct gg_frame_encoder enc;
+	size_t cap = GG_WIRE_HEADER_BYTES + GG_WIRE_DATA_FIXED_BYTES + 256 + 8 * COUNT, fb;
+	uint8_t *msg = malloc(cap);
+	float x[COUNT];
+
+	snprintf(ws.job, sizeof(ws.job), "acks");
+	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size);
+	for (unsigned i = 0; i < COUNT; i++)
+		x[i] = (float)i;
+	if (!msg || gg_frame_encoder_init(&enc, &fc)) {
+		free(msg);
+		return NULL;
+	}
+	ssize_t hl = gg_wire_encode_data_head(msg, cap, &ws, &id, 0);
+	int rc = hl < 0 ? -EINVAL : gg_frame_encode(&enc, x, COUNT, msg + hl, cap - (size_t)hl, &fb);
+	gg_frame_encoder_fini(&enc);
+	/* The header's length is the whole payload's. */
+	if (rc || gg_wire_encode_data_head(msg, cap, &ws, &id, fb) != hl) {
+		free(msg);
+		return NULL;
+	}
+	*len = (size_t)hl + fb;
+	return msg;
+}
+
+static void turns(struct gg_node *node, int n)
+{
+	for (int i = 0; i < n; i++)
+		CHECK(gg_node_run_once(node, 0, NULL, NULL) == 0, "the node's loop failed");
+}
+
+/* Runs the sequence above; `late_copy`: whether the first copy comes (2, 3). */
+static void run(const char *cert_dir, bool late_copy)
+{
+	int ports[2];
+	char text[4096], err[GG_NODE_ERROR_MAX];
+	struct gg_config cfg;
+	struct gg_diag diag = { 0 };
+	struct gg_node *node;
+	struct sent sent = { 0 };
+	size_t len = 0;
+
+	printf("%s\n", late_copy ? "the copy sent again comes first, the first copy late on a stream then cut"
+				 : "one copy on one stream");
+	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
+	size_t n = gg_test_site_toml(text, sizeof(text), 1, 2, ports, 1, cert_dir);
+	snprintf(text + n, sizeof(text) - n,
+		 "[transport]\nstreams_per_peer = 2\nchunk_size = \"64KiB\"\nstep_timeout = \"5s\"\n"
+		 "[compression]\ncodec = \"fp32\"\n[allreduce]\nalgorithm = \"direct\"\n");
+	if (gg_config_load_text(text, strlen(text), "acks.toml", NULL, &cfg, &diag)) {
+		gg_diag_print(&diag, stdout);
+		CHECK(0, "bad configuration");
+		return;
+	}
+	if (gg_node_new(&cfg, &node, err, sizeof(err))) {
+		CHECK(0, "gg_node_new: %s", err);
+		gg_config_free(&cfg);
+		return;
+	}
+	uint8_t *data = make_data(&cfg, 1, &len);
+	CHECK(data, "cannot make DATA");
+	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, &sent) == 0, "open stream 0");
+	CHECK(gg_node_test_open_stream(node, 0, 1, 42, on_sent, &sent) == 0, "open stream 1");
+	turns(node, 3);
+	if (data) {
+		CHECK(gg_node_test_receive(node, 0, 1, data, len) == 0, "DATA on stream 1");
+		turns(node, 3);
+		if (late_copy) {
+			CHECK(gg_node_test_receive(node, 0, 0, data, len) == 0, "DATA on stream 0");
+			turns(node, 3);
+			CHECK(gg_node_test_receive(node, 0, 0, NULL, 0) == 0, "end of stream 0");
+			turns(node, 3);
+		}
+	}
+	CHECK(sent.acks == 0, "%u ACKs before step 1 started here: a frame kept early is not acknowledged",
+	      sent.acks);
+
+	float input[COUNT] = { 0 }, result[COUNT];
+	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				   .result = result, .done = on_done };
+	snprintf(st.job, sizeof(st.job), "acks");
+	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
+	turns(node, 10);
+	CHECK(sent.acks == 1, "%u ACKs of the kept frame, not 1", sent.acks);
+	if (sent.acks >= 1)
+		CHECK(sent.ack[0].stream == 1 && sent.ack[0].step == 1 && sent.ack[0].id.origin == 0 &&
+			      sent.ack[0].id.chunk == 0,
+		      "the ACK went on stream %u (step %llu, origin %u, chunk %u), not on stream 1 where the sender "
+		      "still waits for it",
+		      sent.ack[0].stream, (unsigned long long)sent.ack[0].step, sent.ack[0].id.origin,
+		      sent.ack[0].id.chunk);
+	gg_node_shutdown(node);
+	for (int spins = 0; spins < 100 && !gg_node_idle(node); spins++)
+		turns(node, 1);
+	gg_node_free(node);
+	gg_config_free(&cfg);
+	free(data);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s CERT_DIR\n", argv[0]);
+		return 2;
+	}
+	gg_log_set_level(GG_LOG_ERROR);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	run(argv[1], false);
+	run(argv[1], true);
+	printf("node acks: %d failure(s)\n", failures);
+	return failures ? 1 : 0;
+}
