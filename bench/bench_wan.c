@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -292,7 +293,8 @@ static void usage(FILE *f)
 		"  --gloo-script PATH   wan_gloo.py (default: the one in the source tree)\n"
 		"  --gradgate PATH, --linkem PATH, --make-certs PATH\n"
 		"                       the gateway, the link emulator, examples/make-certs.sh\n"
-		"                       (default: those of this build)\n"
+		"                       (default: those of this build tree when run from it,\n"
+		"                       else the installed ones)\n"
 		"  --prefix NAME        namespace names start with it, a-z0-9 (default ggw<pid>)\n"
 		"  --cleanup            remove what runs killed before they could clean up:\n"
 		"                       namespaces of --prefix, or of ggw<pid> with <pid> gone\n\n"
@@ -370,6 +372,21 @@ static bool parse_item(int opt, const char *item, int i, struct wan_opts *o)
 	}
 }
 
+/* The programs and scripts a run starts: those of the build tree this
+ * binary was built in while it runs from there, else the installed ones
+ * (meson install puts them where GG_WAN_INSTALLED_* say). */
+static void wan_default_tools(struct wan_opts *o)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	bool built = n > 0 && (self[n] = 0, !strcmp(self, GG_WAN_BUILT_BENCH));
+
+	o->gradgate = built ? GG_WAN_GRADGATE : GG_WAN_INSTALLED_GRADGATE;
+	o->linkem = built ? GG_WAN_LINKEM : GG_WAN_INSTALLED_LINKEM;
+	o->make_certs = built ? GG_WAN_MAKE_CERTS : GG_WAN_INSTALLED_MAKE_CERTS;
+	o->gloo_script = built ? GG_WAN_GLOO_SCRIPT : GG_WAN_INSTALLED_GLOO_SCRIPT;
+}
+
 static int parse_opts(int argc, char **argv, struct wan_opts *o)
 {
 	static const struct option lopts[] = {
@@ -397,9 +414,9 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		.sites = 3, .ranks = 2, .rate_bps = 1e9, .sizes = { 64u << 20 }, .nsizes = 1,
 		.codecs = { GG_CODEC_FP32, GG_CODEC_BF16_SPLIT, GG_CODEC_INT8 }, .ncodecs = 3,
 		.algos = { "ring", "direct" }, .nalgos = 2, .nzstd = 1, .steps = 10, .warmup = 2, .repeat = 3,
-		.streams = 4, .max_other_pct = 100, .chunk_bytes = 1u << 20, .python = "/usr/bin/python3", .gloo_script = GG_WAN_GLOO_SCRIPT,
-		.gradgate = GG_WAN_GRADGATE, .linkem = GG_WAN_LINKEM, .make_certs = GG_WAN_MAKE_CERTS,
+		.streams = 4, .max_other_pct = 100, .chunk_bytes = 1u << 20, .python = "/usr/bin/python3",
 	};
+	wan_default_tools(o);
 	snprintf(o->prefix, sizeof(o->prefix), "ggw%d", (int)getpid());
 	const struct {
 		int opt;

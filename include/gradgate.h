@@ -111,8 +111,12 @@ struct gg_request;
 GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
 				 struct gg_session **out, struct gg_error *err);
 
-/* What the gateway announced when it accepted the session. */
+/* What the gateway announced when it accepted the session. The struct
+ * may grow at its end in later versions: the caller sets `size`, and the
+ * library fills only what fits, so a program built against an older
+ * header keeps working with a newer library. */
 struct gg_session_info {
+	size_t size;                /* set by the caller: sizeof(struct gg_session_info) */
 	char site[64];              /* the gateway's site name */
 	uint64_t max_message_bytes; /* largest tensor (count * element size) */
 	uint32_t max_inflight;      /* requests a session may have in flight */
@@ -120,8 +124,12 @@ struct gg_session_info {
 	uint32_t max_buffers;       /* shared buffers (gg_buffer_alloc) a session may hold at once */
 };
 
-/* Fills `info` (owned by the caller) from the open session `s`. */
-GRADGATE_API void gg_session_get_info(const struct gg_session *s, struct gg_session_info *info);
+/* Fills `info` (owned by the caller, with info->size set) from the open
+ * session `s`: the fields that lie within info->size bytes; info->size
+ * then says how many were written. Returns 0, or GG_ERR_INVALID when `s`
+ * or `info` is NULL or info->size is smaller than this struct was in its
+ * first version (everything up to max_buffers). */
+GRADGATE_API int gg_session_get_info(const struct gg_session *s, struct gg_session_info *info);
 
 /* Allocates `bytes` of memory that the gateway maps too (a shared
  * buffer), so that all-reduces on tensors inside it move no bytes between
@@ -228,6 +236,10 @@ GRADGATE_API const char *gg_strerror(int code);
 
 /* Bytes per element of `dtype`; 0 for an unknown type. */
 GRADGATE_API size_t gg_dtype_size(enum gg_dtype dtype);
+
+/* The library's version, "MAJOR.MINOR.PATCH" (static). Programs linked
+ * against libgradgate.so.MAJOR work with any later MINOR.PATCH of it. */
+GRADGATE_API const char *gg_version(void);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "control_proto.h"
+#include "gg_build_config.h"
 #include "gg_common.h"
 
 #define OPEN_TIMEOUT_MS 10000
@@ -560,9 +561,22 @@ GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank
 	return set_ok(err);
 }
 
-GRADGATE_API void gg_session_get_info(const struct gg_session *s, struct gg_session_info *info)
+/* The first version of struct gg_session_info ended with max_buffers. */
+#define SESSION_INFO_V1_SIZE (offsetof(struct gg_session_info, max_buffers) + sizeof(uint32_t))
+
+GRADGATE_API int gg_session_get_info(const struct gg_session *s, struct gg_session_info *info)
 {
-	*info = s->info;
+	if (!s || !info || info->size < SESSION_INFO_V1_SIZE)
+		return GG_ERR_INVALID;
+	struct gg_session_info full = s->info;
+	full.size = GG_MIN(info->size, sizeof(full));
+	memcpy(info, &full, full.size);
+	return 0;
+}
+
+GRADGATE_API const char *gg_version(void)
+{
+	return GG_VERSION;
 }
 
 /* Finds room for `len` bytes in region `id` after the requests in flight

@@ -253,9 +253,8 @@ static void op_open(struct run *r, struct script *s)
 	r->nearly = 0;
 	r->announced = r->answered_to = 0;
 	if (!rc) {
-		struct gg_session_info info;
-		gg_session_get_info(r->s, &info);
-		if (!info.max_inflight || info.max_inflight > GG_CTRL_MAX_INFLIGHT || !info.max_message_bytes)
+		struct gg_session_info info = { .size = sizeof(info) };
+		if (gg_session_get_info(r->s, &info) || !info.max_inflight || info.max_inflight > GG_CTRL_MAX_INFLIGHT || !info.max_message_bytes)
 			die("a session with limits it cannot use");
 	}
 }

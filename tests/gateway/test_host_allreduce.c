@@ -126,7 +126,23 @@ static void async_rank(unsigned rank, void *arg)
 
 	(void)arg;
 	CHECK_OK(gg_session_open(h.endpoint, "async", (int)rank, 3, &s, &err), err);
-	gg_session_get_info(s, &info);
+	/* The size the caller sets decides what is filled in. */
+	info.size = 0;
+	CHECK_EQ_INT(gg_session_get_info(s, &info), GG_ERR_INVALID);
+	CHECK_EQ_INT(gg_session_get_info(s, NULL), GG_ERR_INVALID);
+	CHECK_EQ_INT(gg_session_get_info(NULL, &info), GG_ERR_INVALID);
+	struct {
+		struct gg_session_info info;
+		uint32_t later_field; /* a newer header's struct, which this library does not know */
+	} newer;
+	memset(&newer, 0xee, sizeof(newer));
+	newer.info.size = sizeof(newer);
+	CHECK_EQ_INT(gg_session_get_info(s, &newer.info), 0);
+	CHECK_EQ_INT(newer.info.size, sizeof(struct gg_session_info));
+	CHECK_EQ_INT(newer.later_field, 0xeeeeeeeeu);
+	CHECK_EQ_INT(newer.info.max_inflight, ASYNC_REQS);
+	info.size = sizeof(info);
+	CHECK_EQ_INT(gg_session_get_info(s, &info), 0);
 	CHECK_EQ_INT(info.max_inflight, ASYNC_REQS);
 	CHECK_CONTAINS(info.site, "test-site");
 	if (rank != 0)
@@ -221,7 +237,8 @@ static void shared_rank(unsigned rank, void *arg)
 	void *shared;
 
 	CHECK_OK(gg_session_open(h.endpoint, c->job, (int)rank, (int)c->nranks, &s, &err), err);
-	gg_session_get_info(s, &info);
+	info.size = sizeof(info);
+	CHECK_EQ_INT(gg_session_get_info(s, &info), 0);
 	CHECK(info.max_buffers >= 8);
 	CHECK_OK(gg_buffer_alloc(s, 1000003 * sizeof(float) + 64, &shared, &err), err);
 	CHECK(((uintptr_t)shared & 4095) == 0);
@@ -263,7 +280,8 @@ static void test_shared_arguments(void)
 
 	CHECK_OK(gg_session_open(h.endpoint, "shared-args", 0, 1, &s, &err), err);
 	CHECK_OK(gg_session_open(h.endpoint, "shared-other", 0, 1, &other, &err), err);
-	gg_session_get_info(s, &info);
+	info.size = sizeof(info);
+	CHECK_EQ_INT(gg_session_get_info(s, &info), 0);
 	CHECK_EQ_INT(gg_buffer_alloc(s, 0, &buf, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "gg_buffer_alloc: bytes is 0");
 	CHECK(buf == NULL);
