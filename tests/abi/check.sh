@@ -5,8 +5,9 @@
 #    include/gradgate.h, versioned GRADGATE_0, under soname
 #    libgradgate.so.MAJOR;
 # 2. `meson install --destdir` puts the header, both libraries, the
-#    pkg-config file, the binaries, the systemd unit (paths filled in) and
-#    the example configs where they belong;
+#    pkg-config file, the binaries, the systemd unit (paths filled in),
+#    the example configs and the Python package where they belong, and the
+#    installed package loads the installed library;
 # 3. a program built with `pkg-config --cflags --libs gradgate` against
 #    that tree links libgradgate.so, and reports its version; one that
 #    calls an internal function does not link.
@@ -55,6 +56,16 @@ if [ -e "$unit" ]; then
 	case $sysconfdir in /*) etc=$sysconfdir ;; *) etc=$prefix/$sysconfdir ;; esac
 	grep -qx "ExecStart=$prefix/$bindir/gradgate --config $etc/gradgate/site.toml" "$unit" ||
 		bad "the installed unit does not start $prefix/$bindir/gradgate with $etc/gradgate/site.toml"
+fi
+pkg=$(find "$root" -path '*/gradgate/__init__.py' -path '*-packages/*' | head -1)
+if [ -z "$pkg" ]; then
+	bad "meson install did not put the Python package gradgate in a site-packages folder"
+elif command -v python3 >/dev/null; then
+	# The installed package finds the installed library by its soname.
+	got=$(cd "$work" && env -u GRADGATE_LIBRARY PYTHONPATH="$(dirname "$(dirname "$pkg")")" \
+		LD_LIBRARY_PATH="$root/$libdir" python3 -c 'import gradgate; print(gradgate.version())' 2>&1) ||
+		true
+	[ "$got" = "$version" ] || bad "the installed Python package reports '$got', not version $version"
 fi
 for b in gradgate gradgate-make-certs; do
 	[ -x "$root/$bindir/$b" ] || bad "$bindir/$b is not executable"

@@ -1,0 +1,340 @@
+"""gradgate from Python: all-reduce numpy arrays and torch tensors through
+the site's gateway.
+
+Pure Python over the shared client library (libgradgate.so.0, through
+ctypes), with the semantics of include/gradgate.h:
+
+    import gradgate
+    with gradgate.Session("train", rank, nranks) as s:   # endpoint: $GRADGATE_ENDPOINT
+        s.allreduce(grads, tensor_id=3)                   # in place, summed over every rank of every site
+        req = s.allreduce_async(other, tensor_id=4)       # input taken now, result written by req.wait()
+        req.wait()
+
+Arrays are float32 numpy arrays, or float32 / bfloat16 torch tensors;
+CUDA tensors go through a host copy. Failures raise gradgate.Error with
+the library's code (Error.code, Error.name) and message.
+
+The library is found at $GRADGATE_LIBRARY when set, else as
+libgradgate.so.0 on the loader's path (meson install puts it there).
+"""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+__all__ = ["Error", "Session", "Request", "version", "DTYPE_F32", "DTYPE_BF16"]
+
+DTYPE_F32 = 1
+DTYPE_BF16 = 2
+
+# enum gg_errc (include/gradgate.h)
+OK = 0
+ERR_INVALID = -1
+ERR_NOMEM = -2
+ERR_SYSTEM = -3
+ERR_CONNECT = -4
+ERR_REFUSED = -5
+ERR_PROTOCOL = -6
+ERR_CLOSED = -7
+ERR_TIMEOUT = -8
+ERR_TOO_LARGE = -9
+ERR_MISMATCH = -10
+ERR_RANK = -11
+ERR_SITE = -12
+ERR_BUSY = -13
+ERR_AGAIN = -14
+ERR_LIMIT = -15
+_CODES = {v: "GG_" + k for k, v in list(globals().items()) if k == "OK" or k.startswith("ERR_")}
+__all__ += [name[3:] for name in _CODES.values()]
+
+_ERROR_MESSAGE_MAX = 256
+
+
+class _Error(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * _ERROR_MESSAGE_MAX)]
+
+
+class _SessionInfo(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("site", ctypes.c_char * 64),
+        ("max_message_bytes", ctypes.c_uint64),
+        ("max_inflight", ctypes.c_uint32),
+        ("step_timeout_ms", ctypes.c_uint32),
+        ("max_buffers", ctypes.c_uint32),
+    ]
+
+
+class Error(Exception):
+    """A failed gradgate call: `code` (a negative enum gg_errc value, e.g.
+    gradgate.ERR_TIMEOUT), `name` ("GG_ERR_TIMEOUT") and the library's
+    one-line `message` naming what failed."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.name = _CODES.get(code, "GG_ERR_UNKNOWN")
+        self.message = message
+        super().__init__(f"{self.name}: {message}")
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _load():
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        path = os.environ.get("GRADGATE_LIBRARY") or ctypes.util.find_library("gradgate") or "libgradgate.so.0"
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise ImportError(
+                f"cannot load the gradgate client library '{path}': {e}; install it (meson install) "
+                "or set GRADGATE_LIBRARY to the path of libgradgate.so.0") from e
+        P, E = ctypes.c_void_p, ctypes.POINTER(_Error)
+        sigs = {
+            "gg_session_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                                               ctypes.POINTER(P), E]),
+            "gg_session_get_info": (ctypes.c_int, [P, ctypes.POINTER(_SessionInfo)]),
+            "gg_buffer_alloc": (ctypes.c_int, [P, ctypes.c_size_t, ctypes.POINTER(P), E]),
+            "gg_buffer_free": (ctypes.c_int, [P, P, E]),
+            "gg_allreduce": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32, ctypes.c_int, E]),
+            "gg_allreduce_start": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32,
+                                                  ctypes.c_int, ctypes.POINTER(P), E]),
+            "gg_wait": (ctypes.c_int, [P, ctypes.c_int, E]),
+            "gg_request_free": (None, [P]),
+            "gg_session_close": (None, [P]),
+            "gg_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+            "gg_version": (ctypes.c_char_p, []),
+        }
+        for name, (res, args) in sigs.items():
+            try:
+                fn = getattr(lib, name)
+            except AttributeError as e:
+                raise ImportError(f"'{path}' is not a gradgate client library: it lacks {name}") from e
+            fn.restype, fn.argtypes = res, args
+        _lib = lib
+        return lib
+
+
+def version():
+    """The loaded library's version, "MAJOR.MINOR.PATCH"."""
+    return _load().gg_version().decode()
+
+
+def _check(rc, err):
+    if rc:
+        raise Error(rc, err.message.decode(errors="replace"))
+
+
+# ---- what an all-reduce takes: a pointer, a count and a dtype --------------
+
+class _Target:
+    """The memory an all-reduce reads and writes for one array: the array
+    itself when the library can use it in place, else a host copy that is
+    written back by finish()."""
+
+    def __init__(self, array):
+        self.array = array
+        self.host = None  # torch: the contiguous host tensor used, when not `array` itself
+        mod = type(array).__module__
+        if mod.startswith("torch"):
+            self._torch(array)
+        elif mod.startswith("numpy"):
+            self._numpy(array)
+        else:
+            raise TypeError(f"gradgate all-reduces numpy arrays and torch tensors, not {type(array).__name__}")
+
+    def _numpy(self, a):
+        import numpy as np
+        if a.dtype != np.float32:
+            raise TypeError(f"numpy arrays must be float32, not {a.dtype}")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            raise ValueError("the numpy array must be C-contiguous and writeable (the result is written in place)")
+        if a.size == 0:
+            raise ValueError("the array is empty")
+        self.ptr, self.count, self.dtype = a.ctypes.data, a.size, DTYPE_F32
+
+    def _torch(self, t):
+        import torch
+        if t.dtype == torch.float32:
+            dtype = DTYPE_F32
+        elif t.dtype == torch.bfloat16:
+            dtype = DTYPE_BF16
+        else:
+            raise TypeError(f"torch tensors must be float32 or bfloat16, not {t.dtype}")
+        if t.numel() == 0:
+            raise ValueError("the tensor is empty")
+        if t.requires_grad and t.is_leaf:
+            raise ValueError("the tensor requires grad: all-reduce its .data or a detached tensor")
+        host = t
+        if t.device.type != "cpu" or not t.is_contiguous():
+            host = t.detach().to("cpu", copy=True).contiguous()
+            self.host = host
+        self.ptr, self.count, self.dtype = host.data_ptr(), host.numel(), dtype
+
+    def finish(self):
+        if self.host is not None:
+            with __import__("torch").no_grad():
+                self.array.copy_(self.host)
+
+
+class Request:
+    """An all-reduce in flight (Session.allreduce_async)."""
+
+    def __init__(self, session, handle, target):
+        self._session = session
+        self._handle = handle
+        self._target = target
+        self._outcome = None  # None: in flight; 0 or an Error once finished
+
+    def wait(self, timeout_ms=-1):
+        """Waits up to timeout_ms (-1: until it ends) for the result, which
+        is then in the array; raises Error when the step failed, and
+        returns False when it is still in flight after timeout_ms, True
+        when it finished."""
+        if self._outcome is None:
+            if self._handle is None:
+                raise Error(ERR_INVALID, "the request was freed")
+            err = _Error()
+            with self._session._lock:
+                rc = _load().gg_wait(self._handle, int(timeout_ms), ctypes.byref(err))
+            if rc == ERR_AGAIN:
+                return False
+            if rc == 0:
+                self._target.finish()
+                self._outcome = 0
+            else:
+                self._outcome = Error(rc, err.message.decode(errors="replace"))
+        if isinstance(self._outcome, Error):
+            raise self._outcome
+        return True
+
+    def done(self):
+        """True once the request finished (successfully or not)."""
+        try:
+            return self.wait(0)
+        except Error:
+            return True
+
+    def free(self):
+        """Frees the request; one in flight goes on at the gateway, but its
+        result is no longer written to the array."""
+        if self._handle is not None:
+            _load().gg_request_free(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
+class Session:
+    """One rank's session with its site's gateway (gg_session_open).
+
+    job     the job's name, the same at every rank of every site
+    rank    this rank's index among the site's `nranks` ranks of the job
+    endpoint "unix:/path" of the gateway's control socket; None: the
+            environment variable GRADGATE_ENDPOINT
+
+    Calls on a session are serialized by a lock; a blocking call holds it
+    until it returns. Use it as a context manager, or call close()."""
+
+    def __init__(self, job, rank, nranks, endpoint=None):
+        lib = _load()
+        err = _Error()
+        handle = ctypes.c_void_p()
+        rc = lib.gg_session_open(endpoint.encode() if endpoint else None, job.encode(), int(rank), int(nranks),
+                                 ctypes.byref(handle), ctypes.byref(err))
+        _check(rc, err)
+        self._handle = handle
+        self._lock = threading.RLock()
+        self._buffers = {}
+        self.job, self.rank, self.nranks = job, rank, nranks
+        info = _SessionInfo(size=ctypes.sizeof(_SessionInfo))
+        if lib.gg_session_get_info(self._handle, ctypes.byref(info)):
+            raise Error(ERR_INVALID, "gg_session_get_info refused the session info")
+        self.site = info.site.decode()
+        self.max_message_bytes = info.max_message_bytes
+        self.max_inflight = info.max_inflight
+        self.step_timeout_ms = info.step_timeout_ms
+        self.max_buffers = info.max_buffers
+
+    def _h(self):
+        if self._handle is None:
+            raise Error(ERR_CLOSED, "the session is closed")
+        return self._handle
+
+    def allreduce(self, array, tensor_id, timeout_ms=0):
+        """Sums `array` over every rank of every site, in place, and
+        returns it. timeout_ms <= 0: the gateway's step_timeout."""
+        t = _Target(array)
+        err = _Error()
+        with self._lock:
+            rc = _load().gg_allreduce(self._h(), t.ptr, t.count, t.dtype, int(tensor_id), int(timeout_ms),
+                                      ctypes.byref(err))
+        _check(rc, err)
+        t.finish()
+        return array
+
+    def allreduce_async(self, array, tensor_id, timeout_ms=0):
+        """Starts the same all-reduce and returns a Request. The input is
+        taken before this returns; `array` must stay alive and untouched
+        until the request's wait() reports it finished."""
+        t = _Target(array)
+        err = _Error()
+        req = ctypes.c_void_p()
+        with self._lock:
+            rc = _load().gg_allreduce_start(self._h(), t.ptr, t.count, t.dtype, int(tensor_id), int(timeout_ms),
+                                            ctypes.byref(req), ctypes.byref(err))
+        _check(rc, err)
+        return Request(self, req, t)
+
+    def buffer(self, count):
+        """A float32 numpy array of `count` elements in memory the gateway
+        maps too (gg_buffer_alloc): all-reduces on it copy nothing. It
+        stays valid until free_buffer() or close()."""
+        import numpy as np
+        err = _Error()
+        ptr = ctypes.c_void_p()
+        with self._lock:
+            rc = _load().gg_buffer_alloc(self._h(), int(count) * 4, ctypes.byref(ptr), ctypes.byref(err))
+        _check(rc, err)
+        arr = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(int(count),))
+        self._buffers[arr.ctypes.data] = ptr
+        return arr
+
+    def free_buffer(self, array):
+        """Gives a buffer from buffer() back; the array must not be used after."""
+        ptr = self._buffers.pop(array.ctypes.data, None)
+        if ptr is None:
+            raise Error(ERR_INVALID, "not a shared buffer of this session")
+        err = _Error()
+        with self._lock:
+            rc = _load().gg_buffer_free(self._h(), ptr, ctypes.byref(err))
+        _check(rc, err)
+
+    def close(self):
+        """Closes the session (its shared buffers too); idempotent."""
+        with self._lock:
+            if self._handle is not None:
+                _load().gg_session_close(self._handle)
+                self._handle = None
+                self._buffers.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

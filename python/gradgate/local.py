@@ -1,0 +1,150 @@
+"""Gateways of several sites on this machine, on loopback: for trying
+gradgate out, for examples and for tests.
+
+    from gradgate.local import LocalSites
+    with LocalSites(sites=3, codec="fp32") as mesh:
+        s = gradgate.Session("job", 0, 1, endpoint=mesh.endpoint(0))
+
+Each site gets a certificate from a throwaway CA (make-certs.sh), a config
+in a temporary folder, and a `gradgate --config` process; start() returns
+once every gateway logged mesh_up, and stop() ends them with SIGTERM.
+
+The gateway binary: the `gradgate` argument, else $GRADGATE, else the
+source tree's build/gateway/gradgate when this package runs from the
+tree, else `gradgate` on PATH. The certificate script likewise:
+$GRADGATE_MAKE_CERTS, examples/make-certs.sh, `gradgate-make-certs`.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _find(given, env, tree_path, installed):
+    for cand in (given, os.environ.get(env), os.path.join(_TREE, tree_path)):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which(installed)
+    if not found:
+        raise FileNotFoundError(f"cannot find {installed}: pass its path, set {env}, or install gradgate")
+    return found
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class LocalSites:
+    """`sites` gateways (site-0, site-1, ...) on loopback. Keyword
+    arguments set their config: codec, algorithm, threads (lanes per
+    gateway), streams (per peer), step_timeout, zstd_level."""
+
+    def __init__(self, sites=3, codec="fp32", algorithm="ring", threads=1, streams=2, step_timeout="30s",
+                 zstd_level=0, gradgate=None, make_certs=None, keep=False):
+        if not 2 <= sites <= 8:
+            raise ValueError("sites must be 2 to 8")
+        self.names = [f"site-{i}" for i in range(sites)]
+        self.gradgate = _find(gradgate, "GRADGATE", "build/gateway/gradgate", "gradgate")
+        self.make_certs = _find(make_certs, "GRADGATE_MAKE_CERTS", "examples/make-certs.sh", "gradgate-make-certs")
+        self.settings = dict(codec=codec, algorithm=algorithm, threads=threads, streams=streams,
+                             step_timeout=step_timeout, zstd_level=zstd_level)
+        self.keep = keep
+        self.dir = None
+        self.procs = []
+
+    def endpoint(self, site):
+        """The control endpoint of site `site` (an index), for Session()."""
+        return f"unix:{self.dir}/{self.names[site]}.sock"
+
+    def log(self, site):
+        """What the gateway of site `site` logged so far."""
+        with open(os.path.join(self.dir, f"{self.names[site]}.log"), errors="replace") as f:
+            return f.read()
+
+    def _config(self, i, ports):
+        st = self.settings
+        name = self.names[i]
+        lines = [
+            "[site]", f'name = "{name}"', f'listen = "127.0.0.1:{ports[i]}"',
+            f'control = "unix:{self.dir}/{name}.sock"', f"threads = {st['threads']}",
+            "[tls]", 'ca = "certs/ca.pem"', f'cert = "certs/{name}.pem"', f'key = "certs/{name}.key"',
+        ]
+        for j, peer in enumerate(self.names):
+            if j != i:
+                lines += ["[[peers]]", f'site = "{peer}"', f'address = "127.0.0.1:{ports[j]}"',
+                          f'identity = "dns:{peer}.gradgate.test"']
+        lines += [
+            "[transport]", f"streams_per_peer = {st['streams']}", f"step_timeout = \"{st['step_timeout']}\"",
+            'heartbeat_interval = "500ms"', 'heartbeat_timeout = "5s"',
+            "[compression]", f"codec = \"{st['codec']}\"", f"zstd_level = {st['zstd_level']}",
+            "[allreduce]", f"algorithm = \"{st['algorithm']}\"",
+            "[limits]", 'memory = "1GiB"', 'inflight_per_peer = "64MiB"',
+        ]
+        path = os.path.join(self.dir, f"{name}.toml")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
+
+    def start(self, timeout=30.0):
+        self.dir = tempfile.mkdtemp(prefix="gradgate-local.")
+        try:
+            subprocess.run([self.make_certs, "--out", os.path.join(self.dir, "certs")] + self.names,
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            ports = _free_ports(len(self.names))
+            for i, name in enumerate(self.names):
+                cfg = self._config(i, ports)
+                log = open(os.path.join(self.dir, f"{name}.log"), "w")
+                self.procs.append(subprocess.Popen([self.gradgate, "--config", cfg], stdout=log, stderr=log,
+                                                   start_new_session=True))
+                log.close()
+            deadline = time.monotonic() + timeout
+            for i, p in enumerate(self.procs):
+                while "event=mesh_up" not in self.log(i):
+                    if p.poll() is not None:
+                        raise RuntimeError(f"the gateway of {self.names[i]} exited ({p.returncode}):\n"
+                                           + self.log(i)[-2000:])
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the gateway of {self.names[i]} did not connect to every peer "
+                                           f"within {timeout:.0f} s:\n" + self.log(i)[-2000:])
+                    time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self):
+        """Ends every gateway (SIGTERM, then SIGKILL after 10 s) and
+        removes the folder unless keep=True. Returns their exit codes."""
+        codes = []
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=10))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(p.wait())
+        self.procs = []
+        if self.dir and not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return codes
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

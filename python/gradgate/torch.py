@@ -1,0 +1,124 @@
+"""A DistributedDataParallel communication hook that all-reduces every
+gradient bucket across all sites through the site's gateway.
+
+    import gradgate, gradgate.torch
+    session = gradgate.Session("train", local_rank, local_world_size)
+    state = gradgate.torch.HookState(session, world_size=sites * local_world_size)
+    model = DDP(model, process_group=site_group)    # the ranks of this site
+    model.register_comm_hook(state, gradgate.torch.allreduce_hook)
+
+DDP's own process group covers the ranks of one site (it broadcasts the
+initial parameters there, so every site must start from the same ones:
+seed them alike). The hook hands each bucket to the gateway, which sums it
+over every rank of every site; the hook divides the sum by `world_size`,
+the number of ranks at all sites together, as DDP's default averaging
+does over its group.
+
+Buckets go to a worker thread of the state, which keeps up to the
+session's max_inflight all-reduces in flight while backward goes on; each
+bucket's torch Future completes when its result is in the bucket. CUDA
+buckets go through a host copy. A failed all-reduce fails the bucket's
+Future with gradgate.Error, which DDP raises from backward().
+"""
+
+import collections
+import threading
+
+import torch
+
+from . import Error, ERR_CLOSED
+
+__all__ = ["HookState", "allreduce_hook"]
+
+
+class HookState:
+    """What allreduce_hook needs: the rank's session, the global world size
+    (ranks at all sites), and the deadline of each bucket's all-reduce
+    (timeout_ms <= 0: the gateway's step_timeout). Call close() (or use it
+    as a context manager) to stop its worker thread; the session stays
+    open."""
+
+    def __init__(self, session, world_size, timeout_ms=0):
+        if world_size < 1:
+            raise ValueError("world_size must be at least 1")
+        self.session = session
+        self.world_size = int(world_size)
+        self.timeout_ms = int(timeout_ms)
+        self.buckets = 0          # buckets all-reduced so far
+        self.bytes = 0            # their bytes
+        self._queue = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="gradgate-hook", daemon=True)
+        self._worker.start()
+
+    def submit(self, tensor, tensor_id):
+        """Queues `tensor` for an all-reduce (sum over every rank, divided by
+        world_size, in place); returns a torch Future of the tensor."""
+        fut = torch.futures.Future()
+        with self._cond:
+            if self._closed:
+                fut.set_exception(Error(ERR_CLOSED, "the hook's state is closed"))
+                return fut
+            self._queue.append((tensor, tensor_id, fut))
+            self._cond.notify()
+        return fut
+
+    def _take(self, block):
+        with self._cond:
+            while block and not self._queue and not self._closed:
+                self._cond.wait()
+            return self._queue.popleft() if self._queue else None
+
+    def _finish(self, item, req):
+        tensor, _, fut = item
+        try:
+            req.wait()
+            tensor.div_(self.world_size)
+            self.buckets += 1
+            self.bytes += tensor.numel() * tensor.element_size()
+            fut.set_result(tensor)
+        except Error as e:
+            fut.set_exception(e)
+        finally:
+            req.free()
+
+    def _run(self):
+        inflight = collections.deque()
+        limit = max(1, self.session.max_inflight)
+        while True:
+            # Start what is queued while there is room; else wait for the oldest.
+            item = self._take(block=not inflight) if len(inflight) < limit else None
+            if item is not None:
+                tensor, tensor_id, fut = item
+                try:
+                    inflight.append((item, self.session.allreduce_async(tensor, tensor_id, self.timeout_ms)))
+                except (Error, TypeError, ValueError) as e:
+                    fut.set_exception(e)
+                continue
+            if inflight:
+                self._finish(*inflight.popleft())
+                continue
+            with self._cond:
+                if self._closed and not self._queue:
+                    return
+
+    def close(self):
+        """Lets the queued buckets finish, then stops the worker thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._worker.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def allreduce_hook(state, bucket):
+    """DDP communication hook (register_comm_hook(state, allreduce_hook)):
+    the bucket's gradients summed over every rank of every site and divided
+    by state.world_size."""
+    return state.submit(bucket.buffer(), bucket.index())

@@ -1,0 +1,213 @@
+"""The Python package (python/gradgate) against real gateways on loopback:
+results bit for bit, errors by code and message, the DDP hook.
+
+    python3 tests/python/test_gradgate.py VERSION   (GRADGATE, GRADGATE_LIBRARY
+    and GRADGATE_MAKE_CERTS name the build's gateway, library and certificate script)
+"""
+
+import sys
+import threading
+import unittest
+
+import numpy as np
+import torch
+
+import gradgate
+import gradgate.torch
+from gradgate.local import LocalSites
+
+VERSION = sys.argv.pop(1) if len(sys.argv) > 1 else None
+SITES, RANKS = 2, 2
+
+
+def values(site, rank, n, step=0):
+    """Multiples of 1/64 below 2^10: every sum is exact in float32."""
+    i = np.arange(n, dtype=np.int64)
+    return (((i * 2654435761 + site * 40503 + rank * 977 + step * 131) % 4096) - 2048).astype(np.float32) / 64
+
+
+def on_every_rank(mesh, job, fn):
+    """Runs fn(session, site, rank) on a thread per rank, each with its own
+    session; returns the results by (site, rank), re-raising the first
+    exception that is not a gradgate.Error (those are returned)."""
+    out, threads = {}, []
+
+    def run(site, rank):
+        try:
+            with gradgate.Session(job, rank, RANKS, endpoint=mesh.endpoint(site)) as s:
+                out[site, rank] = fn(s, site, rank)
+        except Exception as e:  # noqa: BLE001 (handed to the test)
+            out[site, rank] = e
+
+    for site in range(SITES):
+        for rank in range(RANKS):
+            threads.append(threading.Thread(target=run, args=(site, rank)))
+            threads[-1].start()
+    for t in threads:
+        t.join(60)
+    for v in out.values():
+        if isinstance(v, Exception) and not isinstance(v, gradgate.Error):
+            raise v
+    return out
+
+
+class Library(unittest.TestCase):
+    def test_version(self):
+        self.assertEqual(gradgate.version(), VERSION)
+
+    def test_no_gateway(self):
+        with self.assertRaises(gradgate.Error) as cm:
+            gradgate.Session("job", 0, 1, endpoint="unix:/nonexistent/gradgate.sock")
+        self.assertEqual(cm.exception.code, gradgate.ERR_CONNECT)
+        self.assertEqual(cm.exception.name, "GG_ERR_CONNECT")
+        self.assertIn("unix:/nonexistent/gradgate.sock", cm.exception.message)
+
+    def test_bad_arguments(self):
+        with self.assertRaises(gradgate.Error) as cm:
+            gradgate.Session("bad job/name", 0, 1, endpoint="unix:/nonexistent/gradgate.sock")
+        self.assertEqual(cm.exception.code, gradgate.ERR_INVALID)
+        self.assertIn("job", cm.exception.message)
+        with self.assertRaises(gradgate.Error) as cm:
+            gradgate.Session("job", 2, 2, endpoint="unix:/nonexistent/gradgate.sock")
+        self.assertEqual(cm.exception.code, gradgate.ERR_INVALID)
+        self.assertIn("rank", cm.exception.message)
+
+
+class WithGateways(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.mesh = LocalSites(sites=SITES, codec="fp32", algorithm="direct", step_timeout="20s").start()
+
+    @classmethod
+    def tearDownClass(cls):
+        codes = cls.mesh.stop()
+        assert codes == [0] * SITES, f"gateways exited with {codes}"
+
+    def test_numpy_sync_and_async(self):
+        n = 100003
+
+        def fn(s, site, rank):
+            self.assertEqual(s.site, f"site-{site}")
+            a = values(site, rank, n)
+            self.assertIs(s.allreduce(a, tensor_id=1), a)
+            b = values(site, rank, n, step=1)
+            req = s.allreduce_async(b, tensor_id=2)
+            self.assertTrue(req.wait())
+            self.assertTrue(req.done())
+            return a, b
+
+        out = on_every_rank(self.mesh, "np", fn)
+        want_a = sum(values(st, r, n) for st in range(SITES) for r in range(RANKS))
+        want_b = sum(values(st, r, n, 1) for st in range(SITES) for r in range(RANKS))
+        for key, (a, b) in out.items():
+            self.assertEqual(a.tobytes(), want_a.tobytes(), key)
+            self.assertEqual(b.tobytes(), want_b.tobytes(), key)
+
+    def test_shared_buffer_and_torch(self):
+        n = 4099
+
+        def fn(s, site, rank):
+            buf = s.buffer(n)
+            buf[:] = values(site, rank, n)
+            s.allreduce(buf, tensor_id=3)
+            shared = buf.copy()
+            s.free_buffer(buf)
+            with self.assertRaises(gradgate.Error):
+                s.free_buffer(np.zeros(4, np.float32))
+            t = torch.from_numpy(values(site, rank, n, 2)).to(torch.bfloat16)
+            s.allreduce(t, tensor_id=4)
+            strided = torch.from_numpy(values(site, rank, 2 * n, 3))[::2]  # not contiguous: through a copy
+            s.allreduce(strided, tensor_id=5)
+            return shared, t, strided
+
+        out = on_every_rank(self.mesh, "torch", fn)
+        want = sum(values(st, r, n) for st in range(SITES) for r in range(RANKS))
+        # bf16 inputs are widened exactly, summed in float32, rounded back once.
+        want_bf = sum(torch.from_numpy(values(st, r, n, 2)).to(torch.bfloat16).float()
+                      for st in range(SITES) for r in range(RANKS)).to(torch.bfloat16)
+        want_strided = sum(values(st, r, 2 * n, 3)[::2] for st in range(SITES) for r in range(RANKS))
+        for key, (shared, t, strided) in out.items():
+            self.assertEqual(shared.tobytes(), want.tobytes(), key)
+            self.assertTrue(torch.equal(t, want_bf), key)
+            self.assertEqual(strided.numpy().tobytes(), want_strided.tobytes(), key)
+
+    def test_refused_arrays(self):
+        def fn(s, site, rank):
+            with self.assertRaisesRegex(TypeError, "float32"):
+                s.allreduce(np.zeros(4, np.float64), tensor_id=1)
+            with self.assertRaisesRegex(TypeError, "float32 or bfloat16"):
+                s.allreduce(torch.zeros(4, dtype=torch.float16), tensor_id=1)
+            with self.assertRaisesRegex(ValueError, "C-contiguous"):
+                s.allreduce(np.zeros(8, np.float32)[::2], tensor_id=1)
+            with self.assertRaisesRegex(ValueError, "empty"):
+                s.allreduce(np.zeros(0, np.float32), tensor_id=1)
+            with self.assertRaisesRegex(TypeError, "numpy arrays and torch tensors"):
+                s.allreduce([1.0, 2.0], tensor_id=1)
+            # Nothing was sent: the ranks are still in step.
+            a = np.ones(10, np.float32)
+            s.allreduce(a, tensor_id=9)
+            return a
+
+        for key, a in on_every_rank(self.mesh, "refused", fn).items():
+            self.assertEqual(a.tolist(), [SITES * RANKS] * 10, key)
+
+    def test_mismatch_and_timeout(self):
+        done = threading.Barrier(SITES * RANKS)
+
+        def fn(s, site, rank):
+            errors = []
+            try:
+                s.allreduce(np.ones(100 + (site == 1 and rank == 1), np.float32), tensor_id=1)
+            except gradgate.Error as e:
+                errors.append(e)
+            # Site 1 rank 1 does not take part, but stays: everyone else
+            # misses the deadline (rather than hear that it left).
+            if (site, rank) != (1, 1):
+                try:
+                    s.allreduce(np.ones(100, np.float32), tensor_id=2, timeout_ms=500)
+                except gradgate.Error as e:
+                    errors.append(e)
+            done.wait(30)
+            return errors
+
+        out = on_every_rank(self.mesh, "fail", fn)
+        for key, errors in out.items():
+            self.assertEqual(errors[0].code, gradgate.ERR_MISMATCH, (key, str(errors[0])))
+            self.assertIn("announced", errors[0].message)
+            if key != (1, 1):
+                self.assertEqual(errors[1].code, gradgate.ERR_TIMEOUT, (key, str(errors[1])))
+                self.assertEqual(errors[1].name, "GG_ERR_TIMEOUT")
+
+    def test_hook(self):
+        n = 3000
+
+        class Bucket:
+            def __init__(self, t, i):
+                self.t, self.i = t, i
+
+            def buffer(self):
+                return self.t
+
+            def index(self):
+                return self.i
+
+        def fn(s, site, rank):
+            with gradgate.torch.HookState(s, world_size=SITES * RANKS) as state:
+                futs = [gradgate.torch.allreduce_hook(state, Bucket(torch.from_numpy(values(site, rank, n, k)), k))
+                        for k in range(4)]
+                results = [f.wait() for f in futs]
+                bad = gradgate.torch.allreduce_hook(state, Bucket(torch.zeros(3, dtype=torch.int32), 9))
+                with self.assertRaisesRegex(Exception, "float32 or bfloat16"):
+                    bad.wait()
+                self.assertEqual(state.buckets, 4)
+            return results
+
+        out = on_every_rank(self.mesh, "hook", fn)
+        for k in range(4):
+            want = sum(values(st, r, n, k) for st in range(SITES) for r in range(RANKS)) / np.float32(SITES * RANKS)
+            for key, results in out.items():
+                self.assertEqual(results[k].numpy().tobytes(), want.astype(np.float32).tobytes(), (key, k))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
