@@ -79,6 +79,11 @@ struct gg_config {
 		uint64_t max_message_bytes;
 		int max_clients;
 	} limits;
+
+	struct {
+		char *listen;      /* "host:port" of the Prometheus endpoint; NULL: off */
+		bool allow_remote; /* listen may be a non-loopback address */
+	} metrics;
 };
 
 /* Problems found while loading, each one line ready for a person:
