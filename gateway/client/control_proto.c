@@ -47,6 +47,17 @@ GRADGATE_API const char *gg_strerror(int code)
 	return "unknown error";
 }
 
+const char *gg_errc_name(int code)
+{
+	static const char *const names[] = {
+		"GG_OK", "GG_ERR_INVALID", "GG_ERR_NOMEM", "GG_ERR_SYSTEM", "GG_ERR_CONNECT", "GG_ERR_REFUSED",
+		"GG_ERR_PROTOCOL", "GG_ERR_CLOSED", "GG_ERR_TIMEOUT", "GG_ERR_TOO_LARGE", "GG_ERR_MISMATCH",
+		"GG_ERR_RANK", "GG_ERR_SITE", "GG_ERR_BUSY", "GG_ERR_AGAIN", "GG_ERR_LIMIT",
+	};
+
+	return code <= 0 && -code < (int)GG_ARRAY_LEN(names) ? names[-code] : NULL;
+}
+
 GRADGATE_API size_t gg_dtype_size(enum gg_dtype dtype)
 {
 	switch (dtype) {

@@ -183,6 +183,10 @@ void gg_ctrl_set_text(char *field, size_t size, const char *text);
  * `why` says what is wrong. */
 bool gg_ctrl_job_name_ok(const char *job, char *why, size_t why_size);
 
+/* "GG_ERR_TIMEOUT", ...: the name of an enum gg_errc code; NULL for a
+ * code the library does not have. */
+const char *gg_errc_name(int code);
+
 /* "float32", "bfloat16"; NULL for an unknown type. */
 const char *gg_dtype_name(uint32_t dtype);
 

@@ -14,6 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "acceptor.h"
 #include "control_proto.h"
 #include "host_sum.h"
 #include "uring_msg.h"
@@ -23,7 +24,6 @@ enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 #define OUTQ (GG_CTRL_MAX_INFLIGHT + 2u) /* every request's DONE, ACCEPT, the last ERROR */
 #define RECV_FDS 4                       /* descriptors one packet may bring before MSG_CTRUNC */
 #define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
-#define ACCEPT_RETRY_US 100000u
 #define MAX_MESSAGE_LIMIT (1ull << 40)
 #define TEXT GG_CTRL_TEXT_SIZE
 
@@ -126,8 +126,7 @@ struct gg_host_backend {
 	int listen_fd;
 	dev_t listen_dev;
 	ino_t listen_ino;
-	bool accept_armed;
-	uint64_t accept_retry_us;
+	struct gg_acceptor accept;
 	unsigned cancels;
 	bool stopping;
 
@@ -1168,35 +1167,22 @@ static void on_send(struct gg_host_backend *b, struct hb_conn *c, int res)
 
 static void arm_accept(struct gg_host_backend *b)
 {
-	int rc = gg_loop_accept(b->loop, b->listen_fd, ud(b, K_ACCEPT, NULL));
+	int rc = gg_acceptor_arm(&b->accept);
 
-	if (rc) {
+	if (rc)
 		hb_log(b, "control socket %s: cannot queue accept: %s", b->path, strerror(-rc));
-		b->accept_retry_us = b->loop->now_us + ACCEPT_RETRY_US;
-		return;
-	}
-	b->accept_armed = true;
-	b->accept_retry_us = 0;
 }
 
 static void on_accept(struct gg_host_backend *b, const struct io_uring_cqe *cqe)
 {
-	if (!(cqe->flags & IORING_CQE_F_MORE))
-		b->accept_armed = false;
-	if (cqe->res >= 0) {
-		if (b->stopping)
-			close(cqe->res);
-		else
-			conn_new(b, cqe->res);
-	} else if (cqe->res != -ECANCELED) {
-		/* EMFILE and the like: try again shortly rather than spin. */
-		hb_log(b, "control socket %s: accept: %s", b->path, strerror(-cqe->res));
-		if (!b->accept_armed)
-			b->accept_retry_us = b->loop->now_us + ACCEPT_RETRY_US;
-		return;
-	}
-	if (!b->accept_armed && !b->stopping)
-		arm_accept(b);
+	int fd = gg_acceptor_on_cqe(&b->accept, cqe, b->stopping);
+
+	if (fd >= 0 && b->stopping)
+		close(fd);
+	else if (fd >= 0)
+		conn_new(b, fd);
+	else if (fd != -ECANCELED)
+		hb_log(b, "control socket %s: accept: %s", b->path, strerror(-fd));
 }
 
 /* ---- the seam ----------------------------------------------------------- */
@@ -1242,11 +1228,7 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 	struct gg_host_backend *b = host_of(base);
 	uint64_t next = 0;
 
-	if (!b->stopping && !b->accept_armed && b->accept_retry_us) {
-		if (now_us >= b->accept_retry_us)
-			arm_accept(b);
-		next = min_deadline(next, b->accept_retry_us);
-	}
+	next = gg_acceptor_tick(&b->accept, now_us, b->stopping);
 	for (unsigned i = 0; i < b->opts.max_clients; i++) {
 		struct hb_conn *c = &b->conns[i];
 		if (c->io_error && (c->state == C_HELLO || c->state == C_ACTIVE))
@@ -1380,6 +1362,7 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 		return rc;
 	}
 	b->listen_fd = fd;
+	b->accept.fd = fd;
 	b->listen_dev = st.st_dev;
 	b->listen_ino = st.st_ino;
 	return 0;
@@ -1397,8 +1380,9 @@ static int hb_start(struct gg_site_backend *base, struct gg_loop *loop, char *er
 	if ((rc = listen_on(b, err, err_size)))
 		return rc;
 	b->loop = loop;
+	b->accept = (struct gg_acceptor){ .loop = loop, .fd = b->listen_fd, .ud = ud(b, K_ACCEPT, NULL) };
 	arm_accept(b);
-	if (!b->accept_armed) {
+	if (!b->accept.armed) {
 		snprintf(err, err_size, "control socket %s: cannot queue accept on the loop", b->path);
 		return -EIO;
 	}
@@ -1434,9 +1418,9 @@ static bool hb_stop(struct gg_site_backend *base)
 		}
 	}
 	/* Retried on every call should the ring have had no room. */
-	if (b->accept_armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
+	if (b->accept.armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
 		b->cancels++;
-	if (b->listen_fd >= 0 && !b->accept_armed && !b->cancels) {
+	if (b->listen_fd >= 0 && !b->accept.armed && !b->cancels) {
 		struct stat st;
 		close(b->listen_fd);
 		b->listen_fd = -1;
@@ -1482,6 +1466,9 @@ struct gg_site_backend *gg_host_backend_base(struct gg_host_backend *b)
 void gg_host_backend_get_stats(const struct gg_host_backend *b, struct gg_host_backend_stats *stats)
 {
 	*stats = b->stats;
+	stats->sessions = 0;
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		stats->sessions += j->connected;
 }
 
 void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_host_backend_options *opts)

@@ -49,6 +49,7 @@ struct gg_host_backend_options {
 struct gg_host_backend_stats {
 	unsigned connections;  /* open, including those being closed */
 	unsigned jobs;
+	unsigned sessions;     /* ranks connected to their jobs */
 	unsigned regions;      /* shared regions mapped */
 	unsigned core_steps;   /* steps the core holds now */
 	uint64_t sum_bytes;    /* float32 sums held for bfloat16 steps in flight */
