@@ -892,6 +892,19 @@ int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag
 	return rc;
 }
 
+int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out)
+{
+	struct gg_diag diag = { 0 };
+	int rc = gg_config_load(path, cfg, &diag);
+
+	if (rc) {
+		gg_diag_print(&diag, out);
+		fprintf(out, "%s: %zu problem%s found\n", path, diag.count, diag.count == 1 ? "" : "s");
+	}
+	gg_diag_free(&diag);
+	return rc;
+}
+
 void gg_config_free(struct gg_config *cfg)
 {
 	free(cfg->source);

@@ -109,6 +109,10 @@ GG_MUST_CHECK int gg_config_load(const char *path, struct gg_config *cfg, struct
 GG_MUST_CHECK int gg_config_load_text(const char *text, size_t len, const char *source,
 				      const char *base_dir, struct gg_config *cfg, struct gg_diag *diag);
 
+/* gg_config_load(), and when it fails every problem and their count
+ * ("site.toml: 2 problems found") on `out`. */
+GG_MUST_CHECK int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out);
+
 void gg_config_free(struct gg_config *cfg);
 
 /* Prints the resolved configuration as TOML that loads back to the same

@@ -273,6 +273,88 @@ static int render_metrics(void *arg, struct gg_strbuf *out)
 	return 0;
 }
 
+/* The answer to a status request (control_proto.h), on the daemon's
+ * thread: the site, its peers, the backend's jobs and the last failures. */
+static unsigned status_answer(void *arg, union gg_ctrl_msg *out, unsigned max)
+{
+	struct daemon *d = arg;
+	const struct gg_config *cfg = d->cfg;
+	struct gg_node_metrics nm;
+	struct gg_host_job_info jobs[GG_CTRL_STATUS_MAX_JOBS];
+	struct gg_node_failure failures[GG_CTRL_STATUS_MAX_FAILURES];
+	const uint64_t now = gg_monotonic_us();
+	const double now_unix = unix_now_s();
+	unsigned n = 0;
+
+	if (max < GG_HOST_STATUS_MAX_MESSAGES)
+		return 0;
+	gg_node_get_metrics(d->node, &nm);
+	unsigned jobs_total = gg_host_backend_list_jobs(d->host, jobs, GG_CTRL_STATUS_MAX_JOBS);
+	unsigned njobs = GG_MIN(jobs_total, GG_CTRL_STATUS_MAX_JOBS);
+	unsigned nfail = gg_node_recent_failures(d->node, failures, GG_CTRL_STATUS_MAX_FAILURES);
+
+	struct gg_ctrl_status_site *site = &out[n].status_site;
+	gg_ctrl_init(&out[n++], GG_CTRL_STATUS_SITE);
+	site->version = GG_CTRL_STATUS_VERSION;
+	site->peers = nm.sites - 1;
+	site->jobs = njobs;
+	site->failures = nfail;
+	site->uptime_ms = (now - d->started_us) / 1000;
+	site->jobs_total = jobs_total;
+	site->steps_done = nm.stats.steps_done;
+	site->steps_failed = nm.stats.steps_failed;
+	gg_ctrl_set_text(site->site, sizeof(site->site), cfg->site.name);
+	gg_ctrl_set_text(site->gateway_version, sizeof(site->gateway_version), GG_VERSION);
+
+	for (unsigned p = 0; p < nm.sites; p++) {
+		if (p == nm.self)
+			continue;
+		const struct gg_node_peer_metrics *pm = &nm.peers[p];
+		const char *name = gg_node_site_name(d->node, p), *address = "";
+		for (size_t i = 0; i < cfg->peer_count; i++)
+			if (!strcmp(cfg->peers[i].site, name))
+				address = cfg->peers[i].address;
+		struct gg_ctrl_status_peer *sp = &out[n].status_peer;
+		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_PEER);
+		sp->streams_up = pm->streams_up;
+		sp->streams = pm->streams;
+		sp->rtt_us = pm->rtt_us;
+		sp->bytes_in = pm->wire_bytes_in;
+		sp->bytes_out = pm->wire_bytes_out;
+		sp->heard_ms_ago = pm->heard_us && pm->heard_us <= now ? (now - pm->heard_us) / 1000 : UINT64_MAX;
+		gg_ctrl_set_text(sp->site, sizeof(sp->site), name);
+		gg_ctrl_set_text(sp->address, sizeof(sp->address), address);
+	}
+	for (unsigned i = 0; i < njobs; i++) {
+		struct gg_ctrl_status_job *sj = &out[n].status_job;
+		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_JOB);
+		sj->nranks = jobs[i].nranks;
+		sj->connected = jobs[i].connected;
+		sj->last_step = jobs[i].last_step;
+		sj->state = jobs[i].state;
+		sj->uid = jobs[i].uid;
+		gg_ctrl_set_text(sj->job, sizeof(sj->job), jobs[i].name);
+	}
+	for (unsigned i = 0; i < nfail; i++) {
+		const struct gg_node_failure *f = &failures[i];
+		struct gg_ctrl_status_failure *sf = &out[n].status_failure;
+		char message[GG_CTRL_TEXT_SIZE];
+		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_FAILURE);
+		sf->step = f->step;
+		sf->code = f->code;
+		sf->age_ms = f->at_us <= now ? (now - f->at_us) / 1000 : 0;
+		sf->unix_ms = f->at_unix_ms ? f->at_unix_ms : (uint64_t)(now_unix * 1000);
+		/* Messages quote peers too: never a control character in a status. */
+		snprintf(message, sizeof(message), "%s", f->message);
+		for (char *c = message; *c; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				*c = ' ';
+		gg_ctrl_set_text(sf->job, sizeof(sf->job), f->job);
+		gg_ctrl_set_text(sf->message, sizeof(sf->message), message);
+	}
+	return n;
+}
+
 /* Starts the metrics endpoint when [metrics] listen is set. Returns 0, or
  * a negative errno with err saying why. */
 static int start_metrics(struct daemon *d, char *err, size_t err_size)
@@ -389,6 +471,8 @@ int gg_daemon_run(const struct gg_config *cfg)
 	}
 	gg_host_backend_options_from_config(cfg, &hopts);
 	hopts.log = backend_log;
+	hopts.status = status_answer;
+	hopts.status_arg = &d;
 	if (gg_host_backend_create(&hopts, &core_ops, &d, &d.host, err, sizeof(err))) {
 		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);
 		status = GG_EXIT_STARTUP;

@@ -68,6 +68,10 @@ struct hb_conn {
 	uid_t uid;     /* of the peer process, from SO_PEERCRED */
 	pid_t pid;
 
+	/* A status answer: sent a message at a time through out[]. */
+	union gg_ctrl_msg *status;
+	unsigned status_count, status_next;
+
 	union gg_ctrl_msg in;
 	struct iovec iov;
 	struct msghdr mh;
@@ -174,8 +178,19 @@ static void req_pop(struct hb_conn *c)
 
 /* ---- sending ------------------------------------------------------------ */
 
+/* Moves what is left of a status answer into the answer queue. */
+static void status_feed(struct hb_conn *c)
+{
+	while (c->status && c->status_next < c->status_count && c->out_count < OUTQ) {
+		unsigned i = (c->out_head + c->out_count++) % OUTQ;
+		c->out[i] = c->status[c->status_next];
+		c->out_len[i] = c->status[c->status_next++].hdr.length;
+	}
+}
+
 static void out_kick(struct gg_host_backend *b, struct hb_conn *c)
 {
+	status_feed(c);
 	if (c->send_busy || !c->out_count || c->shut)
 		return;
 	int rc = gg_loop_send(b->loop, c->fd, &c->out[c->out_head], c->out_len[c->out_head], ud(b, K_SEND, c));
@@ -231,6 +246,7 @@ static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
 		}
 	}
 	close(c->fd);
+	free(c->status);
 	uint32_t gen = (c->gen + 1) & GG_LOOP_AUX_MAX;
 	uint32_t index = c->index;
 	memset(c, 0, sizeof(*c));
@@ -925,6 +941,38 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	out_kick(b, c);
 }
 
+/* A status request: answered to root and to the gateway's own user only,
+ * for it names every job, its user and its failures; then closed. */
+static void on_status(struct gg_host_backend *b, struct hb_conn *c)
+{
+	uid_t self = geteuid();
+
+	if (c->in.status.version != GG_CTRL_STATUS_VERSION) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "status version %u is not supported: the gateway of site %s speaks "
+			    "version %u", (unsigned)c->in.status.version, b->site, GG_CTRL_STATUS_VERSION);
+		return;
+	}
+	if (c->uid != 0 && c->uid != self) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "the status of site %s is for root and the gateway's user (uid %u); "
+			    "uid %u asked", b->site, (unsigned)self, (unsigned)c->uid);
+		return;
+	}
+	if (!b->opts.status) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s does not answer status requests", b->site);
+		return;
+	}
+	c->status = calloc(GG_HOST_STATUS_MAX_MESSAGES, sizeof(*c->status));
+	if (!c->status) {
+		conn_refuse(b, c, GG_ERR_NOMEM, "the gateway of site %s is out of memory", b->site);
+		return;
+	}
+	c->status_count = b->opts.status(b->opts.status_arg, c->status, GG_HOST_STATUS_MAX_MESSAGES);
+	c->status_next = 0;
+	b->stats.status_requests++;
+	conn_closing(b, c);
+	out_kick(b, c);
+}
+
 static void on_map(struct gg_host_backend *b, struct hb_conn *c, int *fds, unsigned nfds, bool ctrunc)
 {
 	const struct gg_ctrl_map *mp = &c->in.map;
@@ -1079,10 +1127,14 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 	if (c->state == C_HELLO) {
 		if (type < 0)
 			conn_refuse(b, c, GG_ERR_PROTOCOL, "%s", why);
-		else if (type != GG_CTRL_HELLO)
-			conn_refuse(b, c, GG_ERR_PROTOCOL, "expected HELLO, got %s", gg_ctrl_type_name((unsigned)type));
+		else if (type != GG_CTRL_HELLO && type != GG_CTRL_STATUS)
+			conn_refuse(b, c, GG_ERR_PROTOCOL, "expected HELLO or STATUS, got %s",
+				    gg_ctrl_type_name((unsigned)type));
 		else if (nfds || ctrunc)
-			conn_refuse(b, c, GG_ERR_PROTOCOL, "HELLO must not carry file descriptors");
+			conn_refuse(b, c, GG_ERR_PROTOCOL, "%s must not carry file descriptors",
+				    gg_ctrl_type_name((unsigned)type));
+		else if (type == GG_CTRL_STATUS)
+			on_status(b, c);
 		else
 			on_hello(b, c);
 		return;
@@ -1469,6 +1521,32 @@ void gg_host_backend_get_stats(const struct gg_host_backend *b, struct gg_host_b
 	stats->sessions = 0;
 	for (const struct hb_job *j = b->jobs; j; j = j->next)
 		stats->sessions += j->connected;
+}
+
+unsigned gg_host_backend_list_jobs(const struct gg_host_backend *b, struct gg_host_job_info *out, unsigned max)
+{
+	unsigned n = 0;
+
+	/* New jobs go to the front of the list. */
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		n++;
+	unsigned skip = n > max ? n - max : 0, i = 0;
+	for (const struct hb_job *j = b->jobs; j; j = j->next, i++) {
+		if (i < skip)
+			continue;
+		bool announced = false;
+		for (unsigned r = 0; r < j->nranks && !announced; r++)
+			announced = j->ranks[r] && j->ranks[r]->req_count;
+		struct gg_host_job_info *o = &out[n - 1 - i];
+		memcpy(o->name, j->name, sizeof(o->name));
+		o->nranks = j->nranks;
+		o->connected = j->connected;
+		o->last_step = j->seq - 1;
+		o->uid = (uint32_t)j->uid;
+		o->state = j->broken ? GG_CTRL_JOB_FAILED : j->with_core ? GG_CTRL_JOB_RUNNING
+			   : announced ? GG_CTRL_JOB_GATHERING : GG_CTRL_JOB_IDLE;
+	}
+	return n;
 }
 
 void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_host_backend_options *opts)
