@@ -508,7 +508,8 @@ int gg_daemon_run(const struct gg_config *cfg)
 	       (unsigned long long)st->resent_messages, st->encode_s, st->decode_s, st->tls_s,
 	       (double)(gg_monotonic_us() - d.started_us) / 1e6);
 out:
-	gg_http_server_free(d.metrics);
+	/* The ring goes first: nothing of the endpoint's is in flight after. */
 	gg_node_free(d.node);
+	gg_http_server_free(d.metrics);
 	return status;
 }

@@ -389,10 +389,14 @@ static void conn_new(struct gg_http_server *s, int fd)
 		size_t len;
 		snprintf(body, sizeof(body), "service unavailable: %u connections at once at most\n", s->opts.max_conns);
 		char *text = answer_text(503, "text/plain; charset=utf-8", body, strlen(body), false, &len);
-		/* A fresh socket's buffer is empty: this cannot block. */
+		/* A fresh socket's buffer is empty: this cannot block. What the
+		 * client sent already is read, so that the close does not reset
+		 * the connection under the answer. */
 		if (text)
 			(void)!send(fd, text, len, MSG_DONTWAIT | MSG_NOSIGNAL);
 		free(text);
+		shutdown(fd, SHUT_WR);
+		(void)!recv(fd, body, sizeof(body), MSG_DONTWAIT);
 		close(fd);
 		s->stats.refused++;
 		return;
