@@ -33,7 +33,7 @@ export PATH
 
 install_deps() {
 	local pkgs=(meson ninja-build pkg-config gcc clang libclang-rt-14-dev
-		liburing-dev libssl-dev libzstd-dev openssl python3 iproute2 bc
+		liburing-dev libssl-dev libzstd-dev openssl python3 iproute2 bc curl
 		python3-numpy python3-torch)
 	local missing=()
 	for p in "${pkgs[@]}"; do

@@ -177,6 +177,13 @@ static const struct field limits_fields[] = {
 	  "local client connections" },
 };
 
+static const struct field metrics_fields[] = {
+	{ "listen", F_STRING, CFG(metrics.listen), false, NULL, 0, 0, NULL, gg_check_address,
+	  "host:port serving GET /metrics to Prometheus (not set: no endpoint)" },
+	{ "allow_remote", F_BOOL, CFG(metrics.allow_remote), false, "false", 0, 0, NULL, NULL,
+	  "let listen be an address other than loopback (the endpoint has no authentication)" },
+};
+
 static const struct section sections[] = {
 	{ "site", site_fields, GG_ARRAY_LEN(site_fields) },
 	{ "tls", tls_fields, GG_ARRAY_LEN(tls_fields) },
@@ -184,6 +191,7 @@ static const struct section sections[] = {
 	{ "compression", compression_fields, GG_ARRAY_LEN(compression_fields) },
 	{ "allreduce", allreduce_fields, GG_ARRAY_LEN(allreduce_fields) },
 	{ "limits", limits_fields, GG_ARRAY_LEN(limits_fields) },
+	{ "metrics", metrics_fields, GG_ARRAY_LEN(metrics_fields) },
 };
 
 static const struct section peers_section = { "peers", peer_fields, GG_ARRAY_LEN(peer_fields) };
@@ -739,6 +747,28 @@ static void check_combinations(struct loader *ld, const struct gg_config *cfg)
 			 cfg->compression.block_size, GG_CODEC_BLOCK_ALIGN_ELEMS);
 }
 
+/* The metrics endpoint has no authentication: it listens on loopback
+ * unless the operator says otherwise, and not on the peers' port. */
+static void check_metrics(struct loader *ld, const struct gg_config *cfg, const struct gg_toml_table *root)
+{
+	const struct gg_toml_value *t = gg_toml_table_get(root, "metrics");
+	const struct gg_toml_table *mt = t && t->kind == GG_TOML_TABLE ? t->u.table : NULL;
+	const struct gg_toml_value *v = mt ? gg_toml_table_get(mt, "listen") : NULL;
+	const struct gg_toml_value *remote = mt ? gg_toml_table_get(mt, "allow_remote") : NULL;
+	const char *listen = cfg->metrics.listen;
+
+	/* Unset, or refused already (a bad address, allow_remote not a bool). */
+	if (!v || !listen || (remote && remote->kind != GG_TOML_BOOL))
+		return;
+	if (cfg->site.listen && !strcmp(listen, cfg->site.listen))
+		diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, which [site] listen uses for the peers; "
+			 "give the metrics endpoint a port of its own", AT(ld, v->pos), listen);
+	else if (!cfg->metrics.allow_remote && !gg_address_is_loopback(listen))
+		diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, not a loopback address; the endpoint "
+			 "answers whoever reaches it, without authentication: listen on 127.0.0.1 or [::1] (and let "
+			 "a local agent scrape it), or set allow_remote = true in [metrics]", AT(ld, v->pos), listen);
+}
+
 /* The certificate files must be readable now, not at the first handshake;
  * the key must not be readable by anyone but its owner. */
 static void check_files(struct loader *ld, const struct gg_config *cfg)
@@ -775,7 +805,7 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 }
 
 static const char *const section_names[] = { "site", "tls", "peers", "transport", "compression",
-					      "allreduce", "limits" };
+					      "allreduce", "limits", "metrics" };
 
 int gg_config_load_text(const char *text, size_t len, const char *source, const char *base_dir,
 			struct gg_config *cfg, struct gg_diag *diag)
@@ -818,6 +848,7 @@ int gg_config_load_text(const char *text, size_t len, const char *source, const 
 	fill_derived(&ld, cfg);
 	if (diag->count == before)
 		check_combinations(&ld, cfg);
+	check_metrics(&ld, cfg, root);
 	check_files(&ld, cfg);
 
 	gg_toml_free(doc);
@@ -858,6 +889,19 @@ int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag
 	rc = gg_config_load_text(text, len, path, dir, cfg, diag);
 	free(dir);
 	free(text);
+	return rc;
+}
+
+int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out)
+{
+	struct gg_diag diag = { 0 };
+	int rc = gg_config_load(path, cfg, &diag);
+
+	if (rc) {
+		gg_diag_print(&diag, out);
+		fprintf(out, "%s: %zu problem%s found\n", path, diag.count, diag.count == 1 ? "" : "s");
+	}
+	gg_diag_free(&diag);
 	return rc;
 }
 

@@ -79,6 +79,11 @@ struct gg_config {
 		uint64_t max_message_bytes;
 		int max_clients;
 	} limits;
+
+	struct {
+		char *listen;      /* "host:port" of the Prometheus endpoint; NULL: off */
+		bool allow_remote; /* listen may be a non-loopback address */
+	} metrics;
 };
 
 /* Problems found while loading, each one line ready for a person:
@@ -103,6 +108,10 @@ GG_MUST_CHECK int gg_config_load(const char *path, struct gg_config *cfg, struct
  * `base_dir` (NULL: the current directory). */
 GG_MUST_CHECK int gg_config_load_text(const char *text, size_t len, const char *source,
 				      const char *base_dir, struct gg_config *cfg, struct gg_diag *diag);
+
+/* gg_config_load(), and when it fails every problem and their count
+ * ("site.toml: 2 problems found") on `out`. */
+GG_MUST_CHECK int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out);
 
 void gg_config_free(struct gg_config *cfg);
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/un.h>
 
 #include "gg_common.h"
@@ -83,6 +84,38 @@ int gg_check_address(const char *v, char *why, size_t size)
 	if (p < 1 || p > 65535)
 		return gg_errf(why, size, -EINVAL, "port %ld is out of range (1-65535)", p);
 	return 0;
+}
+
+bool gg_address_is_loopback(const char *v)
+{
+	const char *colon = strrchr(v, ':');
+	char host[256];
+	unsigned char addr[16];
+	size_t len;
+
+	if (!colon)
+		return false;
+	if (v[0] == '[') {
+		len = (size_t)(colon - v) - 2;
+		if (colon - v < 2 || len >= sizeof(host))
+			return false;
+		memcpy(host, v + 1, len);
+	} else {
+		len = (size_t)(colon - v);
+		if (len >= sizeof(host))
+			return false;
+		memcpy(host, v, len);
+	}
+	host[len] = '\0';
+	if (!strcasecmp(host, "localhost"))
+		return true;
+	if (inet_pton(AF_INET, host, addr) == 1)
+		return addr[0] == 127;
+	if (inet_pton(AF_INET6, host, addr) != 1)
+		return false;
+	static const unsigned char loop6[16] = { [15] = 1 };
+	static const unsigned char mapped[12] = { [10] = 0xff, [11] = 0xff };
+	return !memcmp(addr, loop6, 16) || (!memcmp(addr, mapped, 12) && addr[12] == 127);
 }
 
 int gg_check_control(const char *v, char *why, size_t size)

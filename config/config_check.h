@@ -3,6 +3,7 @@
 #ifndef GG_CONFIG_CHECK_H
 #define GG_CONFIG_CHECK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef int (*gg_check_fn)(const char *value, char *why, size_t why_size);
@@ -11,6 +12,9 @@ typedef int (*gg_check_fn)(const char *value, char *why, size_t why_size);
 int gg_check_site_name(const char *value, char *why, size_t why_size);
 /* "host:port" or "[v6addr]:port", port 1-65535. */
 int gg_check_address(const char *value, char *why, size_t why_size);
+/* Whether a valid "host:port" names this host's loopback interface:
+ * 127.0.0.0/8, ::1 (also as ::ffff:127.x.y.z), or the name localhost. */
+bool gg_address_is_loopback(const char *value);
 /* "unix:/absolute/path" (host mode shares memory with its ranks, so a
  * tcp: endpoint is refused with a message saying so). */
 int gg_check_control(const char *value, char *why, size_t why_size);

@@ -6,15 +6,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
+#include "gg_build_config.h"
 #include "host_backend.h"
+#include "http_server.h"
 #include "log.h"
 #include "mesh.h"
+#include "metrics.h"
+#include "net_addr.h"
 #include "node.h"
 #include "units.h"
 
 #define DRAIN_US 2000000u /* at most this long to deliver what peers await */
 #define STOP_US 5000000u
+/* The metrics endpoint's bounds. */
+#define METRICS_CONNS 8
+#define METRICS_REQUEST_BYTES 8192
+#define METRICS_PAGE_BYTES (1u << 20)
+#define METRICS_TIMEOUT_US 5000000u
 
 static volatile sig_atomic_t got_stop, got_hup;
 
@@ -42,8 +52,19 @@ struct daemon {
 	struct gg_node *node;
 	struct gg_host_backend *host;
 	struct gg_site_backend *backend;
+	struct gg_http_server *metrics;   /* NULL: no [metrics] listen */
 	struct gg_node_stats final_stats; /* the node's, as it stopped */
+	uint64_t started_us;
+	double started_unix_s;
 };
+
+static double unix_now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* A refusal of the node's (a negative errno) as the ranks hear it. */
 static int to_errc(int status)
@@ -119,6 +140,7 @@ static void core_start(struct daemon *d, struct pending *p)
 		 * not just "invalid argument". */
 		snprintf(msg, sizeof(msg), "the gateway of site %s refused the step: %s",
 			 gg_node_site_name(d->node, gg_node_self(d->node)), err);
+		gg_node_note_failure(d->node, ss->job, ss->seq, to_errc(rc), msg);
 		finish(p, to_errc(rc), msg);
 	}
 }
@@ -192,29 +214,178 @@ static void stop_backend(struct daemon *d)
 
 	while (gg_monotonic_us() < until) {
 		stopped = d->backend->ops->stop(d->backend) && gg_node_idle(d->node);
+		if (d->metrics)
+			stopped = gg_http_server_stop(d->metrics) && stopped;
 		if (stopped || turn(d, 20000))
 			break;
 	}
-	if (stopped)
+	if (stopped) {
 		d->backend->ops->destroy(d->backend);
+		gg_http_server_free(d->metrics);
+		d->metrics = NULL;
+	}
 	else
 		gg_log(GG_LOG_WARN, "stop_incomplete", "site=%s reason=\"operations still in flight\"", d->cfg->site.name);
 }
 
-static void backend_cqe(void *arg, const struct io_uring_cqe *cqe)
+/* Completions of the loop's other users: the site backend, the metrics
+ * endpoint. */
+static void user_cqe(void *arg, const struct io_uring_cqe *cqe)
 {
-	struct gg_site_backend *b = arg;
-	b->ops->on_cqe(b, cqe);
+	struct daemon *d = arg;
+
+	if (!d->backend->ops->on_cqe(d->backend, cqe) && d->metrics)
+		gg_http_server_on_cqe(d->metrics, cqe);
 }
 
-/* Runs the loop once, waiting at most until the backend's next deadline. */
+/* Runs the loop once, waiting at most until the next deadline of the
+ * backend or the metrics endpoint. */
 static int turn(struct daemon *d, uint64_t max_wait_us)
 {
 	struct gg_loop *loop = gg_node_loop(d->node);
 	uint64_t next = d->backend->ops->tick(d->backend, loop->now_us);
 	uint64_t wait = GG_MIN(max_wait_us, next ? gg_loop_timeout_us(loop, next) : max_wait_us);
 
-	return gg_node_run_once(d->node, wait, backend_cqe, d->backend);
+	if (d->metrics && (next = gg_http_server_tick(d->metrics, loop->now_us)))
+		wait = GG_MIN(wait, gg_loop_timeout_us(loop, next));
+	return gg_node_run_once(d->node, wait, user_cqe, d);
+}
+
+/* The metrics page, on the daemon's thread: snapshots of the node's and
+ * the backend's figures. */
+static int render_metrics(void *arg, struct gg_strbuf *out)
+{
+	struct daemon *d = arg;
+	struct gg_node_metrics nm;
+	struct gg_host_backend_stats hs;
+	if (!d->host)
+		return -EAGAIN;
+	struct gg_metrics_input in = { .site = d->cfg->site.name, .version = GG_VERSION, .node = &nm, .host = &hs,
+				       .memory_limit_bytes = d->cfg->limits.memory_bytes,
+				       .start_unix_s = d->started_unix_s, .now_unix_s = unix_now_s(),
+				       .now_us = gg_monotonic_us() };
+
+	gg_node_get_metrics(d->node, &nm);
+	gg_host_backend_get_stats(d->host, &hs);
+	for (unsigned p = 0; p < nm.sites; p++)
+		in.peer_names[p] = p == nm.self ? NULL : gg_node_site_name(d->node, p);
+	gg_metrics_render(&in, out);
+	return 0;
+}
+
+/* The answer to a status request (control_proto.h), on the daemon's
+ * thread: the site, its peers, the backend's jobs and the last failures. */
+static unsigned status_answer(void *arg, union gg_ctrl_msg *out, unsigned max)
+{
+	struct daemon *d = arg;
+	const struct gg_config *cfg = d->cfg;
+	struct gg_node_metrics nm;
+	struct gg_host_job_info jobs[GG_CTRL_STATUS_MAX_JOBS];
+	struct gg_node_failure failures[GG_CTRL_STATUS_MAX_FAILURES];
+	const uint64_t now = gg_monotonic_us();
+	const double now_unix = unix_now_s();
+	unsigned n = 0;
+
+	if (max < GG_HOST_STATUS_MAX_MESSAGES)
+		return 0;
+	gg_node_get_metrics(d->node, &nm);
+	unsigned jobs_total = gg_host_backend_list_jobs(d->host, jobs, GG_CTRL_STATUS_MAX_JOBS);
+	unsigned njobs = GG_MIN(jobs_total, GG_CTRL_STATUS_MAX_JOBS);
+	unsigned nfail = gg_node_recent_failures(d->node, failures, GG_CTRL_STATUS_MAX_FAILURES);
+
+	struct gg_ctrl_status_site *site = &out[n].status_site;
+	gg_ctrl_init(&out[n++], GG_CTRL_STATUS_SITE);
+	site->version = GG_CTRL_STATUS_VERSION;
+	site->peers = nm.sites - 1;
+	site->jobs = njobs;
+	site->failures = nfail;
+	site->uptime_ms = (now - d->started_us) / 1000;
+	site->jobs_total = jobs_total;
+	site->steps_done = nm.stats.steps_done;
+	site->steps_failed = nm.stats.steps_failed;
+	gg_ctrl_set_text(site->site, sizeof(site->site), cfg->site.name);
+	gg_ctrl_set_text(site->gateway_version, sizeof(site->gateway_version), GG_VERSION);
+
+	for (unsigned p = 0; p < nm.sites; p++) {
+		if (p == nm.self)
+			continue;
+		const struct gg_node_peer_metrics *pm = &nm.peers[p];
+		const char *name = gg_node_site_name(d->node, p), *address = "";
+		for (size_t i = 0; i < cfg->peer_count; i++)
+			if (!strcmp(cfg->peers[i].site, name))
+				address = cfg->peers[i].address;
+		struct gg_ctrl_status_peer *sp = &out[n].status_peer;
+		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_PEER);
+		sp->streams_up = pm->streams_up;
+		sp->streams = pm->streams;
+		sp->rtt_us = pm->rtt_us;
+		sp->bytes_in = pm->wire_bytes_in;
+		sp->bytes_out = pm->wire_bytes_out;
+		sp->heard_ms_ago = pm->heard_us && pm->heard_us <= now ? (now - pm->heard_us) / 1000 : UINT64_MAX;
+		gg_ctrl_set_text(sp->site, sizeof(sp->site), name);
+		gg_ctrl_set_text(sp->address, sizeof(sp->address), address);
+	}
+	for (unsigned i = 0; i < njobs; i++) {
+		struct gg_ctrl_status_job *sj = &out[n].status_job;
+		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_JOB);
+		sj->nranks = jobs[i].nranks;
+		sj->connected = jobs[i].connected;
+		sj->last_step = jobs[i].last_step;
+		sj->state = jobs[i].state;
+		sj->uid = jobs[i].uid;
+		gg_ctrl_set_text(sj->job, sizeof(sj->job), jobs[i].name);
+	}
+	for (unsigned i = 0; i < nfail; i++) {
+		const struct gg_node_failure *f = &failures[i];
+		struct gg_ctrl_status_failure *sf = &out[n].status_failure;
+		char message[GG_CTRL_TEXT_SIZE];
+		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_FAILURE);
+		sf->step = f->step;
+		sf->code = f->code;
+		sf->age_ms = f->at_us <= now ? (now - f->at_us) / 1000 : 0;
+		sf->unix_ms = f->at_unix_ms ? f->at_unix_ms : (uint64_t)(now_unix * 1000);
+		/* Messages quote peers too: never a control character in a status. */
+		snprintf(message, sizeof(message), "%s", f->message);
+		for (char *c = message; *c; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				*c = ' ';
+		gg_ctrl_set_text(sf->job, sizeof(sf->job), f->job);
+		gg_ctrl_set_text(sf->message, sizeof(sf->message), message);
+	}
+	return n;
+}
+
+/* Starts the metrics endpoint when [metrics] listen is set. Returns 0, or
+ * a negative errno with err saying why. */
+static int start_metrics(struct daemon *d, char *err, size_t err_size)
+{
+	const struct gg_config *cfg = d->cfg;
+	struct sockaddr_storage ss;
+	socklen_t len;
+	const char *why;
+
+	if (!cfg->metrics.listen)
+		return 0;
+	if (gg_net_addr_parse(cfg->metrics.listen, &ss, &len, &why))
+		return gg_errf(err, err_size, -EINVAL, "[metrics] listen %s: %s", cfg->metrics.listen, why);
+	/* The config allowed the name; what it resolves to must be loopback too. */
+	if (!cfg->metrics.allow_remote && !gg_net_addr_is_loopback((struct sockaddr *)&ss)) {
+		char addr[GG_NET_ADDR_TEXT_MAX];
+		return gg_errf(err, err_size, -EINVAL, "[metrics] listen %s resolves to %s, not a loopback address "
+			       "(set allow_remote = true to serve it there)", cfg->metrics.listen,
+			       gg_net_addr_format((struct sockaddr *)&ss, addr, sizeof(addr)));
+	}
+	struct gg_http_options o = {
+		.addr = (struct sockaddr *)&ss, .addr_len = len, .path = "/metrics",
+		.content_type = GG_METRICS_CONTENT_TYPE, .render = render_metrics, .arg = d,
+		.max_conns = METRICS_CONNS, .max_request_bytes = METRICS_REQUEST_BYTES,
+		.max_response_bytes = METRICS_PAGE_BYTES, .request_timeout_us = METRICS_TIMEOUT_US,
+		.kind_base = GG_OP_USER + GG_HOST_BACKEND_KINDS,
+	};
+	char why_http[GG_HTTP_ERROR_MAX];
+	if (gg_http_server_start(&o, gg_node_loop(d->node), &d->metrics, why_http, sizeof(why_http)))
+		return gg_errf(err, err_size, -EADDRINUSE, "[metrics] listen %s: %s", cfg->metrics.listen, why_http);
+	return 0;
 }
 
 static int run(struct daemon *d)
@@ -291,8 +462,17 @@ int gg_daemon_run(const struct gg_config *cfg)
 		status = GG_EXIT_STARTUP;
 		goto out;
 	}
+	d.started_us = gg_monotonic_us();
+	d.started_unix_s = unix_now_s();
+	if (start_metrics(&d, err, sizeof(err))) {
+		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);
+		status = GG_EXIT_STARTUP;
+		goto out;
+	}
 	gg_host_backend_options_from_config(cfg, &hopts);
 	hopts.log = backend_log;
+	hopts.status = status_answer;
+	hopts.status_arg = &d;
 	if (gg_host_backend_create(&hopts, &core_ops, &d, &d.host, err, sizeof(err))) {
 		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);
 		status = GG_EXIT_STARTUP;
@@ -305,15 +485,19 @@ int gg_daemon_run(const struct gg_config *cfg)
 		status = GG_EXIT_STARTUP;
 		goto out;
 	}
-	char chunk[32];
+	char chunk[32], metrics[GG_NET_ADDR_TEXT_MAX + 16] = "off";
+	if (d.metrics) {
+		char addr[GG_NET_ADDR_TEXT_MAX];
+		snprintf(metrics, sizeof(metrics), "http://%s/metrics", gg_http_server_address(d.metrics, addr, sizeof(addr)));
+	}
 	gg_log(GG_LOG_INFO, "started",
-	       "site=%s listen=%s control=%s sites=%zu codec=%s algorithm=%s streams_per_peer=%d chunk=%s threads=%d",
+	       "site=%s listen=%s control=%s sites=%zu codec=%s algorithm=%s streams_per_peer=%d chunk=%s threads=%d "
+	       "metrics=%s",
 	       cfg->site.name, cfg->site.listen, cfg->site.control, cfg->peer_count + 1,
 	       gg_codec_name(cfg->compression.codec), gg_allreduce_algo_name(cfg->allreduce.algorithm),
 	       cfg->transport.streams_per_peer, gg_format_size(cfg->transport.chunk_bytes, chunk, sizeof(chunk)),
-	       cfg->site.threads);
+	       cfg->site.threads, metrics);
 
-	uint64_t started_us = gg_monotonic_us();
 	status = run(&d);
 	const struct gg_node_stats *st = &d.final_stats;
 	gg_log(GG_LOG_INFO, "stopped",
@@ -322,8 +506,10 @@ int gg_daemon_run(const struct gg_config *cfg)
 	       cfg->site.name, (unsigned long long)st->steps_done, (unsigned long long)st->steps_failed,
 	       (unsigned long long)st->raw_bytes_out, (unsigned long long)st->data_bytes_out,
 	       (unsigned long long)st->resent_messages, st->encode_s, st->decode_s, st->tls_s,
-	       (double)(gg_monotonic_us() - started_us) / 1e6);
+	       (double)(gg_monotonic_us() - d.started_us) / 1e6);
 out:
+	/* The ring goes first: nothing of the endpoint's is in flight after. */
 	gg_node_free(d.node);
+	gg_http_server_free(d.metrics);
 	return status;
 }

@@ -11,6 +11,7 @@
 #include "gg_build_config.h"
 #include "gg_common.h"
 #include "log.h"
+#include "status.h"
 #if HAVE_CUDA
 #include "cuda_probe.h"
 #endif
@@ -26,6 +27,7 @@ static void usage(FILE *out)
 	fprintf(out,
 		"usage: gradgate --config FILE [--log-level debug|info|warn|error]\n"
 		"       gradgate --check-config FILE...\n"
+		"       gradgate status [--config FILE | --control unix:/PATH] [--json]\n"
 		"       gradgate --version\n"
 		"\n"
 		"  --config FILE           run this site's gateway until SIGTERM or SIGINT;\n"
@@ -35,6 +37,8 @@ static void usage(FILE *out)
 		"  --check-config FILE...  load and validate each site config; print the\n"
 		"                          resolved settings (defaults included), or every\n"
 		"                          problem found; exit 1 if any file has problems\n"
+		"  status                  ask a running gateway for its status: peers, jobs,\n"
+		"                          recent step failures (gradgate status --help)\n"
 		"  --version               print the version and what this build supports\n"
 		"  --help                  show this help\n");
 }
@@ -45,19 +49,14 @@ static int check_configs(int count, char **paths)
 
 	for (int i = 0; i < count; i++) {
 		struct gg_config cfg;
-		struct gg_diag diag = { 0 };
-		if (gg_config_load(paths[i], &cfg, &diag)) {
-			gg_diag_print(&diag, stderr);
-			fprintf(stderr, "%s: %zu problem%s found\n", paths[i], diag.count,
-				diag.count == 1 ? "" : "s");
+		if (gg_config_load_report(paths[i], &cfg, stderr)) {
 			bad++;
-		} else {
-			if (i)
-				putchar('\n');
-			gg_config_print(&cfg, stdout);
-			gg_config_free(&cfg);
+			continue;
 		}
-		gg_diag_free(&diag);
+		if (i)
+			putchar('\n');
+		gg_config_print(&cfg, stdout);
+		gg_config_free(&cfg);
 	}
 	return bad ? EXIT_CONFIG : EXIT_OK;
 }
@@ -98,6 +97,8 @@ int main(int argc, char **argv)
 	const char *config = NULL;
 	int c;
 
+	if (argc > 1 && !strcmp(argv[1], "status"))
+		return gg_status_main(argc - 1, argv + 1);
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'c':
@@ -137,13 +138,8 @@ int main(int argc, char **argv)
 			return EXIT_USAGE;
 		}
 		struct gg_config cfg;
-		struct gg_diag diag = { 0 };
-		if (gg_config_load(config, &cfg, &diag)) {
-			gg_diag_print(&diag, stderr);
-			fprintf(stderr, "%s: %zu problem%s found\n", config, diag.count, diag.count == 1 ? "" : "s");
-			gg_diag_free(&diag);
+		if (gg_config_load_report(config, &cfg, stderr))
 			return EXIT_CONFIG;
-		}
 		int rc = gg_daemon_run(&cfg);
 		gg_config_free(&cfg);
 		return rc;

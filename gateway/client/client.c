@@ -2,8 +2,6 @@
  * session, shared-memory regions for the data. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
-#include <pwd.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -11,11 +9,11 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "control_conn.h"
 #include "control_proto.h"
 #include "gg_build_config.h"
 #include "gg_common.h"
@@ -67,18 +65,6 @@ struct gg_session {
 	char failed_msg[GG_ERROR_MESSAGE_MAX];
 };
 
-GG_PRINTF(3, 4) static int set_err(struct gg_error *err, int code, const char *fmt, ...)
-{
-	if (err) {
-		va_list ap;
-		va_start(ap, fmt);
-		err->code = code;
-		vsnprintf(err->message, sizeof(err->message), fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
-
 static int set_ok(struct gg_error *err)
 {
 	if (err) {
@@ -86,23 +72,6 @@ static int set_ok(struct gg_error *err)
 		err->message[0] = '\0';
 	}
 	return GG_OK;
-}
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static int poll_ms(uint64_t deadline_ms)
-{
-	uint64_t now = now_ms();
-
-	if (deadline_ms == UINT64_MAX)
-		return -1;
-	return now >= deadline_ms ? 0 : (int)GG_MIN(deadline_ms - now, (uint64_t)INT32_MAX);
 }
 
 static const char *site_of(const struct gg_session *s)
@@ -119,85 +88,6 @@ static bool failure_code_ok(int code)
 	return code < 0 && code >= GG_ERR_LIMIT && code != GG_ERR_AGAIN;
 }
 
-/* Sends one message (and at most one fd) before `deadline_ms`. Returns 0
- * or a negative errno. */
-static int send_msg(int fd, const void *msg, size_t len, int pass_fd, uint64_t deadline_ms)
-{
-	_Alignas(struct cmsghdr) char cbuf[GG_CTRL_CMSG_BYTES];
-	struct iovec iov = { .iov_base = (void *)msg, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-
-	if (pass_fd >= 0)
-		gg_ctrl_attach_fd(&mh, cbuf, pass_fd);
-	for (;;) {
-		ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (n == (ssize_t)len)
-			return 0;
-		if (n >= 0)
-			return -EMSGSIZE;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN)
-			return -errno;
-		struct pollfd p = { .fd = fd, .events = POLLOUT };
-		int rc = poll(&p, 1, poll_ms(deadline_ms));
-		if (rc == 0)
-			return -ETIMEDOUT;
-		if (rc < 0 && errno != EINTR)
-			return -errno;
-	}
-}
-
-/* Receives one message. Returns its length (above GG_CTRL_RECV_MAX when it
- * was longer), 0 at end of stream, -EAGAIN when none came before
- * `deadline_ms`, -EPROTO when it carried file descriptors, or a negative
- * errno. */
-static ssize_t recv_msg(int fd, union gg_ctrl_msg *msg, uint64_t deadline_ms)
-{
-	_Alignas(size_t) char cbuf[CMSG_SPACE(4 * sizeof(int))];
-	bool reset = false;
-
-	for (;;) {
-		struct iovec iov = { .iov_base = msg, .iov_len = sizeof(*msg) };
-		struct msghdr mh = {
-			.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf),
-		};
-		ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-		if (n >= 0) {
-			bool fds = false;
-			for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-				if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-					continue;
-				size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-				for (size_t i = 0; i < nfd; i++) {
-					int x;
-					memcpy(&x, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-					close(x);
-				}
-				fds = true;
-			}
-			return fds || (mh.msg_flags & MSG_CTRUNC) ? -EPROTO : n;
-		}
-		if (errno == EINTR)
-			continue;
-		/* A gateway that closes with our messages unread resets the
-		 * connection, which recv reports before the answers it sent
-		 * last (why it closed); those are still there to read. */
-		if (errno == ECONNRESET && !reset) {
-			reset = true;
-			continue;
-		}
-		if (errno != EAGAIN)
-			return -errno;
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		int rc = poll(&p, 1, poll_ms(deadline_ms));
-		if (rc == 0)
-			return -EAGAIN;
-		if (rc < 0 && errno != EINTR)
-			return -errno;
-	}
-}
-
 static void region_release(struct gg_session *s, unsigned id, bool tell_gateway)
 {
 	struct region *r = &s->regions[id];
@@ -207,7 +97,7 @@ static void region_release(struct gg_session *s, unsigned id, bool tell_gateway)
 		size_t len = gg_ctrl_init(&m, GG_CTRL_UNMAP);
 		m.unmap.region = id;
 		/* A lost UNMAP surfaces as a lost connection on the next read. */
-		(void)send_msg(s->fd, &m, len, -1, now_ms() + OPEN_TIMEOUT_MS);
+		(void)gg_ctrl_send(s->fd, &m, len, -1, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS);
 	}
 	munmap(r->base, r->size);
 	memset(r, 0, sizeof(*r));
@@ -308,7 +198,7 @@ static void pump(struct gg_session *s, uint64_t deadline_ms)
 	char why[160];
 
 	while (!s->failed) {
-		ssize_t n = recv_msg(s->fd, &m, deadline_ms);
+		ssize_t n = gg_ctrl_recv(s->fd, &m, deadline_ms);
 		if (n == -EAGAIN)
 			return;
 		if (n == 0) {
@@ -351,121 +241,9 @@ static void send_failed(struct gg_session *s, int rc, const char *what)
 		session_fail(s, GG_ERR_CLOSED, "%s to the gateway of site %s: %s", what, site_of(s), strerror(-rc));
 }
 
-static int parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struct gg_error *err)
-{
-	if (!endpoint)
-		endpoint = getenv(GG_ENDPOINT_ENV);
-	if (!endpoint || !*endpoint)
-		return set_err(err, GG_ERR_INVALID,
-			       "no gateway endpoint: pass one or set " GG_ENDPOINT_ENV " to the site's control socket "
-			       "(unix:/run/gradgate/SITE.sock by default)");
-	if (strncmp(endpoint, "unix:", 5)) {
-		if (!strncmp(endpoint, "tcp:", 4))
-			return set_err(err, GG_ERR_INVALID,
-				       "endpoint '%.200s': host buffers need a unix: endpoint on the gateway's host "
-				       "(shared memory)", endpoint);
-		return set_err(err, GG_ERR_INVALID, "endpoint '%.200s' is not unix:/absolute/path", endpoint);
-	}
-	const char *path = endpoint + 5;
-	memset(addr, 0, sizeof(*addr));
-	addr->sun_family = AF_UNIX;
-	if (path[0] != '/')
-		return set_err(err, GG_ERR_INVALID, "endpoint '%.200s': the socket path must be absolute", endpoint);
-	if (strlen(path) >= sizeof(addr->sun_path))
-		return set_err(err, GG_ERR_INVALID, "endpoint '%.200s': the socket path is longer than %zu bytes",
-			       endpoint, sizeof(addr->sun_path) - 1);
-	memcpy(addr->sun_path, path, strlen(path) + 1);
-	return 0;
-}
-
-/* The uid GRADGATE_GATEWAY_UID names (a number or a user name), or -1. */
-static long trusted_env_uid(struct gg_error *err, int *rc)
-{
-	const char *v = getenv(GG_GATEWAY_UID_ENV);
-	char *end;
-
-	*rc = 0;
-	if (!v || !*v)
-		return -1;
-	errno = 0;
-	long uid = strtol(v, &end, 10);
-	if (!*end && !errno && uid >= 0 && uid < (long)UINT32_MAX)
-		return uid;
-	struct passwd pw, *found = NULL;
-	char buf[1024];
-	if (!getpwnam_r(v, &pw, buf, sizeof(buf), &found) && found)
-		return (long)found->pw_uid;
-	*rc = set_err(err, GG_ERR_INVALID, GG_GATEWAY_UID_ENV "='%.64s' is neither a uid nor a known user name", v);
-	return -1;
-}
-
-/* Hands nothing to a process that may not be the gateway: whoever could
- * bind the path first (a shared /tmp) would get the job's name and every
- * shared buffer of the session. The listener must run as root, as this
- * process's user, as the owner of the socket's folder (only it can create
- * the socket there, unless the folder lets others write) or as the user
- * GRADGATE_GATEWAY_UID names. */
-static int check_listener(int fd, const char *path, struct gg_error *err)
-{
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
-	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	struct stat st;
-	int rc;
-
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len))
-		return set_err(err, GG_ERR_SYSTEM, "unix:%s: cannot tell who listens (SO_PEERCRED): %s", path,
-			       strerror(errno));
-	long env_uid = trusted_env_uid(err, &rc);
-	if (rc)
-		return rc;
-	if (cred.uid == 0 || cred.uid == geteuid() || (long)cred.uid == env_uid)
-		return 0;
-	snprintf(dir, sizeof(dir), "%s", path);
-	char *slash = strrchr(dir, '/');
-	slash[slash == dir ? 1 : 0] = '\0';
-	bool dir_ok = !stat(dir, &st);
-	if (dir_ok && st.st_uid == cred.uid && !(st.st_mode & (S_IWGRP | S_IWOTH)))
-		return 0;
-	return set_err(err, GG_ERR_CONNECT,
-		       "unix:%s is held by uid %u: not root, not us (uid %u)%s%.100s%s; nothing sent to it (set "
-		       GG_GATEWAY_UID_ENV " to trust the gateway's user)",
-		       path, (unsigned)cred.uid, (unsigned)geteuid(), dir_ok ? ", not the owner of " : "",
-		       dir_ok ? dir : "", dir_ok && (st.st_mode & (S_IWGRP | S_IWOTH)) ? " (others may write there)" : "");
-}
-
-static int connect_gateway(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err)
-{
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-
-	if (fd < 0)
-		return set_err(err, GG_ERR_SYSTEM, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(errno));
-	/* A full listen backlog answers EAGAIN on a non-blocking Unix socket. */
-	while (connect(fd, (const struct sockaddr *)addr, sizeof(*addr))) {
-		int e = errno;
-		if ((e == EAGAIN || e == EINTR) && now_ms() < deadline_ms) {
-			struct timespec ts = { 0, 10 * 1000 * 1000 };
-			nanosleep(&ts, NULL);
-			continue;
-		}
-		close(fd);
-		if (e == ENOENT || e == ECONNREFUSED)
-			return set_err(err, GG_ERR_CONNECT, "no gateway listens on unix:%s (%s); is gradgate running "
-				       "with this control socket?", addr->sun_path, strerror(e));
-		return set_err(err, GG_ERR_CONNECT, "cannot connect to unix:%s: %s", addr->sun_path,
-			       e == EAGAIN ? "the gateway does not accept connections" : strerror(e));
-	}
-	int rc = check_listener(fd, addr->sun_path, err);
-	if (rc) {
-		close(fd);
-		return rc;
-	}
-	return fd;
-}
-
 static int handshake(struct gg_session *s, const char *path, int nranks, struct gg_error *err)
 {
-	uint64_t deadline = now_ms() + OPEN_TIMEOUT_MS;
+	uint64_t deadline = gg_ctrl_now_ms() + OPEN_TIMEOUT_MS;
 	union gg_ctrl_msg m;
 	char why[160];
 	size_t len = gg_ctrl_init(&m, GG_CTRL_HELLO);
@@ -474,35 +252,35 @@ static int handshake(struct gg_session *s, const char *path, int nranks, struct 
 	m.hello.rank = (uint32_t)s->rank;
 	m.hello.nranks = (uint32_t)nranks;
 	gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), s->job);
-	int rc = send_msg(s->fd, &m, len, -1, deadline);
+	int rc = gg_ctrl_send(s->fd, &m, len, -1, deadline);
 	/* A gateway that refuses at once has closed already; its REFUSE waits. */
 	if (rc && rc != -EPIPE && rc != -ECONNRESET)
-		return set_err(err, GG_ERR_CONNECT, "sending HELLO to unix:%s: %s", path, strerror(-rc));
+		return gg_ctrl_error(err, GG_ERR_CONNECT, "sending HELLO to unix:%s: %s", path, strerror(-rc));
 
-	ssize_t n = recv_msg(s->fd, &m, deadline);
+	ssize_t n = gg_ctrl_recv(s->fd, &m, deadline);
 	if (n == -EAGAIN)
-		return set_err(err, GG_ERR_TIMEOUT, "the gateway at unix:%s did not answer HELLO within %d ms", path,
+		return gg_ctrl_error(err, GG_ERR_TIMEOUT, "the gateway at unix:%s did not answer HELLO within %d ms", path,
 			       OPEN_TIMEOUT_MS);
 	if (n == 0 || n == -ECONNRESET)
-		return set_err(err, GG_ERR_CLOSED, "the gateway at unix:%s closed the connection without an answer",
+		return gg_ctrl_error(err, GG_ERR_CLOSED, "the gateway at unix:%s closed the connection without an answer",
 			       path);
 	if (n < 0)
-		return set_err(err, n == -EPROTO ? GG_ERR_PROTOCOL : GG_ERR_CONNECT,
+		return gg_ctrl_error(err, n == -EPROTO ? GG_ERR_PROTOCOL : GG_ERR_CONNECT,
 			       "receiving the answer to HELLO from unix:%s: %s", path,
 			       n == -EPROTO ? "it carried file descriptors" : strerror((int)-n));
 	int type = gg_ctrl_check(&m, (size_t)n, why, sizeof(why));
 	if (type == GG_CTRL_REFUSE)
-		return set_err(err, GG_ERR_REFUSED, "%s",
+		return gg_ctrl_error(err, GG_ERR_REFUSED, "%s",
 			       m.error.message[0] ? m.error.message : "the gateway refused the session without a reason");
 	if (type != GG_CTRL_ACCEPT)
-		return set_err(err, GG_ERR_PROTOCOL, "the gateway at unix:%s answered HELLO with %s", path,
+		return gg_ctrl_error(err, GG_ERR_PROTOCOL, "the gateway at unix:%s answered HELLO with %s", path,
 			       type < 0 ? why : gg_ctrl_type_name((unsigned)type));
 
 	const struct gg_ctrl_accept *a = &m.accept;
 	if (a->version != GG_CTRL_VERSION || a->max_inflight < 1 || a->max_inflight > GG_CTRL_MAX_INFLIGHT ||
 	    a->max_regions < 2 || a->max_message_bytes == 0 ||
 	    a->max_region_bytes < a->max_message_bytes + GG_CTRL_ALIGN || a->step_timeout_ms == 0)
-		return set_err(err, GG_ERR_PROTOCOL,
+		return gg_ctrl_error(err, GG_ERR_PROTOCOL,
 			       "the gateway at unix:%s accepted with limits this library cannot use (version %u, "
 			       "%u in flight, %u regions)", path, (unsigned)a->version, (unsigned)a->max_inflight,
 			       (unsigned)a->max_regions);
@@ -526,27 +304,27 @@ GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank
 	int rc;
 
 	if (!out)
-		return set_err(err, GG_ERR_INVALID, "gg_session_open: out is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_session_open: out is NULL");
 	*out = NULL;
 	if (!job)
-		return set_err(err, GG_ERR_INVALID, "gg_session_open: job is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_session_open: job is NULL");
 	if (!gg_ctrl_job_name_ok(job, why, sizeof(why)))
-		return set_err(err, GG_ERR_INVALID, "%s", why);
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s", why);
 	if (nranks < 1 || nranks > (int)GG_CTRL_MAX_RANKS)
-		return set_err(err, GG_ERR_INVALID, "nranks %d is outside 1..%u", nranks, GG_CTRL_MAX_RANKS);
+		return gg_ctrl_error(err, GG_ERR_INVALID, "nranks %d is outside 1..%u", nranks, GG_CTRL_MAX_RANKS);
 	if (rank < 0 || rank >= nranks)
-		return set_err(err, GG_ERR_INVALID, "rank %d is outside 0..%d", rank, nranks - 1);
-	if ((rc = parse_endpoint(endpoint, &addr, err)))
+		return gg_ctrl_error(err, GG_ERR_INVALID, "rank %d is outside 0..%d", rank, nranks - 1);
+	if ((rc = gg_ctrl_parse_endpoint(endpoint, &addr, err)))
 		return rc;
 
 	struct gg_session *s = calloc(1, sizeof(*s));
 	if (!s)
-		return set_err(err, GG_ERR_NOMEM, "out of memory for a session");
+		return gg_ctrl_error(err, GG_ERR_NOMEM, "out of memory for a session");
 	snprintf(s->job, sizeof(s->job), "%s", job);
 	s->rank = rank;
 	s->next_seq = 1;
 	s->current = -1;
-	s->fd = connect_gateway(&addr, now_ms() + OPEN_TIMEOUT_MS, err);
+	s->fd = gg_ctrl_connect(&addr, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, err);
 	if (s->fd < 0) {
 		rc = s->fd;
 		free(s);
@@ -622,22 +400,22 @@ static int region_map(struct gg_session *s, uint64_t size, bool shared, uint64_t
 		if (!s->regions[id].base)
 			break;
 	if (id == s->max_regions)
-		return set_err(err, GG_ERR_BUSY, "%s: all %u shared regions are in use", what, s->max_regions);
+		return gg_ctrl_error(err, GG_ERR_BUSY, "%s: all %u shared regions are in use", what, s->max_regions);
 
 	int fd = memfd_create("gradgate", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
-		return set_err(err, GG_ERR_SYSTEM, "%s: memfd_create: %s", what, strerror(errno));
+		return gg_ctrl_error(err, GG_ERR_SYSTEM, "%s: memfd_create: %s", what, strerror(errno));
 	if (ftruncate(fd, (off_t)size) || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
 		int e = errno;
 		close(fd);
-		return set_err(err, GG_ERR_SYSTEM, "%s: preparing a %llu-byte shared region: %s", what,
+		return gg_ctrl_error(err, GG_ERR_SYSTEM, "%s: preparing a %llu-byte shared region: %s", what,
 			       (unsigned long long)size, strerror(e));
 	}
 	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED) {
 		int e = errno;
 		close(fd);
-		return set_err(err, e == ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM,
+		return gg_ctrl_error(err, e == ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM,
 			       "%s: mapping a %llu-byte shared region: %s", what, (unsigned long long)size,
 			       strerror(e));
 	}
@@ -646,12 +424,12 @@ static int region_map(struct gg_session *s, uint64_t size, bool shared, uint64_t
 	size_t mlen = gg_ctrl_init(&m, GG_CTRL_MAP);
 	m.map.region = id;
 	m.map.size_bytes = size;
-	int rc = send_msg(s->fd, &m, mlen, fd, deadline_ms);
+	int rc = gg_ctrl_send(s->fd, &m, mlen, fd, deadline_ms);
 	close(fd);
 	if (rc) {
 		munmap(base, size);
 		send_failed(s, rc, "sending a shared region");
-		return set_err(err, s->failed, "%s: %s", what, s->failed_msg);
+		return gg_ctrl_error(err, s->failed, "%s: %s", what, s->failed_msg);
 	}
 	s->regions[id] = (struct region){ .base = base, .size = size, .shared = shared };
 	return (int)id;
@@ -689,25 +467,25 @@ static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms,
 GRADGATE_API int gg_buffer_alloc(struct gg_session *s, size_t bytes, void **out, struct gg_error *err)
 {
 	if (!out)
-		return set_err(err, GG_ERR_INVALID, "gg_buffer_alloc: out is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_buffer_alloc: out is NULL");
 	*out = NULL;
 	if (!s)
-		return set_err(err, GG_ERR_INVALID, "gg_buffer_alloc: session is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_buffer_alloc: session is NULL");
 	if (!bytes)
-		return set_err(err, GG_ERR_INVALID, "gg_buffer_alloc: bytes is 0");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_buffer_alloc: bytes is 0");
 	if (s->failed)
-		return set_err(err, s->failed, "gg_buffer_alloc: session failed earlier: %s", s->failed_msg);
+		return gg_ctrl_error(err, s->failed, "gg_buffer_alloc: session failed earlier: %s", s->failed_msg);
 	if (bytes > s->info.max_message_bytes)
-		return set_err(err, GG_ERR_TOO_LARGE,
+		return gg_ctrl_error(err, GG_ERR_TOO_LARGE,
 			       "gg_buffer_alloc: %zu bytes exceed the max_message of %llu bytes of the gateway of "
 			       "site %s", bytes, (unsigned long long)s->info.max_message_bytes, site_of(s));
 	if (s->buffers >= s->info.max_buffers)
-		return set_err(err, GG_ERR_LIMIT, "gg_buffer_alloc: the session holds %u shared buffers, as many as "
+		return gg_ctrl_error(err, GG_ERR_LIMIT, "gg_buffer_alloc: the session holds %u shared buffers, as many as "
 			       "the gateway of site %s allows", s->buffers, site_of(s));
 	pump(s, 0);
 	if (s->failed)
-		return set_err(err, s->failed, "gg_buffer_alloc: %s", s->failed_msg);
-	int id = region_map(s, page_round(bytes), true, now_ms() + OPEN_TIMEOUT_MS, "gg_buffer_alloc", err);
+		return gg_ctrl_error(err, s->failed, "gg_buffer_alloc: %s", s->failed_msg);
+	int id = region_map(s, page_round(bytes), true, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, "gg_buffer_alloc", err);
 	if (id < 0)
 		return id;
 	s->buffers++;
@@ -720,7 +498,7 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
 	if (!buf)
 		return set_ok(err);
 	if (!s)
-		return set_err(err, GG_ERR_INVALID, "gg_buffer_free: session is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_buffer_free: session is NULL");
 	for (unsigned id = 0; id < GG_ARRAY_LEN(s->regions); id++) {
 		struct region *r = &s->regions[id];
 		if (!r->shared || r->base != buf || r->retired)
@@ -733,7 +511,7 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
 		}
 		return set_ok(err);
 	}
-	return set_err(err, GG_ERR_INVALID, "gg_buffer_free: %p is not a shared buffer of this session", buf);
+	return gg_ctrl_error(err, GG_ERR_INVALID, "gg_buffer_free: %p is not a shared buffer of this session", buf);
 }
 
 /* The shared buffer `buf` lies in: its id, -1 when none, or -2 when the
@@ -759,44 +537,44 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	size_t esize = gg_dtype_size(dtype);
 
 	if (!out)
-		return set_err(err, GG_ERR_INVALID, "gg_allreduce_start: out is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: out is NULL");
 	*out = NULL;
 	if (!s)
-		return set_err(err, GG_ERR_INVALID, "gg_allreduce_start: session is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: session is NULL");
 	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
 	if (!buf || !count)
-		return set_err(err, GG_ERR_INVALID, "%s: %s", step, buf ? "count is 0" : "buf is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %s", step, buf ? "count is 0" : "buf is NULL");
 	if (!esize)
-		return set_err(err, GG_ERR_INVALID, "%s: unknown dtype %d", step, (int)dtype);
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: unknown dtype %d", step, (int)dtype);
 	if (s->failed)
-		return set_err(err, s->failed, "%s: session failed earlier: %s", step, s->failed_msg);
+		return gg_ctrl_error(err, s->failed, "%s: session failed earlier: %s", step, s->failed_msg);
 	if (count > s->info.max_message_bytes / esize)
-		return set_err(err, GG_ERR_TOO_LARGE,
+		return gg_ctrl_error(err, GG_ERR_TOO_LARGE,
 			       "%s: %zu %s elements exceed the max_message of %llu bytes of the gateway of site %s",
 			       step, count, gg_dtype_name(dtype), (unsigned long long)s->info.max_message_bytes,
 			       site_of(s));
 
 	pump(s, 0);
 	if (s->failed)
-		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
+		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
 	if (s->inflight >= s->info.max_inflight)
-		return set_err(err, GG_ERR_BUSY, "%s: %u requests already in flight, as many as the gateway allows",
+		return gg_ctrl_error(err, GG_ERR_BUSY, "%s: %u requests already in flight, as many as the gateway allows",
 			       step, s->inflight);
 
 	uint64_t bytes = (uint64_t)count * esize;
 	uint64_t timeout = timeout_ms > 0 ? GG_MIN((uint64_t)timeout_ms, s->info.step_timeout_ms)
 					  : s->info.step_timeout_ms;
-	uint64_t deadline = now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
+	uint64_t deadline = gg_ctrl_now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
 	uint64_t offset;
 	int rc, id = shared_region_of(s, buf, bytes);
 
 	if (id == -2)
-		return set_err(err, GG_ERR_INVALID, "%s: %llu bytes at %p run past the end of the shared buffer "
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %llu bytes at %p run past the end of the shared buffer "
 			       "they start in", step, (unsigned long long)bytes, buf);
 	if (id >= 0) {
 		offset = (uint64_t)((unsigned char *)buf - s->regions[id].base);
 		if (offset % esize)
-			return set_err(err, GG_ERR_INVALID, "%s: %p in a shared buffer is not aligned to the %zu-byte "
+			return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %p in a shared buffer is not aligned to the %zu-byte "
 				       "%s elements", step, buf, esize, gg_dtype_name(dtype));
 	} else if (s->current < 0 || !region_fit(s, (unsigned)s->current, bytes, &offset)) {
 		if ((rc = region_grow(s, bytes, deadline, step, err)))
@@ -808,7 +586,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 
 	struct gg_request *r = calloc(1, sizeof(*r));
 	if (!r)
-		return set_err(err, GG_ERR_NOMEM, "%s: out of memory for a request", step);
+		return gg_ctrl_error(err, GG_ERR_NOMEM, "%s: out of memory for a request", step);
 	struct region *reg = &s->regions[id];
 	if (!reg->shared)
 		memcpy(reg->base + offset, buf, bytes);
@@ -822,10 +600,10 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	m.allreduce.offset = offset;
 	m.allreduce.region = (uint32_t)id;
 	m.allreduce.timeout_ms = (uint32_t)timeout;
-	if ((rc = send_msg(s->fd, &m, mlen, -1, deadline))) {
+	if ((rc = gg_ctrl_send(s->fd, &m, mlen, -1, deadline))) {
 		free(r);
 		send_failed(s, rc, "sending the request");
-		return set_err(err, s->failed, "%s: %s", step, s->failed_msg);
+		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
 	}
 
 	*r = (struct gg_request){
@@ -846,13 +624,13 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error *err)
 {
 	if (!req)
-		return set_err(err, GG_ERR_INVALID, "gg_wait: request is NULL");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_wait: request is NULL");
 
-	uint64_t until = timeout_ms < 0 ? UINT64_MAX : now_ms() + (uint64_t)timeout_ms;
+	uint64_t until = timeout_ms < 0 ? UINT64_MAX : gg_ctrl_now_ms() + (uint64_t)timeout_ms;
 	for (bool looked = false; !req->done; looked = true) {
 		struct gg_session *s = req->s;
 		struct gg_request *head = s->head;
-		uint64_t now = now_ms();
+		uint64_t now = gg_ctrl_now_ms();
 
 		if (now >= head->deadline_ms) {
 			session_fail(s, GG_ERR_TIMEOUT, "the gateway of site %s did not answer step %llu within its "
@@ -863,12 +641,12 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 		/* What the gateway sent already counts, however short the wait:
 		 * a caller polling with 0 would otherwise never see its answer. */
 		if (looked && now >= until)
-			return set_err(err, GG_ERR_AGAIN, "step %llu (tensor %u) still in progress after %d ms",
+			return gg_ctrl_error(err, GG_ERR_AGAIN, "step %llu (tensor %u) still in progress after %d ms",
 				       (unsigned long long)req->seq, req->tensor_id, timeout_ms);
 		pump(s, GG_MIN(until, head->deadline_ms));
 	}
 	if (req->status)
-		return set_err(err, req->status, "%s", req->message);
+		return gg_ctrl_error(err, req->status, "%s", req->message);
 	return set_ok(err);
 }
 

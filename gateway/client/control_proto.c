@@ -17,6 +17,11 @@ static const struct {
 	[GG_CTRL_ALLREDUCE] = { "ALLREDUCE", sizeof(struct gg_ctrl_allreduce) },
 	[GG_CTRL_DONE] = { "DONE", sizeof(struct gg_ctrl_done) },
 	[GG_CTRL_ERROR] = { "ERROR", sizeof(struct gg_ctrl_error) },
+	[GG_CTRL_STATUS] = { "STATUS", sizeof(struct gg_ctrl_status) },
+	[GG_CTRL_STATUS_SITE] = { "STATUS_SITE", sizeof(struct gg_ctrl_status_site) },
+	[GG_CTRL_STATUS_PEER] = { "STATUS_PEER", sizeof(struct gg_ctrl_status_peer) },
+	[GG_CTRL_STATUS_JOB] = { "STATUS_JOB", sizeof(struct gg_ctrl_status_job) },
+	[GG_CTRL_STATUS_FAILURE] = { "STATUS_FAILURE", sizeof(struct gg_ctrl_status_failure) },
 };
 
 static bool known_type(unsigned type)
@@ -45,6 +50,17 @@ GRADGATE_API const char *gg_strerror(int code)
 	case GG_ERR_LIMIT: return "gateway limit reached";
 	}
 	return "unknown error";
+}
+
+const char *gg_errc_name(int code)
+{
+	static const char *const names[] = {
+		"GG_OK", "GG_ERR_INVALID", "GG_ERR_NOMEM", "GG_ERR_SYSTEM", "GG_ERR_CONNECT", "GG_ERR_REFUSED",
+		"GG_ERR_PROTOCOL", "GG_ERR_CLOSED", "GG_ERR_TIMEOUT", "GG_ERR_TOO_LARGE", "GG_ERR_MISMATCH",
+		"GG_ERR_RANK", "GG_ERR_SITE", "GG_ERR_BUSY", "GG_ERR_AGAIN", "GG_ERR_LIMIT",
+	};
+
+	return code <= 0 && -code < (int)GG_ARRAY_LEN(names) ? names[-code] : NULL;
 }
 
 GRADGATE_API size_t gg_dtype_size(enum gg_dtype dtype)
@@ -166,6 +182,24 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		break;
 	case GG_CTRL_DONE:
 		ok = !msg->done.reserved && text_ok(msg->done.message, sizeof(msg->done.message));
+		break;
+	case GG_CTRL_STATUS:
+		ok = !msg->status.reserved;
+		break;
+	case GG_CTRL_STATUS_SITE:
+		ok = text_ok(msg->status_site.site, sizeof(msg->status_site.site)) &&
+		     text_ok(msg->status_site.gateway_version, sizeof(msg->status_site.gateway_version));
+		break;
+	case GG_CTRL_STATUS_PEER:
+		ok = text_ok(msg->status_peer.site, sizeof(msg->status_peer.site)) &&
+		     text_ok(msg->status_peer.address, sizeof(msg->status_peer.address));
+		break;
+	case GG_CTRL_STATUS_JOB:
+		ok = text_ok(msg->status_job.job, sizeof(msg->status_job.job));
+		break;
+	case GG_CTRL_STATUS_FAILURE:
+		ok = !msg->status_failure.reserved && text_ok(msg->status_failure.job, sizeof(msg->status_failure.job)) &&
+		     text_ok(msg->status_failure.message, sizeof(msg->status_failure.message));
 		break;
 	default:
 		break;

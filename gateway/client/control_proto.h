@@ -36,6 +36,10 @@
 #define GG_CTRL_ALIGN 64u         /* where the library places staged tensors */
 #define GG_CTRL_MAX_RANKS 4096u
 #define GG_CTRL_RECV_MAX 512u     /* larger than every message */
+#define GG_CTRL_STATUS_VERSION 1u
+#define GG_CTRL_ADDRESS_SIZE 272  /* a peer's host:port as configured */
+#define GG_CTRL_STATUS_MAX_JOBS 64u     /* jobs one answer lists */
+#define GG_CTRL_STATUS_MAX_FAILURES 16u /* recent failures one answer lists */
 
 enum gg_ctrl_type {
 	GG_CTRL_HELLO = 1,
@@ -46,6 +50,11 @@ enum gg_ctrl_type {
 	GG_CTRL_ALLREDUCE = 6,
 	GG_CTRL_DONE = 7,
 	GG_CTRL_ERROR = 8,
+	GG_CTRL_STATUS = 9,
+	GG_CTRL_STATUS_SITE = 10,
+	GG_CTRL_STATUS_PEER = 11,
+	GG_CTRL_STATUS_JOB = 12,
+	GG_CTRL_STATUS_FAILURE = 13,
 };
 
 struct gg_ctrl_hdr {
@@ -137,6 +146,73 @@ struct gg_ctrl_done {
 	char message[GG_CTRL_TEXT_SIZE];
 };
 
+/* client -> gateway, the first and only message of a connection that asks
+ * for the gateway's status instead of opening a session. The answer is
+ * STATUS_SITE, then the STATUS_PEER, STATUS_JOB and STATUS_FAILURE
+ * messages it announces, in that order; or REFUSE. Then the gateway
+ * closes the connection. */
+struct gg_ctrl_status {
+	struct gg_ctrl_hdr hdr;
+	uint32_t version; /* GG_CTRL_STATUS_VERSION */
+	uint32_t reserved;
+};
+
+struct gg_ctrl_status_site {
+	struct gg_ctrl_hdr hdr;
+	uint32_t version;        /* GG_CTRL_STATUS_VERSION */
+	uint32_t peers;          /* STATUS_PEER messages that follow, <= 7 */
+	uint32_t jobs;           /* STATUS_JOB messages that follow, <= GG_CTRL_STATUS_MAX_JOBS */
+	uint32_t failures;       /* STATUS_FAILURE messages that follow, <= GG_CTRL_STATUS_MAX_FAILURES */
+	uint64_t uptime_ms;
+	uint64_t jobs_total;     /* jobs at the gateway: more than `jobs` when some are left out */
+	uint64_t steps_done;     /* steps completed since the start */
+	uint64_t steps_failed;   /* steps failed here since the start */
+	char site[GG_CTRL_NAME_SIZE];
+	char gateway_version[32];
+};
+
+/* One peer site, as this gateway sees it. */
+struct gg_ctrl_status_peer {
+	struct gg_ctrl_hdr hdr;
+	uint32_t streams_up;
+	uint32_t streams;        /* streams_per_peer */
+	uint64_t rtt_us;         /* the last heartbeat round trip; 0: none measured yet */
+	uint64_t bytes_in;       /* what its TCP streams carried, TLS included */
+	uint64_t bytes_out;
+	uint64_t heard_ms_ago;   /* since anything came from it; UINT64_MAX: never */
+	char site[GG_CTRL_NAME_SIZE];
+	char address[GG_CTRL_ADDRESS_SIZE];
+};
+
+enum gg_ctrl_job_state {
+	GG_CTRL_JOB_IDLE = 1,      /* no rank announced the next step yet */
+	GG_CTRL_JOB_GATHERING = 2, /* some ranks announced it; the gateway waits for the others */
+	GG_CTRL_JOB_RUNNING = 3,   /* the step is with the other sites */
+	GG_CTRL_JOB_FAILED = 4,    /* a rank left or broke the protocol: steps fail until all have left */
+};
+
+struct gg_ctrl_status_job {
+	struct gg_ctrl_hdr hdr;
+	uint32_t nranks;
+	uint32_t connected;      /* ranks connected now */
+	uint64_t last_step;      /* the last step that ended, completed or failed; 0: none */
+	uint32_t state;          /* enum gg_ctrl_job_state */
+	uint32_t uid;            /* the user its ranks run as */
+	char job[GG_CTRL_NAME_SIZE];
+};
+
+/* A step that failed at this site, newest first. */
+struct gg_ctrl_status_failure {
+	struct gg_ctrl_hdr hdr;
+	uint64_t step;
+	int32_t code;            /* enum gg_errc */
+	uint32_t reserved;
+	uint64_t age_ms;         /* how long ago */
+	uint64_t unix_ms;        /* when, by the gateway's clock */
+	char job[GG_CTRL_NAME_SIZE];
+	char message[GG_CTRL_TEXT_SIZE];
+};
+
 _Static_assert(sizeof(struct gg_ctrl_hdr) == 16, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_hello) == 96, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_accept) == 120, "wire layout");
@@ -145,6 +221,11 @@ _Static_assert(sizeof(struct gg_ctrl_map) == 32, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_unmap) == 24, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_allreduce) == 56, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_done) == 288, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_status) == 24, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_status_site) == 160, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_status_peer) == 392, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_status_job) == 104, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_status_failure) == 368, "wire layout");
 
 /* Any message, for receiving into. */
 union gg_ctrl_msg {
@@ -156,6 +237,11 @@ union gg_ctrl_msg {
 	struct gg_ctrl_unmap unmap;
 	struct gg_ctrl_allreduce allreduce;
 	struct gg_ctrl_done done;
+	struct gg_ctrl_status status;
+	struct gg_ctrl_status_site status_site;
+	struct gg_ctrl_status_peer status_peer;
+	struct gg_ctrl_status_job status_job;
+	struct gg_ctrl_status_failure status_failure;
 	unsigned char bytes[GG_CTRL_RECV_MAX];
 };
 
@@ -182,6 +268,10 @@ void gg_ctrl_set_text(char *field, size_t size, const char *text);
 /* Whether `job` is a valid job name (1-63 of A-Z a-z 0-9 . _ -); when not,
  * `why` says what is wrong. */
 bool gg_ctrl_job_name_ok(const char *job, char *why, size_t why_size);
+
+/* "GG_ERR_TIMEOUT", ...: the name of an enum gg_errc code; NULL for a
+ * code the library does not have. */
+const char *gg_errc_name(int code);
 
 /* "float32", "bfloat16"; NULL for an unknown type. */
 const char *gg_dtype_name(uint32_t dtype);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct gg_ar_step {
 	struct gg_ar_config cfg;
@@ -119,10 +120,16 @@ bool gg_ar_chunk_range(const struct gg_ar_config *cfg, const struct gg_ar_chunk_
 	return range_of(cfg, lo, id, offset, n);
 }
 
-/* Encodes `n` elements at `offset` of the tensor from `src` into a new
- * frame, through error feedback when the step has it. */
-static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset, uint64_t n,
-			struct gg_buf **out, char *err, size_t err_size)
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int encode_chunk_untimed(struct gg_ar_step *s, const float *src, uint64_t offset, uint64_t n,
+				struct gg_buf **out, char *err, size_t err_size)
 {
 	struct gg_frame_encoder *enc = s->cfg.enc;
 	struct gg_buf *f = gg_buf_new(s->cfg.pool, s->frame_cap);
@@ -152,6 +159,31 @@ static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset,
 	return 0;
 }
 
+/* Adds the time since t0 to the step's encode or decode time, when the
+ * step is timed. */
+static void timed(const struct gg_ar_step *s, bool encode, uint64_t t0)
+{
+	if (!s->cfg.times)
+		return;
+	uint64_t dt = now_ns() - t0;
+	if (encode)
+		s->cfg.times->encode_ns += dt;
+	else
+		s->cfg.times->decode_ns += dt;
+}
+
+/* Encodes `n` elements at `offset` of the tensor from `src` into a new
+ * frame, through error feedback when the step has it. */
+static int encode_chunk(struct gg_ar_step *s, const float *src, uint64_t offset, uint64_t n,
+			struct gg_buf **out, char *err, size_t err_size)
+{
+	uint64_t t0 = s->cfg.times ? now_ns() : 0;
+	int rc = encode_chunk_untimed(s, src, offset, n, out, err, err_size);
+
+	timed(s, true, t0);
+	return rc;
+}
+
 static int send_frame(struct gg_ar_step *s, unsigned to, const struct gg_ar_chunk_id *id,
 		      struct gg_buf *f, char *err, size_t err_size)
 {
@@ -169,7 +201,9 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 		       size_t len, float *out, uint64_t n, enum gg_frame_op op, char *err, size_t err_size)
 {
 	char why[GG_AR_ERROR_MAX];
+	uint64_t t0 = s->cfg.times ? now_ns() : 0;
 	int rc = gg_frame_decode(s->cfg.dec, frame, len, out, n, op, NULL, why, sizeof(why));
+	timed(s, false, t0);
 	if (rc) {
 		if (err_size)
 			snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", from, phase_name(id->phase),

@@ -65,6 +65,10 @@ struct gg_ar_ops {
 	void (*deliver)(void *ctx, uint64_t offset, uint64_t n);
 };
 
+struct gg_ar_times {
+	uint64_t encode_ns, decode_ns;
+};
+
 struct gg_ar_config {
 	unsigned sites;       /* K, 2..GG_AR_MAX_SITES */
 	unsigned self;        /* this site's index, 0..K-1 */
@@ -76,6 +80,9 @@ struct gg_ar_config {
 	struct gg_frame_decoder *dec;
 	struct gg_feedback *feedback; /* NULL: none; else covers count elements */
 	struct gg_buf_pool *pool; /* NULL: frames are malloc'd */
+	/* NULL, or where the step adds the time it spends encoding (error
+	 * feedback included) and decoding, in nanoseconds. */
+	struct gg_ar_times *times;
 	/* This step handles the chunks c with c % parts == part only (chunk
 	 * numbers as in struct gg_ar_chunk_id), so `parts` steps, one per
 	 * thread, may share input and result and split the work. 0 and 0:

@@ -25,6 +25,7 @@
 #define TICK_US 100000       /* lanes look at their timers at least this often */
 #define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
+#define FAILURES_KEPT 16     /* recent step failures, for the status */
 
 /* user_data kinds of the two mailboxes a lane's loop reads: below
  * GG_OP_USER, above the mesh's kinds. */
@@ -154,11 +155,24 @@ struct lane_job {
 	void (*gather)(void *arg, uint64_t offset, uint64_t n);
 	void (*deliver)(void *arg, uint64_t offset, uint64_t n);
 	void *arg;
+	/* Where the part's time goes: the codecs (the step adds to times),
+	 * the site sum and the results, and since when it runs; counted for
+	 * the lane as they grow (times_counted). */
+	struct gg_ar_times times, times_counted;
+	uint64_t gather_ns, deliver_ns, start_ns;
+};
+
+/* Bytes a lane moved with one peer: counted as frames are sent and taken
+ * (raw: the fp32 bytes they carry), and published from its mesh. */
+struct lane_peer_stats {
+	atomic_uint_fast64_t raw_out, raw_in, data_out, data_in;
+	atomic_uint_fast64_t wire_out, wire_in, stream_ups, stream_downs, delivery_bps;
 };
 
 struct lane_stats {
-	atomic_uint_fast64_t data_bytes_out, raw_bytes_out, data_bytes_in;
-	atomic_uint_fast64_t encode_ns, decode_ns;
+	struct lane_peer_stats peers[GG_AR_MAX_SITES];
+	atomic_uint_fast64_t gather_ns, encode_ns, decode_ns, deliver_ns, wait_ns;
+	atomic_uint_fast64_t stream_failures[GG_MESH_FAILURES];
 };
 
 struct lane {
@@ -201,6 +215,7 @@ struct job {
 	char name[GG_WIRE_NAME_MAX + 1];
 	uint64_t last_seq;      /* last step started */
 	uint64_t active_us;     /* when a step last started or ended */
+	uint64_t submit_us;     /* when the step in progress was handed over */
 	struct gg_node_step *step; /* in progress, or NULL */
 	struct gg_wire_step wstep;
 	uint64_t deadline_us;
@@ -283,6 +298,13 @@ struct gg_node {
 	unsigned feedback_count, feedback_cap;
 	uint64_t feedback_bytes;
 	struct gg_node_stats stats;
+	/* The coordinator's figures: completed steps' durations and the
+	 * failures, counted and the last FAILURES_KEPT kept. */
+	uint64_t step_buckets[GG_NODE_STEP_BUCKETS + 1]; /* the last: above every bound */
+	uint64_t step_us_sum;
+	uint64_t failures_by_code[GG_NODE_CODES];
+	struct gg_node_failure failures[FAILURES_KEPT];
+	uint64_t failures_total;
 	uint64_t coord_next_us;    /* the coordinator's next deadline */
 	uint64_t coord_last_us;    /* when the coordinator last ran */
 	uint64_t stall_grace_us;   /* after this site itself stood still: no site counts as lost before this */
@@ -527,6 +549,41 @@ static void part_check_done(struct lane_job *lj)
 		part_report(lj, M_PART_DONE, 0, NULL);
 }
 
+/* The element count in a frame's header (frame.h: bytes 8-15,
+ * little-endian), of a frame made here or decoded already. */
+static uint64_t frame_elems(const uint8_t *frame)
+{
+	uint64_t elems = 0;
+
+	for (int b = 7; b >= 0; b--)
+		elems = elems << 8 | frame[8 + b];
+	return elems;
+}
+
+/* What the part's codecs spent since the last call, counted for the lane. */
+static void part_count_times(struct lane_job *lj)
+{
+	struct lane_stats *st = &lj->lane->stats;
+
+	count(&st->encode_ns, lj->times.encode_ns - lj->times_counted.encode_ns);
+	count(&st->decode_ns, lj->times.decode_ns - lj->times_counted.decode_ns);
+	lj->times_counted = lj->times;
+}
+
+/* The part is over: the time it was in progress and not at work on its
+ * chunks went to waiting (frames, DONEs, TLS, the kernel). */
+static void part_free(struct lane_job *lj)
+{
+	if (!lj->ar)
+		return;
+	part_count_times(lj);
+	uint64_t busy = lj->times.encode_ns + lj->times.decode_ns + lj->gather_ns + lj->deliver_ns;
+	uint64_t spent = now_ns() - lj->start_ns;
+	count(&lj->lane->stats.wait_ns, spent > busy ? spent - busy : 0);
+	gg_ar_step_free(lj->ar);
+	lj->ar = NULL;
+}
+
 /* The step engine's send: DATA for one peer, queued behind the window. */
 static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, struct gg_buf *frame)
 {
@@ -536,11 +593,8 @@ static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, stru
 
 	if (rc)
 		return rc;
-	count(&ln->stats.data_bytes_out, frame->len);
-	uint64_t elems = 0; /* the frame header's element count (frame.h: bytes 8-15, little-endian) */
-	for (int b = 7; b >= 0; b--)
-		elems = elems << 8 | frame->data[8 + b];
-	count(&ln->stats.raw_bytes_out, elems * sizeof(float));
+	count(&ln->stats.peers[to].data_out, frame->len);
+	count(&ln->stats.peers[to].raw_out, frame_elems(frame->data) * sizeof(float));
 	return 0;
 }
 
@@ -563,20 +617,32 @@ static bool ar_may_encode(void *ctx)
 	return true;
 }
 
+/* Calls the owner's gather or deliver, adding its time to the part's and
+ * the lane's. */
+static void timed_call(void (*fn)(void *, uint64_t, uint64_t), void *arg, uint64_t offset, uint64_t n,
+		       uint64_t *part_ns, atomic_uint_fast64_t *lane_ns)
+{
+	if (!fn)
+		return;
+	uint64_t t0 = now_ns();
+	fn(arg, offset, n);
+	uint64_t dt = now_ns() - t0;
+	*part_ns += dt;
+	count(lane_ns, dt);
+}
+
 static void ar_gather(void *ctx, uint64_t offset, uint64_t n)
 {
-	const struct lane_job *lj = ctx;
+	struct lane_job *lj = ctx;
 
-	if (lj->gather)
-		lj->gather(lj->arg, offset, n);
+	timed_call(lj->gather, lj->arg, offset, n, &lj->gather_ns, &lj->lane->stats.gather_ns);
 }
 
 static void ar_deliver(void *ctx, uint64_t offset, uint64_t n)
 {
-	const struct lane_job *lj = ctx;
+	struct lane_job *lj = ctx;
 
-	if (lj->deliver)
-		lj->deliver(lj->arg, offset, n);
+	timed_call(lj->deliver, lj->arg, offset, n, &lj->deliver_ns, &lj->lane->stats.deliver_ns);
 }
 
 static const struct gg_ar_ops ar_ops = { ar_send, ar_may_encode, ar_gather, ar_deliver };
@@ -620,15 +686,17 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 			  (unsigned long long)lj->wstep.count, lj->wstep.dtype);
 		return;
 	}
-	uint64_t t0 = now_ns();
 	int rc = gg_ar_step_on_frame(lj->ar, from, id, frame, len, err, sizeof(err));
-	count(&ln->stats.decode_ns, now_ns() - t0);
+	part_count_times(lj);
 	if (rc < 0) {
 		part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s (site index %u is %s)",
 			  (unsigned long long)lj->wstep.step, lj->name, err, from, n->names[from]);
 		return;
 	}
-	count(&ln->stats.data_bytes_in, len);
+	if (rc == 0) { /* taken, not a copy already received */
+		count(&ln->stats.peers[from].data_in, len);
+		count(&ln->stats.peers[from].raw_in, frame_elems(frame) * sizeof(float));
+	}
 	part_check_done(lj);
 }
 
@@ -782,8 +850,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 		lane_refuse(ln, m->slot, m->seq, m->u.start.wstep.job);
 		return;
 	}
-	gg_ar_step_free(lj->ar);
-	lj->ar = NULL;
+	part_free(lj);
 	lj->slot = m->slot;
 	lj->seq = m->seq;
 	lj->wstep = m->u.start.wstep;
@@ -796,14 +863,16 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->owed = false;
 	lj->last_seq = m->seq;
 	lj->active_us = ln->loop.now_us;
+	lj->times = lj->times_counted = (struct gg_ar_times){ 0 };
+	lj->gather_ns = lj->deliver_ns = 0;
+	lj->start_ns = now_ns();
 
 	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = n->cfg->allreduce.algorithm,
 				   .count = lj->wstep.count, .chunk_elems = n->chunk_elems, .enc = &ln->enc,
 				   .dec = &ln->dec, .feedback = m->u.start.feedback, .pool = &n->frames,
-				   .part = ln->index, .parts = n->nlanes };
-	uint64_t t0 = now_ns();
+				   .times = &lj->times, .part = ln->index, .parts = n->nlanes };
 	int rc = gg_ar_step_start(&lj->ar, &ac, m->u.start.input, m->u.start.result, &ar_ops, lj, why, sizeof(why));
-	count(&ln->stats.encode_ns, now_ns() - t0);
+	part_count_times(lj);
 	if (rc) {
 		part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
 			  (unsigned long long)m->seq, lj->name, why);
@@ -835,10 +904,8 @@ static void lane_end(struct lane *ln, const struct mail *m)
 	if (!lj)
 		lj = lane_job_find(ln, m->u.job, false, -1);
 	if (lj) {
-		if (lj->ar && lj->seq == m->seq) {
-			gg_ar_step_free(lj->ar);
-			lj->ar = NULL;
-		}
+		if (lj->ar && lj->seq == m->seq)
+			part_free(lj);
 		if (m->seq > lj->last_seq)
 			lj->last_seq = m->seq;
 		lj->active_us = ln->loop.now_us;
@@ -1069,6 +1136,34 @@ static void part_missed_deadline(struct lane_job *lj)
 			  (unsigned long long)lj->seq, lj->name, buf, down);
 }
 
+static void publish(atomic_uint_fast64_t *dst, uint64_t v)
+{
+	atomic_store_explicit(dst, v, memory_order_relaxed);
+}
+
+/* What the lane's mesh counted, for the coordinator's thread to read. */
+static void publish_mesh_stats(struct lane *ln)
+{
+	const struct gg_mesh_stats *ms = gg_mesh_stats(ln->mesh);
+
+	publish(&ln->resent, ms->resent_messages);
+	publish(&ln->tls_ns, (uint64_t)(ms->tls_s * 1e9));
+	for (unsigned p = 0; p < ln->node->sites; p++) {
+		const struct gg_mesh_peer_stats *mp = &ms->peers[p];
+		struct lane_peer_stats *lp = &ln->stats.peers[p];
+		if (ms->rtt_us[p])
+			publish(&ln->rtt_us[p], ms->rtt_us[p]);
+		publish(&ln->heard_us[p], gg_mesh_last_heard(ln->mesh, p));
+		publish(&lp->wire_out, mp->wire_bytes_out);
+		publish(&lp->wire_in, mp->wire_bytes_in);
+		publish(&lp->stream_ups, mp->stream_ups);
+		publish(&lp->stream_downs, mp->stream_downs);
+		publish(&lp->delivery_bps, mp->delivery_bytes_per_s);
+	}
+	for (unsigned f = 0; f < GG_MESH_FAILURES; f++)
+		publish(&ln->stats.stream_failures[f], ms->stream_failures[f]);
+}
+
 /* Parts' deadlines, and own chunks that wait for room on the streams. */
 static uint64_t lane_timers(struct lane *ln)
 {
@@ -1095,23 +1190,15 @@ static uint64_t lane_timers(struct lane *ln)
 			next = lj->deadline_us;
 		if (!gg_ar_step_wants_resume(lj->ar))
 			continue;
-		uint64_t t0 = now_ns();
 		int rc = gg_ar_step_resume(lj->ar, why, sizeof(why));
-		count(&ln->stats.encode_ns, now_ns() - t0);
+		part_count_times(lj);
 		if (rc)
 			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
 				  (unsigned long long)lj->seq, lj->name, why);
 		else
 			part_check_done(lj);
 	}
-	const struct gg_mesh_stats *ms = gg_mesh_stats(ln->mesh);
-	atomic_store_explicit(&ln->resent, ms->resent_messages, memory_order_relaxed);
-	atomic_store_explicit(&ln->tls_ns, (uint64_t)(ms->tls_s * 1e9), memory_order_relaxed);
-	for (unsigned p = 0; p < ln->node->sites; p++) {
-		if (ms->rtt_us[p])
-			atomic_store_explicit(&ln->rtt_us[p], ms->rtt_us[p], memory_order_relaxed);
-		atomic_store_explicit(&ln->heard_us[p], gg_mesh_last_heard(ln->mesh, p), memory_order_relaxed);
-	}
+	publish_mesh_stats(ln);
 	atomic_store(&ln->flushed, gg_mesh_flushed(ln->mesh));
 	atomic_store(&ln->idle, gg_mesh_idle(ln->mesh));
 	return next;
@@ -1232,6 +1319,25 @@ static void remember_abort(struct gg_node *n, struct job *j, uint64_t seq, int c
 	snprintf(j->failed_reason, sizeof(j->failed_reason), "%s", reason);
 }
 
+const double gg_node_step_bucket_s[GG_NODE_STEP_BUCKETS] = {
+	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
+};
+
+/* A step failed here: counted by its code, and kept for the status. */
+static void note_failure(struct gg_node *n, const char *job, uint64_t seq, int code, const char *message)
+{
+	struct gg_node_failure *f = &n->failures[n->failures_total++ % FAILURES_KEPT];
+	struct timespec now;
+
+	n->stats.steps_failed++;
+	n->failures_by_code[code < 0 && -code < GG_NODE_CODES ? -code : 0]++;
+	clock_gettime(CLOCK_REALTIME, &now);
+	*f = (struct gg_node_failure){ .step = seq, .code = code, .at_us = gg_node_loop(n)->now_us,
+				       .at_unix_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u };
+	snprintf(f->job, sizeof(f->job), "%s", job);
+	snprintf(f->message, sizeof(f->message), "%s", message ? message : "");
+}
+
 /* Tells the lanes not told yet that the job's step is over. */
 static void post_end(struct gg_node *n, struct job *j)
 {
@@ -1257,7 +1363,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 		/* Whatever failed it, it joins the run of failed steps that a
 		 * returning peer hears of, and whose cause this site's END names. */
 		remember_abort(n, j, j->step->seq, status, message);
-		n->stats.steps_failed++;
+		note_failure(n, j->name, j->step->seq, status, message);
 		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
 		       (unsigned long long)j->step->seq, message);
 	} else {
@@ -1278,6 +1384,12 @@ static void step_ended(struct gg_node *n, struct job *j)
 	j->ending = false;
 	j->active_us = gg_node_loop(n)->now_us;
 	if (!status) {
+		uint64_t us = j->active_us > j->submit_us ? j->active_us - j->submit_us : 0;
+		unsigned b = 0;
+		while (b < GG_NODE_STEP_BUCKETS && (double)us > gg_node_step_bucket_s[b] * 1e6)
+			b++;
+		n->step_buckets[b]++;
+		n->step_us_sum += us;
 		j->done_seq = st->seq;
 		j->done_us = j->active_us;
 		j->failed_lo = j->failed_hi = 0; /* every site is past them */
@@ -1478,6 +1590,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	j->wstep = ws;
 	j->last_seq = st->seq;
 	j->active_us = now;
+	j->submit_us = now;
 	j->deadline_us = now + n->cfg->transport.step_timeout_us;
 	j->timeout_us = n->cfg->transport.step_timeout_us;
 	if (st->deadline_us && st->deadline_us < j->deadline_us) {
@@ -1845,6 +1958,16 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	return next;
 }
 
+static uint64_t load(const atomic_uint_fast64_t *c)
+{
+	return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+static double load_s(const atomic_uint_fast64_t *ns)
+{
+	return (double)load(ns) * 1e-9;
+}
+
 static void gather_stats(struct gg_node *n)
 {
 	struct gg_node_stats *st = &n->stats;
@@ -1854,22 +1977,89 @@ static void gather_stats(struct gg_node *n)
 	st->early_bytes = st->early_refused = 0;
 	for (unsigned l = 0; l < n->nlanes; l++) {
 		struct lane *ln = &n->lanes[l];
-		st->data_bytes_out += atomic_load_explicit(&ln->stats.data_bytes_out, memory_order_relaxed);
-		st->raw_bytes_out += atomic_load_explicit(&ln->stats.raw_bytes_out, memory_order_relaxed);
-		st->data_bytes_in += atomic_load_explicit(&ln->stats.data_bytes_in, memory_order_relaxed);
-		st->encode_s += (double)atomic_load_explicit(&ln->stats.encode_ns, memory_order_relaxed) * 1e-9;
-		st->decode_s += (double)atomic_load_explicit(&ln->stats.decode_ns, memory_order_relaxed) * 1e-9;
-		st->tls_s += (double)atomic_load_explicit(&ln->tls_ns, memory_order_relaxed) * 1e-9;
-		st->resent_messages += atomic_load_explicit(&ln->resent, memory_order_relaxed);
-		st->early_refused += atomic_load_explicit(&ln->early_refused, memory_order_relaxed);
-		for (unsigned p = 0; p < n->sites; p++)
-			st->early_bytes += atomic_load_explicit(&ln->early_bytes[p], memory_order_relaxed);
 		for (unsigned p = 0; p < n->sites; p++) {
-			uint64_t rtt = atomic_load_explicit(&ln->rtt_us[p], memory_order_relaxed);
+			const struct lane_peer_stats *lp = &ln->stats.peers[p];
+			st->data_bytes_out += load(&lp->data_out);
+			st->raw_bytes_out += load(&lp->raw_out);
+			st->data_bytes_in += load(&lp->data_in);
+			st->early_bytes += load(&ln->early_bytes[p]);
+			uint64_t rtt = load(&ln->rtt_us[p]);
 			if (rtt)
 				st->rtt_us[p] = rtt;
 		}
+		st->encode_s += load_s(&ln->stats.encode_ns);
+		st->decode_s += load_s(&ln->stats.decode_ns);
+		st->tls_s += load_s(&ln->tls_ns);
+		st->resent_messages += load(&ln->resent);
+		st->early_refused += load(&ln->early_refused);
 	}
+}
+
+void gg_node_get_metrics(const struct gg_node *n, struct gg_node_metrics *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->stats = n->stats;
+	out->sites = n->sites;
+	out->self = n->self;
+	for (unsigned l = 0; l < n->nlanes; l++) {
+		const struct lane *ln = &n->lanes[l];
+		const struct lane_stats *ls = &ln->stats;
+		for (unsigned p = 0; p < n->sites; p++) {
+			const struct lane_peer_stats *lp = &ls->peers[p];
+			struct gg_node_peer_metrics *pm = &out->peers[p];
+			pm->raw_bytes_out += load(&lp->raw_out);
+			pm->raw_bytes_in += load(&lp->raw_in);
+			pm->data_bytes_out += load(&lp->data_out);
+			pm->data_bytes_in += load(&lp->data_in);
+			pm->wire_bytes_out += load(&lp->wire_out);
+			pm->wire_bytes_in += load(&lp->wire_in);
+			pm->stream_ups += load(&lp->stream_ups);
+			pm->stream_downs += load(&lp->stream_downs);
+			pm->delivery_bytes_per_s += load(&lp->delivery_bps);
+		}
+		out->gather_s += load_s(&ls->gather_ns);
+		out->encode_s += load_s(&ls->encode_ns);
+		out->decode_s += load_s(&ls->decode_ns);
+		out->deliver_s += load_s(&ls->deliver_ns);
+		out->wait_s += load_s(&ls->wait_ns);
+		for (unsigned f = 0; f < GG_MESH_FAILURES; f++)
+			out->stream_failures[f] += load(&ls->stream_failures[f]);
+	}
+	for (unsigned p = 0; p < n->sites; p++) {
+		struct gg_node_peer_metrics *pm = &out->peers[p];
+		if (p == n->self) {
+			memset(pm, 0, sizeof(*pm));
+			continue;
+		}
+		uint64_t ready = atomic_load(&n->ready[p]);
+		pm->streams_up = (unsigned)__builtin_popcountll(ready);
+		pm->streams = (unsigned)n->cfg->transport.streams_per_peer;
+		pm->rtt_us = n->stats.rtt_us[p];
+		pm->heard_us = last_heard(n, p);
+	}
+	memcpy(out->step_buckets, n->step_buckets, sizeof(out->step_buckets));
+	out->step_s_sum = (double)n->step_us_sum * 1e-6;
+	memcpy(out->failures_by_code, n->failures_by_code, sizeof(out->failures_by_code));
+	out->feedback_bytes = n->feedback_bytes;
+}
+
+unsigned gg_node_recent_failures(const struct gg_node *n, struct gg_node_failure *out, unsigned max)
+{
+	unsigned have = (unsigned)GG_MIN(n->failures_total, (uint64_t)FAILURES_KEPT), i;
+
+	for (i = 0; i < have && i < max; i++)
+		out[i] = n->failures[(n->failures_total - 1 - i) % FAILURES_KEPT];
+	return i;
+}
+
+void gg_node_note_failure(struct gg_node *n, const char *job, uint64_t seq, int code, const char *message)
+{
+	note_failure(n, job, seq, code, message);
+}
+
+uint64_t gg_node_failure_count(const struct gg_node *n)
+{
+	return n->failures_total;
 }
 
 int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *other, void *arg)
@@ -2000,6 +2190,7 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 		return 0;
 	}
 	send_abort(n, -1, job, seq, seq, code, reason);
+	note_failure(n, job, seq, code, reason);
 	if (j)
 		remember_abort(n, j, seq, code, reason);
 	/* Frames the lanes keep for the step are let go. */

@@ -77,15 +77,63 @@ struct gg_node_step {
 };
 
 struct gg_node_stats {
-	uint64_t steps_done, steps_failed;
-	uint64_t data_bytes_out, data_bytes_in; /* frames, as sent (after compression) */
+	uint64_t steps_done;   /* completed at every site */
+	uint64_t steps_failed; /* failed here: those the node ran, and those this site's ranks failed
+				  before they reached it (gg_node_abort) */
+	uint64_t data_bytes_out, data_bytes_in; /* frames as sent, and as taken (duplicates left out) */
 	uint64_t raw_bytes_out;                 /* fp32 bytes those frames carry */
 	uint64_t resent_messages;
 	uint64_t rtt_us[GG_AR_MAX_SITES];       /* last heartbeat round trip per site */
-	double encode_s, decode_s;              /* time spent in the step engine */
+	double encode_s, decode_s;              /* time in the codecs (error feedback included) */
 	double tls_s;                           /* time in TLS record encryption and decryption */
 	uint64_t early_bytes;                   /* frames held for steps not started here, now */
 	uint64_t early_refused;                 /* frames past the early budget, not kept */
+};
+
+/* Upper bounds of the step duration histogram, in seconds. */
+#define GG_NODE_STEP_BUCKETS 14
+extern const double gg_node_step_bucket_s[GG_NODE_STEP_BUCKETS];
+/* Failure counts are kept per enum gg_errc code: index -code, 1 to 15. */
+#define GG_NODE_CODES 16
+
+/* One peer as this site sees it. Bytes count from the node's start. */
+struct gg_node_peer_metrics {
+	uint64_t raw_bytes_out, raw_bytes_in;   /* fp32 bytes the frames carry */
+	uint64_t data_bytes_out, data_bytes_in; /* frames (after codec and zstd), as sent and taken */
+	uint64_t wire_bytes_out, wire_bytes_in; /* what the TCP streams carried: TLS records, handshakes */
+	uint64_t stream_ups, stream_downs;      /* streams that came up, and ready ones lost */
+	unsigned streams_up, streams;           /* ready now, of streams_per_peer */
+	uint64_t rtt_us;                        /* last heartbeat round trip; 0: none yet */
+	uint64_t delivery_bytes_per_s;          /* see gg_mesh_peer_stats; summed over the lanes */
+	uint64_t heard_us;                      /* gg_monotonic_us of the last receive; 0: never */
+};
+
+/* Everything the node measures, for an operator's dashboard. Times are
+ * the lanes' (summed over them), in seconds. */
+struct gg_node_metrics {
+	struct gg_node_stats stats;
+	unsigned sites, self;
+	struct gg_node_peer_metrics peers[GG_AR_MAX_SITES]; /* by site index; self's is zero */
+	/* Where the steps' time went, per lane part: the site sum, the codecs,
+	 * the results into the ranks' memory, and the rest of the time the
+	 * part was in progress (waiting for frames and DONEs, TLS, the
+	 * kernel), counted when it ends. */
+	double gather_s, encode_s, decode_s, deliver_s, wait_s;
+	uint64_t stream_failures[GG_MESH_FAILURES];       /* gg_mesh_failure_name() */
+	uint64_t step_buckets[GG_NODE_STEP_BUCKETS + 1];  /* completed steps by duration, not cumulative */
+	double step_s_sum;
+	uint64_t failures_by_code[GG_NODE_CODES];
+	uint64_t feedback_bytes;                          /* error-feedback residuals held */
+};
+
+/* A step that failed here, as its ranks were told. */
+struct gg_node_failure {
+	char job[GG_WIRE_NAME_MAX + 1];
+	uint64_t step;
+	int code;                 /* enum gg_errc */
+	uint64_t at_us;           /* gg_monotonic_us */
+	uint64_t at_unix_ms;      /* wall clock */
+	char message[GG_NODE_ERROR_MAX];
 };
 
 /* Builds the node from a validated config: TLS context, listening socket,
@@ -168,6 +216,16 @@ GG_MUST_CHECK int gg_node_test_receive(struct gg_node *n, unsigned peer, unsigne
 				       size_t len);
 
 const struct gg_node_stats *gg_node_stats(const struct gg_node *n);
+/* A snapshot of every figure, on the node's thread (the caller of
+ * gg_node_run_once): counters the lanes publish are read, not locked. */
+void gg_node_get_metrics(const struct gg_node *n, struct gg_node_metrics *out);
+/* A step this site failed without handing it to the node (the node
+ * refused it): counted and kept with those the node failed. */
+void gg_node_note_failure(struct gg_node *n, const char *job, uint64_t seq, int code, const char *message);
+/* The last failures (at most `max`), newest first; returns how many. */
+unsigned gg_node_recent_failures(const struct gg_node *n, struct gg_node_failure *out, unsigned max);
+/* Steps failed here since the start. */
+uint64_t gg_node_failure_count(const struct gg_node *n);
 const char *gg_node_site_name(const struct gg_node *n, unsigned index);
 unsigned gg_node_self(const struct gg_node *n);
 

@@ -49,6 +49,16 @@ int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t 
 	return 0;
 }
 
+bool gg_net_addr_is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+	if (sa->sa_family != AF_INET6)
+		return false;
+	const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+	return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
 const char *gg_net_addr_format(const struct sockaddr *sa, char *buf, size_t size)
 {
 	char ip[INET6_ADDRSTRLEN];

@@ -3,6 +3,7 @@
 #ifndef GG_NET_ADDR_H
 #define GG_NET_ADDR_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/socket.h>
 
@@ -14,6 +15,10 @@
  * here (startup only: this may block). Returns 0, or -EINVAL with `why`. */
 GG_MUST_CHECK int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t *len,
 				    const char **why);
+
+/* Whether the address is this host's loopback: 127.0.0.0/8, ::1, or
+ * ::ffff:127.x.y.z. */
+bool gg_net_addr_is_loopback(const struct sockaddr *sa);
 
 /* "10.0.0.1:7001" or "[::1]:7001"; returns buf. */
 const char *gg_net_addr_format(const struct sockaddr *sa, char *buf, size_t size);

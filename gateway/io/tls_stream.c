@@ -123,6 +123,12 @@ static void advance(struct gg_tls_stream *s)
  * why) are sent before the socket closes. */
 static void fail(struct gg_tls_stream *s, int err, const char *text, bool flush)
 {
+	/* The engine names what went wrong in a handshake; a socket that
+	 * failed under it means the peer went away. */
+	if (s->state == GG_TLS_STREAM_HANDSHAKE && !s->error) {
+		enum gg_tls_failure f = s->tls ? gg_tls_engine_failure(s->tls) : GG_TLS_OK;
+		s->handshake_failure = f ? f : err == -EPIPE || err == -ECONNRESET ? GG_TLS_FAIL_CLOSED : GG_TLS_FAIL_PROTOCOL;
+	}
 	set_error(s, err, text);
 	if (s->state >= GG_TLS_STREAM_CLOSING)
 		return;

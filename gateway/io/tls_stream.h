@@ -80,7 +80,8 @@ struct gg_tls_stream {
 	bool notify_pending; /* closing: close_notify still to be queued */
 	bool fin_sent;
 	uint64_t deadline_us; /* 0: none */
-	uint64_t wire_in_bytes, wire_out_bytes;
+	uint64_t wire_in_bytes, wire_out_bytes; /* what the socket carried, TLS records and handshake */
+	enum gg_tls_failure handshake_failure;  /* why the handshake failed; GG_TLS_OK: it did not */
 	unsigned pending_ev; /* events not yet returned to the owner */
 	int error;         /* 0, or the negative errno the stream failed with */
 	char error_text[GG_TLS_ERROR_MAX];

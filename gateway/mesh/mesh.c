@@ -18,6 +18,7 @@
 #define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
 #define TEARDOWN_US 1000000 /* gg_mesh_free() waits this long for the kernel */
 #define LISTENER_INDEX UINT32_MAX /* user_data index of the listener's cancel */
+#define RATE_WINDOW_US 1000000 /* delivery rate: over this much time with DATA in flight */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -57,6 +58,7 @@ struct conn {
 	struct out *txq_head, *txq_tail; /* being written */
 	unsigned txq_count;
 	uint64_t last_rx_us, ping_sent_us;
+	uint64_t wire_in_seen, wire_out_seen; /* the stream's wire bytes counted for its peer so far */
 	uint32_t gen;        /* counts the slot's uses: a via names one of them */
 	bool flush_pending;  /* messages were queued during this turn */
 	/* Tests (gg_mesh_test_open): no socket; writes go to test_sent, reads
@@ -76,6 +78,10 @@ struct peer {
 	struct out *unacked;           /* DATA written or waiting, until ACKed */
 	uint64_t unacked_bytes;
 	struct out *waiting;           /* DATA held back by the in-flight bound */
+	/* The delivery rate's window: time with DATA unacknowledged, and the
+	 * frame bytes acknowledged meanwhile. */
+	uint64_t busy_since_us;        /* 0: nothing in flight */
+	uint64_t window_busy_us, window_bytes;
 	struct gg_tls_site tls_site;
 	char address[GG_NET_ADDR_TEXT_MAX + 256];
 };
@@ -160,6 +166,45 @@ static void free_list(struct out *o)
 const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m)
 {
 	return &m->stats;
+}
+
+const char *gg_mesh_failure_name(unsigned failure)
+{
+	return failure == GG_MESH_FAIL_MISMATCH ? "mismatch" : gg_tls_failure_name((enum gg_tls_failure)failure);
+}
+
+/* The bytes a stream's socket carried since the last call, counted for its
+ * peer once the peer is known (an accepted stream's handshake included). */
+static void count_wire(struct gg_mesh *m, struct conn *c)
+{
+	if (c->peer < 0)
+		return;
+	struct gg_mesh_peer_stats *ps = &m->stats.peers[c->peer];
+	ps->wire_bytes_in += c->ts.wire_in_bytes - c->wire_in_seen;
+	ps->wire_bytes_out += c->ts.wire_out_bytes - c->wire_out_seen;
+	c->wire_in_seen = c->ts.wire_in_bytes;
+	c->wire_out_seen = c->ts.wire_out_bytes;
+}
+
+/* Keeps the delivery rate's window: called whenever DATA to peer `p`
+ * becomes unacknowledged or acknowledged, and at every tick. Once a
+ * window holds RATE_WINDOW_US of time with DATA in flight, the rate is
+ * what it delivered in that time, and a new window starts. */
+static void peer_busy(struct gg_mesh *m, unsigned p)
+{
+	struct peer *pe = &m->peers[p];
+	const uint64_t now = m->loop->now_us;
+
+	if (pe->busy_since_us) {
+		pe->window_busy_us += now > pe->busy_since_us ? now - pe->busy_since_us : 0;
+		pe->busy_since_us = 0;
+	}
+	if (pe->window_busy_us >= RATE_WINDOW_US) {
+		m->stats.peers[p].delivery_bytes_per_s = pe->window_bytes * 1000000u / pe->window_busy_us;
+		pe->window_busy_us = pe->window_bytes = 0;
+	}
+	if (pe->unacked_bytes)
+		pe->busy_since_us = now ? now : 1;
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -279,6 +324,8 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		pe->unacked = keep;
 		o->conn = ci;
 		conn_enqueue(m, ci, o);
+		if (pe->unacked_bytes == bytes)
+			peer_busy(m, p); /* the first DATA in flight: the peer is busy from now */
 	}
 }
 
@@ -456,7 +503,10 @@ static bool on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *m
 		if (o->seq == msg->u.ack.step && same_chunk(&o->id, &msg->u.ack.id) && !strcmp(o->job, msg->u.ack.job)) {
 			*pp = o->next;
 			pe->unacked_bytes -= o->head_len + o->frame->len;
+			pe->window_bytes += o->frame->len;
+			m->stats.peers[peer].acked_bytes += o->frame->len;
 			free_out(o);
+			peer_busy(m, peer);
 			pump_peer(m, peer);
 			return true;
 		}
@@ -477,6 +527,7 @@ static void peer_lost_state(struct gg_mesh *m, unsigned p)
 	free_list(pe->unacked);
 	pe->unacked = NULL;
 	pe->unacked_bytes = 0;
+	peer_busy(m, p);
 	free_list(pe->waiting);
 	pe->waiting = NULL;
 	m->ops->on_peer_restarted(m->owner, p, pe->instance_id);
@@ -513,6 +564,7 @@ static void resend_lost(struct gg_mesh *m, unsigned p)
 		pe->waiting = o;
 		m->stats.resent_messages++;
 	}
+	peer_busy(m, p);
 	pump_peer(m, p);
 }
 
@@ -523,6 +575,7 @@ static void stream_ready(struct gg_mesh *m, int ci)
 
 	c->ready = true;
 	m->peers[c->peer].backoff_us[c->stream] = 0;
+	m->stats.peers[c->peer].stream_ups++;
 	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", m->names[c->peer], c->stream,
 	       c->ts.tls ? gg_tls_engine_cipher(c->ts.tls) : "none");
 	resend_lost(m, (unsigned)c->peer);
@@ -575,6 +628,7 @@ static void on_hello(struct gg_mesh *m, int ci, const struct gg_wire_msg *msg)
 	}
 	if (gg_wire_hello_check(&m->hello, h, m->names[c->peer], err, sizeof(err))) {
 		gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", m->names[c->peer], err);
+		m->stats.stream_failures[GG_MESH_FAIL_MISMATCH]++;
 		/* Our HELLO lets the dialer see the mismatch too, rather than
 		 * only a closed stream; the close flushes it. */
 		if (!c->dialer)
@@ -754,6 +808,7 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 {
 	struct conn *c = &m->conns[ci];
 
+	count_wire(m, c);
 	free_list(c->txq_head);
 	gg_buf_put(c->msg);
 	free(c->small);
@@ -783,6 +838,8 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 	       c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
 	bool was_ready = c->ready;
 	c->ready = false;
+	if (was_ready && c->peer >= 0)
+		m->stats.peers[c->peer].stream_downs++;
 	/* What it carried is lost with it. Forget the slot now: once freed it
 	 * may carry a new stream, which would pass for the one these went on. */
 	if (c->peer >= 0)
@@ -832,6 +889,8 @@ static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
 
 	if (!c->used)
 		return;
+	if ((ev & GG_TLS_STREAM_EV_FAILED) && c->ts.handshake_failure && c->ts.handshake_failure < GG_MESH_FAILURES)
+		m->stats.stream_failures[c->ts.handshake_failure]++;
 	if (ev & GG_TLS_STREAM_EV_FAILED)
 		conn_lost(m, ci, gg_tls_stream_error(&c->ts));
 	if (ev & GG_TLS_STREAM_EV_OPEN) {
@@ -839,6 +898,7 @@ static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
 			size_t idx = gg_tls_engine_peer_site(c->ts.tls);
 			c->peer = idx < m->accept_count ? m->accept_map[idx] : -1;
 		}
+		count_wire(m, c);
 		c->last_rx_us = m->loop->now_us;
 		if (c->dialer)
 			send_hello(m, ci, (uint16_t)c->stream);
@@ -1105,8 +1165,10 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		/* The handshake pool holds a connection until its HELLO, and no
 		 * longer than a handshake may take (the stream times out one
 		 * that is still in its TLS handshake). */
+		count_wire(m, c);
 		if (c->handshake && !c->moving && c->ts.state == GG_TLS_STREAM_OPEN &&
 		    now - c->since_us > cfg->transport.handshake_timeout_us) {
+			m->stats.stream_failures[GG_TLS_FAIL_TIMEOUT]++;
 			conn_close(m, ci, "no HELLO within the handshake timeout");
 			continue;
 		}
@@ -1126,6 +1188,9 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 			c->ping_sent_us = 0; /* lost with a stream; probe again */
 		}
 	}
+	for (unsigned p = 0; p < m->sites; p++)
+		if (p != m->self)
+			peer_busy(m, p);
 	for (unsigned p = m->self + 1; p < m->sites && !m->shutting_down; p++)
 		for (int s = (int)m->lane; s < cfg->transport.streams_per_peer; s += (int)m->lanes)
 			if (m->peers[p].conn[s] < 0 && now >= m->peers[p].next_dial_us[s])

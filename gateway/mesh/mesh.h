@@ -115,11 +115,31 @@ struct gg_mesh_config {
 	bool listen;                    /* accepts peers' streams (lane 0) */
 };
 
+/* Why a stream never came up: the TLS handshake's failures (enum
+ * gg_tls_failure, GG_TLS_OK unused), and a peer whose HELLO disagrees
+ * with this site's settings. */
+#define GG_MESH_FAIL_MISMATCH (GG_TLS_FAIL_PROTOCOL + 1)
+#define GG_MESH_FAILURES (GG_MESH_FAIL_MISMATCH + 1)
+
+/* "timeout", "unknown-ca", ... as gg_tls_failure_name(); "mismatch". */
+const char *gg_mesh_failure_name(unsigned failure);
+
+struct gg_mesh_peer_stats {
+	uint64_t wire_bytes_in, wire_bytes_out; /* the peer's TCP streams: TLS records, handshakes */
+	uint64_t stream_ups, stream_downs;      /* streams that became ready, and ready ones lost */
+	uint64_t acked_bytes;                   /* DATA frame bytes the peer acknowledged */
+	/* Frame bytes the peer acknowledged per second of time with DATA in
+	 * flight to it, over the last second of such time; 0 until then. */
+	uint64_t delivery_bytes_per_s;
+};
+
 struct gg_mesh_stats {
 	uint64_t data_bytes_in;   /* DATA payload bytes received */
 	uint64_t resent_messages;
 	uint64_t rtt_us[GG_AR_MAX_SITES]; /* last heartbeat round trip per site */
 	double tls_s;             /* time in TLS record encryption and decryption */
+	struct gg_mesh_peer_stats peers[GG_AR_MAX_SITES];
+	uint64_t stream_failures[GG_MESH_FAILURES]; /* streams that never came up, by why */
 };
 
 /* The most connections the meshes of a gateway with this configuration

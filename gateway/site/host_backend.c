@@ -14,6 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "acceptor.h"
 #include "control_proto.h"
 #include "host_sum.h"
 #include "uring_msg.h"
@@ -23,7 +24,6 @@ enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 #define OUTQ (GG_CTRL_MAX_INFLIGHT + 2u) /* every request's DONE, ACCEPT, the last ERROR */
 #define RECV_FDS 4                       /* descriptors one packet may bring before MSG_CTRUNC */
 #define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
-#define ACCEPT_RETRY_US 100000u
 #define MAX_MESSAGE_LIMIT (1ull << 40)
 #define TEXT GG_CTRL_TEXT_SIZE
 
@@ -67,6 +67,10 @@ struct hb_conn {
 	int io_error;  /* a send could not be queued: dropped at the next tick */
 	uid_t uid;     /* of the peer process, from SO_PEERCRED */
 	pid_t pid;
+
+	/* A status answer: sent a message at a time through out[]. */
+	union gg_ctrl_msg *status;
+	unsigned status_count, status_next;
 
 	union gg_ctrl_msg in;
 	struct iovec iov;
@@ -126,8 +130,7 @@ struct gg_host_backend {
 	int listen_fd;
 	dev_t listen_dev;
 	ino_t listen_ino;
-	bool accept_armed;
-	uint64_t accept_retry_us;
+	struct gg_acceptor accept;
 	unsigned cancels;
 	bool stopping;
 
@@ -175,8 +178,19 @@ static void req_pop(struct hb_conn *c)
 
 /* ---- sending ------------------------------------------------------------ */
 
+/* Moves what is left of a status answer into the answer queue. */
+static void status_feed(struct hb_conn *c)
+{
+	while (c->status && c->status_next < c->status_count && c->out_count < OUTQ) {
+		unsigned i = (c->out_head + c->out_count++) % OUTQ;
+		c->out[i] = c->status[c->status_next];
+		c->out_len[i] = c->status[c->status_next++].hdr.length;
+	}
+}
+
 static void out_kick(struct gg_host_backend *b, struct hb_conn *c)
 {
+	status_feed(c);
 	if (c->send_busy || !c->out_count || c->shut)
 		return;
 	int rc = gg_loop_send(b->loop, c->fd, &c->out[c->out_head], c->out_len[c->out_head], ud(b, K_SEND, c));
@@ -232,6 +246,7 @@ static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
 		}
 	}
 	close(c->fd);
+	free(c->status);
 	uint32_t gen = (c->gen + 1) & GG_LOOP_AUX_MAX;
 	uint32_t index = c->index;
 	memset(c, 0, sizeof(*c));
@@ -926,6 +941,38 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	out_kick(b, c);
 }
 
+/* A status request: answered to root and to the gateway's own user only,
+ * for it names every job, its user and its failures; then closed. */
+static void on_status(struct gg_host_backend *b, struct hb_conn *c)
+{
+	uid_t self = geteuid();
+
+	if (c->in.status.version != GG_CTRL_STATUS_VERSION) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "status version %u is not supported: the gateway of site %s speaks "
+			    "version %u", (unsigned)c->in.status.version, b->site, GG_CTRL_STATUS_VERSION);
+		return;
+	}
+	if (c->uid != 0 && c->uid != self) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "the status of site %s is for root and the gateway's user (uid %u); "
+			    "uid %u asked", b->site, (unsigned)self, (unsigned)c->uid);
+		return;
+	}
+	if (!b->opts.status) {
+		conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s does not answer status requests", b->site);
+		return;
+	}
+	c->status = calloc(GG_HOST_STATUS_MAX_MESSAGES, sizeof(*c->status));
+	if (!c->status) {
+		conn_refuse(b, c, GG_ERR_NOMEM, "the gateway of site %s is out of memory", b->site);
+		return;
+	}
+	c->status_count = b->opts.status(b->opts.status_arg, c->status, GG_HOST_STATUS_MAX_MESSAGES);
+	c->status_next = 0;
+	b->stats.status_requests++;
+	conn_closing(b, c);
+	out_kick(b, c);
+}
+
 static void on_map(struct gg_host_backend *b, struct hb_conn *c, int *fds, unsigned nfds, bool ctrunc)
 {
 	const struct gg_ctrl_map *mp = &c->in.map;
@@ -1080,10 +1127,14 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 	if (c->state == C_HELLO) {
 		if (type < 0)
 			conn_refuse(b, c, GG_ERR_PROTOCOL, "%s", why);
-		else if (type != GG_CTRL_HELLO)
-			conn_refuse(b, c, GG_ERR_PROTOCOL, "expected HELLO, got %s", gg_ctrl_type_name((unsigned)type));
+		else if (type != GG_CTRL_HELLO && type != GG_CTRL_STATUS)
+			conn_refuse(b, c, GG_ERR_PROTOCOL, "expected HELLO or STATUS, got %s",
+				    gg_ctrl_type_name((unsigned)type));
 		else if (nfds || ctrunc)
-			conn_refuse(b, c, GG_ERR_PROTOCOL, "HELLO must not carry file descriptors");
+			conn_refuse(b, c, GG_ERR_PROTOCOL, "%s must not carry file descriptors",
+				    gg_ctrl_type_name((unsigned)type));
+		else if (type == GG_CTRL_STATUS)
+			on_status(b, c);
 		else
 			on_hello(b, c);
 		return;
@@ -1168,35 +1219,22 @@ static void on_send(struct gg_host_backend *b, struct hb_conn *c, int res)
 
 static void arm_accept(struct gg_host_backend *b)
 {
-	int rc = gg_loop_accept(b->loop, b->listen_fd, ud(b, K_ACCEPT, NULL));
+	int rc = gg_acceptor_arm(&b->accept);
 
-	if (rc) {
+	if (rc)
 		hb_log(b, "control socket %s: cannot queue accept: %s", b->path, strerror(-rc));
-		b->accept_retry_us = b->loop->now_us + ACCEPT_RETRY_US;
-		return;
-	}
-	b->accept_armed = true;
-	b->accept_retry_us = 0;
 }
 
 static void on_accept(struct gg_host_backend *b, const struct io_uring_cqe *cqe)
 {
-	if (!(cqe->flags & IORING_CQE_F_MORE))
-		b->accept_armed = false;
-	if (cqe->res >= 0) {
-		if (b->stopping)
-			close(cqe->res);
-		else
-			conn_new(b, cqe->res);
-	} else if (cqe->res != -ECANCELED) {
-		/* EMFILE and the like: try again shortly rather than spin. */
-		hb_log(b, "control socket %s: accept: %s", b->path, strerror(-cqe->res));
-		if (!b->accept_armed)
-			b->accept_retry_us = b->loop->now_us + ACCEPT_RETRY_US;
-		return;
-	}
-	if (!b->accept_armed && !b->stopping)
-		arm_accept(b);
+	int fd = gg_acceptor_on_cqe(&b->accept, cqe, b->stopping);
+
+	if (fd >= 0 && b->stopping)
+		close(fd);
+	else if (fd >= 0)
+		conn_new(b, fd);
+	else if (fd != -ECANCELED)
+		hb_log(b, "control socket %s: accept: %s", b->path, strerror(-fd));
 }
 
 /* ---- the seam ----------------------------------------------------------- */
@@ -1242,11 +1280,7 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 	struct gg_host_backend *b = host_of(base);
 	uint64_t next = 0;
 
-	if (!b->stopping && !b->accept_armed && b->accept_retry_us) {
-		if (now_us >= b->accept_retry_us)
-			arm_accept(b);
-		next = min_deadline(next, b->accept_retry_us);
-	}
+	next = gg_acceptor_tick(&b->accept, now_us, b->stopping);
 	for (unsigned i = 0; i < b->opts.max_clients; i++) {
 		struct hb_conn *c = &b->conns[i];
 		if (c->io_error && (c->state == C_HELLO || c->state == C_ACTIVE))
@@ -1380,6 +1414,7 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 		return rc;
 	}
 	b->listen_fd = fd;
+	b->accept.fd = fd;
 	b->listen_dev = st.st_dev;
 	b->listen_ino = st.st_ino;
 	return 0;
@@ -1397,8 +1432,9 @@ static int hb_start(struct gg_site_backend *base, struct gg_loop *loop, char *er
 	if ((rc = listen_on(b, err, err_size)))
 		return rc;
 	b->loop = loop;
+	b->accept = (struct gg_acceptor){ .loop = loop, .fd = b->listen_fd, .ud = ud(b, K_ACCEPT, NULL) };
 	arm_accept(b);
-	if (!b->accept_armed) {
+	if (!b->accept.armed) {
 		snprintf(err, err_size, "control socket %s: cannot queue accept on the loop", b->path);
 		return -EIO;
 	}
@@ -1434,9 +1470,9 @@ static bool hb_stop(struct gg_site_backend *base)
 		}
 	}
 	/* Retried on every call should the ring have had no room. */
-	if (b->accept_armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
+	if (b->accept.armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
 		b->cancels++;
-	if (b->listen_fd >= 0 && !b->accept_armed && !b->cancels) {
+	if (b->listen_fd >= 0 && !b->accept.armed && !b->cancels) {
 		struct stat st;
 		close(b->listen_fd);
 		b->listen_fd = -1;
@@ -1482,6 +1518,35 @@ struct gg_site_backend *gg_host_backend_base(struct gg_host_backend *b)
 void gg_host_backend_get_stats(const struct gg_host_backend *b, struct gg_host_backend_stats *stats)
 {
 	*stats = b->stats;
+	stats->sessions = 0;
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		stats->sessions += j->connected;
+}
+
+unsigned gg_host_backend_list_jobs(const struct gg_host_backend *b, struct gg_host_job_info *out, unsigned max)
+{
+	unsigned n = 0;
+
+	/* New jobs go to the front of the list. */
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		n++;
+	unsigned skip = n > max ? n - max : 0, i = 0;
+	for (const struct hb_job *j = b->jobs; j; j = j->next, i++) {
+		if (i < skip)
+			continue;
+		bool announced = false;
+		for (unsigned r = 0; r < j->nranks && !announced; r++)
+			announced = j->ranks[r] && j->ranks[r]->req_count;
+		struct gg_host_job_info *o = &out[n - 1 - i];
+		memcpy(o->name, j->name, sizeof(o->name));
+		o->nranks = j->nranks;
+		o->connected = j->connected;
+		o->last_step = j->seq - 1;
+		o->uid = (uint32_t)j->uid;
+		o->state = j->broken ? GG_CTRL_JOB_FAILED : j->with_core ? GG_CTRL_JOB_RUNNING
+			   : announced ? GG_CTRL_JOB_GATHERING : GG_CTRL_JOB_IDLE;
+	}
+	return n;
 }
 
 void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_host_backend_options *opts)

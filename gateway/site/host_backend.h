@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "control_proto.h"
 #include "gg_common.h"
 #include "site_backend.h"
 
@@ -44,11 +45,29 @@ struct gg_host_backend_options {
 	/* Called for refusals, protocol errors and failed steps; NULL: quiet. */
 	void (*log)(void *arg, const char *line);
 	void *log_arg;
+	/* Answers a STATUS request (control_proto.h): writes STATUS_SITE and
+	 * the messages it announces, at most `max`, into `out` and returns how
+	 * many. Runs on the loop's thread. NULL: status requests are refused. */
+	unsigned (*status)(void *arg, union gg_ctrl_msg *out, unsigned max);
+	void *status_arg;
+};
+
+/* The most messages a status answer may have. */
+#define GG_HOST_STATUS_MAX_MESSAGES (1u + 7u + GG_CTRL_STATUS_MAX_JOBS + GG_CTRL_STATUS_MAX_FAILURES)
+
+/* A job as the status shows it. */
+struct gg_host_job_info {
+	char name[GG_CTRL_NAME_SIZE];
+	unsigned nranks, connected;
+	uint64_t last_step;            /* the last step that ended; 0: none */
+	enum gg_ctrl_job_state state;
+	uint32_t uid;
 };
 
 struct gg_host_backend_stats {
 	unsigned connections;  /* open, including those being closed */
 	unsigned jobs;
+	unsigned sessions;     /* ranks connected to their jobs */
 	unsigned regions;      /* shared regions mapped */
 	unsigned core_steps;   /* steps the core holds now */
 	uint64_t sum_bytes;    /* float32 sums held for bfloat16 steps in flight */
@@ -57,6 +76,7 @@ struct gg_host_backend_stats {
 	uint64_t steps_failed; /* steps failed at their ranks */
 	uint64_t refused;      /* connections refused */
 	uint64_t violations;   /* connections closed for breaking the protocol */
+	uint64_t status_requests; /* status requests answered */
 };
 
 struct gg_host_backend;
@@ -83,5 +103,7 @@ void gg_host_backend_complete(struct gg_host_backend *b, struct gg_site_step *st
 			      const char *message);
 
 void gg_host_backend_get_stats(const struct gg_host_backend *b, struct gg_host_backend_stats *stats);
+/* Up to `max` of the jobs, oldest first; returns how many jobs there are. */
+unsigned gg_host_backend_list_jobs(const struct gg_host_backend *b, struct gg_host_job_info *out, unsigned max);
 
 #endif

@@ -142,6 +142,8 @@ static void test_defaults(void)
 	CHECK(cfg.limits.inflight_bytes_per_peer == 256u << 20);
 	CHECK(cfg.limits.max_message_bytes == 2ull << 30);
 	CHECK(cfg.limits.max_clients == 64);
+	CHECK(cfg.metrics.listen == NULL); /* no [metrics]: no endpoint */
+	CHECK(!cfg.metrics.allow_remote);
 
 	char *out = NULL;
 	size_t len = 0;
@@ -152,6 +154,7 @@ static void test_defaults(void)
 	CHECK(strstr(out, "\nchunk_size = \"1MiB\"  # default; ") != NULL);
 	CHECK(strstr(out, "\nname = \"site-a\"  # this site") != NULL);
 	CHECK(strstr(out, "\n# crl: not set") != NULL);
+	CHECK(strstr(out, "\n[metrics]\n# listen: not set") != NULL);
 	free(out);
 	gg_config_free(&cfg);
 }
@@ -170,7 +173,8 @@ static const char full[] =
 	"handshake_timeout = \"2s\"\nstep_timeout = \"2m\"\nreconnect_min = \"50ms\"\nreconnect_max = \"30s\"\n"
 	"[compression]\ncodec = \"int4\"\nblock_size = 128\nscale = \"fp16\"\nzstd_level = 0\nerror_feedback = false\n"
 	"[allreduce]\nalgorithm = \"direct\"\n"
-	"[limits]\nmemory = \"8GiB\"\ninflight_per_peer = \"1GiB\"\nmax_message = \"512MiB\"\nmax_clients = 16\n";
+	"[limits]\nmemory = \"8GiB\"\ninflight_per_peer = \"1GiB\"\nmax_message = \"512MiB\"\nmax_clients = 16\n"
+	"[metrics]\nlisten = \"0.0.0.0:9464\"\nallow_remote = true\n";
 
 static void test_full_and_round_trip(void)
 {
@@ -208,6 +212,8 @@ static void test_full_and_round_trip(void)
 	CHECK(cfg.limits.memory_bytes == 8ull << 30);
 	CHECK(cfg.limits.max_message_bytes == 512u << 20);
 	CHECK(cfg.limits.max_clients == 16);
+	CHECK_STR(cfg.metrics.listen, "0.0.0.0:9464");
+	CHECK(cfg.metrics.allow_remote);
 
 	/* What --check-config prints must load back to the same settings. */
 	char *first = NULL, *second = NULL;
@@ -231,6 +237,52 @@ static void test_full_and_round_trip(void)
 	gg_config_free(&cfg);
 }
 
+/* The metrics endpoint listens on loopback unless allow_remote says
+ * otherwise; every spelling of loopback counts as one. */
+static void test_metrics_listen(void)
+{
+	static const struct {
+		const char *listen;
+		bool loopback;
+	} cases[] = {
+		{ "127.0.0.1:9464", true },    { "127.1.2.3:1", true },       { "[::1]:9464", true },
+		{ "[0:0:0:0:0:0:0:1]:9464", true }, { "[::ffff:127.0.0.1]:9464", true }, { "localhost:9464", true },
+		{ "LocalHost:9464", true },     { "0.0.0.0:9464", false },     { "10.0.0.5:9464", false },
+		{ "[::]:9464", false },         { "[::ffff:10.0.0.1]:9464", false }, { "128.0.0.1:9464", false },
+		{ "metrics.example.net:9464", false }, { "localhost.example.net:9464", false },
+	};
+	char text[1024], path[256];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		for (int remote = 0; remote < 2; remote++) {
+			struct gg_config cfg;
+			struct gg_diag diag = { 0 };
+			snprintf(text, sizeof(text), "%s[metrics]\nlisten = \"%s\"\n%s", minimal, cases[i].listen,
+				 remote ? "allow_remote = true\n" : "");
+			put("metrics.toml", text, 0644);
+			snprintf(path, sizeof(path), "%s/metrics.toml", dir);
+			int rc = gg_config_load(path, &cfg, &diag);
+			bool want_ok = cases[i].loopback || remote;
+			if ((rc == 0) != want_ok) {
+				printf("FAIL %s, allow_remote %d: loaded with rc %d\n", cases[i].listen, remote, rc);
+				gg_diag_print(&diag, stdout);
+				failures++;
+			}
+			if (rc == 0) {
+				CHECK_STR(cfg.metrics.listen, cases[i].listen);
+				CHECK(cfg.metrics.allow_remote == (remote != 0));
+				gg_config_free(&cfg);
+			} else if (!want_ok) {
+				char want[512];
+				snprintf(want, sizeof(want), "%s:12:10: 'listen' in [metrics] is %s, not a loopback address;",
+					 path, cases[i].listen);
+				CHECK(diag.count == 1 && !strncmp(diag.lines[0], want, strlen(want)));
+			}
+			gg_diag_free(&diag);
+		}
+	}
+}
+
 int main(void)
 {
 	if (!mkdtemp(dir)) {
@@ -243,7 +295,8 @@ int main(void)
 	test_units();
 	test_defaults();
 	test_full_and_round_trip();
-	const char *names[] = { "ca.pem", "cert.pem", "key.pem", "crl.pem", "minimal.toml", "full.toml" };
+	test_metrics_listen();
+	const char *names[] = { "ca.pem", "cert.pem", "key.pem", "crl.pem", "minimal.toml", "full.toml", "metrics.toml" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		char path[256];
 		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "control_conn.h"
 #include "host_harness.h"
 
 #define MAX_CLIENTS 4
@@ -89,13 +90,29 @@ static void test_hello_refusals(void)
 	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with nonzero reserved header fields");
 
 	gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
-	refused(&m, sizeof(m.allreduce), -1, GG_ERR_PROTOCOL, "expected HELLO, got ALLREDUCE");
+	refused(&m, sizeof(m.allreduce), -1, GG_ERR_PROTOCOL, "expected HELLO or STATUS, got ALLREDUCE");
 	m.hdr.type = 77;
 	refused(&m, sizeof(m.allreduce), -1, GG_ERR_PROTOCOL, "unknown message type 77");
 
 	int memfd = raw_memfd(4096, true);
 	hello_msg(&m, "job", 0, 1);
 	refused(&m, sizeof(m.hello), memfd, GG_ERR_PROTOCOL, "HELLO must not carry file descriptors");
+
+	/* A status request: checked like a HELLO; this harness has no status
+	 * to give (the daemon's is tested with gateways in integration). */
+	gg_ctrl_init(&m, GG_CTRL_STATUS);
+	m.status.version = GG_CTRL_STATUS_VERSION;
+	refused(&m, sizeof(m.status), -1, GG_ERR_REFUSED, "the gateway of site test-site does not answer status requests");
+	refused(&m, sizeof(m.status), memfd, GG_ERR_PROTOCOL, "STATUS must not carry file descriptors");
+	refused(&m, 20, -1, GG_ERR_PROTOCOL, "truncated STATUS: 20 of 24 bytes");
+	m.status.reserved = 1;
+	refused(&m, sizeof(m.status), -1, GG_ERR_PROTOCOL, "STATUS with a string unterminated or holding control");
+	m.status.reserved = 0;
+	m.status.version = 2;
+	refused(&m, sizeof(m.status), -1, GG_ERR_REFUSED,
+		"status version 2 is not supported: the gateway of site test-site speaks version 1");
+	gg_ctrl_init(&m, GG_CTRL_STATUS_SITE);
+	refused(&m, sizeof(m.status_site), -1, GG_ERR_PROTOCOL, "expected HELLO or STATUS, got STATUS_SITE");
 	close(memfd);
 
 	/* Silence is refused too, once the HELLO deadline passes. */
@@ -157,6 +174,22 @@ static int other_user_main(const char *endpoint)
 		fprintf(stderr, "other user: %s\n", err.message);
 		return 1;
 	}
+	/* The status names every job and its user: root's and the gateway's. */
+	struct sockaddr_un addr;
+	union gg_ctrl_msg m;
+	char why[160];
+	uint64_t deadline = gg_ctrl_now_ms() + 5000;
+	int fd = gg_ctrl_parse_endpoint(endpoint, &addr, &err) ? -1 : gg_ctrl_connect(&addr, deadline, &err);
+	size_t len = gg_ctrl_init(&m, GG_CTRL_STATUS);
+	m.status.version = GG_CTRL_STATUS_VERSION;
+	ssize_t n = fd >= 0 && !gg_ctrl_send(fd, &m, len, -1, deadline) ? gg_ctrl_recv(fd, &m, deadline) : -1;
+	if (n <= 0 || gg_ctrl_check(&m, (size_t)n, why, sizeof(why)) != GG_CTRL_REFUSE ||
+	    !strstr(m.error.message, "the status of site test-site is for root and the gateway's user (uid 0); "
+				     "uid 65534 asked")) {
+		fprintf(stderr, "other user's status: %s\n", n > 0 ? m.error.message : err.message);
+		return 1;
+	}
+	close(fd);
 	return 0;
 }
 
@@ -307,6 +340,15 @@ static void bad_hello_again(struct raw_rank *rr)
 
 	hello_msg(&m, "v", 1, 2);
 	raw_send(rr->fd, &m, sizeof(m.hello), -1);
+}
+
+static void bad_status_in_session(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_STATUS);
+
+	m.status.version = GG_CTRL_STATUS_VERSION;
+	raw_send(rr->fd, &m, len, -1);
 }
 
 static void bad_unsealed(struct raw_rank *rr)
@@ -468,6 +510,7 @@ static const struct violation violations[] = {
 	{ "truncated", bad_truncated, GG_ERR_PROTOCOL, "truncated ALLREDUCE: 30 of 56 bytes", false },
 	{ "done", bad_done, GG_ERR_PROTOCOL, "unexpected DONE from a client", false },
 	{ "hello-again", bad_hello_again, GG_ERR_PROTOCOL, "unexpected HELLO from a client", false },
+	{ "status-in-session", bad_status_in_session, GG_ERR_PROTOCOL, "unexpected STATUS from a client", false },
 	{ "unsealed", bad_unsealed, GG_ERR_PROTOCOL, "MAP of region 1: the memfd is not sealed against shrinking", false },
 	{ "not-memfd", bad_not_memfd, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd (Invalid argument)", false },
 	{ "hugetlb", bad_hugetlb, GG_ERR_PROTOCOL, "MAP of region 1: the memfd is not plain shared memory (filesystem 0x958458f6, not tmpfs; MFD_HUGETLB is not accepted)", false },

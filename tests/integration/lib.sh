@@ -35,11 +35,12 @@ CHUNK=256KiB
 SOCKET_BUFFER=1MiB
 THREADS=2                 # lanes per gateway: 2 threads, each with a loop and a share of the streams
 LINK_ARGS=()              # linkem options for every dialer -> acceptor link; () = no links
+METRICS=0                 # 1: every gateway serves /metrics on a port of its own (metrics_port[I])
 declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refused mesh)
 declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
 
-declare -a gw_pid gw_port
+declare -a gw_pid gw_port metrics_port
 declare -A link_pid link_addr # "IJ": the link from site I to site J
 
 log() { printf '[%s +%ss] %s\n' "$test_name" "$(elapsed)" "$*"; }
@@ -251,6 +252,9 @@ max_message = "1GiB"
 inflight_per_peer = "8MiB"
 max_clients = 16
 EOF
+		if [ "$METRICS" = 1 ]; then
+			printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "${metrics_port[$i]}"
+		fi
 	} >"$f"
 }
 
@@ -321,9 +325,10 @@ mesh_start() {
 	make_certs
 	local attempt i j ports
 	for attempt in 1 2 3; do
-		read -r -a ports <<<"$(free_ports "$K")"
+		read -r -a ports <<<"$(free_ports $((2 * K)))"
 		for ((i = 0; i < K; i++)); do
 			gw_port[$i]=${ports[$i]}
+			metrics_port[$i]=${ports[$((K + i))]}
 		done
 		if [ ${#LINK_ARGS[@]} -gt 0 ]; then
 			for ((i = 0; i < K; i++)); do

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# gradgate status against two running gateways: the table and the JSON
+# name the site, the peer with its address and streams, a job whose ranks
+# are still connected, and a step that failed with its code and message;
+# --config finds the socket as --control does. Without a gateway at the
+# socket, it says so and exits 3.
+. "$(dirname "$0")/lib.sh"
+
+# ---- nothing listens
+rc=0
+"$GRADGATE" status --control "unix:$work/none.sock" >"$work/none.out" 2>&1 || rc=$?
+[ "$rc" = 3 ] || fail "status without a gateway exited $rc, expected 3"
+expect "$work/none.out" "^gradgate status: no gateway listens on unix:$work/none.sock \(No such file or directory\); is gradgate running" \
+	"status without a gateway"
+: >"$work/plain-file"
+rc=0
+"$GRADGATE" status --control "unix:$work/plain-file" >"$work/plain.out" 2>&1 || rc=$?
+[ "$rc" = 3 ] || fail "status at a plain file exited $rc, expected 3"
+expect "$work/plain.out" "^gradgate status: no gateway listens on unix:$work/plain-file" "status at a plain file"
+rc=0
+"$GRADGATE" status --config "$work/missing.toml" >"$work/cfg.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "status with a missing config exited $rc, expected 1"
+rc=0
+"$GRADGATE" status >/dev/null 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "status without --config or --control exited $rc, expected 2"
+log "no gateway: $(head -n1 "$work/none.out")"
+
+# ---- two gateways: a job done, a step failed, a job waiting
+K=2
+mesh_start
+mesh_up 15
+run_ok done 1000 1 3
+# A lone rank whose deadline passes: step 1 fails at site-a (GG_ERR_TIMEOUT).
+rank_start lonely 1000 0 1 0 1 --timeout-ms 300
+ranks_wait
+[ "${rank_rc[lonely-s0-r0]}" != 0 ] || fail "the lonely rank's step did not fail"
+# One rank of two: connected, its step waiting for the other.
+rank_start waiting 1000 0 2 0 1
+wait_for "$(site_log 0)" "rank 0 of job 'waiting' connected" 10 || fail "the waiting rank did not connect"
+
+"$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/status.out" 2>"$work/status.err" ||
+	fail "status exited $?: $(cat "$work/status.err")"
+cat "$work/status.out"
+expect "$work/status.out" "^site site-a  gradgate [0-9.]+  up [0-9]+[a-z]+  steps completed 3, failed 1$" "the site line"
+expect "$work/status.out" "^site-b +127\.0\.0\.1:${gw_port[1]} +2/2 +([0-9.]+|-) +[0-9.]+[KMG]?i?B +[0-9.]+[KMG]?i?B +[0-9]+ (ms|s) ago$" \
+	"the peer line"
+expect "$work/status.out" "^waiting +1/2 +0 +gathering +$(id -u)$" "the waiting job"
+expect "$work/status.out" "^RECENT FAILURES \(1 of 1, newest first\)$" "the failures' title"
+expect "$work/status.out" "^[0-9]+ (ms|s) ago +lonely +1 +GG_ERR_TIMEOUT +.*lonely" "the failure"
+
+"$GRADGATE" status --config "$work/site-b.toml" --json >"$work/status-b.json" 2>"$work/status.err" ||
+	fail "status --config --json exited $?: $(cat "$work/status.err")"
+"$GRADGATE" status --control "unix:$work/site-a.sock" --json >"$work/status-a.json" 2>"$work/status.err" ||
+	fail "status --json exited $?: $(cat "$work/status.err")"
+python3 - "$work/status-a.json" "$work/status-b.json" "${gw_port[0]}" "${gw_port[1]}" "$(id -u)" <<'PY' ||
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+port_a, port_b, uid = sys.argv[3], sys.argv[4], int(sys.argv[5])
+problems = []
+def want(what, got, expected):
+    if got != expected:
+        problems.append(f"{what}: {got!r}, expected {expected!r}")
+want("a.site", a["site"], "site-a")
+want("b.site", b["site"], "site-b")
+want("a.steps_completed", a["steps_completed"], 3)
+want("b.steps_completed", b["steps_completed"], 3)
+want("a.steps_failed", a["steps_failed"], 1)
+want("b.steps_failed", b["steps_failed"], 0)
+for me, peer, port in ((a, "site-b", port_b), (b, "site-a", port_a)):
+    want(f"{me['site']} peers", [p["site"] for p in me["peers"]], [peer])
+    p = me["peers"][0]
+    want(f"{me['site']} peer address", p["address"], f"127.0.0.1:{port}")
+    want(f"{me['site']} streams", (p["streams_up"], p["streams"]), (2, 2))
+    if not (p["bytes_in"] > 0 and p["bytes_out"] > 0 and p["last_heard_s"] is not None and p["last_heard_s"] < 5):
+        problems.append(f"{me['site']} peer figures: {p}")
+    if not (p["rtt_ms"] is None or p["rtt_ms"] > 0):
+        problems.append(f"{me['site']} rtt_ms: {p['rtt_ms']}")
+want("a.jobs", [(j["name"], j["ranks"], j["connected"], j["last_step"], j["state"], j["uid"]) for j in a["jobs"]],
+     [("waiting", 2, 1, 0, "gathering", uid)])
+want("a.jobs_total", a["jobs_total"], 1)
+want("b.jobs", b["jobs"], [])
+want("a.failures", [(f["job"], f["step"], f["code"]) for f in a["failures"]], [("lonely", 1, "GG_ERR_TIMEOUT")])
+if a["failures"] and "lonely" not in a["failures"][0]["message"]:
+    problems.append(f"the failure's message does not name its job: {a['failures'][0]['message']}")
+want("b.failures", b["failures"], [])
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PY
+	fail "the JSON status is not what the gateways hold"
+log "status: $(head -n1 "$work/status.out"); JSON of both sites checked"
+
+# ---- a gateway that stopped: no answer, exit 3
+mesh_stop
+ranks_wait
+rc=0
+"$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/gone.out" 2>&1 || rc=$?
+[ "$rc" = 3 ] || fail "status of a stopped gateway exited $rc, expected 3"
+expect "$work/gone.out" "no gateway listens on unix:$work/site-a.sock" "status of a stopped gateway"
