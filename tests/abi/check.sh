@@ -60,8 +60,10 @@ fi
 pkg=$(find "$root" -path '*/gradgate/__init__.py' -path '*-packages/*' | head -1)
 if [ -z "$pkg" ]; then
 	bad "meson install did not put the Python package gradgate in a site-packages folder"
-elif command -v python3 >/dev/null; then
-	# The installed package finds the installed library by its soname.
+elif [[ " ${cc[*]} " != *" -fsanitize="* ]] && command -v python3 >/dev/null; then
+	# The installed package finds the installed library by its soname (not
+	# in sanitizer builds: Python cannot load a library that expects the
+	# sanitizer's runtime in the executable).
 	got=$(cd "$work" && env -u GRADGATE_LIBRARY PYTHONPATH="$(dirname "$(dirname "$pkg")")" \
 		LD_LIBRARY_PATH="$root/$libdir" python3 -c 'import gradgate; print(gradgate.version())' 2>&1) ||
 		true
