@@ -34,9 +34,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for port in 7101 7102 7103; do
+for port in 7101 7102 7103 9464 9465 9466; do
 	if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
-		echo "demo: port $port is in use; stop what listens there (the example configs use 7101-7103)" >&2
+		echo "demo: port $port is in use; stop what listens there (the example configs use 7101-7103 and 9464-9466)" >&2
 		exit 1
 	fi
 done
@@ -75,6 +75,14 @@ for p in "${rank_pids[@]}"; do
 done
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 
+# Each gateway's Prometheus page ([metrics] in the example configs), now
+# that the steps are done; the report checks it against the gateways' own
+# totals.
+for i in "${!sites[@]}"; do
+	python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+		"http://127.0.0.1:$((9464 + i))/metrics" >"$logs/${sites[$i]}.metrics" 2>&1 || true
+done
+
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
 pids=()
@@ -98,6 +106,29 @@ tls = sum(float(g.get("tls_s", 0)) for g in gws)
 codec = sum(float(g.get("encode_s", 0)) + float(g.get("decode_s", 0)) for g in gws)
 up = sum(float(g.get("uptime_s", 0)) for g in gws)
 done = [int(g.get("steps_done", 0)) for g in gws]
+families = ["raw_bytes_total", "encoded_bytes_total", "wire_bytes_total", "compression_ratio", "peer_rtt_seconds",
+            "peer_delivery_rate_bytes_per_second", "peer_streams_up", "peer_stream_ups_total",
+            "peer_stream_downs_total", "stream_failures_total", "steps_completed_total", "step_failures_total",
+            "step_duration_seconds", "step_phase_seconds_total", "tls_seconds_total", "memory_bytes",
+            "memory_limit_bytes", "jobs", "sessions", "build_info"]
+metrics_ok, metrics_why = True, []
+for f, g in zip(sorted(glob.glob(logs + "/site-*.metrics")), gws):
+    page = open(f).read()
+    types = set(re.findall(r"^# TYPE gradgate_(\w+) ", page, re.M))
+    missing = [x for x in families if x not in types]
+    val = lambda name, labels="": sum(float(v) for v in re.findall(r"^gradgate_" + name + r"(?:\{[^}]*" + labels + r"[^}]*\})? (\S+)$", page, re.M))
+    site = f.split("/")[-1].split(".")[0]
+    if missing:
+        metrics_ok = False
+        metrics_why.append(f"{site} lacks {', '.join(missing)}")
+    if val("steps_completed_total") != steps:
+        metrics_ok = False
+        metrics_why.append(f"{site} counted {val('steps_completed_total'):.0f} steps, not {steps}")
+    if val("raw_bytes_total", 'direction="sent"') != int(g.get("raw_bytes_out", -1)):
+        metrics_ok = False
+        metrics_why.append(f"{site}'s raw bytes sent differ from its stopped line")
+if len(glob.glob(logs + "/site-*.metrics")) != 3:
+    metrics_ok, metrics_why = False, metrics_why + ["not every gateway's page was scraped"]
 print()
 print("demo report")
 print(f"  steps                 {steps} per rank, 6 ranks at 3 sites; gateways completed {done}")
@@ -106,7 +137,9 @@ print(f"  wire bytes vs raw     {wire/2**20:.1f} MiB sent for {raw/2**20:.1f} Mi
 print(f"  time in encryption    {tls:.2f} s of {up:.1f} gateway-seconds ({100*tls/up if up else 0:.1f}%); codec {codec:.2f} s")
 print(f"  results               {'every rank matched the exact sum within bound' if failed == 0 else f'{failed} rank(s) FAILED'}; "
       f"{'all ranks of all sites got identical bytes' if ndigest == 1 else f'{ndigest} different results: MISMATCH'}")
-sys.exit(0 if failed == 0 and ndigest == 1 and all(d == steps for d in done) else 1)
+print(f"  metrics               " + (f"every gateway's page has all {len(families)} families checked; steps and bytes agree with its totals"
+                                     if metrics_ok else "FAILED: " + "; ".join(metrics_why)))
+sys.exit(0 if failed == 0 and ndigest == 1 and all(d == steps for d in done) and metrics_ok else 1)
 PY
 status=$?
 if [ $status != 0 ]; then
