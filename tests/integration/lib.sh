@@ -38,6 +38,8 @@ LINK_ARGS=()              # linkem options for every dialer -> acceptor link; ()
 declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refused mesh)
 declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
+declare -A DIAL=()        # "i-j": site i's [[peers]] dial for site j (unset: out/in across a link, else both)
+declare -A PEER_ADDR=()   # "i-j": the address site i dials site j on (unset: j's listen address or link)
 
 declare -a gw_pid gw_port
 declare -A link_pid link_addr # "IJ": the link from site I to site J
@@ -199,7 +201,7 @@ link_start() {
 
 # write_config I: site I's configuration, for the current settings.
 write_config() {
-	local i=$1 name=${SITES[$1]} f="$work/${SITES[$1]}.toml"
+	local i=$1 name=${SITES[$1]} f="$work/${SITES[$1]}.toml" dial
 	local codec=${SITE_CODEC[$i]:-$CODEC} scale=${SITE_SCALE[$i]:-$SCALE} algo=${SITE_ALGO[$i]:-$ALGO}
 	{
 		cat <<EOF
@@ -222,8 +224,17 @@ EOF
 			if [ "$i" -lt "$j" ] && [ -n "${link_addr[$i$j]:-}" ]; then
 				addr=${link_addr[$i$j]}
 			fi
-			printf '[[peers]]\nsite = "%s"\naddress = "%s"\nidentity = "dns:%s.gradgate.test"\n\n' \
+			addr=${PEER_ADDR["$i-$j"]:-$addr}
+			printf '[[peers]]\nsite = "%s"\naddress = "%s"\nidentity = "dns:%s.gradgate.test"\n' \
 				"${SITES[$j]}" "$addr" "${SITES[$j]}"
+			dial=${DIAL["$i-$j"]:-}
+			if [ -z "$dial" ] && [ -n "${link_addr[$((i < j ? i : j))$((i < j ? j : i))]:-}" ]; then
+				# Joined by a link: the first site dials through it and the
+				# other only takes its streams, so every stream crosses it.
+				dial=$([ "$i" -lt "$j" ] && echo out || echo in)
+			fi
+			[ -z "$dial" ] || printf 'dial = "%s"\n' "$dial"
+			echo
 		done
 		cat <<EOF
 [transport]
