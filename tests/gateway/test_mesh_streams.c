@@ -425,21 +425,23 @@ static void teardown_in_flight(void)
 }
 
 /* The most a configuration allows: eight sites, 64 streams to each peer,
- * one lane. Every site holds 448 streams, and all of them come up. All
- * 1792 handshakes start at once on this one thread (slow under a
- * sanitizer): the handshake timeout leaves them time. */
+ * one lane, and both sites of every pair dialing (the default). Every
+ * site holds 448 streams, and all of them come up. All 3584 handshakes,
+ * every stream dialed from both ends, start at once on this one thread
+ * (slow under a sanitizer, a minute under ThreadSanitizer): the handshake
+ * timeout leaves them time. */
 static void at_the_limits(void)
 {
 	struct mesh_set ms;
 	uint64_t t0 = now_us();
 
-	CHECK(mesh_set_init(&ms, GG_MAX_PEERS + 1, GG_MESH_MAX_STREAMS, "60s") == 0, "set-up");
+	CHECK(mesh_set_init(&ms, GG_MAX_PEERS + 1, GG_MESH_MAX_STREAMS, "150s") == 0, "set-up");
 	for (unsigned k = 0; k < ms.K; k++)
 		CHECK(site_start(&ms, k) == 0, "start s%u", k);
-	if (turn_until(&ms, all_connected, 60))
+	if (turn_until(&ms, all_connected, 150))
 		printf("  %u sites x %d streams up in %.1f s\n", ms.K, ms.streams, (double)(now_us() - t0) / 1e6);
 	else
-		CHECK(0, "the mesh did not connect within 60 s");
+		CHECK(0, "the mesh did not connect within 150 s");
 	mesh_set_fini(&ms);
 }
 
