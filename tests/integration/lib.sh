@@ -190,6 +190,9 @@ make_certs() {
 link_start() {
 	local i=$1 j=$2 port=$3 out="$work/link-$1-$2.out"
 	local extra=${LINK_EXTRA["$i-$j"]:-}
+	# The shell truncates the file only once the child runs: a file left
+	# by an earlier mesh would otherwise give its address.
+	rm -f "$out"
 	# shellcheck disable=SC2086
 	"$LINKEM" --listen 127.0.0.1:0 --target "127.0.0.1:$port" "${LINK_ARGS[@]}" $extra \
 		>"$out" 2>"$work/link-$i-$j.log" &
