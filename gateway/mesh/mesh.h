@@ -220,11 +220,12 @@ typedef void gg_mesh_test_sent_fn(void *arg, unsigned peer, unsigned stream, con
 
 /* Tests: a stream to `peer` with no socket or TLS behind it, ready at once
  * as an accepted stream number `stream` whose HELLO carried `instance_id`
- * would be (it replaces a stream open on that number; a new instance id
- * means the peer restarted). What the mesh writes to it goes to `sent` at
- * once; what it reads comes from gg_mesh_test_receive(). Returns 0,
- * -EINVAL (the stream is not this mesh's, or `peer` is this site), -EBUSY
- * (no free slot) or -ENOMEM. */
+ * would be (it replaces a stream open on that number as such a stream
+ * would, or is refused when this site sorts first and its own connection
+ * for the number is up; a new instance id means the peer restarted). What
+ * the mesh writes to it goes to `sent` at once; what it reads comes from
+ * gg_mesh_test_receive(). Returns 0, -EINVAL (the stream is not this
+ * mesh's, or `peer` is this site), -EBUSY (no free slot) or -ENOMEM. */
 GG_MUST_CHECK int gg_mesh_test_open(struct gg_mesh *m, unsigned peer, unsigned stream, uint64_t instance_id,
 				    gg_mesh_test_sent_fn *sent, void *arg);
 /* Tests: `len` bytes from the peer on such a stream, as the TLS stream
