@@ -1072,8 +1072,11 @@ static int write_config(const struct mode *m, uint64_t size, int i)
 	for (int j = 0; j < o->sites; j++) {
 		if (j == i)
 			continue;
-		fprintf(f, "[[peers]]\nsite = \"site-%d\"\nidentity = \"dns:site-%d.gradgate.test\"\n", j, j);
-		if (i < j && o->delay_ms > 0) /* the dialer reaches it through its linkem */
+		/* The site that sorts first dials, and the one with the delay reaches
+		 * the other through its linkem: every stream crosses it. */
+		fprintf(f, "[[peers]]\nsite = \"site-%d\"\nidentity = \"dns:site-%d.gradgate.test\"\ndial = \"%s\"\n", j, j,
+			i < j ? "out" : "in");
+		if (i < j && o->delay_ms > 0)
 			fprintf(f, "address = \"127.0.0.1:%d\"\n\n", WAN_LINK_PORT + j);
 		else
 			fprintf(f, "address = \"10.77.0.%d:%d\"\n\n", j + 1, WAN_GW_PORT);

@@ -87,6 +87,7 @@ static const struct name_list group_list = {
 
 static const char *const scale_names[] = { "fp32", "fp16", NULL };
 static const char *const algo_names[] = { "direct", "ring", NULL };
+static const char *const dial_names[] = { "both", "out", "in", NULL }; /* enum gg_peer_dial */
 
 static const struct field site_fields[] = {
 	{ "name", F_STRING, CFG(site.name), true, NULL, 0, 0, NULL, gg_check_site_name,
@@ -122,6 +123,8 @@ static const struct field peer_fields[] = {
 	  "host:port the peer listens on" },
 	{ "identity", F_STRING, PEER(identity), false, NULL, 0, 0, NULL, gg_check_identity,
 	  "dns:NAME or uri:URI its certificate must carry (default dns:SITE)" },
+	{ "dial", F_ENUM, PEER(dial), false, "both", 0, 0, dial_names, NULL,
+	  "who opens the streams: out (this site dials, refuses the peer's) | in (only the peer dials) | both" },
 };
 
 static const struct field transport_fields[] = {
@@ -916,7 +919,8 @@ void gg_config_free(struct gg_config *cfg)
 		}
 	for (size_t i = 0; i < cfg->peer_count; i++)
 		for (size_t k = 0; k < peers_section.count; k++)
-			free(*(char **)((char *)&cfg->peers[i] + peer_fields[k].offset));
+			if (peer_fields[k].kind == F_STRING)
+				free(*(char **)((char *)&cfg->peers[i] + peer_fields[k].offset));
 	free(cfg->peers);
 	memset(cfg, 0, sizeof(*cfg));
 }
@@ -1038,4 +1042,17 @@ void gg_config_print(const struct gg_config *cfg, FILE *out)
 const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo)
 {
 	return (unsigned)algo < GG_ARRAY_LEN(algo_names) - 1 ? algo_names[algo] : "?";
+}
+
+const char *gg_peer_dial_name(enum gg_peer_dial dial)
+{
+	return (unsigned)dial < GG_ARRAY_LEN(dial_names) - 1 ? dial_names[dial] : "?";
+}
+
+const struct gg_peer_config *gg_config_peer(const struct gg_config *cfg, const char *site)
+{
+	for (size_t i = 0; i < cfg->peer_count; i++)
+		if (cfg->peers[i].site && !strcmp(cfg->peers[i].site, site))
+			return &cfg->peers[i];
+	return NULL;
 }

@@ -20,10 +20,19 @@ enum gg_allreduce_algo {
 	GG_ALLREDUCE_RING,
 };
 
+/* Who opens the streams between this site and a peer: [[peers]] dial. */
+enum gg_peer_dial {
+	GG_DIAL_BOTH, /* either site may dial; of two connections for one stream, the one the site
+		       * whose name sorts first dialed is kept */
+	GG_DIAL_OUT,  /* this site dials the peer, and refuses the peer's connections */
+	GG_DIAL_IN,   /* this site never dials the peer: it takes the peer's connections */
+};
+
 struct gg_peer_config {
 	char *site;     /* the peer's site name, as its own config says */
 	char *address;  /* "host:port" it listens on */
 	char *identity; /* "dns:NAME" or "uri:URI" its certificate must carry */
+	enum gg_peer_dial dial;
 };
 
 struct gg_config {
@@ -120,5 +129,9 @@ void gg_config_free(struct gg_config *cfg);
 void gg_config_print(const struct gg_config *cfg, FILE *out);
 
 const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo);
+/* "both", "out", "in": the value as the config file writes it. */
+const char *gg_peer_dial_name(enum gg_peer_dial dial);
+/* The [[peers]] entry of `site`, or NULL. */
+const struct gg_peer_config *gg_config_peer(const struct gg_config *cfg, const char *site);
 
 #endif

@@ -896,6 +896,11 @@ int gg_tls_engine_handshake(struct gg_tls_engine *e)
 	int rc = start_records(e);
 	if (rc)
 		return rc;
+	if (e->chk.is_server && e->chk.matched_site < e->chk.site_count && e->sites[e->chk.matched_site].denied) {
+		/* Proven, and not wanted: it hears why before anything it sent is read. */
+		e->chk.denied = true;
+		return fail_records(e, SSL_AD_ACCESS_DENIED, 0, "access denied");
+	}
 	e->established = true;
 	return 0;
 }

@@ -31,6 +31,7 @@ struct gg_tls_check {
 	bool is_server;
 
 	size_t matched_site;  /* SIZE_MAX until the peer proved a site */
+	bool denied;          /* server: that site is denied, and was refused with access_denied */
 	int verify_error;     /* the X509_V_ERR_* that refused the peer; 0: none */
 	char cert_detail[160]; /* dates or issuer of the certificate at fault */
 	char presented[GG_TLS_NAMES_MAX]; /* the SAN names the peer's certificate carries */

@@ -127,6 +127,7 @@ int gg_tls_site_init(struct gg_tls_site *site, const char *name, const char *ide
 	if (rc)
 		return rc;
 	strcpy(site->name, name);
+	site->denied = false;
 	return 0;
 }
 
@@ -148,6 +149,7 @@ const char *gg_tls_failure_name(enum gg_tls_failure failure)
 		[GG_TLS_FAIL_BAD_CERT] = "bad-cert",
 		[GG_TLS_FAIL_GROUP] = "group",
 		[GG_TLS_FAIL_REFUSED] = "refused",
+		[GG_TLS_FAIL_DENIED] = "denied",
 		[GG_TLS_FAIL_PROTOCOL] = "protocol",
 	};
 	if ((size_t)failure < GG_ARRAY_LEN(names) && names[failure])
@@ -483,6 +485,7 @@ static const char *refusal_reason(int desc, bool established)
 	case SSL_AD_PROTOCOL_VERSION: return "peer does not accept TLS 1.3";
 	case SSL_AD_NO_APPLICATION_PROTOCOL: return "peer does not speak " GG_TLS_ALPN " (ALPN)";
 	case SSL_AD_HANDSHAKE_FAILURE: return "peer found no acceptable parameters (ciphersuites or key-exchange groups?)";
+	case SSL_AD_ACCESS_DENIED: return "peer accepts our certificate but not connections from this site (access denied)";
 	default: return established ? "peer ended the connection with an alert" : "peer refused the connection";
 	}
 }
@@ -535,10 +538,16 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 				   char *buf, size_t size)
 {
 	char text[200], detail[GG_TLS_NAMES_MAX + 200];
-	size_t dl = 0, used = 0;
+	size_t dl = 0, used = 0, allowed = 0, first_allowed = 0;
 	struct reason r = { GG_TLS_FAIL_PROTOCOL, NULL };
 	bool show_names = false;
 
+	/* The expected identities are those of the sites that may connect. */
+	for (size_t i = chk->site_count; i-- > 0;)
+		if (!chk->sites[i].denied) {
+			allowed++;
+			first_allowed = i;
+		}
 	detail[0] = '\0';
 	if (chk->timed_out) {
 		snprintf(text, sizeof(text), "handshake not completed within %llu ms", (unsigned long long)chk->timeout_ms);
@@ -547,23 +556,31 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 		r = verify_reason(chk);
 		show_names = true;
 		if (r.failure == GG_TLS_FAIL_IDENTITY) {
-			if (chk->site_count == 1 && chk->sites[0].name[0])
-				snprintf(text, sizeof(text), "certificate does not name site '%s'", chk->sites[0].name);
-			else if (chk->site_count == 1)
+			if (allowed == 1 && chk->sites[first_allowed].name[0])
+				snprintf(text, sizeof(text), "certificate does not name site '%s'", chk->sites[first_allowed].name);
+			else if (allowed == 1)
 				snprintf(text, sizeof(text), "certificate does not name the expected site");
+			else if (allowed == 0)
+				snprintf(text, sizeof(text), "certificate names no site known here");
 			else
-				snprintf(text, sizeof(text), "certificate names none of the %zu allowed sites", chk->site_count);
+				snprintf(text, sizeof(text), "certificate names none of the %zu allowed sites", allowed);
 			r.text = text;
 		}
 		if (chk->cert_detail[0])
 			append(detail, sizeof(detail), &dl, "; %s", chk->cert_detail);
+	} else if (chk->denied) {
+		snprintf(text, sizeof(text), "site '%s' may not open connections to this site",
+			 chk->sites[chk->matched_site].name);
+		r = (struct reason){ GG_TLS_FAIL_DENIED, text };
+		show_names = true;
 	} else if (chk->alpn_refused) {
 		r = (struct reason){ GG_TLS_FAIL_ALPN,
 				     chk->is_server ? "peer does not offer ALPN " GG_TLS_ALPN
 						    : "peer did not select ALPN " GG_TLS_ALPN };
 		append(detail, sizeof(detail), &dl, "; %s %s", chk->is_server ? "offered" : "selected", chk->alpn_seen);
 	} else if (chk->alert_received >= 0) {
-		r = (struct reason){ GG_TLS_FAIL_REFUSED, refusal_reason(chk->alert_received, chk->established) };
+		r = (struct reason){ chk->alert_received == SSL_AD_ACCESS_DENIED ? GG_TLS_FAIL_DENIED : GG_TLS_FAIL_REFUSED,
+				     refusal_reason(chk->alert_received, chk->established) };
 		append(detail, sizeof(detail), &dl, "; alert %s", alert_name(chk->alert_received));
 	} else if (ssl_reason == SSL_R_NO_SUITABLE_KEY_SHARE || ssl_reason == SSL_R_NO_SHARED_GROUPS) {
 		r = (struct reason){ GG_TLS_FAIL_GROUP, chk->is_server ? "peer offers no key-exchange group we accept"
@@ -591,11 +608,16 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 		append(detail, sizeof(detail), &dl, "; certificate names %s", chk->presented);
 
 	append(buf, size, &used, "peer %s: %s (expected identity ", chk->peer_addr, r.text);
-	for (size_t i = 0; i < chk->site_count; i++) {
+	for (size_t i = 0, n = 0; i < chk->site_count; i++) {
 		char id[GG_TLS_IDENTITY_MAX + 8];
-		append(buf, size, &used, "%s%s", i == 0 ? "" : i + 1 == chk->site_count ? " or " : ", ",
+		if (chk->sites[i].denied)
+			continue;
+		append(buf, size, &used, "%s%s", n == 0 ? "" : n + 1 == allowed ? " or " : ", ",
 		       gg_tls_identity_format(&chk->sites[i].identity, id, sizeof(id)));
+		n++;
 	}
+	if (!allowed)
+		append(buf, size, &used, "none: no site may connect here");
 	append(buf, size, &used, "%s)", detail);
 	return r.failure;
 }

@@ -9,6 +9,7 @@
 #ifndef GG_TLS_VERIFY_H
 #define GG_TLS_VERIFY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "gg_common.h"
@@ -31,6 +32,11 @@ struct gg_tls_identity {
 struct gg_tls_site {
 	char name[GG_TLS_SITE_NAME_MAX]; /* "" when unknown */
 	struct gg_tls_identity identity;
+	/* Server side: a site known here that may not connect. A peer that
+	 * proves this identity is refused with an access_denied alert once
+	 * its handshake completed, so it learns that its certificate is good
+	 * and that it is its connection that is not wanted. */
+	bool denied;
 };
 
 /* Parses "dns:NAME" or "uri:URI". DNS names are 1..253 bytes of labels of
@@ -44,8 +50,8 @@ GG_MUST_CHECK int gg_tls_identity_parse(const char *text, struct gg_tls_identity
  * returns buf. */
 const char *gg_tls_identity_format(const struct gg_tls_identity *id, char *buf, size_t size);
 
-/* Fills a site from its name and identity text; -EINVAL (with `why`) when
- * the identity does not parse or the name is too long. */
+/* Fills a site from its name and identity text (not denied); -EINVAL
+ * (with `why`) when the identity does not parse or the name is too long. */
 GG_MUST_CHECK int gg_tls_site_init(struct gg_tls_site *site, const char *name, const char *identity,
 				   const char **why);
 
@@ -67,12 +73,14 @@ enum gg_tls_failure {
 	GG_TLS_FAIL_BAD_CERT,         /* any other certificate problem */
 	GG_TLS_FAIL_GROUP,            /* the peer offers no key-exchange group we accept */
 	GG_TLS_FAIL_REFUSED,          /* the peer refused us with an alert */
+	GG_TLS_FAIL_DENIED,           /* a known site that may not connect (access_denied): the
+				       * server refused it, or the client was told so */
 	GG_TLS_FAIL_PROTOCOL,         /* any other TLS failure */
 };
 
 /* "timeout", "closed", "not-tls", "protocol-version", "alpn", "no-cert",
  * "unknown-ca", "expired", "revoked", "identity", "usage", "bad-cert",
- * "group", "refused", "protocol"; "ok" for GG_TLS_OK. */
+ * "group", "refused", "denied", "protocol"; "ok" for GG_TLS_OK. */
 const char *gg_tls_failure_name(enum gg_tls_failure failure);
 
 #endif

@@ -25,6 +25,7 @@
 #define METRICS_REQUEST_BYTES 8192
 #define METRICS_PAGE_BYTES (1u << 20)
 #define METRICS_TIMEOUT_US 5000000u
+#define MESH_REPORT_MAX_US 600000000u /* the longest wait between reports of an incomplete mesh */
 
 static volatile sig_atomic_t got_stop, got_hup;
 
@@ -184,13 +185,43 @@ static void backend_log(void *arg, const char *line)
 	gg_log(GG_LOG_INFO, "control", "msg=\"%s\"", line);
 }
 
-static void log_mesh(struct daemon *d, bool *connected)
+/* Whether every stream to every peer is up, as last logged. */
+struct mesh_watch {
+	bool connected;
+	uint64_t next_us;     /* when to say again that it is not */
+	uint64_t interval_us; /* doubles from heartbeat_timeout up to MESH_REPORT_MAX_US */
+};
+
+/* mesh_up once every stream is up; mesh_degraded when one goes, and again
+ * while the mesh stays incomplete (first heartbeat_timeout after the start
+ * or the loss, then at longer and longer intervals), naming the peers that
+ * have no stream up and why: a pair of sites whose dial settings leave
+ * neither to dial can tell nothing from the network. */
+static void log_mesh(struct daemon *d, struct mesh_watch *w)
 {
-	if (*connected != gg_node_connected(d->node)) {
-		*connected = !*connected;
-		gg_log(*connected ? GG_LOG_INFO : GG_LOG_WARN, *connected ? "mesh_up" : "mesh_degraded", "site=%s",
-		       d->cfg->site.name);
+	const uint64_t now = gg_monotonic_us();
+	char why[1024], safe[2 * sizeof(why)];
+
+	if (w->connected != gg_node_connected(d->node)) {
+		w->connected = !w->connected;
+		w->interval_us = d->cfg->transport.heartbeat_timeout_us;
+		w->next_us = now + w->interval_us;
+		if (w->connected) {
+			gg_log(GG_LOG_INFO, "mesh_up", "site=%s", d->cfg->site.name);
+			return;
+		}
+	} else if (w->connected || now < w->next_us) {
+		return;
+	} else {
+		w->interval_us = GG_MIN(2 * w->interval_us, MESH_REPORT_MAX_US);
+		w->next_us = now + w->interval_us;
 	}
+	unsigned n = gg_node_unreachable(d->node, why, sizeof(why));
+	if (n)
+		gg_log(GG_LOG_WARN, "mesh_degraded", "site=%s unreachable=%u reason=\"%s\"", d->cfg->site.name, n,
+		       gg_escape(safe, sizeof(safe), why, strlen(why)));
+	else
+		gg_log(GG_LOG_WARN, "mesh_degraded", "site=%s", d->cfg->site.name);
 }
 
 static void reload(struct daemon *d)
@@ -391,7 +422,8 @@ static int start_metrics(struct daemon *d, char *err, size_t err_size)
 static int run(struct daemon *d)
 {
 	int status = GG_EXIT_OK;
-	bool connected = false;
+	struct mesh_watch watch = { .next_us = gg_monotonic_us() + d->cfg->transport.heartbeat_timeout_us,
+				    .interval_us = d->cfg->transport.heartbeat_timeout_us };
 
 	while (!got_stop) {
 		if (turn(d, 100000)) {
@@ -403,7 +435,7 @@ static int run(struct daemon *d)
 			got_hup = 0;
 			reload(d);
 		}
-		log_mesh(d, &connected);
+		log_mesh(d, &watch);
 	}
 
 	/* Fail the steps in progress (the backend reports them to their ranks),

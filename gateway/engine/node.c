@@ -1101,16 +1101,20 @@ static void lane_mail(struct lane *ln)
 
 /* " (no connection to site X, site Y)" for peers with no stream up, or "":
  * when a site is gone, what a step waits for may be held up by it rather
- * than by the site the step waits on. */
+ * than by the site the step waits on. A peer only it may dial (dial =
+ * "in" here) is marked so: if it never dials, no stream ever comes. */
 static void unreachable_peers(const struct gg_node *n, char *buf, size_t size)
 {
 	size_t len = 0;
 
 	buf[0] = '\0';
-	for (unsigned p = 0; p < n->sites && len < size; p++)
-		if (p != n->self && !atomic_load(&n->ready[p]))
-			len += (size_t)snprintf(buf + len, size - len, "%s site %s", len ? "," : " (no connection to",
-						n->names[p]);
+	for (unsigned p = 0; p < n->sites && len < size; p++) {
+		if (p == n->self || atomic_load(&n->ready[p]))
+			continue;
+		const struct gg_peer_config *pc = gg_config_peer(n->cfg, n->names[p]);
+		len += (size_t)snprintf(buf + len, size - len, "%s site %s%s", len ? "," : " (no connection to",
+					n->names[p], pc && pc->dial == GG_DIAL_IN ? ", whose dial it waits for (dial = \"in\")" : "");
+	}
 	if (len && len < size)
 		snprintf(buf + len, size - len, ")");
 }
@@ -1121,7 +1125,7 @@ static void part_missed_deadline(struct lane_job *lj)
 	const struct gg_node *n = lj->lane->node;
 	unsigned from;
 	struct gg_ar_chunk_id id;
-	char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
+	char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 48) + 32];
 
 	unreachable_peers(n, down, sizeof(down));
 	gg_format_duration(lj->timeout_us, buf, sizeof(buf));
@@ -1851,13 +1855,47 @@ static void coordinator_mail(struct gg_node *n)
 			resend_done(n, m->peer);
 			break;
 		case M_STREAM_DOWN:
-			snprintf(n->down_reason[m->peer], sizeof(n->down_reason[m->peer]), "%.200s", m->u.text);
+			snprintf(n->down_reason[m->peer], sizeof(n->down_reason[m->peer]), "%.250s", m->u.text);
 			break;
 		default:
 			break;
 		}
 		free(m);
 	}
+}
+
+/* Why `peer` has no stream up: its last stream's reason or, when none ever
+ * came up, what this site's dial setting leaves to the peer. */
+static const char *down_reason(const struct gg_node *n, unsigned peer, char *buf, size_t size)
+{
+	const struct gg_peer_config *pc = gg_config_peer(n->cfg, n->names[peer]);
+
+	if (n->down_reason[peer][0])
+		return n->down_reason[peer];
+	if (pc && pc->dial == GG_DIAL_IN)
+		snprintf(buf, size, "never connected: this site's [[peers]] dial for %s is \"in\", so %s must dial it "
+			 "(dial = \"out\" or \"both\" there)", n->names[peer], n->names[peer]);
+	else
+		snprintf(buf, size, "never connected");
+	return buf;
+}
+
+unsigned gg_node_unreachable(const struct gg_node *n, char *buf, size_t size)
+{
+	char why[GG_NODE_ERROR_MAX];
+	unsigned count = 0;
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (unsigned p = 0; p < n->sites; p++) {
+		if (p == n->self || atomic_load(&n->ready[p]))
+			continue;
+		if (len < size)
+			len += (size_t)snprintf(buf + len, size - len, "%ssite %s: %s", count ? "; " : "", n->names[p],
+						down_reason(n, p, why, sizeof(why)));
+		count++;
+	}
+	return count;
 }
 
 /* When anything was last heard from `peer`, on any lane. */
@@ -1886,11 +1924,12 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 		if (p == n->self || heard >= now || now - heard <= limit)
 			continue;
 		bool up = atomic_load(&n->ready[p]) != 0;
+		char why[GG_NODE_ERROR_MAX];
 		fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s is unreachable: nothing heard from it "
 			       "for %.1f s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
 			       (double)(now - heard) / 1e6,
 			       up ? "its streams are up but silent" : "its streams are down: ",
-			       up ? "" : n->down_reason[p][0] ? n->down_reason[p] : "never connected");
+			       up ? "" : down_reason(n, p, why, sizeof(why)));
 		return true;
 	}
 	return false;
@@ -1940,7 +1979,7 @@ static uint64_t coordinator_timers(struct gg_node *n)
 			next = GG_MIN(next, until);
 			continue;
 		}
-		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 8) + 32];
+		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 48) + 32];
 		char waiting[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 2) + 1] = "";
 		size_t len = 0;
 		unreachable_peers(n, down, sizeof(down));

@@ -172,6 +172,11 @@ void gg_node_end_job(struct gg_node *n, const char *job);
 
 /* True when every peer has all its streams up. */
 bool gg_node_connected(const struct gg_node *n);
+/* Peers with no stream up, each as "site X: why" (why its last stream went
+ * down, or that it never connected and what this site's [[peers]] dial
+ * setting for it leaves to the peer), joined by "; " into buf. Returns how
+ * many there are. On lane 0's thread. */
+unsigned gg_node_unreachable(const struct gg_node *n, char *buf, size_t size);
 
 /* Reloads certificates and key (SIGHUP); established streams keep theirs. */
 GG_MUST_CHECK int gg_node_reload(struct gg_node *n, char *err, size_t err_size);

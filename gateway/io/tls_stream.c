@@ -19,6 +19,10 @@ static void set_error(struct gg_tls_stream *s, int err, const char *text)
 		return;
 	s->error = err;
 	snprintf(s->error_text, sizeof(s->error_text), "%s", text);
+	if (s->tls) {
+		s->tls_failure = gg_tls_engine_failure(s->tls);
+		s->peer_site = gg_tls_engine_peer_site(s->tls);
+	}
 	s->pending_ev |= GG_TLS_STREAM_EV_FAILED;
 }
 
@@ -167,6 +171,7 @@ static void init(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index, 
 	s->index = index;
 	s->tls = tls;
 	s->fd = -1;
+	s->peer_site = SIZE_MAX;
 	if (opts)
 		s->opts = *opts;
 	if (!s->opts.handshake_timeout_us)

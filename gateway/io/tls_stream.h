@@ -85,6 +85,11 @@ struct gg_tls_stream {
 	unsigned pending_ev; /* events not yet returned to the owner */
 	int error;         /* 0, or the negative errno the stream failed with */
 	char error_text[GG_TLS_ERROR_MAX];
+	/* Once it failed: the engine's account of why (GG_TLS_OK when TLS had
+	 * no part in it), and the site the peer proved (SIZE_MAX: none), kept
+	 * here since the engine is freed with the socket. */
+	enum gg_tls_failure tls_failure;
+	size_t peer_site;
 	struct sockaddr_storage addr; /* the connect target */
 	socklen_t addr_len;
 };

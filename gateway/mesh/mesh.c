@@ -39,6 +39,7 @@ struct conn {
 	bool used;
 	bool ready;  /* HELLOs exchanged */
 	bool lost;   /* conn_lost() ran */
+	bool duplicate; /* closed as the one of two connections for a stream that is not kept */
 	bool dialer;
 	bool handshake; /* accepted, HELLO not yet taken: in the handshake pool */
 	uint8_t ip[16]; /* handshake: the peer's address (IPv4 mapped into IPv6) */
@@ -70,8 +71,18 @@ struct conn {
 	bool test_eof;
 };
 
+/* A warning that can come in floods: one line a second at most. */
+struct warn_limit {
+	uint64_t next_us;
+	unsigned held; /* left out since the last line */
+};
+
 struct peer {
 	int conn[GG_MESH_MAX_STREAMS]; /* per stream number: conn index or -1 */
+	/* Per stream number: a dial of ours still being set up while conn[]
+	 * holds the peer's connection for it (which it replaces once up), or
+	 * -1. Only where both sites dial and this one's name sorts first. */
+	int dialing[GG_MESH_MAX_STREAMS];
 	uint64_t next_dial_us[GG_MESH_MAX_STREAMS];
 	uint64_t backoff_us[GG_MESH_MAX_STREAMS];
 	uint64_t instance_id;          /* 0 until the first HELLO */
@@ -84,12 +95,9 @@ struct peer {
 	uint64_t window_busy_us, window_bytes;
 	struct gg_tls_site tls_site;
 	char address[GG_NET_ADDR_TEXT_MAX + 256];
-};
-
-/* A warning that can come in floods: one line a second at most. */
-struct warn_limit {
-	uint64_t next_us;
-	unsigned held; /* left out since the last line */
+	enum gg_peer_dial dial; /* [[peers]] dial: who opens the streams */
+	bool denied;            /* it refused a dial of ours with access_denied (its dial for us is "out") */
+	struct warn_limit dial_warn, accept_warn; /* our dials it refused, its connections we refused */
 };
 
 struct gg_mesh {
@@ -99,7 +107,7 @@ struct gg_mesh {
 	unsigned sites, self;
 	char names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
 	struct peer peers[GG_AR_MAX_SITES];
-	struct gg_tls_site accept_sites[GG_AR_MAX_SITES]; /* who may dial us */
+	struct gg_tls_site accept_sites[GG_AR_MAX_SITES]; /* every peer; those we refuse are denied */
 	int accept_map[GG_AR_MAX_SITES];                  /* accept_sites index -> site */
 	size_t accept_count;
 	struct gg_tls_context *tls;
@@ -576,10 +584,70 @@ static void stream_ready(struct gg_mesh *m, int ci)
 	c->ready = true;
 	m->peers[c->peer].backoff_us[c->stream] = 0;
 	m->stats.peers[c->peer].stream_ups++;
-	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d cipher=%s", m->names[c->peer], c->stream,
-	       c->ts.tls ? gg_tls_engine_cipher(c->ts.tls) : "none");
+	if (c->dialer)
+		m->peers[c->peer].denied = false;
+	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d dialed_by=%s cipher=%s", m->names[c->peer], c->stream,
+	       m->names[c->dialer ? m->self : (unsigned)c->peer], c->ts.tls ? gg_tls_engine_cipher(c->ts.tls) : "none");
 	resend_lost(m, (unsigned)c->peer);
 	m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, true, NULL);
+}
+
+/* `ci` becomes the peer's connection for its stream, and `old` (if any)
+ * closes. conn_lost() then finds `old` no longer the peer's stream: the
+ * owner sees no gap, and what `old` carried goes out again once `ci` is
+ * ready (stream_ready(), which the caller runs next). */
+static void supersede(struct gg_mesh *m, int old, int ci, const char *why, bool duplicate)
+{
+	struct conn *c = &m->conns[ci];
+
+	m->peers[c->peer].conn[c->stream] = ci;
+	if (old < 0 || old == ci)
+		return;
+	m->conns[old].duplicate = duplicate;
+	m->stats.duplicate_streams += duplicate;
+	conn_close(m, old, why);
+}
+
+/* An accepted connection `ci` whose HELLO named its stream: it takes the
+ * stream's place among the peer's, unless a connection this site dialed
+ * is kept instead. When both sites dial, two connections for one stream
+ * can come up at once; both sites keep the one the site whose name sorts
+ * first dialed, so they agree without a word. Returns false when `ci`
+ * was closed. */
+static bool take_stream(struct gg_mesh *m, int ci, const struct gg_wire_hello *h)
+{
+	struct conn *c = &m->conns[ci];
+	struct peer *pe = &m->peers[c->peer];
+	int old = pe->conn[c->stream];
+	char why[200];
+
+	if (old >= 0 && old != ci && m->conns[old].dialer && m->conns[old].ready &&
+	    pe->instance_id == h->instance_id && m->self < (unsigned)c->peer) {
+		c->duplicate = true;
+		m->stats.duplicate_streams++;
+		conn_close(m, ci, "duplicate stream: this site's own connection for it is up (of two for one "
+				  "stream, the one the site whose name sorts first dialed is kept)");
+		return false;
+	}
+	/* Our answer goes out before the close of what it replaces: the peer
+	 * then has it when it sees that close (both may replace one stream). */
+	send_hello(m, ci, (uint16_t)c->stream);
+	conn_flush(m, ci);
+	if (old < 0 || old == ci || !m->conns[old].dialer) {
+		/* A second connection the peer dialed: its first is gone there. */
+		supersede(m, old, ci, "replaced by a new connection", false);
+	} else if (m->conns[old].ready && pe->instance_id != h->instance_id) {
+		supersede(m, old, ci, "the peer restarted: replaced by its new connection", false);
+	} else if (m->self > (unsigned)c->peer) {
+		snprintf(why, sizeof(why), "duplicate stream: replaced by the connection site %s dialed (%s)",
+			 m->names[c->peer], "of two for one stream, the one the site whose name sorts first dialed is kept");
+		supersede(m, old, ci, why, true);
+	} else {
+		/* Ours is still being set up: the peer's carries the stream until it is. */
+		pe->dialing[c->stream] = old;
+		pe->conn[c->stream] = ci;
+	}
+	return true;
 }
 
 /* A stream whose HELLO checked out: it takes its place among the peer's
@@ -601,15 +669,19 @@ static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hell
 	}
 	if (!c->dialer) {
 		c->stream = h->stream_index;
+		if (!take_stream(m, ci, h))
+			return;
+	} else if (pe->dialing[c->stream] == ci) {
+		/* Our dial is up while the peer's connection carried the stream. */
 		int old = pe->conn[c->stream];
-		if (old >= 0 && old != ci)
-			conn_close(m, old, "replaced by a new connection");
-		pe->conn[c->stream] = ci;
-		send_hello(m, ci, (uint16_t)c->stream);
+		pe->dialing[c->stream] = -1;
+		supersede(m, old, ci, "duplicate stream: replaced by the connection this site dialed (of two for one "
+				      "stream, the one the site whose name sorts first dialed is kept)", true);
 	}
 	if (pe->instance_id && pe->instance_id != h->instance_id) {
 		gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", m->names[c->peer]);
 		pe->instance_id = h->instance_id;
+		pe->denied = false; /* it may have come back with other settings */
 		peer_lost_state(m, (unsigned)c->peer);
 	}
 	pe->instance_id = h->instance_id;
@@ -815,6 +887,8 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 	free(c->moving);
 	if (c->peer >= 0 && c->stream >= 0 && m->peers[c->peer].conn[c->stream] == ci)
 		m->peers[c->peer].conn[c->stream] = -1;
+	if (c->peer >= 0 && c->stream >= 0 && m->peers[c->peer].dialing[c->stream] == ci)
+		m->peers[c->peer].dialing[c->stream] = -1;
 	if (c->handshake)
 		m->handshakes--;
 	else
@@ -824,9 +898,25 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 	c->gen = gen;
 }
 
-/* Bookkeeping when a stream stops carrying data, once per stream: the
- * dialer schedules a reconnect, and what the stream carried goes out again
- * on another stream of that peer (or when one comes up). */
+/* The next dial of stream s to `p` waits out the stream's back-off, which
+ * doubles with each loss up to reconnect_max and starts again from
+ * reconnect_min once a connection for it is up. Where both sites dial,
+ * the one whose name sorts second waits reconnect_min longer, so that the
+ * first one's dial, which both keep, usually comes first. */
+static void retry_later(struct gg_mesh *m, unsigned p, int s)
+{
+	const struct gg_config *cfg = m->cfg;
+	struct peer *pe = &m->peers[p];
+	uint64_t *b = &pe->backoff_us[s];
+
+	*b = *b ? GG_MIN(*b * 2, cfg->transport.reconnect_max_us) : cfg->transport.reconnect_min_us;
+	pe->next_dial_us[s] = m->loop->now_us + *b +
+			      (pe->dial == GG_DIAL_BOTH && m->self > p ? cfg->transport.reconnect_min_us : 0);
+}
+
+/* Bookkeeping when a stream stops carrying data, once per stream: a dial
+ * is due again after the back-off, and what the stream carried goes out
+ * again on another stream of that peer (or when one comes up). */
 static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 {
 	struct conn *c = &m->conns[ci];
@@ -834,7 +924,7 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 	if (c->lost)
 		return;
 	c->lost = true;
-	gg_log(c->ready ? GG_LOG_WARN : GG_LOG_INFO, "stream_down", "site=%s stream=%d reason=\"%s\"",
+	gg_log(c->ready && !c->duplicate ? GG_LOG_WARN : GG_LOG_INFO, "stream_down", "site=%s stream=%d reason=\"%s\"",
 	       c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
 	bool was_ready = c->ready;
 	c->ready = false;
@@ -846,17 +936,21 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		for (struct out *o = m->peers[c->peer].unacked; o; o = o->next)
 			if (o->conn == ci)
 				o->conn = -1;
-	if (c->peer < 0 || c->stream < 0 || m->peers[c->peer].conn[c->stream] != ci)
+	if (c->peer < 0 || c->stream < 0)
 		return;
 	struct peer *pe = &m->peers[c->peer];
-	pe->conn[c->stream] = -1;
+	bool current = pe->conn[c->stream] == ci;
+	if (c->dialer || (current && was_ready))
+		retry_later(m, (unsigned)c->peer, c->stream);
+	if (pe->dialing[c->stream] == ci)
+		pe->dialing[c->stream] = -1;
+	if (!current)
+		return;
+	/* A dial of ours still being set up takes the stream's place. */
+	pe->conn[c->stream] = pe->dialing[c->stream];
+	pe->dialing[c->stream] = -1;
 	if (was_ready)
 		m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, false, why);
-	if (c->dialer) {
-		uint64_t *b = &pe->backoff_us[c->stream];
-		*b = *b ? GG_MIN(*b * 2, m->cfg->transport.reconnect_max_us) : m->cfg->transport.reconnect_min_us;
-		pe->next_dial_us[c->stream] = m->loop->now_us + *b;
-	}
 	if (was_ready && gg_mesh_peer_up(m, (unsigned)c->peer))
 		resend_lost(m, (unsigned)c->peer);
 }
@@ -883,6 +977,62 @@ static void conn_close(struct gg_mesh *m, int ci, const char *why)
 		conn_free_slot(m, ci);
 }
 
+/* A connection refused with access_denied, by this site or by the peer:
+ * the two sites' dial settings may leave the pair with no streams at all,
+ * so the log names them. */
+static void note_refusal(struct gg_mesh *m, int ci)
+{
+	struct conn *c = &m->conns[ci];
+	char why[600], safe[2 * sizeof(why)];
+
+	if (c->ts.tls_failure != GG_TLS_FAIL_DENIED)
+		return;
+	int p = c->dialer ? c->peer : c->ts.peer_site < m->accept_count ? m->accept_map[c->ts.peer_site] : -1;
+	if (p < 0)
+		return;
+	struct peer *pe = &m->peers[p];
+	const char *them = m->names[p], *us = m->names[m->self];
+	bool conflict;
+	if (c->dialer) {
+		/* Only a site whose dial for us is "out" says access_denied. */
+		pe->denied = true;
+		conflict = pe->dial == GG_DIAL_OUT;
+		if (conflict)
+			snprintf(why, sizeof(why),
+				 "site %s refuses the streams this site dials (access_denied: its [[peers]] dial for %s is "
+				 "\"out\"), and this site's dial for %s is \"out\" too, so it refuses the streams %s dials: "
+				 "neither site takes the other's; set dial = \"in\" or \"both\" for the other at one of them",
+				 them, us, them, them);
+		else
+			snprintf(why, sizeof(why),
+				 "site %s refuses the streams this site dials (access_denied: its [[peers]] dial for %s is "
+				 "\"out\"); the streams it dials carry the pair (dial = \"%s\" here)",
+				 them, us, gg_peer_dial_name(pe->dial));
+		/* A step that waits for the peer says why it never came. */
+		if (conflict && !gg_mesh_peer_up(m, (unsigned)p))
+			m->ops->on_stream_change(m->owner, (unsigned)p, (unsigned)c->stream, false,
+						 "dial conflict: each site's [[peers]] dial for the other is \"out\", so "
+						 "neither takes the other's streams");
+	} else {
+		/* The peer dials: its dial for us is "out" or "both". With "both" it
+		 * takes our streams, and the pair works; with "out" it refuses
+		 * ours too, and then we know. */
+		conflict = pe->denied;
+		snprintf(why, sizeof(why),
+			 "site %s dialed this site, whose [[peers]] dial for it is \"out\": this site dials %s and refuses "
+			 "its streams (it was told access_denied); if %s's dial for %s is \"out\" too, neither site takes "
+			 "the other's streams: set dial = \"in\" or \"both\" for the other at one of them",
+			 them, them, them, us);
+	}
+	struct warn_limit *w = c->dialer ? &pe->dial_warn : &pe->accept_warn;
+	if (!warn_now(w, m->loop->now_us))
+		return;
+	gg_log(conflict ? c->dialer ? GG_LOG_ERROR : GG_LOG_WARN : GG_LOG_INFO, c->dialer ? "dial_refused" : "stream_refused",
+	       "site=%s dial=%s reason=\"%s\" refused_unlogged=%u", them, gg_peer_dial_name(pe->dial),
+	       gg_escape(safe, sizeof(safe), why, strlen(why)), w->held);
+	w->held = 0;
+}
+
 static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
 {
 	struct conn *c = &m->conns[ci];
@@ -891,8 +1041,10 @@ static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
 		return;
 	if ((ev & GG_TLS_STREAM_EV_FAILED) && c->ts.handshake_failure && c->ts.handshake_failure < GG_MESH_FAILURES)
 		m->stats.stream_failures[c->ts.handshake_failure]++;
-	if (ev & GG_TLS_STREAM_EV_FAILED)
+	if (ev & GG_TLS_STREAM_EV_FAILED) {
+		note_refusal(m, ci);
 		conn_lost(m, ci, gg_tls_stream_error(&c->ts));
+	}
 	if (ev & GG_TLS_STREAM_EV_OPEN) {
 		if (!c->dialer) {
 			size_t idx = gg_tls_engine_peer_site(c->ts.tls);
@@ -981,7 +1133,11 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 		gg_tls_engine_free(e);
 		return;
 	}
-	pe->conn[s] = ci;
+	/* Next to the peer's connection, it waits to replace it. */
+	if (pe->conn[s] >= 0)
+		pe->dialing[s] = ci;
+	else
+		pe->conn[s] = ci;
 	pe->next_dial_us[s] = UINT64_MAX;
 	if (gg_tls_stream_connect(&m->conns[ci].ts, m->loop, (uint32_t)ci, (struct sockaddr *)&ss, len, e, &m->sopts))
 		on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
@@ -1144,6 +1300,17 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 	}
 }
 
+/* Where both sites dial, the site whose name sorts first keeps its own
+ * connection: while the peer's carries a stream, it dials one to replace
+ * it (unless the peer refuses our dials). */
+static bool wants_own_dial(const struct gg_mesh *m, unsigned p, int s)
+{
+	const struct peer *pe = &m->peers[p];
+
+	return m->self < p && pe->dial == GG_DIAL_BOTH && !pe->denied && pe->dialing[s] < 0 && pe->conn[s] >= 0 &&
+	       !m->conns[pe->conn[s]].dialer;
+}
+
 uint64_t gg_mesh_tick(struct gg_mesh *m)
 {
 	const uint64_t now = m->loop->now_us;
@@ -1157,7 +1324,9 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		on_stream_events(m, ci, gg_tls_stream_tick(&c->ts, now));
 		if (!c->used)
 			continue;
-		if (c->peer >= 0 && c->last_rx_us > m->heard[c->peer])
+		/* Heard from: over a stream. A handshake the peer completes only to
+		 * refuse the stream says nothing about whether it can carry a step. */
+		if (c->peer >= 0 && c->ready && c->last_rx_us > m->heard[c->peer])
 			m->heard[c->peer] = c->last_rx_us;
 		uint64_t d = gg_tls_stream_deadline_us(&c->ts);
 		if (d && d < next)
@@ -1191,10 +1360,13 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	for (unsigned p = 0; p < m->sites; p++)
 		if (p != m->self)
 			peer_busy(m, p);
-	for (unsigned p = m->self + 1; p < m->sites && !m->shutting_down; p++)
+	for (unsigned p = 0; p < m->sites && !m->shutting_down; p++) {
+		if (p == m->self || m->peers[p].dial == GG_DIAL_IN)
+			continue;
 		for (int s = (int)m->lane; s < cfg->transport.streams_per_peer; s += (int)m->lanes)
-			if (m->peers[p].conn[s] < 0 && now >= m->peers[p].next_dial_us[s])
+			if (now >= m->peers[p].next_dial_us[s] && (m->peers[p].conn[s] < 0 || wants_own_dial(m, p, s)))
 				dial(m, p, s);
+	}
 	gg_mesh_flush(m);
 	return next;
 }
@@ -1206,6 +1378,15 @@ int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream)
 	if (ci < 0 || !m->conns[ci].used)
 		return -ENOTCONN;
 	return shutdown(m->conns[ci].ts.fd, SHUT_RDWR) ? -errno : 0;
+}
+
+int gg_mesh_test_dialed_by(const struct gg_mesh *m, unsigned peer, int stream)
+{
+	int ci = peer < m->sites && stream >= 0 && stream < GG_MESH_MAX_STREAMS ? m->peers[peer].conn[stream] : -1;
+
+	if (!conn_ready(m, ci))
+		return -1;
+	return m->conns[ci].dialer ? (int)m->self : (int)peer;
 }
 
 int gg_mesh_test_open(struct gg_mesh *m, unsigned peer, unsigned stream, uint64_t instance_id,
@@ -1310,27 +1491,28 @@ bool gg_mesh_idle(const struct gg_mesh *m)
 	return true;
 }
 
-/* Stream slots: every stream this lane holds, and as many again closing
- * while their replacements come up. The listening lane also has the
- * handshake pool, for accepted connections until their HELLO (when it
- * keeps them or hands them to their lane): room for all the streams the
- * peers that dial this site open at once, from one address (as on
- * loopback, or behind one NAT), and as much again, so that one address
- * flooding the listener leaves the peers theirs. */
+/* Stream slots: every stream this lane holds, a dial of its own next to
+ * the peer's connection (where both dial), and one more closing while
+ * its replacement comes up. The listening lane also has the handshake
+ * pool, for accepted connections until their HELLO (when it keeps them or
+ * hands them to their lane): room for all the streams the peers open at
+ * once, from one address (as on loopback, or behind one NAT), and as much
+ * again, so that one address flooding the listener leaves the peers
+ * theirs. */
 static void size_table(struct gg_mesh *m)
 {
 	int S = m->cfg->transport.streams_per_peer;
 	int owned = (S - (int)m->lane + (int)m->lanes - 1) / (int)m->lanes;
 
-	m->stream_slots = 2 * (int)(m->sites - 1) * owned;
-	m->handshakes_per_address = GG_MAX(1, (int)m->self) * S;
+	m->stream_slots = 3 * (int)(m->sites - 1) * owned;
+	m->handshakes_per_address = GG_MAX(1, (int)m->sites - 1) * S;
 	m->handshake_slots = m->listen ? 2 * m->handshakes_per_address : 0;
 }
 
 unsigned gg_mesh_conn_max(const struct gg_config *cfg)
 {
-	/* Over all lanes, and for the site that every peer dials. */
-	return 4 * (unsigned)GG_MAX((size_t)1, cfg->peer_count) * (unsigned)cfg->transport.streams_per_peer;
+	/* Over all lanes: 3 stream slots and 2 of the handshake pool per stream. */
+	return 5 * (unsigned)GG_MAX((size_t)1, cfg->peer_count) * (unsigned)cfg->transport.streams_per_peer;
 }
 
 int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err, size_t err_size)
@@ -1359,6 +1541,28 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		m->heard[p] = m->loop->now_us;
 	m->lane = mc->lane;
 	m->listen = mc->listen || m->lanes == 1;
+	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);
+	for (unsigned i = 0; i < m->sites; i++) {
+		for (int s = 0; s < GG_MESH_MAX_STREAMS; s++)
+			m->peers[i].conn[s] = m->peers[i].dialing[s] = -1;
+		if (i == m->self)
+			continue;
+		const struct gg_peer_config *pc = gg_config_peer(cfg, m->names[i]);
+		if (!pc) {
+			rc = gg_errf(err, err_size, -EINVAL, "site %s is not among the configured peers", m->names[i]);
+			goto fail;
+		}
+		snprintf(m->peers[i].address, sizeof(m->peers[i].address), "%s", pc->address);
+		m->peers[i].dial = pc->dial;
+		if (gg_tls_site_init(&m->peers[i].tls_site, pc->site, pc->identity, &why)) {
+			rc = gg_errf(err, err_size, -EINVAL, "peer %s: identity %s: %s", pc->site, pc->identity, why);
+			goto fail;
+		}
+		/* Every peer may present itself; those we only dial are told no. */
+		m->accept_sites[m->accept_count] = m->peers[i].tls_site;
+		m->accept_sites[m->accept_count].denied = pc->dial == GG_DIAL_OUT;
+		m->accept_map[m->accept_count++] = (int)i;
+	}
 	size_table(m);
 	int cap = GG_MAX(1, m->stream_slots + m->handshake_slots);
 	if (!(m->conns = calloc((size_t)cap, sizeof(*m->conns)))) {
@@ -1366,30 +1570,6 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		goto fail;
 	}
 	m->conn_cap = cap;
-	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);
-	for (unsigned i = 0; i < m->sites; i++) {
-		for (int s = 0; s < GG_MESH_MAX_STREAMS; s++)
-			m->peers[i].conn[s] = -1;
-		if (i == m->self)
-			continue;
-		const struct gg_peer_config *pc = NULL;
-		for (size_t k = 0; k < cfg->peer_count; k++)
-			if (!strcmp(cfg->peers[k].site, m->names[i]))
-				pc = &cfg->peers[k];
-		if (!pc) {
-			rc = gg_errf(err, err_size, -EINVAL, "site %s is not among the configured peers", m->names[i]);
-			goto fail;
-		}
-		snprintf(m->peers[i].address, sizeof(m->peers[i].address), "%s", pc->address);
-		if (gg_tls_site_init(&m->peers[i].tls_site, pc->site, pc->identity, &why)) {
-			rc = gg_errf(err, err_size, -EINVAL, "peer %s: identity %s: %s", pc->site, pc->identity, why);
-			goto fail;
-		}
-	}
-	for (unsigned i = 0; i < m->self; i++) {
-		m->accept_sites[m->accept_count] = m->peers[i].tls_site;
-		m->accept_map[m->accept_count++] = (int)i;
-	}
 	m->sopts = (struct gg_tls_stream_options){ .handshake_timeout_us = cfg->transport.handshake_timeout_us,
 						   .socket_buffer_bytes = (int)cfg->transport.socket_buffer_bytes };
 

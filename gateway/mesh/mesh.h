@@ -2,11 +2,18 @@
  * peer protocol (wire.h) over them.
  *
  * Sites are numbered by their names in sorted order, the same at every
- * site. For each pair, the site with the lower index dials the other on
- * streams_per_peer TLS streams (so either may start first: the dialer
- * retries with back-off); the acceptor learns who dialed from the
- * certificate and the stream number from the peer's HELLO, which both
- * sides exchange and check (gg_wire_hello_check) before anything else.
+ * site. Each peer's [[peers]] dial setting says who opens its
+ * streams_per_peer TLS streams: this site ("out": it refuses the peer's
+ * connections, with an access_denied alert once the peer proved its
+ * identity), the peer ("in": this site never dials it), or either
+ * ("both"). A dialer retries with back-off, so sites may start in any
+ * order. The acceptor learns who dialed from the certificate and the
+ * stream number from the peer's HELLO, which both sides exchange and
+ * check (gg_wire_hello_check) before anything else. Where both dial, two
+ * connections for one stream can come up at once: both sites keep the one
+ * the site with the lower index dialed (the other side's closes, and what
+ * it carried goes out again on the one kept), and that site, while the
+ * peer's connection carries a stream, dials its own to replace it.
  * Until then an accepted connection sits in a bounded handshake pool, with
  * a share per source address, apart from the slots of the streams the
  * mesh dials and holds: a flood of connections that never authenticate is
@@ -31,9 +38,10 @@
  *
  * Lanes. A gateway may run several meshes, one per thread (lane): lane l
  * of L owns the streams whose number s has s % L == l, to every peer. It
- * dials those of them it dials; the mesh of lane 0 also listens, runs the
- * handshake and HELLO of every accepted stream, and hands those of other
- * lanes over (ops->hand_off, then gg_mesh_adopt() on that lane). */
+ * dials those of them it dials, and settles their duplicates; the mesh of
+ * lane 0 also listens, runs the handshake and HELLO of every accepted
+ * stream, and hands those of other lanes over (ops->hand_off, then
+ * gg_mesh_adopt() on that lane). */
 #ifndef GG_MESH_H
 #define GG_MESH_H
 
@@ -84,7 +92,9 @@ struct gg_mesh_ops {
 	 * dropped before this is called. */
 	void (*on_peer_restarted)(void *owner, unsigned peer, uint64_t instance_id);
 	/* Stream `stream` to `peer` became ready (HELLOs exchanged), or stopped
-	 * being ready (`why` says why). */
+	 * being ready, or, not ready, was refused by settings that leave the
+	 * pair with no streams (`why` says why). One connection replacing
+	 * another for a stream is no change. */
 	void (*on_stream_change)(void *owner, unsigned peer, unsigned stream, bool ready, const char *why);
 	/* An accepted stream that lane `lane` owns, ready for gg_mesh_adopt()
 	 * there; the owner takes `h` (malloc'd). */
@@ -136,6 +146,7 @@ struct gg_mesh_peer_stats {
 struct gg_mesh_stats {
 	uint64_t data_bytes_in;   /* DATA payload bytes received */
 	uint64_t resent_messages;
+	uint64_t duplicate_streams; /* connections closed as the one of two for a stream that is not kept */
 	uint64_t rtt_us[GG_AR_MAX_SITES]; /* last heartbeat round trip per site */
 	double tls_s;             /* time in TLS record encryption and decryption */
 	struct gg_mesh_peer_stats peers[GG_AR_MAX_SITES];
@@ -197,8 +208,9 @@ void gg_mesh_forget_step(struct gg_mesh *m, const char *job, uint64_t step);
 /* Whether DATA of `job` waits to be sent or acknowledged. */
 bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job);
 
-/* When this mesh last received anything from `peer` (gg_monotonic_us; the
- * mesh's start until then), as of the last gg_mesh_tick(). */
+/* When this mesh last received anything from `peer` on a stream whose
+ * HELLOs were exchanged (gg_monotonic_us; the mesh's start until then), as
+ * of the last gg_mesh_tick(). */
 uint64_t gg_mesh_last_heard(const struct gg_mesh *m, unsigned peer);
 
 /* Whether `peer` has a ready stream of this mesh's; whether every peer has
@@ -217,6 +229,9 @@ const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m);
 
 /* Tests: cuts one stream's TCP connection as a network fault would. */
 GG_MUST_CHECK int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream);
+/* Tests: the site that dialed the connection `stream` to `peer` is up on
+ * (this site's index or the peer's), or -1 when it is not up. */
+int gg_mesh_test_dialed_by(const struct gg_mesh *m, unsigned peer, int stream);
 
 /* Tests: what a stream of gg_mesh_test_open() writes, one message at a
  * time: its head (header and fixed part) and, for DATA, its frame. */
@@ -225,11 +240,12 @@ typedef void gg_mesh_test_sent_fn(void *arg, unsigned peer, unsigned stream, con
 
 /* Tests: a stream to `peer` with no socket or TLS behind it, ready at once
  * as an accepted stream number `stream` whose HELLO carried `instance_id`
- * would be (it replaces a stream open on that number; a new instance id
- * means the peer restarted). What the mesh writes to it goes to `sent` at
- * once; what it reads comes from gg_mesh_test_receive(). Returns 0,
- * -EINVAL (the stream is not this mesh's, or `peer` is this site), -EBUSY
- * (no free slot) or -ENOMEM. */
+ * would be (it replaces a stream open on that number as such a stream
+ * would, or is refused when this site sorts first and its own connection
+ * for the number is up; a new instance id means the peer restarted). What
+ * the mesh writes to it goes to `sent` at once; what it reads comes from
+ * gg_mesh_test_receive(). Returns 0, -EINVAL (the stream is not this
+ * mesh's, or `peer` is this site), -EBUSY (no free slot) or -ENOMEM. */
 GG_MUST_CHECK int gg_mesh_test_open(struct gg_mesh *m, unsigned peer, unsigned stream, uint64_t instance_id,
 				    gg_mesh_test_sent_fn *sent, void *arg);
 /* Tests: `len` bytes from the peer on such a stream, as the TLS stream

@@ -122,6 +122,7 @@ static void test_defaults(void)
 	CHECK_STR(cfg.peers[0].site, "site-b");
 	CHECK_STR(cfg.peers[0].address, "[::1]:7102");
 	CHECK_STR(cfg.peers[0].identity, "dns:site-b");
+	CHECK(cfg.peers[0].dial == GG_DIAL_BOTH);
 	CHECK(cfg.transport.streams_per_peer == 4);
 	CHECK(cfg.transport.chunk_bytes == 1u << 20);
 	CHECK(cfg.transport.socket_buffer_bytes == 4u << 20);
@@ -155,6 +156,7 @@ static void test_defaults(void)
 	CHECK(strstr(out, "\nname = \"site-a\"  # this site") != NULL);
 	CHECK(strstr(out, "\n# crl: not set") != NULL);
 	CHECK(strstr(out, "\n[metrics]\n# listen: not set") != NULL);
+	CHECK(strstr(out, "\ndial = \"both\"  # default; ") != NULL);
 	free(out);
 	gg_config_free(&cfg);
 }
@@ -166,8 +168,9 @@ static const char full[] =
 	"ciphersuites = [\"TLS_CHACHA20_POLY1305_SHA256\", \"TLS_AES_128_GCM_SHA256\"]\n"
 	"groups = [\"P-384\", \"X25519\"]\n"
 	"[[peers]]\nsite = \"us-east-1\"\naddress = \"203.0.113.7:7101\"\n"
-	"identity = \"uri:spiffe://gradgate.test/us-east-1\"\n"
+	"identity = \"uri:spiffe://gradgate.test/us-east-1\"\ndial = \"out\"\n"
 	"[[peers]]\nsite = \"ap-south-1\"\naddress = \"[2001:db8::1]:7101\"\nidentity = \"dns:ap.gradgate.test\"\n"
+	"dial = \"in\"\n"
 	"[transport]\nstreams_per_peer = 16\nchunk_size = 262144\nsocket_buffer = \"16MiB\"\n"
 	"heartbeat_interval = \"250ms\"\nheartbeat_timeout = \"1m30s\"\nconnect_timeout = \"3s\"\n"
 	"handshake_timeout = \"2s\"\nstep_timeout = \"2m\"\nreconnect_min = \"50ms\"\nreconnect_max = \"30s\"\n"
@@ -196,6 +199,8 @@ static void test_full_and_round_trip(void)
 	CHECK_STR(cfg.peers[0].identity, "uri:spiffe://gradgate.test/us-east-1");
 	CHECK_STR(cfg.peers[1].address, "[2001:db8::1]:7101");
 	CHECK_STR(cfg.peers[1].identity, "dns:ap.gradgate.test");
+	CHECK(cfg.peers[0].dial == GG_DIAL_OUT && cfg.peers[1].dial == GG_DIAL_IN);
+	CHECK(gg_config_peer(&cfg, "ap-south-1") == &cfg.peers[1] && !gg_config_peer(&cfg, "eu-west-1"));
 	CHECK(cfg.transport.streams_per_peer == 16);
 	CHECK(cfg.transport.chunk_bytes == 262144);
 	CHECK(cfg.transport.socket_buffer_bytes == 16u << 20);

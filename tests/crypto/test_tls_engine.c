@@ -115,7 +115,7 @@ static void pair_free(struct pair *p)
 	gg_tls_context_free(p->sctx);
 }
 
-static const struct gg_tls_site site_a_only[] = { { "site-a", { GG_TLS_IDENTITY_DNS, "site-a.gradgate.test" } } };
+static const struct gg_tls_site site_a_only[] = { { "site-a", { GG_TLS_IDENTITY_DNS, "site-a.gradgate.test" }, false } };
 
 /* Client presents `client_req` issued by `client_issuer` and dials a server
  * it expects to be `want_server`; the server presents `server_req` and
@@ -149,6 +149,18 @@ static void client_learns_refusal(struct pair *p, const char *want)
 	CHECK_STR(gg_tls_engine_error(p->c), want);
 }
 
+/* Runs the handshake, which the server must refuse with `failure`,
+ * saying `want`. */
+static void server_refuses(struct pair *p, enum gg_tls_failure failure, const char *want)
+{
+	struct outcome o = handshake(p->c, p->s);
+
+	CHECK_EQ_INT(o.server_rc, -EPROTO);
+	CHECK(!gg_tls_engine_established(p->s));
+	CHECK_EQ_INT(gg_tls_engine_failure(p->s), failure);
+	CHECK_STR(gg_tls_engine_error(p->s), want);
+}
+
 static void test_valid_pair(void)
 {
 	struct gg_tls_site admit[] = { site("site-c", "dns:site-c.gradgate.test"), site("site-a", "dns:site-a.gradgate.test") };
@@ -179,12 +191,9 @@ static void test_uri_identity(void)
 	/* A URI must match byte for byte; a DNS identity is not a URI. */
 	struct gg_tls_site admit_dns = site("site-a", "dns:site-a");
 	p = setup(ca, uri_a, site_b_cert, site("site-b", "dns:site-b.gradgate.test"), &admit_dns, 1);
-	o = handshake(p.c, p.s);
-	CHECK_EQ_INT(o.server_rc, -EPROTO);
-	CHECK_EQ_INT(gg_tls_engine_failure(p.s), GG_TLS_FAIL_IDENTITY);
-	CHECK_STR(gg_tls_engine_error(p.s),
-		  "peer 10.0.0.1:40000: certificate does not name site 'site-a' (expected identity dns:site-a; "
-		  "sent alert bad_certificate; certificate names uri:spiffe://gradgate/site-a)");
+	server_refuses(&p, GG_TLS_FAIL_IDENTITY,
+		       "peer 10.0.0.1:40000: certificate does not name site 'site-a' (expected identity dns:site-a; "
+		       "sent alert bad_certificate; certificate names uri:spiffe://gradgate/site-a)");
 	pair_free(&p);
 
 	struct gg_tls_site admit_other = site("site-a", "uri:spiffe://gradgate/site-A");
@@ -226,6 +235,41 @@ static void test_client_wrong_identity(void)
 		  "peer 10.0.0.1:40000: certificate names none of the 2 allowed sites (expected identity "
 		  "dns:site-a.gradgate.test or uri:spiffe://gradgate/site-d; sent alert bad_certificate; "
 		  "certificate names dns:site-c.gradgate.test)");
+	client_learns_refusal(&p, "peer 10.0.0.2:7001: peer rejected our certificate (wrong site identity or not valid yet?) "
+				  "(expected identity dns:site-b.gradgate.test; alert bad_certificate)");
+	pair_free(&p);
+}
+
+/* A site the server knows but does not take connections from proves its
+ * identity, and only then is refused, with access_denied: both sides can
+ * tell it from a certificate problem. An identity the server does not
+ * know at all is still refused during the handshake. */
+static void test_denied_site(void)
+{
+	struct gg_tls_site admit[] = { site("site-a", "dns:site-a.gradgate.test"), site("site-c", "dns:site-c.gradgate.test") };
+	admit[0].denied = true;
+	struct pair p = setup(ca, site_a_cert, site_b_cert, site("site-b", "dns:site-b.gradgate.test"), admit, 2);
+
+	server_refuses(&p, GG_TLS_FAIL_DENIED,
+		       "peer 10.0.0.1:40000: site 'site-a' may not open connections to this site (expected identity "
+		       "dns:site-c.gradgate.test; sent alert access_denied; certificate names dns:site-a.gradgate.test)");
+	CHECK_EQ_INT(gg_tls_engine_peer_site(p.s), 0);
+	CHECK(gg_tls_engine_established(p.c));
+	char buf[64];
+	CHECK_EQ_INT(gg_tls_engine_read(p.c, buf, sizeof(buf)), -EPROTO);
+	CHECK_EQ_INT(gg_tls_engine_failure(p.c), GG_TLS_FAIL_DENIED);
+	CHECK_STR(gg_tls_engine_error(p.c),
+		  "peer 10.0.0.2:7001: peer accepts our certificate but not connections from this site (access denied) "
+		  "(expected identity dns:site-b.gradgate.test; alert access_denied)");
+	pair_free(&p);
+
+	/* Every known site denied: an unknown one is still a certificate problem. */
+	admit[1].denied = true;
+	struct gg_tls_cert_request site_d_cert = { .identity = "dns:site-d.gradgate.test" };
+	p = setup(ca, site_d_cert, site_b_cert, site("site-b", "dns:site-b.gradgate.test"), admit, 2);
+	server_refuses(&p, GG_TLS_FAIL_IDENTITY,
+		       "peer 10.0.0.1:40000: certificate names no site known here (expected identity none: no site may "
+		       "connect here; sent alert bad_certificate; certificate names dns:site-d.gradgate.test)");
 	client_learns_refusal(&p, "peer 10.0.0.2:7001: peer rejected our certificate (wrong site identity or not valid yet?) "
 				  "(expected identity dns:site-b.gradgate.test; alert bad_certificate)");
 	pair_free(&p);
@@ -536,6 +580,7 @@ int main(void)
 	test_uri_identity();
 	test_server_wrong_identity();
 	test_client_wrong_identity();
+	test_denied_site();
 	test_common_name_not_trusted();
 	test_unknown_ca();
 	test_not_yet_valid();

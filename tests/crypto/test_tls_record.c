@@ -564,7 +564,7 @@ static void test_key_update_from_engine(void)
 	pair_free(&p);
 
 	struct gg_tls_context *ctx = engine_ctx(false, NULL);
-	struct gg_tls_site site = { "site-b", { GG_TLS_IDENTITY_DNS, "site-b.gradgate.test" } };
+	struct gg_tls_site site = { "site-b", { GG_TLS_IDENTITY_DNS, "site-b.gradgate.test" }, false };
 	struct gg_tls_engine_config cfg = {
 		.role = GG_TLS_CLIENT, .sites = &site, .site_count = 1,
 		.key_update_records = GG_TLS_KEY_UPDATE_RECORDS_DEFAULT + 1,

@@ -157,6 +157,18 @@ wrong_identity_client)
 	refused site-c "certificate does not name site 'site-a' $expect_a; sent alert bad_certificate; certificate names dns:site-c.gradgate.test)" \
 		"sslv3 alert bad certificate"
 	;;
+denied_site)
+	# site-c is known (its certificate is good) but may not connect: it is
+	# told so with access_denied once its handshake completed, and gets no
+	# application data. A site nobody configured still gets bad_certificate.
+	start_server --close-after-greeting --deny site-c=dns:site-c.gradgate.test
+	refused site-c "site 'site-c' may not open connections to this site $expect_a; sent alert access_denied; certificate names dns:site-c.gradgate.test)" \
+		"tlsv1 alert access denied"
+	expect_text "$work/client.log" "CONNECTION ESTABLISHED"
+	refused site-a-uri "certificate does not name site 'site-a' $expect_a; sent alert bad_certificate; certificate names uri:spiffe://gradgate/site-a)" \
+		"sslv3 alert bad certificate"
+	valid_handshake
+	;;
 cn_not_trusted)
 	start_server --close-after-greeting
 	refused cn-site-a "certificate does not name site 'site-a' $expect_a; sent alert bad_certificate; certificate names dns:site-c.gradgate.test)" \

@@ -3,7 +3,7 @@
  * and against port scanners.
  *
  *   tls_probe serve   --ca F --cert F --key F --allow NAME=IDENTITY...
- *                     [--crl F] [--handshake-timeout-ms N] [--close-after-greeting]
+ *                     [--deny NAME=IDENTITY...] [--crl F] [--handshake-timeout-ms N] [--close-after-greeting]
  *                     [--exit-after N]
  *   tls_probe connect HOST:PORT --ca F --cert F --key F --expect NAME=IDENTITY
  *                     [--send TEXT]
@@ -55,12 +55,12 @@ static void on_signal(int sig)
 static void usage(void)
 {
 	fprintf(stderr, "usage: tls_probe serve|connect [HOST:PORT] --ca F --cert F --key F "
-			"(--allow|--expect) NAME=IDENTITY... [--crl F] [--handshake-timeout-ms N] "
+			"(--allow|--expect) NAME=IDENTITY... [--deny NAME=IDENTITY...] [--crl F] [--handshake-timeout-ms N] "
 			"[--close-after-greeting] [--exit-after N] [--send TEXT]\n");
 	exit(2);
 }
 
-static void add_site(struct probe *p, const char *arg)
+static void add_site(struct probe *p, const char *arg, bool denied)
 {
 	const char *eq = strchr(arg, '=');
 	char name[GG_TLS_SITE_NAME_MAX];
@@ -73,7 +73,7 @@ static void add_site(struct probe *p, const char *arg)
 		fprintf(stderr, "tls_probe: %s: %s\n", arg, why);
 		exit(2);
 	}
-	p->site_count++;
+	p->sites[p->site_count++].denied = denied;
 }
 
 static void on_events(struct probe *p, uint32_t i, unsigned ev)
@@ -245,7 +245,9 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--ciphersuites"))
 			o.ciphersuites = v;
 		else if (!strcmp(a, "--allow") || !strcmp(a, "--expect"))
-			add_site(&p, v);
+			add_site(&p, v, false);
+		else if (!strcmp(a, "--deny"))
+			add_site(&p, v, true);
 		else if (!strcmp(a, "--handshake-timeout-ms"))
 			p.sopts.handshake_timeout_us = strtoull(v, NULL, 10) * 1000;
 		else if (!strcmp(a, "--exit-after"))

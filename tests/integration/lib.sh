@@ -39,6 +39,8 @@ METRICS=0                 # 1: every gateway serves /metrics on a port of its ow
 declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refused mesh)
 declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
+declare -A DIAL=()        # "i-j": site i's [[peers]] dial for site j (unset: out/in across a link, else both)
+declare -A PEER_ADDR=()   # "i-j": the address site i dials site j on (unset: j's listen address or link)
 
 declare -a gw_pid gw_port metrics_port
 declare -A link_pid link_addr # "IJ": the link from site I to site J
@@ -189,6 +191,9 @@ make_certs() {
 link_start() {
 	local i=$1 j=$2 port=$3 out="$work/link-$1-$2.out"
 	local extra=${LINK_EXTRA["$i-$j"]:-}
+	# The shell truncates the file only once the child runs: a file left
+	# by an earlier mesh would otherwise give its address.
+	rm -f "$out"
 	# shellcheck disable=SC2086
 	"$LINKEM" --listen 127.0.0.1:0 --target "127.0.0.1:$port" "${LINK_ARGS[@]}" $extra \
 		>"$out" 2>"$work/link-$i-$j.log" &
@@ -200,7 +205,7 @@ link_start() {
 
 # write_config I: site I's configuration, for the current settings.
 write_config() {
-	local i=$1 name=${SITES[$1]} f="$work/${SITES[$1]}.toml"
+	local i=$1 name=${SITES[$1]} f="$work/${SITES[$1]}.toml" dial
 	local codec=${SITE_CODEC[$i]:-$CODEC} scale=${SITE_SCALE[$i]:-$SCALE} algo=${SITE_ALGO[$i]:-$ALGO}
 	{
 		cat <<EOF
@@ -223,8 +228,17 @@ EOF
 			if [ "$i" -lt "$j" ] && [ -n "${link_addr[$i$j]:-}" ]; then
 				addr=${link_addr[$i$j]}
 			fi
-			printf '[[peers]]\nsite = "%s"\naddress = "%s"\nidentity = "dns:%s.gradgate.test"\n\n' \
+			addr=${PEER_ADDR["$i-$j"]:-$addr}
+			printf '[[peers]]\nsite = "%s"\naddress = "%s"\nidentity = "dns:%s.gradgate.test"\n' \
 				"${SITES[$j]}" "$addr" "${SITES[$j]}"
+			dial=${DIAL["$i-$j"]:-}
+			if [ -z "$dial" ] && [ -n "${link_addr[$((i < j ? i : j))$((i < j ? j : i))]:-}" ]; then
+				# Joined by a link: the first site dials through it and the
+				# other only takes its streams, so every stream crosses it.
+				dial=$([ "$i" -lt "$j" ] && echo out || echo in)
+			fi
+			[ -z "$dial" ] || printf 'dial = "%s"\n' "$dial"
+			echo
 		done
 		cat <<EOF
 [transport]
