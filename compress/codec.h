@@ -80,6 +80,10 @@
 
 #include "gg_common.h"
 
+#ifdef __cplusplus
+extern "C" { /* cuda/ includes this from C++ */
+#endif
+
 enum gg_codec {
 	GG_CODEC_FP32 = 1,
 	GG_CODEC_BF16 = 2,
@@ -167,5 +171,9 @@ enum gg_isa gg_codec_isa(void);
 /* out[i] = a[i] + b[i] in float32 (each sum rounded on its own), with the
  * selected kernels; out may be a or b. */
 void gg_f32_add(const float *a, const float *b, size_t n, float *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
