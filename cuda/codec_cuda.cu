@@ -58,7 +58,7 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
 static int check_params(const struct gg_codec_params *p, size_t n, size_t *bytes, char *err, size_t err_size)
 {
 	const char *why;
-	uint64_t need;
+	uint64_t need = 0;
 
 	if (gg_codec_params_check(p, &why))
 		return gg_errf(err, err_size, -EINVAL, "codec parameters: %s", why);
@@ -137,7 +137,7 @@ static int enqueue(const struct gg_codec_params *p, enum op op, const void *src,
 static int encode_checked(const struct gg_codec_params *p, enum op op, const float *src, float *res, size_t n,
 			  void *dst, size_t dst_bytes, void *stream, char *err, size_t err_size)
 {
-	size_t need;
+	size_t need = 0;
 	int rc = check_params(p, n, &need, err, err_size);
 
 	if (rc)
@@ -152,7 +152,7 @@ static int encode_checked(const struct gg_codec_params *p, enum op op, const flo
 static int decode_checked(const struct gg_codec_params *p, enum op op, const void *src, size_t src_bytes, size_t n,
 			  float *out, void *stream, char *err, size_t err_size)
 {
-	size_t need;
+	size_t need = 0;
 	int rc = check_params(p, n, &need, err, err_size);
 
 	if (rc)

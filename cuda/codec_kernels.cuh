@@ -212,7 +212,7 @@ __global__ static void __launch_bounds__(THREADS)
 		const float *x = src + off;
 		float *r = FB ? res + off : nullptr;
 		uint8_t *bytes = codes + off / G;
-		uint32_t m = 0, stored;
+		uint32_t m = 0, stored = 0;
 
 		if (len <= WARP * REG_ELEMS) {
 			float v[SLOTS][G];
