@@ -7,7 +7,8 @@
  *   round-to-nearest-even with subnormals kept (no FTZ/DAZ) and without
  *   contraction: every '*', '/', '+', '-' below rounds on its own (CUDA:
  *   __fmul_rn, __fdiv_rn, __fadd_rn, __fsub_rn; no --use_fast_math).
- *   rne(v) is rintf(v) in the default rounding mode (CUDA __float2int_rn).
+ *   rne(v) is rintf(v) in the default rounding mode (on the GPU too).
+ *   codec_elem.h holds these rules per element, for every implementation.
  *   finite(x) is true unless the exponent bits of x are all ones.
  *   NaN(x) means the quiet NaN with bits 0x7fc00000.
  *   n is the element count of one chunk; every chunk is encoded on its own.
