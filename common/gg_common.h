@@ -5,6 +5,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" { /* cuda/ includes this from C++ */
+#endif
+
 #define GG_MUST_CHECK __attribute__((warn_unused_result))
 #define GG_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
 #define GG_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -22,5 +26,9 @@ static inline bool gg_job_name_char_ok(unsigned char c)
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
 	       c == '-';
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

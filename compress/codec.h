@@ -7,7 +7,8 @@
  *   round-to-nearest-even with subnormals kept (no FTZ/DAZ) and without
  *   contraction: every '*', '/', '+', '-' below rounds on its own (CUDA:
  *   __fmul_rn, __fdiv_rn, __fadd_rn, __fsub_rn; no --use_fast_math).
- *   rne(v) is rintf(v) in the default rounding mode (CUDA __float2int_rn).
+ *   rne(v) is rintf(v) in the default rounding mode (on the GPU too).
+ *   codec_elem.h holds these rules per element, for every implementation.
  *   finite(x) is true unless the exponent bits of x are all ones.
  *   NaN(x) means the quiet NaN with bits 0x7fc00000.
  *   n is the element count of one chunk; every chunk is encoded on its own.
@@ -79,6 +80,10 @@
 #include <stdint.h>
 
 #include "gg_common.h"
+
+#ifdef __cplusplus
+extern "C" { /* cuda/ includes this from C++ */
+#endif
 
 enum gg_codec {
 	GG_CODEC_FP32 = 1,
@@ -167,5 +172,9 @@ enum gg_isa gg_codec_isa(void);
 /* out[i] = a[i] + b[i] in float32 (each sum rounded on its own), with the
  * selected kernels; out may be a or b. */
 void gg_f32_add(const float *a, const float *b, size_t n, float *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

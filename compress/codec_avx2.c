@@ -27,11 +27,11 @@ static void fp32_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_el
 	for (; i < n; i++) {
 		float v;
 		memcpy(&v, src + 4 * i, sizeof(v));
-		acc[i] = acc[i] + v;
+		acc[i] = gg_fadd(acc[i], v);
 	}
 }
 
-/* gg_bf16_from_f32_ref on 8 lanes; the results sit in the low 16 bits. */
+/* gg_bf16_from_f32 on 8 lanes; the results sit in the low 16 bits. */
 static inline __m256i bf16_round8(__m256 x)
 {
 	__m256i u = _mm256_castps_si256(x);
@@ -72,7 +72,7 @@ static void bf16_encode_avx2(const float *src, size_t n, uint32_t block_elems,
 	for (; i + 16 <= n; i += 16)
 		_mm256_storeu_si256((__m256i *)(void *)(dst + 2 * i), bf16_round16(src + i));
 	for (; i < n; i++) {
-		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		uint16_t b = gg_bf16_from_f32(src[i]);
 		memcpy(dst + 2 * i, &b, sizeof(b));
 	}
 }
@@ -90,7 +90,7 @@ static inline void bf16_decode_any_avx2(const uint8_t *src, size_t n, float *out
 		uint16_t b;
 		memcpy(&b, src + 2 * i, sizeof(b));
 		float v = gg_bf16_to_f32(b);
-		out[i] = acc ? out[i] + v : v;
+		out[i] = acc ? gg_fadd(out[i], v) : v;
 	}
 }
 
@@ -120,7 +120,7 @@ static void bf16_split_encode_avx2(const float *src, size_t n, uint32_t block_el
 		_mm_storeu_si128((__m128i *)(void *)(dst + n + i), _mm256_extracti128_si256(v, 1));
 	}
 	for (; i < n; i++) {
-		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		uint16_t b = gg_bf16_from_f32(src[i]);
 		dst[i] = (uint8_t)b;
 		dst[n + i] = (uint8_t)(b >> 8);
 	}
@@ -138,7 +138,7 @@ static inline void bf16_split_decode_any_avx2(const uint8_t *src, size_t n, floa
 	}
 	for (; i < n; i++) {
 		float v = gg_bf16_to_f32((uint16_t)(src[i] | src[n + i] << 8));
-		out[i] = acc ? out[i] + v : v;
+		out[i] = acc ? gg_fadd(out[i], v) : v;
 	}
 }
 
@@ -175,7 +175,7 @@ static float absmax_finite_avx2(const float *x, size_t n)
 	return tail_absmax(x + i, n - i, gg_f32_from_bits((uint32_t)_mm_cvtsi128_si32(m)));
 }
 
-/* gg_quantize_ref on 8 lanes for a block whose scale is not zero. */
+/* gg_quantize on 8 lanes for a block whose scale is not zero. */
 static inline __m256i quantize8(const float *x, __m256 s, int qmax)
 {
 	const __m256i inf = _mm256_set1_epi32(0x7f800000);
@@ -228,8 +228,7 @@ static void int8_encode_avx2(const float *src, size_t n, uint32_t block_elems,
 		float s = gg_block_scale_ref(absmax_finite_avx2(x, len), GG_INT8_QMAX, scale, dst + k * sb);
 		for (; i + 32 <= len; i += 32)
 			_mm256_storeu_si256((__m256i *)(void *)(codes + off + i), quantize32(x + i, s, GG_INT8_QMAX));
-		for (; i < len; i++)
-			codes[off + i] = (uint8_t)(int8_t)gg_quantize_ref(x[i], s, GG_INT8_QMAX);
+		gg_int8_codes_ref(x, i, len, s, codes + off);
 	}
 }
 
@@ -251,11 +250,7 @@ static void int4_encode_avx2(const float *src, size_t n, uint32_t block_elems,
 			_mm_storeu_si128((__m128i *)(void *)(codes + (off + i) / 2), _mm256_castsi256_si128(p));
 		}
 		/* off + i is even here, so the scalar tail starts on a byte. */
-		for (; i < len; i++) {
-			size_t e = off + i;
-			unsigned nib = (unsigned)gg_quantize_ref(x[i], s, GG_INT4_QMAX) & 0xfu;
-			codes[e / 2] = (uint8_t)((e & 1) ? (codes[e / 2] | nib << 4) : nib);
-		}
+		gg_int4_codes_ref(x, i, len, s, codes + off / 2);
 	}
 }
 
@@ -295,7 +290,7 @@ static inline void int8_decode_any_avx2(const uint8_t *src, size_t n, uint32_t b
 				     out + off + i, acc);
 		}
 		for (; i < len; i++) {
-			float v = gg_dequantize_ref((int8_t)codes[off + i], s, GG_INT8_QMAX);
+			float v = gg_dequantize((int8_t)codes[off + i], s, GG_INT8_QMAX);
 			out[off + i] = acc ? out[off + i] + v : v;
 		}
 	}
@@ -335,8 +330,8 @@ static inline void int4_decode_any_avx2(const uint8_t *src, size_t n, uint32_t b
 		}
 		for (; i < len; i++) {
 			size_t e = off + i;
-			int c = gg_int4_sext((unsigned)codes[e / 2] >> (4 * (e & 1)));
-			float v = gg_dequantize_ref(c, s, GG_INT4_QMAX);
+			int c = gg_int4_unpack(codes[e / 2], e & 1);
+			float v = gg_dequantize(c, s, GG_INT4_QMAX);
 			out[e] = acc ? out[e] + v : v;
 		}
 	}

@@ -26,11 +26,11 @@ static void fp32_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_
 	for (; i < n; i++) {
 		float v;
 		memcpy(&v, src + 4 * i, sizeof(v));
-		acc[i] = acc[i] + v;
+		acc[i] = gg_fadd(acc[i], v);
 	}
 }
 
-/* gg_bf16_from_f32_ref on 16 lanes; results in the low 16 bits. */
+/* gg_bf16_from_f32 on 16 lanes; results in the low 16 bits. */
 static inline __m512i bf16_round16(const float *src)
 {
 	__m512i u = _mm512_loadu_si512(src);
@@ -55,7 +55,7 @@ static void bf16_encode_avx512(const float *src, size_t n, uint32_t block_elems,
 	for (; i + 16 <= n; i += 16)
 		_mm256_storeu_si256((__m256i *)(void *)(dst + 2 * i), _mm512_cvtepi32_epi16(bf16_round16(src + i)));
 	for (; i < n; i++) {
-		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		uint16_t b = gg_bf16_from_f32(src[i]);
 		memcpy(dst + 2 * i, &b, sizeof(b));
 	}
 }
@@ -72,7 +72,7 @@ static inline void bf16_decode_any_avx512(const uint8_t *src, size_t n, float *o
 		uint16_t b;
 		memcpy(&b, src + 2 * i, sizeof(b));
 		float v = gg_bf16_to_f32(b);
-		out[i] = acc ? out[i] + v : v;
+		out[i] = acc ? gg_fadd(out[i], v) : v;
 	}
 }
 
@@ -99,7 +99,7 @@ static void bf16_split_encode_avx512(const float *src, size_t n, uint32_t block_
 		_mm_storeu_si128((__m128i *)(void *)(dst + n + i), _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8)));
 	}
 	for (; i < n; i++) {
-		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		uint16_t b = gg_bf16_from_f32(src[i]);
 		dst[i] = (uint8_t)b;
 		dst[n + i] = (uint8_t)(b >> 8);
 	}
@@ -116,7 +116,7 @@ static inline void bf16_split_decode_any_avx512(const uint8_t *src, size_t n, fl
 	}
 	for (; i < n; i++) {
 		float v = gg_bf16_to_f32((uint16_t)(src[i] | src[n + i] << 8));
-		out[i] = acc ? out[i] + v : v;
+		out[i] = acc ? gg_fadd(out[i], v) : v;
 	}
 }
 
@@ -150,7 +150,7 @@ static float absmax_finite_avx512(const float *x, size_t n)
 	return t > m ? t : m;
 }
 
-/* gg_quantize_ref on 16 lanes -> 16 int8 codes. */
+/* gg_quantize on 16 lanes -> 16 int8 codes. */
 static inline __m128i quantize16(const float *x, float s, int qmax)
 {
 	__m512i u = _mm512_loadu_si512(x);
@@ -179,8 +179,7 @@ static void int8_encode_avx512(const float *src, size_t n, uint32_t block_elems,
 		float s = gg_block_scale_ref(absmax_finite_avx512(x, len), GG_INT8_QMAX, scale, dst + k * sb);
 		for (; i + 16 <= len; i += 16)
 			_mm_storeu_si128((__m128i *)(void *)(codes + off + i), quantize16(x + i, s, GG_INT8_QMAX));
-		for (; i < len; i++)
-			codes[off + i] = (uint8_t)(int8_t)gg_quantize_ref(x[i], s, GG_INT8_QMAX);
+		gg_int8_codes_ref(x, i, len, s, codes + off);
 	}
 }
 
@@ -201,11 +200,8 @@ static void int4_encode_avx512(const float *src, size_t n, uint32_t block_elems,
 						    _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi16(0x00f0)));
 			_mm_storeu_si128((__m128i *)(void *)(codes + (off + i) / 2), _mm256_cvtepi16_epi8(p));
 		}
-		for (; i < len; i++) {
-			size_t e = off + i;
-			unsigned nib = (unsigned)gg_quantize_ref(x[i], s, GG_INT4_QMAX) & 0xfu;
-			codes[e / 2] = (uint8_t)((e & 1) ? (codes[e / 2] | nib << 4) : nib);
-		}
+		/* off + i is even here, so the scalar tail starts on a byte. */
+		gg_int4_codes_ref(x, i, len, s, codes + off / 2);
 	}
 }
 
@@ -233,7 +229,7 @@ static inline void int8_decode_any_avx512(const uint8_t *src, size_t n, uint32_t
 			store16(out + off + i, dequantize16(c, vs, -GG_INT8_QMAX - 1), acc);
 		}
 		for (; i < len; i++) {
-			float v = gg_dequantize_ref((int8_t)codes[off + i], s, GG_INT8_QMAX);
+			float v = gg_dequantize((int8_t)codes[off + i], s, GG_INT8_QMAX);
 			out[off + i] = acc ? out[off + i] + v : v;
 		}
 	}
@@ -273,8 +269,8 @@ static inline void int4_decode_any_avx512(const uint8_t *src, size_t n, uint32_t
 		}
 		for (; i < len; i++) {
 			size_t e = off + i;
-			int c = gg_int4_sext((unsigned)codes[e / 2] >> (4 * (e & 1)));
-			float v = gg_dequantize_ref(c, s, GG_INT4_QMAX);
+			int c = gg_int4_unpack(codes[e / 2], e & 1);
+			float v = gg_dequantize(c, s, GG_INT4_QMAX);
 			out[e] = acc ? out[e] + v : v;
 		}
 	}

@@ -5,7 +5,7 @@
 static inline void put(float *out, size_t i, float v, bool acc)
 {
 	if (acc)
-		out[i] = out[i] + v;
+		out[i] = gg_fadd(out[i], v);
 	else
 		out[i] = v;
 }
@@ -29,7 +29,7 @@ static void fp32_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_ele
 	for (size_t i = 0; i < n; i++) {
 		float v;
 		memcpy(&v, src + 4 * i, sizeof(v));
-		acc[i] = acc[i] + v;
+		acc[i] = gg_fadd(acc[i], v);
 	}
 }
 
@@ -37,7 +37,7 @@ static void bf16_encode_ref(const float *src, size_t n, uint32_t block_elems,
 			    enum gg_scale_kind scale, uint8_t *dst)
 {
 	for (size_t i = 0; i < n; i++) {
-		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		uint16_t b = gg_bf16_from_f32(src[i]);
 		memcpy(dst + 2 * i, &b, sizeof(b));
 	}
 }
@@ -67,7 +67,7 @@ static void bf16_split_encode_ref(const float *src, size_t n, uint32_t block_ele
 				  enum gg_scale_kind scale, uint8_t *dst)
 {
 	for (size_t i = 0; i < n; i++) {
-		uint16_t b = gg_bf16_from_f32_ref(src[i]);
+		uint16_t b = gg_bf16_from_f32(src[i]);
 		dst[i] = (uint8_t)b;
 		dst[n + i] = (uint8_t)(b >> 8);
 	}
@@ -101,45 +101,8 @@ static void int8_encode_ref(const float *src, size_t n, uint32_t block_elems,
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
 		float m = gg_absmax_finite_ref(src + off, len);
 		float s = gg_block_scale_ref(m, GG_INT8_QMAX, scale, dst + k * sb);
-		for (size_t i = off; i < off + len; i++)
-			codes[i] = (uint8_t)(int8_t)gg_quantize_ref(src[i], s, GG_INT8_QMAX);
+		gg_int8_codes_ref(src + off, 0, len, s, codes + off);
 	}
-}
-
-static inline void int8_decode_any_ref(const uint8_t *src, size_t n, uint32_t block_elems,
-				       enum gg_scale_kind scale, float *out, bool acc)
-{
-	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	const uint8_t *codes = src + nb * sb;
-
-	for (size_t k = 0; k < nb; k++) {
-		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
-		float s = gg_block_scale_load(src + k * sb, scale);
-		for (size_t i = off; i < off + len; i++)
-			put(out, i, gg_dequantize_ref((int8_t)codes[i], s, GG_INT8_QMAX), acc);
-	}
-}
-
-static void int8_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
-			    enum gg_scale_kind scale, float *out)
-{
-	int8_decode_any_ref(src, n, block_elems, scale, out, false);
-}
-
-static void int8_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
-				enum gg_scale_kind scale, float *acc)
-{
-	int8_decode_any_ref(src, n, block_elems, scale, acc, true);
-}
-
-static inline void int4_put_code(uint8_t *codes, size_t i, int c)
-{
-	unsigned nib = (unsigned)c & 0xfu;
-
-	if (i & 1)
-		codes[i / 2] = (uint8_t)(codes[i / 2] | nib << 4);
-	else
-		codes[i / 2] = (uint8_t)nib;
 }
 
 static void int4_encode_ref(const float *src, size_t n, uint32_t block_elems,
@@ -152,13 +115,13 @@ static void int4_encode_ref(const float *src, size_t n, uint32_t block_elems,
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
 		float m = gg_absmax_finite_ref(src + off, len);
 		float s = gg_block_scale_ref(m, GG_INT4_QMAX, scale, dst + k * sb);
-		for (size_t i = off; i < off + len; i++)
-			int4_put_code(codes, i, gg_quantize_ref(src[i], s, GG_INT4_QMAX));
+		gg_int4_codes_ref(src + off, 0, len, s, codes + off / 2);
 	}
 }
 
-static inline void int4_decode_any_ref(const uint8_t *src, size_t n, uint32_t block_elems,
-				       enum gg_scale_kind scale, float *out, bool acc)
+/* int8 and int4 decoding: qmax tells them apart. */
+static inline void int_decode_any_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+				      enum gg_scale_kind scale, int qmax, float *out, bool acc)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
 	const uint8_t *codes = src + nb * sb;
@@ -167,23 +130,27 @@ static inline void int4_decode_any_ref(const uint8_t *src, size_t n, uint32_t bl
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
 		float s = gg_block_scale_load(src + k * sb, scale);
 		for (size_t i = off; i < off + len; i++) {
-			int c = gg_int4_sext((unsigned)codes[i / 2] >> (4 * (i & 1)));
-			put(out, i, gg_dequantize_ref(c, s, GG_INT4_QMAX), acc);
+			int c = qmax == GG_INT8_QMAX ? (int8_t)codes[i] : gg_int4_unpack(codes[i / 2], i & 1);
+			put(out, i, gg_dequantize(c, s, qmax), acc);
 		}
 	}
 }
 
-static void int4_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
-			    enum gg_scale_kind scale, float *out)
-{
-	int4_decode_any_ref(src, n, block_elems, scale, out, false);
-}
+/* The table's int8 and int4 decoders, storing and accumulating. */
+#define INT_DECODERS_REF(name, qmax)                                                                 \
+	static void name##_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,           \
+				      enum gg_scale_kind scale, float *out)                          \
+	{                                                                                            \
+		int_decode_any_ref(src, n, block_elems, scale, qmax, out, false);                    \
+	}                                                                                            \
+	static void name##_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,       \
+					  enum gg_scale_kind scale, float *acc)                      \
+	{                                                                                            \
+		int_decode_any_ref(src, n, block_elems, scale, qmax, acc, true);                     \
+	}
 
-static void int4_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
-				enum gg_scale_kind scale, float *acc)
-{
-	int4_decode_any_ref(src, n, block_elems, scale, acc, true);
-}
+INT_DECODERS_REF(int8, GG_INT8_QMAX)
+INT_DECODERS_REF(int4, GG_INT4_QMAX)
 
 const struct gg_codec_kernels gg_codec_kernels_ref = {
 	.isa = GG_ISA_SCALAR,
@@ -213,35 +180,29 @@ const struct gg_codec_kernels gg_codec_kernels_ref = {
 };
 
 /* bf16 input: the values widen exactly, so the int codecs run the same
- * rules on gg_bf16_to_f32(src[i]). */
-static float absmax_finite_bf16_ref(const uint16_t *x, size_t n)
-{
-	float m = 0.0f;
-
-	for (size_t i = 0; i < n; i++) {
-		float a = fabsf(gg_bf16_to_f32(x[i]));
-		if (gg_f32_is_finite(a) && a > m)
-			m = a;
-	}
-	return m;
-}
-
+ * rules on each block widened to fp32. */
 static void int_encode_bf16_ref(const uint16_t *src, size_t n, uint32_t block_elems,
 				enum gg_scale_kind scale, int qmax, uint8_t *dst)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
 	uint8_t *codes = dst + nb * sb;
+	float wide[256];
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
-		float m = absmax_finite_bf16_ref(src + off, len);
-		float s = gg_block_scale_ref(m, qmax, scale, dst + k * sb);
-		for (size_t i = off; i < off + len; i++) {
-			int c = gg_quantize_ref(gg_bf16_to_f32(src[i]), s, qmax);
+		uint32_t m = 0;
+		for (size_t i = 0; i < len; i++)
+			m = GG_MAX(m, gg_abs_bits_finite(gg_bf16_to_f32(src[off + i])));
+		float s = gg_block_scale_ref(gg_f32_from_bits(m), qmax, scale, dst + k * sb);
+		/* Pieces of an even length, so int4 pieces start on a byte. */
+		for (size_t i = 0; i < len; i += GG_ARRAY_LEN(wide)) {
+			size_t piece = GG_MIN(GG_ARRAY_LEN(wide), len - i);
+			for (size_t j = 0; j < piece; j++)
+				wide[j] = gg_bf16_to_f32(src[off + i + j]);
 			if (qmax == GG_INT8_QMAX)
-				codes[i] = (uint8_t)(int8_t)c;
+				gg_int8_codes_ref(wide, 0, piece, s, codes + off + i);
 			else
-				int4_put_code(codes, i, c);
+				gg_int4_codes_ref(wide, 0, piece, s, codes + (off + i) / 2);
 		}
 	}
 }

@@ -8,8 +8,11 @@
  *   d = decode(encode(c))
  *   r = c - d   if that is finite, else 0
  * Non-finite inputs (and decodes) reset the residual instead of poisoning
- * every later step. cuda/ must use exactly these operations (__fadd_rn,
- * __fsub_rn).
+ * every later step. Residuals are therefore always finite, and c is NaN
+ * only when x is: then c is x quieted, sign and payload kept (what x86
+ * returns; fp32 and bf16 encode c's bits). codec_elem.h writes both steps
+ * per element (gg_feedback_compensate_elem, gg_feedback_residual_elem);
+ * cuda/codec_cuda.h has the same on the device.
  *
  * Chunks are independent: offset says where a chunk sits in the tensor.
  * Threads may work on disjoint ranges at once, each with its own scratch. */

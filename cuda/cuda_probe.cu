@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
 #include "gg_build_config.h"
 #if HAVE_NCCL
 #include <nccl.h>
@@ -41,27 +42,32 @@ __global__ static void fill_pattern(unsigned *out, unsigned n)
 		out[i] = i * 2654435761u;
 }
 
+enum { SELFTEST_N = 1 << 20 };
+
+static int selftest_run(unsigned *dev, unsigned *host, char *err, size_t err_size)
+{
+	fill_pattern<<<(SELFTEST_N + 255) / 256, 256>>>(dev, SELFTEST_N);
+	GG_CUDA_CHECK_AS(cudaGetLastError(), "launching fill_pattern", err, err_size);
+	GG_CUDA_CHECK(cudaMemcpy(host, dev, SELFTEST_N * sizeof(unsigned), cudaMemcpyDeviceToHost), err, err_size);
+	return 0;
+}
+
 extern "C" int gg_cuda_selftest(char *error, unsigned long error_size)
 {
-	enum { N = 1 << 20 };
-	static unsigned host[N];
+	static unsigned host[SELFTEST_N];
 	unsigned *dev = NULL;
 	int count = 0;
-	cudaError_t e;
 
 	if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
 		snprintf(error, error_size, "no CUDA device");
 		return -ENODEV;
 	}
-	if ((e = cudaMalloc(&dev, N * sizeof(unsigned))) != cudaSuccess)
-		goto fail;
-	fill_pattern<<<(N + 255) / 256, 256>>>(dev, N);
-	if ((e = cudaGetLastError()) != cudaSuccess)
-		goto fail;
-	if ((e = cudaMemcpy(host, dev, sizeof(host), cudaMemcpyDeviceToHost)) != cudaSuccess)
-		goto fail;
+	GG_CUDA_CHECK(cudaMalloc(&dev, SELFTEST_N * sizeof(unsigned)), error, error_size);
+	int rc = selftest_run(dev, host, error, error_size);
 	cudaFree(dev);
-	for (unsigned i = 0; i < N; i++) {
+	if (rc)
+		return rc;
+	for (unsigned i = 0; i < SELFTEST_N; i++) {
 		if (host[i] != i * 2654435761u) {
 			snprintf(error, error_size, "device wrote %#x at %u, expected %#x", host[i], i,
 				 i * 2654435761u);
@@ -69,8 +75,4 @@ extern "C" int gg_cuda_selftest(char *error, unsigned long error_size)
 		}
 	}
 	return 0;
-fail:
-	snprintf(error, error_size, "%s:%d: %s", __FILE__, __LINE__, cudaGetErrorString(e));
-	cudaFree(dev);
-	return -EIO;
 }

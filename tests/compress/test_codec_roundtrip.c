@@ -193,7 +193,7 @@ static void check_codec(const struct gg_codec_params *p, const float *x, size_t 
 	float *w = xmalloc(n * sizeof(float));
 	uint8_t *enc2 = xmalloc(bytes), *enc3 = xmalloc(bytes);
 	for (size_t i = 0; i < n; i++) {
-		b[i] = gg_bf16_from_f32_ref(x[i]);
+		b[i] = gg_bf16_from_f32(x[i]);
 		w[i] = gg_bf16_to_f32(b[i]);
 	}
 	CHECK(gg_codec_encode_bf16(p, b, n, enc2, bytes) == 0, "%s: encode_bf16", what);

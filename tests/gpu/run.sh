@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds and runs every check that needs a GPU, in one go (a few minutes at
-# most): the kernel self-test, the NCCL smoke test, and whatever else the
-# 'gpu' test suite holds. Run it from anywhere on a machine with a GPU and
-# the build dependencies; it prints each check's output and a summary, and
-# exits non-zero if any check failed or nothing ran.
+# most): the kernel self-test, the codec kernels against the CPU reference
+# bit for bit (test_codec_cuda), their speed against cudaMemcpy on 256 MiB
+# (test_codec_cuda_speed, which prints the figures), the NCCL smoke test,
+# and whatever else the 'gpu' test suite holds. Run it from anywhere on a
+# machine with a GPU and the build dependencies; it builds only those
+# tests, prints each one's output and a summary, and exits non-zero if any
+# check failed or none ran.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
@@ -15,10 +18,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 dir=build-gpu
 if [ ! -f "$dir/build.ninja" ]; then
-	meson setup "$dir" -Dcuda=enabled -Dbuildtype=release >"$dir.log" 2>&1 || { cat "$dir.log"; exit 1; }
+	log=$(mktemp)
+	meson setup "$dir" -Dcuda=enabled -Dbuildtype=release >"$log" 2>&1 || { cat "$log"; rm -f "$log"; exit 1; }
+	rm -f "$log"
 fi
-ninja -C "$dir" || exit 1
-meson test -C "$dir" --suite gpu --verbose --num-processes 1
+# Only the executables of the 'gpu' suite (and what they link).
+targets=$(meson introspect "$dir" --tests | python3 -c '
+import json, os, sys
+root = os.path.abspath(sys.argv[1])
+print(" ".join(os.path.relpath(t["cmd"][0], root) for t in json.load(sys.stdin)
+               if any(s.split(":")[-1] == "gpu" for s in t["suite"])))' "$dir")
+[ -n "$targets" ] || { echo "run.sh: the 'gpu' suite is empty in $dir (CUDA not found?)" >&2; exit 1; }
+# shellcheck disable=SC2086 # one target per word
+ninja -C "$dir" $targets || exit 1
+meson test -C "$dir" --suite gpu --no-rebuild --verbose --num-processes 1
 rc=$?
 python3 - "$dir/meson-logs/testlog.json" <<'PY'
 import json, sys
@@ -26,6 +39,13 @@ res = [json.loads(l) for l in open(sys.argv[1])]
 p = sum(r["result"] == "OK" for r in res)
 s = sum(r["result"] == "SKIP" for r in res)
 f = len(res) - p - s
+for r in res:
+    name = r["name"].split(" / ")[-1]
+    if name == "codec-cuda-speed" and r["result"] == "OK":
+        print("codec kernel speed (test_codec_cuda_speed):")
+        print(r["stdout"].rstrip())
+for r in res:
+    print(f"  {r['name'].split(' / ')[-1]:<20} {r['result']:<5} {r['duration']:7.1f}s")
 print(f"gpu: {p} passed, {f} failed, {s} skipped")
 sys.exit(1 if f or p == 0 else 0)
 PY

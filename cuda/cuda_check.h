@@ -1,0 +1,28 @@
+/* CUDA runtime calls that return an error naming the call and its
+ * file:line, never an assert that vanishes in a release build. For the
+ * .cu files of this folder. */
+#ifndef GG_CUDA_CHECK_H
+#define GG_CUDA_CHECK_H
+
+#include <stddef.h>
+
+#include <cuda_runtime.h>
+
+/* Writes "file:line: what: CUDA's message (its error name)" into err and
+ * returns e as a negative errno: -ENOMEM, -ENODEV (no usable GPU or
+ * driver), -EINVAL, or -EIO for the rest. Clears the runtime's last
+ * error, so a later launch check does not report this one again. */
+int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size);
+
+#define GG_CUDA_CHECK_AS(call, what, err, err_size)                                               \
+	do {                                                                                       \
+		cudaError_t gg_e_ = (call);                                                        \
+		if (gg_e_ != cudaSuccess)                                                          \
+			return gg_cuda_fail(gg_e_, (what), __FILE__, __LINE__, (err), (err_size)); \
+	} while (0)
+
+/* Runs `call` (a CUDA runtime call); on failure returns from the calling
+ * function with gg_cuda_fail()'s code. */
+#define GG_CUDA_CHECK(call, err, err_size) GG_CUDA_CHECK_AS(call, #call, err, err_size)
+
+#endif
