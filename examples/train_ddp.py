@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gradgate  # noqa: E402
 import gradgate.torch  # noqa: E402
-from gradgate.local import LocalSites  # noqa: E402
+from gradgate.local import LocalSites, free_loopback_ports  # noqa: E402
 
 IN, HIDDEN, OUT, BATCH = 32, 640, 4, 16
 
@@ -168,8 +168,7 @@ def main():
     print(f"{a.sites} sites x {a.ranks} ranks, codec {a.codec}, {a.algorithm}, {a.steps} steps, "
           f"library {gradgate.version()}", flush=True)
     with LocalSites(sites=a.sites, codec=a.codec, algorithm=a.algorithm) as mesh:
-        from gradgate.local import _free_ports
-        port = _free_ports(1)[0]
+        port = free_loopback_ports(1)[0]
         procs = []
         for s in range(a.sites):
             env = dict(os.environ, GRADGATE_ENDPOINT=mesh.endpoint(s))

@@ -178,7 +178,8 @@ class _Target:
 
     def finish(self):
         if self.host is not None:
-            with __import__("torch").no_grad():
+            import torch
+            with torch.no_grad():
                 self.array.copy_(self.host)
 
 

@@ -36,7 +36,8 @@ def _find(given, env, tree_path, installed):
     return found
 
 
-def _free_ports(n):
+def free_loopback_ports(n):
+    """n TCP ports free on 127.0.0.1 now (bound once, then released)."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -103,7 +104,7 @@ class LocalSites:
         try:
             subprocess.run([self.make_certs, "--out", os.path.join(self.dir, "certs")] + self.names,
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            ports = _free_ports(len(self.names))
+            ports = free_loopback_ports(len(self.names))
             for i, name in enumerate(self.names):
                 cfg = self._config(i, ports)
                 log = open(os.path.join(self.dir, f"{name}.log"), "w")
