@@ -56,7 +56,7 @@ enum mail_type {
 	M_DATA,         /* lane -> lane: DATA for a chunk of the receiver's */
 	M_ACK,          /* lane -> lane: an ACK for DATA the receiver may hold */
 	M_ACK_SEND,     /* lane -> lane: acknowledge DATA that came on the receiver's stream */
-	M_CONN,         /* lane 0 -> lane: an accepted stream of the receiver's */
+	M_CONN,         /* acceptor -> lane: an accepted stream of the receiver's */
 	M_SHUTDOWN,     /* coordinator -> lane: close every stream */
 	M_CUT,          /* tests: cut a stream */
 };
@@ -203,6 +203,7 @@ struct lane {
 	/* Bytes of early frames this lane holds from each peer (written by
 	 * the lane only), and frames it let go past its budget. */
 	atomic_uint_fast64_t early_bytes[GG_AR_MAX_SITES], early_refused;
+	atomic_bool denied[GG_AR_MAX_SITES]; /* the peer refused this lane's dial */
 	/* start-up of lanes 1..: made on their own thread */
 	int start_rc;
 	char start_err[GG_NODE_ERROR_MAX];
@@ -280,6 +281,8 @@ struct gg_node {
 	struct gg_frame_limits frame_limits;
 	size_t max_payload;
 	struct gg_buf_pool frames; /* frames sent and messages received, shared by the lanes */
+	/* lanes[0..nlanes-1] carry the data; lanes[nlanes] is the acceptor,
+	 * whose thread runs the handshakes of accepted connections. */
 	unsigned nlanes;
 	struct lane *lanes;
 	/* Streams ready, per peer, by bit: written by the lanes that own them. */
@@ -311,6 +314,7 @@ struct gg_node {
 	bool shutting_down;
 	bool closing;               /* gg_node_shutdown(): lanes close their streams */
 	uint64_t close_told;        /* lanes posted M_SHUTDOWN, by bit */
+	bool acceptor_told;         /* and the acceptor */
 	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
 	unsigned test_drop_done;    /* gg_node_test_drop_done(): that peer + 1, or 0 */
 	atomic_bool lanes_stop;
@@ -1035,6 +1039,17 @@ static void hand_off(void *owner, unsigned lane, struct gg_mesh_handoff *h)
 	post(&ln->node->lanes[lane].inbox, f);
 }
 
+static bool peer_denied(void *owner, unsigned peer)
+{
+	const struct lane *ln = owner;
+	const struct gg_node *n = ln->node;
+
+	for (unsigned l = 0; l < n->nlanes; l++)
+		if (atomic_load_explicit(&n->lanes[l].denied[peer], memory_order_relaxed))
+			return true;
+	return false;
+}
+
 static const struct gg_mesh_ops mesh_ops = {
 	.on_data = on_data,
 	.on_control = on_control,
@@ -1042,6 +1057,7 @@ static const struct gg_mesh_ops mesh_ops = {
 	.on_peer_restarted = on_peer_restarted,
 	.on_stream_change = on_stream_change,
 	.hand_off = hand_off,
+	.peer_denied = peer_denied,
 };
 
 /* ---- a lane's turn -------------------------------------------------------- */
@@ -1158,6 +1174,7 @@ static void publish_mesh_stats(struct lane *ln)
 		if (ms->rtt_us[p])
 			publish(&ln->rtt_us[p], ms->rtt_us[p]);
 		publish(&ln->heard_us[p], gg_mesh_last_heard(ln->mesh, p));
+		atomic_store_explicit(&ln->denied[p], gg_mesh_peer_denied(ln->mesh, p), memory_order_relaxed);
 		publish(&lp->wire_out, mp->wire_bytes_out);
 		publish(&lp->wire_in, mp->wire_bytes_in);
 		publish(&lp->stream_ups, mp->stream_ups);
@@ -1938,8 +1955,13 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 static void post_shutdown(struct gg_node *n)
 {
 	struct mail m = { .base.type = M_SHUTDOWN };
+	struct mail *a;
 
 	n->close_told = post_lanes(n, &m, n->close_told);
+	if (!n->acceptor_told && (a = mail_new(M_SHUTDOWN))) {
+		post(&n->lanes[n->nlanes].inbox, a);
+		n->acceptor_told = true;
+	}
 }
 
 /* Whole steps: sites lost, and steps whose parts are done but whose commit
@@ -1954,7 +1976,7 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	n->coord_last_us = now;
 
 	/* Mail that memory ran out for, again. */
-	if (n->closing && n->close_told != all_lanes(n))
+	if (n->closing && (n->close_told != all_lanes(n) || !n->acceptor_told))
 		post_shutdown(n);
 	for (unsigned i = 0; i < MAX_JOBS; i++)
 		if (n->jobs[i].used && n->jobs[i].ending && n->jobs[i].end_told != all_lanes(n))
@@ -2014,7 +2036,7 @@ static void gather_stats(struct gg_node *n)
 	st->data_bytes_out = st->raw_bytes_out = st->data_bytes_in = st->resent_messages = 0;
 	st->encode_s = st->decode_s = st->tls_s = 0;
 	st->early_bytes = st->early_refused = 0;
-	for (unsigned l = 0; l < n->nlanes; l++) {
+	for (unsigned l = 0; l <= n->nlanes; l++) {
 		struct lane *ln = &n->lanes[l];
 		for (unsigned p = 0; p < n->sites; p++) {
 			const struct lane_peer_stats *lp = &ln->stats.peers[p];
@@ -2040,7 +2062,7 @@ void gg_node_get_metrics(const struct gg_node *n, struct gg_node_metrics *out)
 	out->stats = n->stats;
 	out->sites = n->sites;
 	out->self = n->self;
-	for (unsigned l = 0; l < n->nlanes; l++) {
+	for (unsigned l = 0; l <= n->nlanes; l++) {
 		const struct lane *ln = &n->lanes[l];
 		const struct lane_stats *ls = &ln->stats;
 		for (unsigned p = 0; p < n->sites; p++) {
@@ -2283,7 +2305,7 @@ void gg_node_shutdown(struct gg_node *n)
 
 bool gg_node_flushed(const struct gg_node *n)
 {
-	for (unsigned l = 0; l < n->nlanes; l++)
+	for (unsigned l = 0; l <= n->nlanes; l++)
 		if (!atomic_load(&n->lanes[l].flushed))
 			return false;
 	for (unsigned i = 0; i < MAX_JOBS; i++)
@@ -2294,7 +2316,7 @@ bool gg_node_flushed(const struct gg_node *n)
 
 bool gg_node_idle(const struct gg_node *n)
 {
-	for (unsigned l = 0; l < n->nlanes; l++)
+	for (unsigned l = 0; l <= n->nlanes; l++)
 		if (!atomic_load(&n->lanes[l].idle))
 			return false;
 	for (unsigned i = 0; i < MAX_JOBS; i++)
@@ -2323,14 +2345,14 @@ static int lane_init(struct lane *ln)
 	ln->loop_ok = true;
 	ln->loop.now_us = gg_monotonic_us();
 	gg_mailbox_claim(&ln->inbox);
-	if ((rc = gg_frame_encoder_init(&ln->enc, &n->frame_cfg)) ||
-	    (rc = gg_frame_decoder_init(&ln->dec, &n->frame_limits)))
+	if (ln->index < n->nlanes && ((rc = gg_frame_encoder_init(&ln->enc, &n->frame_cfg)) ||
+				      (rc = gg_frame_decoder_init(&ln->dec, &n->frame_limits))))
 		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "codec %s for lane %u: %s",
 			       gg_codec_name(n->cfg->compression.codec), ln->index, strerror(-rc));
 	struct gg_mesh_config mc = { .cfg = n->cfg, .sites = n->sites, .self = n->self, .names = n->names,
 				     .hello = &n->hello, .tls = n->tls, .loop = &ln->loop, .pool = &n->frames,
 				     .max_payload_bytes = n->max_payload, .ops = &mesh_ops, .owner = ln,
-				     .lane = ln->index, .lanes = n->nlanes, .listen = ln->index == 0 };
+				     .lane = ln->index, .lanes = n->nlanes, .listen = ln->index == n->nlanes };
 	if ((rc = gg_mesh_new(&mc, &ln->mesh, ln->start_err, sizeof(ln->start_err))))
 		return rc;
 	if ((rc = gg_mailbox_arm(&ln->inbox, &ln->loop, gg_loop_ud(KIND_LANE_MAIL, 0, 0))))
@@ -2411,9 +2433,20 @@ static unsigned lane_count(const struct gg_config *cfg)
 	return GG_MIN(w, (unsigned)cfg->transport.streams_per_peer);
 }
 
+/* A lane's thread name, as ps -T and /proc/PID/task/TID/comm show it. */
+static const char *lane_name(const struct gg_node *n, unsigned l, char name[16])
+{
+	if (l == n->nlanes)
+		snprintf(name, 16, "gg-accept");
+	else
+		snprintf(name, 16, "gg-lane%u", l);
+	return name;
+}
+
 int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size)
 {
 	struct gg_node *n = calloc(1, sizeof(*n));
+	char name[16];
 	int rc;
 
 	*out = NULL;
@@ -2486,12 +2519,12 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 		goto fail;
 
 	n->nlanes = lane_count(cfg);
-	n->lanes = calloc(n->nlanes, sizeof(*n->lanes));
+	n->lanes = calloc(n->nlanes + 1, sizeof(*n->lanes));
 	if (!n->lanes) {
 		rc = gg_errf(err, err_size, -ENOMEM, "no memory for %u lanes", n->nlanes);
 		goto fail;
 	}
-	for (unsigned l = 0; l < n->nlanes; l++) {
+	for (unsigned l = 0; l <= n->nlanes; l++) {
 		n->lanes[l].node = n;
 		n->lanes[l].index = l;
 		n->lanes[l].inbox.efd = -1;
@@ -2515,8 +2548,9 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 		gg_errf(err, err_size, rc, "cannot arm the coordinator's mailbox: %s", strerror(-rc));
 		goto fail;
 	}
-	/* Lanes 1..: each makes its own ring, which only its thread may use. */
-	for (unsigned l = 1; l < n->nlanes; l++) {
+	/* Lanes 1.. and the acceptor: each makes its own ring, which only its
+	 * thread may use. */
+	for (unsigned l = 1; l <= n->nlanes; l++) {
 		pthread_mutex_lock(&n->start_lock);
 		n->lanes_starting++;
 		pthread_mutex_unlock(&n->start_lock);
@@ -2524,16 +2558,18 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 			pthread_mutex_lock(&n->start_lock);
 			n->lanes_starting--;
 			pthread_mutex_unlock(&n->start_lock);
-			gg_errf(err, err_size, rc, "cannot start the thread of lane %u: %s", l, strerror(-rc));
+			gg_errf(err, err_size, rc, "cannot start the thread of %s: %s", lane_name(n, l, name),
+				strerror(-rc));
 			goto fail;
 		}
 		n->lanes[l].has_thread = true;
+		pthread_setname_np(n->lanes[l].thread, lane_name(n, l, name));
 	}
 	pthread_mutex_lock(&n->start_lock);
 	while (n->lanes_starting)
 		pthread_cond_wait(&n->started, &n->start_lock);
 	pthread_mutex_unlock(&n->start_lock);
-	for (unsigned l = 1; l < n->nlanes; l++) {
+	for (unsigned l = 1; l <= n->nlanes; l++) {
 		if ((rc = n->lanes[l].start_rc)) {
 			gg_errf(err, err_size, rc, "%s", n->lanes[l].start_err);
 			goto fail;
@@ -2551,7 +2587,7 @@ void gg_node_free(struct gg_node *n)
 	if (!n)
 		return;
 	atomic_store(&n->lanes_stop, true);
-	for (unsigned l = 1; l < n->nlanes && n->lanes; l++) {
+	for (unsigned l = 1; l <= n->nlanes && n->lanes; l++) {
 		if (!n->lanes[l].has_thread)
 			continue;
 		gg_mailbox_wake(&n->lanes[l].inbox);
@@ -2559,7 +2595,7 @@ void gg_node_free(struct gg_node *n)
 	}
 	if (n->lanes) {
 		lane_fini(&n->lanes[0]);
-		for (unsigned l = 0; l < n->nlanes; l++)
+		for (unsigned l = 0; l <= n->nlanes; l++)
 			gg_mailbox_fini(&n->lanes[l].inbox);
 	}
 	free(n->lanes);

@@ -130,6 +130,7 @@ struct gg_mesh {
 	unsigned flush_count; /* streams with flush_pending */
 	unsigned lane, lanes;
 	bool listen;
+	bool acceptor; /* owns no stream: accepts, and hands every stream to its lane */
 	bool shutting_down;
 };
 
@@ -1017,7 +1018,7 @@ static void note_refusal(struct gg_mesh *m, int ci)
 		/* The peer dials: its dial for us is "out" or "both". With "both" it
 		 * takes our streams, and the pair works; with "out" it refuses
 		 * ours too, and then we know. */
-		conflict = pe->denied;
+		conflict = pe->denied || (m->ops->peer_denied && m->ops->peer_denied(m->owner, (unsigned)p));
 		snprintf(why, sizeof(why),
 			 "site %s dialed this site, whose [[peers]] dial for it is \"out\": this site dials %s and refuses "
 			 "its streams (it was told access_denied); if %s's dial for %s is \"out\" too, neither site takes "
@@ -1360,7 +1361,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	for (unsigned p = 0; p < m->sites; p++)
 		if (p != m->self)
 			peer_busy(m, p);
-	for (unsigned p = 0; p < m->sites && !m->shutting_down; p++) {
+	for (unsigned p = 0; p < m->sites && !m->shutting_down && !m->acceptor; p++) {
 		if (p == m->self || m->peers[p].dial == GG_DIAL_IN)
 			continue;
 		for (int s = (int)m->lane; s < cfg->transport.streams_per_peer; s += (int)m->lanes)
@@ -1448,9 +1449,14 @@ bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer)
 	return false;
 }
 
+bool gg_mesh_peer_denied(const struct gg_mesh *m, unsigned peer)
+{
+	return m->peers[peer].denied;
+}
+
 bool gg_mesh_connected(const struct gg_mesh *m)
 {
-	for (unsigned p = 0; p < m->sites; p++) {
+	for (unsigned p = 0; p < m->sites && !m->acceptor; p++) {
 		if (p == m->self)
 			continue;
 		for (int s = (int)m->lane; s < m->cfg->transport.streams_per_peer; s += (int)m->lanes)
@@ -1502,7 +1508,7 @@ bool gg_mesh_idle(const struct gg_mesh *m)
 static void size_table(struct gg_mesh *m)
 {
 	int S = m->cfg->transport.streams_per_peer;
-	int owned = (S - (int)m->lane + (int)m->lanes - 1) / (int)m->lanes;
+	int owned = m->acceptor ? 0 : (S - (int)m->lane + (int)m->lanes - 1) / (int)m->lanes;
 
 	m->stream_slots = 3 * (int)(m->sites - 1) * owned;
 	m->handshakes_per_address = GG_MAX(1, (int)m->sites - 1) * S;
@@ -1540,7 +1546,8 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++)
 		m->heard[p] = m->loop->now_us;
 	m->lane = mc->lane;
-	m->listen = mc->listen || m->lanes == 1;
+	m->acceptor = mc->lanes && mc->lane >= mc->lanes;
+	m->listen = mc->listen || !mc->lanes || m->acceptor;
 	memcpy(m->names, mc->names, sizeof(m->names[0]) * mc->sites);
 	for (unsigned i = 0; i < m->sites; i++) {
 		for (int s = 0; s < GG_MESH_MAX_STREAMS; s++)

@@ -38,10 +38,12 @@
  *
  * Lanes. A gateway may run several meshes, one per thread (lane): lane l
  * of L owns the streams whose number s has s % L == l, to every peer. It
- * dials those of them it dials, and settles their duplicates; the mesh of
- * lane 0 also listens, runs the handshake and HELLO of every accepted
- * stream, and hands those of other lanes over (ops->hand_off, then
- * gg_mesh_adopt() on that lane). */
+ * dials those of them it dials, and settles their duplicates. A mesh with
+ * lane == L, the acceptor, owns no stream: on a thread of its own it
+ * listens, runs the TLS handshake and HELLO of every accepted stream, and
+ * hands each to the lane that owns it (ops->hand_off, then gg_mesh_adopt()
+ * there), so that no handshake, costly or malicious, takes a lane's time
+ * from the data. */
 #ifndef GG_MESH_H
 #define GG_MESH_H
 
@@ -99,6 +101,9 @@ struct gg_mesh_ops {
 	/* An accepted stream that lane `lane` owns, ready for gg_mesh_adopt()
 	 * there; the owner takes `h` (malloc'd). */
 	void (*hand_off)(void *owner, unsigned lane, struct gg_mesh_handoff *h);
+	/* Whether `peer` refused a stream another mesh of this gateway dialed
+	 * (access_denied), for the acceptor, which dials none; may be NULL. */
+	bool (*peer_denied)(void *owner, unsigned peer);
 };
 
 /* An accepted stream on its way to the lane that owns it: handshake done,
@@ -121,8 +126,10 @@ struct gg_mesh_config {
 	size_t max_payload_bytes;       /* largest message payload accepted */
 	const struct gg_mesh_ops *ops;
 	void *owner;
-	unsigned lane, lanes;           /* this mesh owns streams s with s % lanes == lane; 0, 0: all */
-	bool listen;                    /* accepts peers' streams (lane 0) */
+	/* This mesh owns streams s with s % lanes == lane; 0, 0: all (and it
+	 * listens); lane == lanes: none (the acceptor, which listens). */
+	unsigned lane, lanes;
+	bool listen;                    /* accepts peers' streams */
 };
 
 /* Why a stream never came up: the TLS handshake's failures (enum
@@ -216,6 +223,8 @@ uint64_t gg_mesh_last_heard(const struct gg_mesh *m, unsigned peer);
 /* Whether `peer` has a ready stream of this mesh's; whether every peer has
  * all this mesh's streams up. */
 bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer);
+/* Whether `peer` refused this mesh's last dial with access_denied. */
+bool gg_mesh_peer_denied(const struct gg_mesh *m, unsigned peer);
 bool gg_mesh_connected(const struct gg_mesh *m);
 /* True when every DATA sent was acknowledged and nothing waits. */
 bool gg_mesh_flushed(const struct gg_mesh *m);

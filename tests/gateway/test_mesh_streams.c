@@ -134,8 +134,12 @@ static void hand_off(void *owner, unsigned lane, struct gg_mesh_handoff *h)
 	free(h);
 }
 
-static const struct gg_mesh_ops ops = { on_data, on_control, on_foreign_ack, on_peer_restarted, on_stream_change,
-					hand_off };
+static const struct gg_mesh_ops ops = { .on_data = on_data,
+					.on_control = on_control,
+					.on_foreign_ack = on_foreign_ack,
+					.on_peer_restarted = on_peer_restarted,
+					.on_stream_change = on_stream_change,
+					.hand_off = hand_off };
 
 static int site_config(struct mesh_set *ms, unsigned k, const int *ports)
 {
