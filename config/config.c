@@ -178,6 +178,10 @@ static const struct field limits_fields[] = {
 	  "largest all-reduce a client may submit" },
 	{ "max_clients", F_INT, CFG(limits.max_clients), false, "64", 1, 4096, NULL, NULL,
 	  "local client connections" },
+	{ "session_idle", F_DURATION, CFG(limits.session_idle_us), false, "5m", 1000000, 30ull * 86400 * 1000000,
+	  NULL, NULL,
+	  "a job whose ranks sent nothing for this long gives up its sessions to a connection that needs "
+	  "their slot or, of another user, its name" },
 };
 
 static const struct field metrics_fields[] = {

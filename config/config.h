@@ -87,6 +87,7 @@ struct gg_config {
 		uint64_t inflight_bytes_per_peer;
 		uint64_t max_message_bytes;
 		int max_clients;
+		uint64_t session_idle_us;
 	} limits;
 
 	struct {

@@ -17,6 +17,7 @@
 #include "acceptor.h"
 #include "control_proto.h"
 #include "host_sum.h"
+#include "units.h"
 #include "uring_msg.h"
 
 enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
@@ -24,6 +25,7 @@ enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 #define OUTQ (GG_CTRL_MAX_INFLIGHT + 2u) /* every request's DONE, ACCEPT, the last ERROR */
 #define RECV_FDS 4                       /* descriptors one packet may bring before MSG_CTRUNC */
 #define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
+#define WAITING_MAX 16                   /* connections waiting for the slots of an idle job */
 #define MAX_MESSAGE_LIMIT (1ull << 40)
 #define TEXT GG_CTRL_TEXT_SIZE
 
@@ -91,6 +93,7 @@ struct hb_job {
 	/* Regions of ranks that left while the core held the step, which may
 	 * still read and write them: unmapped once the core gives it back. */
 	struct hb_region *orphans;
+	uint64_t active_us;   /* when a rank last sent something, or a step ended */
 	uint64_t seq;         /* the step being gathered or with the core; earlier ones are over */
 	uint64_t deadline_us; /* of step `seq` while gathering; 0: no rank has announced it */
 	uint32_t deadline_ms; /* the timeout that set deadline_us, for messages */
@@ -136,6 +139,14 @@ struct gg_host_backend {
 
 	struct hb_conn *conns; /* opts.max_clients slots */
 	struct hb_job *jobs;
+	/* New connections that found every slot taken while an idle job's
+	 * sessions close: they get the first slots that free, in order, or
+	 * are refused at their deadline. */
+	struct {
+		int fd;
+		uint64_t until_us;
+	} waiting[WAITING_MAX];
+	unsigned waiting_count;
 	struct gg_host_backend_stats stats;
 };
 
@@ -458,11 +469,26 @@ GG_PRINTF(4, 5) static void conn_refuse(struct gg_host_backend *b, struct hb_con
 	out_kick(b, c);
 }
 
+/* Ends a registered rank's session: it leaves its job (which fails with
+ * `why`, unless NULL), gets ERROR with `code` and `text`, and is closed. */
+static void conn_end(struct gg_host_backend *b, struct hb_conn *c, int code, const char *text, const char *why)
+{
+	conn_detach(b, c, why);
+	union gg_ctrl_msg *m = out_push(c, GG_CTRL_ERROR);
+	if (m) {
+		m->error.code = code;
+		m->error.seq = c->next_seq;
+		gg_ctrl_set_text(m->error.message, sizeof(m->error.message), text);
+	}
+	conn_closing(b, c);
+	out_kick(b, c);
+}
+
 /* A registered rank broke the protocol: it gets ERROR and is closed; its
  * job fails, naming it. */
 GG_PRINTF(4, 5) static void conn_fatal(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt, ...)
 {
-	char text[TEXT], what[TEXT + 32], why[TEXT];
+	char text[TEXT], what[TEXT + 32], why[TEXT], msg[2 * TEXT];
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -470,19 +496,73 @@ GG_PRINTF(4, 5) static void conn_fatal(struct gg_host_backend *b, struct hb_conn
 	va_end(ap);
 	snprintf(what, sizeof(what), "broke the control protocol (%s)", text);
 	leave_reason(c, what, why, sizeof(why));
-	conn_detach(b, c, why);
-
-	union gg_ctrl_msg *m = out_push(c, GG_CTRL_ERROR);
-	if (m) {
-		char msg[2 * TEXT];
-		m->error.code = code;
-		m->error.seq = c->next_seq;
-		snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
-		gg_ctrl_set_text(m->error.message, sizeof(m->error.message), msg);
-	}
+	snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
 	b->stats.violations++;
-	conn_closing(b, c);
-	out_kick(b, c);
+	conn_end(b, c, code, msg, why);
+}
+
+/* ---- idle jobs ------------------------------------------------------------ */
+
+/* A job none of whose ranks sent anything for session_idle, with no step
+ * under way. */
+static bool job_idle(const struct gg_host_backend *b, const struct hb_job *j)
+{
+	return b->opts.session_idle_us && j->connected && !step_in_progress(j) &&
+	       b->loop->now_us - j->active_us >= b->opts.session_idle_us;
+}
+
+/* The idle job idle longest, or NULL. */
+static struct hb_job *idlest_job(const struct gg_host_backend *b)
+{
+	struct hb_job *best = NULL;
+
+	for (struct hb_job *j = b->jobs; j; j = j->next)
+		if (job_idle(b, j) && (!best || j->active_us < best->active_us))
+			best = j;
+	return best;
+}
+
+/* Closes the sessions of idle job `j` (which is then gone) for a
+ * connection that needs them: `needed` says what for. */
+static void job_evict(struct gg_host_backend *b, struct hb_job *j, const char *needed)
+{
+	char idle[32], limit[32], text[TEXT];
+
+	snprintf(text, sizeof(text), "gateway of site %s: job '%s' sent nothing for %s (session_idle = %s), and %s: "
+		 "its sessions are closed", b->site, j->name, gg_format_duration(b->loop->now_us - j->active_us, idle,
+		 sizeof(idle)), gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)), needed);
+	hb_log(b, "%s", text);
+	for (unsigned i = 0; i < b->opts.max_clients; i++) {
+		struct hb_conn *c = &b->conns[i];
+		if (c->state != C_ACTIVE || c->job != j)
+			continue;
+		bool last = j->connected == 1;
+		b->stats.evicted++;
+		conn_end(b, c, GG_ERR_CLOSED, text, NULL);
+		if (last)
+			break;
+	}
+}
+
+/* " (job 'x' of uid U idle longest, for T of session_idle = L)" or "". */
+static void idle_hint(const struct gg_host_backend *b, char *buf, size_t size)
+{
+	const struct hb_job *best = NULL;
+	char idle[32], limit[32];
+
+	buf[0] = '\0';
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		if (j->connected && !step_in_progress(j) && (!best || j->active_us < best->active_us))
+			best = j;
+	if (!b->opts.session_idle_us)
+		return;
+	if (!best) {
+		snprintf(buf, size, "; every job has a step under way");
+		return;
+	}
+	snprintf(buf, size, "; the job idle longest has been for %s, and a job gives its sessions up after "
+		 "session_idle = %s", gg_format_duration(b->loop->now_us - best->active_us, idle, sizeof(idle)),
+		 gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)));
 }
 
 static void arm_recv(struct gg_host_backend *b, struct hb_conn *c)
@@ -503,31 +583,87 @@ static void arm_recv(struct gg_host_backend *b, struct hb_conn *c)
 	c->recv_busy = true;
 }
 
+static struct hb_conn *free_slot(struct gg_host_backend *b)
+{
+	for (unsigned i = 0; i < b->opts.max_clients; i++)
+		if (b->conns[i].state == C_FREE)
+			return &b->conns[i];
+	return NULL;
+}
+
+/* Refuses a connection that has no slot: REFUSE, then close. */
+static void refuse_unslotted(struct gg_host_backend *b, int fd, const char *text)
+{
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_REFUSE);
+
+	m.error.code = GG_ERR_REFUSED;
+	gg_ctrl_set_text(m.error.message, sizeof(m.error.message), text);
+	/* Nothing was ever sent on the socket: this cannot block. */
+	(void)send(fd, &m, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+	close(fd);
+	hb_log(b, "control connection refused: %s", text);
+	b->stats.refused++;
+}
+
+static void conn_start(struct gg_host_backend *b, struct hb_conn *c, int fd);
+
+/* A new connection: it takes a free slot; or, with every slot taken, waits
+ * for one that is freeing (an idle job's, closed now if need be); or is
+ * refused. */
 static void conn_new(struct gg_host_backend *b, int fd)
 {
-	struct hb_conn *c = NULL;
+	struct hb_conn *c = free_slot(b);
+	struct hb_job *idle;
+	unsigned closing = 0;
 
-	for (unsigned i = 0; i < b->opts.max_clients; i++) {
-		if (b->conns[i].state == C_FREE) {
-			c = &b->conns[i];
-			break;
-		}
-	}
-	if (!c) {
-		union gg_ctrl_msg m;
-		char text[TEXT];
-		size_t len = gg_ctrl_init(&m, GG_CTRL_REFUSE);
-		snprintf(text, sizeof(text), "the gateway of site %s already serves max_clients = %u connections",
-			 b->site, b->opts.max_clients);
-		m.error.code = GG_ERR_REFUSED;
-		gg_ctrl_set_text(m.error.message, sizeof(m.error.message), text);
-		/* A fresh socket's buffer is empty: this cannot block. */
-		(void)send(fd, &m, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-		close(fd);
-		hb_log(b, "control connection refused: %s", text);
-		b->stats.refused++;
+	if (c) {
+		conn_start(b, c, fd);
 		return;
 	}
+	for (unsigned i = 0; i < b->opts.max_clients; i++)
+		closing += b->conns[i].state == C_CLOSING;
+	if (b->waiting_count < WAITING_MAX && closing <= b->waiting_count && (idle = idlest_job(b))) {
+		job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
+		for (unsigned i = closing = 0; i < b->opts.max_clients; i++)
+			closing += b->conns[i].state == C_CLOSING;
+	}
+	if (b->waiting_count < WAITING_MAX && closing > b->waiting_count) {
+		b->waiting[b->waiting_count].fd = fd;
+		b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
+		return;
+	}
+	char text[TEXT], hint[TEXT];
+	idle_hint(b, hint, sizeof(hint));
+	snprintf(text, sizeof(text), "the gateway of site %s already serves max_clients = %u connections%s", b->site,
+		 b->opts.max_clients, hint);
+	refuse_unslotted(b, fd, text);
+}
+
+/* Connections waiting for a slot take those freed since, in order; those
+ * past their deadline are refused. Returns the next deadline (0: none). */
+static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
+{
+	while (b->waiting_count) {
+		struct hb_conn *c = b->stopping ? NULL : free_slot(b);
+		int fd = b->waiting[0].fd;
+		if (!c && now_us < b->waiting[0].until_us && !b->stopping)
+			return b->waiting[0].until_us;
+		memmove(&b->waiting[0], &b->waiting[1], --b->waiting_count * sizeof(b->waiting[0]));
+		if (c) {
+			conn_start(b, c, fd);
+		} else {
+			char text[TEXT];
+			snprintf(text, sizeof(text), "the gateway of site %s %s", b->site,
+				 b->stopping ? "is shutting down" : "had no slot free in time (max_clients are taken)");
+			refuse_unslotted(b, fd, text);
+		}
+	}
+	return 0;
+}
+
+static void conn_start(struct gg_host_backend *b, struct hb_conn *c, int fd)
+{
 	struct ucred cred;
 	socklen_t cred_len = sizeof(cred);
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len))
@@ -873,14 +1009,24 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	}
 
 	struct hb_job *j = job_find(b, h->job);
+	if (j && j->uid != c->uid && job_idle(b, j)) {
+		char needed[96];
+		snprintf(needed, sizeof(needed), "a rank of uid %u asks for its name", (unsigned)c->uid);
+		job_evict(b, j, needed);
+		j = job_find(b, h->job);
+	}
 	if (j && j->broken) {
 		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' has failed (%s); it can start again once all its ranks "
 			    "have disconnected", j->name, j->broken_msg);
 		return;
 	}
 	if (j && j->uid != c->uid) {
-		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u; rank %u connects as uid %u", j->name,
-			    (unsigned)j->uid, (unsigned)h->rank, (unsigned)c->uid);
+		char ago[32], limit[32];
+		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u, whose ranks sent something %s ago (a job "
+			    "idle for session_idle = %s gives its name up); rank %u connects as uid %u", j->name,
+			    (unsigned)j->uid, gg_format_duration(b->loop->now_us - j->active_us, ago, sizeof(ago)),
+			    gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)), (unsigned)h->rank,
+			    (unsigned)c->uid);
 		return;
 	}
 	if (j && j->nranks != h->nranks) {
@@ -917,6 +1063,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 		j->first_rank = h->rank;
 		j->uid = c->uid;
 		j->seq = 1;
+		j->active_us = b->loop->now_us;
 		j->next = b->jobs;
 		b->jobs = j;
 		b->stats.jobs++;
@@ -1139,6 +1286,8 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 			on_hello(b, c);
 		return;
 	}
+	if (c->job)
+		c->job->active_us = b->loop->now_us;
 	if (type < 0) {
 		conn_fatal(b, c, GG_ERR_PROTOCOL, "%s", why);
 		return;
@@ -1281,6 +1430,7 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 	uint64_t next = 0;
 
 	next = gg_acceptor_tick(&b->accept, now_us, b->stopping);
+	next = min_deadline(next, serve_waiting(b, now_us));
 	for (unsigned i = 0; i < b->opts.max_clients; i++) {
 		struct hb_conn *c = &b->conns[i];
 		if (c->io_error && (c->state == C_HELLO || c->state == C_ACTIVE))
@@ -1316,6 +1466,7 @@ void gg_host_backend_complete(struct gg_host_backend *b, struct gg_site_step *st
 		       (unsigned long long)step->seq, step->job);
 		return;
 	}
+	j->active_us = b->loop->now_us;
 	if (j->in_submit) {
 		if (!j->sync_done) {
 			j->sync_done = true;
@@ -1458,16 +1609,10 @@ static bool hb_stop(struct gg_site_backend *base)
 				conn_refuse(b, c, GG_ERR_CLOSED, "%s", why);
 			if (c->state != C_ACTIVE)
 				continue;
-			conn_detach(b, c, why);
-			union gg_ctrl_msg *m = out_push(c, GG_CTRL_ERROR);
-			if (m) {
-				m->error.code = GG_ERR_CLOSED;
-				gg_ctrl_set_text(m->error.message, sizeof(m->error.message), why);
-			}
-			conn_closing(b, c);
-			out_kick(b, c);
+			conn_end(b, c, GG_ERR_CLOSED, why, why);
 			conn_settle(b, c, b->loop->now_us);
 		}
+		serve_waiting(b, b->loop->now_us);
 	}
 	/* Retried on every call should the ring have had no room. */
 	if (b->accept.armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, ud(b, K_CANCEL, NULL)) == 0)
@@ -1494,6 +1639,8 @@ static void hb_destroy(struct gg_site_backend *base)
 	/* Only reached without start() or after stop() returned true. */
 	if (b->listen_fd >= 0)
 		close(b->listen_fd);
+	for (unsigned i = 0; i < b->waiting_count; i++)
+		close(b->waiting[i].fd);
 	while (b->jobs)
 		job_free(b, b->jobs);
 	free(b->conns);
@@ -1560,6 +1707,7 @@ void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_
 		.step_timeout_us = cfg->transport.step_timeout_us,
 		.answer_grace_us = cfg->transport.heartbeat_timeout_us,
 		.hello_timeout_us = cfg->transport.handshake_timeout_us,
+		.session_idle_us = cfg->limits.session_idle_us,
 		.kind_base = GG_OP_USER,
 	};
 }

@@ -41,6 +41,12 @@ struct gg_host_backend_options {
 	uint64_t step_timeout_us;   /* longest a step may take; also the default */
 	uint64_t answer_grace_us;   /* past a step's deadline, the longest the core may take to end it */
 	uint64_t hello_timeout_us;  /* a new connection must say HELLO within this */
+	/* A job none of whose ranks sent anything for this long, with no step
+	 * under way, is idle: when max_clients are taken, a new connection
+	 * waits while the idle job idle longest is closed (its ranks get
+	 * GG_ERR_CLOSED saying so), and a rank of another user asking for an
+	 * idle job's name takes it the same way. 0: never. */
+	uint64_t session_idle_us;
 	unsigned kind_base;         /* >= GG_OP_USER; kinds kind_base..+GG_HOST_BACKEND_KINDS-1 */
 	/* Called for refusals, protocol errors and failed steps; NULL: quiet. */
 	void (*log)(void *arg, const char *line);
@@ -76,6 +82,7 @@ struct gg_host_backend_stats {
 	uint64_t steps_failed; /* steps failed at their ranks */
 	uint64_t refused;      /* connections refused */
 	uint64_t violations;   /* connections closed for breaking the protocol */
+	uint64_t evicted;      /* sessions of idle jobs closed for a connection that needed them */
 	uint64_t status_requests; /* status requests answered */
 };
 

@@ -128,6 +128,7 @@ static void *gateway_thread(void *arg)
 		.memory_bytes = h->opts.memory_bytes,
 		.step_timeout_us = h->opts.step_timeout_us,
 		.hello_timeout_us = h->opts.hello_timeout_us,
+		.session_idle_us = h->opts.session_idle_us,
 		.kind_base = GG_OP_USER,
 		.log = on_log,
 	};

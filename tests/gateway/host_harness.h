@@ -59,6 +59,7 @@ struct harness_options {
 	uint64_t memory_bytes;      /* 0: 4 GiB */
 	uint64_t step_timeout_us;   /* 0: 20 s */
 	uint64_t hello_timeout_us;  /* 0: 5 s */
+	uint64_t session_idle_us;   /* 0: jobs never give their sessions up */
 };
 
 struct harness {

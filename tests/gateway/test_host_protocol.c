@@ -1,12 +1,14 @@
 /* The gateway treats every control message as hostile: what it must refuse
  * before a session exists, what ends a session, and that a rank breaking
  * the protocol fails the step of the job's other ranks with its name. */
+#include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "control_conn.h"
@@ -170,7 +172,8 @@ static int other_user_main(const char *endpoint)
 	if (setgid(65534) || setuid(65534))
 		return 2;
 	if (gg_session_open(endpoint, "uid", 1, 2, &s, &err) != GG_ERR_REFUSED ||
-	    !strstr(err.message, "job 'uid' belongs to uid 0; rank 1 connects as uid 65534")) {
+	    !strstr(err.message, "job 'uid' belongs to uid 0, whose ranks sent something ") ||
+	    !strstr(err.message, "ago (a job idle for session_idle = 1m gives its name up); rank 1 connects as uid 65534")) {
 		fprintf(stderr, "other user: %s\n", err.message);
 		return 1;
 	}
@@ -210,6 +213,106 @@ static void test_other_user(void)
 	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
 	CHECK(waitpid(pid, &status, 0) == pid);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
+/* ---- idle jobs ------------------------------------------------------------ */
+
+#define IDLE_US 500000 /* session_idle of the second harness */
+
+static void sleep_us(uint64_t us)
+{
+	struct timespec ts = { .tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000 };
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+/* With every slot taken, a new connection is refused while the jobs are
+ * busy or fresh, and takes the slots of the job idle past session_idle;
+ * that job's ranks hear why at their next call. */
+static void test_idle_slots(void)
+{
+	struct gg_session *a, *b, *s;
+	struct gg_request *req;
+	struct gg_error err;
+	float x = 3, y = 4;
+
+	open_ok("idle", 0, 2, &a);
+	open_ok("idle", 1, 2, &b);
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "new", 0, 1, &s, &err), GG_ERR_REFUSED);
+	CHECK_ERR(err, GG_ERR_REFUSED, "the gateway of site test-site already serves max_clients = 2 connections; "
+		  "the job idle longest has been for ", "a job gives its sessions up after session_idle = 500ms");
+
+	/* A step under way is not idle, however long it waits. */
+	CHECK_EQ_INT(gg_allreduce_start(a, &x, 1, GG_DTYPE_F32, 0, 10000, &req, &err), 0);
+	sleep_us(2 * IDLE_US);
+	CHECK_EQ_INT(gg_session_open(h.endpoint, "new", 0, 1, &s, &err), GG_ERR_REFUSED);
+	CHECK_ERR(err, GG_ERR_REFUSED, "already serves max_clients = 2 connections; every job has a step under way");
+	CHECK_EQ_INT(gg_allreduce(b, &y, 1, GG_DTYPE_F32, 0, 10000, &err), 0);
+	CHECK_EQ_INT(gg_wait(req, 10000, &err), 0);
+	gg_request_free(req);
+	CHECK(x == 7 && y == 7);
+
+	/* Idle past session_idle: the new connection waits for its slots. */
+	sleep_us(2 * IDLE_US);
+	open_ok("new", 0, 1, &s);
+	CHECK(harness_stats(&h).evicted == 2);
+	float z = 5;
+	CHECK_EQ_INT(gg_allreduce(s, &z, 1, GG_DTYPE_F32, 0, 10000, &err), 0);
+	CHECK(z == 5);
+	CHECK_EQ_INT(gg_allreduce(a, &x, 1, GG_DTYPE_F32, 0, 10000, &err), GG_ERR_CLOSED);
+	CHECK_ERR(err, GG_ERR_CLOSED, "gateway of site test-site: job 'idle' sent nothing for ",
+		  "(session_idle = 500ms), and a new connection needs a slot (max_clients are taken): its sessions are "
+		  "closed");
+	CHECK_EQ_INT(gg_allreduce(b, &y, 1, GG_DTYPE_F32, 0, 10000, &err), GG_ERR_CLOSED);
+	CHECK_ERR(err, GG_ERR_CLOSED, "job 'idle' sent nothing for ");
+	gg_session_close(a);
+	gg_session_close(b);
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
+/* The child: takes job 'taken' as user nobody, and runs a step of it. */
+static int take_name_main(const char *endpoint)
+{
+	struct gg_session *s;
+	struct gg_error err;
+	float x = 9;
+
+	if (setgid(65534) || setuid(65534))
+		return 2;
+	if (gg_session_open(endpoint, "taken", 0, 1, &s, &err) ||
+	    gg_allreduce(s, &x, 1, GG_DTYPE_F32, 0, 10000, &err) || x != 9) {
+		fprintf(stderr, "taking the name: %s\n", err.message);
+		return 1;
+	}
+	gg_session_close(s);
+	return 0;
+}
+
+/* A job name another user's idle job holds is taken over. */
+static void test_idle_name(void)
+{
+	char *argv[] = { "test_host_protocol", "--take-name", h.endpoint, NULL };
+	struct gg_session *s;
+	struct gg_error err;
+	pid_t pid;
+	int status;
+	float x = 1;
+
+	if (getuid() != 0) {
+		printf("idle-name check skipped: needs root to become another user\n");
+		return;
+	}
+	open_ok("taken", 0, 2, &s);
+	CHECK(chmod(h.dir, 0711) == 0 && chmod(h.path, 0666) == 0);
+	sleep_us(2 * IDLE_US);
+	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 0, 10000, &err), GG_ERR_CLOSED);
+	CHECK_ERR(err, GG_ERR_CLOSED, "job 'taken' sent nothing for ", "and a rank of uid 65534 asks for its name");
 	gg_session_close(s);
 	harness_wait_connections(&h, 0);
 }
@@ -585,11 +688,14 @@ int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "--other-user"))
 		return other_user_main(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "--take-name"))
+		return take_name_main(argv[2]);
 
 	struct harness_options o = {
 		.max_clients = MAX_CLIENTS,
 		.max_message_bytes = 4u << 20,
 		.hello_timeout_us = 300000,
+		.session_idle_us = 60000000,
 	};
 
 	harness_start(&h, &o);
@@ -599,6 +705,13 @@ int main(int argc, char **argv)
 	test_raw_allreduce();
 	test_violations();
 	test_still_serving();
+	harness_stop(&h);
+
+	/* Idle jobs, with a session_idle a test can wait out. */
+	o = (struct harness_options){ .max_clients = 2, .hello_timeout_us = 2000000, .session_idle_us = IDLE_US };
+	harness_start(&h, &o);
+	test_idle_slots();
+	test_idle_name();
 	harness_stop(&h);
 	printf("host protocol: ok\n");
 	return 0;
