@@ -24,6 +24,11 @@ struct gg_ar_step {
 				    of those, the part's: part, part + parts, ... */
 	uint64_t part_chunks;    /* the chunks of the step's part, when all are done */
 	float *fb_scratch;       /* one chunk: the input compensated by error feedback */
+	/* Input and result are one memory and the site's own frames decode to
+	 * exactly its input (fp32, no error feedback): where its frame of a
+	 * chunk is the first to reduce, the chunk already holds what storing
+	 * that frame would write. */
+	bool own_in_place;
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
 	struct gg_buf **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
@@ -248,8 +253,10 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, si
 		}
 		id.origin = (uint8_t)site;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
-		int rc = decode_into(s, site, &id, frame, len, s->result + offset, n,
-				     site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
+		int rc = site == 0 && site == s->cfg.self && s->own_in_place
+				 ? 0
+				 : decode_into(s, site, &id, frame, len, s->result + offset, n,
+					       site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
 		frame = NULL;
 		gg_buf_put(*slot);
 		*slot = NULL;
@@ -518,6 +525,7 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	s->ctx = ctx;
 	s->input = input;
 	s->result = result;
+	s->own_in_place = input == result && !cfg->feedback && cfg->enc->cfg.codec.codec == GG_CODEC_FP32;
 	shard_bounds(cfg, s->shard_lo);
 	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
 	if (rc) {
