@@ -453,13 +453,16 @@ static int run(struct daemon *d)
 	return status;
 }
 
-/* Every stream, handshake and client is a descriptor. The soft limit is
- * often 1024, below what the largest configurations hold: it is raised as
- * far as needed and allowed, and a shortfall is said at start rather than
- * found as failed dials and accepts later. */
+/* Every stream, handshake and client is a descriptor, and each thread has
+ * a ring and a mailbox (the lanes, at most one per stream, and the
+ * acceptor). The soft limit is often 1024, below what the largest
+ * configurations hold: it is raised as far as needed and allowed, and a
+ * shortfall is said at start rather than found as failed dials and
+ * accepts later. */
 static void raise_file_limit(const struct gg_config *cfg)
 {
-	rlim_t need = (rlim_t)gg_mesh_conn_max(cfg) + (rlim_t)cfg->limits.max_clients + 64;
+	rlim_t threads = (rlim_t)cfg->transport.streams_per_peer + 1;
+	rlim_t need = (rlim_t)gg_mesh_conn_max(cfg) + (rlim_t)cfg->limits.max_clients + 2 * threads + 64;
 	struct rlimit rl;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= need)
