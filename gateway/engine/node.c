@@ -2230,14 +2230,20 @@ void gg_node_stop_steps(struct gg_node *n)
 int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
 {
 	struct job *j = find_job(n, job, true);
-	char unnamed[GG_NODE_ERROR_MAX];
+	char text[GG_NODE_ERROR_MAX];
 
-	/* A failed step always says what failed, here and at the peers. */
+	/* A failed step always says what failed, here and at the peers, in
+	 * one line: control bytes become '?', as on the wire. */
 	if (!reason || !*reason) {
-		snprintf(unnamed, sizeof(unnamed), "step %llu of job '%s' failed at site %s (no reason given)",
+		snprintf(text, sizeof(text), "step %llu of job '%s' failed at site %s (no reason given)",
 			 (unsigned long long)seq, job, n->names[n->self]);
-		reason = unnamed;
+	} else {
+		size_t i = 0;
+		for (; reason[i] && i + 1 < sizeof(text); i++)
+			text[i] = (unsigned char)reason[i] < 0x20 || reason[i] == 0x7f ? '?' : reason[i];
+		text[i] = '\0';
 	}
+	reason = text;
 
 	if (j && j->step && j->step->seq == seq) {
 		if (j->ending)

@@ -158,7 +158,8 @@ GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, c
 
 /* This site failed step `seq` of `job` (its ranks disagreed, missed their
  * deadline, or one left) with an enum gg_errc `code`: the step fails at
- * every other site too, with `reason`. The step in progress here, if it is
+ * every other site too, with `reason` (in one line: control bytes become
+ * '?', as on the wire). The step in progress here, if it is
  * that one, fails now. Returns 0, or -EALREADY when that step's result is
  * whole here and the other sites were told (DONE): they may have completed
  * on it, so it completes or fails as they say, not by this call. */
