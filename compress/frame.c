@@ -297,6 +297,58 @@ int gg_frame_unwrap(struct gg_frame_decoder *dec, const void *frame, size_t fram
 	return 0;
 }
 
+/* Elements per step of gg_frame_decode_pair's sweep: 16 KiB of float32,
+ * a multiple of every kernel's vector loop, so each element takes the same
+ * path through the kernels as in a decode of the whole frame. */
+#define PAIR_BLOCK_ELEMS 4096u
+
+static bool pairable(const struct gg_frame_info *fi)
+{
+	return fi->params.codec == GG_CODEC_FP32 && !fi->zstd;
+}
+
+int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0_bytes, const void *f1,
+			 size_t f1_bytes, float *out, size_t n, unsigned *bad, char *err, size_t err_size)
+{
+	struct gg_frame_info fi0, fi1;
+	const uint8_t *raw0 = NULL, *raw1 = NULL;
+	int rc;
+
+	*bad = 0;
+	if ((rc = gg_frame_unwrap(dec, f0, f0_bytes, &fi0, &raw0, err, err_size)))
+		return rc;
+	if (!pairable(&fi0) || fi0.elems != n) {
+		if ((rc = gg_frame_decode(dec, f0, f0_bytes, out, n, GG_FRAME_STORE, NULL, err, err_size)))
+			return rc;
+		*bad = 1;
+		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
+	}
+	/* raw0 lies in f0 (no zstd): unwrapping f1 leaves it be. */
+	*bad = 1;
+	if ((rc = gg_frame_unwrap(dec, f1, f1_bytes, &fi1, &raw1, err, err_size)))
+		return rc;
+	if (fi1.elems != n)
+		return gg_errf(err, err_size, -EBADMSG, "frame: element count %llu, caller expects %zu",
+			    (unsigned long long)fi1.elems, n);
+	if (!pairable(&fi1)) {
+		*bad = 0;
+		if ((rc = gg_codec_decode(&fi0.params, raw0, fi0.raw_bytes, n, out)))
+			return gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload");
+		*bad = 1;
+		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
+	}
+	for (size_t i = 0; i < n; i += PAIR_BLOCK_ELEMS) {
+		size_t m = GG_MIN((size_t)PAIR_BLOCK_ELEMS, n - i);
+		*bad = 0;
+		if ((rc = gg_codec_decode(&fi0.params, raw0 + i * sizeof(float), m * sizeof(float), m, out + i)))
+			return gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload");
+		*bad = 1;
+		if ((rc = gg_codec_decode_acc(&fi1.params, raw1 + i * sizeof(float), m * sizeof(float), m, out + i)))
+			return gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload");
+	}
+	return 0;
+}
+
 int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes, float *out,
 		    size_t n, enum gg_frame_op op, struct gg_frame_info *info, char *err, size_t err_size)
 {

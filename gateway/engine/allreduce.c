@@ -218,6 +218,22 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 	return 0;
 }
 
+/* Sites 0 and 1's frames of direct chunk `id` into result (n elements):
+ * the first stored and the second added, as two decode_into() would. */
+static int decode_pair(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, const void *f0, size_t len0,
+		       const void *f1, size_t len1, float *out, uint64_t n, char *err, size_t err_size)
+{
+	char why[GG_AR_ERROR_MAX];
+	unsigned bad;
+	uint64_t t0 = s->cfg.times ? now_ns() : 0;
+	int rc = gg_frame_decode_pair(s->cfg.dec, f0, len0, f1, len1, out, n, &bad, why, sizeof(why));
+	timed(s, false, t0);
+	if (rc && err_size)
+		snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", bad, phase_name(id->phase), id->chunk,
+			 bad, why);
+	return rc;
+}
+
 /* The owner's site sum of [offset, offset + n) is read next. */
 static void gather(struct gg_ar_step *s, uint64_t offset, uint64_t n)
 {
@@ -253,10 +269,22 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, si
 		}
 		id.origin = (uint8_t)site;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
-		int rc = site == 0 && site == s->cfg.self && s->own_in_place
-				 ? 0
-				 : decode_into(s, site, &id, frame, len, s->result + offset, n,
-					       site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
+		struct gg_buf **next = &s->pending[(size_t)1 * s->nchunks + c];
+		int rc;
+		if (site == 0 && site == s->cfg.self && s->own_in_place) {
+			rc = 0;
+		} else if (site == 0 && *next) {
+			/* The second site's frame is here too (this site's own, or
+			 * one that came early): both in one sweep over the chunk. */
+			rc = decode_pair(s, &id, frame, len, (*next)->data, (*next)->len, s->result + offset, n, err,
+					 err_size);
+			gg_buf_put(*next);
+			*next = NULL;
+			s->next_site[c]++;
+		} else {
+			rc = decode_into(s, site, &id, frame, len, s->result + offset, n,
+					 site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
+		}
 		frame = NULL;
 		gg_buf_put(*slot);
 		*slot = NULL;
