@@ -234,7 +234,7 @@ static int conn_connect(struct conn *c, const struct sockaddr *sa, socklen_t len
 
 	if (!ctx) {
 		c->fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (c->fd < 0 || (rc = gg_net_tune(c->fd, (int)c->opt->socket_buffer_bytes)) ||
+		if (c->fd < 0 || (rc = gg_net_tune(c->fd, (int)c->opt->socket_buffer_bytes, NULL)) ||
 		    (rc = gg_loop_connect(&c->loop, c->fd, sa, len, gg_loop_ud(GG_OP_CONNECT, 0, 0))) ||
 		    (rc = plain_wait(c)) < 0) {
 			rc = c->fd < 0 ? -errno : rc;

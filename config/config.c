@@ -134,6 +134,10 @@ static const struct field transport_fields[] = {
 	  "bytes of encoded payload per chunk" },
 	{ "socket_buffer", F_SIZE, CFG(transport.socket_buffer_bytes), false, "4MiB", 64 << 10, 256 << 20,
 	  NULL, NULL, "SO_SNDBUF / SO_RCVBUF per stream" },
+	{ "congestion_control", F_STRING, CFG(transport.congestion_control), false, NULL, 0, 0, NULL,
+	  gg_check_congestion,
+	  "TCP congestion control of the streams, as the kernel names it: bbr, cubic, ... (not set: the system's "
+	  "default, net.ipv4.tcp_congestion_control)" },
 	{ "heartbeat_interval", F_DURATION, CFG(transport.heartbeat_interval_us), false, "1s",
 	  10000, 60000000, NULL, NULL, "how often an idle stream is probed (measures RTT)" },
 	{ "heartbeat_timeout", F_DURATION, CFG(transport.heartbeat_timeout_us), false, "10s",

@@ -61,6 +61,7 @@ struct gg_config {
 		int streams_per_peer;
 		uint64_t chunk_bytes;
 		uint64_t socket_buffer_bytes;
+		char *congestion_control; /* NULL: the system's default */
 		uint64_t heartbeat_interval_us;
 		uint64_t heartbeat_timeout_us;
 		uint64_t connect_timeout_us;

@@ -118,6 +118,20 @@ bool gg_address_is_loopback(const char *v)
 	return !memcmp(addr, loop6, 16) || (!memcmp(addr, mapped, 12) && addr[12] == 127);
 }
 
+int gg_check_congestion(const char *v, char *why, size_t size)
+{
+	size_t n = strlen(v);
+
+	if (n == 0 || n > 15)
+		return gg_errf(why, size, -EINVAL, "\"%s\" is not a congestion control name (1 to 15 characters, "
+			    "like \"bbr\" or \"cubic\")", v);
+	for (size_t i = 0; i < n; i++)
+		if (!((v[i] >= 'a' && v[i] <= 'z') || (v[i] >= '0' && v[i] <= '9') || v[i] == '_'))
+			return gg_errf(why, size, -EINVAL, "\"%s\" is not a congestion control name (a-z, 0-9 and _, "
+				    "like \"bbr\" or \"cubic\")", v);
+	return 0;
+}
+
 int gg_check_control(const char *v, char *why, size_t size)
 {
 	if (!strncmp(v, "unix:", 5)) {

@@ -12,6 +12,9 @@ typedef int (*gg_check_fn)(const char *value, char *why, size_t why_size);
 int gg_check_site_name(const char *value, char *why, size_t why_size);
 /* "host:port" or "[v6addr]:port", port 1-65535. */
 int gg_check_address(const char *value, char *why, size_t why_size);
+/* A TCP congestion control's name as the kernel spells them: 1-15 of
+ * a-z 0-9 _ (whether this kernel has it is checked at start). */
+int gg_check_congestion(const char *value, char *why, size_t why_size);
 /* Whether a valid "host:port" names this host's loopback interface:
  * 127.0.0.0/8, ::1 (also as ::ffff:127.x.y.z), or the name localhost. */
 bool gg_address_is_loopback(const char *value);

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "mailbox.h"
 #include "mesh.h"
+#include "net_addr.h"
 #include "units.h"
 
 #define MAX_JOBS 32
@@ -2522,6 +2523,9 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 				     .crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites,
 				     .groups = cfg->tls.groups };
 	if ((rc = gg_tls_context_new(&to, &n->tls, err, err_size)))
+		goto fail;
+	if (cfg->transport.congestion_control &&
+	    (rc = gg_net_check_congestion(cfg->transport.congestion_control, err, err_size)))
 		goto fail;
 
 	n->nlanes = lane_count(cfg);

@@ -116,7 +116,7 @@ int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
 	return fd;
 }
 
-int gg_net_tune(int fd, int buffer_bytes)
+int gg_net_tune(int fd, int buffer_bytes, const char *congestion)
 {
 	int one = 1;
 
@@ -125,7 +125,45 @@ int gg_net_tune(int fd, int buffer_bytes)
 	if (buffer_bytes > 0 && (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof(buffer_bytes)) ||
 				 setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof(buffer_bytes))))
 		return -errno;
+	if (congestion && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion, (socklen_t)strlen(congestion)))
+		return -errno;
 	return 0;
+}
+
+/* The first line of a /proc file, or "?". */
+static void read_line(const char *path, char *buf, size_t size)
+{
+	FILE *f = fopen(path, "re");
+
+	if (!f || !fgets(buf, (int)size, f))
+		snprintf(buf, size, "?");
+	if (f)
+		fclose(f);
+	buf[strcspn(buf, "\n")] = '\0';
+}
+
+int gg_net_check_congestion(const char *name, char *err, size_t err_size)
+{
+	char have[256], allowed[256];
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int rc = fd < 0 ? -errno : 0;
+
+	if (!rc && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)))
+		rc = -errno;
+	if (fd >= 0)
+		close(fd);
+	if (!rc)
+		return 0;
+	read_line("/proc/sys/net/ipv4/tcp_available_congestion_control", have, sizeof(have));
+	read_line("/proc/sys/net/ipv4/tcp_allowed_congestion_control", allowed, sizeof(allowed));
+	if (rc == -ENOENT)
+		return gg_errf(err, err_size, rc, "[transport] congestion_control \"%s\": this kernel has no such TCP "
+			    "congestion control (it has: %s; \"modprobe tcp_%s\" may add it)", name, have, name);
+	if (rc == -EPERM)
+		return gg_errf(err, err_size, rc, "[transport] congestion_control \"%s\": this user may not choose it "
+			    "(net.ipv4.tcp_allowed_congestion_control is \"%s\"; root may choose any of: %s)", name,
+			    allowed, have);
+	return gg_errf(err, err_size, rc, "[transport] congestion_control \"%s\": %s", name, strerror(-rc));
 }
 
 int gg_net_free_loopback_ports(int *ports, unsigned n)

@@ -37,8 +37,14 @@ GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int ba
  * errno. */
 GG_MUST_CHECK int gg_net_free_loopback_ports(int *ports, unsigned n);
 
-/* TCP_NODELAY, and SO_SNDBUF/SO_RCVBUF when buffer_bytes > 0 (0 keeps the
- * kernel's autotuning). Returns 0 or a negative errno. */
-GG_MUST_CHECK int gg_net_tune(int fd, int buffer_bytes);
+/* TCP_NODELAY, SO_SNDBUF/SO_RCVBUF when buffer_bytes > 0 (0 keeps the
+ * kernel's autotuning), and TCP_CONGESTION when `congestion` is not NULL.
+ * Returns 0 or a negative errno. */
+GG_MUST_CHECK int gg_net_tune(int fd, int buffer_bytes, const char *congestion);
+
+/* Whether TCP sockets of this process may use congestion control `name`:
+ * 0, or a negative errno with a message that says what this kernel offers
+ * (net.ipv4.tcp_available_congestion_control) and how to add more. */
+GG_MUST_CHECK int gg_net_check_congestion(const char *name, char *err, size_t err_size);
 
 #endif

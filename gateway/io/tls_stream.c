@@ -192,7 +192,7 @@ void gg_tls_stream_accept(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 	s->fd = fd;
 	s->connected = true;
 	s->state = GG_TLS_STREAM_HANDSHAKE;
-	int rc = gg_net_tune(fd, s->opts.socket_buffer_bytes);
+	int rc = gg_net_tune(fd, s->opts.socket_buffer_bytes, s->opts.congestion);
 	if (rc)
 		fail(s, rc, "cannot set socket options", false);
 	advance(s);
@@ -222,7 +222,7 @@ int gg_tls_stream_connect(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 		s->pending_ev |= GG_TLS_STREAM_EV_DONE;
 		return rc;
 	}
-	rc = gg_net_tune(s->fd, s->opts.socket_buffer_bytes);
+	rc = gg_net_tune(s->fd, s->opts.socket_buffer_bytes, s->opts.congestion);
 	if (!rc)
 		rc = gg_loop_connect(loop, s->fd, (struct sockaddr *)&s->addr, addr_len, ud(s, GG_OP_CONNECT));
 	s->connect_busy = rc == 0;

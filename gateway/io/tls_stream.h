@@ -44,6 +44,7 @@ struct gg_tls_stream_options {
 	size_t send_max_bytes;         /* largest single send; 0: 256 KiB */
 	size_t recv_max_bytes;         /* largest single recv; 0: 256 KiB */
 	int socket_buffer_bytes;       /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
+	const char *congestion;        /* TCP_CONGESTION; NULL: the system's default */
 };
 
 enum gg_tls_stream_state {

@@ -1215,7 +1215,7 @@ static void accept_conn(struct gg_mesh *m, int fd)
 		close(fd);
 		return;
 	}
-	if (gg_net_tune(fd, (int)m->cfg->transport.socket_buffer_bytes)) {
+	if (gg_net_tune(fd, (int)m->cfg->transport.socket_buffer_bytes, m->cfg->transport.congestion_control)) {
 		close(fd);
 		return;
 	}
@@ -1578,7 +1578,8 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	}
 	m->conn_cap = cap;
 	m->sopts = (struct gg_tls_stream_options){ .handshake_timeout_us = cfg->transport.handshake_timeout_us,
-						   .socket_buffer_bytes = (int)cfg->transport.socket_buffer_bytes };
+						   .socket_buffer_bytes = (int)cfg->transport.socket_buffer_bytes,
+						   .congestion = cfg->transport.congestion_control };
 
 	if (!m->listen) {
 		*out = m;

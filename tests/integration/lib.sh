@@ -36,6 +36,7 @@ SOCKET_BUFFER=1MiB
 THREADS=2                 # lanes per gateway: 2 threads, each with a loop and a share of the streams
 LINK_ARGS=()              # linkem options for every dialer -> acceptor link; () = no links
 METRICS=0                 # 1: every gateway serves /metrics on a port of its own (metrics_port[I])
+TRANSPORT_EXTRA=          # more lines for every gateway's [transport] table
 declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refused mesh)
 declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
@@ -252,6 +253,7 @@ handshake_timeout = "2s"
 step_timeout = "$STEP_TIMEOUT"
 reconnect_min = "20ms"
 reconnect_max = "200ms"
+$TRANSPORT_EXTRA
 
 [compression]
 codec = "$codec"
