@@ -491,6 +491,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint8_t manner = script_u8(&s);
 	r.manner = (enum core_manner)(manner % 3);
 	r.abort_late = manner & 4;
+	/* Idle jobs give their slots and names up: 0 (never), 50, 100, 150 ms. */
+	o.session_idle_us = ((manner >> 3) & 3) * 50000ull;
 	if (gg_host_backend_create(&o, &core_ops, &r, &r.b, err, sizeof(err)))
 		return 0; /* out of memory */
 	r.base = gg_host_backend_base(r.b);
