@@ -1,6 +1,7 @@
 #include "metrics.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -90,6 +91,55 @@ static void per_peer(struct gg_strbuf *out, const struct gg_metrics_input *in, c
 			sample_u(out, name, labels, received(pm));
 		}
 	}
+}
+
+/* A family with one sample per stream that is up: `field` of its TCP
+ * figures, times `scale`. */
+static void per_stream(struct gg_strbuf *out, const struct gg_metrics_input *in, const char *name, const char *type,
+		       const char *help, size_t field, double scale)
+{
+	const struct gg_node_metrics *nm = in->node;
+	char stream[12];
+
+	family(out, name, type, help);
+	for (unsigned p = 0; p < nm->sites; p++) {
+		if (!in->peer_names[p])
+			continue;
+		for (unsigned s = 0; s < nm->peers[p].streams && s < GG_MESH_MAX_STREAMS; s++) {
+			const struct gg_node_stream_metrics *sm = &nm->streams[p][s];
+			if (!sm->up)
+				continue;
+			uint64_t v;
+			memcpy(&v, (const char *)&sm->tcp + field, sizeof(v));
+			snprintf(stream, sizeof(stream), "%u", s);
+			const char *labels[] = { "peer", in->peer_names[p], "stream", stream, NULL };
+			if (scale == 1)
+				sample_u(out, name, labels, v);
+			else
+				sample_f(out, name, labels, (double)v * scale);
+		}
+	}
+}
+
+static void render_streams(const struct gg_metrics_input *in, struct gg_strbuf *out)
+{
+	per_stream(out, in, "gradgate_stream_rtt_seconds", "gauge",
+		   "Each stream's smoothed TCP round trip, as the kernel estimates it.",
+		   offsetof(struct gg_mesh_stream_tcp, rtt_us), 1e-6);
+	per_stream(out, in, "gradgate_stream_rtt_variation_seconds", "gauge",
+		   "The mean deviation of each stream's TCP round trip.",
+		   offsetof(struct gg_mesh_stream_tcp, rttvar_us), 1e-6);
+	per_stream(out, in, "gradgate_stream_cwnd_bytes", "gauge", "Each stream's TCP congestion window.",
+		   offsetof(struct gg_mesh_stream_tcp, cwnd_bytes), 1);
+	per_stream(out, in, "gradgate_stream_delivery_rate_bytes_per_second", "gauge",
+		   "Each stream's delivery rate, as the kernel's TCP estimates it.",
+		   offsetof(struct gg_mesh_stream_tcp, delivery_bytes_per_s), 1);
+	per_stream(out, in, "gradgate_stream_retransmitted_segments_total", "counter",
+		   "TCP segments each stream's connection sent again (from 0 when the stream reconnects).",
+		   offsetof(struct gg_mesh_stream_tcp, retransmits), 1);
+	per_stream(out, in, "gradgate_stream_unsent_bytes", "gauge",
+		   "Bytes written to each stream's socket that TCP has not sent yet.",
+		   offsetof(struct gg_mesh_stream_tcp, unsent_bytes), 1);
 }
 
 static void render_steps(const struct gg_metrics_input *in, struct gg_strbuf *out)
@@ -209,6 +259,7 @@ void gg_metrics_render(const struct gg_metrics_input *in, struct gg_strbuf *out)
 
 	render_steps(in, out);
 	render_peers(in, out);
+	render_streams(in, out);
 
 	family(out, "gradgate_tls_seconds_total", "counter",
 	       "Seconds the lanes spent sealing and opening TLS records (time in those calls, on the lanes' threads).");

@@ -195,6 +195,7 @@ struct lane {
 	uint64_t refused_owed[MAX_JOBS];
 	char refused_job[MAX_JOBS][GG_WIRE_NAME_MAX + 1];
 	uint64_t next_us;
+	uint64_t tcp_next_us; /* when to read its streams' TCP_INFO next */
 	bool shutting_down;
 	struct lane_stats stats;
 	atomic_bool flushed, idle;
@@ -288,6 +289,11 @@ struct gg_node {
 	struct lane *lanes;
 	/* Streams ready, per peer, by bit: written by the lanes that own them. */
 	atomic_uint_fast64_t ready[GG_AR_MAX_SITES];
+	/* Each stream's TCP figures, written by the lane that owns it. */
+	struct stream_tcp {
+		atomic_bool up;
+		atomic_uint_fast64_t rtt_us, rttvar_us, cwnd_bytes, delivery_bytes_per_s, retransmits, unsent_bytes;
+	} tcp[GG_AR_MAX_SITES][GG_MESH_MAX_STREAMS];
 	uint64_t all_streams;
 	/* coordinator, on lane 0's thread */
 	struct gg_mailbox inbox;
@@ -1162,6 +1168,36 @@ static void publish(atomic_uint_fast64_t *dst, uint64_t v)
 	atomic_store_explicit(dst, v, memory_order_relaxed);
 }
 
+#define TCP_INFO_EVERY_US 250000
+
+/* Its streams' TCP figures, a few times a second. */
+static void publish_stream_tcp(struct lane *ln)
+{
+	struct gg_node *n = ln->node;
+	struct gg_mesh_stream_tcp t;
+
+	if (ln->index >= n->nlanes || ln->loop.now_us < ln->tcp_next_us)
+		return;
+	ln->tcp_next_us = ln->loop.now_us + TCP_INFO_EVERY_US;
+	for (unsigned p = 0; p < n->sites; p++) {
+		if (p == n->self)
+			continue;
+		for (unsigned s = ln->index; s < (unsigned)n->cfg->transport.streams_per_peer; s += n->nlanes) {
+			struct stream_tcp *st = &n->tcp[p][s];
+			bool up = !gg_mesh_stream_tcp(ln->mesh, p, s, &t);
+			if (up) {
+				publish(&st->rtt_us, t.rtt_us);
+				publish(&st->rttvar_us, t.rttvar_us);
+				publish(&st->cwnd_bytes, t.cwnd_bytes);
+				publish(&st->delivery_bytes_per_s, t.delivery_bytes_per_s);
+				publish(&st->retransmits, t.retransmits);
+				publish(&st->unsent_bytes, t.unsent_bytes);
+			}
+			atomic_store_explicit(&st->up, up, memory_order_release);
+		}
+	}
+}
+
 /* What the lane's mesh counted, for the coordinator's thread to read. */
 static void publish_mesh_stats(struct lane *ln)
 {
@@ -1184,6 +1220,7 @@ static void publish_mesh_stats(struct lane *ln)
 	}
 	for (unsigned f = 0; f < GG_MESH_FAILURES; f++)
 		publish(&ln->stats.stream_failures[f], ms->stream_failures[f]);
+	publish_stream_tcp(ln);
 }
 
 /* Parts' deadlines, and own chunks that wait for room on the streams. */
@@ -2098,6 +2135,19 @@ void gg_node_get_metrics(const struct gg_node *n, struct gg_node_metrics *out)
 		pm->streams = (unsigned)n->cfg->transport.streams_per_peer;
 		pm->rtt_us = n->stats.rtt_us[p];
 		pm->heard_us = last_heard(n, p);
+		for (unsigned s = 0; s < pm->streams && s < GG_MESH_MAX_STREAMS; s++) {
+			const struct stream_tcp *st = &n->tcp[p][s];
+			struct gg_node_stream_metrics *sm = &out->streams[p][s];
+			sm->up = atomic_load_explicit(&st->up, memory_order_acquire);
+			if (!sm->up)
+				continue;
+			sm->tcp = (struct gg_mesh_stream_tcp){ .rtt_us = load(&st->rtt_us),
+							       .rttvar_us = load(&st->rttvar_us),
+							       .cwnd_bytes = load(&st->cwnd_bytes),
+							       .delivery_bytes_per_s = load(&st->delivery_bytes_per_s),
+							       .retransmits = load(&st->retransmits),
+							       .unsent_bytes = load(&st->unsent_bytes) };
+		}
 	}
 	memcpy(out->step_buckets, n->step_buckets, sizeof(out->step_buckets));
 	out->step_s_sum = (double)n->step_us_sum * 1e-6;

@@ -124,6 +124,12 @@ struct gg_node_metrics {
 	double step_s_sum;
 	uint64_t failures_by_code[GG_NODE_CODES];
 	uint64_t feedback_bytes;                          /* error-feedback residuals held */
+	/* Each stream's TCP connection as the kernel last told its lane (at
+	 * most a quarter second ago), by site index and stream number. */
+	struct gg_node_stream_metrics {
+		bool up;
+		struct gg_mesh_stream_tcp tcp;
+	} streams[GG_AR_MAX_SITES][GG_MESH_MAX_STREAMS];
 };
 
 /* A step that failed here, as its ranks were told. */

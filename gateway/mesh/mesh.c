@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/tcp.h> /* struct tcp_info with the delivery rate; glibc's stops short */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1447,6 +1448,26 @@ bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer)
 		if (conn_ready(m, m->peers[peer].conn[s]))
 			return true;
 	return false;
+}
+
+int gg_mesh_stream_tcp(const struct gg_mesh *m, unsigned peer, unsigned stream, struct gg_mesh_stream_tcp *out)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+
+	if (peer >= m->sites || stream >= GG_MESH_MAX_STREAMS || !owned(m, stream) ||
+	    !conn_ready(m, m->peers[peer].conn[stream]))
+		return -ENOENT;
+	memset(&ti, 0, sizeof(ti));
+	if (getsockopt(m->conns[m->peers[peer].conn[stream]].ts.fd, IPPROTO_TCP, TCP_INFO, &ti, &len))
+		return -errno;
+	*out = (struct gg_mesh_stream_tcp){ .rtt_us = ti.tcpi_rtt,
+					    .rttvar_us = ti.tcpi_rttvar,
+					    .cwnd_bytes = (uint64_t)ti.tcpi_snd_cwnd * ti.tcpi_snd_mss,
+					    .delivery_bytes_per_s = ti.tcpi_delivery_rate,
+					    .retransmits = ti.tcpi_total_retrans,
+					    .unsent_bytes = ti.tcpi_notsent_bytes };
+	return 0;
 }
 
 bool gg_mesh_peer_denied(const struct gg_mesh *m, unsigned peer)

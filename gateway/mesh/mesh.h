@@ -223,6 +223,19 @@ uint64_t gg_mesh_last_heard(const struct gg_mesh *m, unsigned peer);
 /* Whether `peer` has a ready stream of this mesh's; whether every peer has
  * all this mesh's streams up. */
 bool gg_mesh_peer_up(const struct gg_mesh *m, unsigned peer);
+/* What the kernel says of a stream's TCP connection (TCP_INFO). */
+struct gg_mesh_stream_tcp {
+	uint64_t rtt_us, rttvar_us;     /* smoothed round trip, and its mean deviation */
+	uint64_t cwnd_bytes;            /* congestion window: segments x MSS */
+	uint64_t delivery_bytes_per_s;  /* the kernel's delivery rate estimate */
+	uint64_t retransmits;           /* segments sent again on this connection */
+	uint64_t unsent_bytes;          /* written, not yet sent */
+};
+
+/* Fills *out for stream `stream` to `peer` when this mesh holds it ready:
+ * 0, or -ENOENT (not ready here) or the errno of getsockopt. */
+int gg_mesh_stream_tcp(const struct gg_mesh *m, unsigned peer, unsigned stream, struct gg_mesh_stream_tcp *out);
+
 /* Whether `peer` refused this mesh's last dial with access_denied. */
 bool gg_mesh_peer_denied(const struct gg_mesh *m, unsigned peer);
 bool gg_mesh_connected(const struct gg_mesh *m);

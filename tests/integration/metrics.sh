@@ -17,7 +17,10 @@ families=(gradgate_build_info gradgate_start_time_seconds gradgate_steps_complet
 	gradgate_peer_rtt_seconds gradgate_peer_delivery_rate_bytes_per_second gradgate_peer_streams_up
 	gradgate_peer_stream_ups_total gradgate_peer_stream_downs_total gradgate_peer_last_heard_timestamp_seconds
 	gradgate_stream_failures_total gradgate_resent_messages_total gradgate_tls_seconds_total
-	gradgate_memory_bytes gradgate_memory_limit_bytes gradgate_jobs gradgate_sessions)
+	gradgate_memory_bytes gradgate_memory_limit_bytes gradgate_jobs gradgate_sessions
+	gradgate_stream_rtt_seconds gradgate_stream_rtt_variation_seconds gradgate_stream_cwnd_bytes
+	gradgate_stream_delivery_rate_bytes_per_second gradgate_stream_retransmitted_segments_total
+	gradgate_stream_unsent_bytes)
 
 # scrape I NAME: site I's page into $work/NAME.prom (headers in NAME.head),
 # checked strictly.
@@ -133,6 +136,18 @@ ups=$(val a1 'gradgate_peer_stream_ups_total{peer="site-b"}') downs=$(val a1 'gr
 eq "streams that came up and did not go down" "$((ups - downs))" "$STREAMS"
 grep -q '^gradgate_peer_rtt_seconds{peer="site-b"} [0-9.e-]*$' "$work/a1.prom" ||
 	grep -q '^gradgate_peer_rtt_seconds{peer="site-a"} [0-9.e-]*$' "$work/b1.prom" || fail "no round trip on the pages"
+# Every stream's TCP figures, at both ends: a round trip and a window.
+for end in "a1 site-b" "b1 site-a"; do
+	read -r page peer <<<"$end"
+	for ((st = 0; st < STREAMS; st++)); do
+		rtt=$(val "$page" "gradgate_stream_rtt_seconds{peer=\"$peer\",stream=\"$st\"}")
+		cwnd=$(val "$page" "gradgate_stream_cwnd_bytes{peer=\"$peer\",stream=\"$st\"}")
+		python3 -c "import sys; sys.exit(not (0 < float('$rtt') < 1 and int('$cwnd') > 0))" ||
+			fail "$page: stream $st to $peer: rtt $rtt s, cwnd $cwnd bytes"
+	done
+	eq "$page: streams with TCP figures" "$(grep -c "^gradgate_stream_rtt_seconds{peer=\"$peer\"," "$work/$page.prom")" \
+		"$STREAMS"
+done
 for phase in gather encode network_wait decode deliver; do
 	val a1 "gradgate_step_phase_seconds_total{phase=\"$phase\"}" >/dev/null
 done
