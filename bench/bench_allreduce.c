@@ -46,6 +46,7 @@ struct opts {
 	int late_step;     /* sleep late_ms before announcing this step (a fault) */
 	int late_ms;
 	bool per_step;     /* a line per step: its outcome and result digest */
+	bool no_refill;    /* later steps all-reduce what the step before left */
 	bool json;
 };
 
@@ -164,6 +165,9 @@ static void usage(FILE *f)
 		   "                 gaussian: random normal values made once, sent every step\n"
 		   "  --check WHICH  steps checked against the exact sum: all (default), first, none;\n"
 		   "                 the digest covers the checked steps\n"
+		   "  --no-refill    each step after a buffer's first all-reduces what the step before left\n"
+		   "                 in it, so the rank does no work between steps and the timing is the\n"
+		   "                 path's alone (values grow sites x ranks-fold a step; --check first or none)\n"
 		   "  --codec NAME   the gateways' codec, for the error bound (default: fp32, exact)\n"
 		   "  --shared       tensors in shared buffers (gg_buffer_alloc): nothing copied to the gateway\n"
 		   "  --timeout-ms T[@STEP] each step's deadline, or only STEP's (default: step_timeout)\n"
@@ -195,7 +199,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "data", required_argument, NULL, 'd' },     { "check", required_argument, NULL, 'C' },
 		{ "shared", no_argument, NULL, 'S' },         { "timeout-ms", required_argument, NULL, 'T' },
 		{ "mismatch-step", required_argument, NULL, 'M' }, { "late", required_argument, NULL, 'L' },
-		{ "per-step", no_argument, NULL, 'P' },
+		{ "per-step", no_argument, NULL, 'P' },       { "no-refill", no_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },           { NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -239,6 +243,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			}
 			o->data = !strcmp(optarg, "grid") ? DATA_GRID : DATA_GAUSSIAN;
 			break;
+		case 'R': o->no_refill = true; break;
 		case 'C':
 			if (strcmp(optarg, "all") && strcmp(optarg, "first") && strcmp(optarg, "none")) {
 				fprintf(stderr, "allreduce: --check is all, first or none, not '%s'\n", optarg);
@@ -254,6 +259,10 @@ static int parse(int argc, char **argv, struct opts *o)
 	    o->count == 0 || o->steps < 1 || o->warmup < 0 || o->steps > 1000000 || o->warmup > 1000000 ||
 	    o->inflight < 1 || o->inflight > GG_BENCH_MAX_INFLIGHT) {
 		usage(stderr);
+		return 2;
+	}
+	if (o->no_refill && o->check == CHECK_ALL) {
+		fprintf(stderr, "allreduce: --no-refill sums sums: only the first step can be checked (--check first or none)\n");
 		return 2;
 	}
 	return 0;
@@ -369,7 +378,9 @@ int gg_bench_allreduce_main(int argc, char **argv)
 				t_start = now_s();
 				cpu_start = cpu_s();
 			}
-			if (o.data == DATA_GAUSSIAN)
+			if (o.no_refill && next > o.inflight)
+				; /* the buffer holds the result of its last step: that is the input */
+			else if (o.data == DATA_GAUSSIAN)
 				memcpy(sl->buf, grads, o.count * sizeof(float)); /* the result replaced it */
 			else
 				for (size_t i = 0; i < o.count; i++)

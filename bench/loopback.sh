@@ -3,13 +3,17 @@
 # TLS stream and plain TCP in the same run:
 #
 #   bench/loopback.sh [--build DIR] [--runs N] [--threads W] [--streams S]
-#                     [--count C] [--steps T] [--copy]
+#                     [--count C] [--steps T] [--copy] [--refill]
 #
 # Each run starts two gateways (site-a, site-b; direct exchange, fp32, zstd
 # off) and one rank per site (gradgate-bench allreduce on shared buffers,
 # --copy for plain ones), times T all-reduce steps of C float32 elements,
-# then runs `gradgate-bench transport --plain` (one stream, AES-256-GCM)
-# right after. It prints per run: the payload each site moves per second
+# each all-reducing the result of the step before, so that the ranks do no
+# work of their own between steps and the cores go to the path alone, as
+# they go to the TLS stream alone (--refill: each rank copies fresh input
+# into its buffer before every step, a pass over the tensor on the same cores),
+# and runs `gradgate-bench transport --plain` (one stream, AES-256-GCM)
+# right before and right after, taking the mean of the two. It prints per run: the payload each site moves per second
 # (C x 4 bytes over the median step time), both sites together, the TLS
 # stream and plain TCP, and their ratios; then min/median/max over the
 # runs. Defaults: --build build, --runs 3, --threads 0 (one lane per CPU),
@@ -18,7 +22,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 build=$here/../build
-runs=3 threads=0 streams=4 count=16777216 steps=10 shared=--shared
+runs=3 threads=0 streams=4 count=16777216 steps=10 shared=--shared refill=--no-refill
 
 die() { echo "loopback.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -30,7 +34,8 @@ while [ $# -gt 0 ]; do
 	--count) count=$2; shift ;;
 	--steps) steps=$2; shift ;;
 	--copy) shared= ;;
-	-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--refill) refill= ;;
+	-h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
 	shift
@@ -114,7 +119,7 @@ daemons() {
 		# shellcheck disable=SC2086
 		"$bench" allreduce --endpoint "unix:$work/$s.sock" --job "loop$1" --rank 0 --ranks 1 --site "$i" \
 			--sites 2 --count "$count" --steps "$steps" --warmup 2 --data gaussian --check first \
-			--json $shared >"$work/rank$i.json" 2>"$work/rank$i.err" &
+			--json $shared $refill >"$work/rank$i.json" 2>"$work/rank$i.err" &
 		ranks+=("$!")
 	done
 	for i in 0 1; do
@@ -128,15 +133,26 @@ daemons() {
 	echo "$worst"
 }
 
+# transport WHEN: one TLS stream and plain TCP, into tls_of[WHEN] and plain_of[WHEN].
+declare -A tls_of plain_of
+transport() {
+	"$bench" transport --plain --modes TLS_AES_256_GCM_SHA384 --rtt-count 0 --time 3 --json \
+		>"$work/transport.json" 2>/dev/null
+	plain_of[$1]=$(grep '"mode":"plain"' "$work/transport.json" | sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p')
+	tls_of[$1]=$(grep '"mode":"TLS_AES_256_GCM_SHA384"' "$work/transport.json" | sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p')
+}
+
 printf '%-4s %12s %14s %12s %12s %10s %12s %12s\n' run "site Gbit/s" "2 sites Gbit/s" "TLS Gbit/s" \
 	"plain Gbit/s" "TLS/plain" "site/TLS" "2 sites/TLS"
 rows=()
 for ((r = 1; r <= runs; r++)); do
+	# The baselines just before and just after the daemons, averaged: a
+	# shared host's capacity drifts over a run's half minute.
+	transport before
 	ms=$(daemons "$r")
-	"$bench" transport --plain --modes TLS_AES_256_GCM_SHA384 --rtt-count 0 --time 3 --json \
-		>"$work/transport.json" 2>/dev/null
-	plain=$(grep '"mode":"plain"' "$work/transport.json" | sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p')
-	tls=$(grep '"mode":"TLS_AES_256_GCM_SHA384"' "$work/transport.json" | sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p')
+	transport after
+	tls=$(awk -v a="${tls_of[before]}" -v b="${tls_of[after]}" 'BEGIN { printf "%.3f", (a + b) / 2 }')
+	plain=$(awk -v a="${plain_of[before]}" -v b="${plain_of[after]}" 'BEGIN { printf "%.3f", (a + b) / 2 }')
 	row=$(awk -v ms="$ms" -v c="$count" -v tls="$tls" -v plain="$plain" 'BEGIN {
 		site = c * 32 / (ms / 1e3) / 1e9
 		printf "%.3f %.3f %.3f %.3f %.3f %.3f %.3f", site, 2 * site, tls, plain, tls / plain, site / tls, 2 * site / tls }')
