@@ -13,10 +13,10 @@
 # they go to the TLS stream alone (--refill: each rank copies fresh input
 # into its buffer before every step, a pass over the tensor on the same cores),
 # and runs `gradgate-bench transport --plain` (one stream, AES-256-GCM)
-# right before and right after, taking the mean of the two. It prints per run: the payload each site moves per second
-# (C x 4 bytes over the median step time), both sites together, the TLS
-# stream and plain TCP, and their ratios; then min/median/max over the
-# runs. Defaults: --build build, --runs 3, --threads 0 (one lane per CPU),
+# right before and right after, taking the mean of the two. It prints per
+# run: the payload each site moves per second (C x 4 bytes over the median
+# step time), both sites together, the TLS stream and plain TCP, and their
+# ratios; then min/median/max over the runs. Defaults: --build build, --runs 3, --threads 0 (one lane per CPU),
 # --streams 4, --count 16777216 (64 MiB), --steps 10.
 set -euo pipefail
 
