@@ -16,8 +16,9 @@
 # right before and right after, taking the mean of the two. It prints per
 # run: the payload each site moves per second (C x 4 bytes over the median
 # step time), both sites together, the TLS stream and plain TCP, and their
-# ratios; then min/median/max over the runs. Defaults: --build build, --runs 3, --threads 0 (one lane per CPU),
-# --streams 4, --count 16777216 (64 MiB), --steps 10.
+# ratios; then min/median/max over the runs. Defaults: --build build,
+# --runs 3, --threads 0 (one lane per CPU), --streams 4, --count 16777216
+# (64 MiB), --steps 10.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
 	--steps) steps=$2; shift ;;
 	--copy) shared= ;;
 	--refill) refill= ;;
-	-h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
 	shift
