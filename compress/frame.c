@@ -317,9 +317,15 @@ int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0
 	*bad = 0;
 	if ((rc = gg_frame_unwrap(dec, f0, f0_bytes, &fi0, &raw0, err, err_size)))
 		return rc;
-	if (!pairable(&fi0) || fi0.elems != n) {
-		if ((rc = gg_frame_decode(dec, f0, f0_bytes, out, n, GG_FRAME_STORE, NULL, err, err_size)))
-			return rc;
+	if (fi0.elems != n)
+		return gg_errf(err, err_size, -EBADMSG, "frame: element count %llu, caller expects %zu",
+			    (unsigned long long)fi0.elems, n);
+	if (!pairable(&fi0)) {
+		/* raw0 may lie in the decoder's scratch, which f1's unwrap reuses:
+		 * f0 is stored first, then f1 added, as two decodes would. */
+		if ((rc = gg_codec_decode(&fi0.params, raw0, fi0.raw_bytes, n, out)))
+			return gg_errf(err, err_size, rc, "frame: codec %s refused the payload",
+				    gg_codec_name(fi0.params.codec));
 		*bad = 1;
 		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
 	}
@@ -335,7 +341,10 @@ int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0
 		if ((rc = gg_codec_decode(&fi0.params, raw0, fi0.raw_bytes, n, out)))
 			return gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload");
 		*bad = 1;
-		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
+		if ((rc = gg_codec_decode_acc(&fi1.params, raw1, fi1.raw_bytes, n, out)))
+			return gg_errf(err, err_size, rc, "frame: codec %s refused the payload",
+				    gg_codec_name(fi1.params.codec));
+		return 0;
 	}
 	for (size_t i = 0; i < n; i += PAIR_BLOCK_ELEMS) {
 		size_t m = GG_MIN((size_t)PAIR_BLOCK_ELEMS, n - i);

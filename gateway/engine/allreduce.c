@@ -29,6 +29,9 @@ struct gg_ar_step {
 	 * chunk is the first to reduce, the chunk already holds what storing
 	 * that frame would write. */
 	bool own_in_place;
+	/* fp32 without zstd: the first two sites' frames of a chunk, when
+	 * both are at hand, are decoded in one sweep (gg_frame_decode_pair). */
+	bool pair;
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
 	struct gg_buf **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
@@ -273,7 +276,7 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, si
 		int rc;
 		if (site == 0 && site == s->cfg.self && s->own_in_place) {
 			rc = 0;
-		} else if (site == 0 && *next) {
+		} else if (site == 0 && s->pair && *next) {
 			/* The second site's frame is here too (this site's own, or
 			 * one that came early): both in one sweep over the chunk. */
 			rc = decode_pair(s, &id, frame, len, (*next)->data, (*next)->len, s->result + offset, n, err,
@@ -554,6 +557,7 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	s->input = input;
 	s->result = result;
 	s->own_in_place = input == result && !cfg->feedback && cfg->enc->cfg.codec.codec == GG_CODEC_FP32;
+	s->pair = cfg->enc->cfg.codec.codec == GG_CODEC_FP32 && !cfg->enc->cfg.zstd;
 	shard_bounds(cfg, s->shard_lo);
 	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
 	if (rc) {

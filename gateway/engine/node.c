@@ -324,7 +324,8 @@ struct gg_node {
 	bool acceptor_told;         /* and the acceptor */
 	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
 	unsigned test_drop_done;    /* gg_node_test_drop_done(): that peer + 1, or 0 */
-	atomic_bool lanes_stop;
+	atomic_bool lanes_stop, acceptor_stop;
+	atomic_int acceptor_failed; /* the acceptor's loop broke: its negative errno */
 	pthread_mutex_t start_lock;
 	pthread_cond_t started;
 	unsigned lanes_starting;
@@ -2182,6 +2183,8 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 
 	if (rc)
 		return rc;
+	if ((rc = atomic_load(&n->acceptor_failed)))
+		return rc;
 	if (x.coord_mail && (rc = gg_mailbox_arm(&n->inbox, &ln->loop, gg_loop_ud(KIND_COORD_MAIL, 0, 0))))
 		return rc;
 	coordinator_mail(n);
@@ -2389,23 +2392,35 @@ const struct gg_node_stats *gg_node_stats(const struct gg_node *n)
 
 /* ---- making and freeing lanes --------------------------------------------- */
 
+/* A lane's thread name, as ps -T and /proc/PID/task/TID/comm show it. */
+static const char *lane_name(const struct gg_node *n, unsigned l, char name[16])
+{
+	if (l == n->nlanes)
+		snprintf(name, 16, "gg-accept");
+	else
+		snprintf(name, 16, "gg-lane%u", l);
+	return name;
+}
+
 /* Makes the lane's loop, mesh and codecs, on the thread that runs it.
  * Returns 0 or a negative errno with ln->start_err set. */
 static int lane_init(struct lane *ln)
 {
 	struct gg_node *n = ln->node;
+	char name[16];
 	int rc;
 
+	lane_name(n, ln->index, name);
 	if ((rc = gg_loop_init(&ln->loop, 1024)))
-		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "cannot set up io_uring for lane %u: %s",
-			       ln->index, strerror(-rc));
+		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "cannot set up io_uring for %s: %s", name,
+			       strerror(-rc));
 	ln->loop_ok = true;
 	ln->loop.now_us = gg_monotonic_us();
 	gg_mailbox_claim(&ln->inbox);
 	if (ln->index < n->nlanes && ((rc = gg_frame_encoder_init(&ln->enc, &n->frame_cfg)) ||
 				      (rc = gg_frame_decoder_init(&ln->dec, &n->frame_limits))))
-		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "codec %s for lane %u: %s",
-			       gg_codec_name(n->cfg->compression.codec), ln->index, strerror(-rc));
+		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "codec %s for %s: %s",
+			       gg_codec_name(n->cfg->compression.codec), name, strerror(-rc));
 	struct gg_mesh_config mc = { .cfg = n->cfg, .sites = n->sites, .self = n->self, .names = n->names,
 				     .hello = &n->hello, .tls = n->tls, .loop = &ln->loop, .pool = &n->frames,
 				     .max_payload_bytes = n->max_payload, .ops = &mesh_ops, .owner = ln,
@@ -2413,8 +2428,8 @@ static int lane_init(struct lane *ln)
 	if ((rc = gg_mesh_new(&mc, &ln->mesh, ln->start_err, sizeof(ln->start_err))))
 		return rc;
 	if ((rc = gg_mailbox_arm(&ln->inbox, &ln->loop, gg_loop_ud(KIND_LANE_MAIL, 0, 0))))
-		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "cannot arm the mailbox of lane %u: %s",
-			       ln->index, strerror(-rc));
+		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "cannot arm the mailbox of %s: %s", name,
+			       strerror(-rc));
 	ln->next_us = ln->loop.now_us;
 	return 0;
 }
@@ -2463,13 +2478,19 @@ static void *lane_main(void *arg)
 	pthread_cond_broadcast(&n->started);
 	pthread_mutex_unlock(&n->start_lock);
 	struct cqe_ctx x = { .ln = ln };
-	while (!rc && !atomic_load(&n->lanes_stop)) {
+	atomic_bool *stop = ln->index == n->nlanes ? &n->acceptor_stop : &n->lanes_stop;
+	while (!rc && !atomic_load(stop)) {
 		x.lane_mail = false;
 		if ((rc = lane_turn(ln, TICK_US, &x))) {
-			gg_log(GG_LOG_ERROR, "loop_failed", "site=%s lane=%u reason=\"%s\"", n->cfg->site.name, ln->index,
-			       strerror(-rc));
+			char name[16];
+			gg_log(GG_LOG_ERROR, "loop_failed", "site=%s thread=%s reason=\"%s\"", n->cfg->site.name,
+			       lane_name(n, ln->index, name), strerror(-rc));
 			atomic_store(&ln->idle, true);
 			atomic_store(&ln->flushed, true);
+			/* Without its acceptor the gateway takes no stream a peer
+			 * dials: the node fails, as it does when lane 0 fails. */
+			if (ln->index == n->nlanes)
+				atomic_store(&n->acceptor_failed, rc);
 		}
 	}
 	lane_fini(ln);
@@ -2488,16 +2509,6 @@ static unsigned lane_count(const struct gg_config *cfg)
 	unsigned w = cfg->site.threads > 0 ? (unsigned)cfg->site.threads : 1;
 
 	return GG_MIN(w, (unsigned)cfg->transport.streams_per_peer);
-}
-
-/* A lane's thread name, as ps -T and /proc/PID/task/TID/comm show it. */
-static const char *lane_name(const struct gg_node *n, unsigned l, char name[16])
-{
-	if (l == n->nlanes)
-		snprintf(name, 16, "gg-accept");
-	else
-		snprintf(name, 16, "gg-lane%u", l);
-	return name;
 }
 
 int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size)
@@ -2646,8 +2657,15 @@ void gg_node_free(struct gg_node *n)
 {
 	if (!n)
 		return;
+	/* The acceptor stops first: a stream it hands over until then reaches
+	 * a lane that still runs, and is freed with that lane's mail. */
+	atomic_store(&n->acceptor_stop, true);
+	if (n->lanes && n->lanes[n->nlanes].has_thread) {
+		gg_mailbox_wake(&n->lanes[n->nlanes].inbox);
+		pthread_join(n->lanes[n->nlanes].thread, NULL);
+	}
 	atomic_store(&n->lanes_stop, true);
-	for (unsigned l = 1; l <= n->nlanes && n->lanes; l++) {
+	for (unsigned l = 1; l < n->nlanes && n->lanes; l++) {
 		if (!n->lanes[l].has_thread)
 			continue;
 		gg_mailbox_wake(&n->lanes[l].inbox);

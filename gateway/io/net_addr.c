@@ -146,6 +146,8 @@ int gg_net_check_congestion(const char *name, char *err, size_t err_size)
 {
 	char have[256], allowed[256];
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 && errno == EAFNOSUPPORT)
+		fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int rc = fd < 0 ? -errno : 0;
 
 	if (!rc && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)))

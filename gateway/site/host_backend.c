@@ -550,14 +550,18 @@ static void idle_hint(const struct gg_host_backend *b, char *buf, size_t size)
 	const struct hb_job *best = NULL;
 	char idle[32], limit[32];
 
+	bool jobs = false;
+
 	buf[0] = '\0';
-	for (const struct hb_job *j = b->jobs; j; j = j->next)
+	for (const struct hb_job *j = b->jobs; j; j = j->next) {
+		jobs |= j->connected > 0;
 		if (j->connected && !step_in_progress(j) && (!best || j->active_us < best->active_us))
 			best = j;
+	}
 	if (!b->opts.session_idle_us)
 		return;
 	if (!best) {
-		snprintf(buf, size, "; every job has a step under way");
+		snprintf(buf, size, jobs ? "; every job has a step under way" : "; none of them has joined a job yet");
 		return;
 	}
 	snprintf(buf, size, "; the job idle longest has been for %s, and a job gives its sessions up after "
@@ -607,18 +611,32 @@ static void refuse_unslotted(struct gg_host_backend *b, int fd, const char *text
 }
 
 static void conn_start(struct gg_host_backend *b, struct hb_conn *c, int fd);
+static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us);
 
 /* A new connection: it takes a free slot; or, with every slot taken, waits
- * for one that is freeing (an idle job's, closed now if need be); or is
- * refused. */
+ * for one that is being freed (an idle job's, closed now if need be);
+ * or is refused. Those already waiting go first. */
 static void conn_new(struct gg_host_backend *b, int fd)
 {
 	struct hb_conn *c = free_slot(b);
 	struct hb_job *idle;
 	unsigned closing = 0;
 
-	if (c) {
+	if (c && !b->waiting_count) {
 		conn_start(b, c, fd);
+		return;
+	}
+	if (c) {
+		if (b->waiting_count < WAITING_MAX) {
+			b->waiting[b->waiting_count].fd = fd;
+			b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
+		} else {
+			char text[TEXT];
+			snprintf(text, sizeof(text), "the gateway of site %s has %u connections waiting for a slot already",
+				 b->site, WAITING_MAX);
+			refuse_unslotted(b, fd, text);
+		}
+		serve_waiting(b, b->loop->now_us);
 		return;
 	}
 	for (unsigned i = 0; i < b->opts.max_clients; i++)
@@ -634,7 +652,10 @@ static void conn_new(struct gg_host_backend *b, int fd)
 		return;
 	}
 	char text[TEXT], hint[TEXT];
-	idle_hint(b, hint, sizeof(hint));
+	if (b->waiting_count >= WAITING_MAX)
+		snprintf(hint, sizeof(hint), ", and %u more wait for slots being freed", WAITING_MAX);
+	else
+		idle_hint(b, hint, sizeof(hint));
 	snprintf(text, sizeof(text), "the gateway of site %s already serves max_clients = %u connections%s", b->site,
 		 b->opts.max_clients, hint);
 	refuse_unslotted(b, fd, text);
@@ -1021,11 +1042,13 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 		return;
 	}
 	if (j && j->uid != c->uid) {
-		char ago[32], limit[32];
-		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u, whose ranks sent something %s ago (a job "
-			    "idle for session_idle = %s gives its name up); rank %u connects as uid %u", j->name,
-			    (unsigned)j->uid, gg_format_duration(b->loop->now_us - j->active_us, ago, sizeof(ago)),
-			    gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)), (unsigned)h->rank,
+		char ago[32], limit[32], rule[96] = "";
+		if (b->opts.session_idle_us)
+			snprintf(rule, sizeof(rule), " (a job idle for session_idle = %s gives its name up)",
+				 gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)));
+		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u, whose ranks sent something %s ago%s; rank %u "
+			    "connects as uid %u", j->name, (unsigned)j->uid,
+			    gg_format_duration(b->loop->now_us - j->active_us, ago, sizeof(ago)), rule, (unsigned)h->rank,
 			    (unsigned)c->uid);
 		return;
 	}
