@@ -297,14 +297,51 @@ int gg_frame_unwrap(struct gg_frame_decoder *dec, const void *frame, size_t fram
 	return 0;
 }
 
+/* gg_frame_unwrap, and the frame must hold n elements. */
+static int unwrap_n(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes, size_t n,
+		    struct gg_frame_info *fi, const uint8_t **raw, char *err, size_t err_size)
+{
+	int rc = gg_frame_unwrap(dec, frame, frame_bytes, fi, raw, err, err_size);
+
+	if (!rc && fi->elems != n)
+		rc = gg_errf(err, err_size, -EBADMSG, "frame: element count %llu, caller expects %zu",
+			     (unsigned long long)fi->elems, n);
+	return rc;
+}
+
+int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes, float *out,
+		    size_t n, enum gg_frame_op op, struct gg_frame_info *info, char *err, size_t err_size)
+{
+	struct gg_frame_info fi;
+	const uint8_t *raw = NULL;
+	int rc = unwrap_n(dec, frame, frame_bytes, n, &fi, &raw, err, err_size);
+
+	if (rc)
+		return rc;
+	if (op == GG_FRAME_ACCUMULATE)
+		rc = gg_codec_decode_acc(&fi.params, raw, fi.raw_bytes, n, out);
+	else
+		rc = gg_codec_decode(&fi.params, raw, fi.raw_bytes, n, out);
+	if (rc)
+		return gg_errf(err, err_size, rc, "frame: codec %s refused the payload", gg_codec_name(fi.params.codec));
+	if (info)
+		*info = fi;
+	return 0;
+}
+
 /* Elements per step of gg_frame_decode_pair's sweep: 16 KiB of float32,
  * a multiple of every kernel's vector loop, so each element takes the same
  * path through the kernels as in a decode of the whole frame. */
 #define PAIR_BLOCK_ELEMS 4096u
 
-static bool pairable(const struct gg_frame_info *fi)
+/* An fp32 frame without zstd, by its header: its payload is the floats. */
+static bool pairable(const struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes)
 {
-	return fi->params.codec == GG_CODEC_FP32 && !fi->zstd;
+	struct gg_frame_info fi;
+	char why[8];
+
+	return !gg_frame_parse_header(frame, frame_bytes, &dec->limits, &fi, why, sizeof(why)) &&
+	       fi.params.codec == GG_CODEC_FP32 && !fi.zstd;
 }
 
 int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0_bytes, const void *f1,
@@ -315,68 +352,26 @@ int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0
 	int rc;
 
 	*bad = 0;
-	if ((rc = gg_frame_unwrap(dec, f0, f0_bytes, &fi0, &raw0, err, err_size)))
-		return rc;
-	if (fi0.elems != n)
-		return gg_errf(err, err_size, -EBADMSG, "frame: element count %llu, caller expects %zu",
-			    (unsigned long long)fi0.elems, n);
-	if (!pairable(&fi0)) {
-		/* raw0 may lie in the decoder's scratch, which f1's unwrap reuses:
-		 * f0 is stored first, then f1 added, as two decodes would. */
-		if ((rc = gg_codec_decode(&fi0.params, raw0, fi0.raw_bytes, n, out)))
-			return gg_errf(err, err_size, rc, "frame: codec %s refused the payload",
-				    gg_codec_name(fi0.params.codec));
+	if (!pairable(dec, f0, f0_bytes) || !pairable(dec, f1, f1_bytes)) {
+		if ((rc = gg_frame_decode(dec, f0, f0_bytes, out, n, GG_FRAME_STORE, NULL, err, err_size)))
+			return rc;
 		*bad = 1;
 		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
 	}
-	/* raw0 lies in f0 (no zstd): unwrapping f1 leaves it be. */
-	*bad = 1;
-	if ((rc = gg_frame_unwrap(dec, f1, f1_bytes, &fi1, &raw1, err, err_size)))
+	/* Neither payload lies in the decoder's scratch: both stay valid. */
+	if ((rc = unwrap_n(dec, f0, f0_bytes, n, &fi0, &raw0, err, err_size)))
 		return rc;
-	if (fi1.elems != n)
-		return gg_errf(err, err_size, -EBADMSG, "frame: element count %llu, caller expects %zu",
-			    (unsigned long long)fi1.elems, n);
-	if (!pairable(&fi1)) {
-		*bad = 0;
-		if ((rc = gg_codec_decode(&fi0.params, raw0, fi0.raw_bytes, n, out)))
-			return gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload");
-		*bad = 1;
-		if ((rc = gg_codec_decode_acc(&fi1.params, raw1, fi1.raw_bytes, n, out)))
-			return gg_errf(err, err_size, rc, "frame: codec %s refused the payload",
-				    gg_codec_name(fi1.params.codec));
-		return 0;
-	}
+	*bad = 1;
+	if ((rc = unwrap_n(dec, f1, f1_bytes, n, &fi1, &raw1, err, err_size)))
+		return rc;
 	for (size_t i = 0; i < n; i += PAIR_BLOCK_ELEMS) {
 		size_t m = GG_MIN((size_t)PAIR_BLOCK_ELEMS, n - i);
 		*bad = 0;
 		if ((rc = gg_codec_decode(&fi0.params, raw0 + i * sizeof(float), m * sizeof(float), m, out + i)))
-			return gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload");
+			break;
 		*bad = 1;
 		if ((rc = gg_codec_decode_acc(&fi1.params, raw1 + i * sizeof(float), m * sizeof(float), m, out + i)))
-			return gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload");
+			break;
 	}
-	return 0;
-}
-
-int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes, float *out,
-		    size_t n, enum gg_frame_op op, struct gg_frame_info *info, char *err, size_t err_size)
-{
-	struct gg_frame_info fi;
-	const uint8_t *raw = NULL;
-	int rc = gg_frame_unwrap(dec, frame, frame_bytes, &fi, &raw, err, err_size);
-
-	if (rc)
-		return rc;
-	if (fi.elems != n)
-		return gg_errf(err, err_size, -EBADMSG, "frame: element count %llu, caller expects %zu",
-			    (unsigned long long)fi.elems, n);
-	if (op == GG_FRAME_ACCUMULATE)
-		rc = gg_codec_decode_acc(&fi.params, raw, fi.raw_bytes, n, out);
-	else
-		rc = gg_codec_decode(&fi.params, raw, fi.raw_bytes, n, out);
-	if (rc)
-		return gg_errf(err, err_size, rc, "frame: codec %s refused the payload", gg_codec_name(fi.params.codec));
-	if (info)
-		*info = fi;
-	return 0;
+	return rc ? gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload") : 0;
 }

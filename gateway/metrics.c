@@ -1,7 +1,6 @@
 #include "metrics.h"
 
 #include <math.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,6 +73,17 @@ FIGURE(streams_up)
 FIGURE(stream_ups)
 FIGURE(stream_downs)
 
+typedef uint64_t stream_figure(const struct gg_mesh_stream_tcp *t);
+
+#define STREAM_FIGURE(field) \
+	static uint64_t sfig_##field(const struct gg_mesh_stream_tcp *t) { return t->field; }
+STREAM_FIGURE(rtt_us)
+STREAM_FIGURE(rttvar_us)
+STREAM_FIGURE(cwnd_bytes)
+STREAM_FIGURE(delivery_bytes_per_s)
+STREAM_FIGURE(retransmits)
+STREAM_FIGURE(unsent_bytes)
+
 /* A family with one sample per peer, or with `received` one per peer and
  * direction (`figure` then gives the bytes sent). */
 static void per_peer(struct gg_strbuf *out, const struct gg_metrics_input *in, const char *name, const char *type,
@@ -93,10 +103,10 @@ static void per_peer(struct gg_strbuf *out, const struct gg_metrics_input *in, c
 	}
 }
 
-/* A family with one sample per stream that is up: `field` of its TCP
- * figures, times `scale`. */
+/* A family with one sample per stream that is up: `figure` of its TCP
+ * state, times `scale`. */
 static void per_stream(struct gg_strbuf *out, const struct gg_metrics_input *in, const char *name, const char *type,
-		       const char *help, size_t field, double scale)
+		       const char *help, stream_figure *figure, double scale)
 {
 	const struct gg_node_metrics *nm = in->node;
 	char stream[12];
@@ -109,8 +119,7 @@ static void per_stream(struct gg_strbuf *out, const struct gg_metrics_input *in,
 			const struct gg_node_stream_metrics *sm = &nm->streams[p][s];
 			if (!sm->up)
 				continue;
-			uint64_t v;
-			memcpy(&v, (const char *)&sm->tcp + field, sizeof(v));
+			uint64_t v = figure(&sm->tcp);
 			snprintf(stream, sizeof(stream), "%u", s);
 			const char *labels[] = { "peer", in->peer_names[p], "stream", stream, NULL };
 			if (scale == 1)
@@ -125,21 +134,21 @@ static void render_streams(const struct gg_metrics_input *in, struct gg_strbuf *
 {
 	per_stream(out, in, "gradgate_stream_rtt_seconds", "gauge",
 		   "Each stream's smoothed TCP round trip, as the kernel estimates it.",
-		   offsetof(struct gg_mesh_stream_tcp, rtt_us), 1e-6);
+		   sfig_rtt_us, 1e-6);
 	per_stream(out, in, "gradgate_stream_rtt_variation_seconds", "gauge",
 		   "The mean deviation of each stream's TCP round trip.",
-		   offsetof(struct gg_mesh_stream_tcp, rttvar_us), 1e-6);
+		   sfig_rttvar_us, 1e-6);
 	per_stream(out, in, "gradgate_stream_cwnd_bytes", "gauge", "Each stream's TCP congestion window.",
-		   offsetof(struct gg_mesh_stream_tcp, cwnd_bytes), 1);
+		   sfig_cwnd_bytes, 1);
 	per_stream(out, in, "gradgate_stream_delivery_rate_bytes_per_second", "gauge",
 		   "Each stream's delivery rate, as the kernel's TCP estimates it.",
-		   offsetof(struct gg_mesh_stream_tcp, delivery_bytes_per_s), 1);
+		   sfig_delivery_bytes_per_s, 1);
 	per_stream(out, in, "gradgate_stream_retransmitted_segments_total", "counter",
 		   "TCP segments each stream's connection sent again (from 0 when the stream reconnects).",
-		   offsetof(struct gg_mesh_stream_tcp, retransmits), 1);
+		   sfig_retransmits, 1);
 	per_stream(out, in, "gradgate_stream_unsent_bytes", "gauge",
 		   "Bytes written to each stream's socket that TCP has not sent yet.",
-		   offsetof(struct gg_mesh_stream_tcp, unsent_bytes), 1);
+		   sfig_unsent_bytes, 1);
 }
 
 static void render_steps(const struct gg_metrics_input *in, struct gg_strbuf *out)

@@ -1216,10 +1216,7 @@ static void accept_conn(struct gg_mesh *m, int fd)
 		close(fd);
 		return;
 	}
-	if (gg_net_tune(fd, (int)m->cfg->transport.socket_buffer_bytes, m->cfg->transport.congestion_control)) {
-		close(fd);
-		return;
-	}
+	/* gg_tls_stream_accept tunes the socket (buffers, congestion control). */
 	struct gg_tls_engine_config ec = { .role = GG_TLS_SERVER, .peer_addr = gg_net_peer_addr(fd, addr, sizeof(addr)),
 					   .sites = m->accept_sites, .site_count = m->accept_count };
 	if (gg_tls_engine_new(m->tls, &ec, &e)) {

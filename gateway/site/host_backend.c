@@ -616,46 +616,40 @@ static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us);
 /* A new connection: it takes a free slot; or, with every slot taken, waits
  * for one that is being freed (an idle job's, closed now if need be);
  * or is refused. Those already waiting go first. */
+static unsigned closing_slots(const struct gg_host_backend *b)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < b->opts.max_clients; i++)
+		n += b->conns[i].state == C_CLOSING;
+	return n;
+}
+
 static void conn_new(struct gg_host_backend *b, int fd)
 {
-	struct hb_conn *c = free_slot(b);
+	struct hb_conn *c = b->waiting_count ? NULL : free_slot(b);
 	struct hb_job *idle;
-	unsigned closing = 0;
+	char text[TEXT], hint[TEXT];
 
-	if (c && !b->waiting_count) {
+	if (c) {
 		conn_start(b, c, fd);
 		return;
 	}
-	if (c) {
-		if (b->waiting_count < WAITING_MAX) {
+	if (b->waiting_count < WAITING_MAX) {
+		/* It queues behind those waiting when a slot is free or being
+		 * freed: an idle job's, closed now if no other is. */
+		if (!free_slot(b) && closing_slots(b) <= b->waiting_count && (idle = idlest_job(b)))
+			job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
+		if (free_slot(b) || closing_slots(b) > b->waiting_count) {
 			b->waiting[b->waiting_count].fd = fd;
 			b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
-		} else {
-			char text[TEXT];
-			snprintf(text, sizeof(text), "the gateway of site %s has %u connections waiting for a slot already",
-				 b->site, WAITING_MAX);
-			refuse_unslotted(b, fd, text);
+			serve_waiting(b, b->loop->now_us);
+			return;
 		}
-		serve_waiting(b, b->loop->now_us);
-		return;
-	}
-	for (unsigned i = 0; i < b->opts.max_clients; i++)
-		closing += b->conns[i].state == C_CLOSING;
-	if (b->waiting_count < WAITING_MAX && closing <= b->waiting_count && (idle = idlest_job(b))) {
-		job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
-		for (unsigned i = closing = 0; i < b->opts.max_clients; i++)
-			closing += b->conns[i].state == C_CLOSING;
-	}
-	if (b->waiting_count < WAITING_MAX && closing > b->waiting_count) {
-		b->waiting[b->waiting_count].fd = fd;
-		b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
-		return;
-	}
-	char text[TEXT], hint[TEXT];
-	if (b->waiting_count >= WAITING_MAX)
-		snprintf(hint, sizeof(hint), ", and %u more wait for slots being freed", WAITING_MAX);
-	else
 		idle_hint(b, hint, sizeof(hint));
+	} else {
+		snprintf(hint, sizeof(hint), ", and %u more wait for slots being freed", WAITING_MAX);
+	}
 	snprintf(text, sizeof(text), "the gateway of site %s already serves max_clients = %u connections%s", b->site,
 		 b->opts.max_clients, hint);
 	refuse_unslotted(b, fd, text);
