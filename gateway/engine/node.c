@@ -139,6 +139,10 @@ struct lane_job {
 	bool used;
 	char name[GG_WIRE_NAME_MAX + 1];
 	uint64_t last_seq;   /* the last step started or ended here */
+	/* Steps after last_seq that a site aborted before they started here:
+	 * their DATA, sent on a stream other than the ABORT's and so maybe
+	 * after it, is acknowledged and let go at once. */
+	uint64_t forgot_lo, forgot_hi;
 	uint64_t active_us;
 	struct early *early;
 	/* the part in progress, when ar */
@@ -441,6 +445,10 @@ static bool early_only_from(const struct lane_job *lj, unsigned from)
 
 /* The entry of job `name`, or with `create` a new one for it. `from` is the
  * peer whose DATA asks for it, or -1 for a step that starts here. */
+/* lane_job_find()'s `from` for an entry that takes only a free or idle
+ * slot, never one holding early frames. */
+#define LANE_JOB_NO_EVICT (-2)
+
 static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create, int from)
 {
 	struct lane_job *free_slot = NULL;
@@ -466,7 +474,7 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		 * frames: a peer could otherwise fill the table with jobs that
 		 * never come, and lock every real one out. A step starting here
 		 * takes the oldest; a peer's DATA only one of its own. */
-		for (unsigned i = 0; i < MAX_JOBS && !free_slot; i++) {
+		for (unsigned i = 0; i < MAX_JOBS && !free_slot && from != LANE_JOB_NO_EVICT; i++) {
 			struct lane_job *lj = &ln->jobs[i];
 			if (lj->ar || lj->last_seq || (from >= 0 && !early_only_from(lj, (unsigned)from)))
 				continue;
@@ -821,9 +829,9 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
 		return 0;
 	}
-	if (ws->step <= lj->last_seq) {
+	if (ws->step <= lj->last_seq || (ws->step >= lj->forgot_lo && ws->step <= lj->forgot_hi)) {
 		/* A step already finished or failed here: a re-send, or data of a
-		 * step this site aborted. Acknowledge so the peer lets it go. */
+		 * step a site aborted. Acknowledge so the peer lets it go. */
 		lane_ack(ln, via_lane, via, ws->job, ws->step, &m->u.data.id);
 		return 0;
 	}
@@ -929,12 +937,23 @@ static void lane_end(struct lane *ln, const struct mail *m)
 	ln->ended_owed[m->slot] = tell_slot(ln, M_ENDED, m->slot, m->seq, 0, NULL) ? 0 : m->seq;
 }
 
+/* Step m->seq failed before it started here: the frames kept for it go,
+ * and those still on their way will when they come. The steps forgotten
+ * are one run (on_abort() posts them in order); a step apart from it
+ * starts a new one. */
 static void lane_forget(struct lane *ln, const struct mail *m)
 {
-	struct lane_job *lj = lane_job_find(ln, m->u.job, false, -1);
+	struct lane_job *lj = lane_job_find(ln, m->u.job, true, LANE_JOB_NO_EVICT);
 
-	if (lj && m->seq > lj->last_seq)
-		drop_early(lj, m->seq, m->seq);
+	if (!lj || m->seq <= lj->last_seq)
+		return;
+	drop_early(lj, m->seq, m->seq);
+	if (lj->forgot_lo && m->seq >= lj->forgot_lo && m->seq <= lj->forgot_hi + 1) {
+		lj->forgot_hi = GG_MAX(lj->forgot_hi, m->seq);
+	} else {
+		lj->forgot_lo = m->seq;
+		lj->forgot_hi = m->seq;
+	}
 }
 
 /* The job is over: its early frames are acknowledged and let go, and its

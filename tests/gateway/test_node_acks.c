@@ -19,6 +19,13 @@
  * Checks that the ACK went out on stream 1, and that a frame that came
  * once is acknowledged once, on its own stream.
  *
+ * And DATA that comes after the ABORT of its step (sent on another
+ * stream, so in any order with it): s1 never starts that step, and holds
+ * the frame unacknowledged no longer than the ABORT's own copies take:
+ *
+ *   1. ABORT of step 1 on stream 0, before s1 has heard of the job
+ *   2. DATA for step 1 on stream 1: acknowledged at once, on stream 1
+ *
  *   test_node_acks CERT_DIR  (certificates from examples/make-certs.sh) */
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +34,7 @@
 
 #include "frame.h"
 #include "gg_check.h"
+#include "gradgate.h"
 #include "gg_sites.h"
 #include "log.h"
 #include "net_addr.h"
@@ -114,8 +122,38 @@ static void turns(struct gg_node *node, int n)
 		CHECK(gg_node_run_once(node, 0, NULL, NULL) == 0, "the node's loop failed");
 }
 
-/* Runs the sequence above; `late_copy`: whether the first copy comes (2, 3). */
-static void run(const char *cert_dir, bool late_copy)
+/* s0 aborted step 1 of job "acks" before s1 started it; its DATA comes
+ * after the ABORT. */
+static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	uint8_t abort_msg[512];
+	size_t len = 0;
+	uint8_t *data = make_data(cfg, 1, &len);
+	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, (uint8_t)-GG_ERR_CLOSED,
+					  "the gateway of site s0 is shutting down");
+
+	CHECK(data && al > 0, "cannot make DATA and ABORT");
+	if (!data || al <= 0) {
+		free(data);
+		return;
+	}
+	CHECK(gg_node_test_receive(node, 0, 0, abort_msg, (size_t)al) == 0, "ABORT on stream 0");
+	turns(node, 3);
+	CHECK(gg_node_test_receive(node, 0, 1, data, len) == 0, "DATA on stream 1");
+	turns(node, 3);
+	CHECK(sent->acks == 1, "%u ACKs of DATA for a step aborted before it started here, not 1: the sender would "
+	      "wait for it until its drain gives up", sent->acks);
+	if (sent->acks >= 1)
+		CHECK(sent->ack[0].stream == 1 && sent->ack[0].step == 1,
+		      "the ACK went on stream %u for step %llu, not on stream 1 for step 1", sent->ack[0].stream,
+		      (unsigned long long)sent->ack[0].step);
+	free(data);
+}
+
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT };
+
+/* Runs one of the sequences above. */
+static void run(const char *cert_dir, enum scenario what)
 {
 	int ports[2];
 	char text[4096], err[GG_NODE_ERROR_MAX];
@@ -125,8 +163,12 @@ static void run(const char *cert_dir, bool late_copy)
 	struct sent sent = { 0 };
 	size_t len = 0;
 
-	printf("%s\n", late_copy ? "the copy sent again comes first, the first copy late on a stream then cut"
-				 : "one copy on one stream");
+	static const char *const title[] = {
+		[ONE_COPY] = "one copy on one stream",
+		[LATE_COPY] = "the copy sent again comes first, the first copy late on a stream then cut",
+		[AFTER_ABORT] = "DATA after the ABORT of its step",
+	};
+	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
 	size_t n = gg_test_site_toml(text, sizeof(text), 1, 2, ports, 1, cert_dir);
 	snprintf(text + n, sizeof(text) - n,
@@ -147,10 +189,14 @@ static void run(const char *cert_dir, bool late_copy)
 	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, &sent) == 0, "open stream 0");
 	CHECK(gg_node_test_open_stream(node, 0, 1, 42, on_sent, &sent) == 0, "open stream 1");
 	turns(node, 3);
+	if (what == AFTER_ABORT) {
+		run_after_abort(node, &cfg, &sent);
+		goto out;
+	}
 	if (data) {
 		CHECK(gg_node_test_receive(node, 0, 1, data, len) == 0, "DATA on stream 1");
 		turns(node, 3);
-		if (late_copy) {
+		if (what == LATE_COPY) {
 			CHECK(gg_node_test_receive(node, 0, 0, data, len) == 0, "DATA on stream 0");
 			turns(node, 3);
 			CHECK(gg_node_test_receive(node, 0, 0, NULL, 0) == 0, "end of stream 0");
@@ -174,6 +220,7 @@ static void run(const char *cert_dir, bool late_copy)
 		      "still waits for it",
 		      sent.ack[0].stream, (unsigned long long)sent.ack[0].step, sent.ack[0].id.origin,
 		      sent.ack[0].id.chunk);
+out:
 	gg_node_shutdown(node);
 	for (int spins = 0; spins < 100 && !gg_node_idle(node); spins++)
 		turns(node, 1);
@@ -190,8 +237,9 @@ int main(int argc, char **argv)
 	}
 	gg_log_set_level(GG_LOG_ERROR);
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	run(argv[1], false);
-	run(argv[1], true);
+	run(argv[1], ONE_COPY);
+	run(argv[1], LATE_COPY);
+	run(argv[1], AFTER_ABORT);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }
