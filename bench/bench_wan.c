@@ -50,7 +50,7 @@
 #define WAN_MAX_SIZES 16
 #define WAN_MAX_CODECS 5
 #define WAN_MAX_ZSTD 4
-#define WAN_MAX_MODES (1 + WAN_MAX_CODECS * 2 * WAN_MAX_ZSTD)
+#define WAN_MAX_MODES (1 + WAN_MAX_CODECS * 3 * WAN_MAX_ZSTD)
 #define WAN_MAX_REPEAT 100
 #define WAN_MAX_STEPS 10000
 #define WAN_MAX_CHILDREN (WAN_MAX_SITES * WAN_MAX_RANKS + WAN_MAX_SITES + WAN_MAX_SITES * (WAN_MAX_SITES - 1) / 2)
@@ -84,7 +84,7 @@ struct wan_opts {
 	int nsizes;
 	enum gg_codec codecs[WAN_MAX_CODECS];
 	int ncodecs;
-	const char *algos[2];
+	const char *algos[3];
 	int nalgos;
 	int zstd[WAN_MAX_ZSTD];
 	int nzstd;
@@ -272,7 +272,7 @@ static void usage(FILE *f)
 		"                       gloo's traffic does not go through linkem\n"
 		"  --sizes LIST         fp32 bytes per all-reduce, 4KiB-1GiB (default 64MiB)\n"
 		"  --codecs LIST        of fp32, bf16, bf16-split, int8, int4 (default fp32,bf16-split,int8)\n"
-		"  --algorithms LIST    of ring, direct (default ring,direct)\n"
+		"  --algorithms LIST    of ring, direct, auto (default ring,direct)\n"
 		"  --zstd-level LIST    zstd levels, 0 (off) to 19, each its own mode (default 0)\n"
 		"  --streams S          TLS streams per peer, 1-64 (default 4)\n"
 		"  --chunk SIZE         gateways' chunk size, 4KiB-64MiB (default 1MiB)\n"
@@ -365,8 +365,8 @@ static bool parse_item(int opt, const char *item, int i, struct wan_opts *o)
 	case 'x':
 		return !gg_codec_from_name(item, &o->codecs[i]);
 	case 'a':
-		o->algos[i] = !strcmp(item, "ring") ? "ring" : "direct";
-		return !strcmp(item, "ring") || !strcmp(item, "direct");
+		o->algos[i] = !strcmp(item, "ring") ? "ring" : !strcmp(item, "auto") ? "auto" : "direct";
+		return !strcmp(item, "ring") || !strcmp(item, "direct") || !strcmp(item, "auto");
 	default:
 		return parse_int(item, 0, 19, &o->zstd[i]);
 	}
@@ -436,7 +436,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 	} lists[] = {
 		{ 'S', "--sizes", "a size of 4KiB to 1GiB in whole float32s", WAN_MAX_SIZES, &o->nsizes },
 		{ 'x', "--codecs", "a codec: fp32, bf16, bf16-split, int8 or int4", WAN_MAX_CODECS, &o->ncodecs },
-		{ 'a', "--algorithms", "ring or direct", 2, &o->nalgos },
+		{ 'a', "--algorithms", "ring, direct or auto", 3, &o->nalgos },
 		{ 'z', "--zstd-level", "a level of 0 (off) to 19", WAN_MAX_ZSTD, &o->nzstd },
 	};
 
@@ -1403,6 +1403,13 @@ static double model_link_bytes(const struct mode *m, double size, double wire)
 
 static double model_s(const struct mode *m, double size, double wire)
 {
+	/* auto: the better of the two. */
+	if (!m->gloo && !strcmp(m->algo, "auto")) {
+		struct mode d = *m, r = *m;
+		d.algo = "direct";
+		r.algo = "ring";
+		return fmin(model_s(&d, size, wire), model_s(&r, size, wire));
+	}
 	double latency = m->gloo ? 0 : (hops(m) + 1) * W.o.delay_ms / 1e3;
 	return model_link_bytes(m, size, wire) / (W.o.rate_bps / 8) + latency;
 }

@@ -86,7 +86,7 @@ static const struct name_list group_list = {
 };
 
 static const char *const scale_names[] = { "fp32", "fp16", NULL };
-static const char *const algo_names[] = { "direct", "ring", NULL };
+static const char *const algo_names[] = { "direct", "ring", "auto", NULL };
 static const char *const dial_names[] = { "both", "out", "in", NULL }; /* enum gg_peer_dial */
 
 static const struct field site_fields[] = {
@@ -139,7 +139,7 @@ static const struct field transport_fields[] = {
 	  "TCP congestion control of the streams, as the kernel names it: bbr, cubic, ... (not set: the system's "
 	  "default, net.ipv4.tcp_congestion_control)" },
 	{ "heartbeat_interval", F_DURATION, CFG(transport.heartbeat_interval_us), false, "1s",
-	  10000, 60000000, NULL, NULL, "how often an idle stream is probed (measures RTT)" },
+	  10000, 60000000, NULL, NULL, "how often a quiet stream is probed (a busy one every second interval: its round trip)" },
 	{ "heartbeat_timeout", F_DURATION, CFG(transport.heartbeat_timeout_us), false, "10s",
 	  20000, 600000000, NULL, NULL, "silence after which a stream is declared dead" },
 	{ "connect_timeout", F_DURATION, CFG(transport.connect_timeout_us), false, "5s",
@@ -170,7 +170,7 @@ static const struct field compression_fields[] = {
 
 static const struct field allreduce_fields[] = {
 	{ "algorithm", F_ENUM, CFG(allreduce.algorithm), false, "ring", 0, 0, algo_names, NULL,
-	  "direct | ring (must match at every site)" },
+	  "direct | ring | auto (chosen per step from the measured links; must match at every site)" },
 };
 
 static const struct field limits_fields[] = {

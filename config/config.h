@@ -18,6 +18,7 @@
 enum gg_allreduce_algo {
 	GG_ALLREDUCE_DIRECT,
 	GG_ALLREDUCE_RING,
+	GG_ALLREDUCE_AUTO, /* direct or ring per step, from the measured links */
 };
 
 /* Who opens the streams between this site and a peer: [[peers]] dial. */

@@ -148,7 +148,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=2, help="ranks per site")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--codec", default="fp32", choices=["fp32", "bf16", "bf16-split", "int8", "int4"])
-    ap.add_argument("--algorithm", default="ring", choices=["ring", "direct"])
+    ap.add_argument("--algorithm", default="ring", choices=["ring", "direct", "auto"])
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--bench", action="store_true", help="also time the hook against gloo per bucket")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -684,3 +684,28 @@ void gg_ar_step_free(struct gg_ar_step *s)
 	free(s->fb_scratch);
 	free(s);
 }
+
+double gg_ar_model_seconds(enum gg_allreduce_algo algo, unsigned sites, uint64_t count, double elem_bytes,
+			   double uplink, double one_way)
+{
+	const double K = sites, E = (double)count * elem_bytes;
+
+	if (uplink <= 0)
+		return 0;
+	if (algo == GG_ALLREDUCE_DIRECT)
+		return (K - 1) * E / uplink + one_way;
+	return 2 * (K - 1) * E / (K * uplink) + 2 * (K - 1) * one_way;
+}
+
+uint64_t gg_ar_direct_max(unsigned sites, double elem_bytes, double uplink, double one_way)
+{
+	const double K = sites;
+
+	if (sites <= 2)
+		return UINT64_MAX;
+	if (uplink <= 0 || elem_bytes <= 0)
+		return 0;
+	/* direct <= ring  <=>  (K-1)(K-2) E / (K uplink) <= (2K-3) one_way */
+	double max = (2 * K - 3) * K * one_way * uplink / ((K - 1) * (K - 2) * elem_bytes);
+	return max >= 0x1p63 ? UINT64_MAX : (uint64_t)max;
+}

@@ -138,4 +138,18 @@ void gg_ar_step_free(struct gg_ar_step *s);
 bool gg_ar_chunk_range(const struct gg_ar_config *cfg, const struct gg_ar_chunk_id *id, uint64_t *offset,
 		       uint64_t *n);
 
+/* The link model behind algorithm auto (docs/design.md): every site sends
+ * through an uplink of `uplink` bytes/s, `one_way` seconds from every
+ * other site. A step of E encoded bytes then takes
+ *   direct: (K-1) E / uplink + one_way         (its frame to every peer)
+ *   ring:   2 (K-1) E / (K uplink) + 2 (K-1) one_way   (2 (K-1) hops of E/K)
+ * Seconds one step of `count` elements at `elem_bytes` encoded bytes
+ * each takes by `algo` (direct or ring). */
+double gg_ar_model_seconds(enum gg_allreduce_algo algo, unsigned sites, uint64_t count, double elem_bytes,
+			   double uplink, double one_way);
+/* The largest step (elements) that direct does no slower than ring in the
+ * model: UINT64_MAX for 2 sites (both move the same bytes, ring waits
+ * twice), 0 when the link's figures are 0. */
+uint64_t gg_ar_direct_max(unsigned sites, double elem_bytes, double uplink, double one_way);
+
 #endif

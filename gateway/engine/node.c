@@ -77,6 +77,7 @@ struct mail {
 			const float *input;
 			float *result;
 			struct gg_feedback *feedback;
+			enum gg_allreduce_algo algo; /* direct or ring */
 			uint64_t deadline_us, timeout_us;
 			void (*gather)(void *arg, uint64_t offset, uint64_t n);
 			void (*deliver)(void *arg, uint64_t offset, uint64_t n);
@@ -171,7 +172,7 @@ struct lane_job {
  * (raw: the fp32 bytes they carry), and published from its mesh. */
 struct lane_peer_stats {
 	atomic_uint_fast64_t raw_out, raw_in, data_out, data_in;
-	atomic_uint_fast64_t wire_out, wire_in, stream_ups, stream_downs, delivery_bps;
+	atomic_uint_fast64_t wire_out, wire_in, stream_ups, stream_downs, delivery_bps, delivery_at_us;
 };
 
 struct lane_stats {
@@ -204,7 +205,7 @@ struct lane {
 	struct lane_stats stats;
 	atomic_bool flushed, idle;
 	/* published by the lane's thread for the coordinator */
-	atomic_uint_fast64_t resent, tls_ns, rtt_us[GG_AR_MAX_SITES];
+	atomic_uint_fast64_t resent, tls_ns, rtt_us[GG_AR_MAX_SITES], rtt_min_us[GG_AR_MAX_SITES];
 	atomic_uint_fast64_t heard_us[GG_AR_MAX_SITES]; /* last receive from each peer */
 	/* Bytes of early frames this lane holds from each peer (written by
 	 * the lane only), and frames it let go past its budget. */
@@ -239,6 +240,17 @@ struct job {
 		int code;
 		char reason[GG_NODE_ERROR_MAX];
 	} aborted[ABORTS_KEPT];
+	/* Algorithm auto: a step of at most direct_max elements goes direct,
+	 * a larger one by ring, as the first site's DONE of the last step
+	 * completed here planned (`using`; direct for all until one did). A
+	 * step completes everywhere or nowhere, so every site has the same
+	 * plan for every step. `plan`: the one the step in progress brought
+	 * (made here at the first site, else from its DONE); `done_plan`: the
+	 * one done_seq's DONE carries again. */
+	uint64_t direct_max;
+	struct gg_wire_plan using, plan, done_plan;
+	enum gg_allreduce_algo algo; /* of the step in progress or the last one */
+	bool algo_told;         /* its choice was logged */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
 	/* The run of steps that failed here last, one after another (nothing
@@ -302,6 +314,8 @@ struct gg_node {
 	/* coordinator, on lane 0's thread */
 	struct gg_mailbox inbox;
 	struct job jobs[MAX_JOBS];
+	/* Every site's links as its last DONE said (this site's own as sent). */
+	struct gg_wire_links links[GG_AR_MAX_SITES];
 	struct ended_job ended[ENDS_KEPT];
 	unsigned ended_next;
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
@@ -887,7 +901,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->gather_ns = lj->deliver_ns = 0;
 	lj->start_ns = now_ns();
 
-	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = n->cfg->allreduce.algorithm,
+	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = m->u.start.algo,
 				   .count = lj->wstep.count, .chunk_elems = n->chunk_elems, .enc = &ln->enc,
 				   .dec = &ln->dec, .feedback = m->u.start.feedback, .pool = &n->frames,
 				   .times = &lj->times, .part = ln->index, .parts = n->nlanes };
@@ -1183,6 +1197,11 @@ static void part_missed_deadline(struct lane_job *lj)
 			  (unsigned long long)lj->seq, lj->name, buf, down);
 }
 
+static uint64_t load(const atomic_uint_fast64_t *c)
+{
+	return atomic_load_explicit(c, memory_order_relaxed);
+}
+
 static void publish(atomic_uint_fast64_t *dst, uint64_t v)
 {
 	atomic_store_explicit(dst, v, memory_order_relaxed);
@@ -1230,6 +1249,7 @@ static void publish_mesh_stats(struct lane *ln)
 		struct lane_peer_stats *lp = &ln->stats.peers[p];
 		if (ms->rtt_us[p])
 			publish(&ln->rtt_us[p], ms->rtt_us[p]);
+		publish(&ln->rtt_min_us[p], ms->rtt_min_us[p]);
 		publish(&ln->heard_us[p], gg_mesh_last_heard(ln->mesh, p));
 		atomic_store_explicit(&ln->denied[p], gg_mesh_peer_denied(ln->mesh, p), memory_order_relaxed);
 		publish(&lp->wire_out, mp->wire_bytes_out);
@@ -1237,6 +1257,7 @@ static void publish_mesh_stats(struct lane *ln)
 		publish(&lp->stream_ups, mp->stream_ups);
 		publish(&lp->stream_downs, mp->stream_downs);
 		publish(&lp->delivery_bps, mp->delivery_bytes_per_s);
+		publish(&lp->delivery_at_us, mp->delivery_at_us);
 	}
 	for (unsigned f = 0; f < GG_MESH_FAILURES; f++)
 		publish(&ln->stats.stream_failures[f], ms->stream_failures[f]);
@@ -1367,7 +1388,8 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
-	send_to_peers(n, only, buf, gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq), true);
+	send_to_peers(n, only, buf,
+		      gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq, &n->links[n->self], &j->plan), true);
 }
 
 /* END of a job ended here, to peer `only` or all (-1). */
@@ -1447,6 +1469,13 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 		       (unsigned long long)j->step->seq, message);
 	} else {
 		n->stats.steps_done++;
+		/* The plan for the steps after this one: every site that
+		 * completes the step heard the first site's DONE. */
+		if (j->plan.has_plan) {
+			j->direct_max = j->plan.direct_max;
+			j->using = j->plan;
+		}
+		j->done_plan = j->plan;
 	}
 	j->end_told = 0;
 	post_end(n, j);
@@ -1537,6 +1566,7 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	memset(free_slot, 0, sizeof(*free_slot));
 	free_slot->active_us = gg_node_loop(n)->now_us;
 	free_slot->used = true;
+	free_slot->direct_max = UINT64_MAX;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
 	return free_slot;
 }
@@ -1603,6 +1633,114 @@ static void maybe_complete(struct gg_node *n, struct job *j)
 	finish_step(n, j, 0, NULL);
 }
 
+/* ---- algorithm auto ------------------------------------------------------- */
+
+/* Streams whose delivery rate is older than this before the newest one
+ * did not carry the latest steps (in a ring, the peers a site does not
+ * send to): they are left out of its uplink. */
+#define LINK_FRESH_US 2000000u
+
+/* This site's links, for its DONEs: the delivery rates of the streams
+ * that carried the latest steps, added up (they share the uplink), and
+ * the longest of the shortest recent round trips to a peer. A figure not
+ * measured again keeps its last value. */
+static void measure_links(struct gg_node *n)
+{
+	struct gg_wire_links *own = &n->links[n->self];
+	uint64_t newest = 0, sum = 0, rtt = 0;
+
+	for (unsigned l = 0; l < n->nlanes; l++)
+		for (unsigned p = 0; p < n->sites; p++)
+			newest = GG_MAX(newest, (uint64_t)load(&n->lanes[l].stats.peers[p].delivery_at_us));
+	for (unsigned p = 0; p < n->sites; p++) {
+		uint64_t best = 0;
+		for (unsigned l = 0; l < n->nlanes; l++) {
+			const struct lane_peer_stats *lp = &n->lanes[l].stats.peers[p];
+			uint64_t at = load(&lp->delivery_at_us), r = load(&n->lanes[l].rtt_min_us[p]);
+			if (p != n->self && at && at + LINK_FRESH_US >= newest)
+				sum += load(&lp->delivery_bps);
+			if (r && (!best || r < best))
+				best = r;
+		}
+		rtt = GG_MAX(rtt, best);
+	}
+	if (sum)
+		own->uplink_bytes_per_s = sum;
+	if (rtt)
+		own->rtt_us = (uint32_t)GG_MIN(rtt, (uint64_t)UINT32_MAX);
+}
+
+/* Encoded bytes per element of the codec, zstd aside (what it saves
+ * varies; the link model takes the bytes before it). */
+static double elem_bytes(const struct gg_node *n)
+{
+	struct gg_codec_params cp = gg_codec_defaults(n->cfg->compression.codec);
+	uint64_t bytes = 0;
+	const uint64_t elems = 1u << 20;
+
+	cp.block_elems = (uint32_t)n->cfg->compression.block_size;
+	cp.scale = n->cfg->compression.scale;
+	if (gg_codec_encoded_bytes(&cp, elems, &bytes))
+		return 4;
+	return (double)bytes / (double)elems;
+}
+
+/* At the first site: the plan its DONE of j's step carries, from the
+ * slowest uplink and the longest round trip any site reported. */
+static void make_plan(struct gg_node *n, struct job *j)
+{
+	struct gg_wire_links worst = { 0 };
+
+	for (unsigned s = 0; s < n->sites; s++) {
+		const struct gg_wire_links *l = &n->links[s];
+		if (l->uplink_bytes_per_s &&
+		    (!worst.uplink_bytes_per_s || l->uplink_bytes_per_s < worst.uplink_bytes_per_s))
+			worst.uplink_bytes_per_s = l->uplink_bytes_per_s;
+		worst.rtt_us = GG_MAX(worst.rtt_us, l->rtt_us);
+	}
+	if (n->sites > 2 && (!worst.uplink_bytes_per_s || !worst.rtt_us))
+		return; /* not measured yet: the plan stays */
+	j->plan = (struct gg_wire_plan){
+		.has_plan = true,
+		.direct_max = gg_ar_direct_max(n->sites, elem_bytes(n), (double)worst.uplink_bytes_per_s,
+					       worst.rtt_us / 2e6),
+		.links = worst,
+	};
+}
+
+/* The algorithm of a step of `count` elements of job j, and a log line
+ * when it is not the one of the job's step before. */
+static enum gg_allreduce_algo step_algo(struct gg_node *n, struct job *j, uint64_t count)
+{
+	enum gg_allreduce_algo algo = n->cfg->allreduce.algorithm;
+
+	if (algo != GG_ALLREDUCE_AUTO)
+		return algo;
+	algo = count <= j->direct_max ? GG_ALLREDUCE_DIRECT : GG_ALLREDUCE_RING;
+	if (!j->algo_told || algo != j->algo) {
+		const struct gg_wire_links *l = &j->using.links;
+		const double eb = elem_bytes(n), up = (double)l->uplink_bytes_per_s, one_way = l->rtt_us / 2e6;
+		if (!j->using.has_plan)
+			gg_log(GG_LOG_INFO, "algorithm", "job=%s step=%llu algorithm=%s count=%llu reason=\"%s\"", j->name,
+			       (unsigned long long)j->last_seq + 1, gg_allreduce_algo_name(algo),
+			       (unsigned long long)count,
+			       n->sites == 2 ? "two sites: direct moves the same bytes as ring in one round"
+					     : "no links measured yet");
+		else
+			gg_log(GG_LOG_INFO, "algorithm",
+			       "job=%s step=%llu algorithm=%s count=%llu direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
+			       "model_direct_ms=%.3f model_ring_ms=%.3f",
+			       j->name, (unsigned long long)j->last_seq + 1, gg_allreduce_algo_name(algo),
+			       (unsigned long long)count, (unsigned long long)j->direct_max, up * 8 / 1e6,
+			       l->rtt_us / 1e3,
+			       gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, count, eb, up, one_way) * 1e3,
+			       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, count, eb, up, one_way) * 1e3);
+		j->algo_told = true;
+	}
+	j->algo = algo;
+	return algo;
+}
+
 static void step_has_result(struct gg_node *n, struct job *j)
 {
 	if (n->test_freeze_at_result)
@@ -1610,6 +1748,9 @@ static void step_has_result(struct gg_node *n, struct job *j)
 	if (!j->has_result) {
 		j->has_result = true;
 		j->has_result_us = gg_node_loop(n)->now_us;
+		measure_links(n);
+		if (n->self == 0 && n->cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO)
+			make_plan(n, j);
 		if (n->test_drop_done) {
 			for (unsigned p = 0; p < n->sites; p++)
 				if (p != n->self && p + 1 != n->test_drop_done)
@@ -1649,10 +1790,11 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			       "start a new run under a new job name)", j->name,
 			    (unsigned long long)st->seq, (unsigned long long)j->last_seq);
 
+	enum gg_allreduce_algo algo = step_algo(n, j, st->count);
 	struct gg_wire_step ws = { .step = st->seq, .count = st->count, .tensor_id = st->tensor_id, .dtype = st->dtype };
 	snprintf(ws.job, sizeof(ws.job), "%s", st->job);
 	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)n->cfg->compression.codec,
-					     (uint32_t)n->cfg->compression.block_size);
+					     (uint32_t)n->cfg->compression.block_size, (uint8_t)algo);
 	struct gg_feedback *fb = NULL;
 	if (n->cfg->compression.error_feedback && gg_codec_is_lossy(n->cfg->compression.codec)) {
 		char fwhy[GG_NODE_ERROR_MAX - 64];
@@ -1664,6 +1806,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	const uint64_t now = gg_node_loop(n)->now_us;
 	j->step = st;
 	j->has_result = false;
+	j->plan = (struct gg_wire_plan){ 0 };
 	j->parts_done = 0;
 	j->done_from = 0;
 	j->wstep = ws;
@@ -1690,7 +1833,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		return 0;
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
-			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb,
+			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb, .algo = algo,
 				       .deadline_us = j->deadline_us, .timeout_us = j->timeout_us,
 				       .gather = st->gather, .deliver = st->deliver, .arg = st->arg } };
 	/* A lane that never starts its part would leave the step without a
@@ -1857,11 +2000,16 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 {
 	struct job *j = find_job(n, m->u.done.job, false);
 
+	if (m->u.done.links.uplink_bytes_per_s || m->u.done.links.rtt_us)
+		n->links[from] = m->u.done.links;
+
 	/* A DONE for a step not in progress here is stale: this site failed
 	 * or completed it (which needed this DONE, so it was a copy). */
 	if (!j || !j->step || j->step->seq != m->u.done.step)
 		return;
 	j->done_from |= 1u << from;
+	if (from == 0 && n->cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO)
+		j->plan = m->u.done.plan;
 	maybe_complete(n, j);
 }
 
@@ -1880,7 +2028,9 @@ static void resend_done(struct gg_node *n, unsigned peer)
 		/* The last step completed here may still be in progress there,
 		 * even with a later one in progress here. */
 		if (j->done_seq && now - j->done_us < n->cfg->transport.step_timeout_us)
-			send_to_peers(n, (int)peer, buf, gg_wire_encode_done(buf, sizeof(buf), j->name, j->done_seq),
+			send_to_peers(n, (int)peer, buf,
+				      gg_wire_encode_done(buf, sizeof(buf), j->name, j->done_seq, &n->links[n->self],
+							  &j->done_plan),
 				      true);
 		if (j->step && !j->ending && j->has_result)
 			send_done(n, j, (int)peer);
@@ -2075,11 +2225,6 @@ static uint64_t coordinator_timers(struct gg_node *n)
 			       strchr(waiting, ',') ? "s" : "", waiting, down);
 	}
 	return next;
-}
-
-static uint64_t load(const atomic_uint_fast64_t *c)
-{
-	return atomic_load_explicit(c, memory_order_relaxed);
 }
 
 static double load_s(const atomic_uint_fast64_t *ns)

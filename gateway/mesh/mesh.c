@@ -20,6 +20,7 @@
 #define TEARDOWN_US 1000000 /* gg_mesh_free() waits this long for the kernel */
 #define LISTENER_INDEX UINT32_MAX /* user_data index of the listener's cancel */
 #define RATE_WINDOW_US 1000000 /* delivery rate: over this much time with DATA in flight */
+#define RTT_MIN_WINDOW_US 10000000 /* the shortest round trip: of this window and the one before */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -59,7 +60,7 @@ struct conn {
 	uint8_t *small;      /* CTRL_MSG_MAX bytes */
 	struct out *txq_head, *txq_tail; /* being written */
 	unsigned txq_count;
-	uint64_t last_rx_us, ping_sent_us;
+	uint64_t last_rx_us, ping_sent_us, last_ping_us;
 	uint64_t wire_in_seen, wire_out_seen; /* the stream's wire bytes counted for its peer so far */
 	uint32_t gen;        /* counts the slot's uses: a via names one of them */
 	bool flush_pending;  /* messages were queued during this turn */
@@ -94,6 +95,8 @@ struct peer {
 	 * frame bytes acknowledged meanwhile. */
 	uint64_t busy_since_us;        /* 0: nothing in flight */
 	uint64_t window_busy_us, window_bytes;
+	/* The shortest round trip of the current window and the one before. */
+	uint64_t rtt_window_us, rtt_min_now, rtt_min_before;
 	struct gg_tls_site tls_site;
 	char address[GG_NET_ADDR_TEXT_MAX + 256];
 	enum gg_peer_dial dial; /* [[peers]] dial: who opens the streams */
@@ -211,10 +214,30 @@ static void peer_busy(struct gg_mesh *m, unsigned p)
 	}
 	if (pe->window_busy_us >= RATE_WINDOW_US) {
 		m->stats.peers[p].delivery_bytes_per_s = pe->window_bytes * 1000000u / pe->window_busy_us;
+		m->stats.peers[p].delivery_at_us = now ? now : 1;
 		pe->window_busy_us = pe->window_bytes = 0;
 	}
 	if (pe->unacked_bytes)
 		pe->busy_since_us = now ? now : 1;
+}
+
+/* A heartbeat's round trip to peer `p`: the last one, and the shortest of
+ * the last RTT_MIN_WINDOW_US or two. */
+static void note_rtt(struct gg_mesh *m, unsigned p, uint64_t rtt)
+{
+	struct peer *pe = &m->peers[p];
+	const uint64_t now = m->loop->now_us;
+
+	rtt = GG_MAX(rtt, 1u);
+	if (now - pe->rtt_window_us >= RTT_MIN_WINDOW_US) {
+		pe->rtt_min_before = pe->rtt_min_now;
+		pe->rtt_min_now = 0;
+		pe->rtt_window_us = now;
+	}
+	if (!pe->rtt_min_now || rtt < pe->rtt_min_now)
+		pe->rtt_min_now = rtt;
+	m->stats.rtt_us[p] = rtt;
+	m->stats.rtt_min_us[p] = pe->rtt_min_before ? GG_MIN(pe->rtt_min_now, pe->rtt_min_before) : pe->rtt_min_now;
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -768,7 +791,7 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 	}
 	case GG_WIRE_PONG:
 		if (msg.u.ping_us == c->ping_sent_us) {
-			m->stats.rtt_us[c->peer] = m->loop->now_us - c->ping_sent_us;
+			note_rtt(m, (unsigned)c->peer, m->loop->now_us - c->ping_sent_us);
 			c->ping_sent_us = 0;
 		}
 		break;
@@ -1346,10 +1369,13 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 			conn_close(m, ci, "heartbeat timeout");
 			continue;
 		}
-		if (!c->ping_sent_us && now - c->last_rx_us >= cfg->transport.heartbeat_interval_us) {
+		/* A quiet stream is probed to tell it is alive; a busy one too,
+		 * less often, for its round trip (algorithm auto's figures). */
+		if (!c->ping_sent_us && (now - c->last_rx_us >= cfg->transport.heartbeat_interval_us ||
+					 now - c->last_ping_us >= 2 * cfg->transport.heartbeat_interval_us)) {
 			uint8_t buf[64];
 			ssize_t l = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, now);
-			c->ping_sent_us = now;
+			c->ping_sent_us = c->last_ping_us = now;
 			if (l > 0)
 				send_ctrl(m, ci, buf, (size_t)l);
 		} else if (c->ping_sent_us && now - c->ping_sent_us > cfg->transport.heartbeat_interval_us) {

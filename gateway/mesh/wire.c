@@ -199,12 +199,24 @@ ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t
 	return encode_steps(buf, cap, GG_WIRE_ABORT, job, step, last_step, code, reason);
 }
 
-ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step)
+static void put_links(struct writer *w, const struct gg_wire_links *l)
+{
+	put_le(w, l ? l->uplink_bytes_per_s : 0, 8);
+	put_le(w, l ? l->rtt_us : 0, 4);
+}
+
+ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+			    const struct gg_wire_links *links, const struct gg_wire_plan *plan)
 {
 	size_t extra_ = 0;
+	const bool has_plan = plan && plan->has_plan;
 	ENCODE(buf, cap, GG_WIRE_DONE, {
 		put_str(&w, job);
 		put_le(&w, step, 8);
+		put_links(&w, links);
+		put_u8(&w, has_plan);
+		put_le(&w, has_plan ? plan->direct_max : 0, 8);
+		put_links(&w, has_plan ? &plan->links : NULL);
 	});
 }
 
@@ -355,6 +367,16 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	case GG_WIRE_DONE:
 		get_str(&r, msg->u.done.job, GG_WIRE_NAME_MAX, "job");
 		msg->u.done.step = get_le(&r, 8, "step");
+		msg->u.done.links.uplink_bytes_per_s = get_le(&r, 8, "uplink rate");
+		msg->u.done.links.rtt_us = (uint32_t)get_le(&r, 4, "round trip");
+		uint64_t has_plan = get_le(&r, 1, "has plan");
+		msg->u.done.plan.has_plan = has_plan == 1;
+		msg->u.done.plan.direct_max = get_le(&r, 8, "direct up to");
+		msg->u.done.plan.links.uplink_bytes_per_s = get_le(&r, 8, "plan's uplink rate");
+		msg->u.done.plan.links.rtt_us = (uint32_t)get_le(&r, 4, "plan's round trip");
+		if (!r.field && has_plan > 1)
+			return gg_errf(err, err_size, -EBADMSG, "done: has-plan flag %llu, must be 0 or 1",
+				       (unsigned long long)has_plan);
 		break;
 	case GG_WIRE_END:
 		if (decode_steps(&r, &msg->u.end, "end", "last done step", "last step", err, err_size))
@@ -384,7 +406,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	return 0;
 }
 
-uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint32_t block_elems)
+uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint32_t block_elems, uint8_t algorithm)
 {
 	uint8_t buf[GG_WIRE_NAME_MAX + 64];
 	struct writer w = { buf, buf + sizeof(buf), false };
@@ -397,6 +419,7 @@ uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint3
 	put_u8(&w, st->dtype);
 	put_u8(&w, codec);
 	put_le(&w, block_elems, 4);
+	put_u8(&w, algorithm);
 	for (const uint8_t *p = buf; p < w.p; p++)
 		h = (h ^ *p) * 0x100000001b3ull;
 	return h;

@@ -29,7 +29,12 @@
  *           a site that was cut off meanwhile)
  *   DONE    str job, u64 step (the sender holds the step's whole result;
  *           a site hands a result to its ranks only once every site said
- *           DONE, so a step completes at every site or at none)
+ *           DONE, so a step completes at every site or at none), then the
+ *           sender's links and, from the first site under algorithm auto,
+ *           the plan for the job's next steps (struct gg_wire_plan):
+ *           u64 uplink bytes/s, u32 round trip us (0: not measured yet),
+ *           u8 has plan, u64 direct up to this many elements, u64 uplink
+ *           bytes/s and u32 round trip us the plan was made with
  *   END     str job, u64 last done step (0: none), u64 last step (>= last
  *           done), u8 code, str reason (the job is over at the sender: its
  *           ranks there are gone after the last step; the steps after the
@@ -50,7 +55,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 3
+#define GG_WIRE_VERSION 4
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
@@ -112,7 +117,24 @@ struct gg_wire_step {
 	uint64_t count;
 	uint32_t tensor_id;
 	uint8_t dtype;
-	uint64_t fingerprint; /* gg_wire_fingerprint() of the fields above and the codec */
+	uint64_t fingerprint; /* gg_wire_fingerprint() of the fields above, the codec and the algorithm */
+};
+
+/* A site's links as it measured them: what its streams delivered per
+ * second of sending, over all peers at once, and the longest of its
+ * shortest recent round trips to a peer; 0 where not measured yet. */
+struct gg_wire_links {
+	uint64_t uplink_bytes_per_s;
+	uint32_t rtt_us;
+};
+
+/* Algorithm auto: the first site's choice for a job's steps after the one
+ * a DONE is of. A step of at most direct_max elements goes direct, a
+ * larger one by ring; `links` are the figures the choice was made from. */
+struct gg_wire_plan {
+	bool has_plan;
+	uint64_t direct_max;
+	struct gg_wire_links links;
 };
 
 /* ABORT and END: a job, a run of its steps, and how they failed. */
@@ -143,6 +165,8 @@ struct gg_wire_msg {
 		struct {
 			char job[GG_WIRE_NAME_MAX + 1];
 			uint64_t step;
+			struct gg_wire_links links;
+			struct gg_wire_plan plan;
 		} done;
 		struct gg_wire_steps end; /* steps up to first done, first+1..last failed */
 	} u;
@@ -150,7 +174,8 @@ struct gg_wire_msg {
 
 /* A 64-bit FNV-1a over the step's identity and the codec settings: equal
  * at two sites exactly when they announce the same collective. */
-uint64_t gg_wire_fingerprint(const struct gg_wire_step *step, uint8_t codec, uint32_t block_elems);
+uint64_t gg_wire_fingerprint(const struct gg_wire_step *step, uint8_t codec, uint32_t block_elems,
+			     uint8_t algorithm);
 
 /* Reads a message header: 0 and *payload_bytes, or -EBADMSG (bad magic,
  * version or type) / -E2BIG (longer than max_payload_bytes) with err set. */
@@ -174,7 +199,8 @@ GG_MUST_CHECK ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *j
 GG_MUST_CHECK ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, uint64_t value);
 GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step,
 					   uint64_t last_step, uint8_t code, const char *reason);
-GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step);
+GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+					  const struct gg_wire_links *links, const struct gg_wire_plan *plan);
 GG_MUST_CHECK ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t last_done,
 					 uint64_t last_step, uint8_t code, const char *reason);
 

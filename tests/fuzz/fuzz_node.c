@@ -403,7 +403,8 @@ static void op_data(struct run *r, struct script *s)
 	snprintf(ws.job, sizeof(ws.job), "%s", job_names[job]);
 	if (flags & NODE_DATA_COUNT)
 		ws.count = 1 + script_u16(s) % MAX_COUNT;
-	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size);
+	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size,
+					     (uint8_t)cfg->allreduce.algorithm);
 	if (flags & NODE_DATA_FINGERPRINT)
 		ws.fingerprint = script_u64(s);
 
@@ -475,7 +476,12 @@ static void op_steps_message(struct run *r, struct script *s, enum node_op op)
 	ssize_t len;
 
 	if (op == NODE_DONE) {
-		len = gg_wire_encode_done(buf, sizeof(buf), job_names[job], seq);
+		/* A plan from whichever site, for whichever size. */
+		struct gg_wire_links links = { .uplink_bytes_per_s = (uint64_t)script_u8(s) << 20,
+					       .rtt_us = (uint32_t)script_u8(s) << 10 };
+		struct gg_wire_plan plan = { .has_plan = script_u8(s) & 1, .direct_max = (uint64_t)script_u8(s) << 12,
+					     .links = links };
+		len = gg_wire_encode_done(buf, sizeof(buf), job_names[job], seq, &links, &plan);
 	} else {
 		uint64_t last = seq + script_u8(s);
 		uint8_t code = pick_code(s);

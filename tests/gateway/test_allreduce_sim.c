@@ -488,6 +488,36 @@ static void check_refusals(void)
 		site_fini(&sites[k]);
 }
 
+/* The link model algorithm auto decides by: its times, and the crossover
+ * at which both are equal. */
+static void check_model(void)
+{
+	const double up = 125e6, one_way = 0.05; /* 1 Gbit/s, 100 ms round trip */
+	/* 3 sites, 64 MiB of fp32: direct sends 2 x 64 MiB (1.074 s + 0.05),
+	 * ring 4/3 x 64 MiB (0.716 s) and waits 4 x 0.05. */
+	double d = gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, 3, 16u << 20, 4, up, one_way);
+	double r = gg_ar_model_seconds(GG_ALLREDUCE_RING, 3, 16u << 20, 4, up, one_way);
+	CHECK(fabs(d - (2 * 67108864 / up + 0.05)) < 1e-9, "direct model %.6f s", d);
+	CHECK(fabs(r - (4.0 / 3 * 67108864 / up + 0.2)) < 1e-9, "ring model %.6f s", r);
+	/* Crossover for 3 sites: 4.5 x one_way x uplink bytes. */
+	uint64_t max = gg_ar_direct_max(3, 4, up, one_way);
+	CHECK(max == (uint64_t)(4.5 * one_way * up / 4), "3-site crossover %llu elements", (unsigned long long)max);
+	double at_d = gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, 3, max, 4, up, one_way);
+	double at_r = gg_ar_model_seconds(GG_ALLREDUCE_RING, 3, max, 4, up, one_way);
+	CHECK(fabs(at_d - at_r) < 1e-6, "at the crossover direct %.6f s, ring %.6f s", at_d, at_r);
+	CHECK(gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, 3, max + 1000, 4, up, one_way) >
+		      gg_ar_model_seconds(GG_ALLREDUCE_RING, 3, max + 1000, 4, up, one_way),
+	      "past the crossover ring is faster");
+	/* A smaller encoding moves it up by as much; 4 sites: 10/3 x one_way x uplink. */
+	CHECK(gg_ar_direct_max(3, 1, up, one_way) == (uint64_t)(4.5 * one_way * up), "int8-sized crossover");
+	CHECK(gg_ar_direct_max(4, 4, up, one_way) == (uint64_t)(10.0 / 3 * one_way * up / 4), "4-site crossover");
+	/* Two sites: direct always; nothing measured: ring for everything. */
+	CHECK(gg_ar_direct_max(2, 4, up, one_way) == UINT64_MAX, "2 sites: always direct");
+	CHECK(gg_ar_direct_max(3, 4, 0, one_way) == 0, "no uplink figure");
+	CHECK(gg_ar_direct_max(3, 4, up, 0) == 0, "no delay: ring for every size");
+	CHECK(gg_ar_direct_max(3, 4, 1e30, 1e6) == UINT64_MAX, "no overflow");
+}
+
 int main(void)
 {
 	const enum gg_codec codecs[] = { GG_CODEC_FP32, GG_CODEC_BF16, GG_CODEC_BF16_SPLIT, GG_CODEC_INT8,
@@ -509,6 +539,7 @@ int main(void)
 	check_feedback(GG_ALLREDUCE_DIRECT);
 	check_feedback(GG_ALLREDUCE_RING);
 	check_refusals();
+	check_model();
 	printf("%u all-reduce cases; %d failure(s)\n", cases, failures);
 	return failures ? 1 : 0;
 }

@@ -343,7 +343,7 @@ static bool s0_flushed(const struct mesh_set *ms)
 static void flood_controls(struct site *s, unsigned peer)
 {
 	uint8_t msg[128];
-	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "flood", 1);
+	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "flood", 1, NULL, NULL);
 
 	for (int i = 0; len > 0 && i < 600; i++)
 		gg_mesh_send_control(s->mesh, peer, msg, (size_t)len, false);
@@ -414,7 +414,7 @@ static void teardown_in_flight(void)
 	CHECK(turn_until(&ms, all_connected, 5), "the mesh did not connect");
 	gg_mesh_free(ms.sites[1].mesh);
 	ms.sites[1].mesh = NULL;
-	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "late", 1);
+	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "late", 1, NULL, NULL);
 	CHECK(len > 0, "encode");
 	gg_mesh_send_control(ms.sites[0].mesh, 1, msg, (size_t)len, true);
 	uint64_t until = now_us() + 300000;

@@ -97,7 +97,8 @@ static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, size_t *le
 	float x[COUNT];
 
 	snprintf(ws.job, sizeof(ws.job), "acks");
-	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size);
+	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size,
+					     (uint8_t)cfg->allreduce.algorithm);
 	for (unsigned i = 0; i < COUNT; i++)
 		x[i] = (float)i;
 	if (!msg || gg_frame_encoder_init(&enc, &fc)) {

@@ -66,7 +66,7 @@ int main(void)
 
 	struct gg_wire_step st = { .job = "train-7b", .step = 12, .count = 1000003, .tensor_id = 3,
 				   .dtype = GG_WIRE_BF16 };
-	st.fingerprint = gg_wire_fingerprint(&st, GG_CODEC_INT8, 256);
+	st.fingerprint = gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING);
 	struct gg_ar_chunk_id id = { GG_AR_GATHER, 2, 77 };
 	const char frame[] = "FRAMEBYTES";
 	n = gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, sizeof(frame));
@@ -84,8 +84,11 @@ int main(void)
 
 	struct gg_wire_step other = st;
 	other.count++;
-	CHECK(gg_wire_fingerprint(&other, GG_CODEC_INT8, 256) != st.fingerprint, "count changes the fingerprint");
-	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT4, 256) != st.fingerprint, "codec changes the fingerprint");
+	CHECK(gg_wire_fingerprint(&other, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING) != st.fingerprint, "count changes the fingerprint");
+	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT4, 256, GG_ALLREDUCE_RING) != st.fingerprint,
+	      "codec changes the fingerprint");
+	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_DIRECT) != st.fingerprint,
+	      "the algorithm changes the fingerprint");
 
 	n = gg_wire_encode_ack(buf, sizeof(buf), "train-7b", 12, &id);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.ack.step == 12 &&
@@ -117,11 +120,27 @@ int main(void)
 	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 11, 11, "x");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "abort: step 12 after the last step 11"),
 	      "abort range: %s", err);
-	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 12);
+	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 12, NULL, NULL);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_DONE &&
-		      !strcmp(msg.u.done.job, "train-7b") && msg.u.done.step == 12,
+		      !strcmp(msg.u.done.job, "train-7b") && msg.u.done.step == 12 && !msg.u.done.plan.has_plan &&
+		      !msg.u.done.links.uplink_bytes_per_s && !msg.u.done.links.rtt_us,
 	      "done: %s", err);
+	/* The sender's links and the first site's plan for the next steps. */
+	struct gg_wire_links links = { .uplink_bytes_per_s = 117000000, .rtt_us = 40123 };
+	struct gg_wire_plan plan = { .has_plan = true, .direct_max = 5000000,
+				     .links = { .uplink_bytes_per_s = 90000000, .rtt_us = 80000 } };
+	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 13, &links, &plan);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.step == 13 &&
+		      msg.u.done.links.uplink_bytes_per_s == 117000000 && msg.u.done.links.rtt_us == 40123 &&
+		      msg.u.done.plan.has_plan && msg.u.done.plan.direct_max == 5000000 &&
+		      msg.u.done.plan.links.uplink_bytes_per_s == 90000000 && msg.u.done.plan.links.rtt_us == 80000,
+	      "done with links and plan: %s", err);
 	check_truncations(buf, (size_t)n, "done");
+	/* The plan flag is 0 or 1: it sits 8 + 8 + 4 bytes after the job. */
+	buf[GG_WIRE_HEADER_BYTES + 1 + strlen("train-7b") + 8 + 8 + 4] = 2;
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "done: has-plan flag 2, must be 0 or 1"),
+	      "done plan flag: %s", err);
 	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 37, 40, 12, "site ap-east is unreachable");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
 		      !strcmp(msg.u.end.job, "train-7b") && msg.u.end.first == 37 && msg.u.end.last == 40 &&
@@ -133,7 +152,7 @@ int main(void)
 		      !strcmp(err, "end: last done step 41 after the last step 40"),
 	      "end order: %s", err);
 	/* Job names from a peer obey the rule ranks' names do. */
-	n = gg_wire_encode_done(buf, sizeof(buf), "", 12);
+	n = gg_wire_encode_done(buf, sizeof(buf), "", 12, NULL, NULL);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "message type 7: empty job name"),
 	      "empty job: %s", err);
@@ -153,7 +172,7 @@ int main(void)
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 3"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 4"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# [allreduce] algorithm = "auto": three sites on loopback choose direct or
+# ring per step from the links they measured, and always the same one.
+#
+# A job's first step goes direct (no plan yet). Once the streams have
+# delivered a second's worth of DATA, the first site's DONE carries a plan
+# from the measured uplink and round trip; on loopback the round trip is
+# tiny, so a large step goes by ring and a one-element step stays direct.
+# Every site logs the same choices at the same steps with the same figures,
+# and every step's result is exact and identical everywhere.
+. "$(dirname "$0")/lib.sh"
+
+K=3
+ALGO=auto
+mesh_start
+mesh_up 15
+
+# The algorithm lines of job $1 at site $2, without the time stamp.
+choices() {
+	grep "event=algorithm job=$1 " "$(site_log "$2")" | sed 's/^ts=[^ ]* //'
+}
+
+run_ok big 1000000 1 40
+first=$(choices big 0)
+log "site-0 chose: $(tr '\n' '|' <<<"$first")"
+grep -q 'step=1 algorithm=direct count=1000000 reason="no links measured yet"' <<<"$first" ||
+	fail "site-0 did not start job big direct, for want of a plan: $first"
+grep -Eq 'algorithm=ring count=1000000 direct_up_to=[0-9]+ uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+$' <<<"$first" ||
+	fail "site-0 never moved job big to ring with the figures behind it: $first"
+for ((i = 1; i < K; i++)); do
+	[ "$(choices big $i)" = "$first" ] || fail "site $i chose differently from site 0: $(choices big $i)"
+done
+
+# A new job starts direct; its steps of one element stay direct.
+run_ok small 1 1 20
+for ((i = 0; i < K; i++)); do
+	[ "$(choices small $i | grep -c .)" = 1 ] || fail "site $i changed job small's algorithm: $(choices small $i)"
+	choices small $i | grep -q 'step=1 algorithm=direct count=1 ' || fail "site $i: $(choices small $i)"
+done
+
+# Sites whose algorithm settings differ do not connect (HELLO).
+mesh_stop
+SITE_ALGO[2]=ring
+mesh_start
+wait_for_since "$(site_log 2)" 'event=peer_mismatch site=site-a reason="peer site-a uses all-reduce algorithm auto, this site uses ring"' 10 ||
+	fail "site 2 with ring did not refuse site-a with auto"
+! wait_for_since "$(site_log 2)" 'event=mesh_up' 0 || fail "site 2 with ring formed a mesh with sites on auto"
+mesh_stop
