@@ -172,7 +172,7 @@ struct lane_job {
  * (raw: the fp32 bytes they carry), and published from its mesh. */
 struct lane_peer_stats {
 	atomic_uint_fast64_t raw_out, raw_in, data_out, data_in;
-	atomic_uint_fast64_t wire_out, wire_in, stream_ups, stream_downs, delivery_bps, delivery_at_us;
+	atomic_uint_fast64_t wire_out, wire_in, stream_ups, stream_downs, delivery_bps;
 };
 
 struct lane_stats {
@@ -206,6 +206,7 @@ struct lane {
 	atomic_bool flushed, idle;
 	/* published by the lane's thread for the coordinator */
 	atomic_uint_fast64_t resent, tls_ns, rtt_us[GG_AR_MAX_SITES], rtt_min_us[GG_AR_MAX_SITES];
+	atomic_uint_fast64_t uplink_bps, uplink_at_us; /* the mesh's share of the uplink */
 	atomic_uint_fast64_t heard_us[GG_AR_MAX_SITES]; /* last receive from each peer */
 	/* Bytes of early frames this lane holds from each peer (written by
 	 * the lane only), and frames it let go past its budget. */
@@ -250,7 +251,8 @@ struct job {
 	uint64_t direct_max;
 	struct gg_wire_plan using, plan, done_plan;
 	enum gg_allreduce_algo algo; /* of the step in progress or the last one */
-	bool algo_told;         /* its choice was logged */
+	uint64_t algo_count;    /* that step's elements */
+	bool algo_told;         /* a choice was logged */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
 	/* The run of steps that failed here last, one after another (nothing
@@ -711,6 +713,15 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	lane_ack(ln, via_lane, via, lj->name, ws->step, id);
 	if (lj->reported && !gg_ar_step_done(lj->ar))
 		return; /* failed already */
+	if (ws->fingerprint != lj->wstep.fingerprint && ws->tensor_id == lj->wstep.tensor_id &&
+	    ws->count == lj->wstep.count && ws->dtype == lj->wstep.dtype) {
+		/* All else alike: the algorithm differs (auto, plans apart). */
+		const bool peer_direct = id->phase == GG_AR_DIRECT;
+		part_fail(lj, GG_ERR_MISMATCH, "step %llu of job '%s': site %s runs it %s, this site %s",
+			  (unsigned long long)lj->wstep.step, lj->name, n->names[from], peer_direct ? "direct" : "by ring",
+			  peer_direct ? "by ring" : "direct");
+		return;
+	}
 	if (ws->fingerprint != lj->wstep.fingerprint) {
 		part_fail(lj, GG_ERR_MISMATCH,
 			  "step %llu of job '%s': site %s announced tensor %u with %llu elements (dtype %u), "
@@ -1257,8 +1268,9 @@ static void publish_mesh_stats(struct lane *ln)
 		publish(&lp->stream_ups, mp->stream_ups);
 		publish(&lp->stream_downs, mp->stream_downs);
 		publish(&lp->delivery_bps, mp->delivery_bytes_per_s);
-		publish(&lp->delivery_at_us, mp->delivery_at_us);
 	}
+	publish(&ln->uplink_bps, ms->uplink_bytes_per_s);
+	publish(&ln->uplink_at_us, ms->uplink_at_us);
 	for (unsigned f = 0; f < GG_MESH_FAILURES; f++)
 		publish(&ln->stats.stream_failures[f], ms->stream_failures[f]);
 	publish_stream_tcp(ln);
@@ -1465,6 +1477,14 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 		 * returning peer hears of, and whose cause this site's END names. */
 		remember_abort(n, j, j->step->seq, status, message);
 		note_failure(n, j->name, j->step->seq, status, message);
+		/* Algorithm auto: where a step failed, some sites may have
+		 * completed it (a site cut off past the deadline) or a site may
+		 * have forgotten the job: their plans may differ. Every site that
+		 * fails a step drops its plan, and a step planned differently
+		 * fails everywhere (a mismatch), so after at most one more failed
+		 * step all go direct until the next completed step plans again. */
+		j->direct_max = UINT64_MAX;
+		j->using = (struct gg_wire_plan){ 0 };
 		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
 		       (unsigned long long)j->step->seq, message);
 	} else {
@@ -1475,7 +1495,6 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 			j->direct_max = j->plan.direct_max;
 			j->using = j->plan;
 		}
-		j->done_plan = j->plan;
 	}
 	j->end_told = 0;
 	post_end(n, j);
@@ -1500,6 +1519,7 @@ static void step_ended(struct gg_node *n, struct job *j)
 		n->step_us_sum += us;
 		j->done_seq = st->seq;
 		j->done_us = j->active_us;
+		j->done_plan = j->plan;
 		j->failed_lo = j->failed_hi = 0; /* every site is past them */
 	}
 	/* done() may submit the job's next step. */
@@ -1635,14 +1655,13 @@ static void maybe_complete(struct gg_node *n, struct job *j)
 
 /* ---- algorithm auto ------------------------------------------------------- */
 
-/* Streams whose delivery rate is older than this before the newest one
- * did not carry the latest steps (in a ring, the peers a site does not
- * send to): they are left out of its uplink. */
+/* A lane whose uplink figure is older than this before the newest one
+ * carried none of the latest steps: it is left out. */
 #define LINK_FRESH_US 2000000u
 
-/* This site's links, for its DONEs: the delivery rates of the streams
- * that carried the latest steps, added up (they share the uplink), and
- * the longest of the shortest recent round trips to a peer. A figure not
+/* This site's links, for its DONEs: the uplink rates of the lanes that
+ * carried the latest steps, added up (they share the uplink), and the
+ * longest of the shortest recent round trips to a peer. A figure not
  * measured again keeps its last value. */
 static void measure_links(struct gg_node *n)
 {
@@ -1650,15 +1669,16 @@ static void measure_links(struct gg_node *n)
 	uint64_t newest = 0, sum = 0, rtt = 0;
 
 	for (unsigned l = 0; l < n->nlanes; l++)
-		for (unsigned p = 0; p < n->sites; p++)
-			newest = GG_MAX(newest, (uint64_t)load(&n->lanes[l].stats.peers[p].delivery_at_us));
+		newest = GG_MAX(newest, (uint64_t)load(&n->lanes[l].uplink_at_us));
+	for (unsigned l = 0; l < n->nlanes; l++) {
+		uint64_t at = load(&n->lanes[l].uplink_at_us);
+		if (at && at + LINK_FRESH_US >= newest)
+			sum += load(&n->lanes[l].uplink_bps);
+	}
 	for (unsigned p = 0; p < n->sites; p++) {
 		uint64_t best = 0;
 		for (unsigned l = 0; l < n->nlanes; l++) {
-			const struct lane_peer_stats *lp = &n->lanes[l].stats.peers[p];
-			uint64_t at = load(&lp->delivery_at_us), r = load(&n->lanes[l].rtt_min_us[p]);
-			if (p != n->self && at && at + LINK_FRESH_US >= newest)
-				sum += load(&lp->delivery_bps);
+			uint64_t r = load(&n->lanes[l].rtt_min_us[p]);
 			if (r && (!best || r < best))
 				best = r;
 		}
@@ -1670,13 +1690,22 @@ static void measure_links(struct gg_node *n)
 		own->rtt_us = (uint32_t)GG_MIN(rtt, (uint64_t)UINT32_MAX);
 }
 
-/* Encoded bytes per element of the codec, zstd aside (what it saves
- * varies; the link model takes the bytes before it). */
+/* Bytes on the wire per element: as the frames sent so far had them
+ * (zstd included, like the uplink figure), else the codec's own. */
 static double elem_bytes(const struct gg_node *n)
 {
 	struct gg_codec_params cp = gg_codec_defaults(n->cfg->compression.codec);
-	uint64_t bytes = 0;
+	uint64_t bytes = 0, raw = 0;
 	const uint64_t elems = 1u << 20;
+
+	for (unsigned l = 0; l < n->nlanes; l++)
+		for (unsigned p = 0; p < n->sites; p++) {
+			bytes += load(&n->lanes[l].stats.peers[p].data_out);
+			raw += load(&n->lanes[l].stats.peers[p].raw_out);
+		}
+	if (raw >= elems * sizeof(float))
+		return (double)bytes * sizeof(float) / (double)raw;
+	bytes = 0;
 
 	cp.block_elems = (uint32_t)n->cfg->compression.block_size;
 	cp.scale = n->cfg->compression.scale;
@@ -1708,37 +1737,42 @@ static void make_plan(struct gg_node *n, struct job *j)
 	};
 }
 
-/* The algorithm of a step of `count` elements of job j, and a log line
- * when it is not the one of the job's step before. */
-static enum gg_allreduce_algo step_algo(struct gg_node *n, struct job *j, uint64_t count)
+/* The algorithm of a step of `count` elements of job j. */
+static enum gg_allreduce_algo step_algo(const struct gg_node *n, const struct job *j, uint64_t count)
 {
-	enum gg_allreduce_algo algo = n->cfg->allreduce.algorithm;
+	if (n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO)
+		return n->cfg->allreduce.algorithm;
+	return count <= j->direct_max ? GG_ALLREDUCE_DIRECT : GG_ALLREDUCE_RING;
+}
 
-	if (algo != GG_ALLREDUCE_AUTO)
-		return algo;
-	algo = count <= j->direct_max ? GG_ALLREDUCE_DIRECT : GG_ALLREDUCE_RING;
-	if (!j->algo_told || algo != j->algo) {
-		const struct gg_wire_links *l = &j->using.links;
-		const double eb = elem_bytes(n), up = (double)l->uplink_bytes_per_s, one_way = l->rtt_us / 2e6;
-		if (!j->using.has_plan)
-			gg_log(GG_LOG_INFO, "algorithm", "job=%s step=%llu algorithm=%s count=%llu reason=\"%s\"", j->name,
-			       (unsigned long long)j->last_seq + 1, gg_allreduce_algo_name(algo),
-			       (unsigned long long)count,
-			       n->sites == 2 ? "two sites: direct moves the same bytes as ring in one round"
-					     : "no links measured yet");
-		else
-			gg_log(GG_LOG_INFO, "algorithm",
-			       "job=%s step=%llu algorithm=%s count=%llu direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
-			       "model_direct_ms=%.3f model_ring_ms=%.3f",
-			       j->name, (unsigned long long)j->last_seq + 1, gg_allreduce_algo_name(algo),
-			       (unsigned long long)count, (unsigned long long)j->direct_max, up * 8 / 1e6,
-			       l->rtt_us / 1e3,
-			       gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, count, eb, up, one_way) * 1e3,
-			       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, count, eb, up, one_way) * 1e3);
-		j->algo_told = true;
-	}
+/* Step st of job j goes by `algo`: logged for the job's first step, and
+ * when a step of the same size as the one before goes otherwise (the
+ * plan changed; steps of sizes either side of the threshold alternating
+ * are no news). */
+static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_step *st, enum gg_allreduce_algo algo)
+{
+	const bool tell = !j->algo_told || (algo != j->algo && st->count == j->algo_count);
+
 	j->algo = algo;
-	return algo;
+	j->algo_count = st->count;
+	if (n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || !tell)
+		return;
+	j->algo_told = true;
+	if (!j->using.has_plan) {
+		gg_log(GG_LOG_INFO, "algorithm", "job=%s step=%llu algorithm=%s count=%llu reason=\"%s\"", j->name,
+		       (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
+		       "no plan yet: the links are measured as steps go direct");
+		return;
+	}
+	const struct gg_wire_links *l = &j->using.links;
+	const double eb = elem_bytes(n), up = (double)l->uplink_bytes_per_s, one_way = l->rtt_us / 2e6;
+	gg_log(GG_LOG_INFO, "algorithm",
+	       "job=%s step=%llu algorithm=%s count=%llu direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
+	       "model_direct_ms=%.3f model_ring_ms=%.3f",
+	       j->name, (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
+	       (unsigned long long)j->direct_max, up * 8 / 1e6, l->rtt_us / 1e3,
+	       gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, st->count, eb, up, one_way) * 1e3,
+	       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, st->count, eb, up, one_way) * 1e3);
 }
 
 static void step_has_result(struct gg_node *n, struct job *j)
@@ -1803,6 +1837,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			return gg_errf(err, err_size, rc, "step %llu of job '%s': %s", (unsigned long long)st->seq,
 				       st->job, fwhy);
 	}
+	note_algo(n, j, st, algo);
 	const uint64_t now = gg_node_loop(n)->now_us;
 	j->step = st;
 	j->has_result = false;
@@ -2000,8 +2035,10 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 {
 	struct job *j = find_job(n, m->u.done.job, false);
 
-	if (m->u.done.links.uplink_bytes_per_s || m->u.done.links.rtt_us)
-		n->links[from] = m->u.done.links;
+	if (m->u.done.links.uplink_bytes_per_s)
+		n->links[from].uplink_bytes_per_s = m->u.done.links.uplink_bytes_per_s;
+	if (m->u.done.links.rtt_us)
+		n->links[from].rtt_us = m->u.done.links.rtt_us;
 
 	/* A DONE for a step not in progress here is stale: this site failed
 	 * or completed it (which needed this DONE, so it was a copy). */
@@ -2395,6 +2432,14 @@ int gg_node_test_send_data(struct gg_node *n, unsigned peer, const char *job, ui
 	int rc = gg_mesh_send_data(n->lanes[0].mesh, peer, &ws, &id, frame);
 	gg_buf_put(frame);
 	return rc;
+}
+
+void gg_node_test_set_plan(struct gg_node *n, const char *job, uint64_t direct_max)
+{
+	struct job *j = find_job(n, job, false);
+
+	if (j)
+		j->direct_max = direct_max;
 }
 
 void gg_node_test_drop_done(struct gg_node *n, unsigned peer)

@@ -211,6 +211,10 @@ void gg_node_test_freeze_at_result(struct gg_node *n);
  * every stream to it broke right after it was queued: the peer hears of it
  * only once a stream to it comes back. */
 void gg_node_test_drop_done(struct gg_node *n, unsigned peer);
+/* Tests: algorithm auto's plan for `job` here becomes "direct up to
+ * direct_max elements", as a site that forgot the job, or completed a
+ * step the others failed, could hold a plan of its own. */
+void gg_node_test_set_plan(struct gg_node *n, const char *job, uint64_t direct_max);
 /* Tests: sends `peer` DATA of `bytes` arbitrary frame bytes for chunk
  * `chunk` of step `step` of `job` (1 float32 element), through lane 0's
  * window, as a peer ahead of this one or one that makes steps up would.

@@ -111,6 +111,7 @@ struct gg_mesh {
 	unsigned sites, self;
 	char names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
 	struct peer peers[GG_AR_MAX_SITES];
+	uint64_t up_since_us, up_busy_us, up_bytes; /* uplink_busy()'s window */
 	struct gg_tls_site accept_sites[GG_AR_MAX_SITES]; /* every peer; those we refuse are denied */
 	int accept_map[GG_AR_MAX_SITES];                  /* accept_sites index -> site */
 	size_t accept_count;
@@ -199,6 +200,28 @@ static void count_wire(struct gg_mesh *m, struct conn *c)
 	c->wire_out_seen = c->ts.wire_out_bytes;
 }
 
+/* The uplink's window, as peer_busy() keeps each peer's: time with DATA
+ * in flight to any peer, and the frame bytes acknowledged meanwhile. */
+static void uplink_busy(struct gg_mesh *m)
+{
+	const uint64_t now = m->loop->now_us;
+	bool busy = false;
+
+	if (m->up_since_us) {
+		m->up_busy_us += now > m->up_since_us ? now - m->up_since_us : 0;
+		m->up_since_us = 0;
+	}
+	if (m->up_busy_us >= RATE_WINDOW_US) {
+		m->stats.uplink_bytes_per_s = m->up_bytes * 1000000u / m->up_busy_us;
+		m->stats.uplink_at_us = now ? now : 1;
+		m->up_busy_us = m->up_bytes = 0;
+	}
+	for (unsigned p = 0; p < m->sites && !busy; p++)
+		busy = m->peers[p].unacked_bytes != 0;
+	if (busy)
+		m->up_since_us = now ? now : 1;
+}
+
 /* Keeps the delivery rate's window: called whenever DATA to peer `p`
  * becomes unacknowledged or acknowledged, and at every tick. Once a
  * window holds RATE_WINDOW_US of time with DATA in flight, the rate is
@@ -214,11 +237,11 @@ static void peer_busy(struct gg_mesh *m, unsigned p)
 	}
 	if (pe->window_busy_us >= RATE_WINDOW_US) {
 		m->stats.peers[p].delivery_bytes_per_s = pe->window_bytes * 1000000u / pe->window_busy_us;
-		m->stats.peers[p].delivery_at_us = now ? now : 1;
 		pe->window_busy_us = pe->window_bytes = 0;
 	}
 	if (pe->unacked_bytes)
 		pe->busy_since_us = now ? now : 1;
+	uplink_busy(m);
 }
 
 /* A heartbeat's round trip to peer `p`: the last one, and the shortest of
@@ -537,6 +560,7 @@ static bool on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *m
 			*pp = o->next;
 			pe->unacked_bytes -= o->head_len + o->frame->len;
 			pe->window_bytes += o->frame->len;
+			m->up_bytes += o->frame->len;
 			m->stats.peers[peer].acked_bytes += o->frame->len;
 			free_out(o);
 			peer_busy(m, peer);

@@ -148,7 +148,6 @@ struct gg_mesh_peer_stats {
 	/* Frame bytes the peer acknowledged per second of time with DATA in
 	 * flight to it, over the last second of such time; 0 until then. */
 	uint64_t delivery_bytes_per_s;
-	uint64_t delivery_at_us; /* when it was last measured (gg_monotonic_us); 0: never */
 };
 
 struct gg_mesh_stats {
@@ -159,6 +158,11 @@ struct gg_mesh_stats {
 	/* The shortest heartbeat round trip per site over the last 10 to 20
 	 * s (0: none yet): queueing behind DATA only ever adds to one. */
 	uint64_t rtt_min_us[GG_AR_MAX_SITES];
+	/* Frame bytes all peers acknowledged per second of time with DATA in
+	 * flight to any of them, over the last second of such time (0 until
+	 * then), and when it was measured (gg_monotonic_us): what this mesh's
+	 * streams get of the site's uplink. */
+	uint64_t uplink_bytes_per_s, uplink_at_us;
 	double tls_s;             /* time in TLS record encryption and decryption */
 	struct gg_mesh_peer_stats peers[GG_AR_MAX_SITES];
 	uint64_t stream_failures[GG_MESH_FAILURES]; /* streams that never came up, by why */

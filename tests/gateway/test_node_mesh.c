@@ -51,6 +51,7 @@ struct scenario {
 			       * site 0's reaches site 2 only once site 1 is back */
 	bool flood;           /* site 1 ignores site 0's budget (its own window is 1 GiB): DATA of steps that never
 			       * come, for one job and for 40 jobs, before the real steps */
+	int plan_split_step;  /* algorithm auto: site K-1's plan goes ring for every size before this step */
 };
 
 struct site {
@@ -222,6 +223,8 @@ static void *run_site(void *arg)
 			gg_node_test_drop_done(node, 1);
 		if ((int)t == sc->restart_step && s->index < 2)
 			gg_node_test_drop_done(node, 2);
+		if ((int)t == sc->plan_split_step && s->index == sc->K - 1)
+			gg_node_test_set_plan(node, "mesh", 0);
 		if (gg_node_submit(node, &st, err, sizeof(err))) {
 			s->status[t - 1] = -EINVAL;
 			snprintf(s->message[t - 1], sizeof(s->message[0]), "%s", err);
@@ -351,13 +354,14 @@ static void run(const struct scenario *sc)
 	static struct site sites[MAX_K];
 	char path[512];
 
-	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
 	       sc->mismatch ? ", mismatched announcement" : "",
 	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "",
 	       sc->done_lost_step ? ", a DONE lost with its streams" : "", sc->end_after_lost ? ", then the job ends" : "",
 	       sc->flood ? ", a peer floods DATA of steps that never come" : "",
-	       sc->restart_step ? ", a site restarts between its DONE messages" : "");
+	       sc->restart_step ? ", a site restarts between its DONE messages" : "",
+	       sc->plan_split_step ? ", a site's plan differs for a step" : "");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -402,6 +406,18 @@ static void run(const struct scenario *sc)
 			printf("  site 0: %s\n", sites[0].message[t]);
 			continue;
 		}
+		if ((int)t + 1 == sc->plan_split_step) {
+			/* Fails everywhere as a mismatch that names both algorithms;
+			 * every site drops its plan, and the next step completes. */
+			for (unsigned k = 0; k < sc->K; k++)
+				CHECK(sites[k].status[t] == GG_ERR_MISMATCH &&
+					      (strstr(sites[k].message[t], "runs it direct, this site by ring") ||
+					       strstr(sites[k].message[t], "runs it by ring, this site direct") ||
+					       strstr(sites[k].message[t], "aborted step")),
+				      "site %u: status %d: %s", k, sites[k].status[t], sites[k].message[t]);
+			printf("  site %u: %s\n", sc->K - 1, sites[sc->K - 1].message[t]);
+			continue;
+		}
 		for (unsigned k = 0; k < sc->K; k++)
 			CHECK(sites[k].status[t] == 0, "site %u step %u: %s", k, t + 1, sites[k].message[t]);
 		const float *r0 = sites[0].results + t * sc->count;
@@ -443,33 +459,35 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false, 0 },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false, 0 },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false, 0 },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false, 0 },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false, 0 },
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false },
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false, 0 },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false, 0 },
 		/* A DONE lost with every stream that carried it comes again. */
-		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false },
-		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false },
+		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false, 0 },
+		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false, 0 },
 		/* ... or its END, once the sender forgot the job, stands for it. */
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false, 0 },
 		/* A peer floods DATA for steps that never come. */
-		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true },
+		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true, 0 },
 		/* A site crashes between its DONE messages, and restarts. */
-		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false },
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false },
+		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0 },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0 },
+		/* algorithm auto, and a site whose plan went astray. */
+		{ 3, "fp32", "auto", 100000, 4, 0, false, false, -1, 0, false, 0, false, 2 },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -478,7 +496,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false, 0 };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);
