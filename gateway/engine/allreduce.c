@@ -699,13 +699,25 @@ double gg_ar_model_seconds(enum gg_allreduce_algo algo, unsigned sites, uint64_t
 
 uint64_t gg_ar_direct_max(unsigned sites, double elem_bytes, double uplink, double one_way)
 {
+	return gg_ar_direct_max_scaled(sites, elem_bytes, uplink, one_way, 1, 1);
+}
+
+uint64_t gg_ar_direct_max_scaled(unsigned sites, double elem_bytes, double uplink, double one_way, double f_direct,
+				 double f_ring)
+{
 	const double K = sites;
 
-	if (sites <= 2)
+	if (sites <= 2 && f_direct <= f_ring)
 		return UINT64_MAX;
 	if (uplink <= 0 || elem_bytes <= 0)
 		return 0;
-	/* direct <= ring  <=>  (K-1)(K-2) E / (K uplink) <= (2K-3) one_way */
-	double max = (2 * K - 3) * K * one_way * uplink / ((K - 1) * (K - 2) * elem_bytes);
+	/* f_d ((K-1) E/U + d) <= f_r (2(K-1) E/(K U) + 2(K-1) d)
+	 * <=>  a E <= b  with  a = (K-1)(f_d - 2 f_r/K)/U,  b = d (2(K-1) f_r - f_d) */
+	const double a = (K - 1) * (f_direct - 2 * f_ring / K) / uplink, b = one_way * (2 * (K - 1) * f_ring - f_direct);
+	if (a <= 0) /* direct's time grows no faster: it wins at every size or, rarely, at large ones only */
+		return b >= 0 ? UINT64_MAX : 0;
+	if (b < 0)
+		return 0;
+	double max = b / a / elem_bytes;
 	return max >= 0x1p63 ? UINT64_MAX : (uint64_t)max;
 }

@@ -151,5 +151,10 @@ double gg_ar_model_seconds(enum gg_allreduce_algo algo, unsigned sites, uint64_t
  * model: UINT64_MAX for 2 sites (both move the same bytes, ring waits
  * twice), 0 when the link's figures are 0. */
 uint64_t gg_ar_direct_max(unsigned sites, double elem_bytes, double uplink, double one_way);
+/* The same with each algorithm's model time multiplied by its factor (what
+ * its steps took over what the model said): 0 when ring is the faster at
+ * every size, UINT64_MAX when direct is. */
+uint64_t gg_ar_direct_max_scaled(unsigned sites, double elem_bytes, double uplink, double one_way, double f_direct,
+				 double f_ring);
 
 #endif

@@ -250,9 +250,14 @@ struct job {
 	 * one done_seq's DONE carries again. */
 	uint64_t direct_max;
 	struct gg_wire_plan using, plan, done_plan;
-	enum gg_allreduce_algo algo; /* of the step in progress or the last one */
-	uint64_t algo_count;    /* that step's elements */
-	bool algo_told;         /* a choice was logged */
+	enum gg_allreduce_algo run_algo; /* of the step in progress or the last one */
+	enum gg_allreduce_algo algo; /* the last one not a probe, and its elements */
+	uint64_t algo_count;
+	/* At the first site: what each algorithm's steps took over what the
+	 * model said (0: none timed yet), and the step it last ran. */
+	double model_factor[2];
+	uint64_t timed_seq[2];
+	bool algo_told, plan_told; /* a choice was logged, one by a plan */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
 	/* The run of steps that failed here last, one after another (nothing
@@ -1464,6 +1469,8 @@ static void post_end(struct gg_node *n, struct job *j)
 
 /* Ends the job's step: the lanes let go of their parts first (a part may
  * still be reading or writing the step's memory), then done is called. */
+static void time_step(struct gg_node *n, struct job *j);
+
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
 {
 	if (!j->step || j->ending)
@@ -1485,10 +1492,12 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 		 * step all go direct until the next completed step plans again. */
 		j->direct_max = UINT64_MAX;
 		j->using = (struct gg_wire_plan){ 0 };
+		j->plan_told = false;
 		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
 		       (unsigned long long)j->step->seq, message);
 	} else {
 		n->stats.steps_done++;
+		time_step(n, j);
 		/* The plan for the steps after this one: every site that
 		 * completes the step heard the first site's DONE. */
 		if (j->plan.has_plan) {
@@ -1714,27 +1723,88 @@ static double elem_bytes(const struct gg_node *n)
 	return (double)bytes / (double)elems;
 }
 
-/* At the first site: the plan its DONE of j's step carries, from the
- * slowest uplink and the longest round trip any site reported. */
-static void make_plan(struct gg_node *n, struct job *j)
-{
-	struct gg_wire_links worst = { 0 };
+/* A step of the algorithm not chosen for a job's size runs every this many
+ * steps (at 3 sites or more), to time it again: the links change. */
+#define PROBE_EVERY 32u
+/* Steps the model gives less time than this are set by what the model
+ * leaves out (a step's fixed costs): they neither time an algorithm nor
+ * probe one. */
+#define MODEL_MIN_S 0.005
+/* A job keeps its algorithm for a size unless the other is predicted this
+ * much faster: times that close swap places with every measurement. */
+#define SWITCH_GAIN 0.05
 
+/* The slowest uplink and the longest round trip any site reported; false
+ * while either is unknown. */
+static bool worst_links(const struct gg_node *n, struct gg_wire_links *worst)
+{
+	*worst = (struct gg_wire_links){ 0 };
 	for (unsigned s = 0; s < n->sites; s++) {
 		const struct gg_wire_links *l = &n->links[s];
 		if (l->uplink_bytes_per_s &&
-		    (!worst.uplink_bytes_per_s || l->uplink_bytes_per_s < worst.uplink_bytes_per_s))
-			worst.uplink_bytes_per_s = l->uplink_bytes_per_s;
-		worst.rtt_us = GG_MAX(worst.rtt_us, l->rtt_us);
+		    (!worst->uplink_bytes_per_s || l->uplink_bytes_per_s < worst->uplink_bytes_per_s))
+			worst->uplink_bytes_per_s = l->uplink_bytes_per_s;
+		worst->rtt_us = GG_MAX(worst->rtt_us, l->rtt_us);
 	}
-	if (n->sites > 2 && (!worst.uplink_bytes_per_s || !worst.rtt_us))
+	return worst->uplink_bytes_per_s && worst->rtt_us;
+}
+
+/* At the first site, once j's step completed: how long it took against
+ * what the model says for its algorithm, blended into that algorithm's
+ * factor. What the model leaves out (losses when a site sends to all its
+ * peers at once, the CPU, ring's pipelining) shows in the factors. */
+static void time_step(struct gg_node *n, struct job *j)
+{
+	struct gg_wire_links w;
+	const enum gg_allreduce_algo a = j->run_algo;
+
+	if (n->self != 0 || n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || n->sites <= 2 || !worst_links(n, &w))
+		return;
+	double model = gg_ar_model_seconds(a, n->sites, j->wstep.count, elem_bytes(n), (double)w.uplink_bytes_per_s,
+					   w.rtt_us / 2e6);
+	uint64_t now = gg_node_loop(n)->now_us;
+	if (model < MODEL_MIN_S || now <= j->submit_us)
+		return;
+	double f = (double)(now - j->submit_us) / 1e6 / model;
+	j->model_factor[a] = j->model_factor[a] ? 0.7 * j->model_factor[a] + 0.3 * f : f;
+	j->timed_seq[a] = j->step->seq;
+}
+
+/* At the first site: the plan its DONE of j's step carries, from the
+ * slowest uplink and the longest round trip any site reported, each
+ * algorithm's model time scaled by its factor. Now and then the plan is a
+ * probe: one step of the algorithm not chosen for the step's size. */
+static void make_plan(struct gg_node *n, struct job *j)
+{
+	struct gg_wire_links worst;
+
+	if (!worst_links(n, &worst) && n->sites > 2)
 		return; /* not measured yet: the plan stays */
+	const double fd = j->model_factor[GG_ALLREDUCE_DIRECT] ? j->model_factor[GG_ALLREDUCE_DIRECT] : 1;
+	const double fr = j->model_factor[GG_ALLREDUCE_RING] ? j->model_factor[GG_ALLREDUCE_RING] : 1;
+	const double eb = elem_bytes(n), up = (double)worst.uplink_bytes_per_s, one_way = worst.rtt_us / 2e6;
+	const uint64_t count = j->wstep.count, seq = j->step->seq;
 	j->plan = (struct gg_wire_plan){
 		.has_plan = true,
-		.direct_max = gg_ar_direct_max(n->sites, elem_bytes(n), (double)worst.uplink_bytes_per_s,
-					       worst.rtt_us / 2e6),
+		.direct_max = gg_ar_direct_max_scaled(n->sites, eb, up, one_way, fd, fr),
 		.links = worst,
 	};
+	if (n->sites <= 2)
+		return;
+	/* The size of this step keeps its algorithm unless the other gains. */
+	const double td = fd * gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, count, eb, up, one_way);
+	const double tr = fr * gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, count, eb, up, one_way);
+	if (j->using.has_plan && j->algo_count == count) {
+		if (j->algo == GG_ALLREDUCE_DIRECT && tr > td * (1 - SWITCH_GAIN))
+			j->plan.direct_max = GG_MAX(j->plan.direct_max, count);
+		else if (j->algo == GG_ALLREDUCE_RING && td > tr * (1 - SWITCH_GAIN))
+			j->plan.direct_max = GG_MIN(j->plan.direct_max, count - 1);
+	}
+	const enum gg_allreduce_algo other = count <= j->plan.direct_max ? GG_ALLREDUCE_RING : GG_ALLREDUCE_DIRECT;
+	if (GG_MIN(td, tr) >= MODEL_MIN_S && (!j->timed_seq[other] || seq >= j->timed_seq[other] + PROBE_EVERY)) {
+		j->plan.direct_max = other == GG_ALLREDUCE_DIRECT ? count : count - 1;
+		j->plan.probe = true;
+	}
 }
 
 /* The algorithm of a step of `count` elements of job j. */
@@ -1745,19 +1815,24 @@ static enum gg_allreduce_algo step_algo(const struct gg_node *n, const struct jo
 	return count <= j->direct_max ? GG_ALLREDUCE_DIRECT : GG_ALLREDUCE_RING;
 }
 
-/* Step st of job j goes by `algo`: logged for the job's first step, and
- * when a step of the same size as the one before goes otherwise (the
- * plan changed; steps of sizes either side of the threshold alternating
- * are no news). */
+/* Step st of job j goes by `algo`: logged for the job's first step, its
+ * first step by a plan, and when a step of the same size as the one
+ * before goes otherwise (the plan changed; steps of sizes either side of
+ * the threshold alternating are no news, nor a probe). */
 static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_step *st, enum gg_allreduce_algo algo)
 {
-	const bool tell = !j->algo_told || (algo != j->algo && st->count == j->algo_count);
+	const bool tell = !j->algo_told || (j->using.has_plan && !j->plan_told) ||
+			  (algo != j->algo && st->count == j->algo_count);
 
+	j->run_algo = algo;
+	if (n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || j->using.probe)
+		return; /* a probe is no news, nor the step after it going back */
 	j->algo = algo;
 	j->algo_count = st->count;
-	if (n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || !tell)
+	if (!tell)
 		return;
 	j->algo_told = true;
+	j->plan_told = j->using.has_plan;
 	if (!j->using.has_plan) {
 		gg_log(GG_LOG_INFO, "algorithm", "job=%s step=%llu algorithm=%s count=%llu reason=\"%s\"", j->name,
 		       (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,

@@ -214,7 +214,7 @@ ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t 
 		put_str(&w, job);
 		put_le(&w, step, 8);
 		put_links(&w, links);
-		put_u8(&w, has_plan);
+		put_u8(&w, (uint8_t)(has_plan | (has_plan && plan->probe) << 1));
 		put_le(&w, has_plan ? plan->direct_max : 0, 8);
 		put_links(&w, has_plan ? &plan->links : NULL);
 	});
@@ -369,14 +369,15 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		msg->u.done.step = get_le(&r, 8, "step");
 		msg->u.done.links.uplink_bytes_per_s = get_le(&r, 8, "uplink rate");
 		msg->u.done.links.rtt_us = (uint32_t)get_le(&r, 4, "round trip");
-		uint64_t has_plan = get_le(&r, 1, "has plan");
-		msg->u.done.plan.has_plan = has_plan == 1;
+		uint64_t flags = get_le(&r, 1, "plan flags");
+		msg->u.done.plan.has_plan = flags & 1;
+		msg->u.done.plan.probe = flags >> 1 & 1;
 		msg->u.done.plan.direct_max = get_le(&r, 8, "direct up to");
 		msg->u.done.plan.links.uplink_bytes_per_s = get_le(&r, 8, "plan's uplink rate");
 		msg->u.done.plan.links.rtt_us = (uint32_t)get_le(&r, 4, "plan's round trip");
-		if (!r.field && has_plan > 1)
-			return gg_errf(err, err_size, -EBADMSG, "done: has-plan flag %llu, must be 0 or 1",
-				       (unsigned long long)has_plan);
+		if (!r.field && (flags > 3 || flags == 2))
+			return gg_errf(err, err_size, -EBADMSG, "done: plan flags 0x%02llx (bit 0 plan, bit 1 probe)",
+				       (unsigned long long)flags);
 		break;
 	case GG_WIRE_END:
 		if (decode_steps(&r, &msg->u.end, "end", "last done step", "last step", err, err_size))

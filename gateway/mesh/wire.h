@@ -33,8 +33,10 @@
  *           sender's links and, from the first site under algorithm auto,
  *           the plan for the job's next steps (struct gg_wire_plan):
  *           u64 uplink bytes/s, u32 round trip us (0: not measured yet),
- *           u8 has plan, u64 direct up to this many elements, u64 uplink
- *           bytes/s and u32 round trip us the plan was made with
+ *           u8 plan flags (bit 0: has a plan, bit 1: the next step is a
+ *           probe of the other algorithm), u64 direct up to this many
+ *           elements, u64 uplink bytes/s and u32 round trip us the plan
+ *           was made with
  *   END     str job, u64 last done step (0: none), u64 last step (>= last
  *           done), u8 code, str reason (the job is over at the sender: its
  *           ranks there are gone after the last step; the steps after the
@@ -133,6 +135,7 @@ struct gg_wire_links {
  * larger one by ring; `links` are the figures the choice was made from. */
 struct gg_wire_plan {
 	bool has_plan;
+	bool probe; /* the plan tries the algorithm not chosen, to time it */
 	uint64_t direct_max;
 	struct gg_wire_links links;
 };

@@ -136,11 +136,20 @@ int main(void)
 		      msg.u.done.plan.links.uplink_bytes_per_s == 90000000 && msg.u.done.plan.links.rtt_us == 80000,
 	      "done with links and plan: %s", err);
 	check_truncations(buf, (size_t)n, "done");
-	/* The plan flag is 0 or 1: it sits 8 + 8 + 4 bytes after the job. */
-	buf[GG_WIRE_HEADER_BYTES + 1 + strlen("train-7b") + 8 + 8 + 4] = 2;
+	/* The plan flags sit 8 + 8 + 4 bytes after the job: a probe needs a
+	 * plan, other bits are refused. */
+	const size_t flags_at = GG_WIRE_HEADER_BYTES + 1 + strlen("train-7b") + 8 + 8 + 4;
+	buf[flags_at] = 3;
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.plan.has_plan && msg.u.done.plan.probe,
+	      "done plan probe: %s", err);
+	buf[flags_at] = 2;
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "done: has-plan flag 2, must be 0 or 1"),
-	      "done plan flag: %s", err);
+		      !strcmp(err, "done: plan flags 0x02 (bit 0 plan, bit 1 probe)"),
+	      "done plan flags 2: %s", err);
+	buf[flags_at] = 5;
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "done: plan flags 0x05 (bit 0 plan, bit 1 probe)"),
+	      "done plan flags 5: %s", err);
 	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 37, 40, 12, "site ap-east is unreachable");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
 		      !strcmp(msg.u.end.job, "train-7b") && msg.u.end.first == 37 && msg.u.end.last == 40 &&
