@@ -257,6 +257,7 @@ struct job {
 	 * model said (0: none timed yet), and the step it last ran. */
 	double model_factor[2];
 	uint64_t timed_seq[2];
+	unsigned timed_n[2];    /* steps timed (counted up to PROBE_FIRST) */
 	bool algo_told, plan_told; /* a choice was logged, one by a plan */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
@@ -1726,6 +1727,10 @@ static double elem_bytes(const struct gg_node *n)
 /* A step of the algorithm not chosen for a job's size runs every this many
  * steps (at 3 sites or more), to time it again: the links change. */
 #define PROBE_EVERY 32u
+/* An algorithm is timed this many steps in a row before its factor is
+ * trusted (the first step of one that did not run lately meets streams
+ * whose congestion windows went cold), and its factor is their mean. */
+#define PROBE_FIRST 2u
 /* Steps the model gives less time than this are set by what the model
  * leaves out (a step's fixed costs): they neither time an algorithm nor
  * probe one. */
@@ -1766,7 +1771,9 @@ static void time_step(struct gg_node *n, struct job *j)
 	if (model < MODEL_MIN_S || now <= j->submit_us)
 		return;
 	double f = (double)(now - j->submit_us) / 1e6 / model;
-	j->model_factor[a] = j->model_factor[a] ? 0.7 * j->model_factor[a] + 0.3 * f : f;
+	unsigned k = j->timed_n[a];
+	j->model_factor[a] = k < PROBE_FIRST ? (j->model_factor[a] * k + f) / (k + 1) : 0.7 * j->model_factor[a] + 0.3 * f;
+	j->timed_n[a] = GG_MIN(k + 1, PROBE_FIRST);
 	j->timed_seq[a] = j->step->seq;
 }
 
@@ -1801,7 +1808,8 @@ static void make_plan(struct gg_node *n, struct job *j)
 			j->plan.direct_max = GG_MIN(j->plan.direct_max, count - 1);
 	}
 	const enum gg_allreduce_algo other = count <= j->plan.direct_max ? GG_ALLREDUCE_RING : GG_ALLREDUCE_DIRECT;
-	if (GG_MIN(td, tr) >= MODEL_MIN_S && (!j->timed_seq[other] || seq >= j->timed_seq[other] + PROBE_EVERY)) {
+	if (GG_MIN(td, tr) >= MODEL_MIN_S &&
+	    (j->timed_n[other] < PROBE_FIRST || seq >= j->timed_seq[other] + PROBE_EVERY)) {
 		j->plan.direct_max = other == GG_ALLREDUCE_DIRECT ? count : count - 1;
 		j->plan.probe = true;
 	}
