@@ -21,6 +21,7 @@
 #include "units.h"
 
 #define MAX_JOBS 32
+#define TIMED_KEPT 4 /* algorithm auto: the latest steps of each algorithm timed */
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
 #define TICK_US 100000       /* lanes look at their timers at least this often */
@@ -255,9 +256,9 @@ struct job {
 	uint64_t algo_count;
 	/* At the first site: what each algorithm's steps took over what the
 	 * model said (0: none timed yet), and the step it last ran. */
-	double model_factor[2];
+	double timed[2][TIMED_KEPT]; /* the latest, oldest first */
 	uint64_t timed_seq[2];
-	unsigned timed_n[2];    /* steps timed (counted up to PROBE_FIRST) */
+	unsigned timed_n[2];    /* steps timed, up to TIMED_KEPT */
 	bool algo_told, plan_told; /* a choice was logged, one by a plan */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
@@ -1728,8 +1729,8 @@ static double elem_bytes(const struct gg_node *n)
  * steps (at 3 sites or more), to time it again: the links change. */
 #define PROBE_EVERY 32u
 /* An algorithm is timed this many steps in a row before its factor is
- * trusted (the first step of one that did not run lately meets streams
- * whose congestion windows went cold), and its factor is their mean. */
+ * trusted: the first step of one that did not run lately meets streams
+ * whose congestion windows went cold. */
 #define PROBE_FIRST 2u
 /* Steps the model gives less time than this are set by what the model
  * leaves out (a step's fixed costs): they neither time an algorithm nor
@@ -1755,9 +1756,21 @@ static bool worst_links(const struct gg_node *n, struct gg_wire_links *worst)
 }
 
 /* At the first site, once j's step completed: how long it took against
- * what the model says for its algorithm, blended into that algorithm's
- * factor. What the model leaves out (losses when a site sends to all its
- * peers at once, the CPU, ring's pipelining) shows in the factors. */
+ * what the model says for its algorithm, kept with the latest of that
+ * algorithm; its factor is the least of them (a slow step is slowed by
+ * something, a fast one not). What the model leaves out (losses when a
+ * site sends to all its peers at once, the CPU, ring's pipelining) shows
+ * in the factors. */
+static double model_factor(const struct job *j, enum gg_allreduce_algo a)
+{
+	double f = 0;
+
+	for (unsigned i = 0; i < j->timed_n[a]; i++)
+		if (!f || j->timed[a][i] < f)
+			f = j->timed[a][i];
+	return f ? f : 1;
+}
+
 static void time_step(struct gg_node *n, struct job *j)
 {
 	struct gg_wire_links w;
@@ -1770,10 +1783,11 @@ static void time_step(struct gg_node *n, struct job *j)
 	uint64_t now = gg_node_loop(n)->now_us;
 	if (model < MODEL_MIN_S || now <= j->submit_us)
 		return;
-	double f = (double)(now - j->submit_us) / 1e6 / model;
-	unsigned k = j->timed_n[a];
-	j->model_factor[a] = k < PROBE_FIRST ? (j->model_factor[a] * k + f) / (k + 1) : 0.7 * j->model_factor[a] + 0.3 * f;
-	j->timed_n[a] = GG_MIN(k + 1, PROBE_FIRST);
+	if (j->timed_n[a] == TIMED_KEPT)
+		memmove(j->timed[a], j->timed[a] + 1, (TIMED_KEPT - 1) * sizeof(double));
+	else
+		j->timed_n[a]++;
+	j->timed[a][j->timed_n[a] - 1] = (double)(now - j->submit_us) / 1e6 / model;
 	j->timed_seq[a] = j->step->seq;
 }
 
@@ -1787,8 +1801,7 @@ static void make_plan(struct gg_node *n, struct job *j)
 
 	if (!worst_links(n, &worst) && n->sites > 2)
 		return; /* not measured yet: the plan stays */
-	const double fd = j->model_factor[GG_ALLREDUCE_DIRECT] ? j->model_factor[GG_ALLREDUCE_DIRECT] : 1;
-	const double fr = j->model_factor[GG_ALLREDUCE_RING] ? j->model_factor[GG_ALLREDUCE_RING] : 1;
+	const double fd = model_factor(j, GG_ALLREDUCE_DIRECT), fr = model_factor(j, GG_ALLREDUCE_RING);
 	const double eb = elem_bytes(n), up = (double)worst.uplink_bytes_per_s, one_way = worst.rtt_us / 2e6;
 	const uint64_t count = j->wstep.count, seq = j->step->seq;
 	j->plan = (struct gg_wire_plan){

@@ -211,7 +211,8 @@ static void uplink_busy(struct gg_mesh *m)
 		m->up_busy_us += now > m->up_since_us ? now - m->up_since_us : 0;
 		m->up_since_us = 0;
 	}
-	if (m->up_busy_us >= RATE_WINDOW_US) {
+	/* The first figure comes sooner: algorithm auto waits for it. */
+	if (m->up_busy_us >= (m->stats.uplink_at_us ? RATE_WINDOW_US : RATE_WINDOW_US / 4)) {
 		m->stats.uplink_bytes_per_s = m->up_bytes * 1000000u / m->up_busy_us;
 		m->stats.uplink_at_us = now ? now : 1;
 		m->up_busy_us = m->up_bytes = 0;
