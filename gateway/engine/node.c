@@ -242,14 +242,13 @@ struct job {
 		int code;
 		char reason[GG_NODE_ERROR_MAX];
 	} aborted[ABORTS_KEPT];
-	/* Algorithm auto: a step of at most direct_max elements goes direct,
-	 * a larger one by ring, as the first site's DONE of the last step
-	 * completed here planned (`using`; direct for all until one did). A
+	/* Algorithm auto: a step of at most using.direct_max elements goes
+	 * direct, a larger one by ring, as the first site's DONE of the last
+	 * step completed here planned (`using`; direct for all until one did). A
 	 * step completes everywhere or nowhere, so every site has the same
 	 * plan for every step. `plan`: the one the step in progress brought
 	 * (made here at the first site, else from its DONE); `done_plan`: the
 	 * one done_seq's DONE carries again. */
-	uint64_t direct_max;
 	struct gg_wire_plan using, plan, done_plan;
 	enum gg_allreduce_algo run_algo; /* of the step in progress or the last one */
 	enum gg_allreduce_algo algo; /* the last one not a probe, and its elements */
@@ -466,12 +465,13 @@ static bool early_only_from(const struct lane_job *lj, unsigned from)
 	return true;
 }
 
-/* The entry of job `name`, or with `create` a new one for it. `from` is the
- * peer whose DATA asks for it, or -1 for a step that starts here. */
 /* lane_job_find()'s `from` for an entry that takes only a free or idle
  * slot, never one holding early frames. */
 #define LANE_JOB_NO_EVICT (-2)
 
+/* The entry of job `name`, or with `create` a new one for it. `from` is the
+ * peer whose DATA asks for it, -1 for a step that starts here, or
+ * LANE_JOB_NO_EVICT. */
 static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create, int from)
 {
 	struct lane_job *free_slot = NULL;
@@ -1492,7 +1492,6 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 		 * fails a step drops its plan, and a step planned differently
 		 * fails everywhere (a mismatch), so after at most one more failed
 		 * step all go direct until the next completed step plans again. */
-		j->direct_max = UINT64_MAX;
 		j->using = (struct gg_wire_plan){ 0 };
 		j->plan_told = false;
 		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
@@ -1502,10 +1501,8 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 		time_step(n, j);
 		/* The plan for the steps after this one: every site that
 		 * completes the step heard the first site's DONE. */
-		if (j->plan.has_plan) {
-			j->direct_max = j->plan.direct_max;
+		if (j->plan.has_plan)
 			j->using = j->plan;
-		}
 	}
 	j->end_told = 0;
 	post_end(n, j);
@@ -1597,7 +1594,6 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	memset(free_slot, 0, sizeof(*free_slot));
 	free_slot->active_us = gg_node_loop(n)->now_us;
 	free_slot->used = true;
-	free_slot->direct_max = UINT64_MAX;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
 	return free_slot;
 }
@@ -1716,8 +1712,6 @@ static double elem_bytes(const struct gg_node *n)
 		}
 	if (raw >= elems * sizeof(float))
 		return (double)bytes * sizeof(float) / (double)raw;
-	bytes = 0;
-
 	cp.block_elems = (uint32_t)n->cfg->compression.block_size;
 	cp.scale = n->cfg->compression.scale;
 	if (gg_codec_encoded_bytes(&cp, elems, &bytes))
@@ -1833,7 +1827,7 @@ static enum gg_allreduce_algo step_algo(const struct gg_node *n, const struct jo
 {
 	if (n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO)
 		return n->cfg->allreduce.algorithm;
-	return count <= j->direct_max ? GG_ALLREDUCE_DIRECT : GG_ALLREDUCE_RING;
+	return !j->using.has_plan || count <= j->using.direct_max ? GG_ALLREDUCE_DIRECT : GG_ALLREDUCE_RING;
 }
 
 /* Step st of job j goes by `algo`: logged for the job's first step, its
@@ -1866,7 +1860,7 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 	       "job=%s step=%llu algorithm=%s count=%llu direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
 	       "model_direct_ms=%.3f model_ring_ms=%.3f",
 	       j->name, (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
-	       (unsigned long long)j->direct_max, up * 8 / 1e6, l->rtt_us / 1e3,
+	       (unsigned long long)j->using.direct_max, up * 8 / 1e6, l->rtt_us / 1e3,
 	       gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, st->count, eb, up, one_way) * 1e3,
 	       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, st->count, eb, up, one_way) * 1e3);
 }
@@ -1878,9 +1872,11 @@ static void step_has_result(struct gg_node *n, struct job *j)
 	if (!j->has_result) {
 		j->has_result = true;
 		j->has_result_us = gg_node_loop(n)->now_us;
-		measure_links(n);
-		if (n->self == 0 && n->cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO)
-			make_plan(n, j);
+		if (n->cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO) {
+			measure_links(n);
+			if (n->self == 0)
+				make_plan(n, j);
+		}
 		if (n->test_drop_done) {
 			for (unsigned p = 0; p < n->sites; p++)
 				if (p != n->self && p + 1 != n->test_drop_done)
@@ -2535,7 +2531,7 @@ void gg_node_test_set_plan(struct gg_node *n, const char *job, uint64_t direct_m
 	struct job *j = find_job(n, job, false);
 
 	if (j)
-		j->direct_max = direct_max;
+		j->using = (struct gg_wire_plan){ .has_plan = true, .direct_max = direct_max };
 }
 
 void gg_node_test_drop_done(struct gg_node *n, unsigned peer)

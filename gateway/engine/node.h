@@ -212,7 +212,7 @@ void gg_node_test_freeze_at_result(struct gg_node *n);
  * only once a stream to it comes back. */
 void gg_node_test_drop_done(struct gg_node *n, unsigned peer);
 /* Tests: algorithm auto's plan for `job` here becomes "direct up to
- * direct_max elements", as a site that forgot the job, or completed a
+ * direct_max elements" (the job must exist here), as a site that forgot the job, or completed a
  * step the others failed, could hold a plan of its own. */
 void gg_node_test_set_plan(struct gg_node *n, const char *job, uint64_t direct_max);
 /* Tests: sends `peer` DATA of `bytes` arbitrary frame bytes for chunk

@@ -476,11 +476,17 @@ static void op_steps_message(struct run *r, struct script *s, enum node_op op)
 	ssize_t len;
 
 	if (op == NODE_DONE) {
-		/* A plan from whichever site, for whichever size. */
-		struct gg_wire_links links = { .uplink_bytes_per_s = (uint64_t)script_u8(s) << 20,
-					       .rtt_us = (uint32_t)script_u8(s) << 10 };
-		struct gg_wire_plan plan = { .has_plan = script_u8(s) & 1, .direct_max = (uint64_t)script_u8(s) << 12,
-					     .links = links };
+		/* A plan from whichever site, for whichever size; the script's
+		 * bytes read one statement at a time, in a fixed order. */
+		struct gg_wire_links links = { 0 };
+		struct gg_wire_plan plan = { 0 };
+		links.uplink_bytes_per_s = (uint64_t)script_u8(s) << 20;
+		links.rtt_us = (uint32_t)script_u8(s) << 10;
+		uint8_t flags = script_u8(s);
+		plan.has_plan = flags & 1;
+		plan.probe = flags >> 1 & 1;
+		plan.direct_max = (uint64_t)script_u8(s) << 12;
+		plan.links = links;
 		len = gg_wire_encode_done(buf, sizeof(buf), job_names[job], seq, &links, &plan);
 	} else {
 		uint64_t last = seq + script_u8(s);

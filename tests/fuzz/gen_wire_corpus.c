@@ -42,8 +42,9 @@ int main(int argc, char **argv)
 		put(argv[1], "ping", buf, (size_t)n);
 	if ((n = gg_wire_encode_abort(buf, sizeof(buf), "train", 3, 3, 11, "site site-b: rank 1 left")) > 0)
 		put(argv[1], "abort", buf, (size_t)n);
-	if ((n = gg_wire_encode_done(buf, sizeof(buf), "train", 3, &(struct gg_wire_links){ 125000000, 20000 },
-				       &(struct gg_wire_plan){ true, 4194304, { 110000000, 40000 } })) > 0)
+	if ((n = gg_wire_encode_done(buf, sizeof(buf), "train", 3, &(struct gg_wire_links){ .uplink_bytes_per_s = 125000000, .rtt_us = 20000 },
+				       &(struct gg_wire_plan){ .has_plan = true, .direct_max = 4194304,
+							       .links = { .uplink_bytes_per_s = 110000000, .rtt_us = 40000 } })) > 0)
 		put(argv[1], "done", buf, (size_t)n);
 	if ((n = gg_wire_encode_end(buf, sizeof(buf), "train", 3, 5, 12, "site site-c is unreachable")) > 0)
 		put(argv[1], "end", buf, (size_t)n);
