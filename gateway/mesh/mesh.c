@@ -79,6 +79,12 @@ struct warn_limit {
 	unsigned held; /* left out since the last line */
 };
 
+/* Bytes acknowledged over time with DATA in flight (rate_window_turn()). */
+struct rate_window {
+	uint64_t since_us; /* 0: nothing in flight */
+	uint64_t busy_us, bytes;
+};
+
 struct peer {
 	int conn[GG_MESH_MAX_STREAMS]; /* per stream number: conn index or -1 */
 	/* Per stream number: a dial of ours still being set up while conn[]
@@ -93,8 +99,7 @@ struct peer {
 	struct out *waiting;           /* DATA held back by the in-flight bound */
 	/* The delivery rate's window: time with DATA unacknowledged, and the
 	 * frame bytes acknowledged meanwhile. */
-	uint64_t busy_since_us;        /* 0: nothing in flight */
-	uint64_t window_busy_us, window_bytes;
+	struct rate_window delivery;
 	/* The shortest round trip of the current window and the one before. */
 	uint64_t rtt_window_us, rtt_min_now, rtt_min_before;
 	struct gg_tls_site tls_site;
@@ -111,7 +116,7 @@ struct gg_mesh {
 	unsigned sites, self;
 	char names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
 	struct peer peers[GG_AR_MAX_SITES];
-	uint64_t up_since_us, up_busy_us, up_bytes; /* uplink_busy()'s window */
+	struct rate_window uplink; /* over all peers: time with DATA in flight to any */
 	struct gg_tls_site accept_sites[GG_AR_MAX_SITES]; /* every peer; those we refuse are denied */
 	int accept_map[GG_AR_MAX_SITES];                  /* accept_sites index -> site */
 	size_t accept_count;
@@ -200,49 +205,44 @@ static void count_wire(struct gg_mesh *m, struct conn *c)
 	c->wire_out_seen = c->ts.wire_out_bytes;
 }
 
-/* The uplink's window, as peer_busy() keeps each peer's: time with DATA
- * in flight to any peer, and the frame bytes acknowledged meanwhile. */
-static void uplink_busy(struct gg_mesh *m)
+/* Closes the time the window was busy up to `now` and opens it again if
+ * `busy`. Once it holds `span_us` of busy time, *rate gets the bytes
+ * acknowledged per second of it, a new window starts, and it returns
+ * true. */
+static bool rate_window_turn(struct rate_window *w, uint64_t now, bool busy, uint64_t span_us, uint64_t *rate)
 {
-	const uint64_t now = m->loop->now_us;
-	bool busy = false;
+	bool measured = false;
 
-	if (m->up_since_us) {
-		m->up_busy_us += now > m->up_since_us ? now - m->up_since_us : 0;
-		m->up_since_us = 0;
+	if (w->since_us) {
+		w->busy_us += now > w->since_us ? now - w->since_us : 0;
+		w->since_us = 0;
 	}
-	/* The first figure comes sooner: algorithm auto waits for it. */
-	if (m->up_busy_us >= (m->stats.uplink_at_us ? RATE_WINDOW_US : RATE_WINDOW_US / 4)) {
-		m->stats.uplink_bytes_per_s = m->up_bytes * 1000000u / m->up_busy_us;
-		m->stats.uplink_at_us = now ? now : 1;
-		m->up_busy_us = m->up_bytes = 0;
+	if (w->busy_us >= span_us) {
+		*rate = w->bytes * 1000000u / w->busy_us;
+		w->busy_us = w->bytes = 0;
+		measured = true;
 	}
-	for (unsigned p = 0; p < m->sites && !busy; p++)
-		busy = m->peers[p].unacked_bytes != 0;
 	if (busy)
-		m->up_since_us = now ? now : 1;
+		w->since_us = now ? now : 1;
+	return measured;
 }
 
-/* Keeps the delivery rate's window: called whenever DATA to peer `p`
- * becomes unacknowledged or acknowledged, and at every tick. Once a
- * window holds RATE_WINDOW_US of time with DATA in flight, the rate is
- * what it delivered in that time, and a new window starts. */
+/* Keeps the delivery rate's window of peer `p`, and the uplink's over all
+ * peers: called whenever DATA to `p` becomes unacknowledged or
+ * acknowledged, and at every tick. The uplink's first figure comes after
+ * a quarter of the span: algorithm auto waits for it. */
 static void peer_busy(struct gg_mesh *m, unsigned p)
 {
-	struct peer *pe = &m->peers[p];
 	const uint64_t now = m->loop->now_us;
+	bool any = false;
 
-	if (pe->busy_since_us) {
-		pe->window_busy_us += now > pe->busy_since_us ? now - pe->busy_since_us : 0;
-		pe->busy_since_us = 0;
-	}
-	if (pe->window_busy_us >= RATE_WINDOW_US) {
-		m->stats.peers[p].delivery_bytes_per_s = pe->window_bytes * 1000000u / pe->window_busy_us;
-		pe->window_busy_us = pe->window_bytes = 0;
-	}
-	if (pe->unacked_bytes)
-		pe->busy_since_us = now ? now : 1;
-	uplink_busy(m);
+	rate_window_turn(&m->peers[p].delivery, now, m->peers[p].unacked_bytes != 0, RATE_WINDOW_US,
+			 &m->stats.peers[p].delivery_bytes_per_s);
+	for (unsigned q = 0; q < m->sites && !any; q++)
+		any = m->peers[q].unacked_bytes != 0;
+	if (rate_window_turn(&m->uplink, now, any, m->stats.uplink_at_us ? RATE_WINDOW_US : RATE_WINDOW_US / 4,
+			     &m->stats.uplink_bytes_per_s))
+		m->stats.uplink_at_us = now ? now : 1;
 }
 
 /* A heartbeat's round trip to peer `p`: the last one, and the shortest of
@@ -560,8 +560,8 @@ static bool on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *m
 		if (o->seq == msg->u.ack.step && same_chunk(&o->id, &msg->u.ack.id) && !strcmp(o->job, msg->u.ack.job)) {
 			*pp = o->next;
 			pe->unacked_bytes -= o->head_len + o->frame->len;
-			pe->window_bytes += o->frame->len;
-			m->up_bytes += o->frame->len;
+			pe->delivery.bytes += o->frame->len;
+			m->uplink.bytes += o->frame->len;
 			m->stats.peers[peer].acked_bytes += o->frame->len;
 			free_out(o);
 			peer_busy(m, peer);
