@@ -3,7 +3,7 @@
 # ring per step from the links they measured, and always the same one.
 #
 # A job's first step goes direct (no plan yet). Once the streams have
-# delivered a second's worth of DATA, the first site's DONE carries a plan
+# delivered a quarter second's worth of DATA, the first site's DONE carries a plan
 # from the measured uplink and round trip and from the steps timed so far
 # (which of the two wins for a large step on loopback, where the CPU sets
 # the pace, is up to the moment; a one-element step stays direct). Every
