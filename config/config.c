@@ -23,6 +23,7 @@ enum field_kind {
 	F_INT,      /* int */
 	F_BOOL,     /* bool */
 	F_SIZE,     /* uint64_t bytes: integer or "4MiB" */
+	F_SIZE_AUTO, /* F_SIZE, or "auto": 0 */
 	F_DURATION, /* uint64_t microseconds: "500ms" */
 	F_ENUM,     /* int index into choices */
 	F_CODEC,    /* enum gg_codec, by its name */
@@ -129,11 +130,15 @@ static const struct field peer_fields[] = {
 
 static const struct field transport_fields[] = {
 	{ "streams_per_peer", F_INT, CFG(transport.streams_per_peer), false, "4", 1, 64, NULL, NULL,
-	  "TCP streams per peer site, chunks striped over them" },
+	  "TCP streams per peer site; each frame goes to one that is free" },
 	{ "chunk_size", F_SIZE, CFG(transport.chunk_bytes), false, "1MiB", 4 << 10, 64 << 20, NULL, NULL,
 	  "bytes of encoded payload per chunk" },
-	{ "socket_buffer", F_SIZE, CFG(transport.socket_buffer_bytes), false, "4MiB", 64 << 10, 256 << 20,
-	  NULL, NULL, "SO_SNDBUF / SO_RCVBUF per stream" },
+	{ "socket_buffer", F_SIZE_AUTO, CFG(transport.socket_buffer_bytes), false, "auto", 64 << 10, 256 << 20,
+	  NULL, NULL,
+	  "SO_SNDBUF / SO_RCVBUF per stream; \"auto\": the kernel's autotuning, and past its limit sized from "
+	  "what the stream measures, up to socket_buffer_max" },
+	{ "socket_buffer_max", F_SIZE, CFG(transport.socket_buffer_max_bytes), false, "64MiB", 64 << 10, 1 << 30,
+	  NULL, NULL, "the largest socket buffer socket_buffer = \"auto\" gives a stream" },
 	{ "congestion_control", F_STRING, CFG(transport.congestion_control), false, NULL, 0, 0, NULL,
 	  gg_check_congestion,
 	  "TCP congestion control of the streams, as the kernel names it: bbr, cubic, ... (not set: the system's "
@@ -381,7 +386,7 @@ static char *format_int(uint64_t v, char *buf, size_t size)
 static bool in_range(struct loader *ld, const struct field *f, const char *where,
 		     struct gg_toml_pos pos, uint64_t v)
 {
-	char *(*fmt)(uint64_t, char *, size_t) = f->kind == F_SIZE ? gg_format_size
+	char *(*fmt)(uint64_t, char *, size_t) = f->kind == F_SIZE || f->kind == F_SIZE_AUTO ? gg_format_size
 					       : f->kind == F_DURATION ? gg_format_duration
 								       : format_int;
 	bool ok = f->kind == F_INT ? (int64_t)v >= f->min && (int64_t)v <= f->max
@@ -573,9 +578,15 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 		}
 		return;
 	case F_SIZE:
+	case F_SIZE_AUTO:
 	case F_DURATION: {
-		bool size = f->kind == F_SIZE;
+		bool size = f->kind != F_DURATION;
 		uint64_t n;
+		if (f->kind == F_SIZE_AUTO && ((v && v->kind == GG_TOML_STRING && !strcmp(v->u.str.ptr, "auto")) ||
+					       (!v && !strcmp(text, "auto")))) {
+			*(uint64_t *)dst = 0;
+			return;
+		}
 		if (v && size && v->kind == GG_TOML_INTEGER) {
 			if (v->u.integer < 0) {
 				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is negative", AT(ld, pos), f->key, where);
@@ -584,13 +595,15 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 			n = (uint64_t)v->u.integer;
 		} else {
 			if (v && !want_kind(ld, f, where, v, GG_TOML_STRING,
-					    size ? "a size like \"4MiB\" or a byte count" : "a duration like \"500ms\""))
+					    f->kind == F_SIZE_AUTO ? "\"auto\", a size like \"4MiB\" or a byte count"
+					    : size		   ? "a size like \"4MiB\" or a byte count"
+								   : "a duration like \"500ms\""))
 				return;
 			if (v)
 				text = v->u.str.ptr;
 			if ((size ? gg_parse_size : gg_parse_duration)(text, &n, &why)) {
-				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\": %s", AT(ld, pos), f->key, where,
-					 text, why);
+				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\": %s%s", AT(ld, pos), f->key, where,
+					 text, why, f->kind == F_SIZE_AUTO ? " (or \"auto\")" : "");
 				return;
 			}
 		}
@@ -972,6 +985,12 @@ static bool render_value(const struct field *f, const void *base, char *buf, siz
 	case F_BOOL:
 		snprintf(buf, size, "%s", *(const bool *)src ? "true" : "false");
 		return true;
+	case F_SIZE_AUTO:
+		if (!*(const uint64_t *)src) {
+			render_string(buf, size, "auto");
+			return true;
+		}
+		/* fall through */
 	case F_SIZE:
 		render_string(buf, size, gg_format_size(*(const uint64_t *)src, tmp, sizeof(tmp)));
 		return true;

@@ -61,7 +61,8 @@ struct gg_config {
 	struct {
 		int streams_per_peer;
 		uint64_t chunk_bytes;
-		uint64_t socket_buffer_bytes;
+		uint64_t socket_buffer_bytes;     /* 0: auto */
+		uint64_t socket_buffer_max_bytes; /* auto's bound */
 		char *congestion_control; /* NULL: the system's default */
 		uint64_t heartbeat_interval_us;
 		uint64_t heartbeat_timeout_us;

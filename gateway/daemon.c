@@ -537,10 +537,10 @@ int gg_daemon_run(const struct gg_config *cfg)
 	const struct gg_node_stats *st = &d.final_stats;
 	gg_log(GG_LOG_INFO, "stopped",
 	       "site=%s steps_done=%llu steps_failed=%llu raw_bytes_out=%llu wire_bytes_out=%llu resent_messages=%llu "
-	       "encode_s=%.3f decode_s=%.3f tls_s=%.3f uptime_s=%.3f",
+	       "hedged_frames=%llu encode_s=%.3f decode_s=%.3f tls_s=%.3f uptime_s=%.3f",
 	       cfg->site.name, (unsigned long long)st->steps_done, (unsigned long long)st->steps_failed,
 	       (unsigned long long)st->raw_bytes_out, (unsigned long long)st->data_bytes_out,
-	       (unsigned long long)st->resent_messages, st->encode_s, st->decode_s, st->tls_s,
+	       (unsigned long long)st->resent_messages, (unsigned long long)st->hedged_frames, st->encode_s, st->decode_s, st->tls_s,
 	       (double)(gg_monotonic_us() - d.started_us) / 1e6);
 out:
 	/* The ring goes first: nothing of the endpoint's is in flight after. */

@@ -83,6 +83,8 @@ STREAM_FIGURE(cwnd_bytes)
 STREAM_FIGURE(delivery_bytes_per_s)
 STREAM_FIGURE(retransmits)
 STREAM_FIGURE(unsent_bytes)
+STREAM_FIGURE(send_buffer_bytes)
+STREAM_FIGURE(receive_buffer_bytes)
 
 /* A family with one sample per peer, or with `received` one per peer and
  * direction (`figure` then gives the bytes sent). */
@@ -149,6 +151,12 @@ static void render_streams(const struct gg_metrics_input *in, struct gg_strbuf *
 	per_stream(out, in, "gradgate_stream_unsent_bytes", "gauge",
 		   "Bytes written to each stream's socket that TCP has not sent yet.",
 		   sfig_unsent_bytes, 1);
+	per_stream(out, in, "gradgate_stream_send_buffer_bytes", "gauge",
+		   "Each stream's socket send buffer, as the kernel counts it (twice what SO_SNDBUF sets).",
+		   sfig_send_buffer_bytes, 1);
+	per_stream(out, in, "gradgate_stream_receive_buffer_bytes", "gauge",
+		   "Each stream's socket receive buffer, as the kernel counts it (twice what SO_RCVBUF sets).",
+		   sfig_receive_buffer_bytes, 1);
 }
 
 static void render_steps(const struct gg_metrics_input *in, struct gg_strbuf *out)
@@ -253,6 +261,9 @@ static void render_peers(const struct gg_metrics_input *in, struct gg_strbuf *ou
 	family(out, "gradgate_resent_messages_total", "counter",
 	       "Data messages sent again after a stream to their peer was cut.");
 	sample_u(out, "gradgate_resent_messages_total", NULL, nm->stats.resent_messages);
+	family(out, "gradgate_hedged_frames_total", "counter",
+	       "Data frames sent once more on another stream because their own was slow to take them.");
+	sample_u(out, "gradgate_hedged_frames_total", NULL, nm->stats.hedged_frames);
 }
 
 void gg_metrics_render(const struct gg_metrics_input *in, struct gg_strbuf *out)

@@ -206,7 +206,7 @@ struct lane {
 	struct lane_stats stats;
 	atomic_bool flushed, idle;
 	/* published by the lane's thread for the coordinator */
-	atomic_uint_fast64_t resent, tls_ns, rtt_us[GG_AR_MAX_SITES], rtt_min_us[GG_AR_MAX_SITES];
+	atomic_uint_fast64_t resent, hedged, tls_ns, rtt_us[GG_AR_MAX_SITES], rtt_min_us[GG_AR_MAX_SITES];
 	atomic_uint_fast64_t uplink_bps, uplink_at_us; /* the mesh's share of the uplink */
 	atomic_uint_fast64_t heard_us[GG_AR_MAX_SITES]; /* last receive from each peer */
 	/* Bytes of early frames this lane holds from each peer (written by
@@ -316,7 +316,8 @@ struct gg_node {
 	/* Each stream's TCP figures, written by the lane that owns it. */
 	struct stream_tcp {
 		atomic_bool up;
-		atomic_uint_fast64_t rtt_us, rttvar_us, cwnd_bytes, delivery_bytes_per_s, retransmits, unsent_bytes;
+		atomic_uint_fast64_t rtt_us, rttvar_us, cwnd_bytes, delivery_bytes_per_s, retransmits, unsent_bytes,
+			send_buffer_bytes, receive_buffer_bytes;
 	} tcp[GG_AR_MAX_SITES][GG_MESH_MAX_STREAMS];
 	uint64_t all_streams;
 	/* coordinator, on lane 0's thread */
@@ -963,7 +964,7 @@ static void lane_end(struct lane *ln, const struct mail *m)
 		lj->active_us = ln->loop.now_us;
 		drop_early(lj, 0, m->seq);
 		if (m->forget)
-			gg_mesh_forget_step(ln->mesh, lj->name, m->seq);
+			gg_mesh_forget(ln->mesh, lj->name, m->seq, m->seq);
 	}
 	ln->refused_owed[m->slot] = 0; /* the step is over: the refusal is moot */
 	ln->ended_owed[m->slot] = tell_slot(ln, M_ENDED, m->slot, m->seq, 0, NULL) ? 0 : m->seq;
@@ -994,6 +995,9 @@ static void lane_forget_job(struct lane *ln, const char *job)
 {
 	struct lane_job *lj = lane_job_find(ln, job, false, -1);
 
+	/* Its frames that no stream has taken yet would only be dropped by
+	 * the peers. */
+	gg_mesh_forget(ln->mesh, job, 0, UINT64_MAX);
 	if (!lj || lj->ar)
 		return;
 	drop_early(lj, 0, UINT64_MAX);
@@ -1249,6 +1253,8 @@ static void publish_stream_tcp(struct lane *ln)
 				publish(&st->delivery_bytes_per_s, t.delivery_bytes_per_s);
 				publish(&st->retransmits, t.retransmits);
 				publish(&st->unsent_bytes, t.unsent_bytes);
+				publish(&st->send_buffer_bytes, t.send_buffer_bytes);
+				publish(&st->receive_buffer_bytes, t.receive_buffer_bytes);
 			}
 			atomic_store_explicit(&st->up, up, memory_order_release);
 		}
@@ -1260,7 +1266,11 @@ static void publish_mesh_stats(struct lane *ln)
 {
 	const struct gg_mesh_stats *ms = gg_mesh_stats(ln->mesh);
 
+	uint64_t hedged = 0;
+	for (unsigned p = 0; p < ln->node->sites; p++)
+		hedged += ms->peers[p].hedged_frames;
 	publish(&ln->resent, ms->resent_messages);
+	publish(&ln->hedged, hedged);
 	publish(&ln->tls_ns, (uint64_t)(ms->tls_s * 1e9));
 	for (unsigned p = 0; p < ln->node->sites; p++) {
 		const struct gg_mesh_peer_stats *mp = &ms->peers[p];
@@ -2365,7 +2375,7 @@ static void gather_stats(struct gg_node *n)
 {
 	struct gg_node_stats *st = &n->stats;
 
-	st->data_bytes_out = st->raw_bytes_out = st->data_bytes_in = st->resent_messages = 0;
+	st->data_bytes_out = st->raw_bytes_out = st->data_bytes_in = st->resent_messages = st->hedged_frames = 0;
 	st->encode_s = st->decode_s = st->tls_s = 0;
 	st->early_bytes = st->early_refused = 0;
 	for (unsigned l = 0; l <= n->nlanes; l++) {
@@ -2384,6 +2394,7 @@ static void gather_stats(struct gg_node *n)
 		st->decode_s += load_s(&ln->stats.decode_ns);
 		st->tls_s += load_s(&ln->tls_ns);
 		st->resent_messages += load(&ln->resent);
+		st->hedged_frames += load(&ln->hedged);
 		st->early_refused += load(&ln->early_refused);
 	}
 }
@@ -2440,7 +2451,9 @@ void gg_node_get_metrics(const struct gg_node *n, struct gg_node_metrics *out)
 							       .cwnd_bytes = load(&st->cwnd_bytes),
 							       .delivery_bytes_per_s = load(&st->delivery_bytes_per_s),
 							       .retransmits = load(&st->retransmits),
-							       .unsent_bytes = load(&st->unsent_bytes) };
+							       .unsent_bytes = load(&st->unsent_bytes),
+							       .send_buffer_bytes = load(&st->send_buffer_bytes),
+							       .receive_buffer_bytes = load(&st->receive_buffer_bytes) };
 		}
 	}
 	memcpy(out->step_buckets, n->step_buckets, sizeof(out->step_buckets));

@@ -83,6 +83,7 @@ struct gg_node_stats {
 	uint64_t data_bytes_out, data_bytes_in; /* frames as sent, and as taken (duplicates left out) */
 	uint64_t raw_bytes_out;                 /* fp32 bytes those frames carry */
 	uint64_t resent_messages;
+	uint64_t hedged_frames;                 /* frames sent once more on a faster stream than their own */
 	uint64_t rtt_us[GG_AR_MAX_SITES];       /* last heartbeat round trip per site */
 	double encode_s, decode_s;              /* time in the codecs (error feedback included) */
 	double tls_s;                           /* time in TLS record encryption and decryption */

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -118,16 +119,67 @@ int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
 
 int gg_net_tune(int fd, int buffer_bytes, const char *congestion)
 {
-	int one = 1;
+	int one = 1, lowat = GG_NET_NOTSENT_LOWAT;
 
-	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)))
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)))
 		return -errno;
-	if (buffer_bytes > 0 && (setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof(buffer_bytes)) ||
-				 setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof(buffer_bytes))))
-		return -errno;
+	uint64_t got;
+	int rc;
+	if (buffer_bytes > 0 && ((rc = gg_net_set_buffer(fd, true, (uint64_t)buffer_bytes, &got)) ||
+				 (rc = gg_net_set_buffer(fd, false, (uint64_t)buffer_bytes, &got))))
+		return rc;
 	if (congestion && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion, (socklen_t)strlen(congestion)))
 		return -errno;
 	return 0;
+}
+
+int gg_net_set_buffer(int fd, bool send, uint64_t set_bytes, uint64_t *got)
+{
+	int v = (int)GG_MIN(set_bytes, (uint64_t)INT_MAX / 2), have = 0;
+	socklen_t len = sizeof(have);
+
+	if (setsockopt(fd, SOL_SOCKET, send ? SO_SNDBUFFORCE : SO_RCVBUFFORCE, &v, sizeof(v)) &&
+	    (errno != EPERM || setsockopt(fd, SOL_SOCKET, send ? SO_SNDBUF : SO_RCVBUF, &v, sizeof(v))))
+		return -errno;
+	if (getsockopt(fd, SOL_SOCKET, send ? SO_SNDBUF : SO_RCVBUF, &have, &len))
+		return -errno;
+	*got = (uint64_t)have;
+	return 0;
+}
+
+/* The n-th figure (from 0) of a /proc/sys file, or 0. */
+static uint64_t proc_figure(const char *path, unsigned n)
+{
+	FILE *f = fopen(path, "re");
+	unsigned long long v = 0;
+
+	for (unsigned i = 0; f && i <= n; i++)
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+void gg_net_buffer_limits(struct gg_net_buffer_limits *out)
+{
+	out->rmem_max = 2 * proc_figure("/proc/sys/net/core/rmem_max", 0);
+	out->wmem_max = 2 * proc_figure("/proc/sys/net/core/wmem_max", 0);
+	out->tcp_rmem = proc_figure("/proc/sys/net/ipv4/tcp_rmem", 2);
+	out->tcp_wmem = proc_figure("/proc/sys/net/ipv4/tcp_wmem", 2);
+}
+
+void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg_net_buffer_limits *lim,
+			   uint64_t max_bytes, uint64_t *rcv, uint64_t *snd)
+{
+	const uint64_t top = 2 * max_bytes;
+	uint64_t r = GG_MIN(4 * st->rcv_space, top);
+	uint64_t s = GG_MIN(GG_MAX(2 * st->snd_now, 4 * st->cwnd_bytes), top);
+
+	/* Autotuning reaches what it can itself: past it only. */
+	*rcv = r > lim->tcp_rmem && r > st->rcv_now ? r : 0;
+	*snd = st->snd_limited && s > lim->tcp_wmem && s > st->snd_now ? s : 0;
 }
 
 /* The first line of a /proc file, or "?". */

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 
 #include "gg_common.h"
@@ -37,10 +38,56 @@ GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int ba
  * errno. */
 GG_MUST_CHECK int gg_net_free_loopback_ports(int *ports, unsigned n);
 
-/* TCP_NODELAY, SO_SNDBUF/SO_RCVBUF when buffer_bytes > 0 (0 keeps the
- * kernel's autotuning), and TCP_CONGESTION when `congestion` is not NULL.
- * Returns 0 or a negative errno. */
+/* Bytes a stream's socket holds written but not yet sent
+ * (TCP_NOTSENT_LOWAT): past them the socket takes no more, so the data
+ * waits where the sender can still choose a stream for it, while the send
+ * buffer beyond holds what is in flight. 512 KiB keeps a 10 Gbit/s stream
+ * fed for 400 us between two sends. */
+#define GG_NET_NOTSENT_LOWAT (512 << 10)
+
+/* TCP_NODELAY, TCP_NOTSENT_LOWAT, both socket buffers when buffer_bytes > 0
+ * (gg_net_set_buffer(); 0 keeps the kernel's autotuning), and
+ * TCP_CONGESTION when `congestion` is not NULL. Returns 0 or a negative
+ * errno. */
 GG_MUST_CHECK int gg_net_tune(int fd, int buffer_bytes, const char *congestion);
+
+/* Socket buffer sizes are counted here as the kernel counts them: twice
+ * what SO_SNDBUF/SO_RCVBUF set (the rest is for its bookkeeping), as
+ * getsockopt() reports them. */
+struct gg_net_buffer_limits {
+	uint64_t rmem_max, wmem_max; /* net.core.{r,w}mem_max, doubled: the most a process
+					without CAP_NET_ADMIN may set */
+	uint64_t tcp_rmem, tcp_wmem; /* net.ipv4.tcp_{r,w}mem, third figure: the most autotuning gives */
+};
+
+/* This network namespace's limits; a figure it cannot read is 0. */
+void gg_net_buffer_limits(struct gg_net_buffer_limits *out);
+
+/* Sets the send or receive buffer to hold `bytes` (set_bytes, as SO_SNDBUF
+ * takes it), past net.core.{r,w}mem_max where the process has
+ * CAP_NET_ADMIN (SO_SNDBUFFORCE), within it otherwise. Returns 0 and
+ * *got, the size the kernel reports now (doubled), or a negative errno. */
+GG_MUST_CHECK int gg_net_set_buffer(int fd, bool send, uint64_t set_bytes, uint64_t *got);
+
+/* socket_buffer = "auto": the kernel's autotuning sizes a stream's buffers
+ * from what it measures, up to tcp_rmem / tcp_wmem. Past that, a stream
+ * whose path holds more needs them set: the receive buffer to 4 x
+ * rcv_space (the bytes the receiver took in its last round trip, which is
+ * what autotuning sizes from: twice that, doubled for bookkeeping), the
+ * send buffer, when it held the sender back, to twice what it is, or to
+ * 4 x the congestion window if more. Both stay within 2 x max_bytes
+ * (socket_buffer_max). */
+struct gg_net_buffer_state {
+	uint64_t rcv_now, snd_now; /* as getsockopt() reports them */
+	uint64_t rcv_space;        /* tcpi_rcv_space */
+	uint64_t cwnd_bytes;       /* tcpi_snd_cwnd x tcpi_snd_mss */
+	bool snd_limited;          /* tcpi_sndbuf_limited grew since the last look */
+};
+
+/* The sizes to set (doubled, as getsockopt() would report them), or 0
+ * for one to leave as it is. */
+void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg_net_buffer_limits *lim,
+			   uint64_t max_bytes, uint64_t *rcv, uint64_t *snd);
 
 /* Whether TCP sockets of this process may use congestion control `name`:
  * 0, or a negative errno with a message that says what this kernel offers

@@ -13,14 +13,28 @@
 #include "log.h"
 #include "net_addr.h"
 #include "tls_stream.h"
+#include "units.h"
 
 #define CTRL_MSG_MAX 1024 /* every message but DATA fits */
 #define CONN_TXQ 512      /* messages queued on one stream */
 #define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
+/* DATA frames one stream holds unwritten (the one being written among
+ * them). A frame goes to a stream that holds fewer, and waits in its
+ * peer's list while every stream holds this many; a stream takes the next
+ * one as it writes the last bytes of its frame into its TLS records, which
+ * keep its socket busy meanwhile. So a stream that the network slows stops
+ * taking frames once its socket backs up, and the others carry the rest. */
+#define STREAM_FRAMES 1
+/* A frame still unacknowledged when one its peer was sent HEDGE_LAG_MIN_US
+ * later has been acknowledged (and later by what a stream may hold ahead
+ * of a frame, at its share of the peer's delivery rate) goes once more on
+ * a stream with nothing to write (hedge()). */
+#define HEDGE_LAG_MIN_US 50000
 #define TEARDOWN_US 1000000 /* gg_mesh_free() waits this long for the kernel */
 #define LISTENER_INDEX UINT32_MAX /* user_data index of the listener's cancel */
 #define RATE_WINDOW_US 1000000 /* delivery rate: over this much time with DATA in flight */
 #define RTT_MIN_WINDOW_US 10000000 /* the shortest round trip: of this window and the one before */
+#define BUFFER_TUNE_US 250000 /* socket_buffer = "auto": a stream's buffers are looked at this often */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -30,6 +44,8 @@ struct out {
 	struct gg_buf *frame; /* NULL unless DATA */
 	size_t off;           /* bytes of head + frame written */
 	/* DATA only: what the ACK names, and where the message is. */
+	uint64_t queued_us;   /* unacked: when it went to a stream */
+	bool hedged;          /* unacked: a second copy went on another stream */
 	char job[GG_WIRE_NAME_MAX + 1];
 	uint64_t seq;
 	struct gg_ar_chunk_id id;
@@ -60,7 +76,10 @@ struct conn {
 	uint8_t *small;      /* CTRL_MSG_MAX bytes */
 	struct out *txq_head, *txq_tail; /* being written */
 	unsigned txq_count;
+	unsigned txq_frames; /* DATA among them (STREAM_FRAMES) */
 	uint64_t last_rx_us, ping_sent_us, last_ping_us;
+	uint64_t tune_next_us;      /* socket_buffer = "auto": the next look (tune_buffers()) */
+	uint64_t sndbuf_limited_us; /* tcpi_sndbuf_limited then */
 	uint64_t wire_in_seen, wire_out_seen; /* the stream's wire bytes counted for its peer so far */
 	uint32_t gen;        /* counts the slot's uses: a via names one of them */
 	bool flush_pending;  /* messages were queued during this turn */
@@ -97,6 +116,7 @@ struct peer {
 	struct out *unacked;           /* DATA written or waiting, until ACKed */
 	uint64_t unacked_bytes;
 	struct out *waiting;           /* DATA held back by the in-flight bound */
+	uint64_t acked_queued_us;      /* the latest queued_us of the DATA acknowledged */
 	/* The delivery rate's window: time with DATA unacknowledged, and the
 	 * frame bytes acknowledged meanwhile. */
 	struct rate_window delivery;
@@ -134,6 +154,8 @@ struct gg_mesh {
 	int handshake_slots, handshakes, handshakes_per_address;
 	struct warn_limit slot_warn, refusal_warn;
 	struct gg_wire_hello hello;
+	struct gg_net_buffer_limits buffer_limits;
+	bool buffer_warned[2]; /* socket_buffer_capped logged: receive, send */
 	size_t max_payload;
 	struct gg_mesh_stats stats;
 	uint64_t heard[GG_AR_MAX_SITES]; /* last receive from each peer */
@@ -282,6 +304,7 @@ static void conn_enqueue(struct gg_mesh *m, int ci, struct out *o)
 		c->txq_head = o;
 	c->txq_tail = o;
 	c->txq_count++;
+	c->txq_frames += o->frame != NULL;
 	/* Written at the end of the turn, with whatever else was queued by
 	 * then: small messages share records. */
 	if (!c->flush_pending) {
@@ -292,14 +315,21 @@ static void conn_enqueue(struct gg_mesh *m, int ci, struct out *o)
 
 void gg_mesh_flush(struct gg_mesh *m)
 {
-	for (int ci = 0; ci < m->conn_cap && m->flush_count; ci++) {
-		struct conn *c = &m->conns[ci];
-		if (!c->flush_pending)
-			continue;
-		c->flush_pending = false;
-		m->flush_count--;
-		if (c->used)
-			conn_flush(m, ci);
+	/* A stream that writes a frame may queue the next on another one
+	 * (pump_peer()): passes until none is left pending. */
+	bool flushed = true;
+	while (flushed && m->flush_count) {
+		flushed = false;
+		for (int ci = 0; ci < m->conn_cap && m->flush_count; ci++) {
+			struct conn *c = &m->conns[ci];
+			if (!c->flush_pending)
+				continue;
+			c->flush_pending = false;
+			m->flush_count--;
+			flushed = true;
+			if (c->used)
+				conn_flush(m, ci);
+		}
 	}
 }
 
@@ -338,23 +368,68 @@ static bool owned(const struct gg_mesh *m, unsigned stream)
 	return stream % m->lanes == m->lane;
 }
 
-/* A ready stream to `peer` for chunk `chunk`, or -1. */
-static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk)
+/* The ready stream to `peer` other than `except` that holds the fewest
+ * unwritten frames, and fewer than `limit`; of equals the first from
+ * chunk % streams on, which spreads the chunks when every stream keeps up.
+ * -1: none. */
+static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk, unsigned limit, int except)
 {
 	const int S = m->cfg->transport.streams_per_peer;
+	int best = -1;
 
 	for (int k = 0; k < S; k++) {
 		uint32_t s = (chunk + (uint32_t)k) % (uint32_t)S;
 		int ci = m->peers[peer].conn[s];
-		if (owned(m, s) && conn_ready(m, ci) && m->conns[ci].txq_count < CONN_TXQ)
-			return ci;
+		if (ci == except || !owned(m, s) || !conn_ready(m, ci) || m->conns[ci].txq_count >= CONN_TXQ ||
+		    m->conns[ci].txq_frames >= limit)
+			continue;
+		if (best < 0 || m->conns[ci].txq_frames < m->conns[best].txq_frames)
+			best = ci;
 	}
-	return -1;
+	return best;
+}
+
+/* Once `p` has no frame waiting (a step's last ones are on their way), a
+ * frame that frames sent well after it have overtaken is on a slow stream
+ * (its network, a loss): it goes once more on a stream with nothing to
+ * write. The peer takes whichever copy comes first and acknowledges both,
+ * so the step waits for the faster stream. Runs when an ACK comes, which
+ * is when a frame can have been overtaken. */
+static void hedge(struct gg_mesh *m, unsigned p)
+{
+	struct peer *pe = &m->peers[p];
+	const uint64_t rate = m->stats.peers[p].delivery_bytes_per_s;
+	unsigned streams = 0;
+
+	if (pe->waiting)
+		return;
+	for (int s = (int)m->lane; s < m->cfg->transport.streams_per_peer; s += (int)m->lanes)
+		streams += conn_ready(m, pe->conn[s]);
+	for (struct out *k = pe->unacked; k; k = k->next) {
+		uint64_t ahead = k->head_len + k->frame->len + GG_TLS_RING_DEFAULT_BYTES + GG_NET_NOTSENT_LOWAT;
+		uint64_t lag = GG_MAX((uint64_t)HEDGE_LAG_MIN_US, rate ? ahead * streams * 1000000u / rate : 0);
+		if (k->hedged || !conn_ready(m, k->conn) || pe->acked_queued_us < k->queued_us + lag)
+			continue;
+		int ci = pick_stream(m, p, k->id.chunk, 1, k->conn);
+		if (ci < 0)
+			return; /* none has room */
+		struct out *copy = malloc(sizeof(*copy));
+		if (!copy)
+			return;
+		*copy = *k;
+		gg_buf_get(copy->frame);
+		copy->conn = ci;
+		conn_enqueue(m, ci, copy);
+		k->hedged = true;
+		m->stats.peers[p].hedged_frames++;
+	}
 }
 
 /* Moves DATA from the waiting list onto streams while the peer's window
- * has room. Each lane's mesh has its share of inflight_per_peer, so that
- * all lanes together stay within what the peer keeps of early frames. */
+ * has room and a stream takes it (pick_stream()); runs again when a
+ * stream has written a frame. Each lane's mesh has its share of
+ * inflight_per_peer, so that all lanes together stay within what the peer
+ * keeps of early frames. */
 static void pump_peer(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
@@ -365,7 +440,7 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		size_t bytes = o->head_len + o->frame->len;
 		if (pe->unacked_bytes && pe->unacked_bytes + bytes > window)
 			return;
-		int ci = pick_stream(m, p, o->id.chunk);
+		int ci = pick_stream(m, p, o->id.chunk, STREAM_FRAMES, -1);
 		if (ci < 0)
 			return;
 		/* Written and kept: the unacked list owns a second reference. */
@@ -377,6 +452,8 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		*keep = *o;
 		gg_buf_get(keep->frame);
 		keep->conn = ci;
+		keep->queued_us = m->loop->now_us;
+		keep->hedged = false;
 		keep->next = pe->unacked;
 		pe->unacked = keep;
 		o->conn = ci;
@@ -384,6 +461,7 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		if (pe->unacked_bytes == bytes)
 			peer_busy(m, p); /* the first DATA in flight: the peer is busy from now */
 	}
+	hedge(m, p);
 }
 
 int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_step *step,
@@ -456,13 +534,13 @@ unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)
 	return queued;
 }
 
-void gg_mesh_forget_step(struct gg_mesh *m, const char *job, uint64_t step)
+void gg_mesh_forget(struct gg_mesh *m, const char *job, uint64_t lo, uint64_t hi)
 {
 	for (unsigned p = 0; p < m->sites; p++) {
 		struct out **pp = &m->peers[p].waiting;
 		while (*pp) {
 			struct out *o = *pp;
-			if (o->seq == step && !strcmp(o->job, job)) {
+			if (o->seq >= lo && o->seq <= hi && !strcmp(o->job, job)) {
 				*pp = o->next;
 				free_out(o);
 			} else {
@@ -492,6 +570,7 @@ static void test_flush(struct conn *c)
 		struct out *o = c->txq_head;
 		c->txq_head = o->next;
 		c->txq_count--;
+		c->txq_frames -= o->frame != NULL;
 		c->test_sent(c->test_arg, (unsigned)c->peer, (unsigned)c->stream, o->head, o->head_len,
 			     o->frame ? o->frame->data : NULL, o->frame ? o->frame->len : 0);
 		free_out(o);
@@ -507,6 +586,8 @@ static void conn_flush(struct gg_mesh *m, int ci)
 
 	if (c->used && c->test_sent) {
 		test_flush(c);
+		if (c->ready && c->peer >= 0)
+			pump_peer(m, (unsigned)c->peer);
 		return;
 	}
 	while (c->used && c->txq_head && c->ts.state == GG_TLS_STREAM_OPEN) {
@@ -533,6 +614,7 @@ static void conn_flush(struct gg_mesh *m, int ci)
 			return;
 		}
 		size_t left = (size_t)w;
+		bool wrote_frame = false;
 		while (left && c->txq_head) {
 			struct out *o = c->txq_head;
 			size_t total = o->head_len + (o->frame ? o->frame->len : 0), take = GG_MIN(left, total - o->off);
@@ -544,8 +626,13 @@ static void conn_flush(struct gg_mesh *m, int ci)
 			if (!c->txq_head)
 				c->txq_tail = NULL;
 			c->txq_count--;
+			wrote_frame |= o->frame != NULL;
+			c->txq_frames -= o->frame != NULL;
 			free_out(o);
 		}
+		/* Room for the next frame, which may come to this stream. */
+		if (wrote_frame && c->ready && c->peer >= 0)
+			pump_peer(m, (unsigned)c->peer);
 	}
 }
 
@@ -560,6 +647,7 @@ static bool on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *m
 		if (o->seq == msg->u.ack.step && same_chunk(&o->id, &msg->u.ack.id) && !strcmp(o->job, msg->u.ack.job)) {
 			*pp = o->next;
 			pe->unacked_bytes -= o->head_len + o->frame->len;
+			pe->acked_queued_us = GG_MAX(pe->acked_queued_us, o->queued_us);
 			pe->delivery.bytes += o->frame->len;
 			m->uplink.bytes += o->frame->len;
 			m->stats.peers[peer].acked_bytes += o->frame->len;
@@ -626,12 +714,75 @@ static void resend_lost(struct gg_mesh *m, unsigned p)
 	pump_peer(m, p);
 }
 
+/* A stream's buffer is smaller than it should be (`want`, as the kernel
+ * counts): once per direction, the line says which limit to raise. */
+static void buffer_capped(struct gg_mesh *m, const struct conn *c, bool send, uint64_t want, uint64_t got)
+{
+	char a[32], b[32];
+	const char *knob = send ? "wmem_max" : "rmem_max";
+	uint64_t limit = send ? m->buffer_limits.wmem_max : m->buffer_limits.rmem_max;
+
+	if (m->buffer_warned[send])
+		return;
+	m->buffer_warned[send] = true;
+	gg_log(GG_LOG_WARN, "socket_buffer_capped",
+	       "site=%s stream=%d direction=%s wanted=%s got=%s reason=\"the stream's %s buffer is capped by "
+	       "net.core.%s = %llu, which binds a process without CAP_NET_ADMIN: raise it (sysctl -w net.core.%s=%llu) "
+	       "or give the gateway CAP_NET_ADMIN\"",
+	       m->names[c->peer], c->stream, send ? "send" : "receive", gg_format_size(want / 2, a, sizeof(a)),
+	       gg_format_size(got / 2, b, sizeof(b)), send ? "send" : "receive", knob, (unsigned long long)(limit / 2),
+	       knob, (unsigned long long)(want / 2));
+}
+
+/* socket_buffer = "auto": past what the kernel's autotuning gives, a
+ * stream's buffers follow what it measures (gg_net_buffer_targets()). */
+static void tune_buffers(struct gg_mesh *m, int ci)
+{
+	struct conn *c = &m->conns[ci];
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti), il = sizeof(int);
+	int rcv = 0, snd = 0;
+
+	c->tune_next_us = m->loop->now_us + BUFFER_TUNE_US;
+	memset(&ti, 0, sizeof(ti));
+	if (c->ts.fd < 0 || getsockopt(c->ts.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) ||
+	    getsockopt(c->ts.fd, SOL_SOCKET, SO_RCVBUF, &rcv, &il) ||
+	    getsockopt(c->ts.fd, SOL_SOCKET, SO_SNDBUF, &snd, &il))
+		return;
+	struct gg_net_buffer_state st = { .rcv_now = (uint64_t)rcv,
+					  .snd_now = (uint64_t)snd,
+					  .rcv_space = ti.tcpi_rcv_space,
+					  .cwnd_bytes = (uint64_t)ti.tcpi_snd_cwnd * ti.tcpi_snd_mss,
+					  .snd_limited = ti.tcpi_sndbuf_limited > c->sndbuf_limited_us };
+	c->sndbuf_limited_us = ti.tcpi_sndbuf_limited;
+	uint64_t want[2], got;
+	gg_net_buffer_targets(&st, &m->buffer_limits, m->cfg->transport.socket_buffer_max_bytes, &want[0], &want[1]);
+	for (int send = 0; send < 2; send++)
+		if (want[send] && !gg_net_set_buffer(c->ts.fd, send, want[send] / 2, &got) && got < want[send] / 10 * 9)
+			buffer_capped(m, c, send, want[send], got);
+}
+
+/* A fixed socket_buffer the kernel did not give in full (net.core.*mem_max). */
+static void check_buffers(struct gg_mesh *m, const struct conn *c)
+{
+	uint64_t want = 2 * m->cfg->transport.socket_buffer_bytes;
+	socklen_t il = sizeof(int);
+
+	for (int send = 0; send < 2 && want && c->ts.fd >= 0; send++) {
+		int have = 0;
+		if (!getsockopt(c->ts.fd, SOL_SOCKET, send ? SO_SNDBUF : SO_RCVBUF, &have, &il) &&
+		    (uint64_t)have < want / 10 * 9)
+			buffer_capped(m, c, send, want, (uint64_t)have);
+	}
+}
+
 /* The stream to a peer is ready: it carries what lost streams did. */
 static void stream_ready(struct gg_mesh *m, int ci)
 {
 	struct conn *c = &m->conns[ci];
 
 	c->ready = true;
+	check_buffers(m, c);
 	m->peers[c->peer].backoff_us[c->stream] = 0;
 	m->stats.peers[c->peer].stream_ups++;
 	if (c->dialer)
@@ -931,6 +1082,8 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 	struct conn *c = &m->conns[ci];
 
 	count_wire(m, c);
+	if (c->flush_pending)
+		m->flush_count--;
 	free_list(c->txq_head);
 	gg_buf_put(c->msg);
 	free(c->small);
@@ -1394,6 +1547,8 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 			conn_close(m, ci, "heartbeat timeout");
 			continue;
 		}
+		if (!cfg->transport.socket_buffer_bytes && now >= c->tune_next_us)
+			tune_buffers(m, ci);
 		/* A quiet stream is probed to tell it is alive; a busy one too,
 		 * less often, for its round trip (algorithm auto's figures). */
 		if (!c->ping_sent_us && (now - c->last_rx_us >= cfg->transport.heartbeat_interval_us ||
@@ -1506,10 +1661,16 @@ int gg_mesh_stream_tcp(const struct gg_mesh *m, unsigned peer, unsigned stream, 
 	if (peer >= m->sites || stream >= GG_MESH_MAX_STREAMS || !owned(m, stream) ||
 	    !conn_ready(m, m->peers[peer].conn[stream]))
 		return -ENOENT;
+	const int fd = m->conns[m->peers[peer].conn[stream]].ts.fd;
+	socklen_t il = sizeof(int);
+	int rcv = 0, snd = 0;
 	memset(&ti, 0, sizeof(ti));
-	if (getsockopt(m->conns[m->peers[peer].conn[stream]].ts.fd, IPPROTO_TCP, TCP_INFO, &ti, &len))
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) || getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, &il) ||
+	    getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd, &il))
 		return -errno;
 	*out = (struct gg_mesh_stream_tcp){ .rtt_us = ti.tcpi_rtt,
+					    .send_buffer_bytes = (uint64_t)snd,
+					    .receive_buffer_bytes = (uint64_t)rcv,
 					    .rttvar_us = ti.tcpi_rttvar,
 					    .cwnd_bytes = (uint64_t)ti.tcpi_snd_cwnd * ti.tcpi_snd_mss,
 					    .delivery_bytes_per_s = ti.tcpi_delivery_rate,
@@ -1611,6 +1772,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	m->max_payload = mc->max_payload_bytes;
 	m->hello = *mc->hello;
 	m->listen_fd = -1;
+	gg_net_buffer_limits(&m->buffer_limits);
 	m->lanes = mc->lanes ? mc->lanes : 1;
 	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++)
 		m->heard[p] = m->loop->now_us;

@@ -145,6 +145,7 @@ struct gg_mesh_peer_stats {
 	uint64_t wire_bytes_in, wire_bytes_out; /* the peer's TCP streams: TLS records, handshakes */
 	uint64_t stream_ups, stream_downs;      /* streams that became ready, and ready ones lost */
 	uint64_t acked_bytes;                   /* DATA frame bytes the peer acknowledged */
+	uint64_t hedged_frames;                 /* DATA sent once more on a faster stream (hedge()) */
 	/* Frame bytes the peer acknowledged per second of time with DATA in
 	 * flight to it, over the last second of such time; 0 until then. */
 	uint64_t delivery_bytes_per_s;
@@ -218,8 +219,9 @@ void gg_mesh_flush(struct gg_mesh *m);
 /* DATA messages waiting for or on `peer`'s streams but not yet written to
  * a socket, counted up to `limit`. */
 unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit);
-/* Forgets DATA of (job, step) not yet sent: the step failed. */
-void gg_mesh_forget_step(struct gg_mesh *m, const char *job, uint64_t step);
+/* Forgets DATA of `job`'s steps lo..hi not yet given to a stream: the
+ * step failed (lo == hi), or the job ended (0..UINT64_MAX). */
+void gg_mesh_forget(struct gg_mesh *m, const char *job, uint64_t lo, uint64_t hi);
 /* Whether DATA of `job` waits to be sent or acknowledged. */
 bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job);
 
@@ -238,6 +240,7 @@ struct gg_mesh_stream_tcp {
 	uint64_t delivery_bytes_per_s;  /* the kernel's delivery rate estimate */
 	uint64_t retransmits;           /* segments sent again on this connection */
 	uint64_t unsent_bytes;          /* written, not yet sent */
+	uint64_t send_buffer_bytes, receive_buffer_bytes; /* SO_SNDBUF, SO_RCVBUF as the kernel counts them */
 };
 
 /* Fills *out for stream `stream` to `peer` when this mesh holds it ready:

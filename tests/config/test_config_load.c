@@ -125,7 +125,8 @@ static void test_defaults(void)
 	CHECK(cfg.peers[0].dial == GG_DIAL_BOTH);
 	CHECK(cfg.transport.streams_per_peer == 4);
 	CHECK(cfg.transport.chunk_bytes == 1u << 20);
-	CHECK(cfg.transport.socket_buffer_bytes == 4u << 20);
+	CHECK(cfg.transport.socket_buffer_bytes == 0); /* auto */
+	CHECK(cfg.transport.socket_buffer_max_bytes == 64u << 20);
 	CHECK(cfg.transport.heartbeat_interval_us == 1000000);
 	CHECK(cfg.transport.heartbeat_timeout_us == 10000000);
 	CHECK(cfg.transport.connect_timeout_us == 5000000);

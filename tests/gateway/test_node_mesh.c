@@ -179,9 +179,12 @@ static void flood(struct gg_node *node, unsigned index)
 	for (int spins = 0; spins < 100; spins++)
 		if (gg_node_run_once(node, 10000, NULL, NULL))
 			break;
-	/* What may be left is site 1's first step of the real job (400 KB). */
+	/* What may be left is site 1's first step of the real job (400 KB),
+	 * and the flood frames its 4 streams had taken when the jobs ended
+	 * (2 each at most, behind which the END may come on another stream):
+	 * those it had not given to a stream yet it forgets. */
 	if (index == 0)
-		CHECK(gg_node_stats(node)->early_bytes < (1u << 20),
+		CHECK(gg_node_stats(node)->early_bytes < (1u << 20) + 4 * 2 * (200u << 10),
 		      "site 0 still holds %llu bytes of early frames of ended jobs",
 		      (unsigned long long)gg_node_stats(node)->early_bytes);
 }

@@ -16,11 +16,11 @@ families=(gradgate_build_info gradgate_start_time_seconds gradgate_steps_complet
 	gradgate_raw_bytes_total gradgate_encoded_bytes_total gradgate_wire_bytes_total gradgate_compression_ratio
 	gradgate_peer_rtt_seconds gradgate_peer_delivery_rate_bytes_per_second gradgate_peer_streams_up
 	gradgate_peer_stream_ups_total gradgate_peer_stream_downs_total gradgate_peer_last_heard_timestamp_seconds
-	gradgate_stream_failures_total gradgate_resent_messages_total gradgate_tls_seconds_total
+	gradgate_stream_failures_total gradgate_resent_messages_total gradgate_hedged_frames_total gradgate_tls_seconds_total
 	gradgate_memory_bytes gradgate_memory_limit_bytes gradgate_jobs gradgate_sessions
 	gradgate_stream_rtt_seconds gradgate_stream_rtt_variation_seconds gradgate_stream_cwnd_bytes
 	gradgate_stream_delivery_rate_bytes_per_second gradgate_stream_retransmitted_segments_total
-	gradgate_stream_unsent_bytes)
+	gradgate_stream_unsent_bytes gradgate_stream_send_buffer_bytes gradgate_stream_receive_buffer_bytes)
 
 # scrape I NAME: site I's page into $work/NAME.prom (headers in NAME.head),
 # checked strictly.
@@ -144,6 +144,13 @@ for end in "a1 site-b" "b1 site-a"; do
 		cwnd=$(val "$page" "gradgate_stream_cwnd_bytes{peer=\"$peer\",stream=\"$st\"}")
 		python3 -c "import sys; sys.exit(not (0 < float('$rtt') < 1 and int('$cwnd') > 0))" ||
 			fail "$page: stream $st to $peer: rtt $rtt s, cwnd $cwnd bytes"
+		# socket_buffer = 1MiB: the kernel counts twice that, whatever
+		# net.core.*mem_max says when the gateway may pass it (root).
+		for dir in send receive; do
+			buf=$(val "$page" "gradgate_stream_${dir}_buffer_bytes{peer=\"$peer\",stream=\"$st\"}")
+			[ "$(id -u)" != 0 ] || [ "$buf" = $((2 << 20)) ] ||
+				fail "$page: stream $st to $peer: $dir buffer $buf bytes, not twice socket_buffer = 1MiB"
+		done
 	done
 	eq "$page: streams with TCP figures" "$(grep -c "^gradgate_stream_rtt_seconds{peer=\"$peer\"," "$work/$page.prom")" \
 		"$STREAMS"

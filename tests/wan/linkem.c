@@ -5,11 +5,14 @@
  * buffers. Faults for tests: SIGUSR1 resets (RST, via SO_LINGER 0) every
  * connection open at that moment; --cut-after-bytes resets a connection
  * once it has forwarded that many bytes (both directions together).
+ * --slow-every N --slow-rate RATE gives every Nth connection accepted
+ * that rate instead: with N streams dialed together, one slow stream among
+ * fast ones.
  *
  *   linkem --listen HOST:PORT --target HOST:PORT [--delay-ms MS]
  *          [--rate RATE] [--buffer BYTES] [--cut-after-bytes N]
  *          [--cut-count N] [--max-conns N] [--report-every BYTES]
- *          [--socket-buffer BYTES]
+ *          [--socket-buffer BYTES] [--slow-every N --slow-rate RATE]
  *
  * "up" is the direction from the accepted (dialing) side to the target.
  * Prints "listening on ADDR" once it accepts (port 0 picks a free port),
@@ -58,6 +61,8 @@ struct dir {
 	int64_t eof_due_ns;
 	bool shut;        /* FIN passed on to dst */
 	bool blocked;     /* dst said EAGAIN: wait for EPOLLOUT */
+	double rate_Bps;  /* this direction's limit; 0: none */
+	double burst;
 	double tokens;    /* bytes the rate limit allows now */
 	int64_t refill_ns;
 };
@@ -75,7 +80,8 @@ struct link {
 static struct {
 	int64_t delay_ns;
 	double rate_Bps;  /* 0: unlimited */
-	double burst;
+	double slow_rate_Bps;
+	unsigned slow_every; /* connections N, 2N, ... get slow_rate_Bps */
 	size_t buffer;
 	uint64_t cut_after;
 	uint64_t report_every;
@@ -233,14 +239,23 @@ static void link_reset(struct link *k, const char *why)
 	link_free(k, true);
 }
 
-static int dir_init(struct dir *d, int src, int dst)
+/* A burst of 10 ms at the rate, and never less than 64 KiB, so that a
+ * limit does not turn into one write per byte. */
+static double burst_of(double rate_Bps)
+{
+	return rate_Bps > 0 ? (rate_Bps / 100 > 65536 ? rate_Bps / 100 : 65536) : 0;
+}
+
+static int dir_init(struct dir *d, int src, int dst, double rate_Bps)
 {
 	memset(d, 0, sizeof(*d));
 	d->src = src;
 	d->dst = dst;
 	d->cap = L.buffer;
 	d->buf = malloc(d->cap);
-	d->tokens = L.burst;
+	d->rate_Bps = rate_Bps;
+	d->burst = burst_of(rate_Bps);
+	d->tokens = d->burst;
 	d->refill_ns = now_ns();
 	return d->buf ? 0 : -1;
 }
@@ -300,11 +315,11 @@ static uint64_t dir_due(struct dir *d, int64_t now)
 
 static void refill(struct dir *d, int64_t now)
 {
-	if (L.rate_Bps <= 0)
+	if (d->rate_Bps <= 0)
 		return;
-	d->tokens += (double)(now - d->refill_ns) * 1e-9 * L.rate_Bps;
-	if (d->tokens > L.burst)
-		d->tokens = L.burst;
+	d->tokens += (double)(now - d->refill_ns) * 1e-9 * d->rate_Bps;
+	if (d->tokens > d->burst)
+		d->tokens = d->burst;
 	d->refill_ns = now;
 }
 
@@ -315,11 +330,11 @@ static int dir_write(struct link *k, struct dir *d, int64_t now)
 	refill(d, now);
 	for (;;) {
 		uint64_t due = dir_due(d, now);
-		if (L.rate_Bps > 0 && d->tokens < (double)min_u64(due, 1024))
+		if (d->rate_Bps > 0 && d->tokens < (double)min_u64(due, 1024))
 			due = 0;
 		if (!due)
 			break;
-		if (L.rate_Bps > 0 && (double)due > d->tokens)
+		if (d->rate_Bps > 0 && (double)due > d->tokens)
 			due = (uint64_t)d->tokens;
 		if (L.cut_after && (L.cut_count == 0 || L.cuts < L.cut_count) && due > L.cut_after - k->forwarded)
 			due = L.cut_after - k->forwarded;
@@ -340,7 +355,7 @@ static int dir_write(struct link *k, struct dir *d, int64_t now)
 			fprintf(stderr, "linkem: connection %u %s %llu bytes\n", k->id, d == &k->up ? "up" : "down",
 				(unsigned long long)(d->out / L.report_every * L.report_every));
 		k->forwarded += (uint64_t)w;
-		if (L.rate_Bps > 0)
+		if (d->rate_Bps > 0)
 			d->tokens -= (double)w;
 		if (L.cut_after && k->forwarded >= L.cut_after && (L.cut_count == 0 || L.cuts < L.cut_count)) {
 			L.cuts++;
@@ -364,8 +379,8 @@ static int64_t dir_next(const struct dir *d)
 		const struct record *r = &d->rec[(d->rec_head + i) % MAX_RECORDS];
 		if (r->end > d->out) {
 			int64_t t = r->due_ns;
-			if (L.rate_Bps > 0 && d->tokens < 1024)
-				t = max_i64(t, d->refill_ns + (int64_t)((1024 - d->tokens) / L.rate_Bps * 1e9) + 1);
+			if (d->rate_Bps > 0 && d->tokens < 1024)
+				t = max_i64(t, d->refill_ns + (int64_t)((1024 - d->tokens) / d->rate_Bps * 1e9) + 1);
 			return t;
 		}
 	}
@@ -436,7 +451,8 @@ static void on_accept(int lfd)
 		k->cfd = cfd;
 		k->tfd = tfd;
 		k->id = ++L.next_id;
-		if (tfd < 0 || dir_init(&k->up, cfd, tfd) || dir_init(&k->down, tfd, cfd)) {
+		double rate = L.slow_every && k->id % L.slow_every == 0 ? L.slow_rate_Bps : L.rate_Bps;
+		if (tfd < 0 || dir_init(&k->up, cfd, tfd, rate) || dir_init(&k->down, tfd, cfd, rate)) {
 			k->used = true;
 			link_reset(k, "out of resources");
 			continue;
@@ -511,6 +527,8 @@ static void usage(FILE *f)
 		   "  --report-every BYTES  print a line each time a direction forwarded BYTES more\n"
 		   "  --socket-buffer BYTES kernel buffers of each socket (default: autotuned), which\n"
 		   "                        bounds what a sender may push beyond --buffer\n"
+		   "  --slow-every N        connections N, 2N, ... get --slow-rate instead of --rate\n"
+		   "  --slow-rate RATE      (both needed together)\n"
 		   "  SIGUSR1 resets every open connection; SIGTERM exits.\n");
 }
 
@@ -522,6 +540,7 @@ int main(int argc, char **argv)
 		{ "buffer", required_argument, NULL, 'b' },	    { "cut-after-bytes", required_argument, NULL, 'c' },
 		{ "cut-count", required_argument, NULL, 'n' },	    { "max-conns", required_argument, NULL, 'm' },
 		{ "report-every", required_argument, NULL, 'R' }, { "socket-buffer", required_argument, NULL, 'S' },
+		{ "slow-every", required_argument, NULL, 's' },   { "slow-rate", required_argument, NULL, 'w' },
 		{ "help", no_argument, NULL, 'h' },		    { NULL, 0, NULL, 0 },
 	};
 	const char *listen_text = NULL, *target_text = NULL;
@@ -579,6 +598,19 @@ int main(int argc, char **argv)
 			}
 			*(c == 'n' ? &L.cut_count : &L.max_conns) = (unsigned)v;
 			break;
+		case 's':
+			if (parse_size(optarg, &v) || v == 0 || v > 65536) {
+				fprintf(stderr, "linkem: bad --slow-every '%s'\n", optarg);
+				return 2;
+			}
+			L.slow_every = (unsigned)v;
+			break;
+		case 'w':
+			if (parse_rate(optarg, &L.slow_rate_Bps) || L.slow_rate_Bps <= 0) {
+				fprintf(stderr, "linkem: bad --slow-rate '%s' (e.g. 2gbit, 100mbit)\n", optarg);
+				return 2;
+			}
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -587,10 +619,11 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (!L.slow_every != !(L.slow_rate_Bps > 0)) {
+		fprintf(stderr, "linkem: --slow-every and --slow-rate go together\n");
+		return 2;
+	}
 	L.buffer = (size_t)buffer;
-	/* A burst of 10 ms at the configured rate, and never less than 64 KiB,
-	 * so a limit does not turn into one write per byte. */
-	L.burst = L.rate_Bps > 0 ? (L.rate_Bps / 100 > 65536 ? L.rate_Bps / 100 : 65536) : 0;
 	struct sockaddr_storage lss;
 	socklen_t llen;
 	if (parse_addr(listen_text, &lss, &llen) || parse_addr(target_text, &L.target, &L.target_len)) {

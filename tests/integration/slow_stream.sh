@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One slow stream among fast ones: a stream takes a new frame only while it
+# holds fewer than two unwritten, and its socket only so much unsent
+# (TCP_NOTSENT_LOWAT), so frames go to the streams that keep up. The slow
+# stream must carry well under its even share of the bytes, and the steps
+# stay exact. Streams pinned to chunks would give it exactly its share, and
+# every step would wait for it.
+. "$(dirname "$0")/lib.sh"
+
+K=2
+STREAMS=4
+THREADS=1
+ALGO=direct
+STEP_TIMEOUT=60s
+# Every 4th connection through linkem runs at 8 Mbit/s, the others
+# unlimited: of the 4 streams, dialed together, one is slow. Small relay
+# buffers, so that it pushes back soon.
+LINK_ARGS=(--buffer 64KiB --socket-buffer 128KiB --slow-every 4 --slow-rate 8mbit --report-every 64KiB)
+mesh_start
+mesh_up 15
+t0=$(date +%s%N)
+run_ok slow 4194304 1 4
+ms=$((($(date +%s%N) - t0) / 1000000))
+
+# Bytes each connection forwarded, both directions, from linkem's reports
+# (every 64 KiB; the last of each direction counts). The slow one is the
+# one of the last 4 accepted whose number is a multiple of 4.
+read -r slow total conns < <(awk '
+	/connection [0-9]+ accepted/ { if ($3 + 0 > top) top = $3 + 0 }
+	/connection [0-9]+ (up|down) [0-9]+ bytes/ {
+		id = $3 + 0; v = $5 + 0
+		if (v > last[id, $4]) last[id, $4] = v
+		seen[id] = 1
+	}
+	END {
+		for (id in seen) { b = last[id, "up"] + last[id, "down"]; total += b; n++ }
+		s = top - top % 4
+		print last[s, "up"] + last[s, "down"], total, n
+	}' "$work/link-0-1.log")
+log "4 steps of 16 MiB in $ms ms; connections $conns; the slow one forwarded $slow of $total bytes"
+[ "$conns" -ge "$STREAMS" ] || fail "linkem saw $conns connections carry data, not $STREAMS"
+share=$((total / STREAMS))
+[ "$slow" -lt $((share / 2)) ] ||
+	fail "the slow stream forwarded $slow bytes, not under half its even share $share: frames did not avoid it"
+mesh_stop
