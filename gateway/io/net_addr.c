@@ -119,7 +119,7 @@ int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
 
 int gg_net_tune(int fd, int buffer_bytes, const char *congestion)
 {
-	int one = 1, lowat = GG_NET_NOTSENT_LOWAT;
+	int one = 1, lowat = GG_NET_NOTSENT_LOWAT_MIN;
 
 	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) ||
 	    setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)))
@@ -132,6 +132,13 @@ int gg_net_tune(int fd, int buffer_bytes, const char *congestion)
 	if (congestion && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion, (socklen_t)strlen(congestion)))
 		return -errno;
 	return 0;
+}
+
+uint64_t gg_net_notsent_lowat(uint64_t delivery_bytes_per_s)
+{
+	uint64_t v = delivery_bytes_per_s / (1000000u / GG_NET_NOTSENT_SPAN_US);
+
+	return GG_MIN(GG_MAX(v, (uint64_t)GG_NET_NOTSENT_LOWAT_MIN), (uint64_t)GG_NET_NOTSENT_LOWAT_MAX);
 }
 
 int gg_net_set_buffer(int fd, bool send, uint64_t set_bytes, uint64_t *got)

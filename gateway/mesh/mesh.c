@@ -3,10 +3,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/tcp.h> /* struct tcp_info with the delivery rate; glibc's stops short */
+#include <linux/sockios.h> /* SIOCOUTQ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,16 +27,17 @@
  * keep its socket busy meanwhile. So a stream that the network slows stops
  * taking frames once its socket backs up, and the others carry the rest. */
 #define STREAM_FRAMES 1
-/* A frame still unacknowledged when one its peer was sent HEDGE_LAG_MIN_US
- * later has been acknowledged (and later by what a stream may hold ahead
- * of a frame, at its share of the peer's delivery rate) goes once more on
- * a stream with nothing to write (hedge()). */
-#define HEDGE_LAG_MIN_US 50000
+/* A frame goes once more on a stream with nothing to write when its own
+ * stream moves HEDGE_FACTOR times slower, and what it holds ahead of the
+ * frame would take HEDGE_FACTOR times longer, and HEDGE_MIN_US longer,
+ * than the copy (hedge()). */
+#define HEDGE_FACTOR 2
+#define HEDGE_MIN_US 20000
 #define TEARDOWN_US 1000000 /* gg_mesh_free() waits this long for the kernel */
 #define LISTENER_INDEX UINT32_MAX /* user_data index of the listener's cancel */
 #define RATE_WINDOW_US 1000000 /* delivery rate: over this much time with DATA in flight */
 #define RTT_MIN_WINDOW_US 10000000 /* the shortest round trip: of this window and the one before */
-#define BUFFER_TUNE_US 250000 /* socket_buffer = "auto": a stream's buffers are looked at this often */
+#define TUNE_US 250000 /* a stream's unsent bound and buffers are looked at this often */
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -44,7 +47,6 @@ struct out {
 	struct gg_buf *frame; /* NULL unless DATA */
 	size_t off;           /* bytes of head + frame written */
 	/* DATA only: what the ACK names, and where the message is. */
-	uint64_t queued_us;   /* unacked: when it went to a stream */
 	bool hedged;          /* unacked: a second copy went on another stream */
 	char job[GG_WIRE_NAME_MAX + 1];
 	uint64_t seq;
@@ -78,7 +80,10 @@ struct conn {
 	unsigned txq_count;
 	unsigned txq_frames; /* DATA among them (STREAM_FRAMES) */
 	uint64_t last_rx_us, ping_sent_us, last_ping_us;
-	uint64_t tune_next_us;      /* socket_buffer = "auto": the next look (tune_buffers()) */
+	uint64_t tune_next_us;      /* the next look at its TCP state (tune_stream()) */
+	uint32_t lowat;             /* its TCP_NOTSENT_LOWAT; 0: GG_NET_NOTSENT_LOWAT_MIN, as set at start */
+	uint64_t bytes_acked;       /* tcpi_bytes_acked at the last look */
+	uint64_t rate;              /* bytes/s acked over a look's span, or half the last figure if more */
 	uint64_t sndbuf_limited_us; /* tcpi_sndbuf_limited then */
 	uint64_t wire_in_seen, wire_out_seen; /* the stream's wire bytes counted for its peer so far */
 	uint32_t gen;        /* counts the slot's uses: a via names one of them */
@@ -116,7 +121,6 @@ struct peer {
 	struct out *unacked;           /* DATA written or waiting, until ACKed */
 	uint64_t unacked_bytes;
 	struct out *waiting;           /* DATA held back by the in-flight bound */
-	uint64_t acked_queued_us;      /* the latest queued_us of the DATA acknowledged */
 	/* The delivery rate's window: time with DATA unacknowledged, and the
 	 * frame bytes acknowledged meanwhile. */
 	struct rate_window delivery;
@@ -389,30 +393,46 @@ static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk, u
 	return best;
 }
 
+/* The unwritten copy of frame f on stream c, or NULL once c wrote it all. */
+static const struct out *unwritten(const struct conn *c, const struct gg_buf *f)
+{
+	for (const struct out *o = c->txq_head; o; o = o->next)
+		if (o->frame == f)
+			return o;
+	return NULL;
+}
+
 /* Once `p` has no frame waiting (a step's last ones are on their way), a
- * frame that frames sent well after it have overtaken is on a slow stream
- * (its network, a loss): it goes once more on a stream with nothing to
- * write. The peer takes whichever copy comes first and acknowledges both,
- * so the step waits for the faster stream. Runs when an ACK comes, which
- * is when a frame can have been overtaken. */
+ * frame whose stream is slow (its path, a loss) goes once more on a
+ * stream with nothing to write that moved much faster lately
+ * (tune_stream()), where it would arrive well before its own stream
+ * delivered what it holds ahead of it: the bytes its socket holds
+ * unacknowledged (SIOCOUTQ), its TLS records and the frame if unwritten.
+ * Streams alike never hedge: where they share one bottleneck a copy would
+ * only take its place. The peer takes whichever copy comes first and
+ * acknowledges both, so the step waits for the faster stream. */
 static void hedge(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
-	const uint64_t rate = m->stats.peers[p].delivery_bytes_per_s;
-	unsigned streams = 0;
 
 	if (pe->waiting)
 		return;
-	for (int s = (int)m->lane; s < m->cfg->transport.streams_per_peer; s += (int)m->lanes)
-		streams += conn_ready(m, pe->conn[s]);
 	for (struct out *k = pe->unacked; k; k = k->next) {
-		uint64_t ahead = k->head_len + k->frame->len + GG_TLS_RING_DEFAULT_BYTES + GG_NET_NOTSENT_LOWAT;
-		uint64_t lag = GG_MAX((uint64_t)HEDGE_LAG_MIN_US, rate ? ahead * streams * 1000000u / rate : 0);
-		if (k->hedged || !conn_ready(m, k->conn) || pe->acked_queued_us < k->queued_us + lag)
+		if (k->hedged || !conn_ready(m, k->conn))
+			continue;
+		const struct conn *c = &m->conns[k->conn];
+		int queued = 0;
+		if (c->ts.fd < 0 || !c->rate || ioctl(c->ts.fd, SIOCOUTQ, &queued) || queued <= 0)
 			continue;
 		int ci = pick_stream(m, p, k->id.chunk, 1, k->conn);
 		if (ci < 0)
-			return; /* none has room */
+			return; /* none is free */
+		const uint64_t len = k->head_len + k->frame->len, fast = m->conns[ci].rate;
+		const struct out *o = unwritten(c, k->frame);
+		uint64_t ahead = (uint64_t)queued + GG_TLS_RING_DEFAULT_BYTES + (o ? len - o->off : 0);
+		if (fast < HEDGE_FACTOR * c->rate || ahead * 1000000u / c->rate <
+				     HEDGE_FACTOR * (m->stats.rtt_min_us[p] + len * 1000000u / fast) + HEDGE_MIN_US)
+			continue;
 		struct out *copy = malloc(sizeof(*copy));
 		if (!copy)
 			return;
@@ -452,7 +472,6 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		*keep = *o;
 		gg_buf_get(keep->frame);
 		keep->conn = ci;
-		keep->queued_us = m->loop->now_us;
 		keep->hedged = false;
 		keep->next = pe->unacked;
 		pe->unacked = keep;
@@ -647,7 +666,6 @@ static bool on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *m
 		if (o->seq == msg->u.ack.step && same_chunk(&o->id, &msg->u.ack.id) && !strcmp(o->job, msg->u.ack.job)) {
 			*pp = o->next;
 			pe->unacked_bytes -= o->head_len + o->frame->len;
-			pe->acked_queued_us = GG_MAX(pe->acked_queued_us, o->queued_us);
 			pe->delivery.bytes += o->frame->len;
 			m->uplink.bytes += o->frame->len;
 			m->stats.peers[peer].acked_bytes += o->frame->len;
@@ -734,16 +752,18 @@ static void buffer_capped(struct gg_mesh *m, const struct conn *c, bool send, ui
 	       knob, (unsigned long long)(want / 2));
 }
 
-/* socket_buffer = "auto": past what the kernel's autotuning gives, a
- * stream's buffers follow what it measures (gg_net_buffer_targets()). */
-static void tune_buffers(struct gg_mesh *m, int ci)
+/* Every TUNE_US: the unsent bound follows the stream's delivery rate
+ * (gg_net_notsent_lowat()), and with socket_buffer = "auto", past what the
+ * kernel's autotuning gives, its buffers follow what it measures
+ * (gg_net_buffer_targets()). */
+static void tune_stream(struct gg_mesh *m, int ci)
 {
 	struct conn *c = &m->conns[ci];
 	struct tcp_info ti;
 	socklen_t len = sizeof(ti), il = sizeof(int);
 	int rcv = 0, snd = 0;
 
-	c->tune_next_us = m->loop->now_us + BUFFER_TUNE_US;
+	c->tune_next_us = m->loop->now_us + TUNE_US;
 	memset(&ti, 0, sizeof(ti));
 	if (c->ts.fd < 0 || getsockopt(c->ts.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) ||
 	    getsockopt(c->ts.fd, SOL_SOCKET, SO_RCVBUF, &rcv, &il) ||
@@ -755,6 +775,19 @@ static void tune_buffers(struct gg_mesh *m, int ci)
 					  .cwnd_bytes = (uint64_t)ti.tcpi_snd_cwnd * ti.tcpi_snd_mss,
 					  .snd_limited = ti.tcpi_sndbuf_limited > c->sndbuf_limited_us };
 	c->sndbuf_limited_us = ti.tcpi_sndbuf_limited;
+	/* What the stream moved, not the kernel's rate of its latest
+	 * sample: a stream slowed past its first hop starts at that hop's
+	 * speed. A busy span sets it, an idle one lets it fade. */
+	uint64_t moved = ti.tcpi_bytes_acked - GG_MIN(c->bytes_acked, ti.tcpi_bytes_acked);
+	c->bytes_acked = ti.tcpi_bytes_acked;
+	c->rate = GG_MAX(moved * (1000000u / TUNE_US), c->rate / 2);
+	uint32_t lowat = (uint32_t)gg_net_notsent_lowat(c->rate);
+	uint32_t cur = c->lowat ? c->lowat : GG_NET_NOTSENT_LOWAT_MIN;
+	if ((lowat > cur + cur / 4 || lowat < cur - cur / 4) &&
+	    !setsockopt(c->ts.fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat)))
+		c->lowat = lowat;
+	if (m->cfg->transport.socket_buffer_bytes)
+		return;
 	uint64_t want[2], got;
 	gg_net_buffer_targets(&st, &m->buffer_limits, m->cfg->transport.socket_buffer_max_bytes, &want[0], &want[1]);
 	for (int send = 0; send < 2; send++)
@@ -1547,8 +1580,8 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 			conn_close(m, ci, "heartbeat timeout");
 			continue;
 		}
-		if (!cfg->transport.socket_buffer_bytes && now >= c->tune_next_us)
-			tune_buffers(m, ci);
+		if (now >= c->tune_next_us)
+			tune_stream(m, ci);
 		/* A quiet stream is probed to tell it is alive; a busy one too,
 		 * less often, for its round trip (algorithm auto's figures). */
 		if (!c->ping_sent_us && (now - c->last_rx_us >= cfg->transport.heartbeat_interval_us ||
@@ -1563,8 +1596,10 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		}
 	}
 	for (unsigned p = 0; p < m->sites; p++)
-		if (p != m->self)
+		if (p != m->self) {
 			peer_busy(m, p);
+			hedge(m, p); /* at a step's end no ACK may come for a while */
+		}
 	for (unsigned p = 0; p < m->sites && !m->shutting_down && !m->acceptor; p++) {
 		if (p == m->self || m->peers[p].dial == GG_DIAL_IN)
 			continue;
