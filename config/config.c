@@ -986,13 +986,11 @@ static bool render_value(const struct field *f, const void *base, char *buf, siz
 		snprintf(buf, size, "%s", *(const bool *)src ? "true" : "false");
 		return true;
 	case F_SIZE_AUTO:
-		if (!*(const uint64_t *)src) {
-			render_string(buf, size, "auto");
-			return true;
-		}
-		/* fall through */
 	case F_SIZE:
-		render_string(buf, size, gg_format_size(*(const uint64_t *)src, tmp, sizeof(tmp)));
+		if (f->kind == F_SIZE_AUTO && !*(const uint64_t *)src)
+			render_string(buf, size, "auto");
+		else
+			render_string(buf, size, gg_format_size(*(const uint64_t *)src, tmp, sizeof(tmp)));
 		return true;
 	case F_DURATION:
 		render_string(buf, size, gg_format_duration(*(const uint64_t *)src, tmp, sizeof(tmp)));
