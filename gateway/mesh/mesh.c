@@ -84,6 +84,8 @@ struct conn {
 	uint32_t lowat;             /* its TCP_NOTSENT_LOWAT; 0: GG_NET_NOTSENT_LOWAT_MIN, as set at start */
 	uint64_t bytes_acked;       /* tcpi_bytes_acked at the last look */
 	uint64_t rate;              /* bytes/s acked over a look's span, or half the last figure if more */
+	uint64_t acked_us;          /* when bytes_acked was read */
+	bool carried;               /* DATA was written or read since the last look */
 	uint64_t sndbuf_limited_us; /* tcpi_sndbuf_limited then */
 	uint64_t wire_in_seen, wire_out_seen; /* the stream's wire bytes counted for its peer so far */
 	uint32_t gen;        /* counts the slot's uses: a via names one of them */
@@ -421,17 +423,18 @@ static void hedge(struct gg_mesh *m, unsigned p)
 		if (k->hedged || !conn_ready(m, k->conn))
 			continue;
 		const struct conn *c = &m->conns[k->conn];
-		int queued = 0;
-		if (c->ts.fd < 0 || !c->rate || ioctl(c->ts.fd, SIOCOUTQ, &queued) || queued <= 0)
-			continue;
 		int ci = pick_stream(m, p, k->id.chunk, 1, k->conn);
 		if (ci < 0)
 			return; /* none is free */
 		const uint64_t len = k->head_len + k->frame->len, fast = m->conns[ci].rate;
+		int queued = 0;
+		if (c->ts.fd < 0 || !c->rate || fast < HEDGE_FACTOR * c->rate || ioctl(c->ts.fd, SIOCOUTQ, &queued) ||
+		    queued <= 0)
+			continue;
 		const struct out *o = unwritten(c, k->frame);
 		uint64_t ahead = (uint64_t)queued + GG_TLS_RING_DEFAULT_BYTES + (o ? len - o->off : 0);
-		if (fast < HEDGE_FACTOR * c->rate || ahead * 1000000u / c->rate <
-				     HEDGE_FACTOR * (m->stats.rtt_min_us[p] + len * 1000000u / fast) + HEDGE_MIN_US)
+		if (ahead * 1000000u / c->rate <
+		    HEDGE_FACTOR * (m->stats.rtt_min_us[p] + len * 1000000u / fast) + HEDGE_MIN_US)
 			continue;
 		struct out *copy = malloc(sizeof(*copy));
 		if (!copy)
@@ -646,6 +649,7 @@ static void conn_flush(struct gg_mesh *m, int ci)
 				c->txq_tail = NULL;
 			c->txq_count--;
 			wrote_frame |= o->frame != NULL;
+			c->carried |= o->frame != NULL;
 			c->txq_frames -= o->frame != NULL;
 			free_out(o);
 		}
@@ -764,6 +768,13 @@ static void tune_stream(struct gg_mesh *m, int ci)
 	int rcv = 0, snd = 0;
 
 	c->tune_next_us = m->loop->now_us + TUNE_US;
+	/* Only what carried DATA: a mesh of many idle streams costs no
+	 * system calls for them. */
+	if (!c->carried) {
+		c->rate /= 2;
+		return;
+	}
+	c->carried = false;
 	memset(&ti, 0, sizeof(ti));
 	if (c->ts.fd < 0 || getsockopt(c->ts.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) ||
 	    getsockopt(c->ts.fd, SOL_SOCKET, SO_RCVBUF, &rcv, &il) ||
@@ -779,8 +790,10 @@ static void tune_stream(struct gg_mesh *m, int ci)
 	 * sample: a stream slowed past its first hop starts at that hop's
 	 * speed. A busy span sets it, an idle one lets it fade. */
 	uint64_t moved = ti.tcpi_bytes_acked - GG_MIN(c->bytes_acked, ti.tcpi_bytes_acked);
+	uint64_t span = c->acked_us ? GG_MAX(m->loop->now_us - c->acked_us, (uint64_t)1) : TUNE_US;
 	c->bytes_acked = ti.tcpi_bytes_acked;
-	c->rate = GG_MAX(moved * (1000000u / TUNE_US), c->rate / 2);
+	c->acked_us = m->loop->now_us;
+	c->rate = GG_MAX(moved * 1000000u / span, c->rate / 2);
 	uint32_t lowat = (uint32_t)gg_net_notsent_lowat(c->rate);
 	uint32_t cur = c->lowat ? c->lowat : GG_NET_NOTSENT_LOWAT_MIN;
 	if ((lowat > cur + cur / 4 || lowat < cur - cur / 4) &&
@@ -985,6 +998,7 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		break;
 	case GG_WIRE_DATA:
 		m->stats.data_bytes_in += len;
+		c->carried = true;
 		rc = m->ops->on_data(m->owner, (unsigned)c->peer, (struct gg_mesh_via){ ci, c->gen }, &msg, buf);
 		break;
 	case GG_WIRE_ACK:
