@@ -113,6 +113,7 @@ struct sample {
 	double wire_bytes; /* payload per step on the busiest link */
 	double link_bytes; /* what the busiest tbf counted per step */
 	double drops;      /* packets all tbfs dropped per step */
+	double hedged;     /* frames all gateways sent once more off a slow stream, per step */
 	double other_cpu;  /* share of the host's CPU that other processes used meanwhile */
 };
 
@@ -1130,22 +1131,26 @@ static int json_numbers(const char *js, const char *key, double *v, int max)
 	return n;
 }
 
-static int parse_stopped(const struct child *k, double *wire_per_step, double *steps)
+static int parse_stopped(const struct child *k, double *wire_per_step, double *hedged, double *steps)
 {
 	char *log = read_text(k->err, WAN_TEXT_MAX), tail[1200];
 	const char *line = log ? strstr(log, "event=stopped ") : NULL;
 	const char *st = line ? strstr(line, " steps_done=") : NULL, *wb = line ? strstr(line, " wire_bytes_out=") : NULL;
-	unsigned long long done = 0, wire = 0;
-	bool ok = st && wb && sscanf(st, " steps_done=%llu", &done) == 1 &&
-		  sscanf(wb, " wire_bytes_out=%llu", &wire) == 1 && done > 0;
+	const char *hf = line ? strstr(line, " hedged_frames=") : NULL;
+	unsigned long long done = 0, wire = 0, copies = 0;
+	bool ok = st && wb && hf && sscanf(st, " steps_done=%llu", &done) == 1 &&
+		  sscanf(wb, " wire_bytes_out=%llu", &wire) == 1 && sscanf(hf, " hedged_frames=%llu", &copies) == 1 &&
+		  done > 0;
 
 	free(log);
 	if (!ok) {
 		tail_lines(k->err, 4, tail, sizeof(tail));
-		say("%s logged no 'stopped' line with steps_done and wire_bytes_out; the end of its log:%s", k->name, tail);
+		say("%s logged no 'stopped' line with steps_done, wire_bytes_out and hedged_frames; the end of its log:%s",
+		    k->name, tail);
 		return -EIO;
 	}
 	*wire_per_step = (double)wire / (double)done;
+	*hedged = (double)copies / (double)done;
 	*steps = (double)done;
 	return 0;
 }
@@ -1298,15 +1303,16 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 	if ((rc = snapshot(&after)))
 		return rc;
 
-	double step_ms[WAN_MAX_STEPS], cpu_ranks, t0, t1, wire = 0, steps = 0;
+	double step_ms[WAN_MAX_STEPS], cpu_ranks, t0, t1, wire = 0, hedged = 0, steps = 0;
 	if ((rc = collect_ranks(step_ms, &cpu_ranks, &t0, &t1)))
 		return rc;
 	for (int i = 0; i < W.nkids; i++) {
-		double w, s;
+		double w, h, s;
 		if (W.kids[i].role != ROLE_GATEWAY)
 			continue;
-		if ((rc = parse_stopped(&W.kids[i], &w, &s)))
+		if ((rc = parse_stopped(&W.kids[i], &w, &h, &s)))
 			return rc;
+		hedged += h;
 		if (s != o->warmup + o->steps) {
 			say("%s did %.0f steps, not %d", W.kids[i].name, s, o->warmup + o->steps);
 			return -EIO;
@@ -1319,6 +1325,7 @@ static int run_gradgate(const struct mode *m, uint64_t size, struct sample *out)
 	out->p90_ms = percentile(step_ms, o->steps, 0.9);
 	out->cpu_s_per_gb = cpu / ((double)o->steps * (double)size / 1e9);
 	out->wire_bytes = wire;
+	out->hedged = hedged;
 	link_measures(&before, &after, steps, out);
 	return 0;
 }
@@ -1417,12 +1424,12 @@ static double model_s(const struct mode *m, double size, double wire)
 /* ---- output ---- */
 
 struct row {
-	double p50, p90, p50_min, p50_max, model_ms, cpu, wire, link, drops, other_max, vs_gloo;
+	double p50, p90, p50_min, p50_max, model_ms, cpu, wire, link, drops, hedged, other_max, vs_gloo;
 };
 
 static struct row summarize(const struct mode *m, uint64_t size, const struct cell *c, double gloo_p50)
 {
-	double v[6][WAN_MAX_REPEAT];
+	double v[7][WAN_MAX_REPEAT];
 	struct row r;
 
 	for (int i = 0; i < c->n; i++) {
@@ -1432,6 +1439,7 @@ static struct row summarize(const struct mode *m, uint64_t size, const struct ce
 		v[3][i] = c->s[i].wire_bytes;
 		v[4][i] = c->s[i].link_bytes;
 		v[5][i] = c->s[i].drops;
+		v[6][i] = c->s[i].hedged;
 	}
 	r.p50 = median(v[0], c->n);
 	r.p90 = median(v[1], c->n);
@@ -1439,6 +1447,7 @@ static struct row summarize(const struct mode *m, uint64_t size, const struct ce
 	r.wire = median(v[3], c->n);
 	r.link = median(v[4], c->n);
 	r.drops = median(v[5], c->n);
+	r.hedged = median(v[6], c->n);
 	r.other_max = 0;
 	for (int i = 0; i < c->n; i++)
 		r.other_max = GG_MAX(r.other_max, c->s[i].other_cpu);
@@ -1504,8 +1513,10 @@ static void print_row(const struct mode *m, uint64_t size, const struct row *r)
 		else
 			printf("\"ratio_gloo\":%.4f,", r->vs_gloo);
 		printf("\"cpu_s_per_gb\":%.4f,\"wire_bytes_per_step\":%.0f,\"model_link_bytes_per_step\":%.0f,"
-		       "\"link_bytes_per_step\":%.0f,\"drops_per_step\":%.1f,\"other_cpu_share_max\":%.3f}\n",
-		       r->cpu, r->wire, model_link_bytes(m, (double)size, r->wire), r->link, r->drops, r->other_max);
+		       "\"link_bytes_per_step\":%.0f,\"drops_per_step\":%.1f,\"hedged_frames_per_step\":%.2f,"
+		       "\"other_cpu_share_max\":%.3f}\n",
+		       r->cpu, r->wire, model_link_bytes(m, (double)size, r->wire), r->link, r->drops, r->hedged,
+		       r->other_max);
 		return;
 	}
 	snprintf(span, sizeof(span), "%.1f-%.1f", r->p50_min, r->p50_max);

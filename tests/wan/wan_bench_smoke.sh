@@ -49,7 +49,8 @@ import json, sys
 fields = ["mode", "system", "codec", "algorithm", "zstd_level", "size_bytes", "sites", "ranks", "rate_bps",
           "delay_ms", "steps", "warmup", "repeats", "step_ms_p50", "step_ms_p90", "p50_ms_min", "p50_ms_median",
           "p50_ms_max", "model_ms", "ratio_model", "ratio_gloo", "cpu_s_per_gb", "wire_bytes_per_step",
-          "model_link_bytes_per_step", "link_bytes_per_step", "drops_per_step", "other_cpu_share_max"]
+          "model_link_bytes_per_step", "link_bytes_per_step", "drops_per_step", "hedged_frames_per_step",
+          "other_cpu_share_max"]
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 want = ["gradgate fp32 ring"] + (["gloo"] if sys.argv[2] == "1" else [])
 assert sorted(r["mode"] for r in rows) == sorted(want), [r["mode"] for r in rows]
