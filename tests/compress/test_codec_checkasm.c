@@ -12,7 +12,7 @@
 #define SENTINEL_FLOAT 0x5a5a5a5au
 
 static const size_t sizes[] = { 0,   1,   2,   7,   15,  16,   17,   31,    32,    33,     63,
-				64,  65,  127, 255, 256, 257, 1000, 4097, 65537, 1000003 };
+				64,  65,  127, 255, 256, 257, 1000, 4097, 65537, 262147 };
 
 static unsigned long long cases;
 

@@ -194,6 +194,10 @@ int main(void)
 				}
 				for (size_t si = 0; si < GG_ARRAY_LEN(sizes); si++) {
 					size_t n = sizes[si];
+					/* n = 4097 already spans many small blocks and a
+					 * tail; the largest n is for the largest blocks. */
+					if (n > 4097 && gg_codec_has_blocks(p.codec) && p.block_elems < 4096)
+						continue;
 					for (int kind = DATA_SPECIAL; kind <= DATA_BITS; kind++) {
 						fill_data(x, n, (enum data_kind)kind, &r);
 						poison_after(x, n);

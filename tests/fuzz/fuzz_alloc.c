@@ -26,12 +26,27 @@ int __wrap_asprintf(char **out, const char *fmt, ...);
 
 static unsigned long calls, fail_at;
 static bool failed;
+static const void **record;
+static unsigned long record_cap;
 
 void gg_fuzz_alloc_fail_at(unsigned long n)
 {
 	calls = 0;
 	fail_at = n;
 	failed = false;
+	record = NULL;
+}
+
+void gg_fuzz_alloc_record(const void **sites, unsigned long cap)
+{
+	gg_fuzz_alloc_fail_at(0);
+	record = sites;
+	record_cap = cap;
+}
+
+unsigned long gg_fuzz_alloc_calls(void)
+{
+	return calls;
 }
 
 bool gg_fuzz_alloc_failed(void)
@@ -39,14 +54,20 @@ bool gg_fuzz_alloc_failed(void)
 	return failed;
 }
 
-static bool fail_now(void)
+/* site: the code that called the allocator. */
+static bool fail_at_site(const void *site)
 {
-	if (!fail_at || ++calls != fail_at)
+	calls++;
+	if (record && calls <= record_cap)
+		record[calls - 1] = site;
+	if (calls != fail_at)
 		return false;
 	failed = true;
 	errno = ENOMEM;
 	return true;
 }
+
+#define fail_now() fail_at_site(__builtin_return_address(0))
 
 void *__wrap_malloc(size_t size)
 {
@@ -83,13 +104,18 @@ void *__wrap_aligned_alloc(size_t align, size_t size)
 	return fail_now() ? NULL : __real_aligned_alloc(align, size);
 }
 
-int __wrap_vasprintf(char **out, const char *fmt, va_list ap)
+static int vasprintf_from(const void *site, char **out, const char *fmt, va_list ap)
 {
-	if (fail_now()) {
+	if (fail_at_site(site)) {
 		*out = NULL;
 		return -1;
 	}
 	return __real_vasprintf(out, fmt, ap);
+}
+
+int __wrap_vasprintf(char **out, const char *fmt, va_list ap)
+{
+	return vasprintf_from(__builtin_return_address(0), out, fmt, ap);
 }
 
 int __wrap_asprintf(char **out, const char *fmt, ...)
@@ -97,7 +123,7 @@ int __wrap_asprintf(char **out, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	int rc = __wrap_vasprintf(out, fmt, ap);
+	int rc = vasprintf_from(__builtin_return_address(0), out, fmt, ap);
 	va_end(ap);
 	return rc;
 }

@@ -16,4 +16,13 @@ void gg_fuzz_alloc_fail_at(unsigned long n);
  * failed. */
 bool gg_fuzz_alloc_failed(void);
 
+/* Counts the allocations from now on, as gg_fuzz_alloc_fail_at(0) does,
+ * and keeps the calling code's address of each of the first `cap` in
+ * sites[]; until the next gg_fuzz_alloc_fail_at(). */
+void gg_fuzz_alloc_record(const void **sites, unsigned long cap);
+
+/* Allocations counted since the last gg_fuzz_alloc_fail_at() or
+ * gg_fuzz_alloc_record(). */
+unsigned long gg_fuzz_alloc_calls(void);
+
 #endif

@@ -4,7 +4,9 @@
  *
  * Every input runs once as it is, then again with its first allocation
  * failing, then its second, and so on until a run gets past all of them
- * (fuzz_alloc.h): out-of-memory paths must neither crash nor leak.
+ * (fuzz_alloc.h): out-of-memory paths must neither crash nor leak. An
+ * allocation is not made to fail again when an earlier input's run made
+ * the same allocations, from the same code, up to it.
  * --no-alloc-failures leaves those runs out; --fail-alloc=N runs each
  * input once more with allocation N failing only (to look into one). */
 #define _POSIX_C_SOURCE 200809L
@@ -44,11 +46,59 @@ static void on_fatal_signal(int sig)
 	raise(sig);
 }
 
+/* An allocation is keyed by the sites of every allocation of the run up to
+ * and including it, hashed. A failure whose key was tried already, for an
+ * earlier input, is not tried again: the inputs share their set-up (the
+ * same calls in the same order), and failing it once per input would only
+ * repeat the same run. Once two runs' allocations part, their keys differ. */
+#define RECORD_CAP (1ul << 16)
+#define SET_CAP (1ul << 20)
+
+static const void *sites[RECORD_CAP];
+static uint64_t tried[SET_CAP];
+static unsigned long tried_len, alloc_skipped;
+
+static uint64_t prefix_hash(uint64_t h, const void *site)
+{
+	h = (h ^ (uint64_t)(uintptr_t)site) * 0x100000001b3ull;
+	return (h ^ h >> 32) | 1; /* 0 marks an empty slot */
+}
+
+/* Whether failing the allocation with this key was tried already; if not,
+ * it is now. A full set forgets nothing and dedupes no more. */
+static bool tried_before(uint64_t key)
+{
+	unsigned long i = (unsigned long)(key ^ key >> 21) & (SET_CAP - 1);
+
+	while (tried[i] && tried[i] != key)
+		i = (i + 1) & (SET_CAP - 1);
+	if (tried[i])
+		return true;
+	if (tried_len >= SET_CAP / 2)
+		return false;
+	tried[i] = key;
+	tried_len++;
+	return false;
+}
+
 static void run_input(const char *path, const uint8_t *data, size_t len)
 {
+	unsigned long total;
+	uint64_t key = 0xcbf29ce484222325ull;
+
 	snprintf(running, sizeof(running), "replaying %s\n", path);
+	gg_fuzz_alloc_record(sites, RECORD_CAP);
 	LLVMFuzzerTestOneInput(data, len);
+	total = gg_fuzz_alloc_calls();
+	gg_fuzz_alloc_fail_at(0);
 	for (unsigned long n = only_alloc ? only_alloc : 1; alloc_failures; n++) {
+		if (!only_alloc && n <= total && n <= RECORD_CAP) {
+			key = prefix_hash(key, sites[n - 1]);
+			if (tried_before(key)) {
+				alloc_skipped++;
+				continue;
+			}
+		}
 		snprintf(running, sizeof(running), "replaying %s with allocation %lu failing\n", path, n);
 		gg_fuzz_alloc_fail_at(n);
 		LLVMFuzzerTestOneInput(data, len);
@@ -178,6 +228,7 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++)
 		if (strncmp(argv[i], "--", 2))
 			failed |= replay_path(argv[i], 8, &count);
-	printf("replayed %lu inputs, and %lu times with an allocation failing\n", count, alloc_runs);
+	printf("replayed %lu inputs, and %lu times with an allocation failing (%lu left out: an earlier input failed them)\n",
+	       count, alloc_runs, alloc_skipped);
 	return failed;
 }

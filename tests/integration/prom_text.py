@@ -5,6 +5,9 @@
   prom_text.py value FILE SERIES...  the value of each series, e.g. 'gradgate_jobs' or
                                      'gradgate_raw_bytes_total{peer="site-b",direction="sent"}'
   prom_text.py families FILE         the families declared, one a line
+  prom_text.py table FILE            check, then every sample as SERIES<tab>VALUE, the
+                                     series as the page spells it (one reading for many
+                                     look-ups: a shell can grep it)
 
 check wants what Prometheus itself parses and a little more: HELP and TYPE
 once per family and before its samples, a family's samples together, every
@@ -206,16 +209,26 @@ def series_value(text, spec):
     raise KeyError(spec)
 
 
+def number(v):
+    return int(v) if math.isfinite(v) and v == int(v) and abs(v) < 2**63 else repr(v)
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("check", "value", "families"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("check", "value", "families", "table"):
         print(__doc__, file=sys.stderr)
         return 2
     text = read(sys.argv[2])
-    if sys.argv[1] == "check":
+    if sys.argv[1] in ("check", "table"):
         problems = check(text)[0]
         for p in problems:
-            print(f"{sys.argv[2]}: {p}")
-        return 1 if problems else 0
+            print(f"{sys.argv[2]}: {p}", file=sys.stderr if sys.argv[1] == "table" else sys.stdout)
+        if problems or sys.argv[1] == "check":
+            return 1 if problems else 0
+        for line in text.split("\n"):
+            if line and not line.startswith("#"):
+                value = parse_sample(line)[2]
+                print(f"{line.rsplit(' ', 1)[0]}\t{number(value)}")
+        return 0
     if sys.argv[1] == "families":
         for fam in check(text)[1]:
             print(fam)
@@ -226,7 +239,7 @@ def main():
         except KeyError:
             print(f"{sys.argv[2]}: no series {spec}", file=sys.stderr)
             return 1
-        print(int(v) if math.isfinite(v) and v == int(v) and abs(v) < 2**63 else repr(v))
+        print(number(v))
     return 0
 
 
