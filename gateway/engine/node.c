@@ -253,11 +253,15 @@ struct job {
 	enum gg_allreduce_algo run_algo; /* of the step in progress or the last one */
 	enum gg_allreduce_algo algo; /* the last one not a probe, and its elements */
 	uint64_t algo_count;
-	/* At the first site: what each algorithm's steps took over what the
-	 * model said (0: none timed yet), and the step it last ran. */
-	double timed[2][TIMED_KEPT]; /* the latest, oldest first */
+	/* At the first site: each algorithm's latest steps, their sizes and
+	 * how long they took, and the step it last ran. */
+	struct timed_step {
+		uint64_t count;
+		double seconds;
+	} timed[2][TIMED_KEPT]; /* the latest, oldest first */
 	uint64_t timed_seq[2];
 	unsigned timed_n[2];    /* steps timed, up to TIMED_KEPT */
+	unsigned probes[2];     /* probes of each so far */
 	bool algo_told, plan_told; /* a choice was logged, one by a plan */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
@@ -1729,9 +1733,13 @@ static double elem_bytes(const struct gg_node *n)
 	return (double)bytes / (double)elems;
 }
 
-/* A step of the algorithm not chosen for a job's size runs every this many
- * steps (at 3 sites or more), to time it again: the links change. */
+/* A step of the algorithm not chosen for a job's size runs again after 4
+ * steps of the other, then 8, 16, and from then on every this many (at 3
+ * sites or more), to time it again: a probe that met cold streams or a
+ * busy moment must not keep a job on the slower algorithm for long, and
+ * the links change. */
 #define PROBE_EVERY 32u
+#define PROBE_SOON 4u
 /* An algorithm is timed this many steps in a row before its factor is
  * trusted: the first step of one that did not run lately meets streams
  * whose congestion windows went cold. */
@@ -1759,28 +1767,41 @@ static bool worst_links(const struct gg_node *n, struct gg_wire_links *worst)
 	return worst->uplink_bytes_per_s && worst->rtt_us;
 }
 
-/* At the first site, once j's step completed: how long it took against
- * what the model says for its algorithm, kept with the latest of that
- * algorithm; its factor is the least of them (a slow step is slowed by
- * something, a fast one not). What the model leaves out (losses when a
- * site sends to all its peers at once, the CPU, ring's pipelining) shows
- * in the factors. */
-static double model_factor(const struct job *j, enum gg_allreduce_algo a)
+/* At the first site: the factor by which algorithm a's model time is
+ * scaled, the least over its latest timed steps of measured time over
+ * what the model says for the step's size on the links as measured now
+ * (a slow step was slowed by something, a fast one was not). What the
+ * model leaves out (losses when a site sends to all its peers at once, the
+ * CPU, ring's pipelining, latency in the uplink figure) shows in the
+ * factors. Both algorithms' factors come from the same figures, so where
+ * both ran steps of a size, comparing them compares those steps' times,
+ * however the figures moved since. 1 when none was timed. */
+static double model_factor(const struct gg_node *n, const struct job *j, enum gg_allreduce_algo a, double eb,
+			   double up, double one_way)
 {
 	double f = 0;
 
-	for (unsigned i = 0; i < j->timed_n[a]; i++)
-		if (!f || j->timed[a][i] < f)
-			f = j->timed[a][i];
+	for (unsigned i = 0; i < j->timed_n[a]; i++) {
+		const struct timed_step *t = &j->timed[a][i];
+		double model = gg_ar_model_seconds(a, n->sites, t->count, eb, up, one_way);
+		if (model > 0 && (!f || t->seconds / model < f))
+			f = t->seconds / model;
+	}
 	return f ? f : 1;
 }
 
+/* At the first site, once j's step completed: how long it took, kept with
+ * the latest of its algorithm. The steps before the job's first plan are
+ * not: they ran while the links were being measured, on cold streams and
+ * into memory touched for the first time, and would make direct, which
+ * they all go by, look slower than it is for many steps to come. */
 static void time_step(struct gg_node *n, struct job *j)
 {
 	struct gg_wire_links w;
 	const enum gg_allreduce_algo a = j->run_algo;
 
-	if (n->self != 0 || n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || n->sites <= 2 || !worst_links(n, &w))
+	if (n->self != 0 || n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || n->sites <= 2 ||
+	    !j->using.has_plan || !worst_links(n, &w))
 		return;
 	double model = gg_ar_model_seconds(a, n->sites, j->wstep.count, elem_bytes(n), (double)w.uplink_bytes_per_s,
 					   w.rtt_us / 2e6);
@@ -1788,10 +1809,10 @@ static void time_step(struct gg_node *n, struct job *j)
 	if (model < MODEL_MIN_S || now <= j->submit_us)
 		return;
 	if (j->timed_n[a] == TIMED_KEPT)
-		memmove(j->timed[a], j->timed[a] + 1, (TIMED_KEPT - 1) * sizeof(double));
+		memmove(j->timed[a], j->timed[a] + 1, (TIMED_KEPT - 1) * sizeof(j->timed[a][0]));
 	else
 		j->timed_n[a]++;
-	j->timed[a][j->timed_n[a] - 1] = (double)(now - j->submit_us) / 1e6 / model;
+	j->timed[a][j->timed_n[a] - 1] = (struct timed_step){ j->wstep.count, (double)(now - j->submit_us) / 1e6 };
 	j->timed_seq[a] = j->step->seq;
 }
 
@@ -1805,8 +1826,9 @@ static void make_plan(struct gg_node *n, struct job *j)
 
 	if (!worst_links(n, &worst) && n->sites > 2)
 		return; /* not measured yet: the plan stays */
-	const double fd = model_factor(j, GG_ALLREDUCE_DIRECT), fr = model_factor(j, GG_ALLREDUCE_RING);
 	const double eb = elem_bytes(n), up = (double)worst.uplink_bytes_per_s, one_way = worst.rtt_us / 2e6;
+	const double fd = model_factor(n, j, GG_ALLREDUCE_DIRECT, eb, up, one_way),
+		     fr = model_factor(n, j, GG_ALLREDUCE_RING, eb, up, one_way);
 	const uint64_t count = j->wstep.count, seq = j->step->seq;
 	j->plan = (struct gg_wire_plan){
 		.has_plan = true,
@@ -1825,10 +1847,12 @@ static void make_plan(struct gg_node *n, struct job *j)
 			j->plan.direct_max = GG_MIN(j->plan.direct_max, count - 1);
 	}
 	const enum gg_allreduce_algo other = count <= j->plan.direct_max ? GG_ALLREDUCE_RING : GG_ALLREDUCE_DIRECT;
-	if (GG_MIN(td, tr) >= MODEL_MIN_S &&
-	    (j->timed_n[other] < PROBE_FIRST || seq >= j->timed_seq[other] + PROBE_EVERY)) {
+	const uint64_t gap = j->probes[other] >= 3 ? PROBE_EVERY : PROBE_SOON << j->probes[other];
+	if (GG_MIN(td, tr) >= MODEL_MIN_S && (j->timed_n[other] < PROBE_FIRST || seq >= j->timed_seq[other] + gap)) {
 		j->plan.direct_max = other == GG_ALLREDUCE_DIRECT ? count : count - 1;
 		j->plan.probe = true;
+		if (j->timed_n[other] >= PROBE_FIRST)
+			j->probes[other]++;
 	}
 }
 
@@ -1866,13 +1890,19 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 	}
 	const struct gg_wire_links *l = &j->using.links;
 	const double eb = elem_bytes(n), up = (double)l->uplink_bytes_per_s, one_way = l->rtt_us / 2e6;
+	/* The factors are the first site's, which made the plan. */
+	char factors[64] = "";
+	if (n->self == 0 && n->sites > 2)
+		snprintf(factors, sizeof(factors), " factor_direct=%.3f factor_ring=%.3f",
+			 model_factor(n, j, GG_ALLREDUCE_DIRECT, eb, up, one_way),
+			 model_factor(n, j, GG_ALLREDUCE_RING, eb, up, one_way));
 	gg_log(GG_LOG_INFO, "algorithm",
 	       "job=%s step=%llu algorithm=%s count=%llu direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
-	       "model_direct_ms=%.3f model_ring_ms=%.3f",
+	       "model_direct_ms=%.3f model_ring_ms=%.3f%s",
 	       j->name, (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
 	       (unsigned long long)j->using.direct_max, up * 8 / 1e6, l->rtt_us / 1e3,
 	       gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, st->count, eb, up, one_way) * 1e3,
-	       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, st->count, eb, up, one_way) * 1e3);
+	       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, st->count, eb, up, one_way) * 1e3, factors);
 }
 
 static void step_has_result(struct gg_node *n, struct job *j)

@@ -27,7 +27,7 @@ first=$(choices big 0)
 log "site-0 chose: $(tr '\n' '|' <<<"$first")"
 grep -q 'step=1 algorithm=direct count=1000000 reason="no plan yet: the links are measured as steps go direct"' <<<"$first" ||
 	fail "site-0 did not start job big direct, for want of a plan: $first"
-grep -Eq 'algorithm=(direct|ring) count=1000000 direct_up_to=[0-9]+ uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+$' "$(site_log 0)" ||
+grep -Eq 'algorithm=(direct|ring) count=1000000 direct_up_to=[0-9]+ uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+ factor_direct=[0-9.]+ factor_ring=[0-9.]+$' "$(site_log 0)" ||
 	fail "site-0 logged no plan for job big with the figures behind it: $first"
 for ((i = 1; i < K; i++)); do
 	[ "$(choices big $i)" = "$first" ] || fail "site $i chose differently from site 0: $(choices big $i)"
