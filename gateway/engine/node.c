@@ -261,7 +261,6 @@ struct job {
 	} timed[2][TIMED_KEPT]; /* the latest, oldest first */
 	uint64_t timed_seq[2];
 	unsigned timed_n[2];    /* steps timed, up to TIMED_KEPT */
-	unsigned probes[2];     /* probes of each so far */
 	bool algo_told, plan_told; /* a choice was logged, one by a plan */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
@@ -1733,13 +1732,9 @@ static double elem_bytes(const struct gg_node *n)
 	return (double)bytes / (double)elems;
 }
 
-/* A step of the algorithm not chosen for a job's size runs again after 4
- * steps of the other, then 8, 16, and from then on every this many (at 3
- * sites or more), to time it again: a probe that met cold streams or a
- * busy moment must not keep a job on the slower algorithm for long, and
- * the links change. */
+/* A step of the algorithm not chosen for a job's size runs every this many
+ * steps (at 3 sites or more), to time it again: the links change. */
 #define PROBE_EVERY 32u
-#define PROBE_SOON 4u
 /* An algorithm is timed this many steps in a row before its factor is
  * trusted: the first step of one that did not run lately meets streams
  * whose congestion windows went cold. */
@@ -1847,12 +1842,10 @@ static void make_plan(struct gg_node *n, struct job *j)
 			j->plan.direct_max = GG_MIN(j->plan.direct_max, count - 1);
 	}
 	const enum gg_allreduce_algo other = count <= j->plan.direct_max ? GG_ALLREDUCE_RING : GG_ALLREDUCE_DIRECT;
-	const uint64_t gap = j->probes[other] >= 3 ? PROBE_EVERY : PROBE_SOON << j->probes[other];
-	if (GG_MIN(td, tr) >= MODEL_MIN_S && (j->timed_n[other] < PROBE_FIRST || seq >= j->timed_seq[other] + gap)) {
+	if (GG_MIN(td, tr) >= MODEL_MIN_S &&
+	    (j->timed_n[other] < PROBE_FIRST || seq >= j->timed_seq[other] + PROBE_EVERY)) {
 		j->plan.direct_max = other == GG_ALLREDUCE_DIRECT ? count : count - 1;
 		j->plan.probe = true;
-		if (j->timed_n[other] >= PROBE_FIRST)
-			j->probes[other]++;
 	}
 }
 
