@@ -134,9 +134,9 @@ static void flood(struct gg_node *node, unsigned index)
 		for (unsigned step = 2; step < 66; step++)
 			CHECK(gg_node_test_send_data(node, 0, "flood", step, 0, 200u << 10) == 0, "flood");
 	}
-	/* Until site 0 has refused some (or 10 s passed): a loaded machine
+	/* Until site 0 has refused some (or 30 s passed): a loaded machine
 	 * may take a while to move 13 MB through both sites' TLS. */
-	for (int spins = 0; spins < 1000 && !atomic_load(&flood_seen); spins++) {
+	for (int spins = 0; spins < 3000 && !atomic_load(&flood_seen); spins++) {
 		if (gg_node_run_once(node, 10000, NULL, NULL))
 			break;
 		most = GG_MAX(most, gg_node_stats(node)->early_bytes);
