@@ -185,10 +185,17 @@ static void backend_log(void *arg, const char *line)
 	gg_log(GG_LOG_INFO, "control", "msg=\"%s\"", line);
 }
 
-/* Whether every stream to every peer is up, as last logged. */
+/* A stream that goes down while every peer still has one up is told of
+ * only if the mesh is still incomplete this much later: where both sites
+ * dial, one closes its own connection of a pair for the other's, which may
+ * come up an instant after. */
+#define MESH_SWAP_US 250000
+
+/* Whether every stream to every peer is up, and whether its lack was told. */
 struct mesh_watch {
 	bool connected;
-	uint64_t next_us;     /* when to say again that it is not */
+	bool told;            /* mesh_degraded logged since the mesh was last up */
+	uint64_t next_us;     /* when to say (again) that it is not */
 	uint64_t interval_us; /* doubles from heartbeat_timeout up to MESH_REPORT_MAX_US */
 };
 
@@ -196,27 +203,38 @@ struct mesh_watch {
  * while the mesh stays incomplete (first heartbeat_timeout after the start
  * or the loss, then at longer and longer intervals), naming the peers that
  * have no stream up and why: a pair of sites whose dial settings leave
- * neither to dial can tell nothing from the network. */
+ * neither to dial can tell nothing from the network. A stream back within
+ * MESH_SWAP_US, every peer reachable meanwhile, makes neither line. */
 static void log_mesh(struct daemon *d, struct mesh_watch *w)
 {
 	const uint64_t now = gg_monotonic_us();
 	char why[1024], safe[2 * sizeof(why)];
+	unsigned n;
 
-	if (w->connected != gg_node_connected(d->node)) {
-		w->connected = !w->connected;
-		w->interval_us = d->cfg->transport.heartbeat_timeout_us;
-		w->next_us = now + w->interval_us;
-		if (w->connected) {
+	if (gg_node_connected(d->node)) {
+		if (!w->connected && w->told)
 			gg_log(GG_LOG_INFO, "mesh_up", "site=%s", d->cfg->site.name);
+		w->connected = true;
+		w->told = false;
+		return;
+	}
+	if (w->connected) {
+		w->connected = false;
+		w->interval_us = d->cfg->transport.heartbeat_timeout_us;
+		n = gg_node_unreachable(d->node, why, sizeof(why));
+		if (!n) {
+			w->next_us = now + MESH_SWAP_US;
 			return;
 		}
-	} else if (w->connected || now < w->next_us) {
+	} else if (now < w->next_us) {
 		return;
 	} else {
-		w->interval_us = GG_MIN(2 * w->interval_us, MESH_REPORT_MAX_US);
-		w->next_us = now + w->interval_us;
+		n = gg_node_unreachable(d->node, why, sizeof(why));
+		if (w->told)
+			w->interval_us = GG_MIN(2 * w->interval_us, MESH_REPORT_MAX_US);
 	}
-	unsigned n = gg_node_unreachable(d->node, why, sizeof(why));
+	w->next_us = now + w->interval_us;
+	w->told = true;
 	if (n)
 		gg_log(GG_LOG_WARN, "mesh_degraded", "site=%s unreachable=%u reason=\"%s\"", d->cfg->site.name, n,
 		       gg_escape(safe, sizeof(safe), why, strlen(why)));
@@ -422,7 +440,9 @@ static int start_metrics(struct daemon *d, char *err, size_t err_size)
 static int run(struct daemon *d)
 {
 	int status = GG_EXIT_OK;
-	struct mesh_watch watch = { .next_us = gg_monotonic_us() + d->cfg->transport.heartbeat_timeout_us,
+	/* At the start the mesh is incomplete as if told: mesh_up comes once it is whole. */
+	struct mesh_watch watch = { .told = true,
+				    .next_us = gg_monotonic_us() + d->cfg->transport.heartbeat_timeout_us,
 				    .interval_us = d->cfg->transport.heartbeat_timeout_us };
 
 	while (!got_stop) {
