@@ -1,13 +1,10 @@
 #!/usr/bin/env python3
 """A strict reader of the Prometheus text exposition format 0.0.4.
 
-  prom_text.py check FILE            every line well-formed, or exit 1 naming each problem
-  prom_text.py value FILE SERIES...  the value of each series, e.g. 'gradgate_jobs' or
-                                     'gradgate_raw_bytes_total{peer="site-b",direction="sent"}'
-  prom_text.py families FILE         the families declared, one a line
-  prom_text.py table FILE            check, then every sample as SERIES<tab>VALUE, the
-                                     series as the page spells it (one reading for many
-                                     look-ups: a shell can grep it)
+  prom_text.py check FILE   every line well-formed, or exit 1 naming each problem
+  prom_text.py table FILE   check (problems on stderr), then every sample as SERIES<tab>VALUE,
+                            e.g. 'gradgate_raw_bytes_total{peer="site-b",direction="sent"}<tab>42',
+                            labels in the page's order: one reading for many look-ups
 
 check wants what Prometheus itself parses and a little more: HELP and TYPE
 once per family and before its samples, a family's samples together, every
@@ -196,50 +193,31 @@ def check(text):
     return problems, types, samples
 
 
-def series_value(text, spec):
-    m = NAME.match(spec)
-    name = m.group(0)
-    want = parse_labels(spec, m.end())[0] if spec[m.end():m.end() + 1] == "{" else {}
-    for line in text.split("\n"):
-        if not line or line.startswith("#"):
-            continue
-        n, labels, value = parse_sample(line)
-        if n == name and labels == want:
-            return value
-    raise KeyError(spec)
-
-
 def number(v):
     return int(v) if math.isfinite(v) and v == int(v) and abs(v) < 2**63 else repr(v)
 
 
+def series(name, labels):
+    """A sample's series as the exposition format spells it."""
+    if not labels:
+        return name
+    esc = {"\\": "\\\\", '"': '\\"', "\n": "\\n"}
+    return name + "{" + ",".join(f'{k}="{"".join(esc.get(c, c) for c in v)}"' for k, v in labels.items()) + "}"
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("check", "value", "families", "table"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("check", "table"):
         print(__doc__, file=sys.stderr)
         return 2
-    text = read(sys.argv[2])
-    if sys.argv[1] in ("check", "table"):
-        problems = check(text)[0]
-        for p in problems:
-            print(f"{sys.argv[2]}: {p}", file=sys.stderr if sys.argv[1] == "table" else sys.stdout)
-        if problems or sys.argv[1] == "check":
-            return 1 if problems else 0
-        for line in text.split("\n"):
-            if line and not line.startswith("#"):
-                value = parse_sample(line)[2]
-                print(f"{line.rsplit(' ', 1)[0]}\t{number(value)}")
-        return 0
-    if sys.argv[1] == "families":
-        for fam in check(text)[1]:
-            print(fam)
-        return 0
-    for spec in sys.argv[3:]:
-        try:
-            v = series_value(text, spec)
-        except KeyError:
-            print(f"{sys.argv[2]}: no series {spec}", file=sys.stderr)
-            return 1
-        print(number(v))
+    table = sys.argv[1] == "table"
+    problems, _, samples = check(read(sys.argv[2]))
+    for p in problems:
+        print(f"{sys.argv[2]}: {p}", file=sys.stderr if table else sys.stdout)
+    if problems or not table:
+        return 1 if problems else 0
+    for fam in samples.values():
+        for name, labels, value in fam:
+            print(f"{series(name, labels)}\t{number(value)}")
     return 0
 
 
