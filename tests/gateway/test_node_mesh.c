@@ -44,7 +44,8 @@ struct scenario {
 	int cut_at_step;      /* cut streams 0 and 1 (two lanes) of site 0 towards site 1 during this step */
 	bool mismatch;        /* site K-1 announces one element more */
 	bool tensor_per_step; /* step t is tensor t: a new error feedback state each step */
-	int freeze_site;      /* this site dies once it has the result (1 s deadline); -1: none */
+	int freeze_site;      /* this site dies once it has the result; -1: none. Its step has a 1 s
+			       * deadline, and the others wait a 3 s heartbeat_timeout past it */
 	int done_lost_step;   /* site 0's DONE of this step never reaches site 1, whose streams it then cuts */
 	bool end_after_lost;  /* and site 0 ends the job at once (it was the last step): its END stands for the DONE */
 	int restart_step;     /* site 1's DONE of this step reaches site 0 only, then site 1 crashes and restarts;
@@ -91,10 +92,12 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 	n += gg_test_site_toml(text, sizeof(text), k, sc->K, ports, 2 + k % 2, cert_dir);
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
 			      "[transport]\nstreams_per_peer = 4\nchunk_size = \"256KiB\"\nstep_timeout = \"%s\"\n"
+			      "heartbeat_interval = \"%s\"\nheartbeat_timeout = \"%s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
 			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"%s\"\nmemory = \"%s\"\n",
-			      sc->freeze_site >= 0 ? "1s" : "20s", sc->codec, sc->algo,
+			      sc->freeze_site >= 0 ? "1s" : "20s", sc->freeze_site >= 0 ? "250ms" : "1s",
+			      sc->freeze_site >= 0 ? "3s" : "10s", sc->codec, sc->algo,
 			      sc->flood && k == 1 ? "1GiB" : "8MiB", sc->flood && k == 1 ? "4GiB" : "64MiB");
 	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, ports[0]);
 	FILE *f = fopen(path, "w");
