@@ -256,11 +256,20 @@ struct job {
 	/* At the first site: each algorithm's latest steps, their sizes and
 	 * how long they took, and the step it last ran. */
 	struct timed_step {
-		uint64_t count;
+		uint64_t seq, count;
 		double seconds;
 	} timed[2][TIMED_KEPT]; /* the latest, oldest first */
 	uint64_t timed_seq[2];
 	unsigned timed_n[2];    /* steps timed, up to TIMED_KEPT */
+	/* At the first site, of each algorithm when it is not the one chosen:
+	 * steps from one probe of it to the next (0: PROBE_SOON), and the last
+	 * step of it whose time was judged. */
+	unsigned probe_every[2];
+	uint64_t judged_seq[2];
+	uint64_t chosen_seq; /* the first step of the latest choice */
+	unsigned warm_steps; /* before the first plan, with the links measured */
+	unsigned probe_len; /* steps of the probe in progress */
+	double probe_best;  /* and the shortest of them */
 	bool algo_told, plan_told; /* a choice was logged, one by a plan */
 	uint64_t done_seq;      /* the last step completed here, and when: its DONE */
 	uint64_t done_us;       /* goes again to a peer whose stream comes back */
@@ -1732,9 +1741,26 @@ static double elem_bytes(const struct gg_node *n)
 	return (double)bytes / (double)elems;
 }
 
-/* A step of the algorithm not chosen for a job's size runs every this many
- * steps (at 3 sites or more), to time it again: the links change. */
+/* A job's first steps go direct, over every link, until the links were
+ * measured and this many more steps ran: a window opens over round trips,
+ * and where a step's bytes are a fraction of the bandwidth-delay product
+ * that takes steps (at 5 Gbit/s and 300 ms, 64 MiB steps direct took 1.3
+ * s for the first eight, 0.6 s after). Compared on cold links, direct
+ * looks slower than it is, and ring, which leaves half of them idle,
+ * keeps them cold. */
+#define WARM_STEPS 8u
+/* Steps of the algorithm not chosen for a job's size run now and then (at
+ * 3 sites or more), to time it again: the links change, and its windows
+ * may have been cold when it ran. PROBE_SOON steps after it ran or was
+ * dropped, while each of its probes is more than PROBE_GAIN faster than
+ * the ones before (against the model); twice as many steps after each
+ * that is not, up to PROBE_EVERY. A probe runs PROBE_FIRST steps and more
+ * while it gains (probe_goes_on()), up to PROBE_RUN. */
+#define PROBE_SOON 4u
 #define PROBE_EVERY 32u
+#define PROBE_GAIN 0.05
+#define PROBE_RUN 8u
+#define PROBE_CLOSE 1.5
 /* An algorithm is timed this many steps in a row before its factor is
  * trusted: the first step of one that did not run lately meets streams
  * whose congestion windows went cold. */
@@ -1762,6 +1788,21 @@ static bool worst_links(const struct gg_node *n, struct gg_wire_links *worst)
 	return worst->uplink_bytes_per_s && worst->rtt_us;
 }
 
+/* model_factor() over the steps after `after` up to `last`; 0 where none. */
+static double factor_between(const struct gg_node *n, const struct job *j, enum gg_allreduce_algo a, double eb,
+			     double up, double one_way, uint64_t after, uint64_t last)
+{
+	double f = 0;
+
+	for (unsigned i = 0; i < j->timed_n[a]; i++) {
+		const struct timed_step *t = &j->timed[a][i];
+		double model = gg_ar_model_seconds(a, n->sites, t->count, eb, up, one_way);
+		if (t->seq > after && t->seq <= last && model > 0 && (!f || t->seconds / model < f))
+			f = t->seconds / model;
+	}
+	return f;
+}
+
 /* At the first site: the factor by which algorithm a's model time is
  * scaled, the least over its latest timed steps of measured time over
  * what the model says for the step's size on the links as measured now
@@ -1774,15 +1815,18 @@ static bool worst_links(const struct gg_node *n, struct gg_wire_links *worst)
 static double model_factor(const struct gg_node *n, const struct job *j, enum gg_allreduce_algo a, double eb,
 			   double up, double one_way)
 {
-	double f = 0;
+	double f = factor_between(n, j, a, eb, up, one_way, 0, UINT64_MAX);
 
-	for (unsigned i = 0; i < j->timed_n[a]; i++) {
-		const struct timed_step *t = &j->timed[a][i];
-		double model = gg_ar_model_seconds(a, n->sites, t->count, eb, up, one_way);
-		if (model > 0 && (!f || t->seconds / model < f))
-			f = t->seconds / model;
-	}
 	return f ? f : 1;
+}
+
+/* How long j's step took at the first site, from its submission to its
+ * result there. It completes later, once every site has its result (by
+ * ring, others have it later than the first site): what time_step()
+ * keeps. */
+static double result_seconds(const struct job *j)
+{
+	return j->has_result_us > j->submit_us ? (double)(j->has_result_us - j->submit_us) / 1e6 : 0;
 }
 
 /* At the first site, once j's step completed: how long it took, kept with
@@ -1800,15 +1844,38 @@ static void time_step(struct gg_node *n, struct job *j)
 		return;
 	double model = gg_ar_model_seconds(a, n->sites, j->wstep.count, elem_bytes(n), (double)w.uplink_bytes_per_s,
 					   w.rtt_us / 2e6);
-	uint64_t now = gg_node_loop(n)->now_us;
+	const uint64_t now = gg_node_loop(n)->now_us;
 	if (model < MODEL_MIN_S || now <= j->submit_us)
 		return;
+	const double seconds = (double)(now - j->submit_us) / 1e6;
 	if (j->timed_n[a] == TIMED_KEPT)
 		memmove(j->timed[a], j->timed[a] + 1, (TIMED_KEPT - 1) * sizeof(j->timed[a][0]));
 	else
 		j->timed_n[a]++;
-	j->timed[a][j->timed_n[a] - 1] = (struct timed_step){ j->wstep.count, (double)(now - j->submit_us) / 1e6 };
+	j->timed[a][j->timed_n[a] - 1] = (struct timed_step){ j->step->seq, j->wstep.count, seconds };
 	j->timed_seq[a] = j->step->seq;
+}
+
+/* At the first site, as j's step has its result: whether it is a probe of
+ * algorithm a to be followed by another, `chosen` the time predicted for
+ * the algorithm chosen. A probe meets windows that went cold while a did
+ * not run, and each step warms them for the next: after PROBE_FIRST steps
+ * a probe goes on while each step is more than PROBE_GAIN faster than
+ * the probe's best before it and within PROBE_CLOSE of `chosen`, up to
+ * PROBE_RUN steps. */
+static bool probe_goes_on(struct job *j, enum gg_allreduce_algo a, double chosen)
+{
+	const double t = result_seconds(j);
+
+	if (!j->using.probe || j->run_algo != a) {
+		j->probe_len = 0;
+		return false;
+	}
+	const bool better = !j->probe_len || t < j->probe_best * (1 - PROBE_GAIN);
+	j->probe_best = !j->probe_len ? t : GG_MIN(j->probe_best, t);
+	j->probe_len++;
+	return j->probe_len < PROBE_FIRST ||
+	       (j->probe_len < PROBE_RUN && better && t > 0 && t < chosen * PROBE_CLOSE);
 }
 
 /* At the first site: the plan its DONE of j's step carries, from the
@@ -1821,6 +1888,9 @@ static void make_plan(struct gg_node *n, struct job *j)
 
 	if (!worst_links(n, &worst) && n->sites > 2)
 		return; /* not measured yet: the plan stays */
+	if (n->sites > 2 && !j->timed_n[GG_ALLREDUCE_DIRECT] && !j->timed_n[GG_ALLREDUCE_RING] &&
+	    ++j->warm_steps < WARM_STEPS)
+		return;
 	const double eb = elem_bytes(n), up = (double)worst.uplink_bytes_per_s, one_way = worst.rtt_us / 2e6;
 	const double fd = model_factor(n, j, GG_ALLREDUCE_DIRECT, eb, up, one_way),
 		     fr = model_factor(n, j, GG_ALLREDUCE_RING, eb, up, one_way);
@@ -1842,8 +1912,20 @@ static void make_plan(struct gg_node *n, struct job *j)
 			j->plan.direct_max = GG_MIN(j->plan.direct_max, count - 1);
 	}
 	const enum gg_allreduce_algo other = count <= j->plan.direct_max ? GG_ALLREDUCE_RING : GG_ALLREDUCE_DIRECT;
+	/* A probe of the other that ended (the step now is not one): was it
+	 * faster than its steps before? */
+	if (j->run_algo != other && j->timed_seq[other] > j->judged_seq[other]) {
+		const double before = factor_between(n, j, other, eb, up, one_way, 0, j->judged_seq[other]),
+			     now = factor_between(n, j, other, eb, up, one_way, j->judged_seq[other], UINT64_MAX);
+		j->probe_every[other] = !before || now < before * (1 - PROBE_GAIN) ?
+						PROBE_SOON :
+						GG_MIN(2 * GG_MAX(j->probe_every[other], PROBE_SOON), PROBE_EVERY);
+		j->judged_seq[other] = j->timed_seq[other];
+	}
+	const unsigned every = j->probe_every[other] ? j->probe_every[other] : PROBE_SOON;
 	if (GG_MIN(td, tr) >= MODEL_MIN_S &&
-	    (j->timed_n[other] < PROBE_FIRST || seq >= j->timed_seq[other] + PROBE_EVERY)) {
+	    (probe_goes_on(j, other, other == GG_ALLREDUCE_DIRECT ? tr : td) || j->timed_n[other] < PROBE_FIRST ||
+	     seq >= GG_MAX(j->timed_seq[other], j->chosen_seq) + every)) {
 		j->plan.direct_max = other == GG_ALLREDUCE_DIRECT ? count : count - 1;
 		j->plan.probe = true;
 	}
@@ -1869,6 +1951,8 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 	j->run_algo = algo;
 	if (n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || j->using.probe)
 		return; /* a probe is no news, nor the step after it going back */
+	if (algo != j->algo || st->count != j->algo_count)
+		j->chosen_seq = st->seq;
 	j->algo = algo;
 	j->algo_count = st->count;
 	if (!tell)

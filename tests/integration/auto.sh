@@ -2,8 +2,9 @@
 # [allreduce] algorithm = "auto": three sites on loopback choose direct or
 # ring per step from the links they measured, and always the same one.
 #
-# A job's first step goes direct (no plan yet). Once the streams have
-# delivered a quarter second's worth of DATA, the first site's DONE carries a plan
+# A job's first steps go direct (no plan yet). Once the streams have
+# delivered a quarter second's worth of DATA, and eight steps more warmed
+# the links, the first site's DONE carries a plan
 # from the measured uplink and round trip and from the steps timed so far
 # (which of the two wins for a large step on loopback, where the CPU sets
 # the pace, is up to the moment; a one-element step stays direct). Every
@@ -29,6 +30,9 @@ grep -q 'step=1 algorithm=direct count=1000000 reason="no plan yet: the links ar
 	fail "site-0 did not start job big direct, for want of a plan: $first"
 grep -Eq 'algorithm=(direct|ring) count=1000000 direct_up_to=[0-9]+ uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+ factor_direct=[0-9.]+ factor_ring=[0-9.]+$' "$(site_log 0)" ||
 	fail "site-0 logged no plan for job big with the figures behind it: $first"
+# The first eight steps once the links are measured warm them, direct.
+plan_step=$(grep -m1 -o 'step=[0-9]* algorithm=[a-z]* count=1000000 direct_up_to=' <<<"$first" | grep -o '[0-9]*' | head -1)
+[ "${plan_step:-0}" -ge 9 ] || fail "job big had a plan at step ${plan_step:-?}, before its links warmed up: $first"
 for ((i = 1; i < K; i++)); do
 	[ "$(choices big $i)" = "$first" ] || fail "site $i chose differently from site 0: $(choices big $i)"
 done
