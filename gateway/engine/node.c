@@ -1747,20 +1747,23 @@ static double elem_bytes(const struct gg_node *n)
  * that takes steps (at 5 Gbit/s and 300 ms, 64 MiB steps direct took 1.3
  * s for the first eight, 0.6 s after). Compared on cold links, direct
  * looks slower than it is, and ring, which leaves half of them idle,
- * keeps them cold. */
+ * keeps them cold. The last PROBE_FIRST of them are direct's first timed
+ * steps. */
 #define WARM_STEPS 8u
 /* Steps of the algorithm not chosen for a job's size run now and then (at
  * 3 sites or more), to time it again: the links change, and its windows
  * may have been cold when it ran. PROBE_SOON steps after it ran or was
  * dropped, while each of its probes is more than PROBE_GAIN faster than
- * the ones before (against the model); twice as many steps after each
- * that is not, up to PROBE_EVERY. A probe runs PROBE_FIRST steps and more
- * while it gains (probe_goes_on()), up to PROBE_RUN. */
+ * the ones before (against the model), beyond what steps vary by; twice
+ * as many steps after each that is not, up to PROBE_EVERY. A probe runs
+ * PROBE_FIRST steps, and more while each step gains PROBE_STEP_GAIN
+ * (probe_goes_on()), up to PROBE_RUN. */
 #define PROBE_SOON 4u
 #define PROBE_EVERY 32u
-#define PROBE_GAIN 0.05
+#define PROBE_GAIN 0.2
+#define PROBE_STEP_GAIN 0.1
 #define PROBE_RUN 8u
-#define PROBE_CLOSE 1.5
+#define PROBE_CLOSE 1.25
 /* An algorithm is timed this many steps in a row before its factor is
  * trusted: the first step of one that did not run lately meets streams
  * whose congestion windows went cold. */
@@ -1831,16 +1834,17 @@ static double result_seconds(const struct job *j)
 
 /* At the first site, once j's step completed: how long it took, kept with
  * the latest of its algorithm. The steps before the job's first plan are
- * not: they ran while the links were being measured, on cold streams and
- * into memory touched for the first time, and would make direct, which
- * they all go by, look slower than it is for many steps to come. */
+ * not, but for the last PROBE_FIRST (WARM_STEPS): they ran while the links
+ * were being measured and warmed, on cold streams and into memory touched
+ * for the first time, and would make direct, which they all go by, look
+ * slower than it is for many steps to come. */
 static void time_step(struct gg_node *n, struct job *j)
 {
 	struct gg_wire_links w;
 	const enum gg_allreduce_algo a = j->run_algo;
 
 	if (n->self != 0 || n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO || n->sites <= 2 ||
-	    !j->using.has_plan || !worst_links(n, &w))
+	    (!j->using.has_plan && j->warm_steps + PROBE_FIRST < WARM_STEPS) || !worst_links(n, &w))
 		return;
 	double model = gg_ar_model_seconds(a, n->sites, j->wstep.count, elem_bytes(n), (double)w.uplink_bytes_per_s,
 					   w.rtt_us / 2e6);
@@ -1860,7 +1864,7 @@ static void time_step(struct gg_node *n, struct job *j)
  * algorithm a to be followed by another, `chosen` the time predicted for
  * the algorithm chosen. A probe meets windows that went cold while a did
  * not run, and each step warms them for the next: after PROBE_FIRST steps
- * a probe goes on while each step is more than PROBE_GAIN faster than
+ * a probe goes on while each step is more than PROBE_STEP_GAIN faster than
  * the probe's best before it and within PROBE_CLOSE of `chosen`, up to
  * PROBE_RUN steps. */
 static bool probe_goes_on(struct job *j, enum gg_allreduce_algo a, double chosen)
@@ -1871,7 +1875,7 @@ static bool probe_goes_on(struct job *j, enum gg_allreduce_algo a, double chosen
 		j->probe_len = 0;
 		return false;
 	}
-	const bool better = !j->probe_len || t < j->probe_best * (1 - PROBE_GAIN);
+	const bool better = !j->probe_len || t < j->probe_best * (1 - PROBE_STEP_GAIN);
 	j->probe_best = !j->probe_len ? t : GG_MIN(j->probe_best, t);
 	j->probe_len++;
 	return j->probe_len < PROBE_FIRST ||
@@ -1888,8 +1892,7 @@ static void make_plan(struct gg_node *n, struct job *j)
 
 	if (!worst_links(n, &worst) && n->sites > 2)
 		return; /* not measured yet: the plan stays */
-	if (n->sites > 2 && !j->timed_n[GG_ALLREDUCE_DIRECT] && !j->timed_n[GG_ALLREDUCE_RING] &&
-	    ++j->warm_steps < WARM_STEPS)
+	if (n->sites > 2 && j->warm_steps < WARM_STEPS && ++j->warm_steps < WARM_STEPS)
 		return;
 	const double eb = elem_bytes(n), up = (double)worst.uplink_bytes_per_s, one_way = worst.rtt_us / 2e6;
 	const double fd = model_factor(n, j, GG_ALLREDUCE_DIRECT, eb, up, one_way),
