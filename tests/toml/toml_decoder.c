@@ -1,5 +1,8 @@
 /* toml-test decoder: TOML on stdin, toml-test's tagged JSON on stdout.
- * Exit 0 on success; on invalid TOML the message goes to stderr, exit 1. */
+ * Exit 0 on success; on invalid TOML the message goes to stderr, exit 1.
+ * With files as arguments it decodes each in turn, a line each on stdout
+ * ("ok JSON" or "refused MESSAGE"): one process for many files, which
+ * matters when each start costs a sanitizer's set-up. */
 #include "toml.h"
 
 #include <inttypes.h>
@@ -147,36 +150,87 @@ static void print_value(const struct gg_toml_value *v)
 	}
 }
 
-int main(void)
+/* Reads all of f, up to one byte past the parser's limit (enough for it
+ * to refuse the input). Returns the text (free it), or NULL. */
+static char *read_all(FILE *f, size_t *out_len)
 {
-	/* One byte past the limit is enough for the parser to refuse it. */
 	size_t cap = 1 << 16, len = 0, max = (size_t)GG_TOML_MAX_INPUT_BYTES + 1;
-	char *text = malloc(cap), err[512];
-	struct gg_toml_doc *doc;
-	int rc;
+	char *text = malloc(cap);
 
 	if (!text)
-		return 2;
+		return NULL;
 	for (;;) {
 		char *grown;
 
-		len += fread(text + len, 1, cap - len, stdin);
+		len += fread(text + len, 1, cap - len, f);
 		if (len < cap || len == max)
 			break;
 		cap = cap * 2 < max ? cap * 2 : max;
 		grown = realloc(text, cap);
 		if (!grown) {
 			free(text);
-			return 2;
+			return NULL;
 		}
 		text = grown;
 	}
-	if (ferror(stdin)) {
-		fprintf(stderr, "toml_decoder: cannot read stdin\n");
+	if (ferror(f)) {
 		free(text);
+		return NULL;
+	}
+	*out_len = len;
+	return text;
+}
+
+/* One file of a batch: a line "ok JSON" or "refused MESSAGE" on stdout,
+ * flushed, so that a run cut short by a sanitizer leaves whole lines. */
+static int decode_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char err[512], *text;
+	size_t len = 0;
+	struct gg_toml_doc *doc;
+
+	text = f ? read_all(f, &len) : NULL;
+	if (f)
+		fclose(f);
+	if (!text) {
+		fprintf(stderr, "toml_decoder: cannot read %s\n", path);
 		return 2;
 	}
-	rc = gg_toml_parse(text, len, "<stdin>", &doc, err, sizeof(err));
+	int rc = gg_toml_parse(text, len, path, &doc, err, sizeof(err));
+	free(text);
+	if (rc) {
+		for (char *c = err; *c; c++)
+			if (*c == '\n' || *c == '\r')
+				*c = ' ';
+		printf("refused %s\n", err);
+	} else {
+		fputs("ok ", stdout);
+		print_table(gg_toml_root(doc)); /* control characters come escaped: one line */
+		putchar('\n');
+		gg_toml_free(doc);
+	}
+	return fflush(stdout) == 0 ? 0 : 2;
+}
+
+int main(int argc, char **argv)
+{
+	char err[512], *text;
+	size_t len = 0;
+	struct gg_toml_doc *doc;
+
+	if (argc > 1) {
+		for (int i = 1; i < argc; i++)
+			if (decode_file(argv[i]))
+				return 2;
+		return 0;
+	}
+	text = read_all(stdin, &len);
+	if (!text) {
+		fprintf(stderr, "toml_decoder: cannot read stdin\n");
+		return 2;
+	}
+	int rc = gg_toml_parse(text, len, "<stdin>", &doc, err, sizeof(err));
 	free(text);
 	if (rc) {
 		fprintf(stderr, "%s\n", err);
