@@ -1824,9 +1824,9 @@ static double model_factor(const struct gg_node *n, const struct job *j, enum gg
 }
 
 /* How long j's step took at the first site, from its submission to its
- * result there. It completes later, once every site has its result (by
- * ring, others have it later than the first site): what time_step()
- * keeps. */
+ * result there: what a probe's steps are compared by while the plan for
+ * the next one is made. time_step() keeps the time to completion, once
+ * every site has its result (by ring, the others have it later). */
 static double result_seconds(const struct job *j)
 {
 	return j->has_result_us > j->submit_us ? (double)(j->has_result_us - j->submit_us) / 1e6 : 0;
@@ -1926,9 +1926,9 @@ static void make_plan(struct gg_node *n, struct job *j)
 		j->judged_seq[other] = j->timed_seq[other];
 	}
 	const unsigned every = j->probe_every[other] ? j->probe_every[other] : PROBE_SOON;
-	if (GG_MIN(td, tr) >= MODEL_MIN_S &&
-	    (probe_goes_on(j, other, other == GG_ALLREDUCE_DIRECT ? tr : td) || j->timed_n[other] < PROBE_FIRST ||
-	     seq >= GG_MAX(j->timed_seq[other], j->chosen_seq) + every)) {
+	const bool goes_on = probe_goes_on(j, other, other == GG_ALLREDUCE_DIRECT ? tr : td);
+	if (GG_MIN(td, tr) >= MODEL_MIN_S && (goes_on || j->timed_n[other] < PROBE_FIRST ||
+					      seq >= GG_MAX(j->timed_seq[other], j->chosen_seq) + every)) {
 		j->plan.direct_max = other == GG_ALLREDUCE_DIRECT ? count : count - 1;
 		j->plan.probe = true;
 	}

@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,31 +182,27 @@ static char *read_all(FILE *f, size_t *out_len)
 	return text;
 }
 
-/* One file of a batch: a line "ok JSON" or "refused MESSAGE" on stdout,
- * flushed, so that a run cut short by a sanitizer leaves whole lines. */
-static int decode_file(const char *path)
+/* Parses text and prints what toml-test expects. Alone (stdin): the JSON
+ * on stdout, or the message on stderr and 1. In a batch: a line "ok JSON"
+ * or "refused MESSAGE" on stdout, flushed, so that a run cut short by a
+ * sanitizer leaves whole lines. */
+static int decode(const char *text, size_t len, const char *source, bool batch)
 {
-	FILE *f = fopen(path, "rb");
-	char err[512], *text;
-	size_t len = 0;
+	char err[512];
 	struct gg_toml_doc *doc;
 
-	text = f ? read_all(f, &len) : NULL;
-	if (f)
-		fclose(f);
-	if (!text) {
-		fprintf(stderr, "toml_decoder: cannot read %s\n", path);
-		return 2;
-	}
-	int rc = gg_toml_parse(text, len, path, &doc, err, sizeof(err));
-	free(text);
-	if (rc) {
+	if (gg_toml_parse(text, len, source, &doc, err, sizeof(err))) {
+		if (!batch) {
+			fprintf(stderr, "%s\n", err);
+			return 1;
+		}
 		for (char *c = err; *c; c++)
 			if (*c == '\n' || *c == '\r')
 				*c = ' ';
 		printf("refused %s\n", err);
 	} else {
-		fputs("ok ", stdout);
+		if (batch)
+			fputs("ok ", stdout);
 		print_table(gg_toml_root(doc)); /* control characters come escaped: one line */
 		putchar('\n');
 		gg_toml_free(doc);
@@ -215,29 +212,31 @@ static int decode_file(const char *path)
 
 int main(int argc, char **argv)
 {
-	char err[512], *text;
 	size_t len = 0;
-	struct gg_toml_doc *doc;
 
-	if (argc > 1) {
-		for (int i = 1; i < argc; i++)
-			if (decode_file(argv[i]))
-				return 2;
-		return 0;
+	for (int i = 1; i < argc; i++) {
+		FILE *f = fopen(argv[i], "rb");
+		char *text = f ? read_all(f, &len) : NULL;
+
+		if (f)
+			fclose(f);
+		if (!text) {
+			fprintf(stderr, "toml_decoder: cannot read %s\n", argv[i]);
+			return 2;
+		}
+		int rc = decode(text, len, argv[i], true);
+		free(text);
+		if (rc)
+			return rc;
 	}
-	text = read_all(stdin, &len);
+	if (argc > 1)
+		return 0;
+	char *text = read_all(stdin, &len);
 	if (!text) {
 		fprintf(stderr, "toml_decoder: cannot read stdin\n");
 		return 2;
 	}
-	int rc = gg_toml_parse(text, len, "<stdin>", &doc, err, sizeof(err));
+	int rc = decode(text, len, "<stdin>", false);
 	free(text);
-	if (rc) {
-		fprintf(stderr, "%s\n", err);
-		return 1;
-	}
-	print_table(gg_toml_root(doc));
-	putchar('\n');
-	gg_toml_free(doc);
-	return fflush(stdout) == 0 ? 0 : 2;
+	return rc;
 }
