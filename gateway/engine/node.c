@@ -145,7 +145,9 @@ struct lane_job {
 	 * their DATA, sent on a stream other than the ABORT's and so maybe
 	 * after it, is acknowledged and let go at once. */
 	uint64_t forgot_lo, forgot_hi;
-	uint64_t active_us;
+	/* When a step last started or ended here, or early DATA last came:
+	 * the lane's `touches` then, so no two entries tie. */
+	uint64_t touched;
 	struct early *early;
 	/* the part in progress, when ar */
 	struct gg_ar_step *ar;
@@ -194,6 +196,7 @@ struct lane {
 	struct gg_frame_encoder enc;
 	struct gg_frame_decoder dec;
 	struct lane_job jobs[MAX_JOBS];
+	uint64_t touches;       /* lane_job.touched so far */
 	/* Per coordinator slot, mail the coordinator waits for that no memory
 	 * was left to send (lane_timers tries again): the end of step
 	 * ended_owed, and the refusal of step refused_owed; 0: none. */
@@ -503,18 +506,19 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		 * longest, which holds no part and no early frames. */
 		for (unsigned i = 0; i < MAX_JOBS; i++) {
 			struct lane_job *lj = &ln->jobs[i];
-			if (!lj->ar && !lj->early && (!free_slot || lj->active_us < free_slot->active_us))
+			if (!lj->ar && !lj->early && (!free_slot || lj->touched < free_slot->touched))
 				free_slot = lj;
 		}
 		/* Then a job that never started here and holds only early
 		 * frames: a peer could otherwise fill the table with jobs that
 		 * never come, and lock every real one out. A step starting here
-		 * takes the oldest; a peer's DATA only one of its own. */
+		 * takes the one whose DATA stopped longest ago; a peer's DATA
+		 * only such a one of its own. */
 		for (unsigned i = 0; i < MAX_JOBS && !free_slot && from != LANE_JOB_NO_EVICT; i++) {
 			struct lane_job *lj = &ln->jobs[i];
 			if (lj->ar || lj->last_seq || (from >= 0 && !early_only_from(lj, (unsigned)from)))
 				continue;
-			if (!free_slot || lj->active_us < free_slot->active_us)
+			if (!free_slot || lj->touched < free_slot->touched)
 				free_slot = lj;
 		}
 		if (!free_slot)
@@ -527,7 +531,7 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 	memset(free_slot, 0, sizeof(*free_slot));
 	free_slot->lane = ln;
 	free_slot->used = true;
-	free_slot->active_us = ln->loop.now_us;
+	free_slot->touched = ++ln->touches;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
 	return free_slot;
 }
@@ -902,6 +906,7 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 			     .frame_len = m->u.data.frame_bytes };
 	e->next = lj->early;
 	lj->early = e;
+	lj->touched = ++ln->touches; /* a job whose DATA keeps coming is not the one let go */
 	return 0;
 }
 
@@ -927,7 +932,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->reported = false;
 	lj->owed = false;
 	lj->last_seq = m->seq;
-	lj->active_us = ln->loop.now_us;
+	lj->touched = ++ln->touches;
 	lj->times = lj->times_counted = (struct gg_ar_times){ 0 };
 	lj->gather_ns = lj->deliver_ns = 0;
 	lj->start_ns = now_ns();
@@ -973,7 +978,7 @@ static void lane_end(struct lane *ln, const struct mail *m)
 			part_free(lj);
 		if (m->seq > lj->last_seq)
 			lj->last_seq = m->seq;
-		lj->active_us = ln->loop.now_us;
+		lj->touched = ++ln->touches;
 		drop_early(lj, 0, m->seq);
 		if (m->forget)
 			gg_mesh_forget(ln->mesh, lj->name, m->seq, m->seq);

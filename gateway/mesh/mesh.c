@@ -48,6 +48,7 @@ struct out {
 	size_t off;           /* bytes of head + frame written */
 	/* DATA only: what the ACK names, and where the message is. */
 	bool hedged;          /* unacked: a second copy went on another stream */
+	bool forgotten;       /* unacked: its step failed or its job ended here (gg_mesh_forget()) */
 	char job[GG_WIRE_NAME_MAX + 1];
 	uint64_t seq;
 	struct gg_ar_chunk_id id;
@@ -420,7 +421,7 @@ static void hedge(struct gg_mesh *m, unsigned p)
 	if (pe->waiting)
 		return;
 	for (struct out *k = pe->unacked; k; k = k->next) {
-		if (k->hedged || !conn_ready(m, k->conn))
+		if (k->hedged || k->forgotten || !conn_ready(m, k->conn))
 			continue;
 		const struct conn *c = &m->conns[k->conn];
 		int ci = pick_stream(m, p, k->id.chunk, 1, k->conn);
@@ -559,6 +560,9 @@ unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)
 void gg_mesh_forget(struct gg_mesh *m, const char *job, uint64_t lo, uint64_t hi)
 {
 	for (unsigned p = 0; p < m->sites; p++) {
+		for (struct out *o = m->peers[p].unacked; o; o = o->next)
+			if (o->seq >= lo && o->seq <= hi && !strcmp(o->job, job))
+				o->forgotten = true;
 		struct out **pp = &m->peers[p].waiting;
 		while (*pp) {
 			struct out *o = *pp;
@@ -724,9 +728,16 @@ static void resend_lost(struct gg_mesh *m, unsigned p)
 			pp = &o->next;
 			continue;
 		}
-		/* Back to the front of the waiting list. */
 		*pp = o->next;
 		pe->unacked_bytes -= o->head_len + o->frame->len;
+		if (o->forgotten) {
+			/* Nobody waits for it: a peer that kept it lets it go
+			 * with the step or job, one that did not would keep a
+			 * copy sent again for a job it no longer knows. */
+			free_out(o);
+			continue;
+		}
+		/* Back to the front of the waiting list. */
 		o->conn = -1;
 		o->next = pe->waiting;
 		pe->waiting = o;

@@ -219,8 +219,10 @@ void gg_mesh_flush(struct gg_mesh *m);
 /* DATA messages waiting for or on `peer`'s streams but not yet written to
  * a socket, counted up to `limit`. */
 unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit);
-/* Forgets DATA of `job`'s steps lo..hi not yet given to a stream: the
- * step failed (lo == hi), or the job ended (0..UINT64_MAX). */
+/* Forgets DATA of `job`'s steps lo..hi: the step failed (lo == hi), or
+ * the job ended (0..UINT64_MAX). What no stream took yet goes now; what
+ * a stream took stays counted until the peer acknowledges it or the
+ * stream is lost, and is never sent again (not hedged, not resent). */
 void gg_mesh_forget(struct gg_mesh *m, const char *job, uint64_t lo, uint64_t hi);
 /* Whether DATA of `job` waits to be sent or acknowledged. */
 bool gg_mesh_holds_job(const struct gg_mesh *m, const char *job);

@@ -21,6 +21,8 @@
  *                      sent on the others arrives, and nothing flaps after
  *   redial-converges   after every stream is cut, and after a restart, both
  *                      sites redial and settle on the first site's again
+ *   forgotten-not-resent DATA of a job that ended is not sent again when
+ *                      the streams it went on are lost; other DATA is
  *
  *   test_mesh_streams CERT_DIR [CASE]  (certificates from
  *   examples/make-certs.sh for sites s0..s7) */
@@ -52,6 +54,7 @@ struct site {
 	unsigned data_in, controls_in;
 	unsigned ups, downs;   /* streams that came up or went down, counted each time */
 	uint64_t got;          /* bit c: DATA for chunk c arrived */
+	bool no_ack;           /* DATA is taken but not acknowledged */
 	/* Called for each DATA received, before it is acknowledged. */
 	void (*before_ack)(struct site *s, unsigned peer);
 };
@@ -85,6 +88,8 @@ static int on_data(void *owner, unsigned peer, struct gg_mesh_via via, const str
 		s->got |= (uint64_t)1 << m->u.data.id.chunk;
 	if (s->before_ack)
 		s->before_ack(s, peer);
+	if (s->no_ack)
+		return 0;
 	gg_mesh_ack(s->mesh, via, m->u.data.step.job, m->u.data.step.step, &m->u.data.id);
 	return 0;
 }
@@ -352,12 +357,15 @@ static void flood_controls(struct site *s, unsigned peer)
 		gg_mesh_send_control(s->mesh, peer, msg, (size_t)len, false);
 }
 
-/* Queues DATA of `chunks` chunks (4 KiB each) from site `from` to `to`. */
-static void send_chunks(struct mesh_set *ms, unsigned from, unsigned to, unsigned chunks)
+/* Queues DATA of job `job`'s chunks first.. first+chunks-1 (4 KiB each)
+ * from site `from` to `to`. */
+static void send_job_chunks(struct mesh_set *ms, unsigned from, unsigned to, const char *job, unsigned first,
+			    unsigned chunks)
 {
-	struct gg_wire_step step = { .job = "acks", .step = 1, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
+	struct gg_wire_step step = { .step = 1, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
 
-	for (unsigned c = 0; c < chunks; c++) {
+	snprintf(step.job, sizeof(step.job), "%s", job);
+	for (unsigned c = first; c < first + chunks; c++) {
 		struct gg_buf *frame = gg_buf_new(NULL, 4096);
 		CHECK(frame, "no memory");
 		if (!frame)
@@ -369,6 +377,11 @@ static void send_chunks(struct mesh_set *ms, unsigned from, unsigned to, unsigne
 		gg_buf_put(frame);
 	}
 	gg_mesh_flush(ms->sites[from].mesh);
+}
+
+static void send_chunks(struct mesh_set *ms, unsigned from, unsigned to, unsigned chunks)
+{
+	send_job_chunks(ms, from, to, "acks", 0, chunks);
 }
 
 /* s1 acknowledges s0's DATA while its one stream to s0 holds a full send
@@ -662,6 +675,53 @@ static void redial_converges(void)
 	mesh_set_fini(&ms);
 }
 
+static bool s1_got_all(const struct mesh_set *ms)
+{
+	return ms->sites[1].got == 0xff;
+}
+
+static bool s1_got_kept(const struct mesh_set *ms)
+{
+	return ms->sites[1].got == 0xf0 && !gg_mesh_holds_job(ms->sites[0].mesh, "kept");
+}
+
+/* s0 sends chunks 0-3 of job "gone" and 4-7 of job "kept"; s1 takes them
+ * all but acknowledges none. "gone" ends at s0, then every stream is
+ * cut: what s0 sends again on the new streams is "kept" alone, and once
+ * s1 acknowledges it s0 holds neither job's DATA. */
+static void forgotten_not_resent(void)
+{
+	struct mesh_set ms;
+	const int S = 2;
+
+	CHECK(mesh_set_init(&ms, 2, S, "2s") == 0, "set-up");
+	CHECK(site_start(&ms, 0) == 0 && site_start(&ms, 1) == 0, "start");
+	CHECK(turn_until(&ms, all_connected, 5), "not connected within 5 s");
+	ms.sites[1].no_ack = true;
+	send_job_chunks(&ms, 0, 1, "gone", 0, 4);
+	send_job_chunks(&ms, 0, 1, "kept", 4, 4);
+	CHECK(turn_until(&ms, s1_got_all, 5), "s1 got chunks %#llx, not all 8", (unsigned long long)ms.sites[1].got);
+	gg_mesh_forget(ms.sites[0].mesh, "gone", 0, UINT64_MAX);
+	CHECK(gg_mesh_holds_job(ms.sites[0].mesh, "gone"), "s0 let unacknowledged DATA go before its stream did");
+	const uint64_t resent = gg_mesh_stats(ms.sites[0].mesh)->resent_messages;
+	ms.sites[1].got = 0;
+	ms.sites[1].no_ack = false;
+	for (int s = 0; s < S; s++)
+		CHECK(gg_mesh_test_cut_stream(ms.sites[0].mesh, 1, s) == 0, "cut stream %d", s);
+	CHECK(turn_until(&ms, s1_got_kept, 5), "after the cut s1 got chunks %#llx (want 0xf0), s0 %s \"kept\"",
+	      (unsigned long long)ms.sites[1].got, gg_mesh_holds_job(ms.sites[0].mesh, "kept") ? "holds" : "let go");
+	turn_for(&ms, 0.3);
+	const uint64_t again = gg_mesh_stats(ms.sites[0].mesh)->resent_messages - resent;
+	/* Each cut sends "kept" again on the stream left: 4 or 8 in all. */
+	CHECK(ms.sites[1].got == 0xf0 && again >= 4 && again <= 8,
+	      "s1 got chunks %#llx again, s0 re-sent %llu (want 0xf0, 4-8)", (unsigned long long)ms.sites[1].got,
+	      (unsigned long long)again);
+	CHECK(!gg_mesh_holds_job(ms.sites[0].mesh, "gone"), "s0 still holds DATA of the ended job");
+	printf("  after the cut: re-sent %llu, chunks %#llx\n", (unsigned long long)again,
+	       (unsigned long long)ms.sites[1].got);
+	mesh_set_fini(&ms);
+}
+
 static const struct {
 	const char *name;
 	void (*run)(void);
@@ -675,6 +735,7 @@ static const struct {
 	{ "dial-conflicts", dial_conflicts },
 	{ "duplicates", duplicates },
 	{ "redial-converges", redial_converges },
+	{ "forgotten-not-resent", forgotten_not_resent },
 };
 
 int main(int argc, char **argv)
