@@ -50,6 +50,7 @@ static struct {
 	emu_lane lanes[32];
 	ucontext_t scheduler;
 	int current;
+	unsigned warp; /* of the warp running */
 	const std::function<void()> *body;
 	unsigned long long warps, shuffles;
 } emu;
@@ -60,11 +61,42 @@ static void emu_fail(const char *what, unsigned block, unsigned warp)
 	exit(1);
 }
 
+/* The lane running stops (at a shuffle, or done) and the next one runs,
+ * or after the last the scheduler: a round of the warp switches contexts
+ * 33 times, not 64. Each round every lane is ready. */
+static void emu_next_lane(emu_lane &l)
+{
+	if (emu.current == 31) {
+		swapcontext(&l.ctx, &emu.scheduler);
+		return;
+	}
+	emu.current++;
+	threadIdx.x = emu.warp * 32 + (unsigned)emu.current;
+	swapcontext(&l.ctx, &emu.lanes[emu.current].ctx);
+}
+
+/* A lane's fiber runs the kernel once per warp it stands for: made once,
+ * it takes each warp up where it left the last, which spares a context
+ * made and a return through uc_link per lane and warp. */
 static void emu_lane_main(void)
 {
-	(*emu.body)();
-	emu.lanes[emu.current].state = EMU_DONE;
-	/* returning resumes the scheduler (uc_link) */
+	for (;;) {
+		(*emu.body)();
+		emu_lane &l = emu.lanes[emu.current];
+		l.state = EMU_DONE;
+		emu_next_lane(l);
+	}
+}
+
+/* getcontext() returns twice: kept out of emu_run_warp's loop. */
+static __attribute__((noinline)) void emu_lane_make(emu_lane &l)
+{
+	l.stack.resize(256 << 10);
+	getcontext(&l.ctx);
+	l.ctx.uc_stack.ss_sp = l.stack.data();
+	l.ctx.uc_stack.ss_size = l.stack.size();
+	l.ctx.uc_link = NULL; /* emu_lane_main never returns */
+	makecontext(&l.ctx, emu_lane_main, 0);
 }
 
 static unsigned __shfl_xor_sync(unsigned mask, unsigned value, int lane_mask)
@@ -75,32 +107,24 @@ static unsigned __shfl_xor_sync(unsigned mask, unsigned value, int lane_mask)
 	l.value = value;
 	l.lane_mask = lane_mask;
 	l.state = EMU_AT_SHUFFLE;
-	swapcontext(&l.ctx, &emu.scheduler);
+	emu_next_lane(l);
 	return l.result;
 }
 
 static void emu_run_warp(unsigned block, unsigned warp)
 {
 	for (int i = 0; i < 32; i++) {
-		emu_lane &l = emu.lanes[i];
-		l.stack.resize(256 << 10);
-		getcontext(&l.ctx);
-		l.ctx.uc_stack.ss_sp = l.stack.data();
-		l.ctx.uc_stack.ss_size = l.stack.size();
-		l.ctx.uc_link = &emu.scheduler;
-		makecontext(&l.ctx, emu_lane_main, 0);
-		l.state = EMU_READY;
+		if (emu.lanes[i].stack.empty())
+			emu_lane_make(emu.lanes[i]);
+		emu.lanes[i].state = EMU_READY;
 	}
 	for (;;) {
 		int waiting = 0;
-		for (int i = 0; i < 32; i++) {
-			if (emu.lanes[i].state != EMU_READY)
-				continue;
-			emu.current = i;
-			threadIdx.x = warp * 32 + (unsigned)i;
-			blockIdx.x = block;
-			swapcontext(&emu.scheduler, &emu.lanes[i].ctx);
-		}
+		emu.current = 0;
+		emu.warp = warp;
+		threadIdx.x = warp * 32;
+		blockIdx.x = block;
+		swapcontext(&emu.scheduler, &emu.lanes[0].ctx);
 		for (int i = 0; i < 32; i++)
 			waiting += emu.lanes[i].state == EMU_AT_SHUFFLE;
 		if (waiting == 0)
