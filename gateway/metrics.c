@@ -146,7 +146,7 @@ static void render_streams(const struct gg_metrics_input *in, struct gg_strbuf *
 		   "Each stream's delivery rate, as the kernel's TCP estimates it.",
 		   sfig_delivery_bytes_per_s, 1);
 	per_stream(out, in, "gradgate_stream_retransmitted_segments_total", "counter",
-		   "TCP segments each stream's connection sent again (from 0 when the stream reconnects).",
+		   "TCP segments each stream sent again, over every connection it had (as last sampled).",
 		   sfig_retransmits, 1);
 	per_stream(out, in, "gradgate_stream_unsent_bytes", "gauge",
 		   "Bytes written to each stream's socket that TCP has not sent yet.",

@@ -333,6 +333,9 @@ struct gg_node {
 		atomic_bool up;
 		atomic_uint_fast64_t rtt_us, rttvar_us, cwnd_bytes, delivery_bytes_per_s, retransmits, unsent_bytes,
 			send_buffer_bytes, receive_buffer_bytes;
+		/* The owning lane's: retransmits counts every connection the
+		 * stream had, the last seen up to its last sample. */
+		uint64_t connection, retransmits_before, retransmits_now;
 	} tcp[GG_AR_MAX_SITES][GG_MESH_MAX_STREAMS];
 	uint64_t all_streams;
 	/* coordinator, on lane 0's thread */
@@ -1268,7 +1271,12 @@ static void publish_stream_tcp(struct lane *ln)
 				publish(&st->rttvar_us, t.rttvar_us);
 				publish(&st->cwnd_bytes, t.cwnd_bytes);
 				publish(&st->delivery_bytes_per_s, t.delivery_bytes_per_s);
-				publish(&st->retransmits, t.retransmits);
+				if (t.connection != st->connection) {
+					st->retransmits_before += st->retransmits_now;
+					st->connection = t.connection;
+				}
+				st->retransmits_now = t.retransmits;
+				publish(&st->retransmits, st->retransmits_before + st->retransmits_now);
 				publish(&st->unsent_bytes, t.unsent_bytes);
 				publish(&st->send_buffer_bytes, t.send_buffer_bytes);
 				publish(&st->receive_buffer_bytes, t.receive_buffer_bytes);

@@ -126,7 +126,8 @@ struct gg_node_metrics {
 	uint64_t failures_by_code[GG_NODE_CODES];
 	uint64_t feedback_bytes;                          /* error-feedback residuals held */
 	/* Each stream's TCP connection as the kernel last told its lane (at
-	 * most a quarter second ago), by site index and stream number. */
+	 * most a quarter second ago), by site index and stream number; but
+	 * tcp.retransmits counts every connection the stream had. */
 	struct gg_node_stream_metrics {
 		bool up;
 		struct gg_mesh_stream_tcp tcp;

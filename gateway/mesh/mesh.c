@@ -1721,7 +1721,8 @@ int gg_mesh_stream_tcp(const struct gg_mesh *m, unsigned peer, unsigned stream, 
 	if (peer >= m->sites || stream >= GG_MESH_MAX_STREAMS || !owned(m, stream) ||
 	    !conn_ready(m, m->peers[peer].conn[stream]))
 		return -ENOENT;
-	const int fd = m->conns[m->peers[peer].conn[stream]].ts.fd;
+	const int ci = m->peers[peer].conn[stream];
+	const int fd = m->conns[ci].ts.fd;
 	socklen_t il = sizeof(int);
 	int rcv = 0, snd = 0;
 	memset(&ti, 0, sizeof(ti));
@@ -1735,6 +1736,7 @@ int gg_mesh_stream_tcp(const struct gg_mesh *m, unsigned peer, unsigned stream, 
 					    .cwnd_bytes = (uint64_t)ti.tcpi_snd_cwnd * ti.tcpi_snd_mss,
 					    .delivery_bytes_per_s = ti.tcpi_delivery_rate,
 					    .retransmits = ti.tcpi_total_retrans,
+					    .connection = (uint64_t)m->conns[ci].gen << 32 | (uint32_t)ci,
 					    .unsent_bytes = ti.tcpi_notsent_bytes };
 	return 0;
 }

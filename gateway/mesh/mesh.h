@@ -241,6 +241,7 @@ struct gg_mesh_stream_tcp {
 	uint64_t cwnd_bytes;            /* congestion window: segments x MSS */
 	uint64_t delivery_bytes_per_s;  /* the kernel's delivery rate estimate */
 	uint64_t retransmits;           /* segments sent again on this connection */
+	uint64_t connection;            /* which connection: another once the stream reconnects */
 	uint64_t unsent_bytes;          /* written, not yet sent */
 	uint64_t send_buffer_bytes, receive_buffer_bytes; /* SO_SNDBUF, SO_RCVBUF as the kernel counts them */
 };
