@@ -557,16 +557,20 @@ unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)
 	return queued;
 }
 
+static bool out_of(const struct out *o, const char *job, uint64_t lo, uint64_t hi)
+{
+	return o->seq >= lo && o->seq <= hi && !strcmp(o->job, job);
+}
+
 void gg_mesh_forget(struct gg_mesh *m, const char *job, uint64_t lo, uint64_t hi)
 {
 	for (unsigned p = 0; p < m->sites; p++) {
 		for (struct out *o = m->peers[p].unacked; o; o = o->next)
-			if (o->seq >= lo && o->seq <= hi && !strcmp(o->job, job))
-				o->forgotten = true;
+			o->forgotten |= out_of(o, job, lo, hi);
 		struct out **pp = &m->peers[p].waiting;
 		while (*pp) {
 			struct out *o = *pp;
-			if (o->seq >= lo && o->seq <= hi && !strcmp(o->job, job)) {
+			if (out_of(o, job, lo, hi)) {
 				*pp = o->next;
 				free_out(o);
 			} else {
