@@ -24,8 +24,9 @@
  *   forgotten-not-resent DATA of a job that ended is not sent again when
  *                      the streams it went on are lost; other DATA is
  *
- *   test_mesh_streams CERT_DIR [CASE]  (certificates from
- *   examples/make-certs.sh for sites s0..s7) */
+ *   test_mesh_streams CERT_DIR [CASE | --except CASE]  (certificates
+ *   from examples/make-certs.sh for sites s0..s7): every case, one, or
+ *   every other one */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -740,8 +741,18 @@ static const struct {
 
 int main(int argc, char **argv)
 {
-	if (argc < 2) {
-		fprintf(stderr, "usage: %s CERT_DIR [CASE]\n", argv[0]);
+	bool except = argc == 4 && !strcmp(argv[2], "--except");
+	const char *only = except ? argv[3] : argc == 3 ? argv[2] : NULL;
+	bool known = !only;
+
+	if (argc < 2 || argc > 4 || (argc == 4 && !except)) {
+		fprintf(stderr, "usage: %s CERT_DIR [CASE | --except CASE]\n", argv[0]);
+		return 2;
+	}
+	for (size_t i = 0; i < GG_ARRAY_LEN(cases) && !known; i++)
+		known = !strcmp(only, cases[i].name);
+	if (!known) {
+		fprintf(stderr, "%s: no case '%s'\n", argv[0], only);
 		return 2;
 	}
 	cert_dir = argv[1];
@@ -749,7 +760,7 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	gg_log_set_level(getenv("MESH_VERBOSE") ? GG_LOG_DEBUG : GG_LOG_ERROR);
 	for (size_t i = 0; i < GG_ARRAY_LEN(cases); i++) {
-		if (argc > 2 && strcmp(argv[2], cases[i].name))
+		if (only && !strcmp(only, cases[i].name) == except)
 			continue;
 		int before = failures;
 		cases[i].run();

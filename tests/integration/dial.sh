@@ -41,9 +41,9 @@ settled_on() {
 
 # wait_settled D SECONDS
 wait_settled() {
-	local deadline=$(($(date +%s%N) + $2 * 1000000000))
+	local deadline=$((${EPOCHREALTIME/[.,]/} + $2 * 1000000))
 	until settled_on "$1"; do
-		[ "$(date +%s%N)" -lt "$deadline" ] || return 1
+		[ "${EPOCHREALTIME/[.,]/}" -lt "$deadline" ] || return 1
 		sleep 0.05
 	done
 }

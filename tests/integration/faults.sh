@@ -40,8 +40,8 @@ RANKS=2
 STEPS=3
 COUNT=100000
 
-now_ns() { date +%s%N; }
-ms_since() { echo $((($(now_ns) - $1) / 1000000)); }
+now_us() { echo "${EPOCHREALTIME/[.,]/}"; }
+ms_since() { echo $(((${EPOCHREALTIME/[.,]/} - $1) / 1000)); }
 
 # start_job JOB [SITE:RANK:ARGS...]: RANKS ranks per site for STEPS steps,
 # reporting each step; the named ranks get the extra bench arguments.
@@ -133,7 +133,7 @@ within() {
 
 case_ranks_disagree() {
 	local t0
-	t0=$(now_ns)
+	t0=$(now_us)
 	start_job rd "0:1:--mismatch-step 2"
 	ranks_wait
 	check_steps rd
@@ -145,7 +145,7 @@ case_ranks_disagree() {
 case_sites_disagree() {
 	local t0 r specs=()
 	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--mismatch-step 2"); done
-	t0=$(now_ns)
+	t0=$(now_us)
 	start_job sd "${specs[@]}"
 	ranks_wait
 	check_steps sd
@@ -165,7 +165,7 @@ case_rank_killed() {
 	wait_for "$work/rk-s0-r0.out" "^step 1 rc=" 10 || fail "step 1 did not end at site-a"
 	sleep 0.5 # site-a's ranks announce step 2 and its gateway holds it
 	kill -KILL "$victim"
-	killed=$(now_ns)
+	killed=$(now_us)
 	wait_for "$work/rk-s0-r0.out" "^step 2 rc=" 2 || fail "site-a's other rank did not hear of the death at once"
 	within "$(ms_since "$killed")" 1000 "site-a's other rank hearing of the death"
 	# The late site hears as its ranks come to step 2, 3 s after step 1.
@@ -182,7 +182,7 @@ case_deadline() {
 		specs+=("0:$r:--timeout-ms 1500@2")
 		specs+=("$last:$r:--late 4000@2")
 	done
-	t0=$(now_ns)
+	t0=$(now_us)
 	start_job dl "${specs[@]}"
 	wait_for "$work/dl-s0-r0.out" "^step 2 rc=" 10 || fail "site-a's step 2 did not end"
 	local at_a
@@ -205,7 +205,7 @@ peer_lost() {
 	wait_for "$work/pl-s0-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at site-a"
 	sleep 0.3 # the others announce step 2 and wait for the last site
 	kill "-$sig" "${gw_pid[$last]}"
-	lost=$(now_ns)
+	lost=$(now_us)
 	local s
 	for ((s = 0; s < last; s++)); do
 		for ((r = 0; r < RANKS; r++)); do
@@ -246,7 +246,7 @@ case_peer_restarted() {
 	sleep 0.3 # the others announce step 2 and wait for the last site
 	gw_stop "$last" KILL
 	gw_start "$last"
-	restarted=$(now_ns)
+	restarted=$(now_us)
 	for ((s = 0; s < last; s++)); do
 		for ((r = 0; r < RANKS; r++)); do
 			wait_for "$work/pr-s$s-r$r.out" "^step $STEPS rc=" 12 || fail "pr-s$s-r$r did not finish its steps"
@@ -281,7 +281,7 @@ case_peer_resumed() {
 	wait_for "$work/ps-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
 	sleep 0.2 # the last site's ranks are in step 2, site-a's come a second late
 	kill -STOP "${gw_pid[$last]}"
-	stopped=$(now_ns)
+	stopped=$(now_us)
 	for ((s = 0; s < last; s++)); do
 		for ((r = 0; r < RANKS; r++)); do
 			wait_for "$work/ps-s$s-r$r.out" "^step $STEPS rc=" 12 || fail "ps-s$s-r$r did not finish its steps"
@@ -289,7 +289,7 @@ case_peer_resumed() {
 	done
 	while [ "$(ms_since "$stopped")" -lt 3500 ]; do sleep 0.1; done
 	kill -CONT "${gw_pid[$last]}"
-	resumed=$(now_ns)
+	resumed=$(now_us)
 	for ((r = 0; r < RANKS; r++)); do
 		wait_for "$work/ps-s$last-r$r.out" "^step $STEPS rc=" 25 || fail "ps-s$last-r$r did not finish its steps"
 	done

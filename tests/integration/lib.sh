@@ -8,7 +8,10 @@
 # each is listed in `pids` until reaped, and the EXIT trap stops and reaps
 # what is left and removes the temporary folder (GG_INTEG_KEEP=1 keeps it,
 # GG_INTEG_QUIET=1 leaves out the logs on failure). Waits poll with a
-# deadline; nothing sleeps for a fixed time and hopes.
+# deadline; nothing sleeps for a fixed time and hopes. The loops that poll
+# start as few processes as they can (a fork costs milliseconds on a small
+# virtual machine, and they poll every 20 ms): clocks come from bash's
+# EPOCHREALTIME, whose digits without the point are microseconds.
 set -euo pipefail
 
 : "${GRADGATE:?}" "${BENCH:?}" "${LINKEM:?}" "${MAKE_CERTS:?}"
@@ -20,7 +23,7 @@ SITES=(site-a site-b site-c site-d) # index order = sorted name order
 work=$(mktemp -d "${TMPDIR:-/tmp}/gg-integ.XXXXXX")
 pids=()
 test_name=$(basename "$0" .sh)
-t_start=$(date +%s%N)
+t_start=${EPOCHREALTIME/[.,]/}
 
 # Settings of the next mesh; tests change them before mesh_start.
 K=2
@@ -47,7 +50,7 @@ declare -a gw_pid gw_port metrics_port
 declare -A link_pid link_addr # "IJ": the link from site I to site J
 
 log() { printf '[%s +%ss] %s\n' "$test_name" "$(elapsed)" "$*"; }
-elapsed() { local ms=$((($(date +%s%N) - t_start) / 1000000)); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
+elapsed() { local ms=$(((${EPOCHREALTIME/[.,]/} - t_start) / 1000)); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
 
 dump_logs() {
 	local f
@@ -67,16 +70,16 @@ fail() {
 # True while PID runs (a zombie, exited but not reaped, does not count).
 alive() {
 	local stat
-	stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+	{ read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
 	stat=${stat##*) }
 	[ "${stat:0:1}" != Z ]
 }
 
 # wait_exit PID SECONDS: waits for PID to exit; false when it still runs.
 wait_exit() {
-	local pid=$1 deadline=$(($(date +%s%N) + $2 * 1000000000))
+	local pid=$1 deadline=$((${EPOCHREALTIME/[.,]/} + $2 * 1000000))
 	while alive "$pid"; do
-		[ "$(date +%s%N)" -lt "$deadline" ] || return 1
+		[ "${EPOCHREALTIME/[.,]/}" -lt "$deadline" ] || return 1
 		sleep 0.02
 	done
 }
@@ -150,9 +153,9 @@ trap 'aborted=1; exit 143' TERM INT HUP
 
 # wait_for FILE REGEX SECONDS: polls until a line of FILE matches.
 wait_for() {
-	local file=$1 re=$2 deadline=$(($(date +%s%N) + $3 * 1000000000))
+	local file=$1 re=$2 deadline=$((${EPOCHREALTIME/[.,]/} + $3 * 1000000))
 	until grep -Eq -- "$re" "$file" 2>/dev/null; do
-		[ "$(date +%s%N)" -lt "$deadline" ] || return 1
+		[ "${EPOCHREALTIME/[.,]/}" -lt "$deadline" ] || return 1
 		sleep 0.02
 	done
 }
@@ -278,15 +281,30 @@ EOF
 # Returns 1 (without failing the test) when its listening port was taken
 # meanwhile, so mesh_start can pick other ports.
 gw_start() {
+	gw_launch "$1"
+	gw_started "$1"
+}
+
+# gw_launch I: starts site I's gateway without waiting for it.
+declare -a gw_from # the line of site I's log where its current run starts
+gw_launch() {
 	local i=$1 name=${SITES[$1]}
-	local logf="$work/gw-$name.log" from
+	local logf="$work/gw-$name.log"
 	echo "=== start $(date +%T.%N)" >>"$logf"
-	from=$(grep -c '' "$logf") # this run's lines start here
+	gw_from[$i]=$(grep -c '' "$logf")
 	"$GRADGATE" --config "$work/$name.toml" 2>>"$logf" &
 	gw_pid[$i]=$!
 	pids+=("$!")
-	local deadline=$(($(date +%s%N) + 10000000000))
-	while ! grep -q 'event=started' <<<"$(tail -n +"$from" "$logf")"; do
+}
+
+# gw_started I: waits for the 'started' line of site I's current run, as
+# gw_start.
+gw_started() {
+	local i=$1 name=${SITES[$1]}
+	local logf="$work/gw-$name.log" from=${gw_from[$1]}
+	local deadline=$((${EPOCHREALTIME/[.,]/} + 10000000))
+	until awk -v from="$from" 'NR >= from && index($0, "event=started") { f = 1; exit } END { exit !f }' \
+		"$logf"; do
 		if ! alive "${gw_pid[$i]}"; then
 			reap "${gw_pid[$i]}"
 			gw_pid[$i]=
@@ -295,17 +313,29 @@ gw_start() {
 			fi
 			fail "gateway $name exited with status $reaped at start"
 		fi
-		[ "$(date +%s%N)" -lt "$deadline" ] || fail "gateway $name did not start within 10 s"
+		[ "${EPOCHREALTIME/[.,]/}" -lt "$deadline" ] || fail "gateway $name did not start within 10 s"
 		sleep 0.02
 	done
 }
 
 # gw_stop I [SIGNAL]: stops site I's gateway; sets reaped to its status.
 gw_stop() {
-	local i=$1 sig=${2:-TERM} pid=${gw_pid[$1]}
+	gw_signal "$@"
+	gw_reap "$1" "${2:-TERM}"
+}
+
+# gw_signal I [SIGNAL]: signals site I's gateway (default SIGTERM), which
+# gw_reap then waits for.
+gw_signal() {
+	kill "-${2:-TERM}" "${gw_pid[$1]}" 2>/dev/null || true
+}
+
+# gw_reap I [SIGNAL]: waits for site I's gateway to exit after gw_signal;
+# sets reaped to its status.
+gw_reap() {
+	local i=$1 pid=${gw_pid[$1]}
 	gw_pid[$i]=
-	kill "-$sig" "$pid" 2>/dev/null || true
-	wait_exit "$pid" 15 || fail "gateway ${SITES[$i]} still runs 15 s after SIG$sig"
+	wait_exit "$pid" 15 || fail "gateway ${SITES[$i]} still runs 15 s after SIG${2:-TERM}"
 	reap "$pid"
 }
 
@@ -326,11 +356,11 @@ since_start() {
 
 # wait_for_since FILE REGEX SECONDS: like wait_for, within since_start.
 wait_for_since() {
-	local file=$1 re=$2 deadline=$(($(date +%s%N) + $3 * 1000000000))
+	local file=$1 re=$2 deadline=$((${EPOCHREALTIME/[.,]/} + $3 * 1000000))
 	# No pipe into grep -q: under pipefail, sed's SIGPIPE would read as
 	# no match.
 	until grep -Eq -- "$re" <<<"$(since_start "$file")"; do
-		[ "$(date +%s%N)" -lt "$deadline" ] || return 1
+		[ "${EPOCHREALTIME/[.,]/}" -lt "$deadline" ] || return 1
 		sleep 0.02
 	done
 }
@@ -356,9 +386,13 @@ mesh_start() {
 		for ((i = 0; i < K; i++)); do
 			write_config "$i"
 		done
+		# All at once: a mesh forms the same whichever gateway comes first.
 		local ok=1
 		for ((i = 0; i < K; i++)); do
-			gw_start "$i" || { ok=0; break; }
+			gw_launch "$i"
+		done
+		for ((i = 0; i < K; i++)); do
+			gw_started "$i" || ok=0
 		done
 		[ $ok = 1 ] && return 0
 		log "a listening port was taken meanwhile; trying other ports"
@@ -372,8 +406,11 @@ mesh_start() {
 mesh_stop() {
 	local i k
 	for ((i = 0; i < K; i++)); do
+		[ -z "${gw_pid[$i]:-}" ] || gw_signal "$i"
+	done
+	for ((i = 0; i < K; i++)); do
 		[ -n "${gw_pid[$i]:-}" ] || continue
-		gw_stop "$i"
+		gw_reap "$i"
 		[ "$reaped" = 0 ] || fail "gateway ${SITES[$i]} exited $reaped on SIGTERM"
 		wait_for_since "$(site_log "$i")" 'event=stopped ' 0 || fail "gateway ${SITES[$i]} logged no 'stopped'"
 	done
@@ -426,10 +463,10 @@ rank_start() {
 # (default 60) in all; sets rank_rc[NAME].
 declare -A rank_rc
 ranks_wait() {
-	local i deadline=$(($(date +%s%N) + ${RANK_LIMIT:-60} * 1000000000))
+	local i deadline=$((${EPOCHREALTIME/[.,]/} + ${RANK_LIMIT:-60} * 1000000))
 	for i in "${!rank_pids[@]}"; do
 		while alive "${rank_pids[$i]}"; do
-			if [ "$(date +%s%N)" -ge "$deadline" ]; then
+			if [ "${EPOCHREALTIME/[.,]/}" -ge "$deadline" ]; then
 				kill -KILL "${rank_pids[@]}" 2>/dev/null || true
 				fail "${rank_names[$i]} still runs after ${RANK_LIMIT:-60} s"
 			fi
@@ -449,11 +486,11 @@ ranks_wait() {
 run_ok() {
 	local job=$1 count=$2 ranks=$3 steps=$4 t0
 	shift 4
-	t0=$(date +%s%N)
+	t0=${EPOCHREALTIME/[.,]/}
 	ranks_start "$job" "$count" "$ranks" "$steps" "$@"
 	check_ranks
 	log "ok: job $job, $K sites x $ranks ranks, $count elements x $steps steps," \
-		"$CODEC/$SCALE $ALGO: digest $checked_digest ($(((($(date +%s%N) - t0) / 1000000))) ms)"
+		"$CODEC/$SCALE $ALGO: digest $checked_digest ($((((${EPOCHREALTIME/[.,]/} - t0) / 1000))) ms)"
 }
 
 # check_ranks: waits for the ranks started last; each must exit 0 and all

@@ -98,11 +98,11 @@ run_ok steps "$COUNT" 1 "$STEPS"
 # measured by the site whose stream fell idle for heartbeat_interval (500
 # ms) first. Heartbeats keep adding wire bytes, which the checks below
 # allow for.
-deadline=$(($(date +%s) + 15))
+deadline=$((EPOCHSECONDS + 15))
 # (No pipe into grep -q: under pipefail, curl's SIGPIPE would read as no match.)
 until grep -q '^gradgate_peer_rtt_seconds{' <<<"$(curl -s --max-time 5 "http://127.0.0.1:${metrics_port[0]}/metrics" \
 	"http://127.0.0.1:${metrics_port[1]}/metrics")"; do
-	[ "$(date +%s)" -lt "$deadline" ] || fail "neither site measured a round trip within 15 s"
+	[ "$EPOCHSECONDS" -lt "$deadline" ] || fail "neither site measured a round trip within 15 s"
 	sleep 0.1
 done
 scrape 0 a1

@@ -82,10 +82,10 @@ run_job() {
 		for k in "${!link_pid[@]}"; do kill -USR1 "${link_pid[$k]}"; done
 		;;
 	esac
-	local names=("${rank_names[@]}") deadline=$(($(date +%s%N) + RANK_LIMIT * 1000000000))
+	local names=("${rank_names[@]}") deadline=$((${EPOCHREALTIME/[.,]/} + RANK_LIMIT * 1000000))
 	for i in "${!rank_pids[@]}"; do
 		while alive "${rank_pids[$i]}"; do
-			if [ "$(date +%s%N)" -ge "$deadline" ]; then
+			if [ "${EPOCHREALTIME/[.,]/}" -ge "$deadline" ]; then
 				hangs=$((hangs + 1))
 				log "HANG: ${rank_names[$i]} still runs after ${RANK_LIMIT} s"
 				kill -KILL "${rank_pids[$i]}" 2>/dev/null || true
