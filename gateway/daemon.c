@@ -79,6 +79,10 @@ static int to_errc(int status)
 		return GG_ERR_LIMIT;
 	case -EBUSY:
 		return GG_ERR_BUSY;
+	case -E2BIG:
+		return GG_ERR_TOO_LARGE;
+	case -ESHUTDOWN:
+		return GG_ERR_CLOSED;
 	case -EINVAL:
 		return GG_ERR_INVALID;
 	default:
@@ -141,7 +145,12 @@ static void core_start(struct daemon *d, struct pending *p)
 		 * not just "invalid argument". */
 		snprintf(msg, sizeof(msg), "the gateway of site %s refused the step: %s",
 			 gg_node_site_name(d->node, gg_node_self(d->node)), err);
-		gg_node_note_failure(d->node, ss->job, ss->seq, to_errc(rc), msg);
+		/* The step fails at the other sites too, with this cause, rather
+		 * than wait there for this site's part until their deadline.
+		 * Not for a step of the job in progress here (-EBUSY): that
+		 * one's number is the step in progress's business. */
+		if (rc == -EBUSY || gg_node_abort(d->node, ss->job, ss->seq, to_errc(rc), msg))
+			gg_node_note_failure(d->node, ss->job, ss->seq, to_errc(rc), msg);
 		finish(p, to_errc(rc), msg);
 	}
 }

@@ -2027,17 +2027,21 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	struct job *j;
 
 	if (n->shutting_down)
-		return gg_errf(err, err_size, -EINVAL, "the gateway is shutting down");
+		return gg_errf(err, err_size, -ESHUTDOWN, "the gateway is shutting down");
 	if (!st->job[0] || st->count == 0)
 		return gg_errf(err, err_size, -EINVAL, "a step needs a job name and at least one element");
-	if (st->count * sizeof(float) > n->cfg->limits.max_message_bytes)
-		return gg_errf(err, err_size, -EINVAL, "%llu elements exceed [limits] max_message", (unsigned long long)st->count);
+	/* max_message bounds the tensor as the ranks hold it (gradgate.h). */
+	uint64_t esize = st->dtype == GG_WIRE_BF16 ? 2 : 4;
+	if (st->count > n->cfg->limits.max_message_bytes / esize)
+		return gg_errf(err, err_size, -E2BIG, "%llu elements of %llu bytes exceed [limits] max_message (%llu bytes)",
+			       (unsigned long long)st->count, (unsigned long long)esize,
+			       (unsigned long long)n->cfg->limits.max_message_bytes);
 	if ((st->count + n->chunk_elems - 1) / n->chunk_elems > UINT32_MAX)
 		return gg_errf(err, err_size, -EINVAL, "%llu elements make too many chunks for one step",
 			       (unsigned long long)st->count);
 	j = find_job(n, st->job, true);
 	if (!j)
-		return gg_errf(err, err_size, -EINVAL, "too many jobs (at most %d)", MAX_JOBS);
+		return gg_errf(err, err_size, -ENOSPC, "too many jobs (at most %d)", MAX_JOBS);
 	if (j->step) {
 		gg_errf(err, err_size, -EINVAL, "job '%s' already has step %llu in progress", j->name,
 		     (unsigned long long)j->step->seq);

@@ -161,7 +161,9 @@ GG_MUST_CHECK int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_no
 
 /* Starts a step. Returns 0 (done will be called), or a negative errno
  * with err set (done will not be called): -EBUSY when the job already has
- * a step in progress, -EINVAL for a bad step, -ENOMEM. */
+ * a step in progress, -EINVAL for a bad step (one of an earlier run of the
+ * job's name too), -E2BIG past [limits] max_message, -ENOSPC when every job
+ * slot is taken, -ESHUTDOWN once gg_node_stop_steps() was called, -ENOMEM. */
 GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, char *err, size_t err_size);
 
 /* This site failed step `seq` of `job` (its ranks disagreed, missed their

@@ -26,6 +26,11 @@
  *   1. ABORT of step 1 on stream 0, before s1 has heard of the job
  *   2. DATA for step 1 on stream 1: acknowledged at once, on stream 1
  *
+ * And the steps a node refuses, each with its own errno and a message
+ * that names the limit: a tensor past [limits] max_message as the ranks
+ * hold it (bfloat16 counts 2 bytes an element, float32 4), a job past the
+ * job table, a step once the node stops.
+ *
  *   test_node_acks CERT_DIR  (certificates from examples/make-certs.sh) */
 #include <errno.h>
 #include <stdio.h>
@@ -151,7 +156,53 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 	free(data);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT };
+/* Submits step 1 of `job`; returns what gg_node_submit() did. */
+static int submit(struct gg_node *node, struct gg_node_step *st, const char *job, uint64_t count, uint8_t dtype,
+		  float *mem, char *err, size_t err_size)
+{
+	*st = (struct gg_node_step){ .seq = 1, .tensor_id = 7, .count = count, .dtype = dtype, .input = mem,
+				     .result = mem, .done = on_done };
+	snprintf(st->job, sizeof(st->job), "%s", job);
+	return gg_node_submit(node, st, err, err_size);
+}
+
+/* max_message is 1 MiB here. */
+static void run_refusals(struct gg_node *node)
+{
+	enum { JOBS_TRIED = 64, BF16_MAX = 1 << 19 };
+	static struct gg_node_step steps[JOBS_TRIED];
+	static float mem[JOBS_TRIED][BF16_MAX];
+	char err[GG_NODE_ERROR_MAX], job[16];
+	int rc;
+
+	rc = submit(node, &steps[0], "big", BF16_MAX + 1, GG_WIRE_BF16, mem[0], err, sizeof(err));
+	CHECK(rc == -E2BIG && strstr(err, "524289 elements of 2 bytes exceed [limits] max_message (1048576 bytes)"),
+	      "bfloat16, 1 element past max_message: %d %s", rc, err);
+	rc = submit(node, &steps[0], "big", BF16_MAX / 2 + 1, GG_WIRE_F32, mem[0], err, sizeof(err));
+	CHECK(rc == -E2BIG && strstr(err, "262145 elements of 4 bytes exceed"), "float32, 1 element past max_message: "
+	      "%d %s", rc, err);
+	/* Exactly max_message of bfloat16 (its sum is twice that in float32). */
+	rc = submit(node, &steps[0], "big", BF16_MAX, GG_WIRE_BF16, mem[0], err, sizeof(err));
+	CHECK(rc == 0, "bfloat16 at max_message refused: %s", err);
+
+	unsigned taken = 1;
+	for (; taken < JOBS_TRIED; taken++) {
+		snprintf(job, sizeof(job), "j%u", taken);
+		if ((rc = submit(node, &steps[taken], job, 1, GG_WIRE_F32, mem[taken], err, sizeof(err))))
+			break;
+		turns(node, 1);
+	}
+	CHECK(taken == 32 && rc == -ENOSPC && strstr(err, "too many jobs (at most 32)"),
+	      "job %u of steps in progress: %d %s", taken + 1, rc, err);
+
+	gg_node_stop_steps(node);
+	turns(node, 3);
+	rc = submit(node, &steps[JOBS_TRIED - 1], "late", 1, GG_WIRE_F32, mem[JOBS_TRIED - 1], err, sizeof(err));
+	CHECK(rc == -ESHUTDOWN && strstr(err, "the gateway is shutting down"), "a step after the stop: %d %s", rc,
+	      err);
+}
+
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, REFUSALS };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -168,13 +219,15 @@ static void run(const char *cert_dir, enum scenario what)
 		[ONE_COPY] = "one copy on one stream",
 		[LATE_COPY] = "the copy sent again comes first, the first copy late on a stream then cut",
 		[AFTER_ABORT] = "DATA after the ABORT of its step",
+		[REFUSALS] = "steps refused, each saying why",
 	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
 	size_t n = gg_test_site_toml(text, sizeof(text), 1, 2, ports, 1, cert_dir);
 	snprintf(text + n, sizeof(text) - n,
 		 "[transport]\nstreams_per_peer = 2\nchunk_size = \"64KiB\"\nstep_timeout = \"5s\"\n"
-		 "[compression]\ncodec = \"fp32\"\n[allreduce]\nalgorithm = \"direct\"\n");
+		 "[compression]\ncodec = \"fp32\"\n[allreduce]\nalgorithm = \"direct\"\n"
+		 "[limits]\nmax_message = \"1MiB\"\n");
 	if (gg_config_load_text(text, strlen(text), "acks.toml", NULL, &cfg, &diag)) {
 		gg_diag_print(&diag, stdout);
 		CHECK(0, "bad configuration");
@@ -192,6 +245,10 @@ static void run(const char *cert_dir, enum scenario what)
 	turns(node, 3);
 	if (what == AFTER_ABORT) {
 		run_after_abort(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == REFUSALS) {
+		run_refusals(node);
 		goto out;
 	}
 	if (data) {
@@ -241,6 +298,7 @@ int main(int argc, char **argv)
 	run(argv[1], ONE_COPY);
 	run(argv[1], LATE_COPY);
 	run(argv[1], AFTER_ABORT);
+	run(argv[1], REFUSALS);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }
