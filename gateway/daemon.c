@@ -251,12 +251,24 @@ static void log_mesh(struct daemon *d, struct mesh_watch *w)
 		gg_log(GG_LOG_WARN, "mesh_degraded", "site=%s", d->cfg->site.name);
 }
 
+/* Logs why the gateway could not start (the reason may quote the
+ * configuration: escaped, so the line stays one key=value line). */
+static int startup_failed(const struct gg_config *cfg, const char *err)
+{
+	char safe[4 * GG_NODE_ERROR_MAX];
+
+	gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name,
+	       gg_escape(safe, sizeof(safe), err, strlen(err)));
+	return GG_EXIT_STARTUP;
+}
+
 static void reload(struct daemon *d)
 {
-	char err[GG_NODE_ERROR_MAX];
+	char err[GG_NODE_ERROR_MAX], safe[4 * GG_NODE_ERROR_MAX];
 
 	if (gg_node_reload(d->node, err, sizeof(err)))
-		gg_log(GG_LOG_ERROR, "reload_failed", "reason=\"%s\" kept=previous credentials", err);
+		gg_log(GG_LOG_ERROR, "reload_failed", "reason=\"%s\" kept=\"previous credentials\"",
+		       gg_escape(safe, sizeof(safe), err, strlen(err)));
 	else
 		gg_log(GG_LOG_INFO, "reloaded", "what=certificates");
 }
@@ -522,15 +534,13 @@ int gg_daemon_run(const struct gg_config *cfg)
 	raise_file_limit(cfg);
 
 	if (gg_node_new(cfg, &d.node, err, sizeof(err))) {
-		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);
-		status = GG_EXIT_STARTUP;
+		status = startup_failed(cfg, err);
 		goto out;
 	}
 	d.started_us = gg_monotonic_us();
 	d.started_unix_s = unix_now_s();
 	if (start_metrics(&d, err, sizeof(err))) {
-		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);
-		status = GG_EXIT_STARTUP;
+		status = startup_failed(cfg, err);
 		goto out;
 	}
 	gg_host_backend_options_from_config(cfg, &hopts);
@@ -538,15 +548,13 @@ int gg_daemon_run(const struct gg_config *cfg)
 	hopts.status = status_answer;
 	hopts.status_arg = &d;
 	if (gg_host_backend_create(&hopts, &core_ops, &d, &d.host, err, sizeof(err))) {
-		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);
-		status = GG_EXIT_STARTUP;
+		status = startup_failed(cfg, err);
 		goto out;
 	}
 	d.backend = gg_host_backend_base(d.host);
 	if (d.backend->ops->start(d.backend, gg_node_loop(d.node), err, sizeof(err))) {
-		gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name, err);
+		status = startup_failed(cfg, err);
 		d.backend->ops->destroy(d.backend);
-		status = GG_EXIT_STARTUP;
 		goto out;
 	}
 	char chunk[32], metrics[GG_NET_ADDR_TEXT_MAX + 16] = "off";
@@ -555,12 +563,12 @@ int gg_daemon_run(const struct gg_config *cfg)
 		snprintf(metrics, sizeof(metrics), "http://%s/metrics", gg_http_server_address(d.metrics, addr, sizeof(addr)));
 	}
 	gg_log(GG_LOG_INFO, "started",
-	       "site=%s listen=%s control=%s sites=%zu codec=%s algorithm=%s streams_per_peer=%d chunk=%s threads=%d "
+	       "site=%s listen=%s control=%s sites=%zu codec=%s algorithm=%s streams_per_peer=%d chunk=%s threads=%u "
 	       "metrics=%s",
 	       cfg->site.name, cfg->site.listen, cfg->site.control, cfg->peer_count + 1,
 	       gg_codec_name(cfg->compression.codec), gg_allreduce_algo_name(cfg->allreduce.algorithm),
 	       cfg->transport.streams_per_peer, gg_format_size(cfg->transport.chunk_bytes, chunk, sizeof(chunk)),
-	       cfg->site.threads, metrics);
+	       gg_node_lanes(d.node), metrics);
 
 	status = run(&d);
 	const struct gg_node_stats *st = &d.final_stats;

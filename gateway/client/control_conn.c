@@ -20,6 +20,11 @@ int gg_ctrl_error(struct gg_error *err, int code, const char *fmt, ...)
 		err->code = code;
 		vsnprintf(err->message, sizeof(err->message), fmt, ap);
 		va_end(ap);
+		/* One line, as gradgate.h promises, whatever the caller's
+		 * endpoint or environment held: control bytes become '?'. */
+		for (char *c = err->message; *c; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				*c = '?';
 	}
 	return code;
 }

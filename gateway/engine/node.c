@@ -398,6 +398,11 @@ unsigned gg_node_self(const struct gg_node *n)
 	return n->self;
 }
 
+unsigned gg_node_lanes(const struct gg_node *n)
+{
+	return n->nlanes;
+}
+
 struct gg_loop *gg_node_loop(struct gg_node *n)
 {
 	return &n->lanes[0].loop;

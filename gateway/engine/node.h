@@ -248,5 +248,8 @@ unsigned gg_node_recent_failures(const struct gg_node *n, struct gg_node_failure
 uint64_t gg_node_failure_count(const struct gg_node *n);
 const char *gg_node_site_name(const struct gg_node *n, unsigned index);
 unsigned gg_node_self(const struct gg_node *n);
+/* The lanes (threads with a loop each) the node runs: [site] threads, but
+ * no more than streams_per_peer. */
+unsigned gg_node_lanes(const struct gg_node *n);
 
 #endif

@@ -3,7 +3,8 @@
  * a rank looks for its gateway; the library must refuse it unless that user
  * owns the socket's folder (and nobody else may write there) or
  * GRADGATE_GATEWAY_UID names it. Needs root (to become nobody); skips (77)
- * without. */
+ * without. And a message that quotes the caller's endpoint is one line
+ * whatever bytes the endpoint held. */
 #include <errno.h>
 #include <pwd.h>
 #include <signal.h>
@@ -94,6 +95,16 @@ int main(void)
 	CHECK(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
 	snprintf(sock, sizeof(sock), "%s/site.sock", dir);
 	unsetenv("GRADGATE_GATEWAY_UID");
+
+	/* Nobody listens at a path with a newline in it. */
+	struct gg_session *none = NULL;
+	struct gg_error err;
+	char endpoint[160];
+	snprintf(endpoint, sizeof(endpoint), "unix:%s/no\nsuch\x1b.sock", dir);
+	CHECK(gg_session_open(endpoint, "job", 0, 1, &none, &err) == GG_ERR_CONNECT && !none, "no listener: %d %s",
+	      err.code, err.message);
+	CHECK(!strpbrk(err.message, "\n\x1b") && strstr(err.message, "no?such?.sock"),
+	      "the message is not one line: %s", err.message);
 
 	/* A folder anyone may write to, as /tmp: the squatter is refused. */
 	CHECK(chmod(dir, 01777) == 0, "chmod");

@@ -17,7 +17,7 @@ run_ok before 1000 1 1
 key="$work/certs/site-a.key"
 mv "$key" "$key.away"
 kill -HUP "${gw_pid[0]}"
-wait_for "$(site_log 0)" 'event=reload_failed .*kept=previous credentials' 10 ||
+wait_for "$(site_log 0)" 'event=reload_failed .*kept="previous credentials"' 10 ||
 	fail "site-a did not report the failed reload"
 mv "$key.away" "$key"
 kill -HUP "${gw_pid[0]}"
