@@ -42,6 +42,7 @@ struct pending {
 	struct daemon *d;
 	struct gg_node_step ns;
 	struct gg_site_step *ss;
+	uint64_t submit_us; /* gg_monotonic_us() when the node took it */
 };
 
 /* The site backend shares the loop of the node's lane 0 (and with it the
@@ -99,7 +100,14 @@ static void finish(struct pending *p, int status, const char *message)
 
 static void step_done(void *arg, struct gg_node_step *ns, int status, const char *message)
 {
-	(void)ns;
+	const struct pending *p = arg;
+
+	/* Failures are logged where they happen (step_failed); --log-level
+	 * debug adds a line for every step that completes. */
+	if (!status)
+		gg_log(GG_LOG_DEBUG, "step_done", "job=%s step=%llu tensor=%u elements=%llu ms=%.1f", ns->job,
+		       (unsigned long long)ns->seq, ns->tensor_id, (unsigned long long)ns->count,
+		       (double)(gg_monotonic_us() - p->submit_us) / 1e3);
 	finish(arg, status, message);
 }
 
@@ -136,6 +144,7 @@ static void core_start(struct daemon *d, struct pending *p)
 	p->ns.gather = step_gather;
 	p->ns.deliver = step_deliver;
 	p->ns.arg = p;
+	p->submit_us = gg_monotonic_us();
 	int rc = gg_node_submit(d->node, &p->ns, err, sizeof(err));
 	if (rc) {
 		char msg[GG_NODE_ERROR_MAX + 64];

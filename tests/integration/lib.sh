@@ -40,6 +40,7 @@ THREADS=2                 # lanes per gateway: 2 threads, each with a loop and a
 LINK_ARGS=()              # linkem options for every dialer -> acceptor link; () = no links
 METRICS=0                 # 1: every gateway serves /metrics on a port of its own (metrics_port[I])
 TRANSPORT_EXTRA=          # more lines for every gateway's [transport] table
+LOG_LEVEL=                # the gateways' --log-level; empty: their default (info)
 declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refused mesh)
 declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
@@ -292,7 +293,7 @@ gw_launch() {
 	local logf="$work/gw-$name.log"
 	echo "=== start $(date +%T.%N)" >>"$logf"
 	gw_from[$i]=$(grep -c '' "$logf")
-	"$GRADGATE" --config "$work/$name.toml" 2>>"$logf" &
+	"$GRADGATE" --config "$work/$name.toml" ${LOG_LEVEL:+--log-level "$LOG_LEVEL"} 2>>"$logf" &
 	gw_pid[$i]=$!
 	pids+=("$!")
 }

@@ -27,13 +27,19 @@ log "no gateway: $(head -n1 "$work/none.out")"
 
 # ---- two gateways: a job done, a step failed, a job waiting
 K=2
+LOG_LEVEL=debug # a step_done line for each completed step, none for a failed one
 mesh_start
 mesh_up 15
 run_ok done 1000 1 3
+for ((i = 0; i < K; i++)); do
+	wait_for "$(site_log $i)" 'level=debug event=step_done job=done step=3 tensor=1 elements=1000 ms=[0-9]' 5 ||
+		fail "${SITES[$i]} logged no step_done for step 3 at --log-level debug"
+done
 # A lone rank whose deadline passes: step 1 fails at site-a (GG_ERR_TIMEOUT).
 rank_start lonely 1000 0 1 0 1 --timeout-ms 300
 ranks_wait
 [ "${rank_rc[lonely-s0-r0]}" != 0 ] || fail "the lonely rank's step did not fail"
+expect_none "$(site_log 0)" 'event=step_done job=lonely' "a failed step's step_done line"
 # One rank of two: connected, its step waiting for the other.
 rank_start waiting 1000 0 2 0 1
 wait_for "$(site_log 0)" "rank 0 of job 'waiting' connected" 10 || fail "the waiting rank did not connect"
