@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # Makes a private CA and one certificate per site for gradgate's mutual TLS.
 #
-#   examples/make-certs.sh [--force] [--out DIR] [--domain DOMAIN] [SITE...]
+#   examples/make-certs.sh [--force] [--out DIR] [--domain DOMAIN] [--days N] [SITE...]
 #
-# Defaults: --out examples/certs, --domain gradgate.test, sites site-a site-b
-# site-c. Each site gets an ECDSA P-256 key (mode 0600) and a certificate
-# whose subjectAltName carries its identity twice, DNS:SITE.DOMAIN and
-# URI:spiffe://DOMAIN/SITE, so a peer may name it either way in its config
+#   --out DIR        where the files go (default examples/certs)
+#   --domain DOMAIN  the domain in each site's names (default gradgate.test)
+#   --days N         how long the CA and certificates are valid, 1 to 999999
+#                    days (default 825)
+#   --force          make everything anew, even files that exist
+#   -h, --help       print this text
+#   SITE...          the sites (default site-a site-b site-c); a site name uses
+#                    only a-z, 0-9 and -
+#
+# The CA is DIR/ca.pem and DIR/ca.key; each site gets DIR/SITE.key, an ECDSA
+# P-256 key (mode 0600), and DIR/SITE.pem, a certificate whose subjectAltName
+# carries its identity twice, DNS:SITE.DOMAIN and URI:spiffe://DOMAIN/SITE, so
+# a peer may name it either way in its config
 # (identity = "dns:site-b.gradgate.test" or "uri:spiffe://gradgate.test/site-b").
 # The certificates are for serverAuth and clientAuth: a gateway both accepts
 # and opens connections. Existing files are kept unless --force is given.
+# Every argument is checked before anything is made: a refused command (exit
+# status 2) leaves no file behind.
 set -euo pipefail
 
 out="$(dirname "$0")/certs"
@@ -18,19 +29,54 @@ force=0
 days=825
 sites=()
 
+# bad ARG RULE: refuses the command, before anything is made.
+bad() {
+	echo "make-certs.sh: $1 $2" >&2
+	exit 2
+}
+
 while [ $# -gt 0 ]; do
+	case "$1" in
+	--out|--domain|--days)
+		[ $# -ge 2 ] || bad "$1" "needs a value (see --help)" ;;
+	esac
 	case "$1" in
 	--force) force=1 ;;
 	--out) out="$2"; shift ;;
 	--domain) domain="$2"; shift ;;
 	--days) days="$2"; shift ;;
-	-h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	# The help is the header comment: every line from the second up to the
+	# first one that is not a comment.
+	-h|--help) awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
 	-*) echo "make-certs.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
 	*) sites+=("$1") ;;
 	esac
 	shift
 done
 [ ${#sites[@]} -gt 0 ] || sites=(site-a site-b site-c)
+
+# Check every argument before making anything.
+for site in "${sites[@]}"; do
+	case "$site" in
+	*[!a-z0-9-]*|"") bad "'$site'" "is not a site name (a-z, 0-9, -)" ;;
+	esac
+done
+if ! [[ $days =~ ^[1-9][0-9]{0,5}$ ]]; then
+	bad "--days '$days'" "is not a number of days (a whole number from 1 to 999999)"
+fi
+# The domain is a DNS name, as the gateway reads identities: labels of 1 to 63
+# letters, digits and -, not starting or ending with -, joined by dots.
+label='[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?'
+if [ ${#domain} -gt 253 ] || ! [[ $domain =~ ^$label(\.$label)*$ ]]; then
+	bad "--domain '$domain'" "is not a domain (labels of 1 to 63 letters, digits and -, not starting or ending with -, joined by dots)"
+fi
+[ -n "$out" ] || bad "--out ''" "is not a folder (an empty path)"
+if [ -e "$out" ] || [ -L "$out" ]; then
+	[ -d "$out" ] || bad "--out '$out'" "is not a folder (it exists and is not a directory)"
+	if ! [ -w "$out" ] || ! [ -x "$out" ]; then
+		bad "--out '$out'" "is not a folder this user may write in"
+	fi
+fi
 command -v openssl >/dev/null || { echo "make-certs.sh: openssl is not installed" >&2; exit 1; }
 
 umask 077
@@ -51,9 +97,6 @@ if [ $force = 1 ] || [ ! -f "$out/ca.pem" ] || [ ! -f "$out/ca.key" ]; then
 fi
 
 for site in "${sites[@]}"; do
-	case "$site" in
-	*[!a-z0-9-]*|"") echo "make-certs.sh: '$site' is not a site name (a-z, 0-9, -)" >&2; exit 2 ;;
-	esac
 	if [ $force = 0 ] && [ -f "$out/$site.pem" ] && [ -f "$out/$site.key" ]; then
 		continue
 	fi

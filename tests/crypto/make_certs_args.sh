@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# make_certs_args.sh MAKE_CERTS: examples/make-certs.sh checks every
+# argument before it makes anything, so a refused command (exit 2) leaves
+# no folder, and an earlier CA untouched even with --force; --help is the
+# usage text alone and names every option.
+set -u
+mc=$1 work=$(mktemp -d) bad=0
+trap 'rm -rf "$work"' EXIT
+"$mc" --help | grep -q -- '--days' || { echo "--help lacks --days"; bad=1; }
+"$mc" --help | grep -q 'set -euo' && { echo "--help prints script lines"; bad=1; }
+for args in "Bad_Name" "site-a Bad_Name" "--days 0" "--days x" "--domain a,b" "--days"; do
+	# shellcheck disable=SC2086
+	"$mc" --out "$work/new" $args 2>/dev/null; rc=$?
+	[ $rc = 2 ] || { echo "'$args': exit $rc, not 2"; bad=1; }
+	[ ! -e "$work/new" ] || { echo "'$args' left $(ls -A "$work/new")"; bad=1; rm -rf "$work/new"; }
+done
+"$mc" --out "$work/old" site-a >/dev/null || exit 1
+before=$(cd "$work/old" && sha256sum ./*)
+"$mc" --force --out "$work/old" Bad_Name 2>/dev/null && { echo "Bad_Name accepted"; bad=1; }
+[ "$(cd "$work/old" && sha256sum ./*)" = "$before" ] || { echo "a refused --force run touched the earlier CA"; bad=1; }
+exit $bad
