@@ -28,6 +28,7 @@
 #define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 #define FAILURES_KEPT 16     /* recent step failures, for the status */
+#define RERUN_TELL_US 100000 /* a lane tells of step-1 DATA of a job that ran there at most this often */
 
 /* user_data kinds of the two mailboxes a lane's loop reads: below
  * GG_OP_USER, above the mesh's kinds. */
@@ -61,6 +62,7 @@ enum mail_type {
 	M_CONN,         /* acceptor -> lane: an accepted stream of the receiver's */
 	M_SHUTDOWN,     /* coordinator -> lane: close every stream */
 	M_CUT,          /* tests: cut a stream */
+	M_RERUN,        /* lane -> coordinator: a peer sent step 1 of a job whose steps ran here */
 };
 
 struct mail {
@@ -84,7 +86,7 @@ struct mail {
 			void (*deliver)(void *arg, uint64_t offset, uint64_t n);
 			void *arg;
 		} start;
-		char job[GG_WIRE_NAME_MAX + 1]; /* M_END, M_FORGET, M_FORGET_JOB */
+		char job[GG_WIRE_NAME_MAX + 1]; /* M_END, M_FORGET, M_FORGET_JOB, M_RERUN */
 		struct {      /* M_SEND */
 			uint8_t bytes[CTRL_MSG_MAX];
 			size_t len;
@@ -145,6 +147,7 @@ struct lane_job {
 	 * their DATA, sent on a stream other than the ABORT's and so maybe
 	 * after it, is acknowledged and let go at once. */
 	uint64_t forgot_lo, forgot_hi;
+	uint64_t rerun_us;   /* when the coordinator last heard of a step 1 again (M_RERUN) */
 	/* When a step last started or ended here, or early DATA last came:
 	 * the lane's `touches` then, so no two entries tie. */
 	uint64_t touched;
@@ -288,6 +291,7 @@ struct job {
 	int ended_code;         /* how steps ended_done+1..ended_last failed there */
 	char ended_reason[GG_NODE_ERROR_MAX];
 	char end_reason[GG_NODE_ERROR_MAX]; /* for steps after ended_last */
+	bool rerun_refused;     /* a peer's new run of the name was refused since its last END */
 	/* The step is over and its lanes let go of it. */
 	bool ending;
 	uint64_t end_told;      /* lanes posted M_END, by bit */
@@ -890,6 +894,20 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 		/* A step already finished or failed here: a re-send, or data of a
 		 * step a site aborted. Acknowledge so the peer lets it go. */
 		lane_ack(ln, via_lane, via, ws->job, ws->step, &m->u.data.id);
+		/* Step 1 again, once steps ran here: a new run of the name at
+		 * `from` (the old run's frames are not sent again once it ended
+		 * there), unless this is the run's own step 1 still. The
+		 * coordinator knows which (rerun_seen). */
+		uint64_t now = ln->loop.now_us;
+		if (ws->step == 1 && (!lj->rerun_us || now - lj->rerun_us >= RERUN_TELL_US)) {
+			struct mail *r = mail_new(M_RERUN);
+			if (r) {
+				lj->rerun_us = now;
+				r->peer = from;
+				snprintf(r->u.job, sizeof(r->u.job), "%s", ws->job);
+				tell_coordinator(ln, r);
+			}
+		}
 		return 0;
 	}
 	/* Not started here yet: keep it unacknowledged, so the peer's window
@@ -2189,6 +2207,15 @@ static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64
 		j->done_from |= 1u << from;
 		maybe_complete(n, j);
 	}
+	/* A second END from a site whose run ended there already, with fewer
+	 * steps done (copies of one END say the same): a new run of the name
+	 * there ended, which this site refused (rerun_seen). How the old run
+	 * ended there stays as its own END said, and a next new run there is
+	 * refused again. */
+	if ((j->ended_by & (1u << from)) && last_done < j->ended_done) {
+		j->rerun_refused = false;
+		return;
+	}
 	if (j->ended_by && last_done >= j->ended_done)
 		return; /* a copy, or a site that ended later than one before */
 	j->ended_by |= 1u << from;
@@ -2313,6 +2340,28 @@ static void resend_done(struct gg_node *n, unsigned peer)
 			send_end(n, (int)peer, &n->ended[e]);
 }
 
+/* A lane took step-1 DATA of `name` from `peer` for a re-send, as steps of
+ * the job ran here. Where the peer said the job ended there (END), it is
+ * a new run of the name while this site's run goes on: README and
+ * gradgate.h promise it is refused, saying so, rather than left to wait
+ * out its deadline. Every site fails its step 1 (an ABORT of step 1 is
+ * moot where the old run is past it). */
+static void rerun_seen(struct gg_node *n, unsigned peer, const char *name)
+{
+	struct job *j = find_job(n, name, false);
+	char reason[GG_NODE_ERROR_MAX];
+
+	if (!j || !(j->ended_by & (1u << peer)) || j->rerun_refused || !j->last_seq)
+		return;
+	j->rerun_refused = true;
+	snprintf(reason, sizeof(reason),
+		 "site %s still runs job '%s' (its ranks there are at step %llu): a job name is one training run; "
+		 "start a new run under a new name, or once every rank of the old one closed its session at every "
+		 "site", n->names[n->self], j->name, (unsigned long long)j->last_seq);
+	gg_log(GG_LOG_WARN, "rerun_refused", "site=%s job=%s reason=\"%s\"", n->names[peer], j->name, reason);
+	send_abort(n, -1, j->name, 1, 1, GG_ERR_INVALID, reason);
+}
+
 static void coordinator_mail(struct gg_node *n)
 {
 	for (struct gg_mail *g = gg_mailbox_take(&n->inbox), *next; g; g = next) {
@@ -2352,6 +2401,9 @@ static void coordinator_mail(struct gg_node *n)
 			break;
 		case M_STREAM_DOWN:
 			snprintf(n->down_reason[m->peer], sizeof(n->down_reason[m->peer]), "%.250s", m->u.text);
+			break;
+		case M_RERUN:
+			rerun_seen(n, m->peer, m->u.job);
 			break;
 		default:
 			break;

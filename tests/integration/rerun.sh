@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A job name is one training run (README, "host mode"): while a rank of the
+# old run is still connected at some site, the gateways refuse step 1 of a
+# new run under that name, saying so, at once rather than at its deadline.
+#
+# Site-a's rank of job 'train' runs 3 steps and closes; site-b's rank of
+# the same run stays (it waits before its step 4). A new run of 'train' at
+# both sites then fails step 1, well before step_timeout, every rank's
+# error naming the old run at site-b; site-b's old rank then fails its
+# step 4, site-a's run being over. After that, with every rank gone, the
+# name starts a new run that works.
+. "$(dirname "$0")/lib.sh"
+
+K=2
+STEP_TIMEOUT=20s
+mesh_start
+mesh_up 15
+
+rank_start train 1000 0 1 0 3
+rank_start train 1000 0 1 1 4 --late 8000@4
+wait_for "$work/train-s0-r0.out" 'digest=' 15 || fail "site-a's rank of the first run did not finish"
+# Site-b's rank is now connected and idle before its step 4. The new run:
+# site-b has a second job of the name only once its first rank leaves, so
+# the new run's rank there waits in the gateway for step 1 like site-a's.
+t0=${EPOCHREALTIME/[.,]/}
+rank_start train 1000 0 1 0 1 --timeout-ms 15000
+new=${rank_pids[-1]}
+wait_exit "$new" 10 || fail "step 1 of the new run at site-a was not refused within 10 s (step_timeout is $STEP_TIMEOUT)"
+ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
+reap "$new"
+[ "$reaped" != 0 ] || fail "step 1 of a new run of 'train' completed while site-b still runs the old one"
+expect "$work/train-s0-r0.err" "step 1 .*site site-b still runs job 'train' \(its ranks there are at step 3\): a job name is one training run" \
+	"the new run's error at site-a"
+expect "$(site_log 1)" "event=rerun_refused site=site-a job=train" "site-b's log"
+log "new run refused after $ms ms: $(cat "$work/train-s0-r0.err")"
+
+ranks_wait
+[ "${rank_rc[train-s1-r0]}" != 0 ] || fail "site-b's old rank completed step 4 with site-a's run over"
+expect "$work/train-s1-r0.err" "step 4 .*site site-a ended job 'train' after step 3" "site-b's old rank's error"
+log "old run at site-b: $(cat "$work/train-s1-r0.err")"
+
+# Every rank of the old run is gone: the name is free for a new run.
+run_ok train 1000 1 2
+mesh_stop
