@@ -213,14 +213,78 @@ static const struct section sections[] = {
 static const struct section peers_section = { "peers", peer_fields, GG_ARRAY_LEN(peer_fields) };
 
 
+#define MAX_SECTION_FIELDS 16
+
+/* What the file made of one field of `sections`. */
+struct setting {
+	bool valid;                     /* it holds the file's value, or its default */
+	const struct gg_toml_value *v; /* the file's value; NULL: not in the file */
+};
+
 struct loader {
 	const char *source;
 	const char *base_dir;
 	struct gg_diag *diag;
 	int oom;
+	struct setting settings[GG_ARRAY_LEN(sections)][MAX_SECTION_FIELDS];
 };
 
 /* ---- diagnostics -------------------------------------------------------- */
+
+/* Length of the well-formed UTF-8 sequence at s that is not a C1 control
+ * (U+0080-U+009F), or 0. */
+static size_t printable_utf8_len(const unsigned char *s)
+{
+	size_t n = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : 2;
+	uint32_t cp = s[0] & (0x7f >> n);
+
+	if (s[0] < 0xc2 || s[0] > 0xf4)
+		return 0;
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	if (cp < 0xa0 || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10ffff ||
+	    (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return n;
+}
+
+/* Keys and values echoed in a problem may hold any byte: a newline would
+ * split the problem in two, an escape sequence would reach the terminal.
+ * Control characters and bytes that are not UTF-8 are written as \xNN. */
+static char *escape_controls(char *line)
+{
+	size_t bad = 0;
+
+	for (const unsigned char *s = (const unsigned char *)line; *s;) {
+		size_t n = *s >= 0x20 && *s < 0x7f ? 1 : printable_utf8_len(s);
+		bad += !n;
+		s += n ? n : 1;
+	}
+	if (!bad)
+		return line;
+	char *out = malloc(strlen(line) + 3 * bad + 1);
+	if (!out) {
+		free(line);
+		return NULL;
+	}
+	char *w = out;
+	for (const unsigned char *s = (const unsigned char *)line; *s;) {
+		size_t n = *s >= 0x20 && *s < 0x7f ? 1 : printable_utf8_len(s);
+		if (n) {
+			memcpy(w, s, n);
+			w += n;
+			s += n;
+		} else {
+			w += sprintf(w, "\\x%02x", *s++);
+		}
+	}
+	*w = '\0';
+	free(line);
+	return out;
+}
 
 static GG_PRINTF(2, 3) void diag_add(struct gg_diag *diag, const char *fmt, ...)
 {
@@ -231,6 +295,9 @@ static GG_PRINTF(2, 3) void diag_add(struct gg_diag *diag, const char *fmt, ...)
 	int n = vasprintf(&line, fmt, ap);
 	va_end(ap);
 	if (n < 0)
+		return;
+	line = escape_controls(line);
+	if (!line)
 		return;
 	if (diag->count == diag->cap) {
 		size_t cap = diag->cap ? diag->cap * 2 : 8;
@@ -348,16 +415,55 @@ static char *dup_or_oom(struct loader *ld, const char *s)
 	return d;
 }
 
+/* Drops empty and "." components from a path, in place; not a final ".",
+ * which says the path is a folder, nor "..", which a symbolic link before it
+ * gives another meaning than the lexical one. */
+static void tidy_path(char *path)
+{
+	const char *r = path;
+	char *w = path;
+
+	if (*r == '/')
+		*w++ = *r++;
+	while (*r) {
+		size_t n = strcspn(r, "/");
+		if (n == 0 || (n == 1 && r[0] == '.' && r[1] == '/')) {
+			r += n + 1;
+			continue;
+		}
+		memmove(w, r, n);
+		w += n;
+		r += n;
+		if (*r == '/')
+			*w++ = *r++;
+	}
+	*w = '\0';
+}
+
+/* Relative paths resolve against the config's folder, and come out
+ * absolute: the printed config then loads back to the same files from any
+ * folder (or under another name). The folder is not canonicalised, so the
+ * path stays the one the person wrote. */
 static char *resolve_path(struct loader *ld, const char *path)
 {
+	const char *base = ld->base_dir && ld->base_dir[0] ? ld->base_dir : ".";
+	char cwd[PATH_MAX];
 	char *out;
+	int n;
 
-	if (path[0] == '/' || !ld->base_dir || !ld->base_dir[0] || !strcmp(ld->base_dir, "."))
+	if (path[0] == '/')
 		return dup_or_oom(ld, path);
-	if (asprintf(&out, "%s/%s", ld->base_dir, path) < 0) {
+	if (base[0] == '/')
+		n = asprintf(&out, "%s/%s", base, path);
+	else if (getcwd(cwd, sizeof(cwd)))
+		n = asprintf(&out, "%s/%s/%s", cwd, base, path);
+	else /* no name for the current folder (deleted, or longer than PATH_MAX) */
+		n = asprintf(&out, "%s/%s", base, path);
+	if (n < 0) {
 		ld->oom = 1;
 		return NULL;
 	}
+	tidy_path(out);
 	return out;
 }
 
@@ -382,13 +488,33 @@ static char *format_int(uint64_t v, char *buf, size_t size)
 	return buf;
 }
 
+typedef char *(*format_fn)(uint64_t v, char *buf, size_t size);
+
+/* How a number field writes its values: "4MiB", "500ms", "64". */
+static format_fn formatter(const struct field *f)
+{
+	if (f->kind == F_SIZE || f->kind == F_SIZE_AUTO)
+		return gg_format_size;
+	return f->kind == F_DURATION ? gg_format_duration : format_int;
+}
+
+/* A value above the field's maximum, or too large to parse at all: `got`
+ * is how the file writes it. */
+static void too_large(struct loader *ld, const struct field *f, const char *where, struct gg_toml_pos pos,
+		      const char *got)
+{
+	char hi[32];
+
+	formatter(f)((uint64_t)f->max, hi, sizeof(hi));
+	diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s, too large; it must be at most %s", AT(ld, pos), f->key,
+		 where, got, hi);
+}
+
 /* `v` is read as signed for integer fields, unsigned for sizes/durations. */
 static bool in_range(struct loader *ld, const struct field *f, const char *where,
 		     struct gg_toml_pos pos, uint64_t v)
 {
-	char *(*fmt)(uint64_t, char *, size_t) = f->kind == F_SIZE || f->kind == F_SIZE_AUTO ? gg_format_size
-					       : f->kind == F_DURATION ? gg_format_duration
-								       : format_int;
+	format_fn fmt = formatter(f);
 	bool ok = f->kind == F_INT ? (int64_t)v >= f->min && (int64_t)v <= f->max
 				   : v >= (uint64_t)f->min && v <= (uint64_t)f->max;
 	if (ok)
@@ -397,7 +523,9 @@ static bool in_range(struct loader *ld, const struct field *f, const char *where
 	fmt((uint64_t)f->min, lo, sizeof(lo));
 	fmt((uint64_t)f->max, hi, sizeof(hi));
 	fmt(v, got, sizeof(got));
-	if (f->max == INT64_MAX)
+	if (f->max == INT64_MAX && v > (uint64_t)f->max)
+		too_large(ld, f, where, pos, got);
+	else if (f->max == INT64_MAX)
 		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s; it must be at least %s", AT(ld, pos), f->key,
 			 where, got, lo);
 	else
@@ -601,7 +729,13 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 				return;
 			if (v)
 				text = v->u.str.ptr;
-			if ((size ? gg_parse_size : gg_parse_duration)(text, &n, &why)) {
+			int rc = (size ? gg_parse_size : gg_parse_duration)(text, &n, &why);
+			if (rc == -ERANGE) {
+				snprintf(buf, sizeof(buf), "\"%.200s\"", text);
+				too_large(ld, f, where, pos, buf);
+				return;
+			}
+			if (rc) {
 				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\": %s%s", AT(ld, pos), f->key, where,
 					 text, why, f->kind == F_SIZE_AUTO ? " (or \"auto\")" : "");
 				return;
@@ -632,7 +766,8 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 static void load_table(struct loader *ld, const struct section *sec, const char *where,
 		       const struct gg_toml_table *t, struct gg_toml_pos table_pos, void *base)
 {
-	const char *names[16];
+	const char *names[MAX_SECTION_FIELDS];
+	struct setting *settings = sec == &peers_section ? NULL : ld->settings[sec - sections];
 
 	assert(sec->count <= GG_ARRAY_LEN(names));
 	for (size_t i = 0; i < sec->count; i++)
@@ -643,6 +778,9 @@ static void load_table(struct loader *ld, const struct section *sec, const char 
 	for (size_t k = 0; k < sec->count; k++) {
 		const struct field *f = &sec->fields[k];
 		const struct gg_toml_value *v = t ? gg_toml_table_get(t, f->key) : NULL;
+		size_t before = ld->diag->count;
+		if (settings)
+			settings[k].v = v;
 		if (v) {
 			set_field(ld, f, where, v, base);
 		} else if (f->required) {
@@ -654,6 +792,8 @@ static void load_table(struct loader *ld, const struct section *sec, const char 
 		} else if (f->def) {
 			set_field(ld, f, where, NULL, base);
 		}
+		if (settings)
+			settings[k].valid = ld->diag->count == before;
 	}
 }
 
@@ -743,32 +883,83 @@ static void fill_derived(struct loader *ld, struct gg_config *cfg)
 	}
 }
 
-/* Settings that are valid alone but not together. */
+/* What the file made of the struct gg_config member at `offset`. */
+static const struct setting *setting_at(const struct loader *ld, size_t offset)
+{
+	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++)
+		for (size_t k = 0; k < sections[s].count; k++)
+			if (sections[s].fields[k].offset == offset)
+				return &ld->settings[s][k];
+	assert(!"not a field of sections[]");
+	return NULL;
+}
+
+#define SETTING(ld, member) setting_at(ld, CFG(member))
+
+/* Reports a problem with settings that are each valid, at the value of
+ * `blamed`; at that of `other` when the file leaves `blamed` at its default;
+ * with the file's name alone when the file sets neither. */
+static GG_PRINTF(4, 5) void diag_blame(struct loader *ld, const struct setting *blamed,
+				       const struct setting *other, const char *fmt, ...)
+{
+	const struct gg_toml_value *v = blamed->v ? blamed->v : other ? other->v : NULL;
+	va_list ap;
+	char *msg;
+
+	va_start(ap, fmt);
+	int n = vasprintf(&msg, fmt, ap);
+	va_end(ap);
+	if (n < 0) {
+		ld->oom = 1;
+		return;
+	}
+	if (v)
+		diag_add(ld->diag, "%s:%u:%u: %s", AT(ld, v->pos), msg);
+	else
+		diag_add(ld->diag, "%s: %s", ld->source, msg);
+	free(msg);
+}
+
+/* Settings that are valid alone but not together; each check runs when the
+ * settings it compares are valid, whatever else is wrong in the file. */
 static void check_combinations(struct loader *ld, const struct gg_config *cfg)
 {
-	const char *src = ld->source;
+	const struct setting *hb_interval = SETTING(ld, transport.heartbeat_interval_us);
+	const struct setting *hb_timeout = SETTING(ld, transport.heartbeat_timeout_us);
+	const struct setting *rc_min = SETTING(ld, transport.reconnect_min_us);
+	const struct setting *rc_max = SETTING(ld, transport.reconnect_max_us);
+	const struct setting *chunk = SETTING(ld, transport.chunk_bytes);
+	const struct setting *inflight = SETTING(ld, limits.inflight_bytes_per_peer);
+	const struct setting *memory = SETTING(ld, limits.memory_bytes);
+	const struct setting *block = SETTING(ld, compression.block_size);
 	char a[32], b[32];
 
-	if (cfg->transport.heartbeat_timeout_us <= cfg->transport.heartbeat_interval_us)
-		diag_add(ld->diag, "%s: [transport] heartbeat_timeout (%s) must be longer than heartbeat_interval (%s)",
-			 src, gg_format_duration(cfg->transport.heartbeat_timeout_us, a, sizeof(a)),
-			 gg_format_duration(cfg->transport.heartbeat_interval_us, b, sizeof(b)));
-	if (cfg->transport.reconnect_min_us > cfg->transport.reconnect_max_us)
-		diag_add(ld->diag, "%s: [transport] reconnect_min (%s) is longer than reconnect_max (%s)", src,
-			 gg_format_duration(cfg->transport.reconnect_min_us, a, sizeof(a)),
-			 gg_format_duration(cfg->transport.reconnect_max_us, b, sizeof(b)));
-	if (cfg->limits.inflight_bytes_per_peer < cfg->transport.chunk_bytes)
-		diag_add(ld->diag, "%s: [limits] inflight_per_peer (%s) is smaller than one chunk ([transport] chunk_size = %s)",
-			 src, gg_format_size(cfg->limits.inflight_bytes_per_peer, a, sizeof(a)),
-			 gg_format_size(cfg->transport.chunk_bytes, b, sizeof(b)));
-	uint64_t need = cfg->limits.inflight_bytes_per_peer * (cfg->peer_count ? cfg->peer_count : 1);
-	if (cfg->limits.memory_bytes < need)
-		diag_add(ld->diag, "%s: [limits] memory (%s) cannot hold inflight_per_peer for %zu peers (%s)", src,
-			 gg_format_size(cfg->limits.memory_bytes, a, sizeof(a)), cfg->peer_count,
-			 gg_format_size(need, b, sizeof(b)));
-	if (cfg->compression.block_size % GG_CODEC_BLOCK_ALIGN_ELEMS)
-		diag_add(ld->diag, "%s: [compression] block_size %d must be a multiple of %u", src,
-			 cfg->compression.block_size, GG_CODEC_BLOCK_ALIGN_ELEMS);
+	if (hb_interval->valid && hb_timeout->valid &&
+	    cfg->transport.heartbeat_timeout_us <= cfg->transport.heartbeat_interval_us)
+		diag_blame(ld, hb_timeout, hb_interval,
+			   "[transport] heartbeat_timeout (%s) must be longer than heartbeat_interval (%s)",
+			   gg_format_duration(cfg->transport.heartbeat_timeout_us, a, sizeof(a)),
+			   gg_format_duration(cfg->transport.heartbeat_interval_us, b, sizeof(b)));
+	if (rc_min->valid && rc_max->valid && cfg->transport.reconnect_min_us > cfg->transport.reconnect_max_us)
+		diag_blame(ld, rc_min, rc_max, "[transport] reconnect_min (%s) is longer than reconnect_max (%s)",
+			   gg_format_duration(cfg->transport.reconnect_min_us, a, sizeof(a)),
+			   gg_format_duration(cfg->transport.reconnect_max_us, b, sizeof(b)));
+	if (chunk->valid && inflight->valid && cfg->limits.inflight_bytes_per_peer < cfg->transport.chunk_bytes)
+		diag_blame(ld, inflight, chunk,
+			   "[limits] inflight_per_peer (%s) is smaller than one chunk ([transport] chunk_size = %s)",
+			   gg_format_size(cfg->limits.inflight_bytes_per_peer, a, sizeof(a)),
+			   gg_format_size(cfg->transport.chunk_bytes, b, sizeof(b)));
+	size_t peers = cfg->peer_count ? cfg->peer_count : 1;
+	uint64_t need = cfg->limits.inflight_bytes_per_peer > UINT64_MAX / peers
+				? UINT64_MAX
+				: cfg->limits.inflight_bytes_per_peer * peers;
+	if (inflight->valid && memory->valid && cfg->limits.memory_bytes < need)
+		diag_blame(ld, memory, inflight, "[limits] memory (%s) cannot hold inflight_per_peer for %zu peers (%s)",
+			   gg_format_size(cfg->limits.memory_bytes, a, sizeof(a)), cfg->peer_count,
+			   gg_format_size(need, b, sizeof(b)));
+	if (block->valid && cfg->compression.block_size % GG_CODEC_BLOCK_ALIGN_ELEMS)
+		diag_blame(ld, block, NULL, "[compression] block_size %d must be a multiple of %u",
+			   cfg->compression.block_size, GG_CODEC_BLOCK_ALIGN_ELEMS);
 }
 
 /* The metrics endpoint has no authentication: it listens on loopback
@@ -794,14 +985,18 @@ static void check_metrics(struct loader *ld, const struct gg_config *cfg, const 
 }
 
 /* The certificate files must be readable now, not at the first handshake;
- * the key must not be readable by anyone but its owner. */
+ * the key must not be accessible to anyone but its owner. */
 static void check_files(struct loader *ld, const struct gg_config *cfg)
 {
 	const struct {
 		const char *key;
 		const char *path;
+		const struct setting *setting;
 	} files[] = {
-		{ "ca", cfg->tls.ca }, { "cert", cfg->tls.cert }, { "key", cfg->tls.key }, { "crl", cfg->tls.crl },
+		{ "ca", cfg->tls.ca, SETTING(ld, tls.ca) },
+		{ "cert", cfg->tls.cert, SETTING(ld, tls.cert) },
+		{ "key", cfg->tls.key, SETTING(ld, tls.key) },
+		{ "crl", cfg->tls.crl, SETTING(ld, tls.crl) },
 	};
 
 	for (size_t i = 0; i < GG_ARRAY_LEN(files); i++) {
@@ -813,17 +1008,21 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 		if (fd < 0 && errno == ELOOP)
 			fd = open(path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0) {
-			diag_add(ld->diag, "%s: [tls] %s file '%s' cannot be read: %s", ld->source, files[i].key, path,
-				 strerror(errno));
+			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' cannot be read: %s", files[i].key,
+				   path, strerror(errno));
 			continue;
 		}
-		if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
-			diag_add(ld->diag, "%s: [tls] %s file '%s' is not a regular file", ld->source, files[i].key,
-				 path);
+		if (fstat(fd, &st))
+			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' cannot be examined: %s",
+				   files[i].key, path, strerror(errno));
+		else if (!S_ISREG(st.st_mode))
+			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' is not a regular file",
+				   files[i].key, path);
 		else if (!strcmp(files[i].key, "key") && (st.st_mode & 077))
-			diag_add(ld->diag,
-				 "%s: [tls] key file '%s' is readable by group or others (mode %04o); run: chmod 600 '%s'",
-				 ld->source, path, (unsigned)(st.st_mode & 07777), path);
+			/* Any of the bits: a key others may write can be swapped for theirs. */
+			diag_blame(ld, files[i].setting, NULL,
+				   "[tls] key file '%s' is accessible by group or others (mode %04o); run: chmod 600 '%s'",
+				   path, (unsigned)(st.st_mode & 07777), path);
 		close(fd);
 	}
 }
@@ -870,8 +1069,7 @@ int gg_config_load_text(const char *text, size_t len, const char *source, const 
 	else
 		check_peers(&ld, cfg, pv);
 	fill_derived(&ld, cfg);
-	if (diag->count == before)
-		check_combinations(&ld, cfg);
+	check_combinations(&ld, cfg);
 	check_metrics(&ld, cfg, root);
 	check_files(&ld, cfg);
 

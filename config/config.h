@@ -47,7 +47,7 @@ struct gg_config {
 	} site;
 
 	struct {
-		char *ca;        /* paths resolved against the config file's folder */
+		char *ca;        /* absolute paths; relative ones resolved against the config file's folder */
 		char *cert;
 		char *key;
 		char *crl;       /* NULL when not configured */
@@ -101,7 +101,8 @@ struct gg_config {
 
 /* Problems found while loading, each one line ready for a person:
  * "site.toml:12:1: error: unknown key 'chunk_sise' in [transport] (did you
- * mean 'chunk_size'?)". */
+ * mean 'chunk_size'?)". Control characters and bytes that are not UTF-8
+ * (from keys, values, the file's name) are written as \xNN. */
 struct gg_diag {
 	char **lines;
 	size_t count;
@@ -118,7 +119,8 @@ void gg_diag_print(const struct gg_diag *diag, FILE *out);
 GG_MUST_CHECK int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag);
 
 /* The same for TOML text already in memory; relative paths resolve against
- * `base_dir` (NULL: the current directory). */
+ * `base_dir` (NULL: the current directory), and a relative `base_dir`
+ * against the current directory. */
 GG_MUST_CHECK int gg_config_load_text(const char *text, size_t len, const char *source,
 				      const char *base_dir, struct gg_config *cfg, struct gg_diag *diag);
 

@@ -43,7 +43,7 @@ struct gg_tls_context;
 /* Builds a context. Returns 0 and sets *out (free with
  * gg_tls_context_free), or a negative errno with one line in `err` naming
  * the file and the problem: -ENOENT/-EACCES (unreadable file), -EPERM (key
- * readable by group or others), -EINVAL (bad PEM, key does not match the
+ * accessible by group or others), -EINVAL (bad PEM, key does not match the
  * certificate, expired own certificate, unknown ciphersuite), -ENOMEM. */
 GG_MUST_CHECK int gg_tls_context_new(const struct gg_tls_options *opts, struct gg_tls_context **out,
 				     char *err, size_t err_size);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gradgate --check-config as a person uses it: exit codes and what it prints.
 set -u
-gradgate=$1
+gradgate=$(realpath "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
@@ -38,6 +38,23 @@ expect "problem names file:line:col and what is wrong" $?
 grep -qF "[[peers]] #1 is site 'site-a', which is this site itself" "$tmp/err"; expect "every problem is reported" $?
 grep -qF "$tmp/bad.toml: 2 problems found" "$tmp/err"; expect "problem count is summarised" $?
 [ ! -s "$tmp/out" ]; expect "nothing on stdout for an invalid config" $?
+
+# Relative paths print absolute: what --check-config prints loads back from
+# any folder, and printed again reads the same but for the file it names.
+mkdir -p "$tmp/sub/certs"
+cp -p "$tmp/ca.pem" "$tmp/cert.pem" "$tmp/key.pem" "$tmp/sub/certs/"
+sed -E 's#^(ca|cert|key) = "#&certs/#' "$tmp/good.toml" >"$tmp/sub/base.toml"
+(cd "$tmp" && "$gradgate" --check-config sub/base.toml >sub/printed.toml 2>"$tmp/err")
+expect "config with relative paths exits 0" $?
+grep -qF "ca = \"$tmp/sub/certs/ca.pem\"" "$tmp/sub/printed.toml"; expect "relative paths print absolute" $?
+(cd "$tmp" && "$gradgate" --check-config sub/printed.toml >"$tmp/again.toml" 2>"$tmp/err")
+expect "printed config loads back from the folder it was checked from" $?
+(cd "$tmp/sub" && "$gradgate" --check-config printed.toml >"$tmp/again2.toml" 2>>"$tmp/err")
+expect "printed config loads back from its own folder" $?
+[ "$(tail -n +2 "$tmp/sub/printed.toml")" = "$(tail -n +2 "$tmp/again.toml")" ] &&
+	[ "$(tail -n +2 "$tmp/again.toml")" = "$(tail -n +2 "$tmp/again2.toml")" ]
+expect "printed again, the config reads the same" $?
+[ ! -s "$tmp/err" ] || cat "$tmp/err"
 
 "$gradgate" --check-config "$tmp/good.toml" "$tmp/bad.toml" >/dev/null 2>&1
 expect "one bad file among several exits 1" $(( $? != 1 ))

@@ -102,6 +102,16 @@ static int run_case(const char *src_dir, const char *name)
 			ok = 0;
 		}
 	}
+	for (size_t k = 0; k < diag.count; k++) {
+		for (const char *c = diag.lines[k]; *c; c++) {
+			if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+				printf("FAIL %s: problem %zu holds control character 0x%02x\n", name, k + 1,
+				       (unsigned char)*c);
+				ok = 0;
+				break;
+			}
+		}
+	}
 	if ((long)diag.count != problems) {
 		printf("FAIL %s: %zu problems reported, expected %ld\n", name, diag.count, problems);
 		ok = 0;
@@ -144,13 +154,14 @@ int main(int argc, char **argv)
 	if (write_file(scratch, "ca.pem", "not parsed by the config loader\n", 0644) ||
 	    write_file(scratch, "cert.pem", "not parsed by the config loader\n", 0644) ||
 	    write_file(scratch, "key.pem", "not parsed by the config loader\n", 0600) ||
-	    write_file(scratch, "key-open.pem", "not parsed by the config loader\n", 0644))
+	    write_file(scratch, "key-open.pem", "not parsed by the config loader\n", 0644) ||
+	    write_file(scratch, "key-group-writable.pem", "not parsed by the config loader\n", 0620))
 		return 1;
 	for (size_t i = 0; i < count; i++) {
 		passed += (size_t)run_case(argv[1], names[i]);
 		free(names[i]);
 	}
-	const char *files[] = { "ca.pem", "cert.pem", "key.pem", "key-open.pem" };
+	const char *files[] = { "ca.pem", "cert.pem", "key.pem", "key-open.pem", "key-group-writable.pem" };
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
 		char path[512];
 		snprintf(path, sizeof(path), "%s/%s", scratch, files[i]);

@@ -2,6 +2,7 @@
  * the printed form loads back to the same configuration. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,78 @@ static void test_full_and_round_trip(void)
 	gg_config_free(&cfg);
 }
 
+/* Relative paths print absolute, so what --check-config prints loads back
+ * to the same files from another folder, and prints the same again (but
+ * for the first line, which names the file). */
+static void test_relative_paths_round_trip(void)
+{
+	static const char text[] = "[site]\nname = \"site-a\"\nlisten = \"127.0.0.1:7101\"\n"
+				   "[tls]\nca = \"certs/ca.pem\"\ncert = \"./certs//cert.pem\"\n"
+				   "key = \"certs/key.pem\"\ncrl = \"../crl.pem\"\n"
+				   "[[peers]]\nsite = \"site-b\"\naddress = \"127.0.0.1:7102\"\n";
+	struct gg_config cfg, again;
+	struct gg_diag diag = { 0 };
+	char cwd[PATH_MAX], path[256], want[512];
+	char *first = NULL, *second = NULL;
+	size_t n1 = 0, n2 = 0;
+
+	snprintf(path, sizeof(path), "%s/sub", dir);
+	CHECK(mkdir(path, 0755) == 0);
+	snprintf(path, sizeof(path), "%s/sub/certs", dir);
+	CHECK(mkdir(path, 0755) == 0);
+	put("sub/certs/ca.pem", "x\n", 0644);
+	put("sub/certs/cert.pem", "x\n", 0644);
+	put("sub/certs/key.pem", "x\n", 0600);
+	put("crl.pem", "x\n", 0644);
+	put("sub/base.toml", text, 0644);
+	if (!getcwd(cwd, sizeof(cwd)) || chdir(dir)) {
+		perror(dir);
+		failures++;
+		return;
+	}
+	int rc = gg_config_load("sub/base.toml", &cfg, &diag);
+	gg_diag_print(&diag, stdout);
+	gg_diag_free(&diag);
+	CHECK(rc == 0);
+	if (rc == 0) {
+		snprintf(want, sizeof(want), "%s/sub/certs/ca.pem", dir);
+		CHECK_STR(cfg.tls.ca, want);
+		snprintf(want, sizeof(want), "%s/sub/certs/cert.pem", dir);
+		CHECK_STR(cfg.tls.cert, want);
+		snprintf(want, sizeof(want), "%s/sub/../crl.pem", dir);
+		CHECK_STR(cfg.tls.crl, want);
+		FILE *f = open_memstream(&first, &n1);
+		gg_config_print(&cfg, f);
+		fclose(f);
+		put("sub/printed.toml", first, 0644);
+		gg_config_free(&cfg);
+	}
+	rc = rc ? rc : chdir("sub");
+	if (rc == 0) {
+		rc = gg_config_load("printed.toml", &again, &diag);
+		gg_diag_print(&diag, stdout);
+		gg_diag_free(&diag);
+		CHECK(rc == 0);
+	}
+	if (rc == 0) {
+		FILE *f = open_memstream(&second, &n2);
+		gg_config_print(&again, f);
+		fclose(f);
+		const char *body1 = strchr(first, '\n'), *body2 = strchr(second, '\n');
+		CHECK(body1 && body2 && !strcmp(body1, body2));
+		gg_config_free(&again);
+	}
+	CHECK(chdir(cwd) == 0);
+	free(first);
+	free(second);
+	const char *names[] = { "sub/certs/ca.pem", "sub/certs/cert.pem", "sub/certs/key.pem", "sub/base.toml",
+				"sub/printed.toml", "sub/certs", "sub" };
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+		remove(path);
+	}
+}
+
 /* The metrics endpoint listens on loopback unless allow_remote says
  * otherwise; every spelling of loopback counts as one. */
 static void test_metrics_listen(void)
@@ -302,6 +375,7 @@ int main(void)
 	test_defaults();
 	test_full_and_round_trip();
 	test_metrics_listen();
+	test_relative_paths_round_trip();
 	const char *names[] = { "ca.pem", "cert.pem", "key.pem", "crl.pem", "minimal.toml", "full.toml", "metrics.toml" };
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		char path[256];
