@@ -11,6 +11,7 @@
 #include "gg_build_config.h"
 #include "gg_common.h"
 #include "log.h"
+#include "node.h"
 #include "status.h"
 #if HAVE_CUDA
 #include "cuda_probe.h"
@@ -50,6 +51,16 @@ static int check_configs(int count, char **paths)
 	for (int i = 0; i < count; i++) {
 		struct gg_config cfg;
 		if (gg_config_load_report(paths[i], &cfg, stderr)) {
+			bad++;
+			continue;
+		}
+		/* A clean check means the gateway starts (the systemd unit runs
+		 * it first): the files must be what they claim, not just
+		 * readable. */
+		char err[GG_NODE_ERROR_MAX];
+		if (gg_node_check_host(&cfg, err, sizeof(err))) {
+			fprintf(stderr, "%s: %s\n%s: 1 problem found\n", paths[i], err, paths[i]);
+			gg_config_free(&cfg);
 			bad++;
 			continue;
 		}

@@ -3009,6 +3009,27 @@ static unsigned lane_count(const struct gg_config *cfg)
 	return GG_MIN(w, (unsigned)cfg->transport.streams_per_peer);
 }
 
+static struct gg_tls_options tls_options(const struct gg_config *cfg)
+{
+	return (struct gg_tls_options){ .ca_file = cfg->tls.ca, .cert_file = cfg->tls.cert, .key_file = cfg->tls.key,
+					.crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites,
+					.groups = cfg->tls.groups };
+}
+
+int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size)
+{
+	struct gg_tls_options to = tls_options(cfg);
+	struct gg_tls_context *tls;
+	int rc = gg_tls_context_new(&to, &tls, err, err_size);
+
+	if (rc)
+		return rc;
+	gg_tls_context_free(tls);
+	if (cfg->transport.congestion_control)
+		return gg_net_check_congestion(cfg->transport.congestion_control, err, err_size);
+	return 0;
+}
+
 int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size)
 {
 	struct gg_node *n = calloc(1, sizeof(*n));
@@ -3078,9 +3099,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	close(urandom);
 	n->hello.instance_id |= 1; /* never 0, which means "not seen yet" */
 
-	struct gg_tls_options to = { .ca_file = cfg->tls.ca, .cert_file = cfg->tls.cert, .key_file = cfg->tls.key,
-				     .crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites,
-				     .groups = cfg->tls.groups };
+	struct gg_tls_options to = tls_options(cfg);
 	if ((rc = gg_tls_context_new(&to, &n->tls, err, err_size)))
 		goto fail;
 	if (cfg->transport.congestion_control &&

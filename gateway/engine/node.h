@@ -147,6 +147,13 @@ struct gg_node_failure {
 /* Builds the node from a validated config: TLS context, listening socket,
  * the loop. Returns 0, or a negative errno with a message in err. */
 GG_MUST_CHECK int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size);
+
+/* What gg_node_new() needs of this host beyond the file, without starting
+ * anything: the credentials load (PEM, the key matches the certificate, the
+ * certificate is current) and the congestion control exists. Returns 0, or
+ * a negative errno with err naming the file or setting and the problem
+ * (gradgate --check-config). */
+GG_MUST_CHECK int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size);
 void gg_node_free(struct gg_node *n);
 
 /* The node's loop, for other users of it (the site backend). */

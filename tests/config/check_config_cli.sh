@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gradgate --check-config as a person uses it: exit codes and what it prints.
+#   check_config_cli.sh GRADGATE MAKE_CERTS
 set -u
-gradgate=$(realpath "$1")
+gradgate=$(realpath "$1") make_certs=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
@@ -9,8 +10,9 @@ expect() { # description, condition result
 	if [ "$2" = 0 ]; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi
 }
 
-printf 'x\n' >"$tmp/ca.pem"; printf 'x\n' >"$tmp/cert.pem"
-printf 'x\n' >"$tmp/key.pem"; chmod 600 "$tmp/key.pem"
+"$make_certs" --out "$tmp/certs" site-a site-b >/dev/null || { echo "FAIL make-certs.sh"; exit 1; }
+cp "$tmp/certs/ca.pem" "$tmp/ca.pem"; cp "$tmp/certs/site-a.pem" "$tmp/cert.pem"
+cp -p "$tmp/certs/site-a.key" "$tmp/key.pem"
 cat >"$tmp/good.toml" <<TOML
 [site]
 name = "site-a"
@@ -55,6 +57,25 @@ expect "printed config loads back from its own folder" $?
 	[ "$(tail -n +2 "$tmp/again.toml")" = "$(tail -n +2 "$tmp/again2.toml")" ]
 expect "printed again, the config reads the same" $?
 [ ! -s "$tmp/err" ] || cat "$tmp/err"
+
+# The credentials must be what they claim, not just readable files: the
+# gateway would refuse to start on them (exit 3), so the check fails.
+mkdir -p "$tmp/creds"
+for c in garbage-cert other-key; do
+	cp "$tmp/ca.pem" "$tmp/cert.pem" "$tmp/creds/"
+	cp -p "$tmp/key.pem" "$tmp/creds/"
+	case $c in
+	garbage-cert) printf 'x\n' >"$tmp/creds/cert.pem"; want="certificate '$tmp/creds/cert.pem' holds no PEM certificate" ;;
+	other-key) cp -p "$tmp/certs/site-b.key" "$tmp/creds/key.pem"
+		want="private key '$tmp/creds/key.pem' does not match certificate '$tmp/creds/cert.pem'" ;;
+	esac
+	cp "$tmp/good.toml" "$tmp/creds/$c.toml"
+	"$gradgate" --check-config "$tmp/creds/$c.toml" >"$tmp/out" 2>"$tmp/err"
+	expect "$c exits 1" $(( $? != 1 ))
+	grep -qF "$tmp/creds/$c.toml: $want" "$tmp/err"; expect "$c is named" $?
+	grep -qF "$tmp/creds/$c.toml: 1 problem found" "$tmp/err"; expect "$c is counted" $?
+	[ ! -s "$tmp/out" ]; expect "$c prints nothing on stdout" $?
+done
 
 "$gradgate" --check-config "$tmp/good.toml" "$tmp/bad.toml" >/dev/null 2>&1
 expect "one bad file among several exits 1" $(( $? != 1 ))
