@@ -29,6 +29,9 @@
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 #define FAILURES_KEPT 16     /* recent step failures, for the status */
 #define RERUN_TELL_US 100000 /* a lane tells of step-1 DATA of a job that ran there at most this often */
+/* A reason escaped for a log value (gg_escape: up to 4 bytes a byte). Step
+ * failure reasons may quote a peer's words, quotes included. */
+#define LOG_VALUE_MAX (4 * GG_NODE_ERROR_MAX)
 
 /* user_data kinds of the two mailboxes a lane's loop reads: below
  * GG_OP_USER, above the mesh's kinds. */
@@ -1552,8 +1555,9 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 		 * step all go direct until the next completed step plans again. */
 		j->using = (struct gg_wire_plan){ 0 };
 		j->plan_told = false;
+		char safe[LOG_VALUE_MAX];
 		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
-		       (unsigned long long)j->step->seq, message);
+		       (unsigned long long)j->step->seq, gg_escape(safe, sizeof(safe), message, strlen(message)));
 	} else {
 		n->stats.steps_done++;
 		time_step(n, j);
@@ -2191,8 +2195,9 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 		snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
 		post_lanes(n, &f, 0);
 	}
+	char safe[LOG_VALUE_MAX];
 	gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
-	       (unsigned long long)from_seq, (unsigned long long)hi, msg);
+	       (unsigned long long)from_seq, (unsigned long long)hi, gg_escape(safe, sizeof(safe), msg, strlen(msg)));
 }
 
 /* The job is over at site `from`: steps up to last_done completed there,
@@ -2801,8 +2806,9 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 		if (j->ending)
 			return j->end_status ? 0 : -EALREADY;
 		if (j->has_result) {
+			char safe[LOG_VALUE_MAX];
 			gg_log(GG_LOG_INFO, "abort_too_late", "job=%s step=%llu reason=\"%s\" outcome=\"as the peers say\"",
-			       j->name, (unsigned long long)seq, reason);
+			       j->name, (unsigned long long)seq, gg_escape(safe, sizeof(safe), reason, strlen(reason)));
 			return -EALREADY;
 		}
 		fail_step_code(n, j, code, "%s", reason);

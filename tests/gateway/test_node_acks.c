@@ -26,6 +26,9 @@
  *   1. ABORT of step 1 on stream 0, before s1 has heard of the job
  *   2. DATA for step 1 on stream 1: acknowledged at once, on stream 1
  *
+ * The ABORT's reason holds a double quote and words that read like a key:
+ * s1's log line for it keeps them inside the reason's value, escaped.
+ *
  * And the steps a node refuses, each with its own errno and a message
  * that names the limit: a tensor past [limits] max_message as the ranks
  * hold it (bfloat16 counts 2 bytes an element, float32 4), a job past the
@@ -36,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "frame.h"
 #include "gg_check.h"
@@ -136,15 +140,33 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 	size_t len = 0;
 	uint8_t *data = make_data(cfg, 1, &len);
 	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, (uint8_t)-GG_ERR_CLOSED,
-					  "the gateway of site s0 is shutting down");
+					  "the gateway of site s0 is \"shutting down\" event=forged site=s9");
+	FILE *log = tmpfile();
+	int saved = dup(STDERR_FILENO);
+	char text[4096] = "";
 
-	CHECK(data && al > 0, "cannot make DATA and ABORT");
-	if (!data || al <= 0) {
+	CHECK(data && al > 0 && log && saved >= 0, "cannot make DATA and ABORT, or capture the log");
+	if (!data || al <= 0 || !log || saved < 0) {
 		free(data);
+		if (log)
+			fclose(log);
 		return;
 	}
+	fflush(stderr);
+	dup2(fileno(log), STDERR_FILENO);
+	gg_log_set_level(GG_LOG_INFO);
 	CHECK(gg_node_test_receive(node, 0, 0, abort_msg, (size_t)al) == 0, "ABORT on stream 0");
 	turns(node, 3);
+	gg_log_set_level(GG_LOG_ERROR);
+	fflush(stderr);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	rewind(log);
+	text[fread(text, 1, sizeof(text) - 1, log)] = '\0';
+	fclose(log);
+	CHECK(strstr(text, "event=abort_recorded job=acks step=1 last_step=1 reason=\"site s0 aborted step 1 of job "
+			   "'acks': the gateway of site s0 is \\\"shutting down\\\" event=forged site=s9\"\n"),
+	      "the ABORT's reason was not logged escaped inside its value:\n%s", text);
 	CHECK(gg_node_test_receive(node, 0, 1, data, len) == 0, "DATA on stream 1");
 	turns(node, 3);
 	CHECK(sent->acks == 1, "%u ACKs of DATA for a step aborted before it started here, not 1: the sender would "
