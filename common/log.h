@@ -15,6 +15,8 @@ enum gg_log_level { GG_LOG_DEBUG, GG_LOG_INFO, GG_LOG_WARN, GG_LOG_ERROR, GG_LOG
  * \xNN. dst is always terminated; the output is cut short, never overrun.
  * For strings a peer or a certificate chose. Returns dst. */
 char *gg_escape(char *dst, size_t size, const char *src, size_t len);
+/* The dst size gg_escape() needs for `len` bytes to come out whole. */
+#define GG_ESCAPED_SIZE(len) (4 * (len) + 1)
 
 /* Messages below `level` are dropped (default: info). */
 void gg_log_set_level(enum gg_log_level level);

@@ -203,7 +203,7 @@ static void note_san_names(struct gg_tls_check *chk, X509 *cert)
 		if (!kind)
 			continue;
 		const ASN1_IA5STRING *s = gn->d.ia5;
-		char safe[4 * 200 + 1];
+		char safe[GG_ESCAPED_SIZE(200)];
 		/* The names are the peer's choice, read before it is trusted. */
 		gg_escape(safe, sizeof(safe), (const char *)s->data, (size_t)GG_MIN(s->length, 200));
 		append(chk->presented, sizeof(chk->presented), &used, "%s%s:%s", used ? ", " : "", kind, safe);

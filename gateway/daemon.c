@@ -147,9 +147,9 @@ static void core_start(struct daemon *d, struct pending *p)
 	p->submit_us = gg_monotonic_us();
 	int rc = gg_node_submit(d->node, &p->ns, err, sizeof(err));
 	if (rc) {
-		char msg[GG_NODE_ERROR_MAX + 64];
+		char msg[GG_NODE_ERROR_MAX + 64], safe[GG_ESCAPED_SIZE(GG_NODE_ERROR_MAX)];
 		gg_log(GG_LOG_WARN, "step_refused", "job=%s step=%llu reason=\"%s\"", ss->job,
-		       (unsigned long long)ss->seq, err);
+		       (unsigned long long)ss->seq, gg_escape(safe, sizeof(safe), err, strlen(err)));
 		/* Completing rather than returning the code tells the ranks why,
 		 * not just "invalid argument". */
 		snprintf(msg, sizeof(msg), "the gateway of site %s refused the step: %s",
@@ -264,7 +264,7 @@ static void log_mesh(struct daemon *d, struct mesh_watch *w)
  * configuration: escaped, so the line stays one key=value line). */
 static int startup_failed(const struct gg_config *cfg, const char *err)
 {
-	char safe[4 * GG_NODE_ERROR_MAX];
+	char safe[GG_ESCAPED_SIZE(GG_NODE_ERROR_MAX)];
 
 	gg_log(GG_LOG_ERROR, "startup_failed", "site=%s reason=\"%s\"", cfg->site.name,
 	       gg_escape(safe, sizeof(safe), err, strlen(err)));
@@ -273,7 +273,7 @@ static int startup_failed(const struct gg_config *cfg, const char *err)
 
 static void reload(struct daemon *d)
 {
-	char err[GG_NODE_ERROR_MAX], safe[4 * GG_NODE_ERROR_MAX];
+	char err[GG_NODE_ERROR_MAX], safe[GG_ESCAPED_SIZE(GG_NODE_ERROR_MAX)];
 
 	if (gg_node_reload(d->node, err, sizeof(err)))
 		gg_log(GG_LOG_ERROR, "reload_failed", "reason=\"%s\" kept=\"previous credentials\"",

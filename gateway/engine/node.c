@@ -29,9 +29,9 @@
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 #define FAILURES_KEPT 16     /* recent step failures, for the status */
 #define RERUN_TELL_US 100000 /* a lane tells of step-1 DATA of a job that ran there at most this often */
-/* A reason escaped for a log value (gg_escape: up to 4 bytes a byte). Step
- * failure reasons may quote a peer's words, quotes included. */
-#define LOG_VALUE_MAX (4 * GG_NODE_ERROR_MAX)
+/* A reason escaped for a log value: step failure reasons may quote a
+ * peer's words, quotes included. */
+#define LOG_VALUE_MAX GG_ESCAPED_SIZE(GG_NODE_ERROR_MAX)
 
 /* user_data kinds of the two mailboxes a lane's loop reads: below
  * GG_OP_USER, above the mesh's kinds. */
