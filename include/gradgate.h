@@ -216,6 +216,41 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
  * keeps returning its outcome. */
 GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error *err);
 
+/* All-reduces `count` elements of `dtype` in GPU memory, in place, as
+ * gg_allreduce() does for host memory, and blocks until the result is in
+ * `devbuf` or the step failed. The result bytes are the same as a host
+ * all-reduce of the same inputs gives.
+ *
+ * devbuf     count elements in memory from cudaMalloc (or an allocator
+ *            built on it, as PyTorch's is) of the calling thread's current
+ *            CUDA context, aligned to the element size. The gateway reaches
+ *            it by CUDA IPC: it opens the allocation once per session on its
+ *            own GPU (the first one it sees) and sums, and later writes the
+ *            result, there with kernels of its own. So its GPU must be this
+ *            one or a peer of it. Each allocation used takes one of the
+ *            session's max_buffers shared regions until the session closes;
+ *            when none is free, one no request uses is given back first.
+ *            Managed memory, stream-ordered pools (cudaMallocAsync) and
+ *            host memory are refused with GG_ERR_INVALID.
+ * stream     a cudaStream_t (NULL: the legacy default stream) whose work
+ *            must be done before the tensor is read: the call synchronizes
+ *            it first. Work queued after the call returns sees the result.
+ * tensor_id, timeout_ms  as for gg_allreduce(); every rank of a step must
+ *            use the same kind of memory (all device, or all host),
+ *            otherwise the step fails with GG_ERR_MISMATCH.
+ *
+ * The library reaches CUDA through the driver (libcuda.so.1, loaded on
+ * first use), so it needs no CUDA library to link or load. Errors besides
+ * gg_allreduce()'s: GG_ERR_SYSTEM when no CUDA driver can be loaded or a
+ * CUDA call fails (the message names the call and CUDA's error). A gateway
+ * built without CUDA, or without a GPU, fails the session (GG_ERR_INVALID)
+ * when it is first handed device memory; a CUDA error while it opens the
+ * memory fails it with GG_ERR_SYSTEM, and one while it writes the result
+ * fails the step with GG_ERR_SYSTEM. On failure the contents of `devbuf`
+ * are unchanged, except after that last error. */
+GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t count, enum gg_dtype dtype,
+				   uint32_t tensor_id, void *stream, int timeout_ms, struct gg_error *err);
+
 /* Frees `req` (NULL is allowed). A request still in flight is detached:
  * its step goes on at the gateway, but its result is no longer written to
  * the caller's buffer, which the caller owns again from here on. */

@@ -15,6 +15,7 @@
 
 #include "control_conn.h"
 #include "control_proto.h"
+#include "cuda_driver.h"
 #include "gg_build_config.h"
 #include "gg_common.h"
 
@@ -27,7 +28,10 @@ struct region {
 	uint64_t size;
 	unsigned users;      /* requests in flight with their data here */
 	bool retired;        /* unmapped once users drops to 0 */
-	bool shared;         /* the caller's (gg_buffer_alloc), not the library's staging */
+	bool shared;         /* the caller's (gg_buffer_alloc, or device), not the library's staging */
+	bool device;         /* a CUDA allocation (gg_allreduce_cuda): base is its device address */
+	uint64_t buffer_id;  /* device: the allocation's unique id */
+	uint64_t last_used;  /* device: the session's step count when last used */
 };
 
 struct gg_request {
@@ -99,7 +103,8 @@ static void region_release(struct gg_session *s, unsigned id, bool tell_gateway)
 		/* A lost UNMAP surfaces as a lost connection on the next read. */
 		(void)gg_ctrl_send(s->fd, &m, len, -1, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS);
 	}
-	munmap(r->base, r->size);
+	if (!r->device)
+		munmap(r->base, r->size);
 	memset(r, 0, sizeof(*r));
 	if (s->current == (int)id)
 		s->current = -1;
@@ -147,7 +152,8 @@ GG_PRINTF(3, 4) static void session_fail(struct gg_session *s, int code, const c
 		if (!reg->base)
 			continue;
 		reg->users = 0;
-		if (!reg->shared || reg->retired) {
+		/* Device regions are the gateway's views of the caller's memory. */
+		if (!reg->shared || reg->retired || reg->device) {
 			s->buffers -= reg->shared;
 			region_release(s, i, false);
 		}
@@ -501,7 +507,7 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
 		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_buffer_free: session is NULL");
 	for (unsigned id = 0; id < GG_ARRAY_LEN(s->regions); id++) {
 		struct region *r = &s->regions[id];
-		if (!r->shared || r->base != buf || r->retired)
+		if (!r->shared || r->device || r->base != buf || r->retired)
 			continue;
 		if (r->users) {
 			r->retired = true; /* released with its last request */
@@ -522,26 +528,20 @@ static int shared_region_of(const struct gg_session *s, const void *buf, uint64_
 
 	for (unsigned id = 0; id < GG_ARRAY_LEN(s->regions); id++) {
 		const struct region *r = &s->regions[id];
-		if (!r->shared || r->retired || p < r->base || p >= r->base + r->size)
+		if (!r->shared || r->device || r->retired || p < r->base || p >= r->base + r->size)
 			continue;
 		return bytes <= r->size - (uint64_t)(p - r->base) ? (int)id : -2;
 	}
 	return -1;
 }
 
-GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
-				    uint32_t tensor_id, int timeout_ms, struct gg_request **out,
-				    struct gg_error *err)
+/* What every all-reduce call checks before it uses a step number; it also
+ * takes in what the gateway sent, so a finished request frees its slot. */
+static int request_check(struct gg_session *s, const void *buf, size_t count, enum gg_dtype dtype, const char *step,
+			 struct gg_error *err)
 {
-	char step[64];
 	size_t esize = gg_dtype_size(dtype);
 
-	if (!out)
-		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: out is NULL");
-	*out = NULL;
-	if (!s)
-		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: session is NULL");
-	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
 	if (!buf || !count)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %s", step, buf ? "count is 0" : "buf is NULL");
 	if (!esize)
@@ -560,13 +560,83 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	if (s->inflight >= s->info.max_inflight)
 		return gg_ctrl_error(err, GG_ERR_BUSY, "%s: %u requests already in flight, as many as the gateway allows",
 			       step, s->inflight);
+	return 0;
+}
+
+/* The step's timeout as the gateway will apply it. */
+static uint64_t step_timeout_ms(const struct gg_session *s, int timeout_ms)
+{
+	return timeout_ms > 0 ? GG_MIN((uint64_t)timeout_ms, s->info.step_timeout_ms) : s->info.step_timeout_ms;
+}
+
+/* Announces step s->next_seq, whose tensor lies at `offset` in region
+ * `id`, and queues its request. */
+static int request_send(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype, uint32_t tensor_id,
+			uint64_t timeout, uint64_t deadline, unsigned id, uint64_t offset, const char *step,
+			struct gg_request **out, struct gg_error *err)
+{
+	uint64_t bytes = (uint64_t)count * gg_dtype_size(dtype);
+	struct gg_request *r = calloc(1, sizeof(*r));
+	int rc;
+
+	if (!r)
+		return gg_ctrl_error(err, GG_ERR_NOMEM, "%s: out of memory for a request", step);
+	struct region *reg = &s->regions[id];
+	if (!reg->shared)
+		memcpy(reg->base + offset, buf, bytes);
+
+	union gg_ctrl_msg m;
+	size_t mlen = gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
+	m.allreduce.seq = s->next_seq;
+	m.allreduce.tensor_id = tensor_id;
+	m.allreduce.dtype = (uint32_t)dtype;
+	m.allreduce.count = count;
+	m.allreduce.offset = offset;
+	m.allreduce.region = id;
+	m.allreduce.timeout_ms = (uint32_t)timeout;
+	if ((rc = gg_ctrl_send(s->fd, &m, mlen, -1, deadline))) {
+		free(r);
+		send_failed(s, rc, "sending the request");
+		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
+	}
+
+	*r = (struct gg_request){
+		.s = s, .seq = s->next_seq++, .tensor_id = tensor_id, .dtype = dtype, .bytes = bytes, .buf = buf,
+		.region = id, .offset = offset, .deadline_ms = deadline,
+	};
+	reg->users++;
+	if (s->tail)
+		s->tail->next = r;
+	else
+		s->head = r;
+	s->tail = r;
+	s->inflight++;
+	*out = r;
+	return set_ok(err);
+}
+
+GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
+				    uint32_t tensor_id, int timeout_ms, struct gg_request **out,
+				    struct gg_error *err)
+{
+	char step[64];
+	size_t esize = gg_dtype_size(dtype);
+	int rc;
+
+	if (!out)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: out is NULL");
+	*out = NULL;
+	if (!s)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: session is NULL");
+	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
+	if ((rc = request_check(s, buf, count, dtype, step, err)))
+		return rc;
 
 	uint64_t bytes = (uint64_t)count * esize;
-	uint64_t timeout = timeout_ms > 0 ? GG_MIN((uint64_t)timeout_ms, s->info.step_timeout_ms)
-					  : s->info.step_timeout_ms;
+	uint64_t timeout = step_timeout_ms(s, timeout_ms);
 	uint64_t deadline = gg_ctrl_now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
 	uint64_t offset;
-	int rc, id = shared_region_of(s, buf, bytes);
+	int id = shared_region_of(s, buf, bytes);
 
 	if (id == -2)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %llu bytes at %p run past the end of the shared buffer "
@@ -583,42 +653,105 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	}
 	if (id < 0)
 		id = s->current;
+	return request_send(s, buf, count, dtype, tensor_id, timeout, deadline, (unsigned)id, offset, step, out, err);
+}
 
-	struct gg_request *r = calloc(1, sizeof(*r));
-	if (!r)
-		return gg_ctrl_error(err, GG_ERR_NOMEM, "%s: out of memory for a request", step);
-	struct region *reg = &s->regions[id];
-	if (!reg->shared)
-		memcpy(reg->base + offset, buf, bytes);
+/* The region through which the gateway reaches CUDA allocation `a`: the
+ * one it already has, or a new one (MAP_CUDA). When the session holds
+ * max_buffers already, the device region unused longest that no request
+ * uses goes first. Returns its id, or a negative gg_errc with err. */
+static int device_region(struct gg_session *s, const struct gg_cudrv_alloc *a, uint64_t deadline_ms,
+			 const char *step, struct gg_error *err)
+{
+	char why[200];
+	int lru = -1, rc;
+	unsigned id;
+
+	for (id = 0; id < s->max_regions; id++) {
+		struct region *r = &s->regions[id];
+		if (!r->device || r->retired)
+			continue;
+		if (r->base == (unsigned char *)(uintptr_t)a->base && r->buffer_id == a->buffer_id &&
+		    r->size == a->size) {
+			r->last_used = s->next_seq;
+			return (int)id;
+		}
+		if (!r->users && (lru < 0 || r->last_used < s->regions[lru].last_used))
+			lru = (int)id;
+	}
+	if (s->buffers >= s->info.max_buffers) {
+		if (lru < 0)
+			return gg_ctrl_error(err, GG_ERR_LIMIT, "%s: the session holds %u shared buffers and GPU "
+				       "allocations, as many as the gateway of site %s allows, and requests use all "
+				       "of them", step, s->buffers, site_of(s));
+		s->buffers--;
+		region_release(s, (unsigned)lru, true);
+	}
+	for (id = 0; id < s->max_regions; id++)
+		if (!s->regions[id].base)
+			break;
+	if (id == s->max_regions)
+		return gg_ctrl_error(err, GG_ERR_BUSY, "%s: all %u shared regions are in use", step, s->max_regions);
 
 	union gg_ctrl_msg m;
-	size_t mlen = gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
-	m.allreduce.seq = s->next_seq;
-	m.allreduce.tensor_id = tensor_id;
-	m.allreduce.dtype = (uint32_t)dtype;
-	m.allreduce.count = count;
-	m.allreduce.offset = offset;
-	m.allreduce.region = (uint32_t)id;
-	m.allreduce.timeout_ms = (uint32_t)timeout;
-	if ((rc = gg_ctrl_send(s->fd, &m, mlen, -1, deadline))) {
-		free(r);
-		send_failed(s, rc, "sending the request");
+	size_t mlen = gg_ctrl_init(&m, GG_CTRL_MAP_CUDA);
+	m.map_cuda.region = id;
+	m.map_cuda.size_bytes = a->size;
+	if ((rc = gg_cudrv_ipc_handle(a, m.map_cuda.ipc, why, sizeof(why))))
+		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+	if ((rc = gg_ctrl_send(s->fd, &m, mlen, -1, deadline_ms))) {
+		send_failed(s, rc, "sending a GPU allocation");
 		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
 	}
-
-	*r = (struct gg_request){
-		.s = s, .seq = s->next_seq++, .tensor_id = tensor_id, .dtype = dtype, .bytes = bytes, .buf = buf,
-		.region = (unsigned)id, .offset = offset, .deadline_ms = deadline,
+	s->regions[id] = (struct region){
+		.base = (unsigned char *)(uintptr_t)a->base, .size = a->size, .shared = true, .device = true,
+		.buffer_id = a->buffer_id, .last_used = s->next_seq,
 	};
-	reg->users++;
-	if (s->tail)
-		s->tail->next = r;
-	else
-		s->head = r;
-	s->tail = r;
-	s->inflight++;
-	*out = r;
-	return set_ok(err);
+	s->buffers++;
+	return (int)id;
+}
+
+GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t count, enum gg_dtype dtype,
+				   uint32_t tensor_id, void *stream, int timeout_ms, struct gg_error *err)
+{
+	char step[64], why[200];
+	struct gg_cudrv_alloc a;
+	struct gg_request *r;
+	size_t esize = gg_dtype_size(dtype);
+	int rc;
+
+	if (!s)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_cuda: session is NULL");
+	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
+	if ((rc = request_check(s, devbuf, count, dtype, step, err)))
+		return rc;
+	if ((rc = gg_cudrv_locate(devbuf, &a, why, sizeof(why))))
+		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+
+	uint64_t bytes = (uint64_t)count * esize;
+	uint64_t offset = (uint64_t)(uintptr_t)devbuf - a.base;
+	if (offset % esize)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: device pointer %p is not aligned to the %zu-byte %s "
+			       "elements", step, devbuf, esize, gg_dtype_name(dtype));
+	if (offset > a.size || bytes > a.size - offset)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %llu bytes at %p run past the end of their CUDA "
+			       "allocation (%llu bytes from 0x%llx)", step, (unsigned long long)bytes, devbuf,
+			       (unsigned long long)a.size, (unsigned long long)a.base);
+
+	uint64_t timeout = step_timeout_ms(s, timeout_ms);
+	uint64_t deadline = gg_ctrl_now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
+	int id = device_region(s, &a, deadline, step, err);
+	if (id < 0)
+		return id;
+	/* The tensor is read once the caller's work on it is done. */
+	if ((rc = gg_cudrv_sync(&a, stream, why, sizeof(why))))
+		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout, deadline, (unsigned)id, offset, step, &r,
+			       err)))
+		return rc;
+	rc = gg_wait(r, -1, err);
+	gg_request_free(r);
+	return rc;
 }
 
 GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error *err)

@@ -22,6 +22,7 @@ static const struct {
 	[GG_CTRL_STATUS_PEER] = { "STATUS_PEER", sizeof(struct gg_ctrl_status_peer) },
 	[GG_CTRL_STATUS_JOB] = { "STATUS_JOB", sizeof(struct gg_ctrl_status_job) },
 	[GG_CTRL_STATUS_FAILURE] = { "STATUS_FAILURE", sizeof(struct gg_ctrl_status_failure) },
+	[GG_CTRL_MAP_CUDA] = { "MAP_CUDA", sizeof(struct gg_ctrl_map_cuda) },
 };
 
 static bool known_type(unsigned type)
@@ -176,6 +177,9 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		break;
 	case GG_CTRL_MAP:
 		ok = !msg->map.reserved;
+		break;
+	case GG_CTRL_MAP_CUDA:
+		ok = !msg->map_cuda.reserved;
 		break;
 	case GG_CTRL_UNMAP:
 		ok = !msg->unmap.reserved;

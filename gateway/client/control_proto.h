@@ -11,6 +11,7 @@
  *   HELLO(version, job, rank, n) ->
  *                                <- ACCEPT(limits) | REFUSE(code, reason)
  *   MAP(region, size) + memfd    ->
+ *   MAP_CUDA(region, size, ipc)  ->   (GPU memory instead of a memfd)
  *   ALLREDUCE(seq, tensor, ...)  ->
  *                                <- DONE(seq, status, message)
  *   UNMAP(region)                ->
@@ -55,6 +56,7 @@ enum gg_ctrl_type {
 	GG_CTRL_STATUS_PEER = 11,
 	GG_CTRL_STATUS_JOB = 12,
 	GG_CTRL_STATUS_FAILURE = 13,
+	GG_CTRL_MAP_CUDA = 14,
 };
 
 struct gg_ctrl_hdr {
@@ -112,6 +114,19 @@ struct gg_ctrl_map {
 	uint32_t region;
 	uint32_t reserved;
 	uint64_t size_bytes;
+};
+
+/* client -> gateway, no descriptor: region `region` (a free id below
+ * max_regions) is the CUDA allocation of `size_bytes` whose cudaIpcMemHandle_t
+ * (cuIpcGetMemHandle) is `ipc`, until UNMAP. The gateway opens it on its
+ * own GPU; requests in it are summed and answered there. */
+#define GG_CTRL_IPC_HANDLE_SIZE 64
+struct gg_ctrl_map_cuda {
+	struct gg_ctrl_hdr hdr;
+	uint32_t region;
+	uint32_t reserved;
+	uint64_t size_bytes;
+	unsigned char ipc[GG_CTRL_IPC_HANDLE_SIZE];
 };
 
 /* client -> gateway: no request in flight uses `region` any more. */
@@ -219,6 +234,7 @@ _Static_assert(sizeof(struct gg_ctrl_accept) == 120, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_error) == 288, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_map) == 32, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_unmap) == 24, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_map_cuda) == 96, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_allreduce) == 56, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_done) == 288, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_status) == 24, "wire layout");
@@ -234,6 +250,7 @@ union gg_ctrl_msg {
 	struct gg_ctrl_accept accept;
 	struct gg_ctrl_error error;
 	struct gg_ctrl_map map;
+	struct gg_ctrl_map_cuda map_cuda;
 	struct gg_ctrl_unmap unmap;
 	struct gg_ctrl_allreduce allreduce;
 	struct gg_ctrl_done done;

@@ -16,7 +16,11 @@
 
 #include "acceptor.h"
 #include "control_proto.h"
+#include "gg_build_config.h"
 #include "host_sum.h"
+#if HAVE_CUDA
+#include "site_cuda.h"
+#endif
 #include "units.h"
 #include "uring_msg.h"
 
@@ -33,6 +37,7 @@ struct hb_region {
 	unsigned char *base; /* NULL: not mapped */
 	uint64_t size;
 	unsigned users;      /* requests queued with their data here */
+	bool device;         /* a CUDA allocation opened by IPC handle (MAP_CUDA), not a memfd */
 };
 
 struct hb_req {
@@ -100,6 +105,7 @@ struct hb_job {
 
 	bool with_core;
 	bool sum_owned;  /* the step's sum is a buffer of the job's (bfloat16), not rank 0's memory */
+	bool on_gpu;     /* the step's ranks hold it in device memory: sum_owned, pinned */
 	bool abandoned;  /* the step with the core was already failed at its ranks */
 	bool in_submit;
 	bool sync_done;  /* completed from inside submit() */
@@ -111,6 +117,7 @@ struct hb_job {
 	 * than summing into it. Counted in the stats' spare_bytes. */
 	float *spare;
 	uint64_t spare_bytes;
+	bool spare_pinned; /* from gg_site_cuda_host_alloc(), for device steps */
 
 	int broken; /* a rank left or broke the protocol: every request fails with broken_msg */
 	char broken_msg[TEXT];
@@ -248,14 +255,25 @@ GG_PRINTF(4, 5) static void answer(struct gg_host_backend *b, struct hb_conn *c,
 
 /* ---- connections -------------------------------------------------------- */
 
+/* Lets go of a mapped region: shared memory or a rank's CUDA allocation. */
+static void region_unmap(struct gg_host_backend *b, struct hb_region *r)
+{
+	if (!r->base)
+		return;
+#if HAVE_CUDA
+	if (r->device)
+		gg_site_cuda_close(r->base);
+	else
+#endif
+		munmap(r->base, r->size);
+	*r = (struct hb_region){ 0 };
+	b->stats.regions--;
+}
+
 static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
 {
-	for (unsigned i = 0; i < GG_CTRL_MAX_REGIONS; i++) {
-		if (c->regions[i].base) {
-			munmap(c->regions[i].base, c->regions[i].size);
-			b->stats.regions--;
-		}
-	}
+	for (unsigned i = 0; i < GG_CTRL_MAX_REGIONS; i++)
+		region_unmap(b, &c->regions[i]);
 	close(c->fd);
 	free(c->status);
 	uint32_t gen = (c->gen + 1) & GG_LOOP_AUX_MAX;
@@ -308,9 +326,23 @@ static float *take_spare(struct gg_host_backend *b, struct hb_job *j)
 	return spare;
 }
 
+static void sum_free(float *sum, bool pinned)
+{
+#if HAVE_CUDA
+	if (pinned) {
+		gg_site_cuda_host_free(sum);
+		return;
+	}
+#endif
+	(void)pinned;
+	free(sum);
+}
+
 static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 {
-	free(take_spare(b, j));
+	bool pinned = j->spare_pinned;
+
+	sum_free(take_spare(b, j), pinned);
 }
 
 static void job_free(struct gg_host_backend *b, struct hb_job *j)
@@ -484,21 +516,43 @@ static void conn_end(struct gg_host_backend *b, struct hb_conn *c, int code, con
 	out_kick(b, c);
 }
 
+/* Ends a rank's session with ERROR `code` and the formatted text; its job
+ * fails, saying the rank `how` (the text). */
+GG_PRINTF(5, 0) static void conn_end_with(struct gg_host_backend *b, struct hb_conn *c, int code, const char *how,
+					  const char *fmt, va_list ap)
+{
+	char text[TEXT], what[TEXT + 32], why[TEXT], msg[2 * TEXT];
+
+	vsnprintf(text, sizeof(text), fmt, ap);
+	snprintf(what, sizeof(what), "%s (%s)", how, text);
+	leave_reason(c, what, why, sizeof(why));
+	snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
+	conn_end(b, c, code, msg, why);
+}
+
 /* A registered rank broke the protocol: it gets ERROR and is closed; its
  * job fails, naming it. */
 GG_PRINTF(4, 5) static void conn_fatal(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt, ...)
 {
-	char text[TEXT], what[TEXT + 32], why[TEXT], msg[2 * TEXT];
+	va_list ap;
+
+	b->stats.violations++;
+	va_start(ap, fmt);
+	conn_end_with(b, c, code, "broke the control protocol", fmt, ap);
+	va_end(ap);
+}
+
+/* The gateway cannot do what a rank asked for (take its GPU memory without
+ * a usable GPU): the rank gets ERROR and is closed, and its job fails,
+ * naming it; but it broke no rule. */
+GG_PRINTF(4, 5) static void conn_unserved(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt,
+					  ...)
+{
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
+	conn_end_with(b, c, code, "could not be served", fmt, ap);
 	va_end(ap);
-	snprintf(what, sizeof(what), "broke the control protocol (%s)", text);
-	leave_reason(c, what, why, sizeof(why));
-	snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
-	b->stats.violations++;
-	conn_end(b, c, code, msg, why);
 }
 
 /* ---- idle jobs ------------------------------------------------------------ */
@@ -749,9 +803,24 @@ static void fail_timeout(struct gg_host_backend *b, struct hb_job *j)
 static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, const char *message)
 {
 	struct gg_site_step *st = &j->step;
+	char gpu_msg[2 * TEXT];
 
 	if (status > 0)
 		status = GG_ERR_SITE;
+#if HAVE_CUDA
+	if (!status && j->on_gpu && !j->abandoned) {
+		char why[TEXT - 96];
+		if (gg_site_cuda_store(j->mem, j->nranks, st->dtype == GG_DTYPE_BF16, st->sum, st->count, why,
+				       sizeof(why))) {
+			snprintf(gpu_msg, sizeof(gpu_msg), "site %s: writing the result into the ranks' GPU memory: %s",
+				 b->site, why);
+			status = GG_ERR_SYSTEM;
+			message = gpu_msg;
+		}
+	}
+#else
+	(void)gpu_msg;
+#endif
 	if (!j->abandoned) {
 		for (unsigned r = 0; r < j->nranks; r++) {
 			struct hb_conn *c = j->ranks[r];
@@ -775,17 +844,14 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 		b->stats.sum_bytes -= st->count * sizeof(float);
 		j->spare = st->sum; /* step_start took the job's previous one */
 		j->spare_bytes = st->count * sizeof(float);
+		j->spare_pinned = j->on_gpu;
 		b->stats.spare_bytes += j->spare_bytes;
 	}
-	for (unsigned r = 0; r < j->nranks; r++) {
-		if (j->orphans[r].base) {
-			munmap(j->orphans[r].base, j->orphans[r].size);
-			j->orphans[r] = (struct hb_region){ 0 };
-			b->stats.regions--;
-		}
-	}
+	for (unsigned r = 0; r < j->nranks; r++)
+		region_unmap(b, &j->orphans[r]);
 	st->sum = NULL;
 	j->sum_owned = false;
+	j->on_gpu = false;
 	j->with_core = false;
 	b->stats.core_steps--;
 	j->abandoned = false;
@@ -818,25 +884,81 @@ static void hb_deliver(const struct gg_site_step *st, uint64_t offset, uint64_t 
 	}
 }
 
+/* A step in the ranks' GPU memory is summed whole on the gateway's GPU
+ * before the core gets it, and its result written back whole once the
+ * core is done (deliver()): a CUDA failure then fails the step cleanly,
+ * here or at this site's ranks, where one in the core's ranges could not. */
+static void gather_done(const struct gg_site_step *st, uint64_t offset, uint64_t n)
+{
+	(void)st, (void)offset, (void)n;
+}
+
+static void deliver_later(const struct gg_site_step *st, uint64_t offset, uint64_t n)
+{
+	(void)st, (void)offset, (void)n;
+}
+
+/* The site sum of a step in GPU memory into pinned memory (*sum: a spare
+ * of the job's, or NULL for a new one). Returns false when the step
+ * failed, the sum freed. */
+static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref, float **sum)
+{
+#if HAVE_CUDA
+	char why[TEXT - 96];
+	int rc = 0;
+
+	if (!*sum)
+		rc = gg_site_cuda_host_alloc(ref->count, sum, why, sizeof(why));
+	if (!rc)
+		rc = gg_site_cuda_sum(*sum, (const void *const *)j->mem, j->nranks, ref->dtype == GG_DTYPE_BF16,
+				      ref->count, why, sizeof(why));
+	if (!rc)
+		return true;
+	sum_free(*sum, true);
+	*sum = NULL;
+	fail_step(b, j, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM, "summing on the gateway's GPU: %s", why);
+	return false;
+#else
+	/* No region is a device one without CUDA: MAP_CUDA is refused. */
+	(void)ref, (void)sum;
+	fail_step(b, j, GG_ERR_INVALID, "the gateway was built without CUDA");
+	return false;
+#endif
+}
+
 /* Hands the step to the core. Returns true when the core holds it; false
  * when it is already over (failed, or completed from inside submit) and the
  * job should look at its next step. */
 static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref)
 {
 	const uint64_t bytes = ref->count * sizeof(float);
-	const bool own_sum = ref->dtype != GG_DTYPE_F32;
+	bool device = false;
 	float *sum = NULL;
 
 	for (unsigned r = 0; r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
 		struct hb_req *h = head(c);
-		j->mem[r] = c->regions[h->region].base + h->offset;
+		const struct hb_region *reg = &c->regions[h->region];
+		if (r == 0) {
+			device = reg->device;
+		} else if (reg->device != device) {
+			fail_step(b, j, GG_ERR_MISMATCH,
+				  "ranks hold the step in different kinds of memory: rank 0 in %s memory, rank %u in %s "
+				  "memory (gg_allreduce_cuda takes device memory, the other calls host memory)",
+				  device ? "GPU" : "host", r, reg->device ? "GPU" : "host");
+			return false;
+		}
+		j->mem[r] = reg->base + h->offset;
 		j->mem_region[r] = h->region;
 	}
+	/* bfloat16 ranks: the float32 sum needs memory of its own; so does a
+	 * step in the ranks' GPU memory, pinned for the gateway's GPU. */
+	const bool own_sum = ref->dtype != GG_DTYPE_F32 || device;
+	void (*gather)(const struct gg_site_step *, uint64_t, uint64_t) = hb_gather;
+	void (*deliver_range)(const struct gg_site_step *, uint64_t, uint64_t) = hb_deliver;
 	if (own_sum) {
-		/* bfloat16 ranks: the float32 sum needs memory of its own. */
 		const uint64_t limit = b->opts.memory_bytes;
-		bool fits = j->spare && j->spare_bytes == bytes;
+		bool fits = j->spare && j->spare_bytes == bytes && j->spare_pinned == device;
 		sum = fits ? take_spare(b, j) : NULL;
 		if (!fits) {
 			drop_spare(b, j);
@@ -853,16 +975,22 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 				  (unsigned long long)b->stats.sum_bytes);
 			return false;
 		}
-		if (!sum && !(sum = malloc(bytes))) {
+		if (!sum && !device && !(sum = malloc(bytes))) {
 			fail_step(b, j, GG_ERR_NOMEM, "the gateway is out of memory for a %llu-byte sum",
 				  (unsigned long long)bytes);
 			return false;
 		}
+		if (device && !gpu_sum(b, j, ref, &sum))
+			return false;
 		b->stats.sum_bytes += bytes;
 	} else {
 		sum = j->mem[0];
 	}
 
+	if (device) {
+		gather = gather_done;
+		deliver_range = deliver_later;
+	}
 	j->step = (struct gg_site_step){
 		.backend = &b->base,
 		.job = j->name,
@@ -875,11 +1003,12 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		.sum = sum,
 		.deadline_us = j->deadline_us,
 		.timeout_ms = j->deadline_ms,
-		.gather = hb_gather,
-		.deliver = hb_deliver,
+		.gather = gather,
+		.deliver = deliver_range,
 		.backend_data = j,
 	};
 	j->sum_owned = own_sum;
+	j->on_gpu = device;
 	j->with_core = true;
 	b->stats.core_steps++;
 	j->in_submit = true;
@@ -1200,6 +1329,46 @@ static void on_map(struct gg_host_backend *b, struct hb_conn *c, int *fds, unsig
 	b->stats.regions++;
 }
 
+/* A rank's CUDA allocation, by IPC handle (gg_allreduce_cuda). Its size
+ * is bounded by the allocation itself, which the gateway checks, not by
+ * max_region_bytes: it takes no memory of the gateway's. */
+static void on_map_cuda(struct gg_host_backend *b, struct hb_conn *c)
+{
+	const struct gg_ctrl_map_cuda *mp = &c->in.map_cuda;
+	unsigned id = mp->region;
+
+	if (id >= GG_CTRL_MAX_REGIONS) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP_CUDA of region %u; regions are 0..%u", id,
+			   GG_CTRL_MAX_REGIONS - 1);
+		return;
+	}
+	if (c->regions[id].base) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP_CUDA of region %u, which is mapped already", id);
+		return;
+	}
+	if (mp->size_bytes == 0) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP_CUDA of region %u with 0 bytes", id);
+		return;
+	}
+#if HAVE_CUDA
+	char why[TEXT - 96];
+	void *dev = NULL;
+	int rc = gg_site_cuda_open(mp->ipc, mp->size_bytes, &dev, why, sizeof(why));
+	if (rc) {
+		conn_unserved(b, c, rc == -ENODEV ? GG_ERR_INVALID : GG_ERR_SYSTEM,
+			      "cannot open the rank's GPU memory%s: %s", rc == -ENODEV ? " (it has no usable GPU)" : "",
+			      why);
+		return;
+	}
+	c->regions[id] = (struct hb_region){ .base = dev, .size = mp->size_bytes, .device = true };
+	b->stats.regions++;
+#else
+	conn_unserved(b, c, GG_ERR_INVALID,
+		      "this gateway was built without CUDA, so it cannot take GPU memory (gg_allreduce_cuda); use "
+		      "host memory");
+#endif
+}
+
 static void on_unmap(struct gg_host_backend *b, struct hb_conn *c)
 {
 	unsigned id = c->in.unmap.region;
@@ -1216,9 +1385,7 @@ static void on_unmap(struct gg_host_backend *b, struct hb_conn *c)
 	/* A step that already failed at the rank may still be with the core. */
 	if (keep_for_core(c, id))
 		return;
-	munmap(c->regions[id].base, c->regions[id].size);
-	c->regions[id] = (struct hb_region){ 0 };
-	b->stats.regions--;
+	region_unmap(b, &c->regions[id]);
 }
 
 static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
@@ -1317,6 +1484,9 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 	switch (type) {
 	case GG_CTRL_MAP:
 		on_map(b, c, fds, nfds, ctrunc);
+		break;
+	case GG_CTRL_MAP_CUDA:
+		on_map_cuda(b, c);
 		break;
 	case GG_CTRL_UNMAP:
 		on_unmap(b, c);

@@ -12,12 +12,16 @@
  * A float32 step is summed in place in rank 0's shared memory and its
  * result goes straight into every rank's memory, a range at a time as the
  * core finishes it (site_backend.h); a bfloat16 step needs a float32 sum
- * of its own.
+ * of its own. Ranks may hand over CUDA allocations instead
+ * (gg_allreduce_cuda, MAP_CUDA): such a step is summed whole on the
+ * gateway's GPU into pinned memory before the core gets it, and its result
+ * written back whole by the GPU once the core is done (cuda/site_cuda.h).
  *
  * Bounds: max_clients connections (and so jobs); per connection a fixed
  * receive buffer, GG_CTRL_MAX_INFLIGHT + 2 queued answers and at most
  * GG_CTRL_MAX_REGIONS mapped regions of at most 2 * max_message bytes
- * each; memory_bytes for the float32 sums of bfloat16 steps held at once. */
+ * each (a CUDA allocation: its own size, on the GPU); memory_bytes for
+ * the float32 sums of bfloat16 and GPU steps held at once. */
 #ifndef GG_HOST_BACKEND_H
 #define GG_HOST_BACKEND_H
 
@@ -76,7 +80,7 @@ struct gg_host_backend_stats {
 	unsigned sessions;     /* ranks connected to their jobs */
 	unsigned regions;      /* shared regions mapped */
 	unsigned core_steps;   /* steps the core holds now */
-	uint64_t sum_bytes;    /* float32 sums held for bfloat16 steps in flight */
+	uint64_t sum_bytes;    /* float32 sums held for bfloat16 and GPU steps in flight */
 	uint64_t spare_bytes;  /* sum buffers jobs keep for their next step */
 	uint64_t steps_done;   /* steps delivered to their ranks */
 	uint64_t steps_failed; /* steps failed at their ranks */

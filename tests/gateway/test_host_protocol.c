@@ -1,6 +1,7 @@
 /* The gateway treats every control message as hostile: what it must refuse
  * before a session exists, what ends a session, and that a rank breaking
  * the protocol fails the step of the job's other ranks with its name. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "control_conn.h"
+#include "gg_build_config.h"
 #include "host_harness.h"
 
 #define MAX_CLIENTS 4
@@ -343,32 +345,46 @@ static void raw_rank_close(struct raw_rank *rr)
 		close(rr->fd);
 }
 
-static void test_raw_allreduce(void)
-{
+/* Rank 0 of 2 of a job through the library, with step 1 (x, `tensor`)
+ * under way, and rank 1 raw beside it. */
+struct pair {
 	struct gg_session *s;
 	struct gg_request *req;
-	struct gg_error err;
 	struct raw_rank rr;
+	float x[4];
+};
+
+static void pair_start(struct pair *p, const char *job, uint32_t tensor)
+{
+	struct gg_error err;
+
+	*p = (struct pair){ .x = { 1, 2, 3, 4 } };
+	open_ok(job, 0, 2, &p->s);
+	CHECK_EQ_INT(gg_allreduce_start(p->s, p->x, 4, GG_DTYPE_F32, tensor, 0, &p->req, &err), 0);
+	raw_rank_open(&p->rr, job, 1, 2);
+}
+
+static void test_raw_allreduce(void)
+{
+	struct pair p;
+	struct gg_error err;
 	union gg_ctrl_msg m;
 	char why[160];
-	float x[4] = { 1, 2, 3, 4 };
 
-	open_ok("raw", 0, 2, &s);
-	CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 9, 0, &req, &err), 0);
-	raw_rank_open(&rr, "raw", 1, 2);
+	pair_start(&p, "raw", 9);
 	for (int i = 0; i < 4; i++)
-		rr.mem[16 + i] = 0.5f * (float)i;
-	raw_allreduce(rr.fd, 1, 9, GG_DTYPE_F32, 4, 0, 64);
-	size_t len = raw_recv(rr.fd, &m);
+		p.rr.mem[16 + i] = 0.5f * (float)i;
+	raw_allreduce(p.rr.fd, 1, 9, GG_DTYPE_F32, 4, 0, 64);
+	size_t len = raw_recv(p.rr.fd, &m);
 	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_DONE);
 	CHECK_EQ_INT(m.done.seq, 1);
 	CHECK_EQ_INT(m.done.status, 0);
-	CHECK(rr.mem[16] == 1.0f && rr.mem[17] == 2.5f && rr.mem[18] == 4.0f && rr.mem[19] == 5.5f);
-	CHECK_EQ_INT(gg_wait(req, -1, &err), 0);
-	CHECK(x[0] == 1.0f && x[1] == 2.5f && x[2] == 4.0f && x[3] == 5.5f);
-	gg_request_free(req);
-	gg_session_close(s);
-	raw_rank_close(&rr);
+	CHECK(p.rr.mem[16] == 1.0f && p.rr.mem[17] == 2.5f && p.rr.mem[18] == 4.0f && p.rr.mem[19] == 5.5f);
+	CHECK_EQ_INT(gg_wait(p.req, -1, &err), 0);
+	CHECK(p.x[0] == 1.0f && p.x[1] == 2.5f && p.x[2] == 4.0f && p.x[3] == 5.5f);
+	gg_request_free(p.req);
+	gg_session_close(p.s);
+	raw_rank_close(&p.rr);
 	harness_wait_connections(&h, 0);
 }
 
@@ -635,39 +651,117 @@ static void test_violations(void)
 {
 	for (size_t i = 0; i < GG_ARRAY_LEN(violations); i++) {
 		const struct violation *v = &violations[i];
-		struct gg_session *s;
-		struct gg_request *req;
+		struct pair p;
 		struct gg_error err;
-		struct raw_rank rr;
 		char job[32], gw_text[320], rank_text[320];
-		float x[4] = { 1, 2, 3, 4 };
 
 		snprintf(job, sizeof(job), "v-%s", v->name);
-		open_ok(job, 0, 2, &s);
-		CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 5, 0, &req, &err), 0);
-		raw_rank_open(&rr, job, 1, 2);
-		v->bad(&rr);
+		pair_start(&p, job, 5);
+		v->bad(&p.rr);
 		snprintf(gw_text, sizeof(gw_text), "gateway of site test-site: %s", v->text);
-		raw_expect_close(rr.fd, GG_CTRL_ERROR, v->code, gw_text);
-		rr.fd = -1;
+		raw_expect_close(p.rr.fd, GG_CTRL_ERROR, v->code, gw_text);
+		p.rr.fd = -1;
 
 		unsigned step = 1;
 		if (v->step1_runs) {
-			CHECK_EQ_INT(gg_wait(req, -1, &err), 0);
-			gg_request_free(req);
-			CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 5, 0, &req, &err), 0);
+			CHECK_EQ_INT(gg_wait(p.req, -1, &err), 0);
+			gg_request_free(p.req);
+			CHECK_EQ_INT(gg_allreduce_start(p.s, p.x, 4, GG_DTYPE_F32, 5, 0, &p.req, &err), 0);
 			step = 2;
 		}
 		snprintf(rank_text, sizeof(rank_text),
 			 "step %u (tensor 5): rank 1 of job '%s' broke the control protocol (%s) ", step, job, v->text);
-		CHECK_EQ_INT(gg_wait(req, -1, &err), GG_ERR_RANK);
+		CHECK_EQ_INT(gg_wait(p.req, -1, &err), GG_ERR_RANK);
 		CHECK_ERR(err, GG_ERR_RANK, rank_text);
-		gg_request_free(req);
-		gg_session_close(s);
-		raw_rank_close(&rr);
+		gg_request_free(p.req);
+		gg_session_close(p.s);
+		raw_rank_close(&p.rr);
 		harness_wait_connections(&h, 0);
 	}
 	CHECK_EQ_INT(harness_stats(&h).violations, GG_ARRAY_LEN(violations));
+}
+
+/* GPU memory a gateway cannot take: without CUDA, or without a GPU (the
+ * handle here is no real one either). The rank's session ends with the
+ * reason, and so does the step of the job's other rank; no violation. */
+static void test_map_cuda_refused(void)
+{
+	const unsigned long long before = harness_stats(&h).violations;
+	struct pair p;
+	struct gg_error err;
+	union gg_ctrl_msg m;
+	char why[160];
+
+	pair_start(&p, "map-cuda", 5);
+	size_t len = gg_ctrl_init(&m, GG_CTRL_MAP_CUDA);
+	m.map_cuda.region = 1;
+	m.map_cuda.size_bytes = 4096;
+	memset(m.map_cuda.ipc, 0x5a, sizeof(m.map_cuda.ipc));
+	raw_send(p.rr.fd, &m, len, -1);
+
+	len = raw_recv(p.rr.fd, &m);
+	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_ERROR);
+	printf("MAP_CUDA refused: %s (%s)\n", m.error.message, gg_strerror(m.error.code));
+#if HAVE_CUDA
+	/* No GPU (GG_ERR_INVALID), or one that finds the handle bad. */
+	CHECK(m.error.code == GG_ERR_INVALID || m.error.code == GG_ERR_SYSTEM);
+	CHECK_CONTAINS(m.error.message, m.error.code == GG_ERR_INVALID
+						? "gateway of site test-site: cannot open the rank's GPU memory (it has no usable GPU): "
+						: "gateway of site test-site: cannot open the rank's GPU memory: ");
+#else
+	CHECK_EQ_INT(m.error.code, GG_ERR_INVALID);
+	CHECK_CONTAINS(m.error.message, "gateway of site test-site: this gateway was built without CUDA, so it "
+					"cannot take GPU memory (gg_allreduce_cuda); use host memory");
+#endif
+	CHECK_EQ_INT(raw_recv(p.rr.fd, &m), 0);
+	close(p.rr.fd);
+	p.rr.fd = -1;
+	CHECK_EQ_INT(gg_wait(p.req, -1, &err), GG_ERR_RANK);
+	CHECK_CONTAINS(err.message, "step 1 (tensor 5): rank 1 of job 'map-cuda' could not be served (");
+	gg_request_free(p.req);
+	gg_session_close(p.s);
+	raw_rank_close(&p.rr);
+	harness_wait_connections(&h, 0);
+	CHECK_EQ_INT(harness_stats(&h).violations, before);
+}
+
+/* gg_allreduce_cuda() refuses what it can tell is wrong before it sends
+ * anything, and such a refusal uses no step number. */
+static void test_cuda_call_refusals(void)
+{
+	struct gg_session *s;
+	struct gg_error err;
+	float x[4] = { 1, 2, 3, 4 };
+	void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+	CHECK_EQ_INT(gg_allreduce_cuda(NULL, x, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce_cuda: session is NULL");
+	open_ok("cuda-calls", 0, 1, &s);
+	CHECK_EQ_INT(gg_allreduce_cuda(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): buf is NULL");
+	CHECK_EQ_INT(gg_allreduce_cuda(s, x, 0, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): count is 0");
+	CHECK_EQ_INT(gg_allreduce_cuda(s, x, 4, (enum gg_dtype)99, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): unknown dtype 99");
+	CHECK_EQ_INT(gg_allreduce_cuda(s, x, (size_t)1 << 40, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_TOO_LARGE);
+	/* Host memory: refused by the driver's word, or for want of one. */
+	int rc = gg_allreduce_cuda(s, x, 4, GG_DTYPE_F32, 3, NULL, 0, &err);
+	printf("gg_allreduce_cuda on host memory: %s\n", err.message);
+	if (driver) {
+		CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): buf ");
+		CHECK_CONTAINS(err.message, " is not CUDA device memory (host memory goes through gg_allreduce)");
+		dlclose(driver);
+	} else {
+		CHECK_EQ_INT(rc, GG_ERR_SYSTEM);
+		CHECK_ERR(err, GG_ERR_SYSTEM, "step 1 (tensor 3): the CUDA driver cannot be loaded: ");
+	}
+	/* None of that took a step: the next one is still step 1. */
+	CHECK_EQ_INT(gg_allreduce(s, x, 4, GG_DTYPE_F32, 3, 0, &err), 0);
+	CHECK(x[0] == 1 && x[3] == 4);
+	CHECK_EQ_INT(gg_allreduce_cuda(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 2 (tensor 3): buf is NULL");
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
 }
 
 /* After all that the gateway still serves. */
@@ -704,6 +798,8 @@ int main(int argc, char **argv)
 	test_other_user();
 	test_raw_allreduce();
 	test_violations();
+	test_map_cuda_refused();
+	test_cuda_call_refusals();
 	test_still_serving();
 	harness_stop(&h);
 
