@@ -230,6 +230,10 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
  *            one or a peer of it. Each allocation used takes one of the
  *            session's max_buffers shared regions until the session closes;
  *            when none is free, one no request uses is given back first.
+ *            So free such an allocation (cudaFree) only once the session
+ *            is closed: CUDA leaves freeing memory that another process
+ *            has open undefined. (PyTorch's allocator keeps what it
+ *            frees cached; torch.cuda.empty_cache() is what gives it back.)
  *            Managed memory, stream-ordered pools (cudaMallocAsync) and
  *            host memory are refused with GG_ERR_INVALID.
  * stream     a cudaStream_t (NULL: the legacy default stream) whose work

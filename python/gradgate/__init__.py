@@ -11,8 +11,10 @@ ctypes), with the semantics of include/gradgate.h:
         req.wait()
 
 Arrays are float32 numpy arrays, or float32 / bfloat16 torch tensors;
-CUDA tensors go through a host copy. Failures raise gradgate.Error with
-the library's code (Error.code, Error.name) and message.
+allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
+them where they are, on the GPU (gg_allreduce_cuda). Failures raise
+gradgate.Error with the library's code (Error.code, Error.name) and
+message.
 
 The library is found at $GRADGATE_LIBRARY when set, else as
 libgradgate.so.0 on the loader's path (meson install puts it there).
@@ -104,6 +106,8 @@ def _load():
             "gg_allreduce": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32, ctypes.c_int, E]),
             "gg_allreduce_start": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32,
                                                   ctypes.c_int, ctypes.POINTER(P), E]),
+            "gg_allreduce_cuda": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32, P,
+                                                 ctypes.c_int, E]),
             "gg_wait": (ctypes.c_int, [P, ctypes.c_int, E]),
             "gg_request_free": (None, [P]),
             "gg_session_close": (None, [P]),
@@ -132,6 +136,23 @@ def _check(rc, err):
 
 # ---- what an all-reduce takes: a pointer, a count and a dtype --------------
 
+def _torch_dtype(t):
+    """The gradgate dtype of torch tensor t, which must be one gradgate can
+    all-reduce in place."""
+    import torch
+    if t.dtype == torch.float32:
+        dtype = DTYPE_F32
+    elif t.dtype == torch.bfloat16:
+        dtype = DTYPE_BF16
+    else:
+        raise TypeError(f"torch tensors must be float32 or bfloat16, not {t.dtype}")
+    if t.numel() == 0:
+        raise ValueError("the tensor is empty")
+    if t.requires_grad and t.is_leaf:
+        raise ValueError("the tensor requires grad: all-reduce its .data or a detached tensor")
+    return dtype
+
+
 class _Target:
     """The memory an all-reduce reads and writes for one array: the array
     itself when the library can use it in place, else a host copy that is
@@ -159,17 +180,7 @@ class _Target:
         self.ptr, self.count, self.dtype = a.ctypes.data, a.size, DTYPE_F32
 
     def _torch(self, t):
-        import torch
-        if t.dtype == torch.float32:
-            dtype = DTYPE_F32
-        elif t.dtype == torch.bfloat16:
-            dtype = DTYPE_BF16
-        else:
-            raise TypeError(f"torch tensors must be float32 or bfloat16, not {t.dtype}")
-        if t.numel() == 0:
-            raise ValueError("the tensor is empty")
-        if t.requires_grad and t.is_leaf:
-            raise ValueError("the tensor requires grad: all-reduce its .data or a detached tensor")
+        dtype = _torch_dtype(t)
         host = t
         if t.device.type != "cpu" or not t.is_contiguous():
             host = t.detach().to("cpu", copy=True).contiguous()
@@ -181,6 +192,11 @@ class _Target:
             import torch
             with torch.no_grad():
                 self.array.copy_(self.host)
+
+
+def _describe(x):
+    device = getattr(x, "device", None)
+    return f"a {type(x).__name__}" + (f" on {device}" if device is not None else "")
 
 
 class Request:
@@ -282,6 +298,33 @@ class Session:
         _check(rc, err)
         t.finish()
         return array
+
+    def allreduce_cuda(self, tensor, tensor_id, timeout_ms=0, stream=None):
+        """Sums a contiguous CUDA torch tensor (float32 or bfloat16) over
+        every rank of every site, in place on the GPU, and returns it
+        (gg_allreduce_cuda: the gateway opens the tensor's memory by CUDA
+        IPC, so it must be built with CUDA and see this GPU or a peer of
+        it). `stream`: the torch.cuda.Stream whose work must be done before
+        the tensor is read; None: the tensor's device's current stream.
+        Every rank of a step must pass the same kind of memory. The
+        gateway keeps the tensor's allocation open until the session
+        closes: call torch.cuda.empty_cache() only after close()."""
+        if not type(tensor).__module__.startswith("torch") or not getattr(tensor, "is_cuda", False):
+            raise TypeError(f"allreduce_cuda takes CUDA torch tensors, not {_describe(tensor)}; "
+                            "host memory goes through allreduce")
+        dtype = _torch_dtype(tensor)
+        if not tensor.is_contiguous():
+            raise ValueError("the CUDA tensor must be contiguous (the result is written in place)")
+        import torch
+        if stream is None:
+            stream = torch.cuda.current_stream(tensor.device)
+        err = _Error()
+        with self._lock:
+            rc = _load().gg_allreduce_cuda(self._h(), tensor.data_ptr(), tensor.numel(), dtype, int(tensor_id),
+                                           ctypes.c_void_p(stream.cuda_stream), int(timeout_ms),
+                                           ctypes.byref(err))
+        _check(rc, err)
+        return tensor
 
     def allreduce_async(self, array, tensor_id, timeout_ms=0):
         """Starts the same all-reduce and returns a Request. The input is

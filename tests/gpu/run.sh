@@ -3,8 +3,9 @@
 # most): the kernel self-test, the codec kernels against the CPU reference
 # bit for bit (test_codec_cuda), their speed against cudaMemcpy on 256 MiB
 # (test_codec_cuda_speed, which prints the figures), GPU mode end to end
-# (gpu-mode: two gateways and four ranks all-reducing device memory), the
-# NCCL smoke test, and whatever else the 'gpu' test suite holds. Run it
+# (gpu-mode: two gateways and four ranks all-reducing device memory; and
+# gpu-torch, the same from PyTorch when its Python has torch), the NCCL
+# smoke test, and whatever else the 'gpu' test suite holds. Run it
 # from anywhere on a machine with a GPU and the build dependencies; it
 # builds only those tests and the programs they run, prints each one's
 # output and a summary, and exits non-zero if any check failed or none ran.
@@ -37,6 +38,9 @@ for r in res:
     if name == "codec-cuda-speed" and r["result"] == "OK":
         print("codec kernel speed (test_codec_cuda_speed):")
         print(r["stdout"].rstrip())
+    if name == "gpu-torch" and r["result"] != "SKIP":
+        print("GPU mode from PyTorch (gpu-torch):")
+        print("\n".join(l for l in r["stdout"].splitlines() if l.startswith("torch cuda:")))
     if name == "gpu-mode" and r["result"] != "SKIP":
         print("GPU mode (gpu-mode):")
         print("\n".join(l for l in r["stdout"].splitlines() if " time " in l or " ok: " in l))

@@ -143,6 +143,10 @@ class WithGateways(unittest.TestCase):
                 s.allreduce(np.zeros(0, np.float32), tensor_id=1)
             with self.assertRaisesRegex(TypeError, "numpy arrays and torch tensors"):
                 s.allreduce([1.0, 2.0], tensor_id=1)
+            with self.assertRaisesRegex(TypeError, "allreduce_cuda takes CUDA torch tensors, not a Tensor on cpu"):
+                s.allreduce_cuda(torch.zeros(4), tensor_id=1)
+            with self.assertRaisesRegex(TypeError, "allreduce_cuda takes CUDA torch tensors, not a ndarray"):
+                s.allreduce_cuda(np.zeros(4, np.float32), tensor_id=1)
             # Nothing was sent: the ranks are still in step.
             a = np.ones(10, np.float32)
             s.allreduce(a, tensor_id=9)
