@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Data-parallel training across sites through gradgate, with PyTorch DDP.
 
-    python3 examples/train_ddp.py [--sites 3] [--ranks 2] [--steps 30] [--codec fp32] [--bench]
+    python3 examples/train_ddp.py [--sites 3] [--ranks 2] [--steps 30] [--codec fp32] [--bench] [--cuda]
 
 Starts one gateway per site on loopback (gradgate.local.LocalSites) and
 sites x ranks training processes. Each trains the same small MLP on its
@@ -15,6 +15,10 @@ Checks, and exits 1 when one fails:
   - with codec fp32, they match single-process training on the
     concatenated batches of all ranks within float tolerance.
 Prints the loss curve (mean over ranks) beside the single-process one.
+
+--cuda trains on the GPU (every rank on cuda:0) and all-reduces the
+buckets there (HookState(cuda=True): gg_allreduce_cuda, no host copies);
+it exits 77 when torch sees no GPU.
 
 --bench also times one bucket's all-reduce through the hook against
 torch.distributed's gloo all_reduce over the same ranks on loopback, side
@@ -82,21 +86,22 @@ def worker(a):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=global_rank,
                             world_size=a.sites * R)
     site_groups = [dist.new_group(list(range(s * R, s * R + R))) for s in range(a.sites)]
-    model = make_model()
+    device = "cuda" if a.cuda else "cpu"
+    model = make_model().to(device)
     ddp = DDP(model, process_group=site_groups[a.site], bucket_cap_mb=0.25)
     session = gradgate.Session(a.job, a.rank, R)  # endpoint: GRADGATE_ENDPOINT
-    state = gradgate.torch.HookState(session, world_size=a.sites * R)
+    state = gradgate.torch.HookState(session, world_size=a.sites * R, cuda=a.cuda)
     ddp.register_comm_hook(state, gradgate.torch.allreduce_hook)
     opt = optimizer(ddp.parameters(), a.lr)
     losses = []
     for step in range(a.steps):
-        x, y = batch(step, global_rank)
+        x, y = (t.to(device) for t in batch(step, global_rank))
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    result = {"params": [p.detach().clone() for p in model.parameters()], "losses": losses,
+    result = {"params": [p.detach().cpu().clone() for p in model.parameters()], "losses": losses,
               "buckets": state.buckets, "bucket_bytes": state.bytes}
     if a.bench:
         result["bench"] = bench(state)
@@ -151,6 +156,7 @@ def main():
     ap.add_argument("--algorithm", default="ring", choices=["ring", "direct", "auto"])
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--bench", action="store_true", help="also time the hook against gloo per bucket")
+    ap.add_argument("--cuda", action="store_true", help="train on the GPU and all-reduce the buckets there")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--site", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -162,11 +168,14 @@ def main():
         return worker(a)
     if not 2 <= a.sites <= 8 or not 1 <= a.ranks <= 8 or a.steps < 1:
         ap.error("--sites 2-8, --ranks 1-8, --steps at least 1")
+    if a.cuda and not torch.cuda.is_available():
+        print("SKIP: --cuda, but torch sees no CUDA device")
+        return 77
 
     n = a.sites * a.ranks
     out = tempfile.mkdtemp(prefix="train-ddp.")
     print(f"{a.sites} sites x {a.ranks} ranks, codec {a.codec}, {a.algorithm}, {a.steps} steps, "
-          f"library {gradgate.version()}", flush=True)
+          f"{'on the GPU' if a.cuda else 'on the CPU'}, library {gradgate.version()}", flush=True)
     with LocalSites(sites=a.sites, codec=a.codec, algorithm=a.algorithm) as mesh:
         port = free_loopback_ports(1)[0]
         procs = []
@@ -176,7 +185,8 @@ def main():
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--site", str(s), "--rank", str(r),
                        "--port", str(port), "--out", out, "--sites", str(a.sites), "--ranks", str(a.ranks),
                        "--steps", str(a.steps), "--lr", str(a.lr), "--codec", a.codec]
-                procs.append(subprocess.Popen(cmd + (["--bench"] if a.bench else []), env=env))
+                cmd += (["--bench"] if a.bench else []) + (["--cuda"] if a.cuda else [])
+                procs.append(subprocess.Popen(cmd, env=env))
         codes = [p.wait() for p in procs]
     if any(codes):
         print(f"FAIL: training ranks exited with {codes}")

@@ -17,8 +17,11 @@ does over its group.
 Buckets go to a worker thread of the state, which keeps up to the
 session's max_inflight all-reduces in flight while backward goes on; each
 bucket's torch Future completes when its result is in the bucket. CUDA
-buckets go through a host copy. A failed all-reduce fails the bucket's
-Future with gradgate.Error, which DDP raises from backward().
+buckets go through a host copy, or, with HookState(..., cuda=True), stay
+on the GPU: the gateway sums them there (Session.allreduce_cuda, one
+bucket at a time), and the Future completes once the averaged result is
+in the bucket. A failed all-reduce fails the bucket's Future with
+gradgate.Error, which DDP raises from backward().
 """
 
 import collections
@@ -34,16 +37,19 @@ __all__ = ["HookState", "allreduce_hook"]
 class HookState:
     """What allreduce_hook needs: the rank's session, the global world size
     (ranks at all sites), and the deadline of each bucket's all-reduce
-    (timeout_ms <= 0: the gateway's step_timeout). Call close() (or use it
-    as a context manager) to stop its worker thread; the session stays
-    open."""
+    (timeout_ms <= 0: the gateway's step_timeout). cuda=True all-reduces
+    CUDA buckets in place on the GPU (the gateway must be built with CUDA
+    and see the ranks' GPU) instead of through a host copy. Call close()
+    (or use it as a context manager) to stop its worker thread; the
+    session stays open."""
 
-    def __init__(self, session, world_size, timeout_ms=0):
+    def __init__(self, session, world_size, timeout_ms=0, cuda=False):
         if world_size < 1:
             raise ValueError("world_size must be at least 1")
         self.session = session
         self.world_size = int(world_size)
         self.timeout_ms = int(timeout_ms)
+        self.cuda = bool(cuda)
         self.buckets = 0          # buckets all-reduced so far
         self.bytes = 0            # their bytes
         self._queue = collections.deque()
@@ -56,11 +62,14 @@ class HookState:
         """Queues `tensor` for an all-reduce (sum over every rank, divided by
         world_size, in place); returns a torch Future of the tensor."""
         fut = torch.futures.Future()
+        # On the GPU the bucket is read once the work queued so far on the
+        # caller's stream (backward's) is done.
+        stream = torch.cuda.current_stream(tensor.device) if self.cuda and tensor.is_cuda else None
         with self._cond:
             if self._closed:
                 fut.set_exception(Error(ERR_CLOSED, "the hook's state is closed"))
                 return fut
-            self._queue.append((tensor, tensor_id, fut))
+            self._queue.append((tensor, tensor_id, fut, stream))
             self._cond.notify()
         return fut
 
@@ -71,17 +80,33 @@ class HookState:
             return self._queue.popleft() if self._queue else None
 
     def _finish(self, item, req):
-        tensor, _, fut = item
+        tensor, _, fut, _ = item
         try:
             req.wait()
             tensor.div_(self.world_size)
-            self.buckets += 1
-            self.bytes += tensor.numel() * tensor.element_size()
-            fut.set_result(tensor)
+            self._done(tensor, fut)
         except Error as e:
             fut.set_exception(e)
         finally:
             req.free()
+
+    def _done(self, tensor, fut):
+        self.buckets += 1
+        self.bytes += tensor.numel() * tensor.element_size()
+        fut.set_result(tensor)
+
+    def _on_gpu(self, item):
+        """A CUDA bucket all-reduced where it is; the Future completes once
+        the average is in it, so the caller needs no stream of ours."""
+        tensor, tensor_id, fut, stream = item
+        try:
+            self.session.allreduce_cuda(tensor, tensor_id, self.timeout_ms, stream)
+            with torch.cuda.stream(stream):
+                tensor.div_(self.world_size)
+            stream.synchronize()
+            self._done(tensor, fut)
+        except (Error, TypeError, ValueError) as e:
+            fut.set_exception(e)
 
     def _run(self):
         inflight = collections.deque()
@@ -89,8 +114,14 @@ class HookState:
         while True:
             # Start what is queued while there is room; else wait for the oldest.
             item = self._take(block=not inflight) if len(inflight) < limit else None
+            if item is not None and item[3] is not None:
+                # Buckets end in order: the host ones in flight first.
+                while inflight:
+                    self._finish(*inflight.popleft())
+                self._on_gpu(item)
+                continue
             if item is not None:
-                tensor, tensor_id, fut = item
+                tensor, tensor_id, fut, _ = item
                 try:
                     inflight.append((item, self.session.allreduce_async(tensor, tensor_id, self.timeout_ms)))
                 except (Error, TypeError, ValueError) as e:

@@ -38,6 +38,9 @@ for r in res:
     if name == "codec-cuda-speed" and r["result"] == "OK":
         print("codec kernel speed (test_codec_cuda_speed):")
         print(r["stdout"].rstrip())
+    if name == "gpu-train-ddp" and r["result"] != "SKIP":
+        print("DDP training on the GPU (gpu-train-ddp):")
+        print("\n".join(l for l in r["stdout"].splitlines() if l.startswith(("parameters", "max |", "train_ddp", "buckets"))))
     if name == "gpu-torch" and r["result"] != "SKIP":
         print("GPU mode from PyTorch (gpu-torch):")
         print("\n".join(l for l in r["stdout"].splitlines() if l.startswith("torch cuda:")))
