@@ -106,6 +106,7 @@ int main(int argc, char **argv)
 	};
 	bool check = false;
 	const char *config = NULL;
+	const char *alone = NULL; /* --version or --help: nothing else may come with it */
 	int c;
 
 	if (argc > 1 && !strcmp(argv[1], "status"))
@@ -133,15 +134,28 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'V':
-			print_version();
-			return EXIT_OK;
+			alone = "--version";
+			break;
 		case 'h':
-			usage(stdout);
-			return EXIT_OK;
+			alone = "--help";
+			break;
 		default:
 			usage(stderr);
 			return EXIT_USAGE;
 		}
+	}
+	if (alone) {
+		/* Else `--check-config FILE --version` would check nothing and
+		 * exit 0. */
+		if (argc != 2) {
+			fprintf(stderr, "gradgate: %s takes no other options or arguments\n", alone);
+			return EXIT_USAGE;
+		}
+		if (!strcmp(alone, "--version"))
+			print_version();
+		else
+			usage(stdout);
+		return EXIT_OK;
 	}
 	if (config && !check) {
 		if (optind != argc) {

@@ -787,9 +787,11 @@ GRADGATE_API int gg_allreduce(struct gg_session *s, void *buf, size_t count, enu
 			      uint32_t tensor_id, int timeout_ms, struct gg_error *err)
 {
 	struct gg_request *r;
-	int rc = gg_allreduce_start(s, buf, count, dtype, tensor_id, timeout_ms, &r, err);
+	int rc;
 
-	if (rc)
+	if (!s)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce: session is NULL");
+	if ((rc = gg_allreduce_start(s, buf, count, dtype, tensor_id, timeout_ms, &r, err)))
 		return rc;
 	rc = gg_wait(r, -1, err);
 	gg_request_free(r);

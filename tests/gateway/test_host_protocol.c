@@ -736,6 +736,8 @@ static void test_cuda_call_refusals(void)
 
 	CHECK_EQ_INT(gg_allreduce_cuda(NULL, x, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce_cuda: session is NULL");
+	CHECK_EQ_INT(gg_allreduce(NULL, x, 4, GG_DTYPE_F32, 3, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce: session is NULL");
 	open_ok("cuda-calls", 0, 1, &s);
 	CHECK_EQ_INT(gg_allreduce_cuda(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): buf is NULL");
