@@ -219,7 +219,7 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 /* All-reduces `count` elements of `dtype` in GPU memory, in place, as
  * gg_allreduce() does for host memory, and blocks until the result is in
  * `devbuf` or the step failed. The result bytes are the same as a host
- * all-reduce of the same inputs gives.
+ * all-reduce of the same inputs gives (but for which NaN a NaN is).
  *
  * devbuf     count elements in memory from cudaMalloc (or an allocator
  *            built on it, as PyTorch's is) of the calling thread's current
@@ -232,7 +232,8 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
  *            when none is free, one no request uses is given back first.
  *            So free such an allocation (cudaFree) only once the session
  *            is closed: CUDA leaves freeing memory that another process
- *            has open undefined. (PyTorch's allocator keeps what it
+ *            has open undefined, and gg_session_close() returns once the
+ *            gateway let go of them. (PyTorch's allocator keeps what it
  *            frees cached; torch.cuda.empty_cache() is what gives it back.)
  *            Managed memory, stream-ordered pools (cudaMallocAsync) and
  *            host memory are refused with GG_ERR_INVALID.
@@ -261,7 +262,10 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 GRADGATE_API void gg_request_free(struct gg_request *req);
 
 /* Closes the connection and frees the session (NULL is allowed), its
- * shared buffers included. Requests the caller has not freed yet stay
+ * shared buffers included. When the session handed the gateway GPU
+ * allocations (gg_allreduce_cuda), it first waits, at most 2 seconds,
+ * until the gateway has let go of them; one that a step still in flight
+ * there uses is let go when that step ends. Requests the caller has not freed yet stay
  * valid for gg_wait() (which then returns GG_ERR_CLOSED if they had not
  * finished) and gg_request_free(). Closing with a step in flight fails
  * that step at the job's other ranks. A session that failed keeps its

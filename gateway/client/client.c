@@ -22,6 +22,7 @@
 #define OPEN_TIMEOUT_MS 10000
 #define GRACE_MS 2000           /* past a step's deadline and the gateway's own grace: the gateway is lost */
 #define MIN_REGION_BYTES (4u << 20)
+#define CLOSE_WAIT_MS 2000      /* for the gateway to let go of GPU allocations at close */
 
 struct region {
 	unsigned char *base; /* NULL: slot free */
@@ -470,6 +471,25 @@ static int region_grow(struct gg_session *s, uint64_t len, uint64_t deadline_ms,
 	return 0;
 }
 
+/* Gives back the GPU allocation no request uses that was used longest
+ * ago, to make room for another shared buffer or allocation; false when
+ * there is none. */
+static bool evict_device_region(struct gg_session *s)
+{
+	int lru = -1;
+
+	for (unsigned id = 0; id < s->max_regions; id++) {
+		const struct region *r = &s->regions[id];
+		if (r->device && !r->users && (lru < 0 || r->last_used < s->regions[lru].last_used))
+			lru = (int)id;
+	}
+	if (lru < 0)
+		return false;
+	s->buffers--;
+	region_release(s, (unsigned)lru, true);
+	return true;
+}
+
 GRADGATE_API int gg_buffer_alloc(struct gg_session *s, size_t bytes, void **out, struct gg_error *err)
 {
 	if (!out)
@@ -485,10 +505,12 @@ GRADGATE_API int gg_buffer_alloc(struct gg_session *s, size_t bytes, void **out,
 		return gg_ctrl_error(err, GG_ERR_TOO_LARGE,
 			       "gg_buffer_alloc: %zu bytes exceed the max_message of %llu bytes of the gateway of "
 			       "site %s", bytes, (unsigned long long)s->info.max_message_bytes, site_of(s));
-	if (s->buffers >= s->info.max_buffers)
+	pump(s, 0);
+	if (s->failed)
+		return gg_ctrl_error(err, s->failed, "gg_buffer_alloc: %s", s->failed_msg);
+	if (s->buffers >= s->info.max_buffers && !evict_device_region(s))
 		return gg_ctrl_error(err, GG_ERR_LIMIT, "gg_buffer_alloc: the session holds %u shared buffers, as many as "
 			       "the gateway of site %s allows", s->buffers, site_of(s));
-	pump(s, 0);
 	if (s->failed)
 		return gg_ctrl_error(err, s->failed, "gg_buffer_alloc: %s", s->failed_msg);
 	int id = region_map(s, page_round(bytes), true, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, "gg_buffer_alloc", err);
@@ -664,29 +686,20 @@ static int device_region(struct gg_session *s, const struct gg_cudrv_alloc *a, u
 			 const char *step, struct gg_error *err)
 {
 	char why[200];
-	int lru = -1, rc;
 	unsigned id;
+	int rc;
 
 	for (id = 0; id < s->max_regions; id++) {
 		struct region *r = &s->regions[id];
-		if (!r->device || r->retired)
-			continue;
-		if (r->base == (unsigned char *)(uintptr_t)a->base && r->buffer_id == a->buffer_id &&
+		if (r->device && r->base == (unsigned char *)(uintptr_t)a->base && r->buffer_id == a->buffer_id &&
 		    r->size == a->size) {
 			r->last_used = s->next_seq;
 			return (int)id;
 		}
-		if (!r->users && (lru < 0 || r->last_used < s->regions[lru].last_used))
-			lru = (int)id;
 	}
-	if (s->buffers >= s->info.max_buffers) {
-		if (lru < 0)
-			return gg_ctrl_error(err, GG_ERR_LIMIT, "%s: the session holds %u shared buffers and GPU "
-				       "allocations, as many as the gateway of site %s allows, and requests use all "
-				       "of them", step, s->buffers, site_of(s));
-		s->buffers--;
-		region_release(s, (unsigned)lru, true);
-	}
+	if (s->buffers >= s->info.max_buffers && !evict_device_region(s))
+		return gg_ctrl_error(err, GG_ERR_LIMIT, "%s: the session holds %u shared buffers and GPU allocations "
+			       "in use, as many as the gateway of site %s allows", step, s->buffers, site_of(s));
 	for (id = 0; id < s->max_regions; id++)
 		if (!s->regions[id].base)
 			break;
@@ -739,13 +752,14 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 			       (unsigned long long)a.size, (unsigned long long)a.base);
 
 	uint64_t timeout = step_timeout_ms(s, timeout_ms);
-	uint64_t deadline = gg_ctrl_now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
-	int id = device_region(s, &a, deadline, step, err);
+	int id = device_region(s, &a, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, step, err);
 	if (id < 0)
 		return id;
-	/* The tensor is read once the caller's work on it is done. */
+	/* The tensor is read once the caller's work on it is done; the step's
+	 * deadline runs from then on, as the gateway's does. */
 	if ((rc = gg_cudrv_sync(&a, stream, why, sizeof(why))))
 		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+	uint64_t deadline = gg_ctrl_now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
 	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout, deadline, (unsigned)id, offset, step, &r,
 			       err)))
 		return rc;
@@ -810,10 +824,37 @@ GRADGATE_API void gg_request_free(struct gg_request *req)
 	req->buf = NULL;
 }
 
+/* Before a session with GPU allocations closes: the gateway lets go of
+ * those no request uses (UNMAP), and the close waits, at most
+ * CLOSE_WAIT_MS, for its end of the connection, so that the caller may
+ * free them once gg_session_close() returns. */
+static void release_device_regions(struct gg_session *s)
+{
+	bool any = false;
+
+	for (unsigned id = 0; id < s->max_regions && !s->failed; id++) {
+		if (s->regions[id].device && !s->regions[id].users) {
+			s->buffers--;
+			region_release(s, id, true);
+			any = true;
+		}
+	}
+	if (!any || s->failed || shutdown(s->fd, SHUT_WR))
+		return;
+	uint64_t until = gg_ctrl_now_ms() + CLOSE_WAIT_MS;
+	union gg_ctrl_msg m;
+	ssize_t n;
+	do /* what comes now (DONEs of requests in flight) goes unread */
+		n = gg_ctrl_recv(s->fd, &m, until);
+	while (n > 0 || n == -EPROTO);
+}
+
 GRADGATE_API void gg_session_close(struct gg_session *s)
 {
 	if (!s)
 		return;
+	if (!s->failed && s->fd >= 0)
+		release_device_regions(s);
 	session_fail(s, GG_ERR_CLOSED, "the session was closed");
 	for (unsigned i = 0; i < GG_ARRAY_LEN(s->regions); i++)
 		if (s->regions[i].base)

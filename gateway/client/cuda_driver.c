@@ -39,6 +39,13 @@ struct cu_driver {
 static struct cu_driver drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
+static const char *cu_name(cu_result r)
+{
+	const char *name = NULL;
+
+	return drv.get_error_name && !drv.get_error_name(r, &name) && name ? name : "unknown CUDA error";
+}
+
 static void drv_load(void)
 {
 	static const struct {
@@ -71,15 +78,9 @@ static void drv_load(void)
 	}
 	cu_result r = drv.init(0);
 	if (r)
-		snprintf(drv.error, sizeof(drv.error), "cuInit failed: CUDA error %d", r);
+		snprintf(drv.error, sizeof(drv.error), "cuInit failed: %s (CUDA error %d)", cu_name(r), r);
 }
 
-static const char *cu_name(cu_result r)
-{
-	const char *name = NULL;
-
-	return drv.get_error_name && !drv.get_error_name(r, &name) && name ? name : "unknown CUDA error";
-}
 
 static int drv_ready(char *err, size_t err_size)
 {

@@ -94,6 +94,7 @@ struct hb_job {
 	unsigned connected;
 	struct hb_conn **ranks;
 	void **mem;           /* per rank: its tensor in shared memory, for the step with the core */
+	void **gpu_out;       /* room for nranks pointers: the GPU tensors a result goes to */
 	unsigned *mem_region; /* per rank: the region mem[] lies in */
 	/* Regions of ranks that left while the core held the step, which may
 	 * still read and write them: unmapped once the core gives it back. */
@@ -106,6 +107,7 @@ struct hb_job {
 	bool with_core;
 	bool sum_owned;  /* the step's sum is a buffer of the job's (bfloat16), not rank 0's memory */
 	bool on_gpu;     /* the step's ranks hold it in device memory: sum_owned, pinned */
+	uint64_t sum_cap; /* bytes of the step's own sum buffer (sum_owned), counted in sum_bytes */
 	bool abandoned;  /* the step with the core was already failed at its ranks */
 	bool in_submit;
 	bool sync_done;  /* completed from inside submit() */
@@ -358,6 +360,7 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 	drop_spare(b, j);
 	free(j->ranks);
 	free(j->mem);
+	free(j->gpu_out);
 	free(j->mem_region);
 	free(j->orphans);
 	free(j);
@@ -804,18 +807,26 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 {
 	struct gg_site_step *st = &j->step;
 	char gpu_msg[2 * TEXT];
+	bool gpu_failed = false;
 
 	if (status > 0)
 		status = GG_ERR_SITE;
 #if HAVE_CUDA
 	if (!status && j->on_gpu && !j->abandoned) {
+		/* Only to the ranks still here: one that left was told the step
+		 * failed, and its memory stays as it was. */
+		unsigned n = 0;
+		for (unsigned r = 0; r < j->nranks; r++)
+			if (j->ranks[r] && head(j->ranks[r]))
+				j->gpu_out[n++] = j->mem[r];
 		char why[TEXT - 96];
-		if (gg_site_cuda_store(j->mem, j->nranks, st->dtype == GG_DTYPE_BF16, st->sum, st->count, why,
-				       sizeof(why))) {
+		if (n && gg_site_cuda_store(j->gpu_out, n, st->dtype == GG_DTYPE_BF16, st->sum, st->count, why,
+					    sizeof(why))) {
 			snprintf(gpu_msg, sizeof(gpu_msg), "site %s: writing the result into the ranks' GPU memory: %s",
 				 b->site, why);
 			status = GG_ERR_SYSTEM;
 			message = gpu_msg;
+			gpu_failed = true;
 		}
 	}
 #else
@@ -841,9 +852,9 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 		}
 	}
 	if (j->sum_owned) {
-		b->stats.sum_bytes -= st->count * sizeof(float);
+		b->stats.sum_bytes -= j->sum_cap;
 		j->spare = st->sum; /* step_start took the job's previous one */
-		j->spare_bytes = st->count * sizeof(float);
+		j->spare_bytes = j->sum_cap;
 		j->spare_pinned = j->on_gpu;
 		b->stats.spare_bytes += j->spare_bytes;
 	}
@@ -857,6 +868,10 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 	j->abandoned = false;
 	j->seq++;
 	j->deadline_us = 0;
+	/* The other sites completed the step and this one could not: the job
+	 * cannot go on as one (and the GPU may be unusable). */
+	if (gpu_failed)
+		job_break(b, j, GG_ERR_SYSTEM, gpu_msg);
 }
 
 /* The site sum of a range, in rank order: in place in rank 0's memory for
@@ -958,7 +973,12 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 	void (*deliver_range)(const struct gg_site_step *, uint64_t, uint64_t) = hb_deliver;
 	if (own_sum) {
 		const uint64_t limit = b->opts.memory_bytes;
-		bool fits = j->spare && j->spare_bytes == bytes && j->spare_pinned == device;
+		/* A pinned buffer is costly to make (and freeing one waits for
+		 * the GPU): any large enough will do for a step in GPU memory, so
+		 * a job's buckets of different sizes share one. */
+		bool fits = j->spare && j->spare_pinned == device &&
+			    (device ? j->spare_bytes >= bytes : j->spare_bytes == bytes);
+		uint64_t cap = fits ? j->spare_bytes : bytes;
 		sum = fits ? take_spare(b, j) : NULL;
 		if (!fits) {
 			drop_spare(b, j);
@@ -982,7 +1002,8 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		}
 		if (device && !gpu_sum(b, j, ref, &sum))
 			return false;
-		b->stats.sum_bytes += bytes;
+		b->stats.sum_bytes += cap;
+		j->sum_cap = cap;
 	} else {
 		sum = j->mem[0];
 	}
@@ -1190,13 +1211,15 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 		if (j) {
 			j->ranks = calloc(h->nranks, sizeof(*j->ranks));
 			j->mem = calloc(h->nranks, sizeof(*j->mem));
+			j->gpu_out = calloc(h->nranks, sizeof(*j->gpu_out));
 			j->mem_region = calloc(h->nranks, sizeof(*j->mem_region));
 			j->orphans = calloc(h->nranks, sizeof(*j->orphans));
 		}
-		if (!j || !j->ranks || !j->mem || !j->mem_region || !j->orphans) {
+		if (!j || !j->ranks || !j->mem || !j->gpu_out || !j->mem_region || !j->orphans) {
 			if (j) {
 				free(j->ranks);
 				free(j->mem);
+				free(j->gpu_out);
 				free(j->mem_region);
 				free(j->orphans);
 				free(j);

@@ -28,13 +28,15 @@ fi
 meson test -C "$dir" --suite gpu --verbose --num-processes 1
 rc=$?
 python3 - "$dir/meson-logs/testlog.json" <<'PY'
-import json, sys
+import json, re, sys
 res = [json.loads(l) for l in open(sys.argv[1])]
+# "gradgate:gpu / codec-cuda" (meson 1.0) or "gpu - gradgate:codec-cuda" (later).
+short = lambda r: re.split(r" / |:", r["name"])[-1]
 p = sum(r["result"] == "OK" for r in res)
 s = sum(r["result"] == "SKIP" for r in res)
 f = len(res) - p - s
 for r in res:
-    name = r["name"].split(" / ")[-1]
+    name = short(r)
     if name == "codec-cuda-speed" and r["result"] == "OK":
         print("codec kernel speed (test_codec_cuda_speed):")
         print(r["stdout"].rstrip())
@@ -48,7 +50,7 @@ for r in res:
         print("GPU mode (gpu-mode):")
         print("\n".join(l for l in r["stdout"].splitlines() if " time " in l or " ok: " in l))
 for r in res:
-    print(f"  {r['name'].split(' / ')[-1]:<20} {r['result']:<5} {r['duration']:7.1f}s")
+    print(f"  {short(r):<20} {r['result']:<5} {r['duration']:7.1f}s")
 print(f"gpu: {p} passed, {f} failed, {s} skipped")
 sys.exit(1 if f or p == 0 else 0)
 PY

@@ -22,15 +22,18 @@
  *      NaN equal to any NaN, and each element of the expected class;
  *   4. one step where rank 0 passes host memory and the others device
  *      memory: GG_ERR_MISMATCH at every rank, buffers unchanged;
- *   5. one more device step (legacy default stream) that must succeed.
+ *   5. one more device step (legacy default stream) that must succeed;
+ *   6. steps on one allocation again and again, then on more allocations
+ *      than the session's max_buffers, each equal to a host step; the
+ *      allocations are freed after the session is closed.
  * It prints `rank ok digest=<16 hex digits>` (FNV-1a 64 of every result,
  * the same at every rank of every site) and exits 0; on any failure it
  * names what failed (file:line) on stderr and exits 1.
  *
- * Device memory handed to the library is never freed: the gateway may hold
- * it open by CUDA IPC until the session is closed and it has noticed, and
- * cudaFree before the importer closes it is undefined. The process's exit
- * gives it back. */
+ * Device memory handed to the library is freed only after the session is
+ * closed (the last step's allocations; the process's exit gives back the
+ * rest): the gateway holds it open by CUDA IPC until then, and cudaFree
+ * before the importer closes it is undefined. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
@@ -53,6 +56,9 @@
 #define TENSOR_NAN 100   /* device; host is +1 */
 #define TENSOR_MIXED 200
 #define TENSOR_FINAL 300 /* device; host is +1 */
+#define TENSOR_REUSE 500 /* device; host is +1 */
+#define REGION_COUNT 1024
+#define MAX_ALLOCS 128
 
 struct tcase {
 	size_t count;
@@ -465,6 +471,52 @@ static void run_mixed(void)
 	free(buf);
 }
 
+/* Allocations of run_regions(), freed once the session is closed. */
+static void *allocs[MAX_ALLOCS];
+static unsigned nallocs;
+
+/* One device step on `dev` (REGION_COUNT floats, input `k`) against a host
+ * step of the same input. */
+static void region_step(const char *what, float *dev, unsigned k)
+{
+	const size_t bytes = REGION_COUNT * sizeof(float);
+	float *in = xmalloc(bytes), *dres = xmalloc(bytes), *hres = xmalloc(bytes);
+	struct gg_error err;
+
+	make_input(in, REGION_COUNT, GG_DTYPE_F32, site_index, rank_index, 4000 + k);
+	CUDA_OK(cudaMemcpy(dev, in, bytes, cudaMemcpyHostToDevice));
+	GG_OK(gg_allreduce_cuda(sess, dev, REGION_COUNT, GG_DTYPE_F32, TENSOR_REUSE, NULL, 0, &err), &err,
+	      "%s %u: gg_allreduce_cuda", what, k);
+	CUDA_OK(cudaMemcpy(dres, dev, bytes, cudaMemcpyDeviceToHost));
+	memcpy(hres, in, bytes);
+	host_allreduce(what, hres, REGION_COUNT, GG_DTYPE_F32, TENSOR_REUSE + 1);
+	require_equal(what, dres, hres, REGION_COUNT, GG_DTYPE_F32);
+	hash_bytes(dres, bytes);
+	free(in);
+	free(dres);
+	free(hres);
+}
+
+/* One allocation used for several steps (the library hands it to the
+ * gateway once), then more allocations than the session's max_buffers
+ * (the library gives back the one unused longest for each new one): every
+ * result equal to a host all-reduce's. */
+static void run_regions(unsigned max_buffers)
+{
+	unsigned fresh = max_buffers + 3;
+
+	CHECK(1 + fresh <= MAX_ALLOCS, "max_buffers %u: more allocations than the test keeps", max_buffers);
+	allocs[nallocs++] = device_alloc(REGION_COUNT * sizeof(float));
+	for (unsigned k = 0; k < 3; k++)
+		region_step("one allocation, step after step", allocs[0], k);
+	for (unsigned k = 0; k < fresh; k++) {
+		allocs[nallocs] = device_alloc(REGION_COUNT * sizeof(float));
+		region_step("a new allocation each step", allocs[nallocs++], 3 + k);
+	}
+	printf("ok %u steps on one allocation, %u on as many new ones (max_buffers %u): device == host\n", 3, fresh,
+	       max_buffers);
+}
+
 /* Grid data for the last step: multiples of 1/64 in [-32, 32), whose sums
  * over a few ranks are exact in float32 in any order. */
 static float grid_input(int site, int rank, size_t i)
@@ -560,9 +612,15 @@ int main(int argc, char **argv)
 	run_nan_case(nranks, nsites);
 	run_mixed();
 	run_final(nranks, nsites);
+	run_regions(info.max_buffers);
 
+	/* The close returns once the gateway let go of the allocations, which
+	 * may then be freed. */
 	gg_session_close(sess);
 	sess = NULL;
+	for (unsigned k = 0; k < nallocs; k++)
+		CUDA_OK(cudaFree(allocs[k]));
+	CUDA_OK(cudaDeviceSynchronize());
 	printf("rank ok digest=%016" PRIx64 "\n", result_hash);
 	return 0;
 }

@@ -1,5 +1,9 @@
-/* NCCL works on this machine: an all-reduce over every local GPU (one
- * communicator per device in this process) sums exactly. */
+/* NCCL works on this machine, in the pattern GPU mode's site backend uses
+ * (the ranks reduce to one rank, which broadcasts the result back), over
+ * every local GPU with one communicator per device in this process: an
+ * all-reduce, a reduce to the last device and a broadcast from it, each
+ * exact. With one GPU each is a copy, which still checks the library and
+ * the calls. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -63,7 +67,46 @@ int main(void)
 			/* Small integers times 0.25: every partial sum is exact in fp32. */
 			float want = (float)((i % 1000) * (ndev * (ndev + 1) / 2)) * 0.25f;
 			if (host[i] != want) {
-				printf("FAIL device %d element %d: %g, expected %g\n", d, i, host[i], want);
+				printf("FAIL all-reduce: device %d element %d: %g, expected %g\n", d, i, host[i], want);
+				bad++;
+			}
+		}
+	}
+
+	/* Reduce to the last device (the gateway's rank in GPU mode): every
+	 * device now holds the all-reduced sum, so the root gets ndev times it. */
+	const int root = ndev - 1;
+	NCCL_OK(ncclGroupStart());
+	for (int d = 0; d < ndev; d++)
+		NCCL_OK(ncclReduce(buf[d], buf[d], COUNT, ncclFloat, ncclSum, root, comms[d], streams[d]));
+	NCCL_OK(ncclGroupEnd());
+	CUDA_OK(cudaSetDevice(root));
+	CUDA_OK(cudaStreamSynchronize(streams[root]));
+	CUDA_OK(cudaMemcpy(host, buf[root], sizeof(host), cudaMemcpyDeviceToHost));
+	for (int i = 0; i < COUNT && bad < 10; i++) {
+		float want = (float)((i % 1000) * (ndev * (ndev + 1) / 2) * ndev) * 0.25f;
+		if (host[i] != want) {
+			printf("FAIL reduce: root %d element %d: %g, expected %g\n", root, i, host[i], want);
+			bad++;
+		}
+	}
+
+	/* Broadcast a pattern of the root's to every device. */
+	for (int i = 0; i < COUNT; i++)
+		host[i] = (float)(i % 4093) - 2046.5f;
+	CUDA_OK(cudaMemcpy(buf[root], host, sizeof(host), cudaMemcpyHostToDevice));
+	NCCL_OK(ncclGroupStart());
+	for (int d = 0; d < ndev; d++)
+		NCCL_OK(ncclBroadcast(buf[d], buf[d], COUNT, ncclFloat, root, comms[d], streams[d]));
+	NCCL_OK(ncclGroupEnd());
+	for (int d = 0; d < ndev; d++) {
+		CUDA_OK(cudaSetDevice(d));
+		CUDA_OK(cudaStreamSynchronize(streams[d]));
+		CUDA_OK(cudaMemcpy(host, buf[d], sizeof(host), cudaMemcpyDeviceToHost));
+		for (int i = 0; i < COUNT && bad < 15; i++) {
+			float want = (float)(i % 4093) - 2046.5f;
+			if (host[i] != want) {
+				printf("FAIL broadcast: device %d element %d: %g, expected %g\n", d, i, host[i], want);
 				bad++;
 			}
 		}
@@ -73,6 +116,7 @@ int main(void)
 	}
 	if (bad)
 		return 1;
-	printf("nccl %d: all-reduce of %d floats over %d device(s) exact\n", version, COUNT, ndev);
+	printf("nccl %d: all-reduce, reduce to device %d and broadcast from it of %d floats over %d device(s) exact\n",
+	       version, root, COUNT, ndev);
 	return 0;
 }
