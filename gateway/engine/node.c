@@ -1795,11 +1795,15 @@ static double elem_bytes(const struct gg_node *n)
  * may have been cold when it ran. PROBE_SOON steps after it ran or was
  * dropped, while each of its probes is more than PROBE_GAIN faster than
  * the ones before (against the model), beyond what steps vary by; twice
- * as many steps after each that is not, up to PROBE_EVERY. A probe runs
- * PROBE_FIRST steps, and more while each step gains PROBE_STEP_GAIN
- * (probe_goes_on()), up to PROBE_RUN. */
+ * as many steps after each that is not, up to PROBE_EVERY, or more where
+ * the other algorithm is so much slower that probing it that often would
+ * cost more than PROBE_BUDGET of the job's time (probe_interval()). A
+ * probe runs PROBE_FIRST steps, and more while each step gains
+ * PROBE_STEP_GAIN (probe_goes_on()), up to PROBE_RUN. */
 #define PROBE_SOON 4u
 #define PROBE_EVERY 32u
+#define PROBE_BUDGET 0.01
+#define PROBE_EVERY_MAX 256u
 #define PROBE_GAIN 0.2
 #define PROBE_STEP_GAIN 0.1
 #define PROBE_RUN 8u
@@ -1922,6 +1926,20 @@ static bool probe_goes_on(struct job *j, enum gg_allreduce_algo a, double chosen
 	       (j->probe_len < PROBE_RUN && better && t > 0 && t < chosen * PROBE_CLOSE);
 }
 
+/* Steps until the next probe of an algorithm whose last probe did not
+ * show it faster than before: twice as many as last time, up to
+ * PROBE_EVERY; and at least as many as keep the probes' cost within
+ * PROBE_BUDGET of the job's time, where `slower` is how many times the
+ * chosen algorithm's time the probed one takes (its PROBE_FIRST steps
+ * then cost that much more each), up to PROBE_EVERY_MAX. */
+static unsigned probe_interval(unsigned last, double slower)
+{
+	unsigned every = GG_MIN(2 * GG_MAX(last, PROBE_SOON), PROBE_EVERY);
+	double affordable = slower > 1 ? PROBE_FIRST * (slower - 1) / PROBE_BUDGET : 0;
+
+	return affordable > every ? (unsigned)GG_MIN(affordable, (double)PROBE_EVERY_MAX) : every;
+}
+
 /* At the first site: the plan its DONE of j's step carries, from the
  * slowest uplink and the longest round trip any site reported, each
  * algorithm's model time scaled by its factor. Now and then the plan is a
@@ -1960,9 +1978,10 @@ static void make_plan(struct gg_node *n, struct job *j)
 	if (j->run_algo != other && j->timed_seq[other] > j->judged_seq[other]) {
 		const double before = factor_between(n, j, other, eb, up, one_way, 0, j->judged_seq[other]),
 			     now = factor_between(n, j, other, eb, up, one_way, j->judged_seq[other], UINT64_MAX);
+		const double slower = other == GG_ALLREDUCE_DIRECT ? td / tr : tr / td;
 		j->probe_every[other] = !before || now < before * (1 - PROBE_GAIN) ?
 						PROBE_SOON :
-						GG_MIN(2 * GG_MAX(j->probe_every[other], PROBE_SOON), PROBE_EVERY);
+						probe_interval(j->probe_every[other], slower);
 		j->judged_seq[other] = j->timed_seq[other];
 	}
 	const unsigned every = j->probe_every[other] ? j->probe_every[other] : PROBE_SOON;
