@@ -511,8 +511,6 @@ GRADGATE_API int gg_buffer_alloc(struct gg_session *s, size_t bytes, void **out,
 	if (s->buffers >= s->info.max_buffers && !evict_device_region(s))
 		return gg_ctrl_error(err, GG_ERR_LIMIT, "gg_buffer_alloc: the session holds %u shared buffers, as many as "
 			       "the gateway of site %s allows", s->buffers, site_of(s));
-	if (s->failed)
-		return gg_ctrl_error(err, s->failed, "gg_buffer_alloc: %s", s->failed_msg);
 	int id = region_map(s, page_round(bytes), true, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, "gg_buffer_alloc", err);
 	if (id < 0)
 		return id;

@@ -903,12 +903,7 @@ static void hb_deliver(const struct gg_site_step *st, uint64_t offset, uint64_t 
  * before the core gets it, and its result written back whole once the
  * core is done (deliver()): a CUDA failure then fails the step cleanly,
  * here or at this site's ranks, where one in the core's ranges could not. */
-static void gather_done(const struct gg_site_step *st, uint64_t offset, uint64_t n)
-{
-	(void)st, (void)offset, (void)n;
-}
-
-static void deliver_later(const struct gg_site_step *st, uint64_t offset, uint64_t n)
+static void range_ready(const struct gg_site_step *st, uint64_t offset, uint64_t n)
 {
 	(void)st, (void)offset, (void)n;
 }
@@ -1008,10 +1003,8 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		sum = j->mem[0];
 	}
 
-	if (device) {
-		gather = gather_done;
-		deliver_range = deliver_later;
-	}
+	if (device)
+		gather = deliver_range = range_ready;
 	j->step = (struct gg_site_step){
 		.backend = &b->base,
 		.job = j->name,

@@ -4,6 +4,7 @@ gradgate out, for examples and for tests.
     from gradgate.local import LocalSites
     with LocalSites(sites=3, codec="fp32") as mesh:
         s = gradgate.Session("job", 0, 1, endpoint=mesh.endpoint(0))
+        out = mesh.run_ranks("job2", 2, lambda s, site, rank: ...)  # a thread per rank
 
 Each site gets a certificate from a throwaway CA (make-certs.sh), a config
 in a temporary folder, and a `gradgate --config` process; start() returns
@@ -125,6 +126,34 @@ class LocalSites:
             self.stop()
             raise
         return self
+
+    def run_ranks(self, job, ranks, fn, timeout=60.0):
+        """Runs fn(session, site, rank) for `ranks` ranks of job `job` at
+        every site, each on a thread of its own with its own
+        gradgate.Session; returns what each returned, by (site, rank), or
+        the exception it raised. A rank still running after `timeout`
+        seconds is missing from the result."""
+        import threading
+
+        from . import Session
+
+        out, threads = {}, []
+
+        def run(site, rank):
+            try:
+                with Session(job, rank, ranks, endpoint=self.endpoint(site)) as s:
+                    out[site, rank] = fn(s, site, rank)
+            except Exception as e:  # noqa: BLE001 (handed to the caller)
+                out[site, rank] = e
+
+        for site in range(len(self.names)):
+            for rank in range(ranks):
+                threads.append(threading.Thread(target=run, args=(site, rank)))
+                threads[-1].start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return out
 
     def stop(self):
         """Ends every gateway (SIGTERM, then SIGKILL after 10 s) and

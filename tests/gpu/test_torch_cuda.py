@@ -11,7 +11,6 @@ CUDA device.
 """
 
 import sys
-import threading
 
 import torch
 
@@ -33,34 +32,33 @@ def inputs(site, rank, case, n, dtype):
     return (torch.randn(n, generator=g) * 64).to(dtype)
 
 
-def rank_main(mesh, site, rank, results):
+def rank_main(s, site, rank):
     out = []
-    with gradgate.Session("torch-cuda", rank, RANKS, endpoint=mesh.endpoint(site)) as s:
-        refusals(s)
-        side = torch.cuda.Stream()
-        for c, (n, dtype) in enumerate(CASES):
-            x = inputs(site, rank, c, n, dtype)
-            # A view 64 elements into a larger tensor, written on the side
-            # stream for odd cases: the call must wait for that stream.
-            big = torch.full((n + 128,), -1.0, dtype=dtype, device="cuda")
-            view = big[64:64 + n]
-            stream = side if c % 2 else torch.cuda.current_stream()
-            stream.wait_stream(torch.cuda.current_stream())  # the fill above comes first
-            with torch.cuda.stream(stream):
-                view.copy_(x.cuda(non_blocking=False))
-            s.allreduce_cuda(view, tensor_id=2 * c, stream=stream)
-            host = x.clone()
-            s.allreduce(host, tensor_id=2 * c + 1)
-            got = view.cpu()
-            if not torch.equal(got.view(BITS[dtype]), host.view(BITS[dtype])):
-                bad = (got.view(BITS[dtype]) != host.view(BITS[dtype])).nonzero()[0].item()
-                raise AssertionError(f"site {site} rank {rank} case {c} ({dtype} x {n}): device {got[bad]} "
-                                     f"!= host {host[bad]} at element {bad}")
-            edges = torch.cat([big[:64], big[64 + n:]]).cpu()
-            if not bool((edges == -1).all()):
-                raise AssertionError(f"site {site} rank {rank} case {c}: elements around the tensor changed")
-            out.append(got)
-    results[site, rank] = out
+    refusals(s)
+    side = torch.cuda.Stream()
+    for c, (n, dtype) in enumerate(CASES):
+        x = inputs(site, rank, c, n, dtype)
+        # A view 64 elements into a larger tensor, written on the side
+        # stream for odd cases: the call must wait for that stream.
+        big = torch.full((n + 128,), -1.0, dtype=dtype, device="cuda")
+        view = big[64:64 + n]
+        stream = side if c % 2 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())  # the fill above comes first
+        with torch.cuda.stream(stream):
+            view.copy_(x.cuda(non_blocking=False))
+        s.allreduce_cuda(view, tensor_id=2 * c, stream=stream)
+        host = x.clone()
+        s.allreduce(host, tensor_id=2 * c + 1)
+        got = view.cpu()
+        if not torch.equal(got.view(BITS[dtype]), host.view(BITS[dtype])):
+            bad = (got.view(BITS[dtype]) != host.view(BITS[dtype])).nonzero()[0].item()
+            raise AssertionError(f"site {site} rank {rank} case {c} ({dtype} x {n}): device {got[bad]} "
+                                 f"!= host {host[bad]} at element {bad}")
+        edges = torch.cat([big[:64], big[64 + n:]]).cpu()
+        if not bool((edges == -1).all()):
+            raise AssertionError(f"site {site} rank {rank} case {c}: elements around the tensor changed")
+        out.append(got)
+    return out
 
 
 def refusals(s):
@@ -83,22 +81,10 @@ def refusals(s):
 
 def main():
     with LocalSites(sites=SITES, codec="fp32", algorithm="ring", step_timeout="30s") as mesh:
-        results, threads, errors = {}, [], []
-
-        def run(site, rank):
-            try:
-                rank_main(mesh, site, rank, results)
-            except Exception as e:  # noqa: BLE001 (reported below)
-                errors.append(e)
-
-        for site in range(SITES):
-            for rank in range(RANKS):
-                threads.append(threading.Thread(target=run, args=(site, rank)))
-                threads[-1].start()
-        for t in threads:
-            t.join(120)
-        if errors:
-            raise errors[0]
+        results = mesh.run_ranks("torch-cuda", RANKS, rank_main, timeout=120)
+        for key, out in results.items():
+            if isinstance(out, Exception):
+                raise AssertionError(f"rank {key} failed") from out
         assert len(results) == SITES * RANKS, f"{SITES * RANKS - len(results)} ranks did not finish"
         first = results[0, 0]
         for key, out in results.items():

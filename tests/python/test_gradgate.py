@@ -30,21 +30,7 @@ def on_every_rank(mesh, job, fn):
     """Runs fn(session, site, rank) on a thread per rank, each with its own
     session; returns the results by (site, rank), re-raising the first
     exception that is not a gradgate.Error (those are returned)."""
-    out, threads = {}, []
-
-    def run(site, rank):
-        try:
-            with gradgate.Session(job, rank, RANKS, endpoint=mesh.endpoint(site)) as s:
-                out[site, rank] = fn(s, site, rank)
-        except Exception as e:  # noqa: BLE001 (handed to the test)
-            out[site, rank] = e
-
-    for site in range(SITES):
-        for rank in range(RANKS):
-            threads.append(threading.Thread(target=run, args=(site, rank)))
-            threads[-1].start()
-    for t in threads:
-        t.join(60)
+    out = mesh.run_ranks(job, RANKS, fn)
     for v in out.values():
         if isinstance(v, Exception) and not isinstance(v, gradgate.Error):
             raise v
