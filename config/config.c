@@ -132,7 +132,7 @@ static const struct field transport_fields[] = {
 	{ "streams_per_peer", F_INT, CFG(transport.streams_per_peer), false, "4", 1, 64, NULL, NULL,
 	  "TCP streams per peer site; each frame goes to one that is free" },
 	{ "chunk_size", F_SIZE, CFG(transport.chunk_bytes), false, "1MiB", 4 << 10, 64 << 20, NULL, NULL,
-	  "bytes of encoded payload per chunk" },
+	  "a chunk's elements as float32 bytes (chunk_size / 4 elements, whatever the codec)" },
 	{ "socket_buffer", F_SIZE_AUTO, CFG(transport.socket_buffer_bytes), false, "auto", 64 << 10, 256 << 20,
 	  NULL, NULL,
 	  "SO_SNDBUF / SO_RCVBUF per stream; \"auto\": the kernel's autotuning, and past its limit sized from "

@@ -721,3 +721,16 @@ uint64_t gg_ar_direct_max_scaled(unsigned sites, double elem_bytes, double uplin
 	double max = b / a / elem_bytes;
 	return max >= 0x1p63 ? UINT64_MAX : (uint64_t)max;
 }
+
+uint32_t gg_ar_auto_chunk(enum gg_allreduce_algo algo, unsigned sites, uint64_t count, uint32_t max_chunk)
+{
+	if (algo != GG_ALLREDUCE_RING || sites < 2 || max_chunk <= GG_AR_AUTO_CHUNK_MIN)
+		return max_chunk;
+	const uint64_t want = count / sites / GG_AR_RING_CHUNKS_PER_SHARD;
+	if (want >= max_chunk)
+		return max_chunk;
+	uint32_t chunk = GG_AR_AUTO_CHUNK_MIN;
+	while (2 * (uint64_t)chunk <= want)
+		chunk *= 2;
+	return chunk;
+}

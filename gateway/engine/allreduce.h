@@ -157,4 +157,21 @@ uint64_t gg_ar_direct_max(unsigned sites, double elem_bytes, double uplink, doub
 uint64_t gg_ar_direct_max_scaled(unsigned sites, double elem_bytes, double uplink, double one_way, double f_direct,
 				 double f_ring);
 
+/* Algorithm auto: the chunk (elements) of a step of `count` elements by
+ * `algo` where the configured chunk is `max_chunk`. Ring forwards a chunk
+ * once it is whole, so each of its 2(K-1) hops holds a chunk back for the
+ * time it takes to cross a link; a shard of fewer than
+ * GG_AR_RING_CHUNKS_PER_SHARD chunks waits that much longer. A ring step
+ * then gets `max_chunk` where that cuts its shards into at least that many
+ * chunks, else the largest power of two that does, but never less than
+ * GG_AR_AUTO_CHUNK_MIN (below it a chunk's own costs outweigh the
+ * pipelining).
+ * Direct, which sends every chunk to its final site at once, keeps
+ * `max_chunk`. The result depends only on settings every site shares, so
+ * every site cuts a step alike. Changing either constant changes how
+ * steps are cut: it needs a new GG_WIRE_VERSION. */
+#define GG_AR_RING_CHUNKS_PER_SHARD 16u
+#define GG_AR_AUTO_CHUNK_MIN (128u * 1024) /* elements: 512 KiB of float32 */
+uint32_t gg_ar_auto_chunk(enum gg_allreduce_algo algo, unsigned sites, uint64_t count, uint32_t max_chunk);
+
 #endif

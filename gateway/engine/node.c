@@ -84,6 +84,7 @@ struct mail {
 			float *result;
 			struct gg_feedback *feedback;
 			enum gg_allreduce_algo algo; /* direct or ring */
+			uint32_t chunk_elems;        /* the step's chunk */
 			uint64_t deadline_us, timeout_us;
 			void (*gather)(void *arg, uint64_t offset, uint64_t n);
 			void (*deliver)(void *arg, uint64_t offset, uint64_t n);
@@ -157,6 +158,7 @@ struct lane_job {
 	struct early *early;
 	/* the part in progress, when ar */
 	struct gg_ar_step *ar;
+	enum gg_allreduce_algo algo; /* and how it goes */
 	unsigned slot;
 	uint64_t seq;
 	struct gg_wire_step wstep;
@@ -260,6 +262,7 @@ struct job {
 	 * one done_seq's DONE carries again. */
 	struct gg_wire_plan using, plan, done_plan;
 	enum gg_allreduce_algo run_algo; /* of the step in progress or the last one */
+	uint32_t run_chunk;              /* and its chunk (elements) */
 	enum gg_allreduce_algo algo; /* the last one not a probe, and its elements */
 	uint64_t algo_count;
 	/* At the first site: each algorithm's latest steps, their sizes and
@@ -329,6 +332,11 @@ struct gg_node {
 	struct gg_frame_limits frame_limits;
 	size_t max_payload;
 	struct gg_buf_pool frames; /* frames sent and messages received, shared by the lanes */
+	/* Algorithm auto: the frames of chunks it cuts smaller (powers of two
+	 * from GG_AR_AUTO_CHUNK_MIN up to below chunk_elems, largest first),
+	 * linked from `frames` as its smaller pools. 2^17..2^23 elements
+	 * below the largest chunk_size (2^24). */
+	struct gg_buf_pool frame_classes[7];
 	/* lanes[0..nlanes-1] carry the data; lanes[nlanes] is the acceptor,
 	 * whose thread runs the handshakes of accepted connections. */
 	unsigned nlanes;
@@ -754,11 +762,18 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 		return; /* failed already */
 	if (ws->fingerprint != lj->wstep.fingerprint && ws->tensor_id == lj->wstep.tensor_id &&
 	    ws->count == lj->wstep.count && ws->dtype == lj->wstep.dtype) {
-		/* All else alike: the algorithm differs (auto, plans apart). */
+		/* All else alike: the algorithm differs (auto, plans apart), or
+		 * with the same one the chunks (auto's rule differs there). */
 		const bool peer_direct = id->phase == GG_AR_DIRECT;
-		part_fail(lj, GG_ERR_MISMATCH, "step %llu of job '%s': site %s runs it %s, this site %s",
-			  (unsigned long long)lj->wstep.step, lj->name, n->names[from], peer_direct ? "direct" : "by ring",
-			  peer_direct ? "by ring" : "direct");
+		if (peer_direct == (lj->algo == GG_ALLREDUCE_DIRECT))
+			part_fail(lj, GG_ERR_MISMATCH,
+				  "step %llu of job '%s': site %s cuts it in other chunks than this site "
+				  "(auto's rule differs there: another version of gradgate?)",
+				  (unsigned long long)lj->wstep.step, lj->name, n->names[from]);
+		else
+			part_fail(lj, GG_ERR_MISMATCH, "step %llu of job '%s': site %s runs it %s, this site %s",
+				  (unsigned long long)lj->wstep.step, lj->name, n->names[from],
+				  peer_direct ? "direct" : "by ring", peer_direct ? "by ring" : "direct");
 		return;
 	}
 	if (ws->fingerprint != lj->wstep.fingerprint) {
@@ -953,6 +968,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->slot = m->slot;
 	lj->seq = m->seq;
 	lj->wstep = m->u.start.wstep;
+	lj->algo = m->u.start.algo;
 	lj->deadline_us = m->u.start.deadline_us;
 	lj->timeout_us = m->u.start.timeout_us;
 	lj->gather = m->u.start.gather;
@@ -967,7 +983,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->start_ns = now_ns();
 
 	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = m->u.start.algo,
-				   .count = lj->wstep.count, .chunk_elems = n->chunk_elems, .enc = &ln->enc,
+				   .count = lj->wstep.count, .chunk_elems = m->u.start.chunk_elems, .enc = &ln->enc,
 				   .dec = &ln->dec, .feedback = m->u.start.feedback, .pool = &n->frames,
 				   .times = &lj->times, .part = ln->index, .parts = n->nlanes };
 	int rc = gg_ar_step_start(&lj->ar, &ac, m->u.start.input, m->u.start.result, &ar_ops, lj, why, sizeof(why));
@@ -2001,11 +2017,27 @@ static enum gg_allreduce_algo step_algo(const struct gg_node *n, const struct jo
 	return !j->using.has_plan || count <= j->using.direct_max ? GG_ALLREDUCE_DIRECT : GG_ALLREDUCE_RING;
 }
 
-/* Step st of job j goes by `algo`: logged for the job's first step, its
+/* The chunk of a step of `count` elements by `algo`: auto's choice
+ * (gg_ar_auto_chunk()), else the configured one. */
+static uint32_t step_chunk(const struct gg_node *n, enum gg_allreduce_algo algo, uint64_t count)
+{
+	if (n->cfg->allreduce.algorithm != GG_ALLREDUCE_AUTO)
+		return n->chunk_elems;
+	return gg_ar_auto_chunk(algo, n->sites, count, n->chunk_elems);
+}
+
+/* A chunk of `elems` elements in KiB of float32, as chunk_size counts it. */
+static unsigned chunk_kib(uint32_t elems)
+{
+	return (unsigned)((uint64_t)elems * sizeof(float) / 1024);
+}
+
+/* Step st of job j goes by `algo` in chunks of `chunk` elements: logged for the job's first step, its
  * first step by a plan, and when a step of the same size as the one
  * before goes otherwise (the plan changed; steps of sizes either side of
  * the threshold alternating are no news, nor a probe). */
-static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_step *st, enum gg_allreduce_algo algo)
+static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_step *st, enum gg_allreduce_algo algo,
+		      uint32_t chunk)
 {
 	const bool tell = !j->algo_told || (j->using.has_plan && !j->plan_told) ||
 			  (algo != j->algo && st->count == j->algo_count);
@@ -2022,9 +2054,9 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 	j->algo_told = true;
 	j->plan_told = j->using.has_plan;
 	if (!j->using.has_plan) {
-		gg_log(GG_LOG_INFO, "algorithm", "job=%s step=%llu algorithm=%s count=%llu reason=\"%s\"", j->name,
-		       (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
-		       "no plan yet: the links are measured as steps go direct");
+		gg_log(GG_LOG_INFO, "algorithm", "job=%s step=%llu algorithm=%s count=%llu chunk_kib=%u reason=\"%s\"",
+		       j->name, (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
+		       chunk_kib(chunk), "no plan yet: the links are measured as steps go direct");
 		return;
 	}
 	const struct gg_wire_links *l = &j->using.links;
@@ -2036,10 +2068,10 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 			 model_factor(n, j, GG_ALLREDUCE_DIRECT, eb, up, one_way),
 			 model_factor(n, j, GG_ALLREDUCE_RING, eb, up, one_way));
 	gg_log(GG_LOG_INFO, "algorithm",
-	       "job=%s step=%llu algorithm=%s count=%llu direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
+	       "job=%s step=%llu algorithm=%s count=%llu chunk_kib=%u direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
 	       "model_direct_ms=%.3f model_ring_ms=%.3f%s",
 	       j->name, (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
-	       (unsigned long long)j->using.direct_max, up * 8 / 1e6, l->rtt_us / 1e3,
+	       chunk_kib(chunk), (unsigned long long)j->using.direct_max, up * 8 / 1e6, l->rtt_us / 1e3,
 	       gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, st->count, eb, up, one_way) * 1e3,
 	       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, st->count, eb, up, one_way) * 1e3, factors);
 }
@@ -2099,11 +2131,12 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			       "start a new run under a new job name)", j->name,
 			    (unsigned long long)st->seq, (unsigned long long)j->last_seq);
 
-	enum gg_allreduce_algo algo = step_algo(n, j, st->count);
+	const enum gg_allreduce_algo algo = step_algo(n, j, st->count);
+	const uint32_t chunk = step_chunk(n, algo, st->count);
 	struct gg_wire_step ws = { .step = st->seq, .count = st->count, .tensor_id = st->tensor_id, .dtype = st->dtype };
 	snprintf(ws.job, sizeof(ws.job), "%s", st->job);
 	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)n->cfg->compression.codec,
-					     (uint32_t)n->cfg->compression.block_size, (uint8_t)algo);
+					     (uint32_t)n->cfg->compression.block_size, (uint8_t)algo, chunk);
 	struct gg_feedback *fb = NULL;
 	if (n->cfg->compression.error_feedback && gg_codec_is_lossy(n->cfg->compression.codec)) {
 		char fwhy[GG_NODE_ERROR_MAX - 64];
@@ -2112,7 +2145,8 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			return gg_errf(err, err_size, rc, "step %llu of job '%s': %s", (unsigned long long)st->seq,
 				       st->job, fwhy);
 	}
-	note_algo(n, j, st, algo);
+	note_algo(n, j, st, algo, chunk);
+	j->run_chunk = chunk;
 	const uint64_t now = gg_node_loop(n)->now_us;
 	j->step = st;
 	j->has_result = false;
@@ -2144,7 +2178,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
 			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb, .algo = algo,
-				       .deadline_us = j->deadline_us, .timeout_us = j->timeout_us,
+				       .chunk_elems = chunk, .deadline_us = j->deadline_us, .timeout_us = j->timeout_us,
 				       .gather = st->gather, .deliver = st->deliver, .arg = st->arg } };
 	/* A lane that never starts its part would leave the step without a
 	 * deadline: without memory for every start, the step fails now. */
@@ -2755,6 +2789,16 @@ void gg_node_test_set_plan(struct gg_node *n, const char *job, uint64_t direct_m
 		j->using = (struct gg_wire_plan){ .has_plan = true, .direct_max = direct_max };
 }
 
+uint32_t gg_node_test_step_chunk(struct gg_node *n, const char *job, enum gg_allreduce_algo *algo)
+{
+	struct job *j = find_job(n, job, false);
+
+	if (!j)
+		return 0;
+	*algo = j->run_algo;
+	return j->run_chunk;
+}
+
 void gg_node_test_drop_done(struct gg_node *n, unsigned peer)
 {
 	n->test_drop_done = peer + 1;
@@ -3104,6 +3148,25 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	n->max_payload = GG_WIRE_DATA_FIXED_BYTES + bound;
 	unsigned pool_max = (unsigned)GG_MIN((uint64_t)64, cfg->limits.memory_bytes / 16 / n->max_payload);
 	gg_buf_pool_init(&n->frames, n->max_payload, pool_max);
+	if (cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO) {
+		uint32_t c = GG_AR_AUTO_CHUNK_MIN;
+		while ((uint64_t)c * 2 < n->chunk_elems)
+			c *= 2;
+		struct gg_buf_pool *larger = &n->frames;
+		for (unsigned i = 0; i < GG_ARRAY_LEN(n->frame_classes) && c >= GG_AR_AUTO_CHUNK_MIN && c < n->chunk_elems;
+		     i++, c /= 2) {
+			struct gg_buf_pool *p = &n->frame_classes[i];
+			if ((rc = gg_frame_bound(&n->frame_cfg.codec, c, &bound))) {
+				gg_errf(err, err_size, -EINVAL, "frames of %u elements: %s", c, strerror(-rc));
+				goto fail;
+			}
+			gg_buf_pool_init(p, GG_WIRE_DATA_FIXED_BYTES + bound,
+					 (unsigned)GG_MIN((uint64_t)64, cfg->limits.memory_bytes / 16 /
+									(GG_WIRE_DATA_FIXED_BYTES + bound)));
+			larger->smaller = p;
+			larger = p;
+		}
+	}
 
 	n->hello = (struct gg_wire_hello){ .streams = (uint16_t)cfg->transport.streams_per_peer,
 					   .sites = (uint8_t)n->sites,

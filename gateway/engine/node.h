@@ -226,6 +226,9 @@ void gg_node_test_drop_done(struct gg_node *n, unsigned peer);
  * direct_max elements" (the job must exist here), as a site that forgot the job, or completed a
  * step the others failed, could hold a plan of its own. */
 void gg_node_test_set_plan(struct gg_node *n, const char *job, uint64_t direct_max);
+/* The chunk (elements) job's latest step here was cut in, and its
+ * algorithm; 0: no such job. */
+uint32_t gg_node_test_step_chunk(struct gg_node *n, const char *job, enum gg_allreduce_algo *algo);
 /* Tests: sends `peer` DATA of `bytes` arbitrary frame bytes for chunk
  * `chunk` of step `step` of `job` (1 float32 element), through lane 0's
  * window, as a peer ahead of this one or one that makes steps up would.

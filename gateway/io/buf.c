@@ -10,29 +10,36 @@ void gg_buf_pool_init(struct gg_buf_pool *p, size_t cap, unsigned max)
 
 void gg_buf_pool_trim(struct gg_buf_pool *p)
 {
-	pthread_mutex_lock(&p->lock);
-	struct gg_buf *b = p->free;
-	p->free = NULL;
-	p->count = 0;
-	pthread_mutex_unlock(&p->lock);
-	while (b) {
-		struct gg_buf *next = b->next_free;
-		free(b);
-		b = next;
+	for (; p; p = p->smaller) {
+		pthread_mutex_lock(&p->lock);
+		struct gg_buf *b = p->free;
+		p->free = NULL;
+		p->count = 0;
+		pthread_mutex_unlock(&p->lock);
+		while (b) {
+			struct gg_buf *next = b->next_free;
+			free(b);
+			b = next;
+		}
 	}
 }
 
 void gg_buf_pool_fini(struct gg_buf_pool *p)
 {
 	gg_buf_pool_trim(p);
-	pthread_mutex_destroy(&p->lock);
+	for (; p; p = p->smaller)
+		pthread_mutex_destroy(&p->lock);
 }
 
 unsigned gg_buf_pool_count(struct gg_buf_pool *p)
 {
-	pthread_mutex_lock(&p->lock);
-	unsigned n = p->count;
-	pthread_mutex_unlock(&p->lock);
+	unsigned n = 0;
+
+	for (; p; p = p->smaller) {
+		pthread_mutex_lock(&p->lock);
+		n += p->count;
+		pthread_mutex_unlock(&p->lock);
+	}
 	return n;
 }
 
@@ -40,6 +47,8 @@ struct gg_buf *gg_buf_new(struct gg_buf_pool *pool, size_t cap)
 {
 	struct gg_buf *b = NULL;
 
+	while (pool && pool->smaller && cap <= pool->smaller->cap)
+		pool = pool->smaller;
 	if (pool && cap <= pool->cap) {
 		pthread_mutex_lock(&pool->lock);
 		if ((b = pool->free)) {

@@ -407,7 +407,8 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	return 0;
 }
 
-uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint32_t block_elems, uint8_t algorithm)
+uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint32_t block_elems, uint8_t algorithm,
+			     uint32_t chunk_elems)
 {
 	uint8_t buf[GG_WIRE_NAME_MAX + 64];
 	struct writer w = { buf, buf + sizeof(buf), false };
@@ -421,6 +422,7 @@ uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint3
 	put_u8(&w, codec);
 	put_le(&w, block_elems, 4);
 	put_u8(&w, algorithm);
+	put_le(&w, chunk_elems, 4);
 	for (const uint8_t *p = buf; p < w.p; p++)
 		h = (h ^ *p) * 0x100000001b3ull;
 	return h;

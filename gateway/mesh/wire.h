@@ -57,7 +57,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 4
+#define GG_WIRE_VERSION 5
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
@@ -119,7 +119,7 @@ struct gg_wire_step {
 	uint64_t count;
 	uint32_t tensor_id;
 	uint8_t dtype;
-	uint64_t fingerprint; /* gg_wire_fingerprint() of the fields above, the codec and the algorithm */
+	uint64_t fingerprint; /* gg_wire_fingerprint() of the fields above, the codec, algorithm and chunk */
 };
 
 /* A site's links as it measured them: what its streams delivered per
@@ -175,10 +175,11 @@ struct gg_wire_msg {
 	} u;
 };
 
-/* A 64-bit FNV-1a over the step's identity and the codec settings: equal
- * at two sites exactly when they announce the same collective. */
+/* A 64-bit FNV-1a over the step's identity, the codec settings and how
+ * the step is cut and sent: equal at two sites exactly when they announce
+ * the same collective and would exchange the same chunks. */
 uint64_t gg_wire_fingerprint(const struct gg_wire_step *step, uint8_t codec, uint32_t block_elems,
-			     uint8_t algorithm);
+			     uint8_t algorithm, uint32_t chunk_elems);
 
 /* Reads a message header: 0 and *payload_bytes, or -EBADMSG (bad magic,
  * version or type) / -E2BIG (longer than max_payload_bytes) with err set. */

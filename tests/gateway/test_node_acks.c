@@ -107,7 +107,9 @@ static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, size_t *le
 
 	snprintf(ws.job, sizeof(ws.job), "acks");
 	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size,
-					     (uint8_t)cfg->allreduce.algorithm);
+					     (uint8_t)cfg->allreduce.algorithm,
+					     (uint32_t)(cfg->transport.chunk_bytes / sizeof(float)) /
+						     GG_CODEC_BLOCK_ALIGN_ELEMS * GG_CODEC_BLOCK_ALIGN_ELEMS);
 	for (unsigned i = 0; i < COUNT; i++)
 		x[i] = (float)i;
 	if (!msg || gg_frame_encoder_init(&enc, &fc)) {

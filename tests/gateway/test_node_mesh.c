@@ -53,6 +53,8 @@ struct scenario {
 	bool flood;           /* site 1 ignores site 0's budget (its own window is 1 GiB): DATA of steps that never
 			       * come, for one job and for 40 jobs, before the real steps */
 	int plan_split_step;  /* algorithm auto: site K-1's plan goes ring for every size before this step */
+	bool plan_all;        /* and every other site's too: the step goes by ring everywhere */
+	const char *chunk;    /* chunk_size; NULL: 256KiB. Set: each step's chunk at every site is checked */
 };
 
 struct site {
@@ -63,6 +65,8 @@ struct site {
 	float *input, *result;
 	float *results;       /* every step's result, for comparison */
 	int status[MAX_STEPS];
+	uint32_t chunk[MAX_STEPS]; /* the chunk each step was cut in */
+	enum gg_allreduce_algo algo[MAX_STEPS]; /* and its algorithm */
 	char message[MAX_STEPS][GG_NODE_ERROR_MAX];
 	bool done;
 	double seconds;
@@ -91,12 +95,12 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 
 	n += gg_test_site_toml(text, sizeof(text), k, sc->K, ports, 2 + k % 2, cert_dir);
 	n += (size_t)snprintf(text + n, sizeof(text) - n,
-			      "[transport]\nstreams_per_peer = 4\nchunk_size = \"256KiB\"\nstep_timeout = \"%s\"\n"
+			      "[transport]\nstreams_per_peer = 4\nchunk_size = \"%s\"\nstep_timeout = \"%s\"\n"
 			      "heartbeat_interval = \"%s\"\nheartbeat_timeout = \"%s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
 			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
 			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"%s\"\nmemory = \"%s\"\n",
-			      sc->freeze_site >= 0 ? "1s" : "20s", sc->freeze_site >= 0 ? "250ms" : "1s",
+			      sc->chunk ? sc->chunk : "256KiB", sc->freeze_site >= 0 ? "1s" : "20s", sc->freeze_site >= 0 ? "250ms" : "1s",
 			      sc->freeze_site >= 0 ? "3s" : "10s", sc->codec, sc->algo,
 			      sc->flood && k == 1 ? "1GiB" : "8MiB", sc->flood && k == 1 ? "4GiB" : "64MiB");
 	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, ports[0]);
@@ -237,7 +241,7 @@ static void *run_site(void *arg)
 			gg_node_test_drop_done(node, 1);
 		if ((int)t == sc->restart_step && s->index < 2)
 			gg_node_test_drop_done(node, 2);
-		if ((int)t == sc->plan_split_step && s->index == sc->K - 1)
+		if ((int)t == sc->plan_split_step && (sc->plan_all || s->index == sc->K - 1))
 			gg_node_test_set_plan(node, "mesh", 0);
 		if (gg_node_submit(node, &st, err, sizeof(err))) {
 			s->status[t - 1] = -EINVAL;
@@ -267,6 +271,7 @@ static void *run_site(void *arg)
 			return NULL;
 		}
 		CHECK(s->done, "site %u: step %u never finished", s->index, t);
+		s->chunk[t - 1] = gg_node_test_step_chunk(node, "mesh", &s->algo[t - 1]);
 		if ((int)t == sc->restart_step && s->index == 1) {
 			/* Site 2 holds the result and waits for this DONE, which
 			 * the new gateway cannot send: its restart must complete
@@ -375,7 +380,9 @@ static void run(const struct scenario *sc)
 	       sc->done_lost_step ? ", a DONE lost with its streams" : "", sc->end_after_lost ? ", then the job ends" : "",
 	       sc->flood ? ", a peer floods DATA of steps that never come" : "",
 	       sc->restart_step ? ", a site restarts between its DONE messages" : "",
-	       sc->plan_split_step ? ", a site's plan differs for a step" : "");
+	       !sc->plan_split_step ? ""
+	       : sc->plan_all       ? ", every site's plan goes ring for a step, chunks as auto cuts them"
+				    : ", a site's plan differs for a step");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -420,7 +427,7 @@ static void run(const struct scenario *sc)
 			printf("  site 0: %s\n", sites[0].message[t]);
 			continue;
 		}
-		if ((int)t + 1 == sc->plan_split_step) {
+		if ((int)t + 1 == sc->plan_split_step && !sc->plan_all) {
 			/* Fails everywhere as a mismatch that names both algorithms;
 			 * every site drops its plan, and the next step completes. */
 			for (unsigned k = 0; k < sc->K; k++)
@@ -434,6 +441,22 @@ static void run(const struct scenario *sc)
 		}
 		for (unsigned k = 0; k < sc->K; k++)
 			CHECK(sites[k].status[t] == 0, "site %u step %u: %s", k, t + 1, sites[k].message[t]);
+		if (sc->chunk) {
+			/* auto: a ring step of 1000003 elements over 3 sites has
+			 * shards of 333334, fewer than 16 chunks of 1 MiB: it goes in
+			 * 512 KiB ones (131072 elements); direct keeps 1 MiB. The
+			 * first step goes direct (no plan), the planned one by ring. */
+			for (unsigned k = 0; k < sc->K; k++) {
+				const bool ring = sites[k].algo[t] == GG_ALLREDUCE_RING;
+				CHECK(ring == ((int)t + 1 >= sc->plan_split_step) || (int)t + 1 > sc->plan_split_step,
+				      "site %u step %u went %s", k, t + 1, ring ? "by ring" : "direct");
+				CHECK(sites[k].algo[t] == sites[0].algo[t], "site %u step %u: another algorithm than site 0's",
+				      k, t + 1);
+				CHECK(sites[k].chunk[t] == (ring ? 131072u : 262144u),
+				      "site %u step %u (%s): chunk of %u elements", k, t + 1, ring ? "ring" : "direct",
+				      sites[k].chunk[t]);
+			}
+		}
 		const float *r0 = sites[0].results + t * sc->count;
 		for (unsigned k = 1; k < sc->K; k++)
 			CHECK(!memcmp(r0, sites[k].results + t * sc->count, sc->count * sizeof(float)),
@@ -473,35 +496,38 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false, 0 },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false, 0 },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false, 0 },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false, 0 },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false, 0, false, NULL },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false, 0 },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false, 0, false, NULL },
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false, 0 },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false, 0 },
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false, 0, false, NULL },
 		/* A DONE lost with every stream that carried it comes again. */
-		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false, 0 },
-		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false, 0 },
+		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false, 0, false, NULL },
+		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false, 0, false, NULL },
 		/* ... or its END, once the sender forgot the job, stands for it. */
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false, 0 },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false, 0, false, NULL },
 		/* A peer floods DATA for steps that never come. */
-		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true, 0 },
+		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true, 0, false, NULL },
 		/* A site crashes between its DONE messages, and restarts. */
-		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0 },
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0 },
+		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL },
 		/* algorithm auto, and a site whose plan went astray. */
-		{ 3, "fp32", "auto", 100000, 4, 0, false, false, -1, 0, false, 0, false, 2 },
+		{ 3, "fp32", "auto", 100000, 4, 0, false, false, -1, 0, false, 0, false, 2, false, NULL },
+		/* algorithm auto and 1 MiB chunks: step 2 by ring everywhere, in
+		 * the smaller chunks auto cuts it in, exact; the others direct. */
+		{ 3, "fp32", "auto", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 2, true, "1MiB" },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -510,7 +536,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false, 0 };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);

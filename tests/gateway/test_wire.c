@@ -66,7 +66,7 @@ int main(void)
 
 	struct gg_wire_step st = { .job = "train-7b", .step = 12, .count = 1000003, .tensor_id = 3,
 				   .dtype = GG_WIRE_BF16 };
-	st.fingerprint = gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING);
+	st.fingerprint = gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING, 262144);
 	struct gg_ar_chunk_id id = { GG_AR_GATHER, 2, 77 };
 	const char frame[] = "FRAMEBYTES";
 	n = gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, sizeof(frame));
@@ -84,11 +84,16 @@ int main(void)
 
 	struct gg_wire_step other = st;
 	other.count++;
-	CHECK(gg_wire_fingerprint(&other, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING) != st.fingerprint, "count changes the fingerprint");
-	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT4, 256, GG_ALLREDUCE_RING) != st.fingerprint,
+	CHECK(gg_wire_fingerprint(&other, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING, 262144) != st.fingerprint,
+	      "count changes the fingerprint");
+	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT4, 256, GG_ALLREDUCE_RING, 262144) != st.fingerprint,
 	      "codec changes the fingerprint");
-	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_DIRECT) != st.fingerprint,
+	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_DIRECT, 262144) != st.fingerprint,
 	      "the algorithm changes the fingerprint");
+	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING, 131072) != st.fingerprint,
+	      "the chunk changes the fingerprint");
+	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING, 262144) == st.fingerprint,
+	      "the same step, the same fingerprint");
 
 	n = gg_wire_encode_ack(buf, sizeof(buf), "train-7b", 12, &id);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.ack.step == 12 &&
@@ -181,7 +186,7 @@ int main(void)
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 4"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 5"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;

@@ -9,8 +9,12 @@
 # (which of the two wins for a large step on loopback, where the CPU sets
 # the pace, is up to the moment; a one-element step stays direct). Every
 # site logs the same choices at the same steps with the same figures, and
-# every step's result is exact and identical everywhere.
+# every step's result is exact and identical everywhere. With 1 MiB chunks
+# configured, the job's 4 MB steps go direct in 1 MiB chunks and by ring
+# in 512 KiB ones, the least auto cuts a ring step in, as the lines that
+# log a choice say (test_node_mesh checks the chunks the steps ran in).
 . "$(dirname "$0")/lib.sh"
+CHUNK=1MiB
 
 K=3
 ALGO=auto
@@ -26,16 +30,18 @@ choices() {
 run_ok big 1000000 1 40
 first=$(choices big 0)
 log "site-0 chose: $(tr '\n' '|' <<<"$first")"
-grep -q 'step=1 algorithm=direct count=1000000 reason="no plan yet: the links are measured as steps go direct"' <<<"$first" ||
+grep -q 'step=1 algorithm=direct count=1000000 chunk_kib=1024 reason="no plan yet: the links are measured as steps go direct"' <<<"$first" ||
 	fail "site-0 did not start job big direct, for want of a plan: $first"
-grep -Eq 'algorithm=(direct|ring) count=1000000 direct_up_to=[0-9]+ uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+ factor_direct=[0-9.]+ factor_ring=[0-9.]+$' "$(site_log 0)" ||
+grep -Eq 'algorithm=(direct|ring) count=1000000 chunk_kib=(1024|512) direct_up_to=[0-9]+ uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+ factor_direct=[0-9.]+ factor_ring=[0-9.]+$' "$(site_log 0)" ||
 	fail "site-0 logged no plan for job big with the figures behind it: $first"
 # The first eight steps once the links are measured warm them, direct.
-plan_step=$(grep -m1 -o 'step=[0-9]* algorithm=[a-z]* count=1000000 direct_up_to=' <<<"$first" | grep -o '[0-9]*' | head -1)
+plan_step=$(grep -m1 -o 'step=[0-9]* algorithm=[a-z]* count=1000000 chunk_kib=[0-9]* direct_up_to=' <<<"$first" | grep -o '[0-9]*' | head -1)
 [ "${plan_step:-0}" -ge 9 ] || fail "job big had a plan at step ${plan_step:-?}, before its links warmed up: $first"
 for ((i = 1; i < K; i++)); do
 	[ "$(choices big $i)" = "$first" ] || fail "site $i chose differently from site 0: $(choices big $i)"
 done
+! grep -Ev 'algorithm=direct count=1000000 chunk_kib=1024 |algorithm=ring count=1000000 chunk_kib=512 ' <<<"$first" ||
+	fail "job big's steps were not cut as auto cuts them (direct 1024 KiB, ring 512 KiB): $first"
 
 # A new job starts direct; its steps of one element stay direct (the
 # plan's line when it first comes says so), the same at every site.
