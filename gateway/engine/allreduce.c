@@ -724,7 +724,8 @@ uint64_t gg_ar_direct_max_scaled(unsigned sites, double elem_bytes, double uplin
 
 uint32_t gg_ar_auto_chunk(enum gg_allreduce_algo algo, unsigned sites, uint64_t count, uint32_t max_chunk)
 {
-	if (algo != GG_ALLREDUCE_RING || sites < 2 || max_chunk <= GG_AR_AUTO_CHUNK_MIN)
+	if (algo != GG_ALLREDUCE_RING || sites < 2 || max_chunk <= GG_AR_AUTO_CHUNK_MIN ||
+	    count / sites < (uint64_t)GG_AR_AUTO_CHUNKS_LEAST * GG_AR_AUTO_CHUNK_MIN)
 		return max_chunk;
 	const uint64_t want = count / sites / GG_AR_RING_CHUNKS_PER_SHARD;
 	if (want >= max_chunk)

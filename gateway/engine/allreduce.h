@@ -165,13 +165,16 @@ uint64_t gg_ar_direct_max_scaled(unsigned sites, double elem_bytes, double uplin
  * then gets `max_chunk` where that cuts its shards into at least that many
  * chunks, else the largest power of two that does, but never less than
  * GG_AR_AUTO_CHUNK_MIN (below it a chunk's own costs outweigh the
- * pipelining).
+ * pipelining). A shard too small for GG_AR_AUTO_CHUNKS_LEAST chunks of
+ * the least size keeps `max_chunk`: cutting it gained nothing at 1 Gbit/s
+ * and lost a third of the step at 100 Mbit/s (docs/design.md).
  * Direct, which sends every chunk to its final site at once, keeps
  * `max_chunk`. The result depends only on settings every site shares, so
- * every site cuts a step alike. Changing either constant changes how
+ * every site cuts a step alike. Changing any of these constants changes how
  * steps are cut: it needs a new GG_WIRE_VERSION. */
 #define GG_AR_RING_CHUNKS_PER_SHARD 16u
 #define GG_AR_AUTO_CHUNK_MIN (128u * 1024) /* elements: 512 KiB of float32 */
+#define GG_AR_AUTO_CHUNKS_LEAST 4u
 uint32_t gg_ar_auto_chunk(enum gg_allreduce_algo algo, unsigned sites, uint64_t count, uint32_t max_chunk);
 
 #endif

@@ -334,8 +334,8 @@ struct gg_node {
 	struct gg_buf_pool frames; /* frames sent and messages received, shared by the lanes */
 	/* Algorithm auto: the frames of chunks it cuts smaller (powers of two
 	 * from GG_AR_AUTO_CHUNK_MIN up to below chunk_elems, largest first),
-	 * linked from `frames` as its smaller pools. 2^17..2^23 elements
-	 * below the largest chunk_size (2^24). */
+	 * linked from `frames` as its smaller pools: 2^17..2^23 elements
+	 * below the largest chunk_size (64 MiB, 2^24 elements). */
 	struct gg_buf_pool frame_classes[7];
 	/* lanes[0..nlanes-1] carry the data; lanes[nlanes] is the acceptor,
 	 * whose thread runs the handshakes of accepted connections. */
@@ -3144,7 +3144,9 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	 * frame and its message head): enough for what the streams keep
 	 * queued (ar_may_encode), in flight and early, a few dozen megabytes
 	 * at the default chunk size and at most a sixteenth of [limits]
-	 * memory; an idle node lets them go. */
+	 * memory; an idle node lets them go. Under auto, the pools of the
+	 * smaller chunks hang off it, each kept to half the budget of the one
+	 * above, so that all of them keep less than an eighth. */
 	n->max_payload = GG_WIRE_DATA_FIXED_BYTES + bound;
 	unsigned pool_max = (unsigned)GG_MIN((uint64_t)64, cfg->limits.memory_bytes / 16 / n->max_payload);
 	gg_buf_pool_init(&n->frames, n->max_payload, pool_max);
@@ -3161,7 +3163,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 				goto fail;
 			}
 			gg_buf_pool_init(p, GG_WIRE_DATA_FIXED_BYTES + bound,
-					 (unsigned)GG_MIN((uint64_t)64, cfg->limits.memory_bytes / 16 /
+					 (unsigned)GG_MIN((uint64_t)64, (cfg->limits.memory_bytes / 16 >> (i + 1)) /
 									(GG_WIRE_DATA_FIXED_BYTES + bound)));
 			larger->smaller = p;
 			larger = p;

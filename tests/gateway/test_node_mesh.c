@@ -442,9 +442,10 @@ static void run(const struct scenario *sc)
 		for (unsigned k = 0; k < sc->K; k++)
 			CHECK(sites[k].status[t] == 0, "site %u step %u: %s", k, t + 1, sites[k].message[t]);
 		if (sc->chunk) {
-			/* auto: a ring step of 1000003 elements over 3 sites has
-			 * shards of 333334, fewer than 16 chunks of 1 MiB: it goes in
-			 * 512 KiB ones (131072 elements); direct keeps 1 MiB. The
+			/* auto: a ring step of 2000003 elements over 3 sites has
+			 * shards of about 666667, fewer than 16 chunks of 1 MiB and
+			 * more than four of 512 KiB: it goes in 512 KiB ones (131072
+			 * elements); direct keeps 1 MiB. The
 			 * first step goes direct (no plan), the planned one by ring. */
 			for (unsigned k = 0; k < sc->K; k++) {
 				const bool ring = sites[k].algo[t] == GG_ALLREDUCE_RING;
@@ -527,7 +528,7 @@ int main(int argc, char **argv)
 		{ 3, "fp32", "auto", 100000, 4, 0, false, false, -1, 0, false, 0, false, 2, false, NULL },
 		/* algorithm auto and 1 MiB chunks: step 2 by ring everywhere, in
 		 * the smaller chunks auto cuts it in, exact; the others direct. */
-		{ 3, "fp32", "auto", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 2, true, "1MiB" },
+		{ 3, "fp32", "auto", 2000003, 3, 0, false, false, -1, 0, false, 0, false, 2, true, "1MiB" },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
