@@ -157,7 +157,16 @@ static void flood(struct gg_node *node, unsigned index)
 		printf("  site 0 held at most %llu bytes of early frames (budget %llu), refused %llu frames\n",
 		       (unsigned long long)most, (unsigned long long)limit, (unsigned long long)st->early_refused);
 		CHECK(most > (4u << 20) && most <= limit, "site 0 held %llu bytes of early frames", (unsigned long long)most);
-		CHECK(st->early_refused > 0, "nothing was refused");
+		/* Refusals need the whole flood here. In about one run in five
+		 * some 20 of its frames do not arrive within the 30 s (at 2542359
+		 * too); the bound above holds either way, and the refusal is
+		 * checked where the flood came whole. */
+		const uint64_t frame = (200u << 10) + 256;
+		if (!st->early_refused && most + 2 * frame < limit)
+			printf("  site 0: the flood stopped short of the budget (%llu bytes): no refusal to check\n",
+			       (unsigned long long)most);
+		else
+			CHECK(st->early_refused > 0, "nothing was refused");
 		/* Lane 0's job table is full of jobs that never started here: a
 		 * job starting here takes one of their entries. It times out
 		 * (site 1 never joins), but it must get that far. */
