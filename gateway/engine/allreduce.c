@@ -735,3 +735,16 @@ uint32_t gg_ar_auto_chunk(enum gg_allreduce_algo algo, unsigned sites, uint64_t 
 		chunk *= 2;
 	return chunk;
 }
+
+unsigned gg_ar_auto_chunk_sizes(uint32_t max_chunk, uint32_t *sizes, unsigned n)
+{
+	if (max_chunk <= GG_AR_AUTO_CHUNK_MIN)
+		return 0;
+	uint32_t chunk = GG_AR_AUTO_CHUNK_MIN;
+	while (2 * (uint64_t)chunk < max_chunk)
+		chunk *= 2;
+	unsigned k = 0;
+	for (; k < n && chunk >= GG_AR_AUTO_CHUNK_MIN; chunk /= 2)
+		sizes[k++] = chunk;
+	return k;
+}

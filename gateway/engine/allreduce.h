@@ -176,5 +176,10 @@ uint64_t gg_ar_direct_max_scaled(unsigned sites, double elem_bytes, double uplin
 #define GG_AR_AUTO_CHUNK_MIN (128u * 1024) /* elements: 512 KiB of float32 */
 #define GG_AR_AUTO_CHUNKS_LEAST 4u
 uint32_t gg_ar_auto_chunk(enum gg_allreduce_algo algo, unsigned sites, uint64_t count, uint32_t max_chunk);
+/* The chunks other than `max_chunk` that gg_ar_auto_chunk() may pick,
+ * largest first: writes up to `n` of them into sizes[] and returns how
+ * many it wrote (0 when it never cuts below max_chunk). A node keeps a
+ * buffer pool for each. */
+unsigned gg_ar_auto_chunk_sizes(uint32_t max_chunk, uint32_t *sizes, unsigned n);
 
 #endif

@@ -3151,12 +3151,11 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	unsigned pool_max = (unsigned)GG_MIN((uint64_t)64, cfg->limits.memory_bytes / 16 / n->max_payload);
 	gg_buf_pool_init(&n->frames, n->max_payload, pool_max);
 	if (cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO) {
-		uint32_t c = GG_AR_AUTO_CHUNK_MIN;
-		while ((uint64_t)c * 2 < n->chunk_elems)
-			c *= 2;
+		uint32_t sizes[GG_ARRAY_LEN(n->frame_classes)];
+		unsigned classes = gg_ar_auto_chunk_sizes(n->chunk_elems, sizes, GG_ARRAY_LEN(sizes));
 		struct gg_buf_pool *larger = &n->frames;
-		for (unsigned i = 0; i < GG_ARRAY_LEN(n->frame_classes) && c >= GG_AR_AUTO_CHUNK_MIN && c < n->chunk_elems;
-		     i++, c /= 2) {
+		for (unsigned i = 0; i < classes; i++) {
+			const uint32_t c = sizes[i];
 			struct gg_buf_pool *p = &n->frame_classes[i];
 			if ((rc = gg_frame_bound(&n->frame_cfg.codec, c, &bound))) {
 				gg_errf(err, err_size, -EINVAL, "frames of %u elements: %s", c, strerror(-rc));

@@ -540,6 +540,15 @@ static void check_auto_chunk(void)
 	CHECK(gg_ar_auto_chunk(GG_ALLREDUCE_RING, 3, 1u << 30, 250000) == 250000, "not a power of two, large step: kept");
 	CHECK(gg_ar_auto_chunk(GG_ALLREDUCE_RING, 3, 4u << 20, 250000) == mib / 2, "not a power of two, small step");
 	CHECK(gg_ar_auto_chunk(GG_ALLREDUCE_RING, 8, UINT64_MAX, mib) == mib, "the largest step");
+	/* The chunks below the configured one, for the pools a node keeps. */
+	uint32_t sizes[8];
+	CHECK(gg_ar_auto_chunk_sizes(mib, sizes, 8) == 1 && sizes[0] == mib / 2, "below 1 MiB: 512 KiB alone");
+	CHECK(gg_ar_auto_chunk_sizes(16 * mib, sizes, 8) == 5 && sizes[0] == 8 * mib && sizes[4] == mib / 2,
+	      "below 16 MiB: 8 MiB down to 512 KiB");
+	CHECK(gg_ar_auto_chunk_sizes(200000, sizes, 8) == 1 && sizes[0] == mib / 2, "below 200000: 512 KiB");
+	CHECK(gg_ar_auto_chunk_sizes(mib / 2, sizes, 8) == 0, "512 KiB: nothing below");
+	CHECK(gg_ar_auto_chunk_sizes(64 * mib, sizes, 2) == 2 && sizes[0] == 32 * mib && sizes[1] == 16 * mib,
+	      "at most n, the largest first");
 	/* Over every size: the configured chunk where a shard holds 16 of
 	 * them, or fewer than four of the least (or the configured one is no
 	 * larger than the least), else a power of two that
@@ -558,7 +567,12 @@ static void check_auto_chunk(void)
 				const bool rule = as_configured ? c == max
 								: (c & (c - 1)) == 0 && c >= GG_AR_AUTO_CHUNK_MIN && c < max &&
 									  (c == GG_AR_AUTO_CHUNK_MIN || want >= c) && want < 2 * (uint64_t)c;
-				if (!rule || c % GG_CODEC_BLOCK_ALIGN_ELEMS) {
+				uint32_t listed_sizes[32];
+				const unsigned classes = gg_ar_auto_chunk_sizes(max, listed_sizes, 32);
+				bool listed = c == max;
+				for (unsigned i = 0; i < classes; i++)
+					listed |= listed_sizes[i] == c;
+				if (!rule || !listed || c % GG_CODEC_BLOCK_ALIGN_ELEMS) {
 					CHECK(false, "max %u, %u sites, %llu elements: chunk %u", max, K,
 					      (unsigned long long)count, c);
 					return;

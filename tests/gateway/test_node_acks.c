@@ -29,6 +29,10 @@
  * The ABORT's reason holds a double quote and words that read like a key:
  * s1's log line for it keeps them inside the reason's value, escaped.
  *
+ * And DATA whose step fingerprint differs from this site's in the chunk
+ * size alone (two builds whose auto rules differ): the step fails as a
+ * mismatch that says the peer cuts it in other chunks.
+ *
  * And the steps a node refuses, each with its own errno and a message
  * that names the limit: a tensor past [limits] max_message as the ranks
  * hold it (bfloat16 counts 2 bytes an element, float32 4), a job past the
@@ -85,17 +89,29 @@ static void on_sent(void *arg, unsigned peer, unsigned stream, const uint8_t *he
 	s->acks++;
 }
 
+struct outcome {
+	bool done;
+	int status;
+	char message[GG_NODE_ERROR_MAX];
+};
+
 static void on_done(void *arg, struct gg_node_step *st, int status, const char *message)
 {
-	(void)arg;
+	struct outcome *o = arg;
+
 	(void)st;
-	(void)status;
-	(void)message;
+	if (!o)
+		return;
+	o->done = true;
+	o->status = status;
+	snprintf(o->message, sizeof(o->message), "%s", message ? message : "");
 }
 
 /* DATA of step `step` for chunk 0 of a COUNT-element fp32 tensor, as s0
- * sends it: *len bytes at the returned buffer (free it). */
-static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, size_t *len)
+ * sends it: *len bytes at the returned buffer (free it). s0 cuts the step
+ * in chunks of `chunk_elems` elements (0: as the configuration says, as
+ * this site does). */
+static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, uint32_t chunk_elems, size_t *len)
 {
 	struct gg_wire_step ws = { .step = step, .count = COUNT, .tensor_id = 7, .dtype = GG_WIRE_F32 };
 	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = 0, .chunk = 0 };
@@ -106,10 +122,11 @@ static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, size_t *le
 	float x[COUNT];
 
 	snprintf(ws.job, sizeof(ws.job), "acks");
+	if (!chunk_elems)
+		chunk_elems = (uint32_t)(cfg->transport.chunk_bytes / sizeof(float)) / GG_CODEC_BLOCK_ALIGN_ELEMS *
+			      GG_CODEC_BLOCK_ALIGN_ELEMS;
 	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size,
-					     (uint8_t)cfg->allreduce.algorithm,
-					     (uint32_t)(cfg->transport.chunk_bytes / sizeof(float)) /
-						     GG_CODEC_BLOCK_ALIGN_ELEMS * GG_CODEC_BLOCK_ALIGN_ELEMS);
+					     (uint8_t)cfg->allreduce.algorithm, chunk_elems);
 	for (unsigned i = 0; i < COUNT; i++)
 		x[i] = (float)i;
 	if (!msg || gg_frame_encoder_init(&enc, &fc)) {
@@ -140,7 +157,7 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 {
 	uint8_t abort_msg[512];
 	size_t len = 0;
-	uint8_t *data = make_data(cfg, 1, &len);
+	uint8_t *data = make_data(cfg, 1, 0, &len);
 	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, (uint8_t)-GG_ERR_CLOSED,
 					  "the gateway of site s0 is \"shutting down\" event=forged site=s9");
 	FILE *log = tmpfile();
@@ -226,7 +243,7 @@ static void run_refusals(struct gg_node *node)
 	      err);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, REFUSALS };
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, CHUNKS, REFUSALS };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -243,6 +260,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[ONE_COPY] = "one copy on one stream",
 		[LATE_COPY] = "the copy sent again comes first, the first copy late on a stream then cut",
 		[AFTER_ABORT] = "DATA after the ABORT of its step",
+		[CHUNKS] = "DATA of a site that cuts the step in other chunks",
 		[REFUSALS] = "steps refused, each saying why",
 	};
 	printf("%s\n", title[what]);
@@ -262,7 +280,9 @@ static void run(const char *cert_dir, enum scenario what)
 		gg_config_free(&cfg);
 		return;
 	}
-	uint8_t *data = make_data(&cfg, 1, &len);
+	/* Under CHUNKS s0 cuts the step in half the chunks this site does. */
+	uint8_t *data = make_data(&cfg, 1, what == CHUNKS ? (uint32_t)(cfg.transport.chunk_bytes / sizeof(float) / 2) : 0,
+				  &len);
 	CHECK(data, "cannot make DATA");
 	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, &sent) == 0, "open stream 0");
 	CHECK(gg_node_test_open_stream(node, 0, 1, 42, on_sent, &sent) == 0, "open stream 1");
@@ -289,11 +309,22 @@ static void run(const char *cert_dir, enum scenario what)
 	      sent.acks);
 
 	float input[COUNT] = { 0 }, result[COUNT];
+	struct outcome outcome = { 0 };
 	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
-				   .result = result, .done = on_done };
+				   .result = result, .done = on_done, .arg = &outcome };
 	snprintf(st.job, sizeof(st.job), "acks");
 	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
 	turns(node, 10);
+	if (what == CHUNKS) {
+		printf("  %s\n", outcome.message);
+		CHECK(outcome.done && outcome.status == GG_ERR_MISMATCH &&
+			      strstr(outcome.message, "step 1 of job 'acks': site s0 cuts it in other chunks than this "
+						      "site"),
+		      "a step cut in other chunks by the peer: done %d, status %d: %s", outcome.done, outcome.status,
+		      outcome.message);
+	} else {
+		CHECK(!outcome.done, "step 1 ended with s0's frame alone: %d %s", outcome.status, outcome.message);
+	}
 	CHECK(sent.acks == 1, "%u ACKs of the kept frame, not 1", sent.acks);
 	if (sent.acks >= 1)
 		CHECK(sent.ack[0].stream == 1 && sent.ack[0].step == 1 && sent.ack[0].id.origin == 0 &&
@@ -322,6 +353,7 @@ int main(int argc, char **argv)
 	run(argv[1], ONE_COPY);
 	run(argv[1], LATE_COPY);
 	run(argv[1], AFTER_ABORT);
+	run(argv[1], CHUNKS);
 	run(argv[1], REFUSALS);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
