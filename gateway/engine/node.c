@@ -58,7 +58,7 @@ enum mail_type {
 	M_RESTARTED,    /* lane -> coordinator: a peer came back with a new instance */
 	M_STREAM_READY, /* lane -> coordinator: a stream to a peer is up */
 	M_STREAM_DOWN,  /* lane -> coordinator: a stream to a peer went down, and why */
-	M_FORGET_JOB,   /* coordinator -> lane: the job is over everywhere; forget it */
+	M_FORGET_JOB,   /* coordinator -> lane: the job ended here, or at a site where it never ran here; forget it */
 	M_DATA,         /* lane -> lane: DATA for a chunk of the receiver's */
 	M_ACK,          /* lane -> lane: an ACK for DATA the receiver may hold */
 	M_ACK_SEND,     /* lane -> lane: acknowledge DATA that came on the receiver's stream */
@@ -77,6 +77,8 @@ struct mail {
 	struct gg_mesh_via via;
 	int code;
 	bool forget;          /* M_END: the step failed; unsent DATA of it goes */
+	uint32_t sites;       /* M_FORGET_JOB: the sites, by bit, whose frames of the job still on the way are
+			       * let go when they come (the job ended there or here) */
 	union {
 		struct {      /* M_START */
 			struct gg_wire_step wstep;
@@ -151,6 +153,12 @@ struct lane_job {
 	 * their DATA, sent on a stream other than the ABORT's and so maybe
 	 * after it, is acknowledged and let go at once. */
 	uint64_t forgot_lo, forgot_hi;
+	/* Sites, by bit, where the job ended (END), or every site when it ended
+	 * here, since it last ran here: frames of it they sent before that
+	 * and that come after are acknowledged and let go, all but those of
+	 * step 1 (a new run there), which also clears the site's bit. A step
+	 * starting here clears them all. */
+	uint32_t ended_by;
 	uint64_t rerun_us;   /* when the coordinator last heard of a step 1 again (M_RERUN) */
 	/* When a step last started or ended here, or early DATA last came:
 	 * the lane's `touches` then, so no two entries tie. */
@@ -505,12 +513,14 @@ static bool early_only_from(const struct lane_job *lj, unsigned from)
 }
 
 /* lane_job_find()'s `from` for an entry that takes only a free or idle
- * slot, never one holding early frames. */
+ * slot, never one holding early frames; and for one that takes only a
+ * free slot. */
 #define LANE_JOB_NO_EVICT (-2)
+#define LANE_JOB_FREE_ONLY (-3)
 
 /* The entry of job `name`, or with `create` a new one for it. `from` is the
  * peer whose DATA asks for it, -1 for a step that starts here, or
- * LANE_JOB_NO_EVICT. */
+ * LANE_JOB_NO_EVICT or LANE_JOB_FREE_ONLY. */
 static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create, int from)
 {
 	struct lane_job *free_slot = NULL;
@@ -522,7 +532,7 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		if (!lj->used && !free_slot)
 			free_slot = lj;
 	}
-	if (!create)
+	if (!create || (!free_slot && from == LANE_JOB_FREE_ONLY))
 		return NULL;
 	if (!free_slot) {
 		/* A lane learns of no job's end: it takes back the entry idle
@@ -904,6 +914,15 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 		       ws->job);
 		return 0;
 	}
+	if (lj->ended_by & (1u << from)) {
+		if (ws->step != 1) {
+			/* Of a run that ended: nobody needs it, and kept it would
+			 * hold memory and the sender's window for good. */
+			lane_ack(ln, via_lane, via, ws->job, ws->step, &m->u.data.id);
+			return 0;
+		}
+		lj->ended_by &= ~(1u << from);
+	}
 	if (lj->ar && ws->step == lj->seq) {
 		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
 		return 0;
@@ -965,6 +984,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 		return;
 	}
 	part_free(lj);
+	lj->ended_by = 0;
 	lj->slot = m->slot;
 	lj->seq = m->seq;
 	lj->wstep = m->u.start.wstep;
@@ -1053,9 +1073,13 @@ static void lane_forget(struct lane *ln, const struct mail *m)
 
 /* The job is over: its early frames are acknowledged and let go, and its
  * name may start a new run. */
-static void lane_forget_job(struct lane *ln, const char *job)
+static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 {
-	struct lane_job *lj = lane_job_find(ln, job, false, -1);
+	/* Its entry stays to let go what `sites` sent of it that is still on
+	 * the way (other streams than the END's). A lane that holds none
+	 * takes a free one for that, never another job's: a run of ENDs
+	 * would otherwise push out the entries of the ENDs before. */
+	struct lane_job *lj = lane_job_find(ln, job, sites != 0, LANE_JOB_FREE_ONLY);
 
 	/* Its frames that no stream has taken yet would only be dropped by
 	 * the peers. */
@@ -1063,7 +1087,15 @@ static void lane_forget_job(struct lane *ln, const char *job)
 	if (!lj || lj->ar)
 		return;
 	drop_early(lj, 0, UINT64_MAX);
+	uint32_t ended_by = lj->ended_by | sites;
 	memset(lj, 0, sizeof(*lj));
+	if (!ended_by)
+		return;
+	lj->lane = ln;
+	lj->used = true;
+	lj->touched = ++ln->touches;
+	lj->ended_by = ended_by;
+	snprintf(lj->name, sizeof(lj->name), "%s", job);
 }
 
 /* ---- a lane's mesh -------------------------------------------------------- */
@@ -1203,7 +1235,7 @@ static void lane_mail(struct lane *ln)
 			lane_forget(ln, m);
 			break;
 		case M_FORGET_JOB:
-			lane_forget_job(ln, m->u.job);
+			lane_forget_job(ln, m->u.job, m->sites);
 			break;
 		case M_SEND:
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
@@ -2303,7 +2335,7 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	if (!j) {
 		/* None of its steps can complete anywhere now: the frames peers
 		 * sent ahead for it are let go (and acknowledged). */
-		struct mail f = { .base.type = M_FORGET_JOB };
+		struct mail f = { .base.type = M_FORGET_JOB, .sites = 1u << from };
 		snprintf(f.u.job, sizeof(f.u.job), "%s", m->u.end.job);
 		post_lanes(n, &f, 0);
 		return;
@@ -2914,7 +2946,7 @@ void gg_node_end_job(struct gg_node *n, const char *job)
 	for (unsigned i = 0; i < n->feedback_count; i++)
 		if (!strcmp(n->feedback[i]->job, job))
 			feedback_drop(n, i--);
-	struct mail f = { .base.type = M_FORGET_JOB };
+	struct mail f = { .base.type = M_FORGET_JOB, .sites = (uint32_t)((1ull << n->sites) - 1) };
 	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
 	post_lanes(n, &f, 0);
 	if (j)

@@ -29,6 +29,15 @@
  * The ABORT's reason holds a double quote and words that read like a key:
  * s1's log line for it keeps them inside the reason's value, escaped.
  *
+ * And DATA of a job that ended at its sender: s1 never ran the job, and
+ * keeps s0's frame of step 2 until s0's END comes, then lets it go. The
+ * frames s0 had sent before its END on other streams come after it:
+ *
+ *   1. DATA for step 2 on stream 0: kept, not acknowledged
+ *   2. END of the job on stream 0: the frame is let go and acknowledged
+ *   3. DATA for step 3 on stream 1: acknowledged at once, not kept
+ *   4. DATA for step 1 on stream 1: a new run of the job there, kept
+ *
  * And DATA whose step fingerprint differs from this site's in the chunk
  * size alone (two builds whose auto rules differ): the step fails as a
  * mismatch that says the peer cuts it in other chunks.
@@ -197,6 +206,47 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 	free(data);
 }
 
+/* s0 ended job "acks", which never ran here, with frames on the way. */
+static void run_after_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	uint8_t end_msg[512];
+	size_t len[3] = { 0 };
+	uint8_t *data[3] = { make_data(cfg, 2, 0, &len[0]), make_data(cfg, 3, 0, &len[1]), make_data(cfg, 1, 0, &len[2]) };
+	ssize_t el = gg_wire_encode_end(end_msg, sizeof(end_msg), "acks", 1, 1, (uint8_t)-GG_ERR_RANK,
+					"its ranks at site s0 are gone");
+
+	CHECK(data[0] && data[1] && data[2] && el > 0, "cannot make DATA and END");
+	if (data[0] && data[1] && data[2] && el > 0) {
+		CHECK(gg_node_test_receive(node, 0, 0, data[0], len[0]) == 0, "DATA of step 2 on stream 0");
+		turns(node, 3);
+		CHECK(sent->acks == 0 && gg_node_stats(node)->early_bytes > 0,
+		      "DATA of step 2, which has not started here: %u ACKs, %llu bytes kept; want 0 and the frame",
+		      sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
+		CHECK(gg_node_test_receive(node, 0, 0, end_msg, (size_t)el) == 0, "END on stream 0");
+		turns(node, 5);
+		CHECK(sent->acks == 1 && gg_node_stats(node)->early_bytes == 0,
+		      "after the END: %u ACKs, %llu bytes kept; want the frame let go and acknowledged", sent->acks,
+		      (unsigned long long)gg_node_stats(node)->early_bytes);
+		CHECK(gg_node_test_receive(node, 0, 1, data[1], len[1]) == 0, "DATA of step 3 on stream 1");
+		turns(node, 3);
+		CHECK(sent->acks == 2 && gg_node_stats(node)->early_bytes == 0,
+		      "DATA of the ended job after its END: %u ACKs, %llu bytes kept; want it acknowledged at once and "
+		      "not kept (else it holds memory and the sender's window for good)", sent->acks,
+		      (unsigned long long)gg_node_stats(node)->early_bytes);
+		if (sent->acks == 2)
+			CHECK(sent->ack[1].stream == 1 && sent->ack[1].step == 3,
+			      "the ACK went on stream %u for step %llu, not on stream 1 for step 3", sent->ack[1].stream,
+			      (unsigned long long)sent->ack[1].step);
+		CHECK(gg_node_test_receive(node, 0, 1, data[2], len[2]) == 0, "DATA of step 1 on stream 1");
+		turns(node, 3);
+		CHECK(sent->acks == 2 && gg_node_stats(node)->early_bytes > 0,
+		      "step 1 of a new run of the job: %u ACKs, %llu bytes kept; want it kept, not acknowledged",
+		      sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
+	}
+	for (int i = 0; i < 3; i++)
+		free(data[i]);
+}
+
 /* Submits step 1 of `job`; returns what gg_node_submit() did. */
 static int submit(struct gg_node *node, struct gg_node_step *st, const char *job, uint64_t count, uint8_t dtype,
 		  float *mem, char *err, size_t err_size)
@@ -243,7 +293,7 @@ static void run_refusals(struct gg_node *node)
 	      err);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, CHUNKS, REFUSALS };
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, CHUNKS, REFUSALS };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -260,6 +310,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[ONE_COPY] = "one copy on one stream",
 		[LATE_COPY] = "the copy sent again comes first, the first copy late on a stream then cut",
 		[AFTER_ABORT] = "DATA after the ABORT of its step",
+		[AFTER_END] = "DATA of a job that ended at its sender, after its END",
 		[CHUNKS] = "DATA of a site that cuts the step in other chunks",
 		[REFUSALS] = "steps refused, each saying why",
 	};
@@ -293,6 +344,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == REFUSALS) {
 		run_refusals(node);
+		goto out;
+	}
+	if (what == AFTER_END) {
+		run_after_end(node, &cfg, &sent);
 		goto out;
 	}
 	if (data) {
@@ -353,6 +408,7 @@ int main(int argc, char **argv)
 	run(argv[1], ONE_COPY);
 	run(argv[1], LATE_COPY);
 	run(argv[1], AFTER_ABORT);
+	run(argv[1], AFTER_END);
 	run(argv[1], CHUNKS);
 	run(argv[1], REFUSALS);
 	printf("node acks: %d failure(s)\n", failures);
