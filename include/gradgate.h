@@ -15,8 +15,9 @@
  *
  * Errors: every function that can fail returns 0 or a negative code from
  * enum gg_errc, and fills `err` (when not NULL) with the code and a message
- * naming what failed, e.g. "step 12 (tensor 3): site eu-west: peer gateway
- * closed the connection". On success err->code is 0 and err->message "".
+ * naming what failed, e.g. "step 12 (tensor 3): step 12 of job 'train':
+ * site eu-west is unreachable: ...". On success err->code is 0 and
+ * err->message "".
  *
  * Threads: a session and its requests must be used by one thread at a time;
  * separate sessions are independent. The library installs no signal
@@ -36,7 +37,13 @@ extern "C" {
 
 /* Element types. Sums are computed in float32: bfloat16 inputs are widened
  * exactly, and the result is rounded back to bfloat16 once, to nearest
- * even. */
+ * even. What crosses between sites is each site's float32 sum as the
+ * gateways' [compression] codec encodes it: with codec "fp32" nothing is
+ * lost between sites, and the result is the float32 sum of the site sums
+ * (in an order the all-reduce algorithm sets); the default,
+ * "bf16-split", and the other codecs carry fewer bits of each site sum, so
+ * results may differ from it within the codec's bound (docs/codecs.md).
+ * Every rank of every site gets the same bytes whatever the codec. */
 enum gg_dtype {
 	GG_DTYPE_F32 = 1,
 	GG_DTYPE_BF16 = 2,
@@ -76,7 +83,9 @@ struct gg_request;
 
 /* The user, besides root, this process's own user and the owner of the
  * control socket's folder, whose process gg_session_open() accepts as the
- * gateway: a number or a user name. */
+ * gateway: a number or a user name. A value that is neither fails
+ * gg_session_open() with GG_ERR_INVALID whoever listens: a typo there is
+ * not taken for "trust nobody more". */
 #define GG_GATEWAY_UID_ENV "GRADGATE_GATEWAY_UID"
 
 /* Opens a session for rank `rank` of the `nranks` ranks of job `job`.
@@ -102,10 +111,16 @@ struct gg_request;
  * may have taken the path before the gateway (a shared /tmp), and is
  * refused with GG_ERR_CONNECT naming its uid.
  *
- * Blocks until the gateway accepts or refuses, at most 10 seconds. The
+ * The call itself refuses (GG_ERR_INVALID) a bad job name, nranks outside
+ * 1..4096 and a rank outside 0..nranks-1, before it connects.
+ *
+ * Blocks until the gateway accepts or refuses, at most 10 seconds from the
+ * call, connecting included: GG_ERR_TIMEOUT when the gateway has not
+ * answered by then, GG_ERR_CLOSED when it closed the connection without
+ * an answer, GG_ERR_CONNECT when there is no gateway to connect to. The
  * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it
- * does not speak, a rank out of range, a rank already connected, an
- * nranks different from what the job's first rank said, a process running
+ * does not speak, a rank already connected, an nranks different from what
+ * the job's first rank said or above its max_clients, a process running
  * as another user than the job's first rank, a job that failed and still
  * has ranks connected, and connections beyond its max_clients. */
 GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
@@ -144,7 +159,10 @@ GRADGATE_API int gg_session_get_info(const struct gg_session *s, struct gg_sessi
  *
  * Fails with GG_ERR_LIMIT when the session holds max_buffers already,
  * GG_ERR_TOO_LARGE above max_message_bytes, GG_ERR_NOMEM / GG_ERR_SYSTEM
- * when the memory cannot be had, or the session's error once it failed. */
+ * when the memory cannot be had here, or the session's error once it
+ * failed. The gateway maps the buffer without an answer; should it fail
+ * to (out of memory there), it ends the session with GG_ERR_NOMEM, which
+ * the session's next call returns. */
 GRADGATE_API int gg_buffer_alloc(struct gg_session *s, size_t bytes, void **out, struct gg_error *err);
 
 /* Gives a shared buffer back. `buf` is what gg_buffer_alloc() returned
@@ -185,7 +203,8 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  * before anything is sent (GG_ERR_INVALID, GG_ERR_TOO_LARGE, GG_ERR_BUSY)
  * uses no number, so the ranks stay in step. A failed step does not break
  * the session unless the connection is lost (GG_ERR_CLOSED,
- * GG_ERR_PROTOCOL, or the timeout above): later calls then return that
+ * GG_ERR_PROTOCOL, or the timeout above) or the gateway ends the session
+ * (it could not map a buffer: GG_ERR_NOMEM): later calls then return that
  * same error. */
 GRADGATE_API int gg_allreduce(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype,
 			      uint32_t tensor_id, int timeout_ms, struct gg_error *err);
@@ -233,16 +252,20 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
  *            So free such an allocation (cudaFree) only once the session
  *            is closed: CUDA leaves freeing memory that another process
  *            has open undefined, and gg_session_close() returns once the
- *            gateway let go of them. (PyTorch's allocator keeps what it
+ *            gateway let go of them, when no step of the session is still
+ *            in flight (see there). (PyTorch's allocator keeps what it
  *            frees cached; torch.cuda.empty_cache() is what gives it back.)
  *            Managed memory, stream-ordered pools (cudaMallocAsync) and
  *            host memory are refused with GG_ERR_INVALID.
  * stream     a cudaStream_t (NULL: the legacy default stream) whose work
  *            must be done before the tensor is read: the call synchronizes
  *            it first. Work queued after the call returns sees the result.
- * tensor_id, timeout_ms  as for gg_allreduce(); every rank of a step must
- *            use the same kind of memory (all device, or all host),
- *            otherwise the step fails with GG_ERR_MISMATCH.
+ * tensor_id, timeout_ms  as for gg_allreduce(), but the deadline runs
+ *            from when the stream's work is done and the tensor is handed
+ *            over. Every rank of a step at one site must use the same
+ *            kind of memory (all device, or all host), otherwise the step
+ *            fails with GG_ERR_MISMATCH; sites may differ, since what
+ *            crosses between them is each site's sum either way.
  *
  * The library reaches CUDA through the driver (libcuda.so.1, loaded on
  * first use), so it needs no CUDA library to link or load. Errors besides
@@ -264,13 +287,15 @@ GRADGATE_API void gg_request_free(struct gg_request *req);
 /* Closes the connection and frees the session (NULL is allowed), its
  * shared buffers included. When the session handed the gateway GPU
  * allocations (gg_allreduce_cuda), it first waits, at most 2 seconds,
- * until the gateway has let go of them; one that a step still in flight
- * there uses is let go when that step ends. Requests the caller has not freed yet stay
- * valid for gg_wait() (which then returns GG_ERR_CLOSED if they had not
- * finished) and gg_request_free(). Closing with a step in flight fails
- * that step at the job's other ranks. A session that failed keeps its
- * shared buffers mapped until it is closed, so their contents stay
- * readable. */
+ * until the gateway has let go of them. It does not wait for one that a
+ * step still in flight there uses, which the gateway lets go when that
+ * step ends, nor past the 2 seconds for a gateway that does not answer:
+ * free the allocations only once the session's steps are done. Requests
+ * the caller has not freed yet stay valid for gg_wait() (which then
+ * returns GG_ERR_CLOSED if they had not finished) and gg_request_free().
+ * Closing with a step in flight fails that step at the job's other ranks.
+ * A session that failed keeps its shared buffers mapped until it is
+ * closed, so their contents stay readable. */
 GRADGATE_API void gg_session_close(struct gg_session *s);
 
 /* A static, one-line description of `code` ("unknown error" for codes

@@ -248,9 +248,9 @@ static void send_failed(struct gg_session *s, int rc, const char *what)
 		session_fail(s, GG_ERR_CLOSED, "%s to the gateway of site %s: %s", what, site_of(s), strerror(-rc));
 }
 
-static int handshake(struct gg_session *s, const char *path, int nranks, struct gg_error *err)
+/* HELLO and its answer, by `deadline` (gg_ctrl_now_ms), the open's. */
+static int handshake(struct gg_session *s, const char *path, int nranks, uint64_t deadline, struct gg_error *err)
 {
-	uint64_t deadline = gg_ctrl_now_ms() + OPEN_TIMEOUT_MS;
 	union gg_ctrl_msg m;
 	char why[160];
 	size_t len = gg_ctrl_init(&m, GG_CTRL_HELLO);
@@ -331,13 +331,15 @@ GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank
 	s->rank = rank;
 	s->next_seq = 1;
 	s->current = -1;
-	s->fd = gg_ctrl_connect(&addr, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, err);
+	/* One deadline for the connect and the handshake: at most 10 s in all. */
+	const uint64_t deadline = gg_ctrl_now_ms() + OPEN_TIMEOUT_MS;
+	s->fd = gg_ctrl_connect(&addr, deadline, err);
 	if (s->fd < 0) {
 		rc = s->fd;
 		free(s);
 		return rc;
 	}
-	if ((rc = handshake(s, addr.sun_path, nranks, err))) {
+	if ((rc = handshake(s, addr.sun_path, nranks, deadline, err))) {
 		close(s->fd);
 		free(s);
 		return rc;
@@ -346,8 +348,12 @@ GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank
 	return set_ok(err);
 }
 
-/* The first version of struct gg_session_info ended with max_buffers. */
-#define SESSION_INFO_V1_SIZE (offsetof(struct gg_session_info, max_buffers) + sizeof(uint32_t))
+/* The first version of struct gg_session_info ended with max_buffers: its
+ * sizeof, padding included, is what a program built against it passes. */
+#define SESSION_INFO_ALIGN _Alignof(struct gg_session_info)
+#define SESSION_INFO_V1_SIZE                                                                                  \
+	((offsetof(struct gg_session_info, max_buffers) + sizeof(uint32_t) + SESSION_INFO_ALIGN - 1) /          \
+	 SESSION_INFO_ALIGN * SESSION_INFO_ALIGN)
 
 GRADGATE_API int gg_session_get_info(const struct gg_session *s, struct gg_session_info *info)
 {
@@ -778,6 +784,11 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 		uint64_t now = gg_ctrl_now_ms();
 
 		if (now >= head->deadline_ms) {
+			/* Answers that came in time count, however late the
+			 * caller looks for them. */
+			pump(s, 0);
+			if (req->done || s->head != head)
+				continue;
 			session_fail(s, GG_ERR_TIMEOUT, "the gateway of site %s did not answer step %llu within its "
 				     "deadline and %llu ms more", site_of(s), (unsigned long long)head->seq,
 				     (unsigned long long)s->answer_grace_ms + GRACE_MS);

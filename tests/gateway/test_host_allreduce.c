@@ -129,6 +129,8 @@ static void async_rank(unsigned rank, void *arg)
 	/* The size the caller sets decides what is filled in. */
 	info.size = 0;
 	CHECK_EQ_INT(gg_session_get_info(s, &info), GG_ERR_INVALID);
+	info.size = sizeof(info) - 1; /* short of the first version's struct */
+	CHECK_EQ_INT(gg_session_get_info(s, &info), GG_ERR_INVALID);
 	CHECK_EQ_INT(gg_session_get_info(s, NULL), GG_ERR_INVALID);
 	CHECK_EQ_INT(gg_session_get_info(NULL, &info), GG_ERR_INVALID);
 	struct {

@@ -109,6 +109,36 @@ static void check_recovers(struct step_case *c, uint32_t tensor)
 		CHECK_ERR(c->err[r], GG_OK, "");
 }
 
+/* A caller that looks for its answer only long after the step's deadline
+ * (start, compute, wait) gets the answer the gateway sent in time: what
+ * came counts before the deadline is judged. */
+static void test_late_wait(void)
+{
+	struct gg_session *s = open_rank(h.endpoint, "late-wait", 0, 1);
+	struct gg_request *r = NULL;
+	struct gg_error err;
+	float x[64];
+
+	atomic_store(&h.core_mode, CORE_SUM);
+	for (unsigned i = 0; i < 64; i++)
+		x[i] = (float)i - 20.5f;
+	CHECK_ERR((gg_allreduce_start(s, x, 64, GG_DTYPE_F32, 1, 200, &r, &err), err), GG_OK, "");
+	/* Past the deadline (200 ms), the answer grace and the 2 s after it. */
+	usleep(200000 + 2000000 + 400000);
+	gg_wait(r, 0, &err);
+	CHECK_ERR(err, GG_OK, "");
+	for (unsigned i = 0; i < 64; i++)
+		if (x[i] != (float)i - 20.5f) {
+			fprintf(stderr, "late wait: element %u is %g, expected %g\n", i, x[i], (float)i - 20.5f);
+			exit(1);
+		}
+	gg_request_free(r);
+	/* The session goes on. */
+	CHECK_ERR((gg_allreduce(s, x, 64, GG_DTYPE_F32, 1, 0, &err), err), GG_OK, "");
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
 static void test_mismatch(void)
 {
 	struct step_case c;
@@ -648,6 +678,7 @@ int main(int argc, char **argv)
 
 	struct harness_options o = { .step_timeout_us = STEP_TIMEOUT_MS * 1000 };
 	harness_start(&h, &o);
+	test_late_wait();
 	test_mismatch();
 	test_step_timeout();
 	test_rank_dies();
