@@ -133,7 +133,7 @@ print()
 print("demo report")
 print(f"  steps                 {steps} per rank, 6 ranks at 3 sites; gateways completed {done}")
 print(f"  time per step         p50 {p50[len(p50)//2]:.1f} ms, worst rank p99 {p99:.1f} ms ({elapsed:.1f} s in all)")
-print(f"  wire bytes vs raw     {wire/2**20:.1f} MiB sent for {raw/2**20:.1f} MiB of fp32 ({raw/wire if wire else 0:.2f}x smaller)")
+print(f"  encoded vs raw        {wire/2**20:.1f} MiB sent for {raw/2**20:.1f} MiB of fp32 ({raw/wire if wire else 0:.2f}x smaller)")
 print(f"  time in encryption    {tls:.2f} s of {up:.1f} gateway-seconds ({100*tls/up if up else 0:.1f}%); codec {codec:.2f} s")
 print(f"  results               {'every rank matched the exact sum within bound' if failed == 0 else f'{failed} rank(s) FAILED'}; "
       f"{'all ranks of all sites got identical bytes' if ndigest == 1 else f'{ndigest} different results: MISMATCH'}")

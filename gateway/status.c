@@ -209,16 +209,49 @@ static void print_json(const struct answer *a)
 	printf("]}\n");
 }
 
+/* A time for people to read, its two largest units: "212 ms", "45s",
+ * "12m30s", "2h5m", "3d4h". The JSON form has the exact figures. */
+static const char *human_duration(uint64_t ms, char *buf, size_t size)
+{
+	const unsigned long long s = ms / 1000, m = s / 60, h = m / 60, d = h / 24;
+
+	if (ms < 1000)
+		snprintf(buf, size, "%llu ms", (unsigned long long)ms);
+	else if (s < 60)
+		snprintf(buf, size, "%llus", s);
+	else if (m < 60)
+		snprintf(buf, size, "%llum%llus", m, s % 60);
+	else if (h < 24)
+		snprintf(buf, size, "%lluh%llum", h, m % 60);
+	else
+		snprintf(buf, size, "%llud%lluh", d, h % 24);
+	return buf;
+}
+
+/* A byte count for people to read: "512B", "88.6GiB". */
+static const char *human_size(uint64_t bytes, char *buf, size_t size)
+{
+	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+	double v = (double)bytes;
+	unsigned u = 0;
+
+	if (bytes < 1024) {
+		snprintf(buf, size, "%lluB", (unsigned long long)bytes);
+		return buf;
+	}
+	for (v /= 1024; v >= 1023.95 && u + 1 < GG_ARRAY_LEN(units); u++)
+		v /= 1024;
+	snprintf(buf, size, "%.1f%s", v, units[u]);
+	return buf;
+}
+
 static const char *ago(uint64_t ms, char *buf, size_t size)
 {
 	char d[32];
 
 	if (ms == UINT64_MAX)
 		return "never";
-	if (ms < 1000)
-		snprintf(buf, size, "%llu ms ago", (unsigned long long)ms);
-	else
-		snprintf(buf, size, "%s ago", gg_format_duration(ms / 1000 * 1000000, d, sizeof(d)));
+	snprintf(buf, size, "%s ago", human_duration(ms, d, sizeof(d)));
 	return buf;
 }
 
@@ -228,7 +261,7 @@ static void print_table(const struct answer *a)
 	char b1[32], b2[32], b3[48];
 
 	printf("site %s  gradgate %s  up %s  steps completed %llu, failed %llu\n", s->site, s->gateway_version,
-	       gg_format_duration(s->uptime_ms * 1000, b1, sizeof(b1)), (unsigned long long)s->steps_done,
+	       human_duration(s->uptime_ms, b1, sizeof(b1)), (unsigned long long)s->steps_done,
 	       (unsigned long long)s->steps_failed);
 
 	printf("\n%-20s %-24s %-8s %9s %12s %12s  %s\n", "PEER", "ADDRESS", "STREAMS", "RTT ms", "BYTES IN", "BYTES OUT",
@@ -242,7 +275,7 @@ static void print_table(const struct answer *a)
 		else
 			snprintf(rtt, sizeof(rtt), "-");
 		printf("%-20s %-24s %-8s %9s %12s %12s  %s\n", p->site, p->address, streams, rtt,
-		       gg_format_size(p->bytes_in, b1, sizeof(b1)), gg_format_size(p->bytes_out, b2, sizeof(b2)),
+		       human_size(p->bytes_in, b1, sizeof(b1)), human_size(p->bytes_out, b2, sizeof(b2)),
 		       ago(p->heard_ms_ago, b3, sizeof(b3)));
 	}
 

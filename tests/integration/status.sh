@@ -47,12 +47,12 @@ wait_for "$(site_log 0)" "rank 0 of job 'waiting' connected" 10 || fail "the wai
 "$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/status.out" 2>"$work/status.err" ||
 	fail "status exited $?: $(cat "$work/status.err")"
 cat "$work/status.out"
-expect "$work/status.out" "^site site-a  gradgate [0-9.]+  up [0-9]+[a-z]+  steps completed 3, failed 1$" "the site line"
-expect "$work/status.out" "^site-b +127\.0\.0\.1:${gw_port[1]} +2/2 +([0-9.]+|-) +[0-9.]+[KMG]?i?B +[0-9.]+[KMG]?i?B +[0-9]+ (ms|s) ago$" \
+expect "$work/status.out" "^site site-a  gradgate [0-9.]+  up ([0-9]+ ms|[0-9]+s|[0-9]+m[0-9]+s)  steps completed 3, failed 1$" "the site line"
+expect "$work/status.out" "^site-b +127\.0\.0\.1:${gw_port[1]} +2/2 +([0-9.]+|-) +([0-9]+B|[0-9]+\.[0-9][KMGTPE]iB) +([0-9]+B|[0-9]+\.[0-9][KMGTPE]iB) +([0-9]+ ms|[0-9]+s) ago$" \
 	"the peer line"
 expect "$work/status.out" "^waiting +1/2 +0 +gathering +$(id -u)$" "the waiting job"
 expect "$work/status.out" "^RECENT FAILURES \(1 of 1, newest first\)$" "the failures' title"
-expect "$work/status.out" "^[0-9]+ (ms|s) ago +lonely +1 +GG_ERR_TIMEOUT +.*lonely" "the failure"
+expect "$work/status.out" "^([0-9]+ ms|[0-9]+s) ago +lonely +1 +GG_ERR_TIMEOUT +.*lonely" "the failure"
 
 "$GRADGATE" status --config "$work/site-b.toml" --json >"$work/status-b.json" 2>"$work/status.err" ||
 	fail "status --config --json exited $?: $(cat "$work/status.err")"
