@@ -7,21 +7,22 @@ ctypes), with the semantics of include/gradgate.h:
     import gradgate
     with gradgate.Session("train", rank, nranks) as s:   # endpoint: $GRADGATE_ENDPOINT
         s.allreduce(grads, tensor_id=3)                   # in place, summed over every rank of every site
-        req = s.allreduce_async(other, tensor_id=4)       # input taken now, result written by req.wait()
-        req.wait()
+        req = s.allreduce_async(other, tensor_id=4)       # input taken now; the result is in `other`
+        req.wait()                                        # by the time wait() reports it finished
 
-Arrays are float32 numpy arrays, or float32 / bfloat16 torch tensors;
+Arrays are C-contiguous, writeable float32 numpy arrays, or float32 /
+bfloat16 torch tensors (any layout: others go through a contiguous copy);
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
 them where they are, on the GPU (gg_allreduce_cuda). Failures raise
 gradgate.Error with the library's code (Error.code, Error.name) and
 message.
 
 The library is found at $GRADGATE_LIBRARY when set, else as
-libgradgate.so.0 on the loader's path (meson install puts it there).
+libgradgate.so.0 on the loader's path (meson install puts it there): that
+soname, never another version's.
 """
 
 import ctypes
-import ctypes.util
 import os
 import threading
 
@@ -79,6 +80,10 @@ class Error(Exception):
         self.message = message
         super().__init__(f"{self.name}: {message}")
 
+    def __reduce__(self):
+        # Pickled as what it was made from (multiprocessing, torch elastic).
+        return (type(self), (self.code, self.message))
+
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -89,7 +94,7 @@ def _load():
     with _lib_lock:
         if _lib is not None:
             return _lib
-        path = os.environ.get("GRADGATE_LIBRARY") or ctypes.util.find_library("gradgate") or "libgradgate.so.0"
+        path = os.environ.get("GRADGATE_LIBRARY") or "libgradgate.so.0"
         try:
             lib = ctypes.CDLL(path)
         except OSError as e:
@@ -240,15 +245,28 @@ class Request:
     def free(self):
         """Frees the request; one in flight goes on at the gateway, but its
         result is no longer written to the array."""
-        if self._handle is not None:
-            _load().gg_request_free(self._handle)
-            self._handle = None
+        # Under the session's lock: another thread's call on the session
+        # may be finishing this very request.
+        with self._session._lock:
+            if self._handle is not None:
+                _load().gg_request_free(self._handle)
+                self._handle = None
 
     def __del__(self):
         try:
             self.free()
         except Exception:
             pass
+
+
+class _SharedMemory:
+    """A shared buffer's memory as numpy sees it (the base of the array
+    Session.buffer() returns): it holds the session, so that a session
+    only the array still refers to is not collected, and closed, under it."""
+
+    def __init__(self, session, address, count):
+        self.session = session
+        self.__array_interface__ = {"shape": (count,), "typestr": "<f4", "data": (address, False), "version": 3}
 
 
 class Session:
@@ -342,25 +360,27 @@ class Session:
     def buffer(self, count):
         """A float32 numpy array of `count` elements in memory the gateway
         maps too (gg_buffer_alloc): all-reduces on it copy nothing. It
-        stays valid until free_buffer() or close()."""
+        stays valid until free_buffer() or close(); the array keeps its
+        session from being collected meanwhile."""
         import numpy as np
         err = _Error()
         ptr = ctypes.c_void_p()
         with self._lock:
             rc = _load().gg_buffer_alloc(self._h(), int(count) * 4, ctypes.byref(ptr), ctypes.byref(err))
         _check(rc, err)
-        arr = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(int(count),))
+        arr = np.asarray(_SharedMemory(self, ptr.value, int(count)))
         self._buffers[arr.ctypes.data] = ptr
         return arr
 
     def free_buffer(self, array):
         """Gives a buffer from buffer() back; the array must not be used after."""
-        ptr = self._buffers.pop(array.ctypes.data, None)
-        if ptr is None:
-            raise Error(ERR_INVALID, "not a shared buffer of this session")
         err = _Error()
         with self._lock:
-            rc = _load().gg_buffer_free(self._h(), ptr, ctypes.byref(err))
+            handle = self._h()
+            ptr = self._buffers.pop(array.ctypes.data, None)
+            if ptr is None:
+                raise Error(ERR_INVALID, "not a shared buffer of this session")
+            rc = _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
         _check(rc, err)
 
     def close(self):

@@ -21,7 +21,11 @@ buckets go through a host copy, or, with HookState(..., cuda=True), stay
 on the GPU: the gateway sums them there (Session.allreduce_cuda, one
 bucket at a time), and the Future completes once the averaged result is
 in the bucket. A failed all-reduce fails the bucket's Future with
-gradgate.Error, which DDP raises from backward().
+gradgate.Error: Future.wait() raises it, and DDP fails backward() with it.
+DDP's reducer (torch 1.13) reads the failed Future in C++ and raises a
+RuntimeError whose message carries the gradgate error's ("Unable to cast
+GG_ERR_TIMEOUT: step 1 (tensor 0): step 1 of job 'train' missed its ...");
+HookState.error keeps the gradgate.Error itself, with its code.
 """
 
 import collections
@@ -52,6 +56,7 @@ class HookState:
         self.cuda = bool(cuda)
         self.buckets = 0          # buckets all-reduced so far
         self.bytes = 0            # their bytes
+        self.error = None         # the last failure of a bucket (gradgate.Error, or what else failed)
         self._queue = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -67,7 +72,7 @@ class HookState:
         stream = torch.cuda.current_stream(tensor.device) if self.cuda and tensor.is_cuda else None
         with self._cond:
             if self._closed:
-                fut.set_exception(Error(ERR_CLOSED, "the hook's state is closed"))
+                self._failed(fut, Error(ERR_CLOSED, "the hook's state is closed"))
                 return fut
             self._queue.append((tensor, tensor_id, fut, stream))
             self._cond.notify()
@@ -86,9 +91,13 @@ class HookState:
             tensor.div_(self.world_size)
             self._done(tensor, fut)
         except Exception as e:  # noqa: BLE001 (the bucket's Future carries it; the worker goes on)
-            fut.set_exception(e)
+            self._failed(fut, e)
         finally:
             req.free()
+
+    def _failed(self, fut, e):
+        self.error = e
+        fut.set_exception(e)
 
     def _done(self, tensor, fut):
         self.buckets += 1
@@ -106,7 +115,7 @@ class HookState:
             stream.synchronize()
             self._done(tensor, fut)
         except Exception as e:  # noqa: BLE001 (a CUDA error too: the bucket's Future carries it)
-            fut.set_exception(e)
+            self._failed(fut, e)
 
     def _run(self):
         inflight = collections.deque()
@@ -125,7 +134,7 @@ class HookState:
                 try:
                     inflight.append((item, self.session.allreduce_async(tensor, tensor_id, self.timeout_ms)))
                 except Exception as e:  # noqa: BLE001 (refused: the bucket's Future carries it)
-                    fut.set_exception(e)
+                    self._failed(fut, e)
                 continue
             if inflight:
                 self._finish(*inflight.popleft())

@@ -5,16 +5,19 @@ results bit for bit, errors by code and message, the DDP hook.
     and GRADGATE_MAKE_CERTS name the build's gateway, library and certificate script)
 """
 
+import gc
+import pickle
 import sys
 import threading
 import unittest
+import weakref
 
 import numpy as np
 import torch
 
 import gradgate
 import gradgate.torch
-from gradgate.local import LocalSites
+from gradgate.local import LocalSites, free_loopback_ports
 
 VERSION = sys.argv.pop(1) if len(sys.argv) > 1 else None
 SITES, RANKS = 2, 2
@@ -47,6 +50,12 @@ class Library(unittest.TestCase):
         self.assertEqual(cm.exception.code, gradgate.ERR_CONNECT)
         self.assertEqual(cm.exception.name, "GG_ERR_CONNECT")
         self.assertIn("unix:/nonexistent/gradgate.sock", cm.exception.message)
+
+    def test_error_pickles(self):
+        e = pickle.loads(pickle.dumps(gradgate.Error(gradgate.ERR_TIMEOUT, "step 3 (tensor 1): late")))
+        self.assertIsInstance(e, gradgate.Error)
+        self.assertEqual((e.code, e.name, e.message), (gradgate.ERR_TIMEOUT, "GG_ERR_TIMEOUT", "step 3 (tensor 1): late"))
+        self.assertEqual(str(e), "GG_ERR_TIMEOUT: step 3 (tensor 1): late")
 
     def test_bad_arguments(self):
         with self.assertRaises(gradgate.Error) as cm:
@@ -116,6 +125,51 @@ class WithGateways(unittest.TestCase):
             self.assertEqual(shared.tobytes(), want.tobytes(), key)
             self.assertTrue(torch.equal(t, want_bf), key)
             self.assertEqual(strided.numpy().tobytes(), want_strided.tobytes(), key)
+
+    def test_buffer_keeps_its_session(self):
+        s = gradgate.Session("keep", 0, 1, endpoint=self.mesh.endpoint(0))
+        buf = s.buffer(1024)
+        session = weakref.ref(s)
+        del s
+        gc.collect()
+        self.assertIsNotNone(session(), "a session only its buffer refers to was collected")
+        buf[:] = 2.0
+        self.assertEqual(float(buf.sum()), 2048.0)
+        del buf
+        gc.collect()
+        self.assertIsNone(session(), "the session outlived the last array of its buffers")
+
+    def test_closed_session(self):
+        s = gradgate.Session("closed", 0, 1, endpoint=self.mesh.endpoint(0))
+        buf = s.buffer(16)
+        s.close()
+        for call in (lambda: s.free_buffer(buf), lambda: s.allreduce(np.ones(4, np.float32), tensor_id=1),
+                     lambda: s.buffer(4)):
+            with self.assertRaises(gradgate.Error) as cm:
+                call()
+            self.assertEqual((cm.exception.code, cm.exception.message), (gradgate.ERR_CLOSED, "the session is closed"))
+
+    def test_ddp_backward_fails_with_the_error(self):
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        port = free_loopback_ports(1)[0]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        try:
+            # A job only this rank runs: the other site never sends its part.
+            with gradgate.Session("ddp-fail", 0, 1, endpoint=self.mesh.endpoint(0)) as s, \
+                    gradgate.torch.HookState(s, world_size=SITES, timeout_ms=300) as state:
+                model = DDP(torch.nn.Linear(8, 3))
+                model.register_comm_hook(state, gradgate.torch.allreduce_hook)
+                # torch 1.13's reducer reads the failed Future in C++: a
+                # RuntimeError that carries the gradgate error's text.
+                with self.assertRaisesRegex(RuntimeError, r"GG_ERR_TIMEOUT: step 1 \(tensor 0\): step 1 of job "
+                                                          r"'ddp-fail' missed its 300ms deadline"):
+                    model(torch.ones(4, 8)).sum().backward()
+                self.assertIsInstance(state.error, gradgate.Error)
+                self.assertEqual(state.error.code, gradgate.ERR_TIMEOUT)
+        finally:
+            dist.destroy_process_group()
 
     def test_refused_arrays(self):
         def fn(s, site, rank):
