@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One slow stream among fast ones: a stream takes a new frame only while it
-# holds fewer than two unwritten, and its socket only so much unsent
+# holds none unwritten, and its socket only so much unsent
 # (TCP_NOTSENT_LOWAT), so frames go to the streams that keep up. The slow
 # stream must carry well under its even share of the bytes, and the steps
 # stay exact. Streams pinned to chunks would give it exactly its share, and
