@@ -67,14 +67,15 @@ class HookState:
         """Queues `tensor` for an all-reduce (sum over every rank, divided by
         world_size, in place); returns a torch Future of the tensor."""
         fut = torch.futures.Future()
-        # On the GPU the bucket is read once the work queued so far on the
-        # caller's stream (backward's) is done.
-        stream = torch.cuda.current_stream(tensor.device) if self.cuda and tensor.is_cuda else None
+        # A CUDA bucket is read once the work queued so far on the caller's
+        # stream (backward's) is done, and written on that stream: by the
+        # gateway on the GPU (cuda=True), or by the host copies.
+        stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
         with self._cond:
             if self._closed:
                 self._failed(fut, Error(ERR_CLOSED, "the hook's state is closed"))
                 return fut
-            self._queue.append((tensor, tensor_id, fut, stream))
+            self._queue.append((tensor, tensor_id, fut, stream, self.cuda and tensor.is_cuda))
             self._cond.notify()
         return fut
 
@@ -85,10 +86,13 @@ class HookState:
             return self._queue.popleft() if self._queue else None
 
     def _finish(self, item, req):
-        tensor, _, fut, _ = item
+        tensor, _, fut, stream, _ = item
         try:
-            req.wait()
-            tensor.div_(self.world_size)
+            with torch.cuda.stream(stream):  # None: a host tensor, nothing to order
+                req.wait()
+                tensor.div_(self.world_size)
+            if stream is not None:
+                stream.synchronize()
             self._done(tensor, fut)
         except Exception as e:  # noqa: BLE001 (the bucket's Future carries it; the worker goes on)
             self._failed(fut, e)
@@ -107,7 +111,7 @@ class HookState:
     def _on_gpu(self, item):
         """A CUDA bucket all-reduced where it is; the Future completes once
         the average is in it, so the caller needs no stream of ours."""
-        tensor, tensor_id, fut, stream = item
+        tensor, tensor_id, fut, stream, _ = item
         try:
             self.session.allreduce_cuda(tensor, tensor_id, self.timeout_ms, stream)
             with torch.cuda.stream(stream):
@@ -123,16 +127,18 @@ class HookState:
         while True:
             # Start what is queued while there is room; else wait for the oldest.
             item = self._take(block=not inflight) if len(inflight) < limit else None
-            if item is not None and item[3] is not None:
+            if item is not None and item[4]:
                 # Buckets end in order: the host ones in flight first.
                 while inflight:
                     self._finish(*inflight.popleft())
                 self._on_gpu(item)
                 continue
             if item is not None:
-                tensor, tensor_id, fut, _ = item
+                tensor, tensor_id, fut, stream, _ = item
                 try:
-                    inflight.append((item, self.session.allreduce_async(tensor, tensor_id, self.timeout_ms)))
+                    with torch.cuda.stream(stream):  # a CUDA bucket's host copy, after backward's work
+                        req = self.session.allreduce_async(tensor, tensor_id, self.timeout_ms)
+                    inflight.append((item, req))
                 except Exception as e:  # noqa: BLE001 (refused: the bucket's Future carries it)
                     self._failed(fut, e)
                 continue
