@@ -115,9 +115,10 @@ struct gg_request;
  * 1..4096 and a rank outside 0..nranks-1, before it connects.
  *
  * Blocks until the gateway accepts or refuses, at most 10 seconds from the
- * call, connecting included: GG_ERR_TIMEOUT when the gateway has not
- * answered by then, GG_ERR_CLOSED when it closed the connection without
- * an answer, GG_ERR_CONNECT when there is no gateway to connect to. The
+ * call, connecting included: GG_ERR_CONNECT when there is no gateway to
+ * connect to or the connection is not taken by then (a full backlog),
+ * GG_ERR_TIMEOUT when the gateway took it but has not answered by then,
+ * GG_ERR_CLOSED when it closed the connection without an answer. The
  * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it
  * does not speak, a rank already connected, an nranks different from what
  * the job's first rank said or above its max_clients, a process running
@@ -142,8 +143,8 @@ struct gg_session_info {
 /* Fills `info` (owned by the caller, with info->size set) from the open
  * session `s`: the fields that lie within info->size bytes; info->size
  * then says how many were written. Returns 0, or GG_ERR_INVALID when `s`
- * or `info` is NULL or info->size is smaller than this struct was in its
- * first version (everything up to max_buffers). */
+ * or `info` is NULL or info->size is smaller than this struct's sizeof
+ * in its first version (which ended with max_buffers; padding included). */
 GRADGATE_API int gg_session_get_info(const struct gg_session *s, struct gg_session_info *info);
 
 /* Allocates `bytes` of memory that the gateway maps too (a shared

@@ -266,8 +266,8 @@ static int handshake(struct gg_session *s, const char *path, int nranks, uint64_
 
 	ssize_t n = gg_ctrl_recv(s->fd, &m, deadline);
 	if (n == -EAGAIN)
-		return gg_ctrl_error(err, GG_ERR_TIMEOUT, "the gateway at unix:%s did not answer HELLO within %d ms", path,
-			       OPEN_TIMEOUT_MS);
+		return gg_ctrl_error(err, GG_ERR_TIMEOUT, "the gateway at unix:%s did not answer HELLO within %d ms of "
+			       "the open", path, OPEN_TIMEOUT_MS);
 	if (n == 0 || n == -ECONNRESET)
 		return gg_ctrl_error(err, GG_ERR_CLOSED, "the gateway at unix:%s closed the connection without an answer",
 			       path);

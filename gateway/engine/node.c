@@ -157,8 +157,12 @@ struct lane_job {
 	 * here, since it last ran here: frames of it they sent before that
 	 * and that come after are acknowledged and let go, all but those of
 	 * step 1 (a new run there), which also clears the site's bit. A step
-	 * starting here clears them all. */
+	 * starting here clears them all. An entry that holds nothing else is
+	 * the first to go when the lane needs one, once the job's frames had
+	 * heartbeat_timeout to come (lane_job_find). */
 	uint32_t ended_by;
+	uint32_t rerun_by;   /* of those, the sites whose step 1 came since: a new run there, whose frames stay */
+	uint64_t ended_us;   /* when ended_by was last set (the lane's loop clock) */
 	uint64_t rerun_us;   /* when the coordinator last heard of a step 1 again (M_RERUN) */
 	/* When a step last started or ended here, or early DATA last came:
 	 * the lane's `touches` then, so no two entries tie. */
@@ -518,6 +522,18 @@ static bool early_only_from(const struct lane_job *lj, unsigned from)
 #define LANE_JOB_NO_EVICT (-2)
 #define LANE_JOB_FREE_ONLY (-3)
 
+/* An entry kept only to let go of an ended job's frames (ended_by). */
+static bool tombstone(const struct lane_job *lj)
+{
+	return lj->ended_by && !lj->ar && !lj->early;
+}
+
+/* One whose job's frames may still be on the way. */
+static bool tombstone_young(const struct lane_job *lj)
+{
+	return tombstone(lj) && lj->lane->loop.now_us - lj->ended_us < lj->lane->node->cfg->transport.heartbeat_timeout_us;
+}
+
 /* The entry of job `name`, or with `create` a new one for it. `from` is the
  * peer whose DATA asks for it, -1 for a step that starts here, or
  * LANE_JOB_NO_EVICT or LANE_JOB_FREE_ONLY. */
@@ -532,14 +548,30 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		if (!lj->used && !free_slot)
 			free_slot = lj;
 	}
-	if (!create || (!free_slot && from == LANE_JOB_FREE_ONLY))
+	if (!create)
+		return NULL;
+	if (!free_slot) {
+		/* An ended job's entry first, the oldest, once the frames still
+		 * on the way had heartbeat_timeout to come (a stream that holds
+		 * them longer is lost, and they with it). */
+		for (unsigned i = 0; i < MAX_JOBS; i++) {
+			struct lane_job *lj = &ln->jobs[i];
+			if (tombstone(lj) && !tombstone_young(lj) && (!free_slot || lj->touched < free_slot->touched))
+				free_slot = lj;
+		}
+	}
+	if (!free_slot && from == LANE_JOB_FREE_ONLY)
 		return NULL;
 	if (!free_slot) {
 		/* A lane learns of no job's end: it takes back the entry idle
-		 * longest, which holds no part and no early frames. */
+		 * longest, which holds no part and no early frames; an ended
+		 * job's whose frames may still come only for a step starting
+		 * here, not for a peer's DATA (a burst of other jobs' frames
+		 * would otherwise make room for the ended job's). */
 		for (unsigned i = 0; i < MAX_JOBS; i++) {
 			struct lane_job *lj = &ln->jobs[i];
-			if (!lj->ar && !lj->early && (!free_slot || lj->touched < free_slot->touched))
+			if (!lj->ar && !lj->early && (from == -1 || !tombstone_young(lj)) &&
+			    (!free_slot || lj->touched < free_slot->touched))
 				free_slot = lj;
 		}
 		/* Then a job that never started here and holds only early
@@ -833,13 +865,13 @@ static void early_again(struct early *e, unsigned via_lane, struct gg_mesh_via v
 /* Frames that waited for steps from_seq..to_seq, which are over without
  * them (aborted, or refused): acknowledged, so their senders stop keeping
  * them. */
-static void drop_early(struct lane_job *lj, uint64_t from_seq, uint64_t to_seq)
+static void drop_early(struct lane_job *lj, uint64_t from_seq, uint64_t to_seq, uint32_t senders)
 {
 	struct early **pp = &lj->early;
 
 	while (*pp) {
 		struct early *e = *pp;
-		if (e->seq < from_seq || e->seq > to_seq) {
+		if (e->seq < from_seq || e->seq > to_seq || !(senders & (1u << e->from))) {
 			pp = &e->next;
 			continue;
 		}
@@ -922,6 +954,7 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 			return 0;
 		}
 		lj->ended_by &= ~(1u << from);
+		lj->rerun_by |= 1u << from;
 	}
 	if (lj->ar && ws->step == lj->seq) {
 		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
@@ -984,7 +1017,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 		return;
 	}
 	part_free(lj);
-	lj->ended_by = 0;
+	lj->ended_by = lj->rerun_by = 0;
 	lj->slot = m->slot;
 	lj->seq = m->seq;
 	lj->wstep = m->u.start.wstep;
@@ -1044,7 +1077,7 @@ static void lane_end(struct lane *ln, const struct mail *m)
 		if (m->seq > lj->last_seq)
 			lj->last_seq = m->seq;
 		lj->touched = ++ln->touches;
-		drop_early(lj, 0, m->seq);
+		drop_early(lj, 0, m->seq, UINT32_MAX);
 		if (m->forget)
 			gg_mesh_forget(ln->mesh, lj->name, m->seq, m->seq);
 	}
@@ -1062,7 +1095,7 @@ static void lane_forget(struct lane *ln, const struct mail *m)
 
 	if (!lj || m->seq <= lj->last_seq)
 		return;
-	drop_early(lj, m->seq, m->seq);
+	drop_early(lj, m->seq, m->seq, UINT32_MAX);
 	if (lj->forgot_lo && m->seq >= lj->forgot_lo && m->seq <= lj->forgot_hi + 1) {
 		lj->forgot_hi = GG_MAX(lj->forgot_hi, m->seq);
 	} else {
@@ -1077,8 +1110,8 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 {
 	/* Its entry stays to let go what `sites` sent of it that is still on
 	 * the way (other streams than the END's). A lane that holds none
-	 * takes a free one for that, never another job's: a run of ENDs
-	 * would otherwise push out the entries of the ENDs before. */
+	 * takes a free one for that, or the oldest entry of an ended job
+	 * whose frames had their time to come, never a live job's. */
 	struct lane_job *lj = lane_job_find(ln, job, sites != 0, LANE_JOB_FREE_ONLY);
 
 	/* Its frames that no stream has taken yet would only be dropped by
@@ -1086,8 +1119,18 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 	gg_mesh_forget(ln->mesh, job, 0, UINT64_MAX);
 	if (!lj || lj->ar)
 		return;
-	drop_early(lj, 0, UINT64_MAX);
-	uint32_t ended_by = lj->ended_by | sites;
+	/* A site that began a new run since it ended the old one keeps its
+	 * frames, unless it is the one ending now. */
+	const uint32_t keep = lj->rerun_by & ~sites;
+	drop_early(lj, 0, UINT64_MAX, ~keep);
+	lj->touched = ++ln->touches;
+	if (keep) {
+		lj->ended_by |= sites;
+		lj->rerun_by = keep;
+		lj->ended_us = ln->loop.now_us;
+		return;
+	}
+	const uint32_t ended_by = lj->ended_by | sites;
 	memset(lj, 0, sizeof(*lj));
 	if (!ended_by)
 		return;
@@ -1095,6 +1138,7 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 	lj->used = true;
 	lj->touched = ++ln->touches;
 	lj->ended_by = ended_by;
+	lj->ended_us = ln->loop.now_us;
 	snprintf(lj->name, sizeof(lj->name), "%s", job);
 }
 

@@ -253,8 +253,20 @@ class Request:
                 self._handle = None
 
     def __del__(self):
+        # A finalizer must not wait for a call another thread is in (a
+        # blocking all-reduce holds the lock up to its deadline): then the
+        # session frees the request at its next call.
         try:
-            self.free()
+            if self._handle is None:
+                return
+            if self._session._lock.acquire(blocking=False):
+                try:
+                    _load().gg_request_free(self._handle)
+                finally:
+                    self._session._lock.release()
+            else:
+                self._session._orphans.append(self._handle)
+            self._handle = None
         except Exception:
             pass
 
@@ -290,6 +302,7 @@ class Session:
         self._handle = handle
         self._lock = threading.RLock()
         self._buffers = {}
+        self._orphans = []  # requests collected while another thread held the lock
         self.job, self.rank, self.nranks = job, rank, nranks
         info = _SessionInfo(size=ctypes.sizeof(_SessionInfo))
         if lib.gg_session_get_info(self._handle, ctypes.byref(info)):
@@ -301,8 +314,11 @@ class Session:
         self.max_buffers = info.max_buffers
 
     def _h(self):
+        """The open session's handle; called with the lock held."""
         if self._handle is None:
             raise Error(ERR_CLOSED, "the session is closed")
+        while self._orphans:
+            _load().gg_request_free(self._orphans.pop())
         return self._handle
 
     def allreduce(self, array, tensor_id, timeout_ms=0):
@@ -387,6 +403,8 @@ class Session:
         """Closes the session (its shared buffers too); idempotent."""
         with self._lock:
             if self._handle is not None:
+                while self._orphans:
+                    _load().gg_request_free(self._orphans.pop())
                 _load().gg_session_close(self._handle)
                 self._handle = None
                 self._buffers.clear()

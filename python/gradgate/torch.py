@@ -29,6 +29,7 @@ HookState.error keeps the gradgate.Error itself, with its code.
 """
 
 import collections
+import contextlib
 import threading
 
 import torch
@@ -36,6 +37,23 @@ import torch
 from . import Error, ERR_CLOSED
 
 __all__ = ["HookState", "allreduce_hook"]
+
+
+def _on_stream(stream):
+    """Work on a CUDA bucket's stream; for a host bucket (None), nothing:
+    torch.cuda.stream(None) would still set up CUDA where there is a GPU."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _mark(stream):
+    """An event at this point of `stream` (None for a host bucket): waiting
+    for it waits for the bucket's work, not for what backward queued
+    after it."""
+    if stream is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
 
 
 class HookState:
@@ -88,11 +106,12 @@ class HookState:
     def _finish(self, item, req):
         tensor, _, fut, stream, _ = item
         try:
-            with torch.cuda.stream(stream):  # None: a host tensor, nothing to order
+            with _on_stream(stream):
                 req.wait()
                 tensor.div_(self.world_size)
-            if stream is not None:
-                stream.synchronize()
+                done = _mark(stream)
+            if done is not None:
+                done.synchronize()
             self._done(tensor, fut)
         except Exception as e:  # noqa: BLE001 (the bucket's Future carries it; the worker goes on)
             self._failed(fut, e)
@@ -116,7 +135,8 @@ class HookState:
             self.session.allreduce_cuda(tensor, tensor_id, self.timeout_ms, stream)
             with torch.cuda.stream(stream):
                 tensor.div_(self.world_size)
-            stream.synchronize()
+                done = _mark(stream)
+            done.synchronize()
             self._done(tensor, fut)
         except Exception as e:  # noqa: BLE001 (a CUDA error too: the bucket's Future carries it)
             self._failed(fut, e)
@@ -136,7 +156,7 @@ class HookState:
             if item is not None:
                 tensor, tensor_id, fut, stream, _ = item
                 try:
-                    with torch.cuda.stream(stream):  # a CUDA bucket's host copy, after backward's work
+                    with _on_stream(stream):  # a CUDA bucket's host copy, after backward's work
                         req = self.session.allreduce_async(tensor, tensor_id, self.timeout_ms)
                     inflight.append((item, req))
                 except Exception as e:  # noqa: BLE001 (refused: the bucket's Future carries it)

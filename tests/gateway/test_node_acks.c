@@ -37,6 +37,13 @@
  *   2. END of the job on stream 0: the frame is let go and acknowledged
  *   3. DATA for step 3 on stream 1: acknowledged at once, not kept
  *   4. DATA for step 1 on stream 1: a new run of the job there, kept
+ *   5. END again: the new run's frame is let go too
+ *   6. ENDs of 40 jobs never seen here, more than a lane's job table
+ *      holds, at once: the entry that lets go of the job's frames still
+ *      on the way stays, and DATA of step 5 is acknowledged at once
+ *   7. once heartbeat_timeout (300 ms here) passed, the END of one more
+ *      job and its DATA: acknowledged at once too, the entries of ended
+ *      jobs that settled making room for it
  *
  * And DATA whose step fingerprint differs from this site's in the chunk
  * size alone (two builds whose auto rules differ): the step fails as a
@@ -116,11 +123,12 @@ static void on_done(void *arg, struct gg_node_step *st, int status, const char *
 	snprintf(o->message, sizeof(o->message), "%s", message ? message : "");
 }
 
-/* DATA of step `step` for chunk 0 of a COUNT-element fp32 tensor, as s0
- * sends it: *len bytes at the returned buffer (free it). s0 cuts the step
- * in chunks of `chunk_elems` elements (0: as the configuration says, as
- * this site does). */
-static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, uint32_t chunk_elems, size_t *len)
+/* DATA of step `step` of `job` for chunk 0 of a COUNT-element fp32 tensor,
+ * as s0 sends it: *len bytes at the returned buffer (free it). s0 cuts the
+ * step in chunks of `chunk_elems` elements (0: as the configuration says,
+ * as this site does). */
+static uint8_t *make_job_data(const struct gg_config *cfg, const char *job, uint64_t step, uint32_t chunk_elems,
+			      size_t *len)
 {
 	struct gg_wire_step ws = { .step = step, .count = COUNT, .tensor_id = 7, .dtype = GG_WIRE_F32 };
 	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = 0, .chunk = 0 };
@@ -130,7 +138,7 @@ static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, uint32_t c
 	uint8_t *msg = malloc(cap);
 	float x[COUNT];
 
-	snprintf(ws.job, sizeof(ws.job), "acks");
+	snprintf(ws.job, sizeof(ws.job), "%s", job);
 	if (!chunk_elems)
 		chunk_elems = (uint32_t)(cfg->transport.chunk_bytes / sizeof(float)) / GG_CODEC_BLOCK_ALIGN_ELEMS *
 			      GG_CODEC_BLOCK_ALIGN_ELEMS;
@@ -152,6 +160,12 @@ static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, uint32_t c
 	}
 	*len = (size_t)hl + fb;
 	return msg;
+}
+
+/* The same for job "acks". */
+static uint8_t *make_data(const struct gg_config *cfg, uint64_t step, uint32_t chunk_elems, size_t *len)
+{
+	return make_job_data(cfg, "acks", step, chunk_elems, len);
 }
 
 static void turns(struct gg_node *node, int n)
@@ -242,6 +256,45 @@ static void run_after_end(struct gg_node *node, const struct gg_config *cfg, str
 		CHECK(sent->acks == 2 && gg_node_stats(node)->early_bytes > 0,
 		      "step 1 of a new run of the job: %u ACKs, %llu bytes kept; want it kept, not acknowledged",
 		      sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
+		CHECK(gg_node_test_receive(node, 0, 0, end_msg, (size_t)el) == 0, "END again on stream 0");
+		turns(node, 5);
+		CHECK(sent->acks == 3 && gg_node_stats(node)->early_bytes == 0,
+		      "the END of the new run: %u ACKs, %llu bytes kept; want its frame let go and acknowledged",
+		      sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
+		for (unsigned j = 0; j <= 40; j++) {
+			char job[16];
+			snprintf(job, sizeof(job), j < 40 ? "gone-%u" : "late", j);
+			if (j == 40) {
+				size_t step5_len = 0;
+				uint8_t *step5 = make_data(cfg, 5, 0, &step5_len);
+				CHECK(step5 && gg_node_test_receive(node, 0, 1, step5, step5_len) == 0, "DATA of step 5");
+				turns(node, 3);
+				CHECK(sent->acks == 4 && gg_node_stats(node)->early_bytes == 0,
+				      "DATA after its job's END, past 40 other ENDs at once: %u ACKs, %llu bytes kept; "
+				      "want it acknowledged at once", sent->acks,
+				      (unsigned long long)gg_node_stats(node)->early_bytes);
+				free(step5);
+				/* The test's streams send no heartbeats: past the
+				 * timeout the node drops them, and they come back. */
+				usleep(350000);
+				turns(node, 3);
+				CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, sent) == 0 &&
+					      gg_node_test_open_stream(node, 0, 1, 42, on_sent, sent) == 0,
+				      "streams again");
+				turns(node, 3);
+			}
+			ssize_t l = gg_wire_encode_end(end_msg, sizeof(end_msg), job, 1, 1, (uint8_t)-GG_ERR_RANK, "gone");
+			CHECK(l > 0 && gg_node_test_receive(node, 0, j % 2, end_msg, (size_t)l) == 0, "END of %s", job);
+			turns(node, 2);
+		}
+		size_t late_len = 0;
+		uint8_t *late = make_job_data(cfg, "late", 4, 0, &late_len);
+		CHECK(late && gg_node_test_receive(node, 0, 1, late, late_len) == 0, "DATA of job late");
+		turns(node, 3);
+		CHECK(sent->acks == 5 && gg_node_stats(node)->early_bytes == 0,
+		      "DATA after its job's END, once the 40 ENDs before settled: %u ACKs, %llu bytes kept; want it "
+		      "acknowledged at once", sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
+		free(late);
 	}
 	for (int i = 0; i < 3; i++)
 		free(data[i]);
@@ -319,8 +372,10 @@ static void run(const char *cert_dir, enum scenario what)
 	size_t n = gg_test_site_toml(text, sizeof(text), 1, 2, ports, 1, cert_dir);
 	snprintf(text + n, sizeof(text) - n,
 		 "[transport]\nstreams_per_peer = 2\nchunk_size = \"64KiB\"\nstep_timeout = \"5s\"\n"
+		 "heartbeat_interval = \"%s\"\nheartbeat_timeout = \"%s\"\n"
 		 "[compression]\ncodec = \"fp32\"\n[allreduce]\nalgorithm = \"direct\"\n"
-		 "[limits]\nmax_message = \"1MiB\"\n");
+		 "[limits]\nmax_message = \"1MiB\"\n",
+		 what == AFTER_END ? "100ms" : "1s", what == AFTER_END ? "300ms" : "10s");
 	if (gg_config_load_text(text, strlen(text), "acks.toml", NULL, &cfg, &diag)) {
 		gg_diag_print(&diag, stdout);
 		CHECK(0, "bad configuration");

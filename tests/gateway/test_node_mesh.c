@@ -121,10 +121,15 @@ static void on_fresh(void *arg, struct gg_node_step *st, int status, const char 
 	snprintf(fresh_message, sizeof(fresh_message), "%s", message ? message : "");
 }
 
-/* Site 1 sends one frame for each of 40 jobs that never start, then 64
- * frames of 200 KiB for steps 2..65 of another; site 0 must hold no more
- * than inflight_per_peer (8 MiB) plus one frame per stream, and still
- * start a job of its own. */
+/* Site 1 sends one frame for each of 31 jobs that never start, then 64
+ * frames of 200 KiB for steps 2..65 of another: the 32 jobs fill lane 0's
+ * job table. Site 0 must hold no more than inflight_per_peer (8 MiB) plus
+ * one frame per stream, refuse the rest, and still start a job of its own.
+ * Then site 1 sends a frame for each of 9 more jobs, more than the table
+ * holds: they take the entries of jobs that never started. (Were they
+ * sent with the first 31, a late copy of one of theirs, sent again or
+ * hedged, could take the flood's entry, and its frames would go before
+ * they reach the budget.) */
 static atomic_bool flood_seen; /* site 0 saw the flood (or gave up): site 1 stops sending */
 static atomic_bool flood_freed; /* site 0 let the ended jobs' frames go (or gave up) */
 
@@ -134,7 +139,7 @@ static void flood(struct gg_node *node, unsigned index)
 	uint64_t most = 0;
 
 	if (index == 1) {
-		for (unsigned j = 0; j < 40; j++) {
+		for (unsigned j = 0; j < 31; j++) {
 			char job[16];
 			snprintf(job, sizeof(job), "never-%u", j);
 			CHECK(gg_node_test_send_data(node, 0, job, 1, 0, 1024) == 0, "flood");
@@ -171,13 +176,18 @@ static void flood(struct gg_node *node, unsigned index)
 		snprintf(fresh.job, sizeof(fresh.job), "fresh");
 		fresh_status = 0;
 		CHECK(gg_node_submit(node, &fresh, err, sizeof(err)) == 0, "fresh: %s", err);
-		for (int spins = 0; spins < 200 && !fresh_status; spins++)
+		for (const uint64_t by = gg_monotonic_us() + 2000000; !fresh_status && gg_monotonic_us() < by;)
 			if (gg_node_run_once(node, 10000, NULL, NULL))
 				break;
 		printf("  site 0, a job among those: %s\n", fresh_message);
 		CHECK(fresh_status == GG_ERR_TIMEOUT && strstr(fresh_message, "missed its 300ms deadline"),
 		      "fresh job: %d: %s", fresh_status, fresh_message);
 	} else {
+		for (unsigned j = 31; j < 40; j++) {
+			char job[16];
+			snprintf(job, sizeof(job), "never-%u", j);
+			CHECK(gg_node_test_send_data(node, 0, job, 1, 0, 1024) == 0, "more jobs");
+		}
 		/* The flooder ends its jobs: site 0 lets their frames go. */
 		gg_node_end_job(node, "flood");
 		for (unsigned j = 0; j < 40; j++) {
