@@ -1123,11 +1123,11 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 	 * frames, unless it is the one ending now. */
 	const uint32_t keep = lj->rerun_by & ~sites;
 	drop_early(lj, 0, UINT64_MAX, ~keep);
-	lj->touched = ++ln->touches;
 	if (keep) {
 		lj->ended_by |= sites;
 		lj->rerun_by = keep;
 		lj->ended_us = ln->loop.now_us;
+		lj->touched = ++ln->touches;
 		return;
 	}
 	const uint32_t ended_by = lj->ended_by | sites;

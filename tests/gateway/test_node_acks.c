@@ -220,83 +220,66 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 	free(data);
 }
 
+/* s0's message `msg` (NULL: one that could not be made) on stream
+ * `stream`; then s1 must have sent `acks` ACKs in all and hold early
+ * frames (`kept`) or none. */
+static void receive_expect(struct gg_node *node, const struct sent *sent, unsigned stream, const uint8_t *msg,
+			   size_t len, unsigned acks, bool kept, const char *what)
+{
+	CHECK(msg && gg_node_test_receive(node, 0, stream, msg, len) == 0, "%s on stream %u", what, stream);
+	turns(node, 5);
+	const uint64_t held = gg_node_stats(node)->early_bytes;
+	CHECK(sent->acks == acks && (held > 0) == kept, "%s: %u ACKs, %llu bytes kept; want %u ACKs and %s", what,
+	      sent->acks, (unsigned long long)held, acks, kept ? "the frame kept" : "nothing kept");
+}
+
+/* The END of `job` as s0 sends it, into buf; its length. */
+static size_t end_of(const char *job, uint8_t *buf, size_t cap)
+{
+	ssize_t l = gg_wire_encode_end(buf, cap, job, 1, 1, (uint8_t)-GG_ERR_RANK, "its ranks at site s0 are gone");
+	CHECK(l > 0, "cannot make the END of %s", job);
+	return l > 0 ? (size_t)l : 0;
+}
+
 /* s0 ended job "acks", which never ran here, with frames on the way. */
 static void run_after_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
 	uint8_t end_msg[512];
-	size_t len[3] = { 0 };
-	uint8_t *data[3] = { make_data(cfg, 2, 0, &len[0]), make_data(cfg, 3, 0, &len[1]), make_data(cfg, 1, 0, &len[2]) };
-	ssize_t el = gg_wire_encode_end(end_msg, sizeof(end_msg), "acks", 1, 1, (uint8_t)-GG_ERR_RANK,
-					"its ranks at site s0 are gone");
+	size_t len[5] = { 0 };
+	uint8_t *data[5] = { make_data(cfg, 2, 0, &len[0]), make_data(cfg, 3, 0, &len[1]), make_data(cfg, 1, 0, &len[2]),
+			     make_data(cfg, 5, 0, &len[3]), make_job_data(cfg, "late", 4, 0, &len[4]) };
+	size_t el = end_of("acks", end_msg, sizeof(end_msg));
 
-	CHECK(data[0] && data[1] && data[2] && el > 0, "cannot make DATA and END");
-	if (data[0] && data[1] && data[2] && el > 0) {
-		CHECK(gg_node_test_receive(node, 0, 0, data[0], len[0]) == 0, "DATA of step 2 on stream 0");
-		turns(node, 3);
-		CHECK(sent->acks == 0 && gg_node_stats(node)->early_bytes > 0,
-		      "DATA of step 2, which has not started here: %u ACKs, %llu bytes kept; want 0 and the frame",
-		      sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
-		CHECK(gg_node_test_receive(node, 0, 0, end_msg, (size_t)el) == 0, "END on stream 0");
-		turns(node, 5);
-		CHECK(sent->acks == 1 && gg_node_stats(node)->early_bytes == 0,
-		      "after the END: %u ACKs, %llu bytes kept; want the frame let go and acknowledged", sent->acks,
-		      (unsigned long long)gg_node_stats(node)->early_bytes);
-		CHECK(gg_node_test_receive(node, 0, 1, data[1], len[1]) == 0, "DATA of step 3 on stream 1");
-		turns(node, 3);
-		CHECK(sent->acks == 2 && gg_node_stats(node)->early_bytes == 0,
-		      "DATA of the ended job after its END: %u ACKs, %llu bytes kept; want it acknowledged at once and "
-		      "not kept (else it holds memory and the sender's window for good)", sent->acks,
-		      (unsigned long long)gg_node_stats(node)->early_bytes);
-		if (sent->acks == 2)
-			CHECK(sent->ack[1].stream == 1 && sent->ack[1].step == 3,
-			      "the ACK went on stream %u for step %llu, not on stream 1 for step 3", sent->ack[1].stream,
-			      (unsigned long long)sent->ack[1].step);
-		CHECK(gg_node_test_receive(node, 0, 1, data[2], len[2]) == 0, "DATA of step 1 on stream 1");
-		turns(node, 3);
-		CHECK(sent->acks == 2 && gg_node_stats(node)->early_bytes > 0,
-		      "step 1 of a new run of the job: %u ACKs, %llu bytes kept; want it kept, not acknowledged",
-		      sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
-		CHECK(gg_node_test_receive(node, 0, 0, end_msg, (size_t)el) == 0, "END again on stream 0");
-		turns(node, 5);
-		CHECK(sent->acks == 3 && gg_node_stats(node)->early_bytes == 0,
-		      "the END of the new run: %u ACKs, %llu bytes kept; want its frame let go and acknowledged",
-		      sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
-		for (unsigned j = 0; j <= 40; j++) {
-			char job[16];
-			snprintf(job, sizeof(job), j < 40 ? "gone-%u" : "late", j);
-			if (j == 40) {
-				size_t step5_len = 0;
-				uint8_t *step5 = make_data(cfg, 5, 0, &step5_len);
-				CHECK(step5 && gg_node_test_receive(node, 0, 1, step5, step5_len) == 0, "DATA of step 5");
-				turns(node, 3);
-				CHECK(sent->acks == 4 && gg_node_stats(node)->early_bytes == 0,
-				      "DATA after its job's END, past 40 other ENDs at once: %u ACKs, %llu bytes kept; "
-				      "want it acknowledged at once", sent->acks,
-				      (unsigned long long)gg_node_stats(node)->early_bytes);
-				free(step5);
-				/* The test's streams send no heartbeats: past the
-				 * timeout the node drops them, and they come back. */
-				usleep(350000);
-				turns(node, 3);
-				CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, sent) == 0 &&
-					      gg_node_test_open_stream(node, 0, 1, 42, on_sent, sent) == 0,
-				      "streams again");
-				turns(node, 3);
-			}
-			ssize_t l = gg_wire_encode_end(end_msg, sizeof(end_msg), job, 1, 1, (uint8_t)-GG_ERR_RANK, "gone");
-			CHECK(l > 0 && gg_node_test_receive(node, 0, j % 2, end_msg, (size_t)l) == 0, "END of %s", job);
-			turns(node, 2);
-		}
-		size_t late_len = 0;
-		uint8_t *late = make_job_data(cfg, "late", 4, 0, &late_len);
-		CHECK(late && gg_node_test_receive(node, 0, 1, late, late_len) == 0, "DATA of job late");
-		turns(node, 3);
-		CHECK(sent->acks == 5 && gg_node_stats(node)->early_bytes == 0,
-		      "DATA after its job's END, once the 40 ENDs before settled: %u ACKs, %llu bytes kept; want it "
-		      "acknowledged at once", sent->acks, (unsigned long long)gg_node_stats(node)->early_bytes);
-		free(late);
+	receive_expect(node, sent, 0, data[0], len[0], 0, true, "DATA of step 2, which has not started here");
+	receive_expect(node, sent, 0, end_msg, el, 1, false, "the END: the frame let go and acknowledged");
+	/* Else it holds memory and the sender's window for good. */
+	receive_expect(node, sent, 1, data[1], len[1], 2, false, "DATA of the ended job after its END");
+	if (sent->acks == 2)
+		CHECK(sent->ack[1].stream == 1 && sent->ack[1].step == 3,
+		      "the ACK went on stream %u for step %llu, not on stream 1 for step 3", sent->ack[1].stream,
+		      (unsigned long long)sent->ack[1].step);
+	receive_expect(node, sent, 1, data[2], len[2], 2, true, "step 1 of a new run of the job");
+	receive_expect(node, sent, 0, end_msg, el, 3, false, "the END of the new run");
+	for (unsigned j = 0; j < 40; j++) {
+		char job[16];
+		snprintf(job, sizeof(job), "gone-%u", j);
+		size_t l = end_of(job, end_msg, sizeof(end_msg));
+		CHECK(l && gg_node_test_receive(node, 0, j % 2, end_msg, l) == 0, "END of %s", job);
+		turns(node, 2);
 	}
-	for (int i = 0; i < 3; i++)
+	receive_expect(node, sent, 1, data[3], len[3], 4, false, "DATA after its job's END, past 40 other ENDs at once");
+	/* The test's streams send no heartbeats: past the timeout the node
+	 * drops them, and they come back. */
+	usleep(350000);
+	turns(node, 3);
+	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, sent) == 0 &&
+		      gg_node_test_open_stream(node, 0, 1, 42, on_sent, sent) == 0,
+	      "streams again");
+	turns(node, 3);
+	receive_expect(node, sent, 0, end_msg, end_of("late", end_msg, sizeof(end_msg)), 4, false,
+		       "the END of one more job, once the 40 before settled");
+	receive_expect(node, sent, 1, data[4], len[4], 5, false, "DATA of that job after its END");
+	for (int i = 0; i < 5; i++)
 		free(data[i]);
 }
 
