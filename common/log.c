@@ -1,14 +1,28 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 static enum gg_log_level min_level = GG_LOG_INFO;
+static atomic_bool tags;
+static _Thread_local char thread_site[64];
 
 void gg_log_set_level(enum gg_log_level level)
 {
 	min_level = level;
+}
+
+void gg_log_set_thread_site(const char *name)
+{
+	snprintf(thread_site, sizeof(thread_site), "%s", name ? name : "");
+}
+
+void gg_log_set_tags(bool on)
+{
+	atomic_store(&tags, on);
 }
 
 char *gg_escape(char *dst, size_t size, const char *src, size_t len)
@@ -58,6 +72,9 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 	if (n > 0 && (size_t)n < sizeof(line))
 		vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
 	va_end(ap);
+	size_t len = strlen(line);
+	if (thread_site[0] && atomic_load_explicit(&tags, memory_order_relaxed) && len < sizeof(line))
+		snprintf(line + len, sizeof(line) - len, " at=%s", thread_site);
 	size_t o = 0;
 	for (const char *p = line; *p; p++) {
 		unsigned char c = (unsigned char)*p;

@@ -20,6 +20,12 @@ char *gg_escape(char *dst, size_t size, const char *src, size_t len);
 
 /* Messages below `level` are dropped (default: info). */
 void gg_log_set_level(enum gg_log_level level);
+/* Where several gateways share one process (tests), each line may name the
+ * one that wrote it: gateway threads tell their site's name (NULL for
+ * none), and once tags are on, a line from such a thread ends in
+ * " at=NAME". Off by default. */
+void gg_log_set_thread_site(const char *name);
+void gg_log_set_tags(bool on);
 /* Any control character that reaches a line (a caller that forgot
  * gg_escape) is written as \xNN: one event is always one line. */
 GG_PRINTF(3, 4) void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...);

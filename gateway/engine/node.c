@@ -2803,6 +2803,7 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 {
 	struct lane *ln = &n->lanes[0];
 	struct cqe_ctx x = { .ln = ln, .other = other, .arg = arg };
+	gg_log_set_thread_site(n->names[n->self]);
 	int rc = lane_turn(ln, GG_MIN(timeout_us, gg_loop_timeout_us(&ln->loop, n->coord_next_us)), &x);
 
 	if (rc)
@@ -3114,6 +3115,7 @@ static void *lane_main(void *arg)
 
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the process's main thread's */
+	gg_log_set_thread_site(n->names[n->self]);
 	int rc = lane_init(ln);
 	pthread_mutex_lock(&n->start_lock);
 	ln->start_rc = rc;

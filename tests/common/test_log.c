@@ -1,5 +1,6 @@
 /* Log lines and escaped peer strings: one event is one line whatever the
  * strings it carries, and gg_escape never overruns its buffer. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,38 +30,77 @@ static void test_escape(void)
 	CHECK(!strcmp(buf, "a\\x00b"), "got %s", buf);
 }
 
-static void test_log_line(void)
+/* What `emit` logs, as text; false (and a failure) when nothing came. */
+static bool logged(void (*emit)(void), char *text, size_t size)
 {
-	char path[] = "/tmp/gg-test-log-XXXXXX", text[4096];
+	char path[] = "/tmp/gg-test-log-XXXXXX";
 	int fd = mkstemp(path), saved = dup(STDERR_FILENO);
 
 	CHECK(fd >= 0 && saved >= 0, "cannot make a temporary file");
 	if (fd < 0 || saved < 0)
-		return;
+		return false;
 	fflush(stderr);
 	dup2(fd, STDERR_FILENO);
-	gg_log(GG_LOG_WARN, "probe", "reason=\"%s\"", "x\nts=2026 level=error event=forged\x1b[0m\r");
-	gg_log(GG_LOG_DEBUG, "dropped", "below the level");
+	emit();
 	fflush(stderr);
 	dup2(saved, STDERR_FILENO);
 	close(saved);
-	ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+	ssize_t n = pread(fd, text, size - 1, 0);
 	close(fd);
 	unlink(path);
 	CHECK(n > 0, "nothing logged");
 	if (n <= 0)
-		return;
+		return false;
 	text[n] = '\0';
-	CHECK(strchr(text, '\n') == text + n - 1, "not exactly one line: %s", text);
+	return true;
+}
+
+static void emit_forged(void)
+{
+	gg_log(GG_LOG_WARN, "probe", "reason=\"%s\"", "x\nts=2026 level=error event=forged\x1b[0m\r");
+	gg_log(GG_LOG_DEBUG, "dropped", "below the level");
+}
+
+static void test_log_line(void)
+{
+	char text[4096];
+
+	if (!logged(emit_forged, text, sizeof(text)))
+		return;
+	CHECK(strchr(text, '\n') == text + strlen(text) - 1, "not exactly one line: %s", text);
 	CHECK(!strchr(text, '\x1b') && !strchr(text, '\r'), "a control byte reached the log: %s", text);
 	CHECK(strstr(text, " level=warn event=probe reason=\"x\\x0ats=2026 level=error event=forged\\x1b[0m\\x0d\"\n"),
 	      "got %s", text);
+}
+
+static void emit_three(void)
+{
+	gg_log(GG_LOG_INFO, "one", "k=v");
+	gg_log_set_tags(true);
+	gg_log(GG_LOG_INFO, "two", "k=v");
+	gg_log_set_thread_site(NULL);
+	gg_log(GG_LOG_INFO, "three", "k=v");
+	gg_log_set_tags(false);
+}
+
+/* A gateway thread's lines name its site only once tags are on. */
+static void test_tags(void)
+{
+	char text[4096];
+
+	gg_log_set_thread_site("site-b");
+	if (!logged(emit_three, text, sizeof(text)))
+		return;
+	CHECK(strstr(text, " event=one k=v\n"), "a line tagged while tags are off: %s", text);
+	CHECK(strstr(text, " event=two k=v at=site-b\n"), "no tag: %s", text);
+	CHECK(strstr(text, " event=three k=v\n"), "a tag once the thread's site was cleared: %s", text);
 }
 
 int main(void)
 {
 	test_escape();
 	test_log_line();
+	test_tags();
 	if (!failures)
 		printf("test_log: ok\n");
 	return failures ? 1 : 0;
