@@ -26,6 +26,7 @@
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
 #define TICK_US 100000       /* lanes look at their timers at least this often */
 #define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */
+#define PEER_ENDS_KEPT 64    /* runs peers ended, whose late DONE and ABORT are let go */
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 #define FAILURES_KEPT 16     /* recent step failures, for the status */
 #define RERUN_TELL_US 100000 /* a lane tells of step-1 DATA of a job that ran there at most this often */
@@ -79,6 +80,7 @@ struct mail {
 	bool forget;          /* M_END: the step failed; unsent DATA of it goes */
 	uint32_t sites;       /* M_FORGET_JOB: the sites, by bit, whose frames of the job still on the way are
 			       * let go when they come (the job ended there or here) */
+	uint64_t run;         /* M_FORGET_JOB: the run that ended at the one site in `sites`; 0: it ended here */
 	union {
 		struct {      /* M_START */
 			struct gg_wire_step wstep;
@@ -105,6 +107,7 @@ struct mail {
 		} data;
 		struct {      /* M_ACK_SEND */
 			char job[GG_WIRE_NAME_MAX + 1];
+			uint64_t run;
 			struct gg_ar_chunk_id id;
 		} ack;
 		struct gg_mesh_handoff *conn;   /* M_CONN */
@@ -162,6 +165,13 @@ struct lane_job {
 	 * heartbeat_timeout to come (lane_job_find). */
 	uint32_t ended_by;
 	uint32_t rerun_by;   /* of those, the sites whose step 1 came since: a new run there, whose frames stay */
+	/* Each site's runs of the job (their DATA and END say which): the
+	 * latest whose frames came, and the latest known over there, that and
+	 * every run before it (its END came, or a later run's frames did). A
+	 * frame of a run over is acknowledged and let go, whatever its step,
+	 * even once a later run started here; where no run is known over,
+	 * ended_by's rule stands. */
+	uint64_t run_seen[GG_AR_MAX_SITES], run_over[GG_AR_MAX_SITES];
 	uint64_t ended_us;   /* when ended_by was last set (the lane's loop clock) */
 	uint64_t rerun_us;   /* when the coordinator last heard of a step 1 again (M_RERUN) */
 	/* When a step last started or ended here, or early DATA last came:
@@ -246,6 +256,7 @@ struct lane {
 struct job {
 	bool used;
 	char name[GG_WIRE_NAME_MAX + 1];
+	uint64_t run;           /* this site's run of the name (new_run()) */
 	uint64_t last_seq;      /* last step started */
 	uint64_t active_us;     /* when a step last started or ended */
 	uint64_t submit_us;     /* when the step in progress was handed over */
@@ -322,6 +333,7 @@ struct job {
  * when it went out may still wait in one of its steps. */
 struct ended_job {
 	char name[GG_WIRE_NAME_MAX + 1]; /* "": free */
+	uint64_t run;
 	uint64_t last_step, last_done, us;
 	int code;
 	char reason[GG_NODE_ERROR_MAX]; /* the wire carries its first GG_WIRE_REASON_MAX bytes */
@@ -372,6 +384,15 @@ struct gg_node {
 	struct gg_wire_links links[GG_AR_MAX_SITES];
 	struct ended_job ended[ENDS_KEPT];
 	unsigned ended_next;
+	/* Runs of jobs that peers ended (their END): words of such a run that
+	 * come after it are of no step here. */
+	struct peer_end {
+		char job[GG_WIRE_NAME_MAX + 1]; /* "": free */
+		unsigned peer;
+		uint64_t run;
+	} peer_ends[PEER_ENDS_KEPT];
+	unsigned peer_ends_next;
+	uint64_t next_run; /* the run id the next job started here gets */
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
 	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
 	/* Error feedback, one slot per (job, tensor), each allocated on its own
@@ -773,13 +794,13 @@ static void ar_deliver(void *ctx, uint64_t offset, uint64_t n)
 static const struct gg_ar_ops ar_ops = { ar_send, ar_may_encode, ar_gather, ar_deliver };
 
 /* Acknowledges DATA on the stream it came on, which may be another lane's. */
-static void lane_ack(struct lane *ln, unsigned via_lane, struct gg_mesh_via via, const char *job, uint64_t seq,
-		     const struct gg_ar_chunk_id *id)
+static void lane_ack(struct lane *ln, unsigned via_lane, struct gg_mesh_via via, const char *job, uint64_t run,
+		     uint64_t seq, const struct gg_ar_chunk_id *id)
 {
 	struct mail *m;
 
 	if (via_lane == ln->index) {
-		gg_mesh_ack(ln->mesh, via, job, seq, id);
+		gg_mesh_ack(ln->mesh, via, job, run, seq, id);
 		return;
 	}
 	if (!(m = mail_new(M_ACK_SEND)))
@@ -787,6 +808,7 @@ static void lane_ack(struct lane *ln, unsigned via_lane, struct gg_mesh_via via,
 	m->via = via;
 	m->seq = seq;
 	snprintf(m->u.ack.job, sizeof(m->u.ack.job), "%s", job);
+	m->u.ack.run = run;
 	m->u.ack.id = *id;
 	post(&ln->node->lanes[via_lane].inbox, m);
 }
@@ -799,7 +821,7 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	const struct gg_node *n = ln->node;
 	char err[GG_AR_ERROR_MAX];
 
-	lane_ack(ln, via_lane, via, lj->name, ws->step, id);
+	lane_ack(ln, via_lane, via, lj->name, ws->run, ws->step, id);
 	if (lj->reported && !gg_ar_step_done(lj->ar))
 		return; /* failed already */
 	if (ws->fingerprint != lj->wstep.fingerprint && ws->tensor_id == lj->wstep.tensor_id &&
@@ -846,7 +868,7 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 static void early_ack(struct lane_job *lj, const struct early *e, unsigned from)
 {
 	for (unsigned i = from; i < e->nvias; i++)
-		lane_ack(lj->lane, e->vias[i].lane, e->vias[i].via, lj->name, e->seq, &e->id);
+		lane_ack(lj->lane, e->vias[i].lane, e->vias[i].via, lj->name, e->wstep.run, e->seq, &e->id);
 }
 
 /* A copy of a kept frame came again, on lane via_lane's stream `via`. */
@@ -872,6 +894,37 @@ static void drop_early(struct lane_job *lj, uint64_t from_seq, uint64_t to_seq, 
 	while (*pp) {
 		struct early *e = *pp;
 		if (e->seq < from_seq || e->seq > to_seq || !(senders & (1u << e->from))) {
+			pp = &e->next;
+			continue;
+		}
+		*pp = e->next;
+		early_ack(lj, e, 0);
+		early_free(lj->lane, e);
+	}
+}
+
+/* Whether run a of a site's comes after its run b (wrapping, as run ids
+ * count up from the sender's clock). */
+static bool run_is_later(uint64_t a, uint64_t b)
+{
+	return (int64_t)(a - b) > 0;
+}
+
+/* Lets go of the early frames of runs that are over: of `sites` (by bit),
+ * every frame but those of a run later than the one known over there; of
+ * the others, those of runs known over, and every frame of a site not in
+ * `keep` (a job over at one site cannot complete anywhere, but a site that
+ * began a new run of it since keeps that run's frames). */
+static void drop_runs_over(struct lane_job *lj, uint32_t sites, uint32_t keep)
+{
+	struct early **pp = &lj->early;
+
+	while (*pp) {
+		struct early *e = *pp;
+		const uint32_t bit = 1u << e->from;
+		const uint64_t over = lj->run_over[e->from];
+		const bool later = over && run_is_later(e->wstep.run, over);
+		if (later || (!(sites & bit) && (keep & bit) && !over)) {
 			pp = &e->next;
 			continue;
 		}
@@ -946,16 +999,31 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 		       ws->job);
 		return 0;
 	}
+	/* Of a run over at its sender: nobody needs it, and kept it would hold
+	 * memory and the sender's window for good, or pass for a frame of the
+	 * run after it. */
+	if (lj->run_over[from] && !run_is_later(ws->run, lj->run_over[from])) {
+		lane_ack(ln, via_lane, via, ws->job, ws->run, ws->step, &m->u.data.id);
+		return 0;
+	}
 	if (lj->ended_by & (1u << from)) {
-		if (ws->step != 1) {
-			/* Of a run that ended: nobody needs it, and kept it would
-			 * hold memory and the sender's window for good. */
-			lane_ack(ln, via_lane, via, ws->job, ws->step, &m->u.data.id);
+		/* No run of the site known over: all but step 1 are of the old one. */
+		if (!lj->run_over[from] && ws->step != 1) {
+			lane_ack(ln, via_lane, via, ws->job, ws->run, ws->step, &m->u.data.id);
 			return 0;
 		}
 		lj->ended_by &= ~(1u << from);
 		lj->rerun_by |= 1u << from;
 	}
+	/* A site starts a run of a name only once its run before ended: the
+	 * runs before this one are over there, and their frames go. */
+	const uint64_t before = ws->run - 1;
+	if (before && (!lj->run_over[from] || run_is_later(before, lj->run_over[from]))) {
+		lj->run_over[from] = before;
+		drop_runs_over(lj, 1u << from, ~(1u << from));
+	}
+	if (!lj->run_seen[from] || run_is_later(ws->run, lj->run_seen[from]))
+		lj->run_seen[from] = ws->run;
 	if (lj->ar && ws->step == lj->seq) {
 		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
 		return 0;
@@ -963,7 +1031,7 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	if (ws->step <= lj->last_seq || (ws->step >= lj->forgot_lo && ws->step <= lj->forgot_hi)) {
 		/* A step already finished or failed here: a re-send, or data of a
 		 * step a site aborted. Acknowledge so the peer lets it go. */
-		lane_ack(ln, via_lane, via, ws->job, ws->step, &m->u.data.id);
+		lane_ack(ln, via_lane, via, ws->job, ws->run, ws->step, &m->u.data.id);
 		/* Step 1 again, once steps ran here: a new run of the name at
 		 * `from` (the old run's frames are not sent again once it ended
 		 * there), unless this is the run's own step 1 still. The
@@ -984,7 +1052,7 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	 * bounds how much waits. A copy sent again came on another stream,
 	 * which its ACK takes too. */
 	for (struct early *e = lj->early; e; e = e->next) {
-		if (e->seq == ws->step && e->from == from && e->id.phase == m->u.data.id.phase &&
+		if (e->seq == ws->step && e->from == from && e->wstep.run == ws->run && e->id.phase == m->u.data.id.phase &&
 		    e->id.origin == m->u.data.id.origin && e->id.chunk == m->u.data.id.chunk) {
 			early_again(e, via_lane, via);
 			return 0;
@@ -1105,8 +1173,9 @@ static void lane_forget(struct lane *ln, const struct mail *m)
 }
 
 /* The job is over: its early frames are acknowledged and let go, and its
- * name may start a new run. */
-static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
+ * name may start a new run. It ended at `sites` (by bit): at one peer, in
+ * its run `run`, or here (run 0), ending the runs of every site seen. */
+static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites, uint64_t run)
 {
 	/* Its entry stays to let go what `sites` sent of it that is still on
 	 * the way (other streams than the END's). A lane that holds none
@@ -1119,11 +1188,17 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 	gg_mesh_forget(ln->mesh, job, 0, UINT64_MAX);
 	if (!lj || lj->ar)
 		return;
+	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++) {
+		const uint64_t over = !(sites & (1u << p)) ? 0 : run ? run : lj->run_seen[p];
+		if (over && (!lj->run_over[p] || run_is_later(over, lj->run_over[p])))
+			lj->run_over[p] = over;
+	}
 	/* A site that began a new run since it ended the old one keeps its
-	 * frames, unless it is the one ending now. */
+	 * frames, unless it is the one ending now; frames of a run later than
+	 * the one ending stay too. */
 	const uint32_t keep = lj->rerun_by & ~sites;
-	drop_early(lj, 0, UINT64_MAX, ~keep);
-	if (keep) {
+	drop_runs_over(lj, sites, keep);
+	if (keep || lj->early) {
 		lj->ended_by |= sites;
 		lj->rerun_by = keep;
 		lj->ended_us = ln->loop.now_us;
@@ -1131,6 +1206,9 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 		return;
 	}
 	const uint32_t ended_by = lj->ended_by | sites;
+	uint64_t run_seen[GG_AR_MAX_SITES], run_over[GG_AR_MAX_SITES];
+	memcpy(run_seen, lj->run_seen, sizeof(run_seen));
+	memcpy(run_over, lj->run_over, sizeof(run_over));
 	memset(lj, 0, sizeof(*lj));
 	if (!ended_by)
 		return;
@@ -1139,6 +1217,8 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites)
 	lj->touched = ++ln->touches;
 	lj->ended_by = ended_by;
 	lj->ended_us = ln->loop.now_us;
+	memcpy(lj->run_seen, run_seen, sizeof(run_seen));
+	memcpy(lj->run_over, run_over, sizeof(run_over));
 	snprintf(lj->name, sizeof(lj->name), "%s", job);
 }
 
@@ -1279,7 +1359,7 @@ static void lane_mail(struct lane *ln)
 			lane_forget(ln, m);
 			break;
 		case M_FORGET_JOB:
-			lane_forget_job(ln, m->u.job, m->sites);
+			lane_forget_job(ln, m->u.job, m->sites, m->run);
 			break;
 		case M_SEND:
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
@@ -1291,7 +1371,7 @@ static void lane_mail(struct lane *ln)
 			gg_buf_put(m->u.data.payload);
 			break;
 		case M_ACK_SEND:
-			gg_mesh_ack(ln->mesh, m->via, m->u.ack.job, m->seq, &m->u.ack.id);
+			gg_mesh_ack(ln->mesh, m->via, m->u.ack.job, m->u.ack.run, m->seq, &m->u.ack.id);
 			break;
 		case M_ACK:
 			gg_mesh_take_ack(ln->mesh, m->peer, &m->u.msg);
@@ -1545,12 +1625,13 @@ static uint8_t wire_code(int code)
 
 /* ABORT of steps lo..hi with the code they failed with here, to one peer
  * or all (-1). */
-static void send_abort(struct gg_node *n, int only, const char *job, uint64_t lo, uint64_t hi, int code,
-		       const char *reason)
+static void send_abort(struct gg_node *n, int only, const char *job, uint64_t run, uint64_t lo, uint64_t hi,
+		       int code, const char *reason)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
-	send_to_peers(n, only, buf, gg_wire_encode_abort(buf, sizeof(buf), job, lo, hi, wire_code(code), reason), false);
+	send_to_peers(n, only, buf, gg_wire_encode_abort(buf, sizeof(buf), job, run, lo, hi, wire_code(code), reason),
+		      false);
 }
 
 /* DONE for the job's step to peer `only` (every peer when -1), on every
@@ -1561,7 +1642,8 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 	uint8_t buf[CTRL_MSG_MAX];
 
 	send_to_peers(n, only, buf,
-		      gg_wire_encode_done(buf, sizeof(buf), j->name, j->step->seq, &n->links[n->self], &j->plan), true);
+		      gg_wire_encode_done(buf, sizeof(buf), j->name, j->run, j->step->seq, &n->links[n->self], &j->plan),
+		      true);
 }
 
 /* END of a job ended here, to peer `only` or all (-1). */
@@ -1570,8 +1652,8 @@ static void send_end(struct gg_node *n, int only, const struct ended_job *e)
 	uint8_t buf[CTRL_MSG_MAX];
 
 	send_to_peers(n, only, buf,
-		      gg_wire_encode_end(buf, sizeof(buf), e->name, e->last_done, e->last_step, wire_code(e->code),
-					 e->reason),
+		      gg_wire_encode_end(buf, sizeof(buf), e->name, e->run, e->last_done, e->last_step,
+					 wire_code(e->code), e->reason),
 		      false);
 }
 
@@ -1700,7 +1782,7 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	send_abort(n, -1, j->name, j->step->seq, j->step->seq, code, msg);
+	send_abort(n, -1, j->name, j->run, j->step->seq, j->step->seq, code, msg);
 	finish_step(n, j, code, msg);
 }
 
@@ -1713,6 +1795,14 @@ static void feedback_drop(struct gg_node *n, unsigned i)
 	gg_feedback_fini(&f->fb);
 	free(f);
 	n->feedback[i] = n->feedback[--n->feedback_count];
+}
+
+/* A run id for a job starting here: never 0, and each larger than the
+ * one before, across restarts too (they start from the clock), so that a
+ * peer tells a later run of a job from one that ended (run_is_later()). */
+static uint64_t new_run(struct gg_node *n)
+{
+	return n->next_run++;
 }
 
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
@@ -1746,6 +1836,7 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 		if (!strcmp(n->ended[e].name, name))
 			n->ended[e].name[0] = '\0';
 	memset(free_slot, 0, sizeof(*free_slot));
+	free_slot->run = new_run(n);
 	free_slot->active_us = gg_node_loop(n)->now_us;
 	free_slot->used = true;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
@@ -2209,7 +2300,8 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 
 	const enum gg_allreduce_algo algo = step_algo(n, j, st->count);
 	const uint32_t chunk = step_chunk(n, algo, st->count);
-	struct gg_wire_step ws = { .step = st->seq, .count = st->count, .tensor_id = st->tensor_id, .dtype = st->dtype };
+	struct gg_wire_step ws = { .run = j->run, .step = st->seq, .count = st->count, .tensor_id = st->tensor_id,
+				   .dtype = st->dtype };
 	snprintf(ws.job, sizeof(ws.job), "%s", st->job);
 	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)n->cfg->compression.codec,
 					     (uint32_t)n->cfg->compression.block_size, (uint8_t)algo, chunk);
@@ -2281,6 +2373,29 @@ static bool ended_here(const struct gg_node *n, const char *name)
 	return false;
 }
 
+/* Run `run` of `job` ended at site `peer` (its END came). */
+static void peer_run_ends(struct gg_node *n, const char *job, unsigned peer, uint64_t run)
+{
+	for (unsigned i = 0; i < PEER_ENDS_KEPT; i++)
+		if (n->peer_ends[i].peer == peer && n->peer_ends[i].run == run && !strcmp(n->peer_ends[i].job, job))
+			return; /* a copy */
+	struct peer_end *e = &n->peer_ends[n->peer_ends_next++ % PEER_ENDS_KEPT];
+	snprintf(e->job, sizeof(e->job), "%s", job);
+	e->peer = peer;
+	e->run = run;
+}
+
+/* Whether a word of run `run` of `job` from `peer` comes after that run's
+ * END: the END said how its steps ended, and a later run of the name here
+ * must not take the old run's DONE or ABORT for its own. */
+static bool peer_run_ended(const struct gg_node *n, const char *job, unsigned peer, uint64_t run)
+{
+	for (unsigned i = 0; i < PEER_ENDS_KEPT; i++)
+		if (n->peer_ends[i].peer == peer && n->peer_ends[i].run == run && !strcmp(n->peer_ends[i].job, job))
+			return true;
+	return false;
+}
+
 static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
 {
 	const char *site = n->names[from];
@@ -2289,8 +2404,9 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	char msg[GG_NODE_ERROR_MAX];
 
 	/* A job over here stays over: recording the abort would make it anew
-	 * and drop the END that a peer cut off while it ended still needs. */
-	if (!j && ended_here(n, m->u.abort.job))
+	 * and drop the END that a peer cut off while it ended still needs. A
+	 * run over at the peer said how its steps ended in its END. */
+	if ((!j && ended_here(n, m->u.abort.job)) || peer_run_ended(n, m->u.abort.job, from, m->u.abort.run))
 		return;
 	if (!j && !(j = find_job(n, m->u.abort.job, true)))
 		return;
@@ -2376,10 +2492,11 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	struct job *j = find_job(n, m->u.end.job, false);
 	char failed[GG_NODE_ERROR_MAX], gone[GG_NODE_ERROR_MAX];
 
+	peer_run_ends(n, m->u.end.job, from, m->u.end.run);
 	if (!j) {
 		/* None of its steps can complete anywhere now: the frames peers
 		 * sent ahead for it are let go (and acknowledged). */
-		struct mail f = { .base.type = M_FORGET_JOB, .sites = 1u << from };
+		struct mail f = { .base.type = M_FORGET_JOB, .sites = 1u << from, .run = m->u.end.run };
 		snprintf(f.u.job, sizeof(f.u.job), "%s", m->u.end.job);
 		post_lanes(n, &f, 0);
 		return;
@@ -2430,6 +2547,8 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 {
 	struct job *j = find_job(n, m->u.done.job, false);
 
+	if (peer_run_ended(n, m->u.done.job, from, m->u.done.run))
+		return;
 	if (m->u.done.links.uplink_bytes_per_s)
 		n->links[from].uplink_bytes_per_s = m->u.done.links.uplink_bytes_per_s;
 	if (m->u.done.links.rtt_us)
@@ -2461,13 +2580,14 @@ static void resend_done(struct gg_node *n, unsigned peer)
 		 * even with a later one in progress here. */
 		if (j->done_seq && now - j->done_us < n->cfg->transport.step_timeout_us)
 			send_to_peers(n, (int)peer, buf,
-				      gg_wire_encode_done(buf, sizeof(buf), j->name, j->done_seq, &n->links[n->self],
-							  &j->done_plan),
+				      gg_wire_encode_done(buf, sizeof(buf), j->name, j->run, j->done_seq,
+							  &n->links[n->self], &j->done_plan),
 				      true);
 		if (j->step && !j->ending && j->has_result)
 			send_done(n, j, (int)peer);
 		if (j->failed_lo && now - j->failed_us < n->cfg->transport.step_timeout_us)
-			send_abort(n, (int)peer, j->name, j->failed_lo, j->failed_hi, j->failed_code, j->failed_reason);
+			send_abort(n, (int)peer, j->name, j->run, j->failed_lo, j->failed_hi, j->failed_code,
+				   j->failed_reason);
 	}
 	for (unsigned e = 0; e < ENDS_KEPT; e++)
 		if (n->ended[e].name[0] && now - n->ended[e].us < n->cfg->transport.step_timeout_us)
@@ -2493,7 +2613,7 @@ static void rerun_seen(struct gg_node *n, unsigned peer, const char *name)
 		 "start a new run under a new name, or once every rank of the old one closed its session at every "
 		 "site", n->names[n->self], j->name, (unsigned long long)j->last_seq);
 	gg_log(GG_LOG_WARN, "rerun_refused", "site=%s job=%s reason=\"%s\"", n->names[peer], j->name, reason);
-	send_abort(n, -1, j->name, 1, 1, GG_ERR_INVALID, reason);
+	send_abort(n, -1, j->name, j->run, 1, 1, GG_ERR_INVALID, reason);
 }
 
 static void coordinator_mail(struct gg_node *n)
@@ -2842,7 +2962,7 @@ int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream)
 int gg_node_test_send_data(struct gg_node *n, unsigned peer, const char *job, uint64_t step, uint32_t chunk,
 			   size_t bytes)
 {
-	struct gg_wire_step ws = { .step = step, .count = 1, .dtype = GG_WIRE_F32 };
+	struct gg_wire_step ws = { .run = 1, .step = step, .count = 1, .dtype = GG_WIRE_F32 };
 	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = (uint8_t)n->self, .chunk = chunk };
 
 	if (peer >= n->sites || peer == n->self || bytes > n->max_payload - GG_WIRE_DATA_FIXED_BYTES)
@@ -2954,7 +3074,7 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 		fail_step_code(n, j, code, "%s", reason);
 		return 0;
 	}
-	send_abort(n, -1, job, seq, seq, code, reason);
+	send_abort(n, -1, job, j ? j->run : new_run(n), seq, seq, code, reason);
 	note_failure(n, job, seq, code, reason);
 	if (j)
 		remember_abort(n, j, seq, code, reason);
@@ -2975,6 +3095,7 @@ void gg_node_end_job(struct gg_node *n, const char *job)
 		return; /* the site backend ends a job once none of its steps is here */
 	struct ended_job *e = &n->ended[n->ended_next++ % ENDS_KEPT];
 	snprintf(e->name, sizeof(e->name), "%s", job);
+	e->run = j ? j->run : new_run(n);
 	e->last_step = j ? GG_MAX(j->last_seq, j->done_seq) : 0;
 	e->last_done = j ? j->done_seq : 0;
 	e->us = gg_node_loop(n)->now_us;
@@ -3265,6 +3386,9 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	}
 	close(urandom);
 	n->hello.instance_id |= 1; /* never 0, which means "not seen yet" */
+	struct timespec wall;
+	clock_gettime(CLOCK_REALTIME, &wall);
+	n->next_run = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u + 1;
 
 	struct gg_tls_options to = tls_options(cfg);
 	if ((rc = gg_tls_context_new(&to, &n->tls, err, err_size)))

@@ -50,7 +50,7 @@ struct out {
 	bool hedged;          /* unacked: a second copy went on another stream */
 	bool forgotten;       /* unacked: its step failed or its job ended here (gg_mesh_forget()) */
 	char job[GG_WIRE_NAME_MAX + 1];
-	uint64_t seq;
+	uint64_t run, seq;
 	struct gg_ar_chunk_id id;
 	int conn;             /* stream it was written to; -1: waiting */
 };
@@ -504,6 +504,7 @@ int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_ste
 	gg_buf_get(frame);
 	o->frame = frame;
 	snprintf(o->job, sizeof(o->job), "%s", step->job);
+	o->run = step->run;
 	o->seq = step->step;
 	o->id = *id;
 	o->conn = -1;
@@ -527,14 +528,14 @@ void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, 
 	}
 }
 
-void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t step,
+void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t run, uint64_t step,
 		 const struct gg_ar_chunk_id *id)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
 	if (via.conn < 0 || via.conn >= m->conn_cap || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
 		return;
-	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, step, id);
+	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, run, step, id);
 	/* Never dropped while the stream lives: the sender would keep the DATA
 	 * it names, and its window would stay that much shorter for good. A
 	 * stream that cannot take it (a peer that sends but does not read,
@@ -675,7 +676,8 @@ static bool on_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg *m
 
 	for (struct out **pp = &pe->unacked; *pp; pp = &(*pp)->next) {
 		struct out *o = *pp;
-		if (o->seq == msg->u.ack.step && same_chunk(&o->id, &msg->u.ack.id) && !strcmp(o->job, msg->u.ack.job)) {
+		if (o->seq == msg->u.ack.step && o->run == msg->u.ack.run && same_chunk(&o->id, &msg->u.ack.id) &&
+		    !strcmp(o->job, msg->u.ack.job)) {
 			*pp = o->next;
 			pe->unacked_bytes -= o->head_len + o->frame->len;
 			pe->delivery.bytes += o->frame->len;

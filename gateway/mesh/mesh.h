@@ -206,10 +206,10 @@ GG_MUST_CHECK int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const stru
  * stream, or on every ready stream with `every_stream` (so one cut after
  * it was queued cannot lose it). Dropped when no stream is ready. */
 void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, size_t len, bool every_stream);
-/* Acknowledges DATA for (job, step, id) on the stream it came on; nothing
- * when that stream is gone (the peer sends the DATA again). A full send
- * queue does not drop it: a stream that cannot take it is closed. */
-void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t step,
+/* Acknowledges DATA for (job, run, step, id) on the stream it came on;
+ * nothing when that stream is gone (the peer sends the DATA again). A full
+ * send queue does not drop it: a stream that cannot take it is closed. */
+void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t run, uint64_t step,
 		 const struct gg_ar_chunk_id *id);
 
 /* Messages are queued by every call above and written, several to a

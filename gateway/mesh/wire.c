@@ -150,6 +150,7 @@ ssize_t gg_wire_encode_data_head(uint8_t *buf, size_t cap, const struct gg_wire_
 	size_t extra_ = frame_bytes;
 	ENCODE(buf, cap, GG_WIRE_DATA, {
 		put_str(&w, st->job);
+		put_le(&w, st->run, 8);
 		put_le(&w, st->step, 8);
 		put_le(&w, st->count, 8);
 		put_le(&w, st->tensor_id, 4);
@@ -161,12 +162,13 @@ ssize_t gg_wire_encode_data_head(uint8_t *buf, size_t cap, const struct gg_wire_
 	});
 }
 
-ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 			   const struct gg_ar_chunk_id *id)
 {
 	size_t extra_ = 0;
 	ENCODE(buf, cap, GG_WIRE_ACK, {
 		put_str(&w, job);
+		put_le(&w, run, 8);
 		put_le(&w, step, 8);
 		put_u8(&w, id->phase);
 		put_u8(&w, id->origin);
@@ -180,12 +182,13 @@ ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, ui
 	ENCODE(buf, cap, type, { put_le(&w, value, 8); });
 }
 
-static ssize_t encode_steps(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job, uint64_t first,
-			    uint64_t last, uint8_t code, const char *reason)
+static ssize_t encode_steps(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job, uint64_t run,
+			    uint64_t first, uint64_t last, uint8_t code, const char *reason)
 {
 	size_t extra_ = 0;
 	ENCODE(buf, cap, type, {
 		put_str(&w, job);
+		put_le(&w, run, 8);
 		put_le(&w, first, 8);
 		put_le(&w, last, 8);
 		put_le(&w, code, 1);
@@ -193,10 +196,10 @@ static ssize_t encode_steps(uint8_t *buf, size_t cap, enum gg_wire_type type, co
 	});
 }
 
-ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step, uint64_t last_step,
-			     uint8_t code, const char *reason)
+ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
+			     uint64_t last_step, uint8_t code, const char *reason)
 {
-	return encode_steps(buf, cap, GG_WIRE_ABORT, job, step, last_step, code, reason);
+	return encode_steps(buf, cap, GG_WIRE_ABORT, job, run, step, last_step, code, reason);
 }
 
 static void put_links(struct writer *w, const struct gg_wire_links *l)
@@ -205,13 +208,14 @@ static void put_links(struct writer *w, const struct gg_wire_links *l)
 	put_le(w, l ? l->rtt_us : 0, 4);
 }
 
-ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 			    const struct gg_wire_links *links, const struct gg_wire_plan *plan)
 {
 	size_t extra_ = 0;
 	const bool has_plan = plan && plan->has_plan;
 	ENCODE(buf, cap, GG_WIRE_DONE, {
 		put_str(&w, job);
+		put_le(&w, run, 8);
 		put_le(&w, step, 8);
 		put_links(&w, links);
 		put_u8(&w, (uint8_t)(has_plan | (has_plan && plan->probe) << 1));
@@ -220,10 +224,10 @@ ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t 
 	});
 }
 
-ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t last_done, uint64_t last_step,
-			   uint8_t code, const char *reason)
+ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t last_done,
+			   uint64_t last_step, uint8_t code, const char *reason)
 {
-	return encode_steps(buf, cap, GG_WIRE_END, job, last_done, last_step, code, reason);
+	return encode_steps(buf, cap, GG_WIRE_END, job, run, last_done, last_step, code, reason);
 }
 
 /* ---- decoding ----------------------------------------------------------- */
@@ -280,6 +284,7 @@ static int decode_steps(struct reader *r, struct gg_wire_steps *st, const char *
 			const char *last, char *err, size_t err_size)
 {
 	get_str(r, st->job, GG_WIRE_NAME_MAX, "job");
+	st->run = get_le(r, 8, "run");
 	st->first = get_le(r, 8, first);
 	st->last = get_le(r, 8, last);
 	st->code = (uint8_t)get_le(r, 1, "code");
@@ -328,6 +333,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	case GG_WIRE_DATA: {
 		struct gg_wire_step *st = &msg->u.data.step;
 		get_str(&r, st->job, GG_WIRE_NAME_MAX, "job");
+		st->run = get_le(&r, 8, "run");
 		st->step = get_le(&r, 8, "step");
 		st->count = get_le(&r, 8, "count");
 		st->tensor_id = (uint32_t)get_le(&r, 4, "tensor id");
@@ -349,6 +355,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	}
 	case GG_WIRE_ACK:
 		get_str(&r, msg->u.ack.job, GG_WIRE_NAME_MAX, "job");
+		msg->u.ack.run = get_le(&r, 8, "run");
 		msg->u.ack.step = get_le(&r, 8, "step");
 		msg->u.ack.id.phase = (uint8_t)get_le(&r, 1, "phase");
 		msg->u.ack.id.origin = (uint8_t)get_le(&r, 1, "origin");
@@ -366,6 +373,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		break;
 	case GG_WIRE_DONE:
 		get_str(&r, msg->u.done.job, GG_WIRE_NAME_MAX, "job");
+		msg->u.done.run = get_le(&r, 8, "run");
 		msg->u.done.step = get_le(&r, 8, "step");
 		msg->u.done.links.uplink_bytes_per_s = get_le(&r, 8, "uplink rate");
 		msg->u.done.links.rtt_us = (uint32_t)get_le(&r, 4, "round trip");
@@ -400,6 +408,14 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 						  : NULL;
 	if (job && !*job)
 		return gg_errf(err, err_size, -EBADMSG, "message type %u: empty job name", (unsigned)type);
+	const uint64_t run = type == GG_WIRE_DATA    ? msg->u.data.step.run
+			     : type == GG_WIRE_ACK   ? msg->u.ack.run
+			     : type == GG_WIRE_ABORT ? msg->u.abort.run
+			     : type == GG_WIRE_DONE  ? msg->u.done.run
+			     : type == GG_WIRE_END   ? msg->u.end.run
+						     : 1;
+	if (!run)
+		return gg_errf(err, err_size, -EBADMSG, "message type %u: run 0", (unsigned)type);
 	for (size_t i = 0; job && job[i]; i++)
 		if (!gg_job_name_char_ok((unsigned char)job[i]))
 			return gg_errf(err, err_size, -EBADMSG, "message type %u: job name has character 0x%02x at %zu",

@@ -10,24 +10,28 @@
  *   6  2  reserved, 0
  *   8  4  payload length, at most the receiver's limit
  *
- * Payloads (str = u8 length + that many bytes, no NUL):
+ * Payloads (str = u8 length + that many bytes, no NUL; run = u64, not 0:
+ * the sender's run of the job, an id it draws each time the job's name
+ * starts there, which tells a frame or word of a run that ended from one
+ * of the next run under the same name):
  *   HELLO   u16 stream index, u16 streams per peer, u64 instance id (random
  *           per gateway start: a change means the peer restarted),
  *           u8 site count, str site names in index order (sorted),
  *           u8 codec, u8 scale, u32 block elems, u8 algorithm,
  *           u32 chunk elems, u8 zstd on
- *   DATA    str job, u64 step, u64 count, u32 tensor id, u8 dtype,
+ *   DATA    str job, run, u64 step, u64 count, u32 tensor id, u8 dtype,
  *           u64 collective fingerprint, u8 phase, u8 origin, u32 chunk,
  *           then the payload frame (compress/frame.h) to the end
- *   ACK     str job, u64 step, u8 phase, u8 origin, u32 chunk
+ *   ACK     str job, run (the DATA's), u64 step, u8 phase, u8 origin,
+ *           u32 chunk
  *   PING    u64 sender's clock in microseconds
  *   PONG    u64 the PING's value, echoed
- *   ABORT   str job, u64 step, u64 last step (>= step), u8 code (what
+ *   ABORT   str job, run, u64 step, u64 last step (>= step), u8 code (what
  *           failed: the client library's error code, negated: 8 timeout,
  *           10 mismatch, 11 rank, 12 site, ...), str reason (steps step to
  *           last step failed at the sender; usually one, a run of them for
  *           a site that was cut off meanwhile)
- *   DONE    str job, u64 step (the sender holds the step's whole result;
+ *   DONE    str job, run, u64 step (the sender holds the step's whole result;
  *           a site hands a result to its ranks only once every site said
  *           DONE, so a step completes at every site or at none), then the
  *           sender's links and, from the first site under algorithm auto,
@@ -37,7 +41,7 @@
  *           probe of the other algorithm), u64 direct up to this many
  *           elements, u64 uplink bytes/s and u32 round trip us the plan
  *           was made with
- *   END     str job, u64 last done step (0: none), u64 last step (>= last
+ *   END     str job, run, u64 last done step (0: none), u64 last step (>= last
  *           done), u8 code, str reason (the job is over at the sender: its
  *           ranks there are gone after the last step; the steps after the
  *           last done one failed there, the first of them with that code
@@ -57,11 +61,11 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 5
+#define GG_WIRE_VERSION 6
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
-#define GG_WIRE_DATA_FIXED_BYTES (1 + GG_WIRE_NAME_MAX + 8 + 8 + 4 + 1 + 8 + 1 + 1 + 4)
+#define GG_WIRE_DATA_FIXED_BYTES (1 + GG_WIRE_NAME_MAX + 8 + 8 + 8 + 4 + 1 + 8 + 1 + 1 + 4)
 
 #define GG_AR_MAX_SITES 8
 
@@ -115,6 +119,7 @@ struct gg_wire_hello {
 /* What identifies one step of one job across sites. */
 struct gg_wire_step {
 	char job[GG_WIRE_NAME_MAX + 1];
+	uint64_t run; /* the sender's, not in the fingerprint: runs are per site */
 	uint64_t step;
 	uint64_t count;
 	uint32_t tensor_id;
@@ -143,6 +148,7 @@ struct gg_wire_plan {
 /* ABORT and END: a job, a run of its steps, and how they failed. */
 struct gg_wire_steps {
 	char job[GG_WIRE_NAME_MAX + 1];
+	uint64_t run;
 	uint64_t first, last; /* first <= last */
 	uint8_t code;         /* 1..GG_WIRE_CODE_MAX */
 	char reason[GG_WIRE_REASON_MAX + 1];
@@ -160,6 +166,7 @@ struct gg_wire_msg {
 		} data;
 		struct {
 			char job[GG_WIRE_NAME_MAX + 1];
+			uint64_t run;
 			uint64_t step;
 			struct gg_ar_chunk_id id;
 		} ack;
@@ -167,6 +174,7 @@ struct gg_wire_msg {
 		struct gg_wire_steps abort; /* steps first..last failed */
 		struct {
 			char job[GG_WIRE_NAME_MAX + 1];
+			uint64_t run;
 			uint64_t step;
 			struct gg_wire_links links;
 			struct gg_wire_plan plan;
@@ -198,15 +206,15 @@ GG_MUST_CHECK int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload,
 GG_MUST_CHECK ssize_t gg_wire_encode_hello(uint8_t *buf, size_t cap, const struct gg_wire_hello *h);
 GG_MUST_CHECK ssize_t gg_wire_encode_data_head(uint8_t *buf, size_t cap, const struct gg_wire_step *step,
 					       const struct gg_ar_chunk_id *id, size_t frame_bytes);
-GG_MUST_CHECK ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+GG_MUST_CHECK ssize_t gg_wire_encode_ack(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 					 const struct gg_ar_chunk_id *id);
 GG_MUST_CHECK ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, uint64_t value);
-GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 					   uint64_t last_step, uint8_t code, const char *reason);
-GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t step,
+GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 					  const struct gg_wire_links *links, const struct gg_wire_plan *plan);
-GG_MUST_CHECK ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t last_done,
-					 uint64_t last_step, uint8_t code, const char *reason);
+GG_MUST_CHECK ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run,
+					 uint64_t last_done, uint64_t last_step, uint8_t code, const char *reason);
 
 /* Compares a peer's HELLO with ours; 0, or -EPROTO with err naming the
  * first setting that differs and both values ("peer site-b uses codec

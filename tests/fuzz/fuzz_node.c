@@ -74,7 +74,7 @@ struct step {
 struct sent_data {
 	unsigned peer;
 	char job[GG_WIRE_NAME_MAX + 1];
-	uint64_t step;
+	uint64_t run, step;
 	struct gg_ar_chunk_id id;
 };
 
@@ -93,6 +93,7 @@ struct run {
 	struct sent_data sent[SENT_KEPT];
 	unsigned nsent;
 	uint64_t last_ping;
+	uint64_t ends[JOBS]; /* ENDs the peers sent of each job: their run is 1 + that */
 };
 
 static const char *const job_names[JOBS] = { "j0", "j1", "train.run-2" };
@@ -284,6 +285,7 @@ static void on_sent(void *arg, unsigned peer, unsigned stream, const uint8_t *he
 		struct sent_data *d = &r->sent[r->nsent++ % SENT_KEPT];
 		d->peer = peer;
 		snprintf(d->job, sizeof(d->job), "%s", m.u.data.step.job);
+		d->run = m.u.data.step.run;
 		d->step = m.u.data.step.step;
 		d->id = m.u.data.id;
 	} else if (type == GG_WIRE_PING) {
@@ -396,8 +398,8 @@ static void op_data(struct run *r, struct script *s)
 	struct gg_ar_chunk_id id = { .phase = script_u8(s) % 4, .origin = script_u8(s) % r->v->sites,
 				     .chunk = script_u8(s) % 8 };
 	unsigned values = script_u8(s);
-	struct gg_wire_step ws = { .step = seq, .count = r->jobs[job].count, .tensor_id = r->jobs[job].tensor,
-				   .dtype = r->jobs[job].dtype };
+	struct gg_wire_step ws = { .run = 1 + r->ends[job], .step = seq, .count = r->jobs[job].count,
+				   .tensor_id = r->jobs[job].tensor, .dtype = r->jobs[job].dtype };
 	const struct gg_config *cfg = &r->vs->cfg;
 
 	snprintf(ws.job, sizeof(ws.job), "%s", job_names[job]);
@@ -463,7 +465,9 @@ static void op_ack(struct run *r, struct script *s)
 	}
 	if (!d.job[0])
 		snprintf(d.job, sizeof(d.job), "%s", job_names[0]);
-	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), d.job, d.step, &d.id);
+	if (!d.run)
+		d.run = 1;
+	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), d.job, d.run, d.step, &d.id);
 	if (len > 0)
 		receive(r, peer, stream, buf, (size_t)len);
 }
@@ -487,16 +491,20 @@ static void op_steps_message(struct run *r, struct script *s, enum node_op op)
 		plan.probe = flags >> 1 & 1;
 		plan.direct_max = (uint64_t)script_u8(s) << 12;
 		plan.links = links;
-		len = gg_wire_encode_done(buf, sizeof(buf), job_names[job], seq, &links, &plan);
+		len = gg_wire_encode_done(buf, sizeof(buf), job_names[job], 1 + r->ends[job], seq, &links, &plan);
 	} else {
 		uint64_t last = seq + script_u8(s);
 		uint8_t code = pick_code(s);
 		char reason[256];
 		script_text(s, reason, sizeof(reason));
-		if (op == NODE_ABORT)
-			len = gg_wire_encode_abort(buf, sizeof(buf), job_names[job], seq, last, code, reason);
-		else
-			len = gg_wire_encode_end(buf, sizeof(buf), job_names[job], seq, last, code, reason);
+		if (op == NODE_ABORT) {
+			len = gg_wire_encode_abort(buf, sizeof(buf), job_names[job], 1 + r->ends[job], seq, last, code,
+						   reason);
+		} else {
+			/* The peers' next words of the job are of a new run. */
+			len = gg_wire_encode_end(buf, sizeof(buf), job_names[job], 1 + r->ends[job]++, seq, last, code,
+						 reason);
+		}
 	}
 	if (len > 0)
 		receive(r, peer, stream, buf, (size_t)len);

@@ -30,23 +30,23 @@ int main(int argc, char **argv)
 	strcpy(h.site_names[2], "site-c");
 	if ((n = gg_wire_encode_hello(buf, sizeof(buf), &h)) > 0)
 		put(argv[1], "hello", buf, (size_t)n);
-	struct gg_wire_step st = { .job = "train", .step = 3, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
+	struct gg_wire_step st = { .job = "train", .run = 17, .step = 3, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
 	struct gg_ar_chunk_id id = { GG_AR_SCATTER, 1, 2 };
 	if ((n = gg_wire_encode_data_head(buf, sizeof(buf), &st, &id, 8)) > 0) {
 		memcpy(buf + n, "GGF1data", 8);
 		put(argv[1], "data", buf, (size_t)n + 8);
 	}
-	if ((n = gg_wire_encode_ack(buf, sizeof(buf), "train", 3, &id)) > 0)
+	if ((n = gg_wire_encode_ack(buf, sizeof(buf), "train", 17, 3, &id)) > 0)
 		put(argv[1], "ack", buf, (size_t)n);
 	if ((n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, 12345)) > 0)
 		put(argv[1], "ping", buf, (size_t)n);
-	if ((n = gg_wire_encode_abort(buf, sizeof(buf), "train", 3, 3, 11, "site site-b: rank 1 left")) > 0)
+	if ((n = gg_wire_encode_abort(buf, sizeof(buf), "train", 17, 3, 3, 11, "site site-b: rank 1 left")) > 0)
 		put(argv[1], "abort", buf, (size_t)n);
-	if ((n = gg_wire_encode_done(buf, sizeof(buf), "train", 3, &(struct gg_wire_links){ .uplink_bytes_per_s = 125000000, .rtt_us = 20000 },
+	if ((n = gg_wire_encode_done(buf, sizeof(buf), "train", 17, 3, &(struct gg_wire_links){ .uplink_bytes_per_s = 125000000, .rtt_us = 20000 },
 				       &(struct gg_wire_plan){ .has_plan = true, .direct_max = 4194304,
 							       .links = { .uplink_bytes_per_s = 110000000, .rtt_us = 40000 } })) > 0)
 		put(argv[1], "done", buf, (size_t)n);
-	if ((n = gg_wire_encode_end(buf, sizeof(buf), "train", 3, 5, 12, "site site-c is unreachable")) > 0)
+	if ((n = gg_wire_encode_end(buf, sizeof(buf), "train", 17, 3, 5, 12, "site site-c is unreachable")) > 0)
 		put(argv[1], "end", buf, (size_t)n);
 	return 0;
 }

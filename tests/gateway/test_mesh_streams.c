@@ -91,7 +91,7 @@ static int on_data(void *owner, unsigned peer, struct gg_mesh_via via, const str
 		s->before_ack(s, peer);
 	if (s->no_ack)
 		return 0;
-	gg_mesh_ack(s->mesh, via, m->u.data.step.job, m->u.data.step.step, &m->u.data.id);
+	gg_mesh_ack(s->mesh, via, m->u.data.step.job, m->u.data.step.run, m->u.data.step.step, &m->u.data.id);
 	return 0;
 }
 
@@ -352,7 +352,7 @@ static bool s0_flushed(const struct mesh_set *ms)
 static void flood_controls(struct site *s, unsigned peer)
 {
 	uint8_t msg[128];
-	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "flood", 1, NULL, NULL);
+	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "flood", 1, 1, NULL, NULL);
 
 	for (int i = 0; len > 0 && i < 600; i++)
 		gg_mesh_send_control(s->mesh, peer, msg, (size_t)len, false);
@@ -363,7 +363,7 @@ static void flood_controls(struct site *s, unsigned peer)
 static void send_job_chunks(struct mesh_set *ms, unsigned from, unsigned to, const char *job, unsigned first,
 			    unsigned chunks)
 {
-	struct gg_wire_step step = { .step = 1, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
+	struct gg_wire_step step = { .run = 1, .step = 1, .count = 1000, .tensor_id = 1, .dtype = GG_WIRE_F32 };
 
 	snprintf(step.job, sizeof(step.job), "%s", job);
 	for (unsigned c = first; c < first + chunks; c++) {
@@ -431,7 +431,7 @@ static void teardown_in_flight(void)
 	CHECK(turn_until(&ms, all_connected, 5), "the mesh did not connect");
 	gg_mesh_free(ms.sites[1].mesh);
 	ms.sites[1].mesh = NULL;
-	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "late", 1, NULL, NULL);
+	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "late", 1, 1, NULL, NULL);
 	CHECK(len > 0, "encode");
 	gg_mesh_send_control(ms.sites[0].mesh, 1, msg, (size_t)len, true);
 	uint64_t until = now_us() + 300000;

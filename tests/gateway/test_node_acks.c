@@ -36,14 +36,23 @@
  *   1. DATA for step 2 on stream 0: kept, not acknowledged
  *   2. END of the job on stream 0: the frame is let go and acknowledged
  *   3. DATA for step 3 on stream 1: acknowledged at once, not kept
- *   4. DATA for step 1 on stream 1: a new run of the job there, kept
- *   5. END again: the new run's frame is let go too
- *   6. ENDs of 40 jobs never seen here, more than a lane's job table
+ *   4. DATA for step 1 of the next run on stream 1: kept
+ *   5. DATA for step 1 of the run that ended: acknowledged at once
+ *   6. END of the next run: its frame is let go too
+ *   7. ENDs of 40 jobs never seen here, more than a lane's job table
  *      holds, at once: the entry that lets go of the job's frames still
  *      on the way stays, and DATA of step 5 is acknowledged at once
- *   7. once heartbeat_timeout (300 ms here) passed, the END of one more
+ *   8. once heartbeat_timeout (300 ms here) passed, the END of one more
  *      job and its DATA: acknowledged at once too, the entries of ended
  *      jobs that settled making room for it
+ *
+ * And runs of a job that follow each other with no END between them: a
+ * frame of an earlier run than one seen is acknowledged at once, and a
+ * later run's frame lets the one before go. And a run of the job that
+ * ended at s0 during its step 1, then a new run
+ * at both sites: step 1's frame and DONE of the old run, read after its
+ * END, are let go; the new run's step 1 completes with the new run's
+ * frame, exact, once the new run's DONE came.
  *
  * And DATA whose step fingerprint differs from this site's in the chunk
  * size alone (two builds whose auto rules differ): the step fails as a
@@ -127,10 +136,10 @@ static void on_done(void *arg, struct gg_node_step *st, int status, const char *
  * as s0 sends it: *len bytes at the returned buffer (free it). s0 cuts the
  * step in chunks of `chunk_elems` elements (0: as the configuration says,
  * as this site does). */
-static uint8_t *make_job_data(const struct gg_config *cfg, const char *job, uint64_t step, uint32_t chunk_elems,
-			      size_t *len)
+static uint8_t *make_run_data(const struct gg_config *cfg, const char *job, uint64_t run, uint64_t step,
+			      uint32_t chunk_elems, float scale, size_t *len)
 {
-	struct gg_wire_step ws = { .step = step, .count = COUNT, .tensor_id = 7, .dtype = GG_WIRE_F32 };
+	struct gg_wire_step ws = { .run = run, .step = step, .count = COUNT, .tensor_id = 7, .dtype = GG_WIRE_F32 };
 	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = 0, .chunk = 0 };
 	struct gg_frame_config fc = { .codec = gg_codec_defaults(cfg->compression.codec), .max_elems = COUNT };
 	struct gg_frame_encoder enc;
@@ -145,7 +154,7 @@ static uint8_t *make_job_data(const struct gg_config *cfg, const char *job, uint
 	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size,
 					     (uint8_t)cfg->allreduce.algorithm, chunk_elems);
 	for (unsigned i = 0; i < COUNT; i++)
-		x[i] = (float)i;
+		x[i] = scale * (float)i;
 	if (!msg || gg_frame_encoder_init(&enc, &fc)) {
 		free(msg);
 		return NULL;
@@ -160,6 +169,13 @@ static uint8_t *make_job_data(const struct gg_config *cfg, const char *job, uint
 	}
 	*len = (size_t)hl + fb;
 	return msg;
+}
+
+/* The same for run 1 of `job`, x[i] = i. */
+static uint8_t *make_job_data(const struct gg_config *cfg, const char *job, uint64_t step, uint32_t chunk_elems,
+			      size_t *len)
+{
+	return make_run_data(cfg, job, 1, step, chunk_elems, 1.0f, len);
 }
 
 /* The same for job "acks". */
@@ -181,7 +197,7 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 	uint8_t abort_msg[512];
 	size_t len = 0;
 	uint8_t *data = make_data(cfg, 1, 0, &len);
-	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, (uint8_t)-GG_ERR_CLOSED,
+	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, 1, (uint8_t)-GG_ERR_CLOSED,
 					  "the gateway of site s0 is \"shutting down\" event=forged site=s9");
 	FILE *log = tmpfile();
 	int saved = dup(STDERR_FILENO);
@@ -233,10 +249,10 @@ static void receive_expect(struct gg_node *node, const struct sent *sent, unsign
 	      sent->acks, (unsigned long long)held, acks, kept ? "the frame kept" : "nothing kept");
 }
 
-/* The END of `job` as s0 sends it, into buf; its length. */
-static size_t end_of(const char *job, uint8_t *buf, size_t cap)
+/* The END of run `run` of `job` as s0 sends it, into buf; its length. */
+static size_t end_of(const char *job, uint64_t run, uint8_t *buf, size_t cap)
 {
-	ssize_t l = gg_wire_encode_end(buf, cap, job, 1, 1, (uint8_t)-GG_ERR_RANK, "its ranks at site s0 are gone");
+	ssize_t l = gg_wire_encode_end(buf, cap, job, run, 1, 1, (uint8_t)-GG_ERR_RANK, "its ranks at site s0 are gone");
 	CHECK(l > 0, "cannot make the END of %s", job);
 	return l > 0 ? (size_t)l : 0;
 }
@@ -244,11 +260,12 @@ static size_t end_of(const char *job, uint8_t *buf, size_t cap)
 /* s0 ended job "acks", which never ran here, with frames on the way. */
 static void run_after_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
-	uint8_t end_msg[512];
-	size_t len[5] = { 0 };
-	uint8_t *data[5] = { make_data(cfg, 2, 0, &len[0]), make_data(cfg, 3, 0, &len[1]), make_data(cfg, 1, 0, &len[2]),
-			     make_data(cfg, 5, 0, &len[3]), make_job_data(cfg, "late", 4, 0, &len[4]) };
-	size_t el = end_of("acks", end_msg, sizeof(end_msg));
+	uint8_t end_msg[512], end2_msg[512];
+	size_t len[6] = { 0 };
+	uint8_t *data[6] = { make_data(cfg, 2, 0, &len[0]), make_data(cfg, 3, 0, &len[1]), make_run_data(cfg, "acks", 2, 1, 0, 1.0f, &len[2]),
+			     make_data(cfg, 5, 0, &len[3]), make_job_data(cfg, "late", 4, 0, &len[4]),
+			     make_data(cfg, 1, 0, &len[5]) };
+	size_t el = end_of("acks", 1, end_msg, sizeof(end_msg)), el2 = end_of("acks", 2, end2_msg, sizeof(end2_msg));
 
 	receive_expect(node, sent, 0, data[0], len[0], 0, true, "DATA of step 2, which has not started here");
 	receive_expect(node, sent, 0, end_msg, el, 1, false, "the END: the frame let go and acknowledged");
@@ -259,15 +276,16 @@ static void run_after_end(struct gg_node *node, const struct gg_config *cfg, str
 		      "the ACK went on stream %u for step %llu, not on stream 1 for step 3", sent->ack[1].stream,
 		      (unsigned long long)sent->ack[1].step);
 	receive_expect(node, sent, 1, data[2], len[2], 2, true, "step 1 of a new run of the job");
-	receive_expect(node, sent, 0, end_msg, el, 3, false, "the END of the new run");
+	receive_expect(node, sent, 1, data[5], len[5], 3, true, "step 1 of the run that ended, read late");
+	receive_expect(node, sent, 0, end2_msg, el2, 4, false, "the END of the new run");
 	for (unsigned j = 0; j < 40; j++) {
 		char job[16];
 		snprintf(job, sizeof(job), "gone-%u", j);
-		size_t l = end_of(job, end_msg, sizeof(end_msg));
+		size_t l = end_of(job, 1, end_msg, sizeof(end_msg));
 		CHECK(l && gg_node_test_receive(node, 0, j % 2, end_msg, l) == 0, "END of %s", job);
 		turns(node, 2);
 	}
-	receive_expect(node, sent, 1, data[3], len[3], 4, false, "DATA after its job's END, past 40 other ENDs at once");
+	receive_expect(node, sent, 1, data[3], len[3], 5, false, "DATA after its job's END, past 40 other ENDs at once");
 	/* The test's streams send no heartbeats: past the timeout the node
 	 * drops them, and they come back. */
 	usleep(350000);
@@ -276,10 +294,70 @@ static void run_after_end(struct gg_node *node, const struct gg_config *cfg, str
 		      gg_node_test_open_stream(node, 0, 1, 42, on_sent, sent) == 0,
 	      "streams again");
 	turns(node, 3);
-	receive_expect(node, sent, 0, end_msg, end_of("late", end_msg, sizeof(end_msg)), 4, false,
+	receive_expect(node, sent, 0, end_msg, end_of("late", 1, end_msg, sizeof(end_msg)), 5, false,
 		       "the END of one more job, once the 40 before settled");
-	receive_expect(node, sent, 1, data[4], len[4], 5, false, "DATA of that job after its END");
-	for (int i = 0; i < 5; i++)
+	receive_expect(node, sent, 1, data[4], len[4], 6, false, "DATA of that job after its END");
+	for (int i = 0; i < 6; i++)
+		free(data[i]);
+}
+
+/* s0's run of job "acks" ended during its step 1, with a frame of it
+ * still on the way; then a new run starts at both sites. The old frame,
+ * read after the END, must not pass for the new run's. */
+static void run_stale_run(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	uint8_t msg[512];
+	size_t len[2] = { 0 };
+	uint8_t *data[2] = { make_run_data(cfg, "acks", 1, 1, 0, 1.0f, &len[0]),
+			     make_run_data(cfg, "acks", 2, 1, 0, 2.0f, &len[1]) };
+
+	/* Runs of another job, with no END between them: a site starts a run
+	 * of a name only once its run before ended, so a frame of an earlier
+	 * run than one seen is over, and a later run's frame ends the one
+	 * before. */
+	size_t olen[3] = { 0 };
+	uint8_t *order[3] = { make_run_data(cfg, "order", 3, 1, 0, 1.0f, &olen[0]),
+			      make_run_data(cfg, "order", 2, 1, 0, 1.0f, &olen[1]),
+			      make_run_data(cfg, "order", 4, 1, 0, 1.0f, &olen[2]) };
+	receive_expect(node, sent, 0, order[0], olen[0], 0, true, "run 3's DATA of step 1");
+	receive_expect(node, sent, 1, order[1], olen[1], 1, true, "run 2's DATA of step 1, read after run 3's");
+	receive_expect(node, sent, 1, order[2], olen[2], 2, true, "run 4's DATA of step 1, which lets run 3's go");
+	receive_expect(node, sent, 0, msg, end_of("order", 4, msg, sizeof(msg)), 3, false, "the END of run 4");
+	for (int i = 0; i < 3; i++)
+		free(order[i]);
+
+	size_t el = end_of("acks", 1, msg, sizeof(msg));
+	receive_expect(node, sent, 0, msg, el, 3, false, "the END of run 1, during its step 1");
+	receive_expect(node, sent, 1, data[0], len[0], 4, false, "run 1's DATA of step 1, after its END");
+
+	static float input[COUNT], result[COUNT];
+	struct outcome outcome = { 0 };
+	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				   .result = result, .done = on_done, .arg = &outcome };
+	char err[GG_NODE_ERROR_MAX];
+	snprintf(st.job, sizeof(st.job), "acks");
+	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
+	turns(node, 5);
+	/* Run 1's DONE of step 1, sent before its END and read late, is not
+	 * run 2's: the step waits for run 2's own. */
+	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), "acks", 1, 1, NULL, NULL);
+	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "run 1's DONE of step 1");
+	receive_expect(node, sent, 1, data[1], len[1], 5, false, "run 2's DATA of step 1, used at once");
+	turns(node, 5);
+	CHECK(!outcome.done, "step 1 of the new run completed on the old run's DONE: %d %s", outcome.status,
+	      outcome.message);
+	dl = gg_wire_encode_done(msg, sizeof(msg), "acks", 2, 1, NULL, NULL);
+	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "run 2's DONE of step 1");
+	for (int i = 0; i < 50 && !outcome.done; i++)
+		turns(node, 1);
+	CHECK(outcome.done && outcome.status == 0, "step 1 of the new run: done %d, status %d: %s", outcome.done,
+	      outcome.status, outcome.message);
+	unsigned bad = 0;
+	for (unsigned i = 0; i < COUNT && bad < 3; i++)
+		if (result[i] != 2.0f * (float)i)
+			CHECK(++bad == 0, "element %u: %g, not %g: the old run's frame took the new one's place", i,
+			      result[i], 2.0f * (float)i);
+	for (int i = 0; i < 2; i++)
 		free(data[i]);
 }
 
@@ -329,7 +407,7 @@ static void run_refusals(struct gg_node *node)
 	      err);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, CHUNKS, REFUSALS };
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, CHUNKS, REFUSALS };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -347,6 +425,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[LATE_COPY] = "the copy sent again comes first, the first copy late on a stream then cut",
 		[AFTER_ABORT] = "DATA after the ABORT of its step",
 		[AFTER_END] = "DATA of a job that ended at its sender, after its END",
+		[STALE_RUN] = "a frame of a run that ended, read after its END, and a new run of the job",
 		[CHUNKS] = "DATA of a site that cuts the step in other chunks",
 		[REFUSALS] = "steps refused, each saying why",
 	};
@@ -386,6 +465,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == AFTER_END) {
 		run_after_end(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == STALE_RUN) {
+		run_stale_run(node, &cfg, &sent);
 		goto out;
 	}
 	if (data) {
@@ -447,6 +530,7 @@ int main(int argc, char **argv)
 	run(argv[1], LATE_COPY);
 	run(argv[1], AFTER_ABORT);
 	run(argv[1], AFTER_END);
+	run(argv[1], STALE_RUN);
 	run(argv[1], CHUNKS);
 	run(argv[1], REFUSALS);
 	printf("node acks: %d failure(s)\n", failures);

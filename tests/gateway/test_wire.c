@@ -64,8 +64,8 @@ int main(void)
 	check_truncations(buf, (size_t)n, "hello");
 	CHECK(gg_wire_encode_hello(buf, 20, &h) == -ENOBUFS, "small buffer");
 
-	struct gg_wire_step st = { .job = "train-7b", .step = 12, .count = 1000003, .tensor_id = 3,
-				   .dtype = GG_WIRE_BF16 };
+	struct gg_wire_step st = { .job = "train-7b", .run = 0x1122334455667788ull, .step = 12, .count = 1000003,
+				   .tensor_id = 3, .dtype = GG_WIRE_BF16 };
 	st.fingerprint = gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING, 262144);
 	struct gg_ar_chunk_id id = { GG_AR_GATHER, 2, 77 };
 	const char frame[] = "FRAMEBYTES";
@@ -94,39 +94,45 @@ int main(void)
 	      "the chunk changes the fingerprint");
 	CHECK(gg_wire_fingerprint(&st, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING, 262144) == st.fingerprint,
 	      "the same step, the same fingerprint");
+	other = st;
+	other.run++;
+	CHECK(gg_wire_fingerprint(&other, GG_CODEC_INT8, 256, GG_ALLREDUCE_RING, 262144) == st.fingerprint,
+	      "the run changes the fingerprint: runs are each site's own");
 
-	n = gg_wire_encode_ack(buf, sizeof(buf), "train-7b", 12, &id);
+	n = gg_wire_encode_ack(buf, sizeof(buf), "train-7b", 5, 12, &id);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.ack.step == 12 &&
-		      !strcmp(msg.u.ack.job, "train-7b") && msg.u.ack.id.chunk == 77,
+		      msg.u.ack.run == 5 && !strcmp(msg.u.ack.job, "train-7b") && msg.u.ack.id.chunk == 77,
 	      "ack: %s", err);
 	check_truncations(buf, (size_t)n, "ack");
 	n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PONG, 123456789);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_PONG &&
 		      msg.u.ping_us == 123456789,
 	      "pong");
-	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 14, 11, "site us-east: rank 1 disconnected");
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 6, 12, 14, 11, "site us-east: rank 1 disconnected");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.abort.code == 11 &&
+		      msg.u.abort.run == 6 &&
 		      msg.u.abort.first == 12 && msg.u.abort.last == 14 &&
 		      !strcmp(msg.u.abort.reason, "site us-east: rank 1 disconnected"),
 	      "abort");
 	check_truncations(buf, (size_t)n, "abort");
 	for (unsigned code = 0; code <= 16; code += 16) {
-		n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 12, (uint8_t)code, "x");
+		n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 6, 12, 12, (uint8_t)code, "x");
 		CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 			      !strcmp(err, code ? "abort: code 16, must be 1 to 15" : "abort: code 0, must be 1 to 15"),
 		      "abort code %u: %s", code, err);
 	}
 	/* A reason that quotes a control character still goes out as one a
 	 * peer accepts. */
-	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 12, 10, "ranks\vdisagree\n");
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 6, 12, 12, 10, "ranks\vdisagree\n");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 &&
 		      !strcmp(msg.u.abort.reason, "ranks?disagree?"),
 	      "abort reason with control characters: %s", err);
-	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 12, 11, 11, "x");
+	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 6, 12, 11, 11, "x");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "abort: step 12 after the last step 11"),
 	      "abort range: %s", err);
-	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 12, NULL, NULL);
+	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 7, 12, NULL, NULL);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_DONE &&
+		      msg.u.done.run == 7 &&
 		      !strcmp(msg.u.done.job, "train-7b") && msg.u.done.step == 12 && !msg.u.done.plan.has_plan &&
 		      !msg.u.done.links.uplink_bytes_per_s && !msg.u.done.links.rtt_us,
 	      "done: %s", err);
@@ -134,16 +140,16 @@ int main(void)
 	struct gg_wire_links links = { .uplink_bytes_per_s = 117000000, .rtt_us = 40123 };
 	struct gg_wire_plan plan = { .has_plan = true, .direct_max = 5000000,
 				     .links = { .uplink_bytes_per_s = 90000000, .rtt_us = 80000 } };
-	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 13, &links, &plan);
+	n = gg_wire_encode_done(buf, sizeof(buf), "train-7b", 7, 13, &links, &plan);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.step == 13 &&
 		      msg.u.done.links.uplink_bytes_per_s == 117000000 && msg.u.done.links.rtt_us == 40123 &&
 		      msg.u.done.plan.has_plan && msg.u.done.plan.direct_max == 5000000 &&
 		      msg.u.done.plan.links.uplink_bytes_per_s == 90000000 && msg.u.done.plan.links.rtt_us == 80000,
 	      "done with links and plan: %s", err);
 	check_truncations(buf, (size_t)n, "done");
-	/* The plan flags sit 8 + 8 + 4 bytes after the job: a probe needs a
-	 * plan, other bits are refused. */
-	const size_t flags_at = GG_WIRE_HEADER_BYTES + 1 + strlen("train-7b") + 8 + 8 + 4;
+	/* The plan flags sit 8 + 8 + 8 + 4 bytes after the job: a probe needs
+	 * a plan, other bits are refused. */
+	const size_t flags_at = GG_WIRE_HEADER_BYTES + 1 + strlen("train-7b") + 8 + 8 + 8 + 4;
 	buf[flags_at] = 3;
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.plan.has_plan && msg.u.done.plan.probe,
 	      "done plan probe: %s", err);
@@ -155,25 +161,35 @@ int main(void)
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "done: plan flags 0x05 (bit 0 plan, bit 1 probe)"),
 	      "done plan flags 5: %s", err);
-	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 37, 40, 12, "site ap-east is unreachable");
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, 12, "site ap-east is unreachable");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
+		      msg.u.end.run == 8 &&
 		      !strcmp(msg.u.end.job, "train-7b") && msg.u.end.first == 37 && msg.u.end.last == 40 &&
 		      msg.u.end.code == 12 && !strcmp(msg.u.end.reason, "site ap-east is unreachable"),
 	      "end: %s", err);
 	check_truncations(buf, (size_t)n, "end");
-	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 41, 40, 12, "x");
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 41, 40, 12, "x");
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "end: last done step 41 after the last step 40"),
 	      "end order: %s", err);
 	/* Job names from a peer obey the rule ranks' names do. */
-	n = gg_wire_encode_done(buf, sizeof(buf), "", 12, NULL, NULL);
+	n = gg_wire_encode_done(buf, sizeof(buf), "", 7, 12, NULL, NULL);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "message type 7: empty job name"),
 	      "empty job: %s", err);
-	n = gg_wire_encode_ack(buf, sizeof(buf), "tr\"ain", 12, &id);
+	n = gg_wire_encode_ack(buf, sizeof(buf), "tr\"ain", 5, 12, &id);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "message type 3: job name has character 0x22 at 2"),
 	      "bad job: %s", err);
+	/* Run 0 is no run: every message of a job names the sender's. */
+	n = gg_wire_encode_ack(buf, sizeof(buf), "train-7b", 0, 12, &id);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "message type 3: run 0"),
+	      "ack of run 0: %s", err);
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 0, 1, 1, 12, "x");
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "message type 8: run 0"),
+	      "end of run 0: %s", err);
 
 	/* Headers. */
 	n = gg_wire_encode_ping(buf, sizeof(buf), GG_WIRE_PING, 1);
@@ -186,7 +202,7 @@ int main(void)
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 5"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 6"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;
