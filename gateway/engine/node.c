@@ -257,6 +257,7 @@ struct job {
 	bool used;
 	char name[GG_WIRE_NAME_MAX + 1];
 	uint64_t run;           /* this site's run of the name (new_run()) */
+	uint64_t peer_run[GG_AR_MAX_SITES]; /* each peer's run it heard from (DONE, ABORT, END), 0: none */
 	uint64_t last_seq;      /* last step started */
 	uint64_t active_us;     /* when a step last started or ended */
 	uint64_t submit_us;     /* when the step in progress was handed over */
@@ -384,12 +385,14 @@ struct gg_node {
 	struct gg_wire_links links[GG_AR_MAX_SITES];
 	struct ended_job ended[ENDS_KEPT];
 	unsigned ended_next;
-	/* Runs of jobs that peers ended (their END): words of such a run that
-	 * come after it are of no step here. */
+	/* Runs of jobs that peers ended (their END came), or that took part in
+	 * a run that ended here: their words that come later are of no step
+	 * here (peer_run_ended()). */
 	struct peer_end {
 		char job[GG_WIRE_NAME_MAX + 1]; /* "": free */
 		unsigned peer;
 		uint64_t run;
+		bool ended_there; /* its END came; else the run here it took part in ended */
 	} peer_ends[PEER_ENDS_KEPT];
 	unsigned peer_ends_next;
 	uint64_t next_run; /* the run id the next job started here gets */
@@ -2373,27 +2376,47 @@ static bool ended_here(const struct gg_node *n, const char *name)
 	return false;
 }
 
-/* Run `run` of `job` ended at site `peer` (its END came). */
-static void peer_run_ends(struct gg_node *n, const char *job, unsigned peer, uint64_t run)
+static struct peer_end *find_peer_end(struct gg_node *n, const char *job, unsigned peer, uint64_t run)
 {
 	for (unsigned i = 0; i < PEER_ENDS_KEPT; i++)
 		if (n->peer_ends[i].peer == peer && n->peer_ends[i].run == run && !strcmp(n->peer_ends[i].job, job))
-			return; /* a copy */
-	struct peer_end *e = &n->peer_ends[n->peer_ends_next++ % PEER_ENDS_KEPT];
-	snprintf(e->job, sizeof(e->job), "%s", job);
-	e->peer = peer;
-	e->run = run;
+			return &n->peer_ends[i];
+	return NULL;
 }
 
-/* Whether a word of run `run` of `job` from `peer` comes after that run's
- * END: the END said how its steps ended, and a later run of the name here
- * must not take the old run's DONE or ABORT for its own. */
-static bool peer_run_ended(const struct gg_node *n, const char *job, unsigned peer, uint64_t run)
+/* Run `run` of `job` at site `peer` is over here: it ended there (its END
+ * came), or the run here that it took part in ended. */
+static void peer_run_ends(struct gg_node *n, const char *job, unsigned peer, uint64_t run, bool ended_there)
 {
-	for (unsigned i = 0; i < PEER_ENDS_KEPT; i++)
-		if (n->peer_ends[i].peer == peer && n->peer_ends[i].run == run && !strcmp(n->peer_ends[i].job, job))
-			return true;
-	return false;
+	struct peer_end *e = find_peer_end(n, job, peer, run);
+
+	if (!e) {
+		e = &n->peer_ends[n->peer_ends_next++ % PEER_ENDS_KEPT];
+		snprintf(e->job, sizeof(e->job), "%s", job);
+		e->peer = peer;
+		e->run = run;
+		e->ended_there = false;
+	}
+	e->ended_there |= ended_there;
+}
+
+/* Peer `from` speaks of job j in its run `run`. */
+static void note_peer_run(struct job *j, unsigned from, uint64_t run)
+{
+	if (!j->peer_run[from] || (int64_t)(run - j->peer_run[from]) > 0)
+		j->peer_run[from] = run;
+}
+
+/* Whether a word of run `run` of `job` from `peer` comes after that run is
+ * over here: a later run of the name here must not take the old run's
+ * DONE or END for its own, nor an ABORT once its END came (which said how
+ * its steps ended). An ABORT of a peer's run still going there passes: it
+ * may refuse a new run here (rerun_seen()). */
+static bool peer_run_ended(struct gg_node *n, const char *job, unsigned peer, uint64_t run, bool abort)
+{
+	const struct peer_end *e = find_peer_end(n, job, peer, run);
+
+	return e && (e->ended_there || !abort);
 }
 
 static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
@@ -2406,10 +2429,11 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	/* A job over here stays over: recording the abort would make it anew
 	 * and drop the END that a peer cut off while it ended still needs. A
 	 * run over at the peer said how its steps ended in its END. */
-	if ((!j && ended_here(n, m->u.abort.job)) || peer_run_ended(n, m->u.abort.job, from, m->u.abort.run))
+	if ((!j && ended_here(n, m->u.abort.job)) || peer_run_ended(n, m->u.abort.job, from, m->u.abort.run, true))
 		return;
 	if (!j && !(j = find_job(n, m->u.abort.job, true)))
 		return;
+	note_peer_run(j, from, m->u.abort.run);
 	if (lo == hi)
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,
 			 j->name, m->u.abort.reason);
@@ -2492,7 +2516,14 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	struct job *j = find_job(n, m->u.end.job, false);
 	char failed[GG_NODE_ERROR_MAX], gone[GG_NODE_ERROR_MAX];
 
-	peer_run_ends(n, m->u.end.job, from, m->u.end.run);
+	/* An END of a run that is over here already (its END came, or this
+	 * site's run it took part in ended) says nothing of the run here now,
+	 * which may be a new one: an END sent again once a stream came back
+	 * must not end it, nor stand for its DONE. */
+	const bool stale = peer_run_ended(n, m->u.end.job, from, m->u.end.run, false);
+	peer_run_ends(n, m->u.end.job, from, m->u.end.run, true);
+	if (stale && j)
+		return;
 	if (!j) {
 		/* None of its steps can complete anywhere now: the frames peers
 		 * sent ahead for it are let go (and acknowledged). */
@@ -2501,6 +2532,7 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 		post_lanes(n, &f, 0);
 		return;
 	}
+	note_peer_run(j, from, m->u.end.run);
 	snprintf(failed, sizeof(failed), "site %s failed it and ended job '%s': %s", n->names[from], j->name,
 		 m->u.end.reason);
 	snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: its ranks there are gone", n->names[from],
@@ -2547,8 +2579,10 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 {
 	struct job *j = find_job(n, m->u.done.job, false);
 
-	if (peer_run_ended(n, m->u.done.job, from, m->u.done.run))
+	if (peer_run_ended(n, m->u.done.job, from, m->u.done.run, false))
 		return;
+	if (j)
+		note_peer_run(j, from, m->u.done.run);
 	if (m->u.done.links.uplink_bytes_per_s)
 		n->links[from].uplink_bytes_per_s = m->u.done.links.uplink_bytes_per_s;
 	if (m->u.done.links.rtt_us)
@@ -3109,6 +3143,11 @@ void gg_node_end_job(struct gg_node *n, const char *job)
 		memcpy(e->reason, reason, sizeof(reason));
 	}
 	send_end(n, -1, e);
+	/* The peers' runs this one paired with are over here: what comes of
+	 * them later (an END sent again) is not of a new run of the name. */
+	for (unsigned p = 0; j && p < n->sites; p++)
+		if (j->peer_run[p])
+			peer_run_ends(n, job, p, j->peer_run[p], false);
 	for (unsigned i = 0; i < n->feedback_count; i++)
 		if (!strcmp(n->feedback[i]->job, job))
 			feedback_drop(n, i--);

@@ -361,6 +361,78 @@ static void run_stale_run(struct gg_node *node, const struct gg_config *cfg, str
 		free(data[i]);
 }
 
+/* Step 1 of `job` here, with s0's DATA of run `run` (x[i] = scale * i)
+ * and, when `done_too`, its DONE; then `turns` more turns. Returns the
+ * outcome; result[] holds the sum once it completed. */
+static struct outcome step_with(struct gg_node *node, const struct gg_config *cfg, struct sent *sent, const char *job,
+				uint64_t run, float scale, bool done_too, float *result)
+{
+	static float input[COUNT];
+	struct outcome outcome = { 0 };
+	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				   .result = result, .done = on_done, .arg = &outcome };
+	char err[GG_NODE_ERROR_MAX];
+	uint8_t msg[512];
+	size_t len = 0;
+	uint8_t *data = make_run_data(cfg, job, run, 1, 0, scale, &len);
+
+	snprintf(st.job, sizeof(st.job), "%s", job);
+	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
+	turns(node, 5);
+	const unsigned acks = sent->acks;
+	receive_expect(node, sent, 1, data, len, acks + 1, false, "DATA of step 1, used at once");
+	free(data);
+	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), job, run, 1, NULL, NULL);
+	if (done_too)
+		CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "DONE of step 1");
+	for (int i = 0; i < 20 && !outcome.done; i++)
+		turns(node, 1);
+	return outcome;
+}
+
+/* A run of job "again" ends here after step 1; a new run of it starts at
+ * both sites. s0's END of its old run, sent again when a stream came
+ * back, reaches this site in the new run's step 1: it must not stand for
+ * s0's DONE of the new run. */
+static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	static float result[COUNT];
+	uint8_t msg[512];
+
+	struct outcome o = step_with(node, cfg, sent, "again", 1, 1.0f, true, result);
+	CHECK(o.done && o.status == 0, "step 1 of the old run: done %d, status %d: %s", o.done, o.status, o.message);
+	gg_node_end_job(node, "again");
+	turns(node, 3);
+
+	static float input[COUNT];
+	struct outcome outcome = { 0 };
+	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				   .result = result, .done = on_done, .arg = &outcome };
+	char err[GG_NODE_ERROR_MAX];
+	snprintf(st.job, sizeof(st.job), "again");
+	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "step 1 of the new run: %s", err);
+	turns(node, 3);
+	receive_expect(node, sent, 0, msg, end_of("again", 1, msg, sizeof(msg)), sent->acks, false,
+		       "s0's END of its old run, sent again");
+	size_t len = 0;
+	uint8_t *data = make_run_data(cfg, "again", 2, 1, 0, 2.0f, &len);
+	receive_expect(node, sent, 1, data, len, sent->acks + 1, false, "the new run's DATA of step 1");
+	free(data);
+	turns(node, 5);
+	CHECK(!outcome.done, "step 1 of the new run ended on the old run's END: status %d: %s", outcome.status,
+	      outcome.message);
+	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), "again", 2, 1, NULL, NULL);
+	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "the new run's DONE");
+	for (int i = 0; i < 20 && !outcome.done; i++)
+		turns(node, 1);
+	CHECK(outcome.done && outcome.status == 0, "step 1 of the new run: done %d, status %d: %s", outcome.done,
+	      outcome.status, outcome.message);
+	unsigned bad = 0;
+	for (unsigned i = 0; i < COUNT && bad < 3; i++)
+		if (result[i] != 2.0f * (float)i)
+			CHECK(++bad == 0, "element %u: %g, not %g", i, result[i], 2.0f * (float)i);
+}
+
 /* Submits step 1 of `job`; returns what gg_node_submit() did. */
 static int submit(struct gg_node *node, struct gg_node_step *st, const char *job, uint64_t count, uint8_t dtype,
 		  float *mem, char *err, size_t err_size)
@@ -407,7 +479,7 @@ static void run_refusals(struct gg_node *node)
 	      err);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, CHUNKS, REFUSALS };
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -426,6 +498,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[AFTER_ABORT] = "DATA after the ABORT of its step",
 		[AFTER_END] = "DATA of a job that ended at its sender, after its END",
 		[STALE_RUN] = "a frame of a run that ended, read after its END, and a new run of the job",
+		[DELAYED_END] = "the END of a peer's old run, sent again during a new run's step 1",
 		[CHUNKS] = "DATA of a site that cuts the step in other chunks",
 		[REFUSALS] = "steps refused, each saying why",
 	};
@@ -469,6 +542,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == STALE_RUN) {
 		run_stale_run(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == DELAYED_END) {
+		run_delayed_end(node, &cfg, &sent);
 		goto out;
 	}
 	if (data) {
@@ -531,6 +608,7 @@ int main(int argc, char **argv)
 	run(argv[1], AFTER_ABORT);
 	run(argv[1], AFTER_END);
 	run(argv[1], STALE_RUN);
+	run(argv[1], DELAYED_END);
 	run(argv[1], CHUNKS);
 	run(argv[1], REFUSALS);
 	printf("node acks: %d failure(s)\n", failures);
