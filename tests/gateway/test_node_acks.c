@@ -301,6 +301,26 @@ static void run_after_end(struct gg_node *node, const struct gg_config *cfg, str
 		free(data[i]);
 }
 
+/* s0's DONE of step 1 of run 2 of `job`, whose frame held x[i] = 2i: the
+ * step completes here with that sum (this site's input is zeros), exact. */
+static void complete_new_run(struct gg_node *node, const char *job, const struct outcome *outcome,
+			     const float *result)
+{
+	uint8_t msg[512];
+	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), job, 2, 1, NULL, NULL);
+
+	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "run 2's DONE of step 1");
+	for (int i = 0; i < 50 && !outcome->done; i++)
+		turns(node, 1);
+	CHECK(outcome->done && outcome->status == 0, "step 1 of the new run: done %d, status %d: %s", outcome->done,
+	      outcome->status, outcome->message);
+	unsigned bad = 0;
+	for (unsigned i = 0; i < COUNT && bad < 3; i++)
+		if (result[i] != 2.0f * (float)i)
+			CHECK(++bad == 0, "element %u: %g, not %g: the old run's words took the new one's place", i,
+			      result[i], 2.0f * (float)i);
+}
+
 /* s0's run of job "acks" ended during its step 1, with a frame of it
  * still on the way; then a new run starts at both sites. The old frame,
  * read after the END, must not pass for the new run's. */
@@ -346,26 +366,16 @@ static void run_stale_run(struct gg_node *node, const struct gg_config *cfg, str
 	turns(node, 5);
 	CHECK(!outcome.done, "step 1 of the new run completed on the old run's DONE: %d %s", outcome.status,
 	      outcome.message);
-	dl = gg_wire_encode_done(msg, sizeof(msg), "acks", 2, 1, NULL, NULL);
-	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "run 2's DONE of step 1");
-	for (int i = 0; i < 50 && !outcome.done; i++)
-		turns(node, 1);
-	CHECK(outcome.done && outcome.status == 0, "step 1 of the new run: done %d, status %d: %s", outcome.done,
-	      outcome.status, outcome.message);
-	unsigned bad = 0;
-	for (unsigned i = 0; i < COUNT && bad < 3; i++)
-		if (result[i] != 2.0f * (float)i)
-			CHECK(++bad == 0, "element %u: %g, not %g: the old run's frame took the new one's place", i,
-			      result[i], 2.0f * (float)i);
+	complete_new_run(node, "acks", &outcome, result);
 	for (int i = 0; i < 2; i++)
 		free(data[i]);
 }
 
-/* Step 1 of `job` here, with s0's DATA of run `run` (x[i] = scale * i)
- * and, when `done_too`, its DONE; then `turns` more turns. Returns the
- * outcome; result[] holds the sum once it completed. */
+/* Step 1 of `job` here, with s0's DATA and DONE of run `run` (x[i] =
+ * scale * i). Returns the outcome; result[] holds the sum once it
+ * completed. */
 static struct outcome step_with(struct gg_node *node, const struct gg_config *cfg, struct sent *sent, const char *job,
-				uint64_t run, float scale, bool done_too, float *result)
+				uint64_t run, float scale, float *result)
 {
 	static float input[COUNT];
 	struct outcome outcome = { 0 };
@@ -383,8 +393,7 @@ static struct outcome step_with(struct gg_node *node, const struct gg_config *cf
 	receive_expect(node, sent, 1, data, len, acks + 1, false, "DATA of step 1, used at once");
 	free(data);
 	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), job, run, 1, NULL, NULL);
-	if (done_too)
-		CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "DONE of step 1");
+	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "DONE of step 1");
 	for (int i = 0; i < 20 && !outcome.done; i++)
 		turns(node, 1);
 	return outcome;
@@ -399,7 +408,7 @@ static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, s
 	static float result[COUNT];
 	uint8_t msg[512];
 
-	struct outcome o = step_with(node, cfg, sent, "again", 1, 1.0f, true, result);
+	struct outcome o = step_with(node, cfg, sent, "again", 1, 1.0f, result);
 	CHECK(o.done && o.status == 0, "step 1 of the old run: done %d, status %d: %s", o.done, o.status, o.message);
 	gg_node_end_job(node, "again");
 	turns(node, 3);
@@ -421,16 +430,7 @@ static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, s
 	turns(node, 5);
 	CHECK(!outcome.done, "step 1 of the new run ended on the old run's END: status %d: %s", outcome.status,
 	      outcome.message);
-	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), "again", 2, 1, NULL, NULL);
-	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "the new run's DONE");
-	for (int i = 0; i < 20 && !outcome.done; i++)
-		turns(node, 1);
-	CHECK(outcome.done && outcome.status == 0, "step 1 of the new run: done %d, status %d: %s", outcome.done,
-	      outcome.status, outcome.message);
-	unsigned bad = 0;
-	for (unsigned i = 0; i < COUNT && bad < 3; i++)
-		if (result[i] != 2.0f * (float)i)
-			CHECK(++bad == 0, "element %u: %g, not %g", i, result[i], 2.0f * (float)i);
+	complete_new_run(node, "again", &outcome, result);
 }
 
 /* Submits step 1 of `job`; returns what gg_node_submit() did. */
