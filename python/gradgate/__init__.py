@@ -313,12 +313,17 @@ class Session:
         self.step_timeout_ms = info.step_timeout_ms
         self.max_buffers = info.max_buffers
 
+    def _free_orphans(self):
+        """Frees the requests finalized while another thread held the lock;
+        called with the lock held, before the session is used or closed."""
+        while self._orphans:
+            _load().gg_request_free(self._orphans.pop())
+
     def _h(self):
         """The open session's handle; called with the lock held."""
         if self._handle is None:
             raise Error(ERR_CLOSED, "the session is closed")
-        while self._orphans:
-            _load().gg_request_free(self._orphans.pop())
+        self._free_orphans()
         return self._handle
 
     def allreduce(self, array, tensor_id, timeout_ms=0):
@@ -403,8 +408,7 @@ class Session:
         """Closes the session (its shared buffers too); idempotent."""
         with self._lock:
             if self._handle is not None:
-                while self._orphans:
-                    _load().gg_request_free(self._orphans.pop())
+                self._free_orphans()
                 _load().gg_session_close(self._handle)
                 self._handle = None
                 self._buffers.clear()
