@@ -1282,6 +1282,11 @@ static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
 	struct lane *ln = owner;
 	struct mail *f = mail_new(M_RESTARTED);
 
+	/* Its runs count on from its clock at the new start, which a clock
+	 * set back would put behind the old ones: what this lane knew of the
+	 * old instance's runs would refuse the new one's frames. */
+	for (unsigned i = 0; i < MAX_JOBS; i++)
+		ln->jobs[i].run_seen[peer] = ln->jobs[i].run_over[peer] = 0;
 	if (!f)
 		return;
 	f->peer = peer;
@@ -2400,6 +2405,17 @@ static void peer_run_ends(struct gg_node *n, const char *job, unsigned peer, uin
 	e->ended_there |= ended_there;
 }
 
+/* Peer `peer` restarted: its new instance's runs count on from its own
+ * clock, and what was known of the old one's says nothing of them. */
+static void forget_peer_runs(struct gg_node *n, unsigned peer)
+{
+	for (unsigned i = 0; i < PEER_ENDS_KEPT; i++)
+		if (n->peer_ends[i].peer == peer)
+			n->peer_ends[i].job[0] = '\0';
+	for (unsigned i = 0; i < MAX_JOBS; i++)
+		n->jobs[i].peer_run[peer] = 0;
+}
+
 /* Peer `from` speaks of job j in its run `run`. */
 static void note_peer_run(struct job *j, unsigned from, uint64_t run)
 {
@@ -2683,6 +2699,7 @@ static void coordinator_mail(struct gg_node *n)
 				break;
 			n->instance_id[m->peer] = m->u.instance_id;
 			on_peer_restart(n, m->peer);
+			forget_peer_runs(n, m->peer);
 			break;
 		case M_STREAM_READY:
 			resend_done(n, m->peer);

@@ -52,7 +52,9 @@
  * ended at s0 during its step 1, then a new run
  * at both sites: step 1's frame and DONE of the old run, read after its
  * END, are let go; the new run's step 1 completes with the new run's
- * frame, exact, once the new run's DONE came.
+ * frame, exact, once the new run's DONE came. Then s0 restarts with its
+ * clock set back: its new instance's runs, below the old one's, are new
+ * runs all the same.
  *
  * And DATA whose step fingerprint differs from this site's in the chunk
  * size alone (two builds whose auto rules differ): the step fails as a
@@ -369,6 +371,23 @@ static void run_stale_run(struct gg_node *node, const struct gg_config *cfg, str
 	complete_new_run(node, "acks", &outcome, result);
 	for (int i = 0; i < 2; i++)
 		free(data[i]);
+
+	/* s0 restarts with its clock set back: the new instance's runs count
+	 * from below the old one's, and are new runs all the same. */
+	size_t rlen[2] = { 0 };
+	uint8_t *rdata[2] = { make_run_data(cfg, "restart", 10, 2, 0, 1.0f, &rlen[0]),
+			      make_run_data(cfg, "restart", 5, 1, 0, 1.0f, &rlen[1]) };
+	const unsigned acks = sent->acks;
+	receive_expect(node, sent, 0, rdata[0], rlen[0], acks, true, "run 10's DATA of step 2");
+	receive_expect(node, sent, 0, msg, end_of("restart", 10, msg, sizeof(msg)), acks + 1, false, "run 10's END");
+	CHECK(gg_node_test_open_stream(node, 0, 0, 43, on_sent, sent) == 0 &&
+		      gg_node_test_open_stream(node, 0, 1, 43, on_sent, sent) == 0,
+	      "streams of s0's new instance");
+	turns(node, 3);
+	receive_expect(node, sent, 1, rdata[1], rlen[1], acks + 1, true, "the new instance's run 5, DATA of step 1");
+	receive_expect(node, sent, 0, msg, end_of("restart", 5, msg, sizeof(msg)), acks + 2, false, "run 5's END");
+	for (int i = 0; i < 2; i++)
+		free(rdata[i]);
 }
 
 /* Step 1 of `job` here, with s0's DATA and DONE of run `run` (x[i] =
