@@ -26,7 +26,7 @@
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
 #define TICK_US 100000       /* lanes look at their timers at least this often */
 #define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */
-#define PEER_ENDS_KEPT 64    /* runs peers ended, whose late DONE and ABORT are let go */
+#define NAME_RUNS_KEPT 64    /* job names whose peers' runs the coordinator keeps track of */
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 #define FAILURES_KEPT 16     /* recent step failures, for the status */
 #define RERUN_TELL_US 100000 /* a lane tells of step-1 DATA of a job that ran there at most this often */
@@ -57,6 +57,8 @@ enum mail_type {
 	M_FORGET,       /* coordinator -> lane: a peer aborted a step that never ran here */
 	M_CONTROL,      /* lane -> coordinator: ABORT or DONE from a peer */
 	M_RESTARTED,    /* lane -> coordinator: a peer came back with a new instance */
+	M_PEER_RUN,     /* lane -> coordinator: a peer's frames of a job came from a later run */
+	M_PEER_RESET,   /* coordinator -> lane: a peer restarted; forget its runs */
 	M_STREAM_READY, /* lane -> coordinator: a stream to a peer is up */
 	M_STREAM_DOWN,  /* lane -> coordinator: a stream to a peer went down, and why */
 	M_FORGET_JOB,   /* coordinator -> lane: the job ended here, or at a site where it never ran here; forget it */
@@ -80,7 +82,10 @@ struct mail {
 	bool forget;          /* M_END: the step failed; unsent DATA of it goes */
 	uint32_t sites;       /* M_FORGET_JOB: the sites, by bit, whose frames of the job still on the way are
 			       * let go when they come (the job ended there or here) */
-	uint64_t run;         /* M_FORGET_JOB: the run that ended at the one site in `sites`; 0: it ended here */
+	uint64_t run;         /* M_FORGET_JOB: the run that ended at the one site in `sites`; 0: it ended
+			       * here, and runs[] says which run of each site took part (0: none heard of);
+			       * M_PEER_RUN: the peer's run */
+	uint64_t runs[GG_AR_MAX_SITES];
 	union {
 		struct {      /* M_START */
 			struct gg_wire_step wstep;
@@ -257,7 +262,6 @@ struct job {
 	bool used;
 	char name[GG_WIRE_NAME_MAX + 1];
 	uint64_t run;           /* this site's run of the name (new_run()) */
-	uint64_t peer_run[GG_AR_MAX_SITES]; /* each peer's run it heard from (DONE, ABORT, END), 0: none */
 	uint64_t last_seq;      /* last step started */
 	uint64_t active_us;     /* when a step last started or ended */
 	uint64_t submit_us;     /* when the step in progress was handed over */
@@ -385,16 +389,15 @@ struct gg_node {
 	struct gg_wire_links links[GG_AR_MAX_SITES];
 	struct ended_job ended[ENDS_KEPT];
 	unsigned ended_next;
-	/* Runs of jobs that peers ended (their END came), or that took part in
-	 * a run that ended here: their words that come later are of no step
-	 * here (peer_run_ended()). */
-	struct peer_end {
+	/* What the coordinator knows of the peers' runs of each job name, for
+	 * their DONE, ABORT and END (peer_run_stale()), over the runs here. */
+	struct name_runs {
 		char job[GG_WIRE_NAME_MAX + 1]; /* "": free */
-		unsigned peer;
-		uint64_t run;
-		bool ended_there; /* its END came; else the run here it took part in ended */
-	} peer_ends[PEER_ENDS_KEPT];
-	unsigned peer_ends_next;
+		uint64_t used_us;
+		uint64_t seen[GG_AR_MAX_SITES]; /* the latest run heard of (0: none) */
+		uint64_t over[GG_AR_MAX_SITES]; /* runs up to this one are over there: its END, or a later run came */
+		uint64_t left[GG_AR_MAX_SITES]; /* runs up to this one took part in a run that ended here */
+	} name_runs[NAME_RUNS_KEPT];
 	uint64_t next_run; /* the run id the next job started here gets */
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
 	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
@@ -913,11 +916,28 @@ static bool run_is_later(uint64_t a, uint64_t b)
 	return (int64_t)(a - b) > 0;
 }
 
+/* Raises *known to run: run ids of a site only grow. */
+static void run_raise(uint64_t *known, uint64_t run)
+{
+	if (run && (!*known || run_is_later(run, *known)))
+		*known = run;
+}
+
+/* Peer `peer` restarted: its new instance's runs count from its clock at
+ * the new start, which a clock set back would put behind the old ones;
+ * what this lane knew of the old instance's runs would refuse the new
+ * one's frames. */
+static void forget_runs_of(struct lane *ln, unsigned peer)
+{
+	for (unsigned i = 0; i < MAX_JOBS; i++)
+		ln->jobs[i].run_seen[peer] = ln->jobs[i].run_over[peer] = 0;
+}
+
 /* Lets go of the early frames of runs that are over: of `sites` (by bit),
  * every frame but those of a run later than the one known over there; of
- * the others, those of runs known over, and every frame of a site not in
- * `keep` (a job over at one site cannot complete anywhere, but a site that
- * began a new run of it since keeps that run's frames). */
+ * the others, every frame of a site not in `keep` (a job over at one site
+ * cannot complete anywhere, but a site that began a new run of it since
+ * keeps that run's frames), and those of runs known over. */
 static void drop_runs_over(struct lane_job *lj, uint32_t sites, uint32_t keep)
 {
 	struct early **pp = &lj->early;
@@ -926,8 +946,8 @@ static void drop_runs_over(struct lane_job *lj, uint32_t sites, uint32_t keep)
 		struct early *e = *pp;
 		const uint32_t bit = 1u << e->from;
 		const uint64_t over = lj->run_over[e->from];
-		const bool later = over && run_is_later(e->wstep.run, over);
-		if (later || (!(sites & bit) && (keep & bit) && !over)) {
+		const bool later = !over || run_is_later(e->wstep.run, over);
+		if ((sites & bit) ? over && later : (keep & bit) && later) {
 			pp = &e->next;
 			continue;
 		}
@@ -1023,10 +1043,19 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	const uint64_t before = ws->run - 1;
 	if (before && (!lj->run_over[from] || run_is_later(before, lj->run_over[from]))) {
 		lj->run_over[from] = before;
-		drop_runs_over(lj, 1u << from, ~(1u << from));
+		drop_runs_over(lj, 1u << from, ~0u);
 	}
-	if (!lj->run_seen[from] || run_is_later(ws->run, lj->run_seen[from]))
+	if (!lj->run_seen[from] || run_is_later(ws->run, lj->run_seen[from])) {
+		/* The coordinator judges the peer's DONE, ABORT and END by it. */
+		struct mail *r = mail_new(M_PEER_RUN);
 		lj->run_seen[from] = ws->run;
+		if (r) {
+			r->peer = from;
+			r->run = ws->run;
+			snprintf(r->u.job, sizeof(r->u.job), "%s", ws->job);
+			tell_coordinator(ln, r);
+		}
+	}
 	if (lj->ar && ws->step == lj->seq) {
 		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
 		return 0;
@@ -1177,8 +1206,9 @@ static void lane_forget(struct lane *ln, const struct mail *m)
 
 /* The job is over: its early frames are acknowledged and let go, and its
  * name may start a new run. It ended at `sites` (by bit): at one peer, in
- * its run `run`, or here (run 0), ending the runs of every site seen. */
-static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites, uint64_t run)
+ * its run `run`, or here (run 0), ending the runs of every site that took
+ * part: runs[] as the coordinator heard of them, else as seen here. */
+static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites, uint64_t run, const uint64_t *runs)
 {
 	/* Its entry stays to let go what `sites` sent of it that is still on
 	 * the way (other streams than the END's). A lane that holds none
@@ -1192,9 +1222,11 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites, ui
 	if (!lj || lj->ar)
 		return;
 	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++) {
-		const uint64_t over = !(sites & (1u << p)) ? 0 : run ? run : lj->run_seen[p];
-		if (over && (!lj->run_over[p] || run_is_later(over, lj->run_over[p])))
-			lj->run_over[p] = over;
+		if (!(sites & (1u << p)))
+			continue;
+		run_raise(&lj->run_over[p], run ? run : lj->run_seen[p]);
+		if (!run)
+			run_raise(&lj->run_over[p], runs[p]);
 	}
 	/* A site that began a new run since it ended the old one keeps its
 	 * frames, unless it is the one ending now; frames of a run later than
@@ -1282,11 +1314,8 @@ static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
 	struct lane *ln = owner;
 	struct mail *f = mail_new(M_RESTARTED);
 
-	/* Its runs count on from its clock at the new start, which a clock
-	 * set back would put behind the old ones: what this lane knew of the
-	 * old instance's runs would refuse the new one's frames. */
-	for (unsigned i = 0; i < MAX_JOBS; i++)
-		ln->jobs[i].run_seen[peer] = ln->jobs[i].run_over[peer] = 0;
+	/* At once here; the other lanes hear of it from the coordinator. */
+	forget_runs_of(ln, peer);
 	if (!f)
 		return;
 	f->peer = peer;
@@ -1367,7 +1396,10 @@ static void lane_mail(struct lane *ln)
 			lane_forget(ln, m);
 			break;
 		case M_FORGET_JOB:
-			lane_forget_job(ln, m->u.job, m->sites, m->run);
+			lane_forget_job(ln, m->u.job, m->sites, m->run, m->runs);
+			break;
+		case M_PEER_RESET:
+			forget_runs_of(ln, m->peer);
 			break;
 		case M_SEND:
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
@@ -2381,58 +2413,64 @@ static bool ended_here(const struct gg_node *n, const char *name)
 	return false;
 }
 
-static struct peer_end *find_peer_end(struct gg_node *n, const char *job, unsigned peer, uint64_t run)
+/* The coordinator's record of a job name's runs; made when `create`,
+ * taking the free entry or the one used longest ago. */
+static struct name_runs *name_runs(struct gg_node *n, const char *job, bool create)
 {
-	for (unsigned i = 0; i < PEER_ENDS_KEPT; i++)
-		if (n->peer_ends[i].peer == peer && n->peer_ends[i].run == run && !strcmp(n->peer_ends[i].job, job))
-			return &n->peer_ends[i];
-	return NULL;
+	struct name_runs *r = NULL;
+
+	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++) {
+		struct name_runs *e = &n->name_runs[i];
+		if (e->job[0] && !strcmp(e->job, job)) {
+			e->used_us = gg_node_loop(n)->now_us;
+			return e;
+		}
+		if (!r || (r->job[0] && (!e->job[0] || e->used_us < r->used_us)))
+			r = e;
+	}
+	if (!create)
+		return NULL;
+	memset(r, 0, sizeof(*r));
+	snprintf(r->job, sizeof(r->job), "%s", job);
+	r->used_us = gg_node_loop(n)->now_us;
+	return r;
 }
 
-/* Run `run` of `job` at site `peer` is over here: it ended there (its END
- * came), or the run here that it took part in ended. */
-static void peer_run_ends(struct gg_node *n, const char *job, unsigned peer, uint64_t run, bool ended_there)
+/* Peer `peer` spoke of `job` in its run `run` (a DONE, ABORT or END, or its
+ * frames, as a lane saw them): a site starts a run of a name only once its
+ * run before ended, so the runs before this one are over there. */
+static void peer_run_heard(struct gg_node *n, const char *job, unsigned peer, uint64_t run)
 {
-	struct peer_end *e = find_peer_end(n, job, peer, run);
+	struct name_runs *r = name_runs(n, job, true);
 
-	if (!e) {
-		e = &n->peer_ends[n->peer_ends_next++ % PEER_ENDS_KEPT];
-		snprintf(e->job, sizeof(e->job), "%s", job);
-		e->peer = peer;
-		e->run = run;
-		e->ended_there = false;
-	}
-	e->ended_there |= ended_there;
+	if (!r)
+		return;
+	run_raise(&r->seen[peer], run);
+	run_raise(&r->over[peer], run - 1);
+}
+
+/* Whether a word of run `run` of `job` from `peer` comes after that run is
+ * over here: a run here must not take an old run's DONE or END for its
+ * own, nor an ABORT once the old run ended there (its END said how its
+ * steps ended). An ABORT of a peer's run still going there passes, though
+ * that run's part in a run here ended: it may refuse a new run here
+ * (rerun_seen()). */
+static bool peer_run_stale(struct gg_node *n, const char *job, unsigned peer, uint64_t run, bool abort)
+{
+	const struct name_runs *r = name_runs(n, job, false);
+
+	return r && ((r->over[peer] && !run_is_later(run, r->over[peer])) ||
+		     (!abort && r->left[peer] && !run_is_later(run, r->left[peer])));
 }
 
 /* Peer `peer` restarted: its new instance's runs count on from its own
  * clock, and what was known of the old one's says nothing of them. */
 static void forget_peer_runs(struct gg_node *n, unsigned peer)
 {
-	for (unsigned i = 0; i < PEER_ENDS_KEPT; i++)
-		if (n->peer_ends[i].peer == peer)
-			n->peer_ends[i].job[0] = '\0';
-	for (unsigned i = 0; i < MAX_JOBS; i++)
-		n->jobs[i].peer_run[peer] = 0;
-}
-
-/* Peer `from` speaks of job j in its run `run`. */
-static void note_peer_run(struct job *j, unsigned from, uint64_t run)
-{
-	if (!j->peer_run[from] || (int64_t)(run - j->peer_run[from]) > 0)
-		j->peer_run[from] = run;
-}
-
-/* Whether a word of run `run` of `job` from `peer` comes after that run is
- * over here: a later run of the name here must not take the old run's
- * DONE or END for its own, nor an ABORT once its END came (which said how
- * its steps ended). An ABORT of a peer's run still going there passes: it
- * may refuse a new run here (rerun_seen()). */
-static bool peer_run_ended(struct gg_node *n, const char *job, unsigned peer, uint64_t run, bool abort)
-{
-	const struct peer_end *e = find_peer_end(n, job, peer, run);
-
-	return e && (e->ended_there || !abort);
+	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++)
+		n->name_runs[i].seen[peer] = n->name_runs[i].over[peer] = n->name_runs[i].left[peer] = 0;
+	struct mail f = { .base.type = M_PEER_RESET, .peer = peer };
+	post_lanes(n, &f, 0);
 }
 
 static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
@@ -2445,11 +2483,11 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	/* A job over here stays over: recording the abort would make it anew
 	 * and drop the END that a peer cut off while it ended still needs. A
 	 * run over at the peer said how its steps ended in its END. */
-	if ((!j && ended_here(n, m->u.abort.job)) || peer_run_ended(n, m->u.abort.job, from, m->u.abort.run, true))
+	if ((!j && ended_here(n, m->u.abort.job)) || peer_run_stale(n, m->u.abort.job, from, m->u.abort.run, true))
 		return;
 	if (!j && !(j = find_job(n, m->u.abort.job, true)))
 		return;
-	note_peer_run(j, from, m->u.abort.run);
+	peer_run_heard(n, j->name, from, m->u.abort.run);
 	if (lo == hi)
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,
 			 j->name, m->u.abort.reason);
@@ -2536,8 +2574,12 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	 * site's run it took part in ended) says nothing of the run here now,
 	 * which may be a new one: an END sent again once a stream came back
 	 * must not end it, nor stand for its DONE. */
-	const bool stale = peer_run_ended(n, m->u.end.job, from, m->u.end.run, false);
-	peer_run_ends(n, m->u.end.job, from, m->u.end.run, true);
+	const bool stale = peer_run_stale(n, m->u.end.job, from, m->u.end.run, false);
+	struct name_runs *r = name_runs(n, m->u.end.job, true);
+	if (r) {
+		run_raise(&r->seen[from], m->u.end.run);
+		run_raise(&r->over[from], m->u.end.run);
+	}
 	if (stale && j)
 		return;
 	if (!j) {
@@ -2548,7 +2590,6 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 		post_lanes(n, &f, 0);
 		return;
 	}
-	note_peer_run(j, from, m->u.end.run);
 	snprintf(failed, sizeof(failed), "site %s failed it and ended job '%s': %s", n->names[from], j->name,
 		 m->u.end.reason);
 	snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: its ranks there are gone", n->names[from],
@@ -2595,10 +2636,10 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 {
 	struct job *j = find_job(n, m->u.done.job, false);
 
-	if (peer_run_ended(n, m->u.done.job, from, m->u.done.run, false))
+	if (peer_run_stale(n, m->u.done.job, from, m->u.done.run, false))
 		return;
 	if (j)
-		note_peer_run(j, from, m->u.done.run);
+		peer_run_heard(n, j->name, from, m->u.done.run);
 	if (m->u.done.links.uplink_bytes_per_s)
 		n->links[from].uplink_bytes_per_s = m->u.done.links.uplink_bytes_per_s;
 	if (m->u.done.links.rtt_us)
@@ -2700,6 +2741,9 @@ static void coordinator_mail(struct gg_node *n)
 			n->instance_id[m->peer] = m->u.instance_id;
 			on_peer_restart(n, m->peer);
 			forget_peer_runs(n, m->peer);
+			break;
+		case M_PEER_RUN:
+			peer_run_heard(n, m->u.job, m->peer, m->run);
 			break;
 		case M_STREAM_READY:
 			resend_done(n, m->peer);
@@ -3161,14 +3205,17 @@ void gg_node_end_job(struct gg_node *n, const char *job)
 	}
 	send_end(n, -1, e);
 	/* The peers' runs this one paired with are over here: what comes of
-	 * them later (an END sent again) is not of a new run of the name. */
-	for (unsigned p = 0; j && p < n->sites; p++)
-		if (j->peer_run[p])
-			peer_run_ends(n, job, p, j->peer_run[p], false);
+	 * them later (an END sent again) is not of a new run of the name. The
+	 * lanes learn which they are too. */
+	struct mail f = { .base.type = M_FORGET_JOB, .sites = (uint32_t)((1ull << n->sites) - 1) };
+	struct name_runs *r = name_runs(n, job, true);
+	for (unsigned p = 0; r && p < n->sites; p++) {
+		run_raise(&r->left[p], r->seen[p]);
+		f.runs[p] = r->seen[p];
+	}
 	for (unsigned i = 0; i < n->feedback_count; i++)
 		if (!strcmp(n->feedback[i]->job, job))
 			feedback_drop(n, i--);
-	struct mail f = { .base.type = M_FORGET_JOB, .sites = (uint32_t)((1ull << n->sites) - 1) };
 	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
 	post_lanes(n, &f, 0);
 	if (j)

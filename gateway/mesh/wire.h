@@ -11,9 +11,9 @@
  *   8  4  payload length, at most the receiver's limit
  *
  * Payloads (str = u8 length + that many bytes, no NUL; run = u64, not 0:
- * the sender's run of the job, an id it draws each time the job's name
- * starts there, which tells a frame or word of a run that ended from one
- * of the next run under the same name):
+ * the sender's run of the job, an id it draws, larger each time, whenever
+ * it makes an entry for the job's name, which tells a frame or word of a
+ * run that ended from one of the next run under the same name):
  *   HELLO   u16 stream index, u16 streams per peer, u64 instance id (random
  *           per gateway start: a change means the peer restarted),
  *           u8 site count, str site names in index order (sorted),

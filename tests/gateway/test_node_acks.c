@@ -422,34 +422,55 @@ static struct outcome step_with(struct gg_node *node, const struct gg_config *cf
  * both sites. s0's END of its old run, sent again when a stream came
  * back, reaches this site in the new run's step 1: it must not stand for
  * s0's DONE of the new run. */
-static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+/* The job ended here; its new run starts, and s0's END of its run 1 comes
+ * again (sent once a stream came back): it must not end the new run nor
+ * stand for s0's DONE of it. The new run completes with s0's run 2. */
+static void new_run_after_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent, const char *job)
 {
-	static float result[COUNT];
-	uint8_t msg[512];
-
-	struct outcome o = step_with(node, cfg, sent, "again", 1, 1.0f, result);
-	CHECK(o.done && o.status == 0, "step 1 of the old run: done %d, status %d: %s", o.done, o.status, o.message);
-	gg_node_end_job(node, "again");
-	turns(node, 3);
-
-	static float input[COUNT];
+	static float input[COUNT], result[COUNT];
 	struct outcome outcome = { 0 };
 	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
 				   .result = result, .done = on_done, .arg = &outcome };
 	char err[GG_NODE_ERROR_MAX];
-	snprintf(st.job, sizeof(st.job), "again");
+	uint8_t msg[512];
+	size_t len = 0;
+
+	snprintf(st.job, sizeof(st.job), "%s", job);
 	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "step 1 of the new run: %s", err);
 	turns(node, 3);
-	receive_expect(node, sent, 0, msg, end_of("again", 1, msg, sizeof(msg)), sent->acks, false,
+	receive_expect(node, sent, 0, msg, end_of(job, 1, msg, sizeof(msg)), sent->acks, false,
 		       "s0's END of its old run, sent again");
-	size_t len = 0;
-	uint8_t *data = make_run_data(cfg, "again", 2, 1, 0, 2.0f, &len);
+	uint8_t *data = make_run_data(cfg, job, 2, 1, 0, 2.0f, &len);
 	receive_expect(node, sent, 1, data, len, sent->acks + 1, false, "the new run's DATA of step 1");
 	free(data);
 	turns(node, 5);
-	CHECK(!outcome.done, "step 1 of the new run ended on the old run's END: status %d: %s", outcome.status,
-	      outcome.message);
-	complete_new_run(node, "again", &outcome, result);
+	CHECK(!outcome.done, "step 1 of the new run of %s ended on the old run's END: status %d: %s", job,
+	      outcome.status, outcome.message);
+	complete_new_run(node, job, &outcome, result);
+}
+
+static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	static float result[COUNT];
+
+	/* The old run completed a step here: s0's DONE told its run. */
+	struct outcome o = step_with(node, cfg, sent, "again", 1, 1.0f, result);
+	CHECK(o.done && o.status == 0, "step 1 of the old run: done %d, status %d: %s", o.done, o.status, o.message);
+	gg_node_end_job(node, "again");
+	turns(node, 3);
+	new_run_after_end(node, cfg, sent, "again");
+
+	/* The old run ended here before its step 1: only s0's frame, kept for
+	 * it and let go at the end, told s0's run. */
+	size_t len = 0;
+	uint8_t *data = make_run_data(cfg, "early", 1, 1, 0, 1.0f, &len);
+	const unsigned acks = sent->acks;
+	receive_expect(node, sent, 1, data, len, acks, true, "run 1's DATA of step 1, before the step here");
+	free(data);
+	gg_node_end_job(node, "early");
+	turns(node, 3);
+	CHECK(sent->acks == acks + 1, "the kept frame was not let go when the job ended here");
+	new_run_after_end(node, cfg, sent, "early");
 }
 
 /* Submits step 1 of `job`; returns what gg_node_submit() did. */
