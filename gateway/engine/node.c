@@ -177,6 +177,7 @@ struct lane_job {
 	 * even once a later run started here; where no run is known over,
 	 * ended_by's rule stands. */
 	uint64_t run_seen[GG_AR_MAX_SITES], run_over[GG_AR_MAX_SITES];
+	uint64_t part_run[GG_AR_MAX_SITES]; /* the run each site's frames of the part in progress came from */
 	uint64_t ended_us;   /* when ended_by was last set (the lane's loop clock) */
 	uint64_t rerun_us;   /* when the coordinator last heard of a step 1 again (M_RERUN) */
 	/* When a step last started or ended here, or early DATA last came:
@@ -830,6 +831,24 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	lane_ack(ln, via_lane, via, lj->name, ws->run, ws->step, id);
 	if (lj->reported && !gg_ar_step_done(lj->ar))
 		return; /* failed already */
+	if (lj->part_run[from] && ws->run != lj->part_run[from]) {
+		/* lane_data() lets no earlier run's frame through: one taken
+		 * before was of a run over at the site, which this site did not
+		 * know of when the step started (no word of that run had come).
+		 * The sum cannot stand, even where the part said it was whole. */
+		char text[GG_NODE_ERROR_MAX];
+		snprintf(text, sizeof(text),
+			 "step %llu of job '%s': site %s's frames of it came from two of its runs of the job (the "
+			 "earlier one ended there; its frame came late)",
+			 (unsigned long long)lj->wstep.step, lj->name, n->names[from]);
+		lj->part_run[from] = ws->run;
+		if (lj->reported)
+			(void)tell_slot(ln, M_PART_FAILED, lj->slot, lj->seq, GG_ERR_SITE, text);
+		else
+			part_fail(lj, GG_ERR_SITE, "%s", text);
+		return;
+	}
+	lj->part_run[from] = ws->run;
 	if (ws->fingerprint != lj->wstep.fingerprint && ws->tensor_id == lj->wstep.tensor_id &&
 	    ws->count == lj->wstep.count && ws->dtype == lj->wstep.dtype) {
 		/* All else alike: the algorithm differs (auto, plans apart), or
@@ -1118,6 +1137,7 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	}
 	part_free(lj);
 	lj->ended_by = lj->rerun_by = 0;
+	memset(lj->part_run, 0, sizeof(lj->part_run));
 	lj->slot = m->slot;
 	lj->seq = m->seq;
 	lj->wstep = m->u.start.wstep;

@@ -471,6 +471,39 @@ static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, s
 	turns(node, 3);
 	CHECK(sent->acks == acks + 1, "the kept frame was not let go when the job ended here");
 	new_run_after_end(node, cfg, sent, "early");
+
+	/* The old run ended here before any word of it came; its frame of
+	 * step 1, read after that, passes for the new run's. The new run's own
+	 * frame then shows s0's two runs: the step fails rather than complete
+	 * with the old run's numbers, though this site's part was whole. */
+	gg_node_end_job(node, "narrow");
+	turns(node, 3);
+	size_t l[2] = { 0 };
+	uint8_t *d[2] = { make_run_data(cfg, "narrow", 1, 1, 0, 1.0f, &l[0]),
+			  make_run_data(cfg, "narrow", 2, 1, 0, 2.0f, &l[1]) };
+	const unsigned before = sent->acks;
+	receive_expect(node, sent, 1, d[0], l[0], before, true, "run 1's DATA of step 1, after the job ended here");
+	static float input[COUNT];
+	struct outcome outcome = { 0 };
+	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				   .result = result, .done = on_done, .arg = &outcome };
+	char err[GG_NODE_ERROR_MAX];
+	uint8_t msg[512];
+	snprintf(st.job, sizeof(st.job), "narrow");
+	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "step 1 of the new run: %s", err);
+	turns(node, 5);
+	receive_expect(node, sent, 1, d[1], l[1], before + 2, false, "run 2's DATA of step 1");
+	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), "narrow", 2, 1, NULL, NULL);
+	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "run 2's DONE of step 1");
+	for (int i = 0; i < 20 && !outcome.done; i++)
+		turns(node, 1);
+	CHECK(outcome.done && outcome.status == GG_ERR_SITE &&
+		      strstr(outcome.message, "step 1 of job 'narrow': site s0's frames of it came from two of its runs"),
+	      "a step fed a frame of an old run: done %d, status %d: %s", outcome.done, outcome.status,
+	      outcome.message);
+	printf("  %s\n", outcome.message);
+	for (int i = 0; i < 2; i++)
+		free(d[i]);
 }
 
 /* Submits step 1 of `job`; returns what gg_node_submit() did. */
