@@ -303,6 +303,21 @@ static void run_after_end(struct gg_node *node, const struct gg_config *cfg, str
 		free(data[i]);
 }
 
+/* Submits step 1 of `job` here: COUNT floats of zeros, the sum into
+ * result[], the outcome into *outcome; *st lives until the step ends. */
+static void submit_step1(struct gg_node *node, struct gg_node_step *st, const char *job, struct outcome *outcome,
+			 float *result)
+{
+	static float input[COUNT];
+	char err[GG_NODE_ERROR_MAX];
+
+	*outcome = (struct outcome){ 0 };
+	*st = (struct gg_node_step){ .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				     .result = result, .done = on_done, .arg = outcome };
+	snprintf(st->job, sizeof(st->job), "%s", job);
+	CHECK(gg_node_submit(node, st, err, sizeof(err)) == 0, "step 1 of job %s: %s", job, err);
+}
+
 /* s0's DONE of step 1 of run 2 of `job`, whose frame held x[i] = 2i: the
  * step completes here with that sum (this site's input is zeros), exact. */
 static void complete_new_run(struct gg_node *node, const char *job, const struct outcome *outcome,
@@ -352,13 +367,10 @@ static void run_stale_run(struct gg_node *node, const struct gg_config *cfg, str
 	receive_expect(node, sent, 0, msg, el, 3, false, "the END of run 1, during its step 1");
 	receive_expect(node, sent, 1, data[0], len[0], 4, false, "run 1's DATA of step 1, after its END");
 
-	static float input[COUNT], result[COUNT];
-	struct outcome outcome = { 0 };
-	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
-				   .result = result, .done = on_done, .arg = &outcome };
-	char err[GG_NODE_ERROR_MAX];
-	snprintf(st.job, sizeof(st.job), "acks");
-	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
+	static float result[COUNT];
+	struct outcome outcome;
+	struct gg_node_step st;
+	submit_step1(node, &st, "acks", &outcome, result);
 	turns(node, 5);
 	/* Run 1's DONE of step 1, sent before its END and read late, is not
 	 * run 2's: the step waits for run 2's own. */
@@ -396,17 +408,13 @@ static void run_stale_run(struct gg_node *node, const struct gg_config *cfg, str
 static struct outcome step_with(struct gg_node *node, const struct gg_config *cfg, struct sent *sent, const char *job,
 				uint64_t run, float scale, float *result)
 {
-	static float input[COUNT];
-	struct outcome outcome = { 0 };
-	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
-				   .result = result, .done = on_done, .arg = &outcome };
-	char err[GG_NODE_ERROR_MAX];
+	struct outcome outcome;
+	struct gg_node_step st;
 	uint8_t msg[512];
 	size_t len = 0;
 	uint8_t *data = make_run_data(cfg, job, run, 1, 0, scale, &len);
 
-	snprintf(st.job, sizeof(st.job), "%s", job);
-	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
+	submit_step1(node, &st, job, &outcome, result);
 	turns(node, 5);
 	const unsigned acks = sent->acks;
 	receive_expect(node, sent, 1, data, len, acks + 1, false, "DATA of step 1, used at once");
@@ -427,16 +435,13 @@ static struct outcome step_with(struct gg_node *node, const struct gg_config *cf
  * stand for s0's DONE of it. The new run completes with s0's run 2. */
 static void new_run_after_end(struct gg_node *node, const struct gg_config *cfg, struct sent *sent, const char *job)
 {
-	static float input[COUNT], result[COUNT];
-	struct outcome outcome = { 0 };
-	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
-				   .result = result, .done = on_done, .arg = &outcome };
-	char err[GG_NODE_ERROR_MAX];
+	static float result[COUNT];
+	struct outcome outcome;
+	struct gg_node_step st;
 	uint8_t msg[512];
 	size_t len = 0;
 
-	snprintf(st.job, sizeof(st.job), "%s", job);
-	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "step 1 of the new run: %s", err);
+	submit_step1(node, &st, job, &outcome, result);
 	turns(node, 3);
 	receive_expect(node, sent, 0, msg, end_of(job, 1, msg, sizeof(msg)), sent->acks, false,
 		       "s0's END of its old run, sent again");
@@ -483,14 +488,10 @@ static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, s
 			  make_run_data(cfg, "narrow", 2, 1, 0, 2.0f, &l[1]) };
 	const unsigned before = sent->acks;
 	receive_expect(node, sent, 1, d[0], l[0], before, true, "run 1's DATA of step 1, after the job ended here");
-	static float input[COUNT];
-	struct outcome outcome = { 0 };
-	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
-				   .result = result, .done = on_done, .arg = &outcome };
-	char err[GG_NODE_ERROR_MAX];
+	struct outcome outcome;
+	struct gg_node_step st;
 	uint8_t msg[512];
-	snprintf(st.job, sizeof(st.job), "narrow");
-	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "step 1 of the new run: %s", err);
+	submit_step1(node, &st, "narrow", &outcome, result);
 	turns(node, 5);
 	receive_expect(node, sent, 1, d[1], l[1], before + 2, false, "run 2's DATA of step 1");
 	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), "narrow", 2, 1, NULL, NULL);
