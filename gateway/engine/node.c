@@ -178,6 +178,7 @@ struct lane_job {
 	 * ended_by's rule stands. */
 	uint64_t run_seen[GG_AR_MAX_SITES], run_over[GG_AR_MAX_SITES];
 	uint64_t part_run[GG_AR_MAX_SITES]; /* the run each site's frames of the part in progress came from */
+	uint64_t guessed_run[GG_AR_MAX_SITES]; /* a run taken for a new one on the step-1 guess (lane_data()) */
 	uint64_t ended_us;   /* when ended_by was last set (the lane's loop clock) */
 	uint64_t rerun_us;   /* when the coordinator last heard of a step 1 again (M_RERUN) */
 	/* When a step last started or ended here, or early DATA last came:
@@ -831,11 +832,14 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	lane_ack(ln, via_lane, via, lj->name, ws->run, ws->step, id);
 	if (lj->reported && !gg_ar_step_done(lj->ar))
 		return; /* failed already */
-	if (lj->part_run[from] && ws->run != lj->part_run[from]) {
-		/* lane_data() lets no earlier run's frame through: one taken
-		 * before was of a run over at the site, which this site did not
-		 * know of when the step started (no word of that run had come).
-		 * The sum cannot stand, even where the part said it was whole. */
+	if (lj->part_run[from] && ws->run != lj->part_run[from] && lj->part_run[from] == lj->guessed_run[from]) {
+		/* lane_data() lets no earlier run's frame through: the one taken
+		 * before on the step-1 guess was of a run over at the site, which
+		 * this site did not know of when the step started (no word of
+		 * that run had come). The sum cannot stand, even where the part
+		 * said it was whole. (A later run's frame after frames of a run
+		 * known here is a copy to this step: the run it pairs with may
+		 * well have completed it there.) */
 		char text[GG_NODE_ERROR_MAX];
 		snprintf(text, sizeof(text),
 			 "step %llu of job '%s': site %s's frames of it came from two of its runs of the job (the "
@@ -1049,11 +1053,14 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 		return 0;
 	}
 	if (lj->ended_by & (1u << from)) {
-		/* No run of the site known over: all but step 1 are of the old one. */
+		/* No run of the site known over: all but step 1 are of the old
+		 * one, and step 1 is taken for a new run's on a guess. */
 		if (!lj->run_over[from] && ws->step != 1) {
 			lane_ack(ln, via_lane, via, ws->job, ws->run, ws->step, &m->u.data.id);
 			return 0;
 		}
+		if (!lj->run_over[from])
+			lj->guessed_run[from] = ws->run;
 		lj->ended_by &= ~(1u << from);
 		lj->rerun_by |= 1u << from;
 	}
@@ -1248,10 +1255,12 @@ static void lane_forget_job(struct lane *ln, const char *job, uint32_t sites, ui
 		if (!run)
 			run_raise(&lj->run_over[p], runs[p]);
 	}
-	/* A site that began a new run since it ended the old one keeps its
-	 * frames, unless it is the one ending now; frames of a run later than
-	 * the one ending stay too. */
-	const uint32_t keep = lj->rerun_by & ~sites;
+	/* A peer's END lets go of that peer's frames of the run it ended (those
+	 * of a later run stay): the other sites' may be of their next run of
+	 * the name, and go when their own END or a later run says so. An end
+	 * here lets go of everything but a new run's that a site began since
+	 * it ended the old one. */
+	const uint32_t keep = run ? ~sites : lj->rerun_by & ~sites;
 	drop_runs_over(lj, sites, keep);
 	if (keep || lj->early) {
 		lj->ended_by |= sites;

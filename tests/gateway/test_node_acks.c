@@ -505,6 +505,24 @@ static void run_delayed_end(struct gg_node *node, const struct gg_config *cfg, s
 	printf("  %s\n", outcome.message);
 	for (int i = 0; i < 2; i++)
 		free(d[i]);
+
+	/* A later run's frame to a step whose frames of that peer came from a
+	 * run known here, not guessed, is a copy to it: the run it pairs with
+	 * may have completed it there. The step does not fail on it (it is
+	 * left in progress; the node's shutdown ends it). */
+	static struct outcome known;
+	static struct gg_node_step known_st;
+	static float known_result[COUNT];
+	uint8_t *k[2] = { make_run_data(cfg, "known", 1, 1, 0, 1.0f, &l[0]),
+			  make_run_data(cfg, "known", 2, 1, 0, 2.0f, &l[1]) };
+	submit_step1(node, &known_st, "known", &known, known_result);
+	turns(node, 3);
+	const unsigned at = sent->acks;
+	receive_expect(node, sent, 1, k[0], l[0], at + 1, false, "run 1's DATA of step 1, used at once");
+	receive_expect(node, sent, 1, k[1], l[1], at + 2, false, "run 2's DATA of step 1, a copy to the step");
+	CHECK(!known.done, "a step of a known run failed on a later run's frame: %d %s", known.status, known.message);
+	for (int i = 0; i < 2; i++)
+		free(k[i]);
 }
 
 /* Submits step 1 of `job`; returns what gg_node_submit() did. */
