@@ -939,11 +939,19 @@ static bool run_is_later(uint64_t a, uint64_t b)
 	return (int64_t)(a - b) > 0;
 }
 
-/* Raises *known to run: run ids of a site only grow. */
-static void run_raise(uint64_t *known, uint64_t run)
+/* Whether run is `upto` or an earlier one (upto 0: none known). */
+static bool run_within(uint64_t run, uint64_t upto)
 {
-	if (run && (!*known || run_is_later(run, *known)))
-		*known = run;
+	return upto && !run_is_later(run, upto);
+}
+
+/* Raises *known to run, as run ids of a site only grow; whether it did. */
+static bool run_raise(uint64_t *known, uint64_t run)
+{
+	if (!run || run_within(run, *known))
+		return false;
+	*known = run;
+	return true;
 }
 
 /* Peer `peer` restarted: its new instance's runs count from its clock at
@@ -969,7 +977,7 @@ static void drop_runs_over(struct lane_job *lj, uint32_t sites, uint32_t keep)
 		struct early *e = *pp;
 		const uint32_t bit = 1u << e->from;
 		const uint64_t over = lj->run_over[e->from];
-		const bool later = !over || run_is_later(e->wstep.run, over);
+		const bool later = !run_within(e->wstep.run, over);
 		if ((sites & bit) ? over && later : (keep & bit) && later) {
 			pp = &e->next;
 			continue;
@@ -1048,7 +1056,7 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	/* Of a run over at its sender: nobody needs it, and kept it would hold
 	 * memory and the sender's window for good, or pass for a frame of the
 	 * run after it. */
-	if (lj->run_over[from] && !run_is_later(ws->run, lj->run_over[from])) {
+	if (run_within(ws->run, lj->run_over[from])) {
 		lane_ack(ln, via_lane, via, ws->job, ws->run, ws->step, &m->u.data.id);
 		return 0;
 	}
@@ -1066,15 +1074,11 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	}
 	/* A site starts a run of a name only once its run before ended: the
 	 * runs before this one are over there, and their frames go. */
-	const uint64_t before = ws->run - 1;
-	if (before && (!lj->run_over[from] || run_is_later(before, lj->run_over[from]))) {
-		lj->run_over[from] = before;
+	if (run_raise(&lj->run_over[from], ws->run - 1))
 		drop_runs_over(lj, 1u << from, ~0u);
-	}
-	if (!lj->run_seen[from] || run_is_later(ws->run, lj->run_seen[from])) {
+	if (run_raise(&lj->run_seen[from], ws->run)) {
 		/* The coordinator judges the peer's DONE, ABORT and END by it. */
 		struct mail *r = mail_new(M_PEER_RUN);
-		lj->run_seen[from] = ws->run;
 		if (r) {
 			r->peer = from;
 			r->run = ws->run;
@@ -2488,8 +2492,7 @@ static bool peer_run_stale(struct gg_node *n, const char *job, unsigned peer, ui
 {
 	const struct name_runs *r = name_runs(n, job, false);
 
-	return r && ((r->over[peer] && !run_is_later(run, r->over[peer])) ||
-		     (!abort && r->left[peer] && !run_is_later(run, r->left[peer])));
+	return r && (run_within(run, r->over[peer]) || (!abort && run_within(run, r->left[peer])));
 }
 
 /* Peer `peer` restarted: its new instance's runs count on from its own
@@ -3047,7 +3050,6 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 {
 	struct lane *ln = &n->lanes[0];
 	struct cqe_ctx x = { .ln = ln, .other = other, .arg = arg };
-	gg_log_set_thread_site(n->names[n->self]);
 	int rc = lane_turn(ln, GG_MIN(timeout_us, gg_loop_timeout_us(&ln->loop, n->coord_next_us)), &x);
 
 	if (rc)
@@ -3518,6 +3520,9 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	}
 	close(urandom);
 	n->hello.instance_id |= 1; /* never 0, which means "not seen yet" */
+	/* Lane 0 and the coordinator run on the thread that turns the node,
+	 * which is the one that makes it. */
+	gg_log_set_thread_site(n->names[n->self]);
 	struct timespec wall;
 	clock_gettime(CLOCK_REALTIME, &wall);
 	n->next_run = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u + 1;
