@@ -17,7 +17,9 @@
 # run: the payload each site moves per second (C x 4 bytes over the median
 # step time), both sites together, the TLS stream and plain TCP, and their
 # ratios; then min/median/max over the runs. Defaults: --build build,
-# --runs 3, --threads 0 (one lane per CPU), --streams 4, --count 16777216
+# --runs 3, --threads 0 (the CPUs shared out between the two gateways:
+# nproc/2 lanes each, at least 1, as two gateways on one host should be
+# configured), --streams 4, --count 16777216
 # (64 MiB), --steps 10.
 set -euo pipefail
 
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
 	--steps) steps=$2; shift ;;
 	--copy) shared= ;;
 	--refill) refill= ;;
-	-h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
 	shift
@@ -47,7 +49,10 @@ done
 [ "$runs" -ge 1 ] && [ "$steps" -ge 1 ] && [ "$count" -ge 1 ] || die "--runs, --steps and --count must be at least 1"
 gradgate=$build/gateway/gradgate bench=$build/bench/gradgate-bench
 [ -x "$gradgate" ] && [ -x "$bench" ] || die "no gradgate and gradgate-bench in $build (build first, or pass --build)"
-[ "$threads" -gt 0 ] || threads=$(nproc)
+if [ "$threads" -eq 0 ]; then
+	threads=$(($(nproc) / 2))
+	[ "$threads" -ge 1 ] || threads=1
+fi
 [ "$threads" -le "$streams" ] || threads=$streams
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gg-loopback.XXXXXX")
