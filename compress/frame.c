@@ -297,9 +297,8 @@ int gg_frame_unwrap(struct gg_frame_decoder *dec, const void *frame, size_t fram
 	return 0;
 }
 
-/* gg_frame_unwrap, and the frame must hold n elements. */
-static int unwrap_n(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes, size_t n,
-		    struct gg_frame_info *fi, const uint8_t **raw, char *err, size_t err_size)
+int gg_frame_unwrap_n(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes, size_t n,
+		      struct gg_frame_info *fi, const uint8_t **raw, char *err, size_t err_size)
 {
 	int rc = gg_frame_unwrap(dec, frame, frame_bytes, fi, raw, err, err_size);
 
@@ -314,7 +313,7 @@ int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t fram
 {
 	struct gg_frame_info fi;
 	const uint8_t *raw = NULL;
-	int rc = unwrap_n(dec, frame, frame_bytes, n, &fi, &raw, err, err_size);
+	int rc = gg_frame_unwrap_n(dec, frame, frame_bytes, n, &fi, &raw, err, err_size);
 
 	if (rc)
 		return rc;
@@ -359,10 +358,10 @@ int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0
 		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
 	}
 	/* Neither payload lies in the decoder's scratch: both stay valid. */
-	if ((rc = unwrap_n(dec, f0, f0_bytes, n, &fi0, &raw0, err, err_size)))
+	if ((rc = gg_frame_unwrap_n(dec, f0, f0_bytes, n, &fi0, &raw0, err, err_size)))
 		return rc;
 	*bad = 1;
-	if ((rc = unwrap_n(dec, f1, f1_bytes, n, &fi1, &raw1, err, err_size)))
+	if ((rc = gg_frame_unwrap_n(dec, f1, f1_bytes, n, &fi1, &raw1, err, err_size)))
 		return rc;
 	for (size_t i = 0; i < n; i += PAIR_BLOCK_ELEMS) {
 		size_t m = GG_MIN((size_t)PAIR_BLOCK_ELEMS, n - i);

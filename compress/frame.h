@@ -127,6 +127,12 @@ void gg_frame_decoder_fini(struct gg_frame_decoder *dec);
 GG_MUST_CHECK int gg_frame_unwrap(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes,
 				  struct gg_frame_info *info, const uint8_t **raw, char *err, size_t err_size);
 
+/* gg_frame_unwrap, and the frame must hold n elements: -EBADMSG ("frame:
+ * element count E, caller expects n") otherwise. */
+GG_MUST_CHECK int gg_frame_unwrap_n(struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes,
+				    size_t n, struct gg_frame_info *info, const uint8_t **raw, char *err,
+				    size_t err_size);
+
 /* gg_frame_unwrap, then decodes into out (n elements, which must equal the
  * frame's element count: -EBADMSG otherwise). out is not touched unless the
  * whole frame is valid. info may be NULL. */

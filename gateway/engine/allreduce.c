@@ -146,6 +146,18 @@ static int encode_chunk_untimed(struct gg_ar_step *s, const float *src, uint64_t
 	if (!f)
 		return gg_errf(err, err_size, -ENOMEM, "no memory for the frame of %llu elements at offset %llu",
 			       (unsigned long long)n, (unsigned long long)offset);
+	if (s->cfg.mem) {
+		char why[GG_AR_ERROR_MAX];
+		rc = s->cfg.mem->ops->encode(s->cfg.mem->ctx, enc, offset, src, n, f->data, s->frame_cap, &f->len, why,
+					     sizeof(why));
+		if (rc) {
+			gg_buf_put(f);
+			return gg_errf(err, err_size, rc, "encoding %llu elements at offset %llu failed: %s",
+				       (unsigned long long)n, (unsigned long long)offset, why);
+		}
+		*out = f;
+		return 0;
+	}
 	if (s->cfg.feedback) {
 		uint64_t raw_bytes;
 		rc = gg_codec_encoded_bytes(&enc->cfg.codec, n, &raw_bytes);
@@ -210,7 +222,9 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 {
 	char why[GG_AR_ERROR_MAX];
 	uint64_t t0 = s->cfg.times ? now_ns() : 0;
-	int rc = gg_frame_decode(s->cfg.dec, frame, len, out, n, op, NULL, why, sizeof(why));
+	int rc = s->cfg.mem ? s->cfg.mem->ops->decode(s->cfg.mem->ctx, s->cfg.dec, frame, len, out, n, op, why,
+						      sizeof(why))
+			    : gg_frame_decode(s->cfg.dec, frame, len, out, n, op, NULL, why, sizeof(why));
 	timed(s, false, t0);
 	if (rc) {
 		if (err_size)
@@ -235,6 +249,22 @@ static int decode_pair(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, co
 		snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", bad, phase_name(id->phase), id->chunk,
 			 bad, why);
 	return rc;
+}
+
+/* scratch[0..n) = input[offset, offset + n). */
+static int input_to_scratch(struct gg_ar_step *s, uint64_t offset, uint64_t n, char *err, size_t err_size)
+{
+	char why[GG_AR_ERROR_MAX];
+
+	if (!s->cfg.mem) {
+		memcpy(s->scratch, s->input + offset, n * sizeof(float));
+		return 0;
+	}
+	int rc = s->cfg.mem->ops->copy(s->cfg.mem->ctx, s->scratch, s->input + offset, n, why, sizeof(why));
+	if (rc)
+		return gg_errf(err, err_size, rc, "copying %llu elements at offset %llu failed: %s",
+			       (unsigned long long)n, (unsigned long long)offset, why);
+	return 0;
 }
 
 /* The owner's site sum of [offset, offset + n) is read next. */
@@ -416,8 +446,8 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 		if (*got & 1)
 			return 1;
 		gather(s, offset, n);
-		memcpy(s->scratch, s->input + offset, n * sizeof(float));
-		if ((rc = decode_into(s, from, id, frame, len, s->scratch, n, GG_FRAME_ACCUMULATE, err, err_size)))
+		if ((rc = input_to_scratch(s, offset, n, err, err_size)) ||
+		    (rc = decode_into(s, from, id, frame, len, s->scratch, n, GG_FRAME_ACCUMULATE, err, err_size)))
 			return rc;
 		*got |= 1;
 		if (id->origin == self)
@@ -540,6 +570,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 		return gg_errf(err, err_size, -EINVAL, "unknown all-reduce algorithm %d", (int)cfg->algo);
 	if (cfg->parts ? cfg->part >= cfg->parts : cfg->part != 0)
 		return gg_errf(err, err_size, -EINVAL, "part %u of %u", cfg->part, cfg->parts);
+	if (cfg->mem && cfg->feedback)
+		return gg_errf(err, err_size, -EINVAL, "error feedback in host memory for a step whose tensors are not");
 	if (cfg->feedback && cfg->feedback->elems < cfg->count)
 		return gg_errf(err, err_size, -EINVAL, "error feedback covers %zu elements, the step has %llu",
 			    cfg->feedback->elems, (unsigned long long)cfg->count);
@@ -556,8 +588,9 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	s->ctx = ctx;
 	s->input = input;
 	s->result = result;
-	s->own_in_place = input == result && !cfg->feedback && cfg->enc->cfg.codec.codec == GG_CODEC_FP32;
-	s->pair = cfg->enc->cfg.codec.codec == GG_CODEC_FP32 && !cfg->enc->cfg.zstd;
+	s->own_in_place = input == result && !cfg->feedback && !(cfg->mem && cfg->mem->feedback) &&
+			  cfg->enc->cfg.codec.codec == GG_CODEC_FP32;
+	s->pair = cfg->enc->cfg.codec.codec == GG_CODEC_FP32 && !cfg->enc->cfg.zstd && !cfg->mem;
 	shard_bounds(cfg, s->shard_lo);
 	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
 	if (rc) {
@@ -593,7 +626,8 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 		}
 		s->nchunks = s->chunk_base[cfg->sites];
 		s->got = calloc(s->nchunks ? s->nchunks : 1, 1);
-		s->scratch = malloc(sizeof(float) * cfg->chunk_elems);
+		s->scratch = cfg->mem ? cfg->mem->ops->alloc(cfg->mem->ctx, cfg->chunk_elems)
+				      : malloc(sizeof(float) * cfg->chunk_elems);
 		if (!s->got || !s->scratch)
 			goto nomem;
 		s->own_chunks = s->shard_chunks[ring_start_shard(s)];
@@ -680,7 +714,10 @@ void gg_ar_step_free(struct gg_ar_step *s)
 	free(s->pending);
 	free(s->next_site);
 	free(s->got);
-	free(s->scratch);
+	if (s->cfg.mem)
+		s->cfg.mem->ops->free(s->cfg.mem->ctx, s->scratch);
+	else
+		free(s->scratch);
 	free(s->fb_scratch);
 	free(s);
 }

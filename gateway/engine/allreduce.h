@@ -65,6 +65,40 @@ struct gg_ar_ops {
 	void (*deliver)(void *ctx, uint64_t offset, uint64_t n);
 };
 
+/* Where a step's tensors live, when not in host memory: the passes over
+ * input, result and scratch memory that the step cannot make itself. The
+ * step never reads or writes that memory but through these; frames stay in
+ * host memory (the owner sends and receives them there). Each call returns
+ * 0 or a negative errno with one line in err, and is done when it returns.
+ * docs/design.md, "Tensors on a GPU". */
+struct gg_ar_mem_ops {
+	/* The frame of src[0..n), elements [offset, offset + n) of the tensor,
+	 * into frame[0..cap) in host memory: exactly the bytes gg_frame_encode()
+	 * (or, when the memory applies error feedback, gg_feedback_encode()
+	 * and gg_frame_wrap()) would make of the same elements in host memory,
+	 * with enc's settings; *len its size. */
+	int (*encode)(void *ctx, struct gg_frame_encoder *enc, uint64_t offset, const float *src, uint64_t n,
+		      uint8_t *frame, uint64_t cap, size_t *len, char *err, size_t err_size);
+	/* What gg_frame_decode() writes into host memory, written into
+	 * out[0..n); refused as gg_frame_decode() refuses, with its messages,
+	 * and then out is not touched. */
+	int (*decode)(void *ctx, struct gg_frame_decoder *dec, const void *frame, size_t len, float *out, uint64_t n,
+		      enum gg_frame_op op, char *err, size_t err_size);
+	/* dst[0..n) = src[0..n); they do not overlap. */
+	int (*copy)(void *ctx, float *dst, const float *src, uint64_t n, char *err, size_t err_size);
+	/* Scratch memory for n floats, or NULL; and its release (NULL: nothing). */
+	float *(*alloc)(void *ctx, uint64_t n);
+	void (*free)(void *ctx, float *p);
+};
+
+struct gg_ar_mem {
+	const struct gg_ar_mem_ops *ops;
+	void *ctx;
+	/* encode() applies error feedback (its residuals are the memory's):
+	 * a site's own frames then do not decode to its input. */
+	bool feedback;
+};
+
 struct gg_ar_times {
 	uint64_t encode_ns, decode_ns;
 };
@@ -79,6 +113,9 @@ struct gg_ar_config {
 	struct gg_frame_encoder *enc; /* its cfg.max_elems >= chunk_elems */
 	struct gg_frame_decoder *dec;
 	struct gg_feedback *feedback; /* NULL: none; else covers count elements */
+	/* NULL: input and result are host memory. Else where they live (with
+	 * their error feedback, if any: feedback must then be NULL). */
+	const struct gg_ar_mem *mem;
 	struct gg_buf_pool *pool; /* NULL: frames are malloc'd */
 	/* NULL, or where the step adds the time it spends encoding (error
 	 * feedback included) and decoding, in nanoseconds. */

@@ -2,18 +2,190 @@
  * are delivered in a shuffled order, some twice, and every site must end
  * with the same bytes, equal to the fixed-order sum for fp32 and within
  * the codec's bound for the lossy codecs. Sites split their steps into 1
- * to 3 parts (as a gateway's lanes do), each site its own number. */
+ * to 3 parts (as a gateway's lanes do), each site its own number.
+ *
+ * Every other site keeps its tensors in other memory, through the engine's
+ * memory ops (struct gg_ar_mem), and must end with the host sites' bytes.
+ * Here that memory is "fenced", as a GPU's would be to the host: the step
+ * sees it at addresses mapped without access, and the test's ops reach the
+ * same pages through a second mapping, so a step that touched it itself
+ * would fault. Built with GG_SIM_CUDA (tests/gpu), it is the GPU's memory
+ * with the ops of gateway/engine/mem_cuda.h, and the test exits 77 where
+ * there is no GPU. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "gg_check.h"
 #include "allreduce.h"
 
 
 #define MAX_PARTS 3
+
+struct site;
+/* Other memory: sets up site s's tensors of count elements (and its error
+ * feedback when fb) there; puts the host's view of input and result there
+ * before a step, and fetches the result after. */
+static int other_init(struct site *s, size_t count, uint32_t chunk, bool fb);
+static void other_fini(struct site *s);
+static int other_upload(struct site *s, size_t count);
+static int other_download(struct site *s, size_t count);
+
+#ifndef GG_SIM_CUDA
+#define FENCED_MAX 8
+
+/* Memory the step may reach only through the memory ops: each allocation
+ * is one memfd mapped twice, PROT_NONE where the step sees it (`fence`)
+ * and read-write where the ops and the test touch it (`alias`). */
+struct fenced {
+	struct {
+		uint8_t *fence, *alias;
+		size_t size;
+	} a[FENCED_MAX];
+	struct gg_feedback fb;
+	bool use_fb;
+};
+
+static float *fenced_alloc(struct fenced *z, uint64_t n)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), size = (n * sizeof(float) + page - 1) / page * page;
+
+	for (int i = 0; i < FENCED_MAX; i++) {
+		if (z->a[i].fence)
+			continue;
+		int fd = memfd_create("fenced", 0);
+		if (fd < 0)
+			return NULL;
+		void *fence = MAP_FAILED, *alias = MAP_FAILED;
+		if (ftruncate(fd, (off_t)size) == 0) {
+			fence = mmap(NULL, size, PROT_NONE, MAP_SHARED, fd, 0);
+			alias = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		}
+		close(fd);
+		if (fence == MAP_FAILED || alias == MAP_FAILED) {
+			if (fence != MAP_FAILED)
+				munmap(fence, size);
+			if (alias != MAP_FAILED)
+				munmap(alias, size);
+			return NULL;
+		}
+		z->a[i].fence = fence;
+		z->a[i].alias = alias;
+		z->a[i].size = size;
+		return fence;
+	}
+	return NULL;
+}
+
+/* Where the ops reach fenced memory the step names by `p` (fenced[0..n)). */
+static void *fenced_at(struct fenced *z, const void *p, uint64_t n)
+{
+	for (int i = 0; i < FENCED_MAX; i++) {
+		const uint8_t *b = p;
+		if (z->a[i].fence && b >= z->a[i].fence && n * sizeof(float) <= z->a[i].size &&
+		    (size_t)(b - z->a[i].fence) <= z->a[i].size - n * sizeof(float))
+			return z->a[i].alias + (b - z->a[i].fence);
+	}
+	CHECK(false, "the step passed %p (%llu elements) as fenced memory, which it is not", p,
+	      (unsigned long long)n);
+	abort();
+}
+
+/* The alias of what fenced_alloc() returned. */
+static float *fenced_alias(struct fenced *z, float *fence)
+{
+	return fenced_at(z, fence, 0);
+}
+
+static void fenced_free(void *ctx, float *p)
+{
+	struct fenced *z = ctx;
+
+	for (int i = 0; p && i < FENCED_MAX; i++) {
+		if (z->a[i].fence != (uint8_t *)p)
+			continue;
+		munmap(z->a[i].fence, z->a[i].size);
+		munmap(z->a[i].alias, z->a[i].size);
+		z->a[i].fence = z->a[i].alias = NULL;
+		return;
+	}
+}
+
+static int fenced_encode(void *ctx, struct gg_frame_encoder *enc, uint64_t offset, const float *src, uint64_t n,
+			 uint8_t *frame, uint64_t cap, size_t *len, char *err, size_t err_size)
+{
+	struct fenced *z = ctx;
+	const float *in = fenced_at(z, src, n);
+	uint64_t raw;
+	int rc;
+
+	if (!z->use_fb) {
+		rc = gg_frame_encode(enc, in, n, frame, cap, len);
+	} else {
+		rc = gg_codec_encoded_bytes(&enc->cfg.codec, n, &raw);
+		if (!rc)
+			rc = gg_feedback_encode(&z->fb, &enc->cfg.codec, offset, in, n, frame + GG_FRAME_HEADER_BYTES, raw,
+						z->fb.scratch);
+		if (!rc)
+			rc = gg_frame_wrap(enc, frame + GG_FRAME_HEADER_BYTES, raw, n, frame, cap, len);
+	}
+	if (rc)
+		snprintf(err, err_size, "fenced encode: %s", strerror(-rc));
+	return rc;
+}
+
+static int fenced_decode(void *ctx, struct gg_frame_decoder *dec, const void *frame, size_t len, float *out,
+			 uint64_t n, enum gg_frame_op op, char *err, size_t err_size)
+{
+	return gg_frame_decode(dec, frame, len, fenced_at(ctx, out, n), n, op, NULL, err, err_size);
+}
+
+static int fenced_copy(void *ctx, float *dst, const float *src, uint64_t n, char *err, size_t err_size)
+{
+	(void)err, (void)err_size;
+	memcpy(fenced_at(ctx, dst, n), fenced_at(ctx, src, n), n * sizeof(float));
+	return 0;
+}
+
+static float *fenced_scratch(void *ctx, uint64_t n)
+{
+	return fenced_alloc(ctx, n);
+}
+
+/* A step that reads or writes fenced memory itself faults: say so. */
+static void on_fault(int sig, siginfo_t *si, void *uc)
+{
+	static const char msg[] = "FAIL: the step touched fenced memory itself, not through its memory ops\n";
+
+	(void)sig, (void)si, (void)uc;
+	if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0)
+		_exit(2);
+	_exit(1);
+}
+
+static const struct gg_ar_mem_ops fenced_ops = { .encode = fenced_encode, .decode = fenced_decode,
+						 .copy = fenced_copy, .alloc = fenced_scratch,
+						 .free = fenced_free };
+
+struct other {
+	struct fenced z;
+	struct gg_ar_mem mem;
+};
+#else
+#include "dev_mem.h"
+#include "mem_cuda.h"
+
+struct other {
+	struct gg_ar_mem_cuda m;
+	struct gg_feedback_cuda fb;
+	bool use_fb;
+};
+#endif
 
 struct msg {
 	unsigned from, to;
@@ -37,7 +209,10 @@ struct site {
 	struct gg_ar_step *step[MAX_PARTS];
 	unsigned parts;
 	struct gg_buf_pool pool; /* small, so frames both come back and overflow it */
-	float *input, *result;
+	float *input, *result;   /* as the test reads and writes them */
+	struct other *other;     /* NULL: host memory; else input and result are there */
+	const struct gg_ar_mem *mem;
+	float *step_input, *step_result; /* as the step sees them */
 	uint8_t *seen;           /* per element: 1 gathered, 2 delivered too */
 };
 
@@ -107,7 +282,7 @@ static const struct gg_ar_ops net_ops = { .send = net_send, .may_encode = net_ma
 					  .deliver = net_deliver };
 
 static int site_init(struct site *s, struct net *net, unsigned index, enum gg_codec codec, uint32_t chunk,
-		     size_t count, bool fb)
+		     size_t count, bool fb, bool other)
 {
 	struct gg_frame_config fc = { .codec = gg_codec_defaults(codec), .zstd = codec != GG_CODEC_FP32,
 				      .zstd_level = 1, .max_elems = chunk };
@@ -123,14 +298,127 @@ static int site_init(struct site *s, struct net *net, unsigned index, enum gg_co
 	lim.max_raw_bytes = bound;
 	if (gg_frame_decoder_init(&s->dec, &lim))
 		return -1;
+	gg_buf_pool_init(&s->pool, bound, 4);
+	s->seen = calloc(count, 1);
+	if (!s->seen)
+		return -1;
+	if (other)
+		return other_init(s, count, chunk, fb);
 	if (fb && gg_feedback_init(&s->fb, count, chunk))
 		return -1;
-	gg_buf_pool_init(&s->pool, bound, 4);
+	s->input = s->step_input = malloc(count * sizeof(float));
+	s->result = s->step_result = malloc(count * sizeof(float));
+	return s->input && s->result ? 0 : -1;
+}
+
+#ifndef GG_SIM_CUDA
+static int other_init(struct site *s, size_t count, uint32_t chunk, bool fb)
+{
+	if (!(s->other = calloc(1, sizeof(*s->other))))
+		return -1;
+	struct fenced *z = &s->other->z;
+	z->use_fb = fb;
+	if (fb && gg_feedback_init(&z->fb, count, chunk))
+		return -1;
+	s->other->mem = (struct gg_ar_mem){ .ops = &fenced_ops, .ctx = z, .feedback = fb };
+	s->mem = &s->other->mem;
+	s->step_input = fenced_alloc(z, count);
+	s->step_result = fenced_alloc(z, count);
+	if (!s->step_input || !s->step_result)
+		return -1;
+	s->input = fenced_alias(z, s->step_input);
+	s->result = fenced_alias(z, s->step_result);
+	return 0;
+}
+
+static void other_fini(struct site *s)
+{
+	struct fenced *z = &s->other->z;
+
+	if (z->use_fb)
+		gg_feedback_fini(&z->fb);
+	fenced_free(z, s->step_input);
+	fenced_free(z, s->step_result);
+	for (int i = 0; i < FENCED_MAX; i++)
+		CHECK(!z->a[i].fence, "site %u: the step left fenced memory allocated", s->index);
+	free(s->other);
+}
+
+/* The test reads and writes fenced memory through its aliases. */
+static int other_upload(struct site *s, size_t count)
+{
+	(void)s, (void)count;
+	return 0;
+}
+
+static int other_download(struct site *s, size_t count)
+{
+	(void)s, (void)count;
+	return 0;
+}
+#else
+static int other_init(struct site *s, size_t count, uint32_t chunk, bool fb)
+{
+	char err[256];
+	uint64_t bound;
+
+	(void)chunk;
+	if (!(s->other = calloc(1, sizeof(*s->other))))
+		return -1;
+	s->other->use_fb = fb;
+	if (gg_frame_bound(&s->enc.cfg.codec, s->enc.cfg.max_elems, &bound) ||
+	    (fb && gg_feedback_init_cuda(&s->other->fb, count, err, sizeof(err))) ||
+	    gg_ar_mem_cuda_init(&s->other->m, bound, fb ? &s->other->fb : NULL, err, sizeof(err)) ||
+	    gg_dev_alloc((void **)&s->step_input, count * sizeof(float), err, sizeof(err)) ||
+	    gg_dev_alloc((void **)&s->step_result, count * sizeof(float), err, sizeof(err))) {
+		printf("site %u: %s\n", s->index, err);
+		return -1;
+	}
+	s->mem = &s->other->m.mem;
 	s->input = malloc(count * sizeof(float));
 	s->result = malloc(count * sizeof(float));
-	s->seen = calloc(count, 1);
-	return s->input && s->result && s->seen ? 0 : -1;
+	return s->input && s->result ? 0 : -1;
 }
+
+static void other_fini(struct site *s)
+{
+	gg_ar_mem_cuda_fini(&s->other->m);
+	if (s->other->use_fb)
+		gg_feedback_fini_cuda(&s->other->fb);
+	gg_dev_free(s->step_input);
+	gg_dev_free(s->step_result);
+	free(s->input);
+	free(s->result);
+	free(s->other);
+}
+
+static int other_upload(struct site *s, size_t count)
+{
+	char err[256];
+	void *st = s->other->m.stream;
+
+	if (gg_dev_copy(s->step_input, s->input, count * sizeof(float), st, err, sizeof(err)) ||
+	    gg_dev_copy(s->step_result, s->result, count * sizeof(float), st, err, sizeof(err)) ||
+	    gg_dev_sync(st, err, sizeof(err))) {
+		printf("site %u: %s\n", s->index, err);
+		return -1;
+	}
+	return 0;
+}
+
+static int other_download(struct site *s, size_t count)
+{
+	char err[256];
+	void *st = s->other->m.stream;
+
+	if (gg_dev_copy(s->result, s->step_result, count * sizeof(float), st, err, sizeof(err)) ||
+	    gg_dev_sync(st, err, sizeof(err))) {
+		printf("site %u: %s\n", s->index, err);
+		return -1;
+	}
+	return 0;
+}
+#endif
 
 static void free_steps(struct site *s)
 {
@@ -146,11 +434,15 @@ static void site_fini(struct site *s)
 	gg_buf_pool_fini(&s->pool);
 	gg_frame_encoder_fini(&s->enc);
 	gg_frame_decoder_fini(&s->dec);
+	free(s->seen);
+	if (s->other) {
+		other_fini(s);
+		return;
+	}
 	if (s->use_fb)
 		gg_feedback_fini(&s->fb);
 	free(s->input);
 	free(s->result);
-	free(s->seen);
 }
 
 /* Runs one step on every site, delivering frames in random order and
@@ -171,14 +463,18 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 			memset(sites[k].result, 0xa5, count * sizeof(float)); /* sentinel */
 		sites[k].parts = 1 + (unsigned)((k + count / 7) % MAX_PARTS);
 		memset(sites[k].seen, 0, count);
+		if (sites[k].other && other_upload(&sites[k], count))
+			return -1;
 		for (unsigned p = 0; p < sites[k].parts; p++) {
 			struct gg_ar_config cfg = { .sites = K, .self = k, .algo = algo, .count = count,
 						    .chunk_elems = chunk, .enc = &sites[k].enc, .dec = &sites[k].dec,
-						    .feedback = sites[k].use_fb ? &sites[k].fb : NULL,
+						    .feedback = sites[k].use_fb && !sites[k].other ? &sites[k].fb : NULL,
+						    .mem = sites[k].mem,
 						    .pool = k % 2 ? &sites[k].pool : NULL, .part = p,
 						    .parts = sites[k].parts };
-			if (gg_ar_step_start(&sites[k].step[p], &cfg, in_place ? sites[k].result : sites[k].input,
-					     sites[k].result, &net_ops, &sites[k], err, sizeof(err))) {
+			if (gg_ar_step_start(&sites[k].step[p], &cfg,
+					     in_place ? sites[k].step_result : sites[k].step_input,
+					     sites[k].step_result, &net_ops, &sites[k], err, sizeof(err))) {
 				printf("start at site %u part %u: %s\n", k, p, err);
 				return -1;
 			}
@@ -225,6 +521,8 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 		}
 	}
 	for (unsigned k = 0; k < K; k++) {
+		if (sites[k].other && other_download(&sites[k], count))
+			return -1;
 		for (unsigned p = 0; p < sites[k].parts; p++) {
 			if (gg_ar_step_done(sites[k].step[p]))
 				continue;
@@ -239,6 +537,20 @@ static int run_step(struct site *sites, unsigned K, enum gg_allreduce_algo algo,
 			CHECK(sites[k].seen[i] == 2, "site %u: element %zu was never delivered", k, i);
 	}
 	return 0;
+}
+
+/* Bit for bit; on a GPU, a NaN may come out as another NaN: its sign and
+ * payload are not part of the codecs' contract (cuda/codec_cuda.h). */
+static bool results_equal(const float *a, const float *b, size_t n)
+{
+#if defined(GG_SIM_CUDA) && !defined(GG_SIM_CUDA_DOUBLE)
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&a[i], &b[i], sizeof(float)) && !(isnan(a[i]) && isnan(b[i])))
+			return false;
+	return true;
+#else
+	return !memcmp(a, b, n * sizeof(float));
+#endif
 }
 
 /* The sum in the order the algorithm fixes (fp32, one rounding per add). */
@@ -269,7 +581,7 @@ static void check_case(enum gg_codec codec, enum gg_allreduce_algo algo, unsigne
 	uint64_t rng = seed + 7;
 
 	for (unsigned k = 0; k < K; k++)
-		if (site_init(&sites[k], &net, k, codec, chunk, count, false)) {
+		if (site_init(&sites[k], &net, k, codec, chunk, count, false, (k + seed) % 2 == 1)) {
 			CHECK(0, "site init");
 			return;
 		}
@@ -295,7 +607,7 @@ static void check_case(enum gg_codec codec, enum gg_allreduce_algo algo, unsigne
 				gmax[k * groups + i / 32] = fmaxf(gmax[k * groups + i / 32], fabsf(sites[k].input[i]));
 	if (rc == 0) {
 		for (unsigned k = 1; k < K; k++)
-			CHECK(!memcmp(sites[0].result, sites[k].result, count * sizeof(float)),
+			CHECK(results_equal(sites[0].result, sites[k].result, count),
 			      "%s %s K=%u n=%zu: site %u's result differs from site 0's", name, aname, K, count, k);
 		size_t bad = 0;
 		for (size_t i = 0; i < count && bad < 3; i++) {
@@ -360,7 +672,7 @@ static void check_feedback(enum gg_allreduce_algo algo)
 		uint64_t rng = 5;
 		double *acc = calloc(N, sizeof(double)), max_step_err = 0;
 		for (unsigned k = 0; k < K; k++)
-			if (site_init(&sites[k], &net, k, GG_CODEC_INT4, CHUNK, N, fb)) {
+			if (site_init(&sites[k], &net, k, GG_CODEC_INT4, CHUNK, N, fb, k == 1)) {
 				CHECK(0, "site init");
 				return;
 			}
@@ -399,8 +711,9 @@ static void check_feedback(enum gg_allreduce_algo algo)
 	       gg_allreduce_algo_name(algo), STEPS, err_end[0], err_end[1]);
 }
 
-/* Frames the protocol never produces are refused with a message. */
-static void check_refusals(void)
+/* Frames the protocol never produces are refused with a message, whether
+ * site 1's tensors are in host memory or other memory. */
+static void check_refusals(bool other)
 {
 	enum { K = 3, N = 10000, CHUNK = 1024 };
 	struct site sites[K];
@@ -409,22 +722,31 @@ static void check_refusals(void)
 	struct gg_ar_step *step;
 
 	for (unsigned k = 0; k < K; k++)
-		if (site_init(&sites[k], &net, k, GG_CODEC_BF16, CHUNK, N, false))
+		if (site_init(&sites[k], &net, k, GG_CODEC_BF16, CHUNK, N, false, other && k == 1))
 			return;
 	struct gg_ar_config cfg = { .sites = K, .self = 1, .algo = GG_ALLREDUCE_RING, .count = N,
-				    .chunk_elems = CHUNK, .enc = &sites[1].enc, .dec = &sites[1].dec };
+				    .chunk_elems = CHUNK, .enc = &sites[1].enc, .dec = &sites[1].dec,
+				    .mem = sites[1].mem };
 	struct gg_ar_config bad = cfg;
 	bad.count = 0;
-	CHECK(gg_ar_step_start(&step, &bad, sites[1].input, sites[1].result, &net_ops, &sites[1], err,
+	CHECK(gg_ar_step_start(&step, &bad, sites[1].step_input, sites[1].step_result, &net_ops, &sites[1], err,
 			       sizeof(err)) == -EINVAL &&
 		      !strcmp(err, "an all-reduce needs at least one element"),
 	      "count 0: %s", err);
 	bad = cfg;
 	bad.chunk_elems = 1000;
-	CHECK(gg_ar_step_start(&step, &bad, sites[1].input, sites[1].result, &net_ops, &sites[1], err,
+	CHECK(gg_ar_step_start(&step, &bad, sites[1].step_input, sites[1].step_result, &net_ops, &sites[1], err,
 			       sizeof(err)) == -EINVAL &&
 		      !strcmp(err, "chunk of 1000 elements: must be a multiple of 32 and at most 1024"),
 	      "chunk 1000: %s", err);
+	if (other) {
+		bad = cfg;
+		bad.feedback = &sites[0].fb;
+		CHECK(gg_ar_step_start(&step, &bad, sites[1].step_input, sites[1].step_result, &net_ops, &sites[1],
+				       err, sizeof(err)) == -EINVAL &&
+			      !strcmp(err, "error feedback in host memory for a step whose tensors are not"),
+		      "host feedback with tensors in other memory: %s", err);
+	}
 
 	memset(sites[0].input, 0, N * sizeof(float));
 	struct gg_buf *f;
@@ -456,7 +778,7 @@ static void check_refusals(void)
 	};
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		memset(sites[1].seen, 0, N); /* a fresh step gathers afresh */
-		CHECK(gg_ar_step_start(&step, &cfg, sites[1].input, sites[1].result, &net_ops, &sites[1], err,
+		CHECK(gg_ar_step_start(&step, &cfg, sites[1].step_input, sites[1].step_result, &net_ops, &sites[1], err,
 				       sizeof(err)) == 0,
 		      "start: %s", err);
 		size_t len = f->len;
@@ -586,6 +908,20 @@ int main(void)
 	const enum gg_codec codecs[] = { GG_CODEC_FP32, GG_CODEC_BF16, GG_CODEC_BF16_SPLIT, GG_CODEC_INT8,
 					 GG_CODEC_INT4 };
 	unsigned cases = 0;
+#ifndef GG_SIM_CUDA
+	struct sigaction sa = { .sa_sigaction = on_fault, .sa_flags = SA_SIGINFO };
+
+	sigaction(SIGSEGV, &sa, NULL);
+#else
+	char why[256];
+	void *probe;
+
+	if (gg_dev_stream_new(&probe, why, sizeof(why))) {
+		printf("skipped: no GPU: %s\n", why);
+		return 77;
+	}
+	gg_dev_stream_free(probe);
+#endif
 
 	for (size_t c = 0; c < sizeof(codecs) / sizeof(codecs[0]); c++)
 		for (int algo = GG_ALLREDUCE_DIRECT; algo <= GG_ALLREDUCE_RING; algo++)
@@ -601,7 +937,8 @@ int main(void)
 			}
 	check_feedback(GG_ALLREDUCE_DIRECT);
 	check_feedback(GG_ALLREDUCE_RING);
-	check_refusals();
+	check_refusals(false);
+	check_refusals(true);
 	check_model();
 	check_auto_chunk();
 	printf("%u all-reduce cases; %d failure(s)\n", cases, failures);

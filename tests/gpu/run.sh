@@ -2,7 +2,8 @@
 # Builds and runs every check that needs a GPU, in one go (a few minutes at
 # most): the kernel self-test, the codec kernels against the CPU reference
 # bit for bit (test_codec_cuda), their speed against cudaMemcpy on 256 MiB
-# (test_codec_cuda_speed, which prints the figures), GPU mode end to end
+# (test_codec_cuda_speed, which prints the figures), the step engine with
+# its tensors in device memory (allreduce-cuda), GPU mode end to end
 # (gpu-mode: two gateways and four ranks all-reducing device memory; and
 # gpu-torch, the same from PyTorch when its Python has torch), the NCCL
 # smoke test, and whatever else the 'gpu' test suite holds. Run it

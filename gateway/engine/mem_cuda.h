@@ -1,0 +1,39 @@
+/* Step tensors on the gateway's GPU (struct gg_ar_mem): a step's input,
+ * result and ring scratch are device memory, and the codecs run as the
+ * kernels of cuda/codec_cuda.h, which give the CPU reference's bytes. The
+ * host moves encoded bytes only: an encode kernel writes a chunk's codec
+ * bytes into pinned staging memory, which the host copies into the frame
+ * and wraps (header, CRC-32C, zstd); a received frame is unwrapped on the
+ * host, its codec bytes copied into staging, and a decode kernel stores or
+ * adds them into device memory. With error feedback the residuals are on
+ * the device too (gg_feedback_cuda), one set per job that the lanes
+ * share: their chunks never overlap.
+ *
+ * One gg_ar_mem_cuda per thread that runs steps (a lane): it holds that
+ * thread's stream and staging memory, and each call waits for its own work
+ * before it returns. Built only with CUDA. */
+#ifndef GG_MEM_CUDA_H
+#define GG_MEM_CUDA_H
+
+#include "allreduce.h"
+#include "codec_cuda.h"
+
+struct gg_ar_mem_cuda {
+	struct gg_ar_mem mem; /* what a step's config points at */
+	void *stream;
+	uint8_t *staging;     /* pinned, staging_bytes */
+	size_t staging_bytes;
+	struct gg_feedback_cuda *fb;
+};
+
+/* Sets up `m` for frames whose codec bytes are at most max_raw_bytes (the
+ * frame decoder's limit), with error feedback into `fb` (device residuals
+ * covering the steps' tensors; NULL: none), which must outlive it. Returns
+ * 0, or a negative errno with err saying why (no GPU: -ENODEV); on failure
+ * there is nothing to free. */
+GG_MUST_CHECK int gg_ar_mem_cuda_init(struct gg_ar_mem_cuda *m, size_t max_raw_bytes, struct gg_feedback_cuda *fb,
+				      char *err, size_t err_size);
+/* After every step using it is freed. */
+void gg_ar_mem_cuda_fini(struct gg_ar_mem_cuda *m);
+
+#endif
