@@ -146,3 +146,26 @@ char *gg_format_duration(uint64_t usec, char *buf, size_t size)
 {
 	return format_exact(usec, duration_units, GG_ARRAY_LEN(duration_units), buf, size);
 }
+
+char *gg_format_elapsed(uint64_t usec, char *buf, size_t size)
+{
+	const uint64_t ms = usec / 1000, s = usec / 1000000, m = s / 60, h = m / 60;
+
+	if (usec < 1000)
+		snprintf(buf, size, "%lluus", (unsigned long long)usec);
+	else if (ms < 1000)
+		snprintf(buf, size, "%llums", (unsigned long long)ms);
+	else if (s < 10)
+		snprintf(buf, size, "%llu.%llus", (unsigned long long)s, (unsigned long long)(ms % 1000 / 100));
+	else if (s < 60)
+		snprintf(buf, size, "%llus", (unsigned long long)s);
+	else if (m < 60 && s % 60 == 0)
+		snprintf(buf, size, "%llum", (unsigned long long)m);
+	else if (m < 60)
+		snprintf(buf, size, "%llum%llus", (unsigned long long)m, (unsigned long long)(s % 60));
+	else if (m % 60 == 0)
+		snprintf(buf, size, "%lluh", (unsigned long long)h);
+	else
+		snprintf(buf, size, "%lluh%llum", (unsigned long long)h, (unsigned long long)(m % 60));
+	return buf;
+}

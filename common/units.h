@@ -17,5 +17,8 @@ GG_MUST_CHECK int gg_parse_duration(const char *text, uint64_t *usec, const char
  * "500ms", "2s". Returns `buf`. */
 char *gg_format_size(uint64_t bytes, char *buf, size_t size);
 char *gg_format_duration(uint64_t usec, char *buf, size_t size);
+/* A time that went by, rounded down for people to read: "850us", "3ms",
+ * "2.4s", "40s", "6m", "6m12s", "2h5m". Returns `buf`. */
+char *gg_format_elapsed(uint64_t usec, char *buf, size_t size);
 
 #endif

@@ -183,7 +183,7 @@ static const struct field limits_fields[] = {
 	  "buffer memory the gateway may hold" },
 	{ "inflight_per_peer", F_SIZE, CFG(limits.inflight_bytes_per_peer), false, "256MiB",
 	  64 << 10, INT64_MAX, NULL, NULL, "unacknowledged bytes towards one peer" },
-	{ "max_message", F_SIZE, CFG(limits.max_message_bytes), false, "2GiB", 4, INT64_MAX, NULL, NULL,
+	{ "max_message", F_SIZE, CFG(limits.max_message_bytes), false, "2GiB", 4, 1ll << 40, NULL, NULL,
 	  "largest all-reduce a client may submit" },
 	{ "max_clients", F_INT, CFG(limits.max_clients), false, "64", 1, 4096, NULL, NULL,
 	  "local client connections" },
@@ -1234,7 +1234,29 @@ static bool is_default(const struct field *f, const void *base, const char *rend
 	return same;
 }
 
-static void print_fields(FILE *out, const struct section *sec, const void *base)
+/* True when a field without a fixed default holds what fill_derived()
+ * makes of the others: threads, control and a peer's identity. */
+static bool is_derived_default(const struct gg_config *cfg, const struct section *sec, const struct field *f,
+			       const void *base, const char *rendered)
+{
+	char want[512];
+
+	if (sec == &peers_section) {
+		const struct gg_peer_config *p = base;
+		if (f->offset != PEER(identity) || !p->site)
+			return false;
+		snprintf(want, sizeof(want), "\"dns:%s\"", p->site);
+	} else if (f->offset == CFG(site.threads)) {
+		snprintf(want, sizeof(want), "%d", default_threads());
+	} else if (f->offset == CFG(site.control) && cfg->site.name) {
+		snprintf(want, sizeof(want), "\"unix:/run/gradgate/%s.sock\"", cfg->site.name);
+	} else {
+		return false;
+	}
+	return !strcmp(want, rendered);
+}
+
+static void print_fields(FILE *out, const struct gg_config *cfg, const struct section *sec, const void *base)
 {
 	char value[PATH_MAX + 64];
 
@@ -1244,7 +1266,9 @@ static void print_fields(FILE *out, const struct section *sec, const void *base)
 			fprintf(out, "# %s: not set (%s)\n", f->key, f->help);
 		else
 			fprintf(out, "%s = %s  # %s%s\n", f->key, value,
-				is_default(f, base, value) ? "default; " : "", f->help);
+				is_default(f, base, value) || is_derived_default(cfg, sec, f, base, value) ? "default; "
+													   : "",
+				f->help);
 	}
 }
 
@@ -1253,11 +1277,11 @@ void gg_config_print(const struct gg_config *cfg, FILE *out)
 	fprintf(out, "# resolved configuration of %s\n", cfg->source ? cfg->source : "<memory>");
 	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++) {
 		fprintf(out, "\n[%s]\n", sections[s].name);
-		print_fields(out, &sections[s], cfg);
+		print_fields(out, cfg, &sections[s], cfg);
 		if (sections[s].fields == tls_fields)
 			for (size_t i = 0; i < cfg->peer_count; i++) {
 				fprintf(out, "\n[[peers]]\n");
-				print_fields(out, &peers_section, &cfg->peers[i]);
+				print_fields(out, cfg, &peers_section, &cfg->peers[i]);
 			}
 	}
 }

@@ -75,6 +75,9 @@ struct hb_conn {
 	uid_t uid;     /* of the peer process, from SO_PEERCRED */
 	pid_t pid;
 
+	/* Took one of the STATUS_SLOTS past max_clients: it may ask for
+	 * status; a HELLO must find a place among max_clients first. */
+	bool spare;
 	/* A status answer: sent a message at a time through out[]. */
 	union gg_ctrl_msg *status;
 	unsigned status_count, status_next;
@@ -146,7 +149,7 @@ struct gg_host_backend {
 	unsigned cancels;
 	bool stopping;
 
-	struct hb_conn *conns; /* opts.max_clients slots */
+	struct hb_conn *conns; /* slots(): opts.max_clients + STATUS_SLOTS */
 	struct hb_job *jobs;
 	/* New connections that found every slot taken while an idle job's
 	 * sessions close: they get the first slots that free, in order, or
@@ -568,6 +571,17 @@ static bool job_idle(const struct gg_host_backend *b, const struct hb_job *j)
 	       b->loop->now_us - j->active_us >= b->opts.session_idle_us;
 }
 
+/* Connections past max_clients that may stay while they have not said
+ * what they are: a `gradgate status` finds room on a full gateway without
+ * making an idle job give its sessions up, and a session that comes this
+ * way is held to max_clients once its HELLO says it is one. */
+#define STATUS_SLOTS 2u
+
+static unsigned slots(const struct gg_host_backend *b)
+{
+	return b->opts.max_clients + STATUS_SLOTS;
+}
+
 /* The idle job idle longest, or NULL. */
 static struct hb_job *idlest_job(const struct gg_host_backend *b)
 {
@@ -586,10 +600,10 @@ static void job_evict(struct gg_host_backend *b, struct hb_job *j, const char *n
 	char idle[32], limit[32], text[TEXT];
 
 	snprintf(text, sizeof(text), "gateway of site %s: job '%s' sent nothing for %s (session_idle = %s), and %s: "
-		 "its sessions are closed", b->site, j->name, gg_format_duration(b->loop->now_us - j->active_us, idle,
+		 "its sessions are closed", b->site, j->name, gg_format_elapsed(b->loop->now_us - j->active_us, idle,
 		 sizeof(idle)), gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)), needed);
 	hb_log(b, "%s", text);
-	for (unsigned i = 0; i < b->opts.max_clients; i++) {
+	for (unsigned i = 0; i < slots(b); i++) {
 		struct hb_conn *c = &b->conns[i];
 		if (c->state != C_ACTIVE || c->job != j)
 			continue;
@@ -622,7 +636,7 @@ static void idle_hint(const struct gg_host_backend *b, char *buf, size_t size)
 		return;
 	}
 	snprintf(buf, size, "; the job idle longest has been for %s, and a job gives its sessions up after "
-		 "session_idle = %s", gg_format_duration(b->loop->now_us - best->active_us, idle, sizeof(idle)),
+		 "session_idle = %s", gg_format_elapsed(b->loop->now_us - best->active_us, idle, sizeof(idle)),
 		 gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)));
 }
 
@@ -644,12 +658,28 @@ static void arm_recv(struct gg_host_backend *b, struct hb_conn *c)
 	c->recv_busy = true;
 }
 
-static struct hb_conn *free_slot(struct gg_host_backend *b)
+static struct hb_conn *first_free(struct gg_host_backend *b)
 {
-	for (unsigned i = 0; i < b->opts.max_clients; i++)
+	for (unsigned i = 0; i < slots(b); i++)
 		if (b->conns[i].state == C_FREE)
 			return &b->conns[i];
 	return NULL;
+}
+
+/* Slots taken: those that count against max_clients, or the spare ones. */
+static unsigned taken(const struct gg_host_backend *b, bool spare)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < slots(b); i++)
+		n += b->conns[i].state != C_FREE && b->conns[i].spare == spare;
+	return n;
+}
+
+/* A free slot within max_clients, or NULL. */
+static struct hb_conn *free_slot(struct gg_host_backend *b)
+{
+	return taken(b, false) < b->opts.max_clients ? first_free(b) : NULL;
 }
 
 /* Refuses a connection that has no slot: REFUSE, then close. */
@@ -677,7 +707,7 @@ static unsigned closing_slots(const struct gg_host_backend *b)
 {
 	unsigned n = 0;
 
-	for (unsigned i = 0; i < b->opts.max_clients; i++)
+	for (unsigned i = 0; i < slots(b); i++)
 		n += b->conns[i].state == C_CLOSING;
 	return n;
 }
@@ -686,9 +716,14 @@ static void conn_new(struct gg_host_backend *b, int fd)
 {
 	struct hb_conn *c = b->waiting_count ? NULL : free_slot(b);
 	struct hb_job *idle;
-	char text[TEXT], hint[TEXT];
+	char text[2 * TEXT], hint[TEXT];
 
 	if (c) {
+		conn_start(b, c, fd);
+		return;
+	}
+	if (taken(b, true) < STATUS_SLOTS && (c = first_free(b))) {
+		c->spare = true;
 		conn_start(b, c, fd);
 		return;
 	}
@@ -1185,7 +1220,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 				 gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)));
 		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u, whose ranks sent something %s ago%s; rank %u "
 			    "connects as uid %u", j->name, (unsigned)j->uid,
-			    gg_format_duration(b->loop->now_us - j->active_us, ago, sizeof(ago)), rule, (unsigned)h->rank,
+			    gg_format_elapsed(b->loop->now_us - j->active_us, ago, sizeof(ago)), rule, (unsigned)h->rank,
 			    (unsigned)c->uid);
 		return;
 	}
@@ -1465,6 +1500,27 @@ static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
 	job_advance(b, c->job);
 }
 
+/* A HELLO on a spare slot: the session takes a place within max_clients,
+ * one an idle job gives up if need be (closing now), or is refused as a
+ * connection with no slot would be. */
+static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
+{
+	struct hb_job *idle;
+	char hint[TEXT];
+
+	c->spare = false;
+	if (taken(b, false) <= b->opts.max_clients && !b->waiting_count)
+		return true;
+	if ((idle = idlest_job(b))) {
+		job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
+		return true;
+	}
+	idle_hint(b, hint, sizeof(hint));
+	conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s already serves max_clients = %u connections%s",
+		    b->site, b->opts.max_clients, hint);
+	return false;
+}
+
 static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len, int *fds, unsigned nfds,
 		       bool ctrunc)
 {
@@ -1482,7 +1538,7 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 				    gg_ctrl_type_name((unsigned)type));
 		else if (type == GG_CTRL_STATUS)
 			on_status(b, c);
-		else
+		else if (!c->spare || spare_to_session(b, c))
 			on_hello(b, c);
 		return;
 	}
@@ -1614,7 +1670,7 @@ static bool hb_on_cqe(struct gg_site_backend *base, const struct io_uring_cqe *c
 	}
 
 	uint32_t index = gg_loop_ud_index(cqe->user_data);
-	struct hb_conn *c = index < b->opts.max_clients ? &b->conns[index] : NULL;
+	struct hb_conn *c = index < slots(b) ? &b->conns[index] : NULL;
 	if (!c || c->state == C_FREE || c->gen != gg_loop_ud_aux(cqe->user_data)) {
 		hb_log(b, "completion for a control connection that is gone (slot %u)", index);
 		return true;
@@ -1634,7 +1690,7 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 
 	next = gg_acceptor_tick(&b->accept, now_us, b->stopping);
 	next = min_deadline(next, serve_waiting(b, now_us));
-	for (unsigned i = 0; i < b->opts.max_clients; i++) {
+	for (unsigned i = 0; i < slots(b); i++) {
 		struct hb_conn *c = &b->conns[i];
 		if (c->io_error && (c->state == C_HELLO || c->state == C_ACTIVE))
 			conn_lost(b, c, c->io_error);
@@ -1806,7 +1862,7 @@ static bool hb_stop(struct gg_site_backend *base)
 		char why[TEXT];
 		b->stopping = true;
 		snprintf(why, sizeof(why), "the gateway of site %s is shutting down", b->site);
-		for (unsigned i = 0; i < b->opts.max_clients; i++) {
+		for (unsigned i = 0; i < slots(b); i++) {
 			struct hb_conn *c = &b->conns[i];
 			if (c->state == C_HELLO)
 				conn_refuse(b, c, GG_ERR_CLOSED, "%s", why);
@@ -1945,7 +2001,7 @@ int gg_host_backend_create(const struct gg_host_backend_options *opts, const str
 		return -EINVAL;
 	}
 	b = calloc(1, sizeof(*b));
-	if (!b || !(b->conns = calloc(opts->max_clients, sizeof(*b->conns)))) {
+	if (!b || !(b->conns = calloc(opts->max_clients + STATUS_SLOTS, sizeof(*b->conns)))) {
 		free(b);
 		snprintf(err, err_size, "host backend: out of memory");
 		return -ENOMEM;
@@ -1961,7 +2017,7 @@ int gg_host_backend_create(const struct gg_host_backend_options *opts, const str
 	b->listen_fd = -1;
 	/* Room for a largest message next to requests still in flight. */
 	b->max_region_bytes = (2 * opts->max_message_bytes + GG_CTRL_ALIGN + 4095) & ~(uint64_t)4095;
-	for (unsigned i = 0; i < opts->max_clients; i++) {
+	for (unsigned i = 0; i < slots(b); i++) {
 		b->conns[i].index = i;
 		b->conns[i].fd = -1;
 	}

@@ -91,6 +91,15 @@ static void test_units(void)
 	CHECK_STR(gg_format_duration(90000000, buf, sizeof(buf)), "90s");
 	CHECK_STR(gg_format_duration(500000, buf, sizeof(buf)), "500ms");
 	CHECK_STR(gg_format_duration(120000000, buf, sizeof(buf)), "2m");
+	/* Elapsed times, rounded down for people to read. */
+	static const struct {
+		uint64_t us;
+		const char *text;
+	} elapsed[] = { { 850, "850us" },     { 3448, "3ms" },          { 2001096, "2.0s" },
+			{ 9999999, "9.9s" },  { 40500000, "40s" },      { 360000000, "6m" },
+			{ 372000000, "6m12s" }, { 7200000000ull, "2h" }, { 7500000000ull, "2h5m" } };
+	for (size_t i = 0; i < sizeof(elapsed) / sizeof(elapsed[0]); i++)
+		CHECK_STR(gg_format_elapsed(elapsed[i].us, buf, sizeof(buf)), elapsed[i].text);
 }
 
 static const char minimal[] = "[site]\nname = \"site-a\"\nlisten = \"127.0.0.1:7101\"\n"

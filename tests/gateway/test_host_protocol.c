@@ -256,7 +256,28 @@ static void test_idle_slots(void)
 	gg_request_free(req);
 	CHECK(x == 7 && y == 7);
 
-	/* Idle past session_idle: the new connection waits for its slots. */
+	/* Idle past session_idle: a status request, which takes no session,
+	 * still finds a slot, and the idle job keeps its sessions; two at
+	 * once do too, and a HELLO that comes the same way is held to
+	 * max_clients. This harness gives no status: its refusal, not the
+	 * max_clients one, says the request was read. */
+	sleep_us(2 * IDLE_US);
+	union gg_ctrl_msg m;
+	gg_ctrl_init(&m, GG_CTRL_STATUS);
+	m.status.version = GG_CTRL_STATUS_VERSION;
+	int st1 = raw_connect(&h), st2 = raw_connect(&h);
+	raw_send(st1, &m, sizeof(m.status), -1);
+	raw_send(st2, &m, sizeof(m.status), -1);
+	raw_expect_close(st1, GG_CTRL_REFUSE, GG_ERR_REFUSED, "the gateway of site test-site does not answer status");
+	raw_expect_close(st2, GG_CTRL_REFUSE, GG_ERR_REFUSED, "the gateway of site test-site does not answer status");
+	CHECK(harness_stats(&h).evicted == 0);
+	CHECK_EQ_INT(gg_allreduce_start(a, &x, 1, GG_DTYPE_F32, 0, 10000, &req, &err), 0);
+	CHECK_EQ_INT(gg_allreduce(b, &y, 1, GG_DTYPE_F32, 0, 10000, &err), 0);
+	CHECK_EQ_INT(gg_wait(req, 10000, &err), 0);
+	gg_request_free(req);
+	CHECK(x == 14 && y == 14);
+
+	/* Idle again: the new connection takes the idle job's slots. */
 	sleep_us(2 * IDLE_US);
 	open_ok("new", 0, 1, &s);
 	CHECK(harness_stats(&h).evicted == 2);
