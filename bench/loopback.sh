@@ -2,7 +2,7 @@
 # The whole data path through two gateway daemons on loopback, against one
 # TLS stream and plain TCP in the same run:
 #
-#   bench/loopback.sh [--build DIR] [--runs N] [--threads W] [--streams S]
+#   bench/loopback.sh [--build DIR] [--runs N] [--threads W[,W...]] [--streams S]
 #                     [--count C] [--steps T] [--copy] [--refill]
 #
 # Each run starts two gateways (site-a, site-b; direct exchange, fp32, zstd
@@ -16,7 +16,10 @@
 # right before and right after, taking the mean of the two. It prints per
 # run: the payload each site moves per second (C x 4 bytes over the median
 # step time), both sites together, the TLS stream and plain TCP, and their
-# ratios; then min/median/max over the runs. Defaults: --build build,
+# ratios; then min/median/max over the runs. With several lane counts
+# (--threads 1,2,4,8) each run times the gateways with each in turn
+# between the same two baselines, and the summary has a line per count:
+# how the path scales with the lanes. Defaults: --build build,
 # --runs 3, --threads 0 (the CPUs shared out between the two gateways:
 # nproc/2 lanes each, at least 1, as two gateways on one host should be
 # configured), --streams 4, --count 16777216
@@ -38,22 +41,28 @@ while [ $# -gt 0 ]; do
 	--steps) steps=$2; shift ;;
 	--copy) shared= ;;
 	--refill) refill= ;;
-	-h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option '$1' (see --help)" ;;
 	esac
 	shift
 done
-for v in runs threads streams count steps; do
+for v in runs streams count steps; do
 	[[ ${!v} =~ ^[0-9]+$ ]] || die "--$v takes a number, not '${!v}'"
 done
+[[ $threads =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--threads takes a number or a list like 1,2,4, not '$threads'"
+IFS=, read -r -a lane_counts <<<"$threads"
 [ "$runs" -ge 1 ] && [ "$steps" -ge 1 ] && [ "$count" -ge 1 ] || die "--runs, --steps and --count must be at least 1"
 gradgate=$build/gateway/gradgate bench=$build/bench/gradgate-bench
 [ -x "$gradgate" ] && [ -x "$bench" ] || die "no gradgate and gradgate-bench in $build (build first, or pass --build)"
-if [ "$threads" -eq 0 ]; then
-	threads=$(($(nproc) / 2))
-	[ "$threads" -ge 1 ] || threads=1
-fi
-[ "$threads" -le "$streams" ] || threads=$streams
+for i in "${!lane_counts[@]}"; do
+	w=$((10#${lane_counts[$i]}))
+	if [ "$w" -eq 0 ]; then
+		w=$(($(nproc) / 2))
+		[ "$w" -ge 1 ] || w=1
+	fi
+	[ "$w" -le "$streams" ] || die "--threads $w: more lanes than --streams $streams would leave lanes idle"
+	lane_counts[$i]=$w
+done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gg-loopback.XXXXXX")
 pids=()
@@ -73,13 +82,13 @@ s = [socket.socket() for _ in range(2)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
 
-config() { # config SITE PORT PEER PEER_PORT
+config() { # config SITE PORT PEER PEER_PORT LANES
 	cat >"$work/$1.toml" <<-EOF
 		[site]
 		name = "$1"
 		listen = "127.0.0.1:$2"
 		control = "unix:$work/$1.sock"
-		threads = $threads
+		threads = $5
 		[tls]
 		ca = "$work/certs/ca.pem"
 		cert = "$work/certs/$1.pem"
@@ -100,15 +109,15 @@ config() { # config SITE PORT PEER PEER_PORT
 		memory = "4GiB"
 	EOF
 }
-config site-a "$port_a" site-b "$port_b"
-config site-b "$port_b" site-a "$port_a"
 
 # json_field FILE KEY: a number from a one-line JSON object.
 json_field() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" "$1" | head -n 1; }
 
-# daemons RUN: prints the median step time in ms (the slower site's).
+# daemons RUN LANES: prints the median step time in ms (the slower site's).
 daemons() {
 	local s i p50 worst=0
+	config site-a "$port_a" site-b "$port_b" "$2"
+	config site-b "$port_b" site-a "$port_a" "$2"
 	for s in site-a site-b; do
 		"$gradgate" --config "$work/$s.toml" 2>"$work/$s.log" &
 		pids+=("$!")
@@ -148,27 +157,34 @@ transport() {
 	tls_of[$1]=$(grep '"mode":"TLS_AES_256_GCM_SHA384"' "$work/transport.json" | sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p')
 }
 
-printf '%-4s %12s %14s %12s %12s %10s %12s %12s\n' run "site Gbit/s" "2 sites Gbit/s" "TLS Gbit/s" \
+printf '%-4s %5s %12s %14s %12s %12s %10s %12s %12s\n' run lanes "site Gbit/s" "2 sites Gbit/s" "TLS Gbit/s" \
 	"plain Gbit/s" "TLS/plain" "site/TLS" "2 sites/TLS"
-rows=()
+declare -A rows
 for ((r = 1; r <= runs; r++)); do
 	# The baselines just before and just after the daemons, averaged: a
 	# shared host's capacity drifts over a run's half minute.
 	transport before
-	ms=$(daemons "$r")
+	declare -A ms_of=()
+	for w in "${lane_counts[@]}"; do
+		ms_of[$w]=$(daemons "$r" "$w")
+	done
 	transport after
 	tls=$(awk -v a="${tls_of[before]}" -v b="${tls_of[after]}" 'BEGIN { printf "%.3f", (a + b) / 2 }')
 	plain=$(awk -v a="${plain_of[before]}" -v b="${plain_of[after]}" 'BEGIN { printf "%.3f", (a + b) / 2 }')
-	row=$(awk -v ms="$ms" -v c="$count" -v tls="$tls" -v plain="$plain" 'BEGIN {
-		site = c * 32 / (ms / 1e3) / 1e9
-		printf "%.3f %.3f %.3f %.3f %.3f %.3f %.3f", site, 2 * site, tls, plain, tls / plain, site / tls, 2 * site / tls }')
-	rows+=("$row")
-	# shellcheck disable=SC2086
-	printf '%-4s %12s %14s %12s %12s %10s %12s %12s\n' "$r" $row
+	for w in "${lane_counts[@]}"; do
+		row=$(awk -v ms="${ms_of[$w]}" -v c="$count" -v tls="$tls" -v plain="$plain" 'BEGIN {
+			site = c * 32 / (ms / 1e3) / 1e9
+			printf "%.3f %.3f %.3f %.3f %.3f %.3f %.3f", site, 2 * site, tls, plain, tls / plain, site / tls, 2 * site / tls }')
+		rows[$w]+="$row"$'\n'
+		# shellcheck disable=SC2086
+		printf '%-4s %5s %12s %14s %12s %12s %10s %12s %12s\n' "$r" "$w" $row
+	done
 done
 echo "min/median/max over $runs runs:"
-for col in 1 2 3 4 5 6 7; do
-	printf '%s\n' "${rows[@]}" | awk -v c=$col '{ print $c }' | sort -g | awk '{ v[NR] = $1 }
-		END { printf "%s/%s/%s ", v[1], v[int((NR + 1) / 2)], v[NR] }'
-done | awk '{ printf "  site Gbit/s %s, 2 sites %s, TLS stream %s, plain %s\n  TLS/plain %s, site/TLS %s, 2 sites/TLS %s\n",
-	$1, $2, $3, $4, $5, $6, $7 }'
+for w in "${lane_counts[@]}"; do
+	for col in 1 2 3 4 5 6 7; do
+		printf '%s' "${rows[$w]}" | awk -v c=$col '{ print $c }' | sort -g | awk '{ v[NR] = $1 }
+			END { printf "%s/%s/%s ", v[1], v[int((NR + 1) / 2)], v[NR] }'
+	done | awk -v w="$w" '{ printf "  %s lane(s): site Gbit/s %s, 2 sites %s, TLS stream %s, plain %s\n    TLS/plain %s, site/TLS %s, 2 sites/TLS %s\n",
+		w, $1, $2, $3, $4, $5, $6, $7 }'
+done
