@@ -2,15 +2,17 @@
 # Makes a private CA and one certificate per site for gradgate's mutual TLS.
 #
 #   examples/make-certs.sh [--force] [--out DIR] [--domain DOMAIN] [--days N] [SITE...]
+#   gradgate-make-certs ...  (the same, as `meson install` puts it)
 #
-#   --out DIR        where the files go (default examples/certs)
+#   --out DIR        where the files go (default: examples/certs in the
+#                    source tree; ./certs for gradgate-make-certs)
 #   --domain DOMAIN  the domain in each site's names (default gradgate.test)
 #   --days N         how long the CA and certificates are valid, 1 to 999999
 #                    days (default 825)
 #   --force          make everything anew, even files that exist
 #   -h, --help       print this text
-#   SITE...          the sites (default site-a site-b site-c); a site name uses
-#                    only a-z, 0-9 and -
+#   SITE...          the sites (default site-a site-b site-c); a site name has
+#                    1 to 63 of a-z, 0-9 and -, and does not start with -
 #
 # The CA is DIR/ca.pem and DIR/ca.key; each site gets DIR/SITE.key, an ECDSA
 # P-256 key (mode 0600), and DIR/SITE.pem, a certificate whose subjectAltName
@@ -23,7 +25,13 @@
 # status 2) leaves no file behind.
 set -euo pipefail
 
-out="$(dirname "$0")/certs"
+# Next to the script in the source tree (examples/), never next to the
+# installed binaries.
+if [ "$(basename "$(dirname "$0")")" = examples ]; then
+	out="$(dirname "$0")/certs"
+else
+	out=certs
+fi
 domain=gradgate.test
 force=0
 days=825
@@ -58,8 +66,9 @@ done
 # Check every argument before making anything.
 for site in "${sites[@]}"; do
 	case "$site" in
-	*[!a-z0-9-]*|"") bad "'$site'" "is not a site name (a-z, 0-9, -)" ;;
+	*[!a-z0-9-]*|""|-*) bad "'$site'" "is not a site name (a-z, 0-9, -; not starting with -)" ;;
 	esac
+	[ ${#site} -le 63 ] || bad "'$site'" "is not a site name (longer than 63 characters)"
 done
 if ! [[ $days =~ ^[1-9][0-9]{0,5}$ ]]; then
 	bad "--days '$days'" "is not a number of days (a whole number from 1 to 999999)"

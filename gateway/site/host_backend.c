@@ -1814,6 +1814,10 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 		}
 		rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
 	}
+	/* Whatever the umask: ranks of every user connect (what each may do
+	 * is the protocol's to decide: a job belongs to its first rank's user). */
+	if (!rc)
+		rc = chmod(b->path, 0666) ? -errno : 0;
 	if (!rc)
 		rc = listen(fd, SOMAXCONN) ? -errno : 0;
 	if (!rc)

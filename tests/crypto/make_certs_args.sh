@@ -8,7 +8,8 @@ mc=$1 work=$(mktemp -d) bad=0
 trap 'rm -rf "$work"' EXIT
 "$mc" --help | grep -q -- '--days' || { echo "--help lacks --days"; bad=1; }
 "$mc" --help | grep -q 'set -euo' && { echo "--help prints script lines"; bad=1; }
-for args in "Bad_Name" "site-a Bad_Name" "--days 0" "--days x" "--domain a,b" "--days"; do
+long=$(printf 'a%.0s' {1..64}) # one past a site name's 63 characters
+for args in "Bad_Name" "site-a Bad_Name" "site-a $long" "site-a -x" "--days 0" "--days x" "--domain a,b" "--days"; do
 	# shellcheck disable=SC2086
 	"$mc" --out "$work/new" $args 2>/dev/null; rc=$?
 	[ $rc = 2 ] || { echo "'$args': exit $rc, not 2"; bad=1; }
@@ -18,4 +19,11 @@ done
 before=$(cd "$work/old" && sha256sum ./*)
 "$mc" --force --out "$work/old" Bad_Name 2>/dev/null && { echo "Bad_Name accepted"; bad=1; }
 [ "$(cd "$work/old" && sha256sum ./*)" = "$before" ] || { echo "a refused --force run touched the earlier CA"; bad=1; }
+# The installed copy (gradgate-make-certs) makes ./certs, never a folder
+# next to the binaries.
+mkdir "$work/bin" "$work/cwd"
+cp "$mc" "$work/bin/gradgate-make-certs"
+(cd "$work/cwd" && "$work/bin/gradgate-make-certs" site-a >/dev/null) || { echo "gradgate-make-certs failed"; bad=1; }
+[ -f "$work/cwd/certs/site-a.pem" ] && [ ! -e "$work/bin/certs" ] ||
+	{ echo "gradgate-make-certs without --out did not make ./certs"; bad=1; }
 exit $bad
