@@ -44,7 +44,18 @@ _tree_lib = os.path.join(TREE, "build", "gateway", "client", "libgradgate.so.0")
 if "GRADGATE_LIBRARY" not in os.environ and os.path.exists(_tree_lib):
     os.environ["GRADGATE_LIBRARY"] = _tree_lib
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ImportError:
+    # quickstart.sh installs Debian's python3-torch, for /usr/bin/python3:
+    # a python3 without torch ahead of it on PATH (pyenv, a virtualenv)
+    # hands the run over to it, once.
+    system = "/usr/bin/python3"
+    if os.environ.get("GRADGATE_REEXEC") or not os.path.exists(system) or os.path.realpath(sys.executable) == \
+            os.path.realpath(system):
+        sys.exit(f"train_ddp.py: {sys.executable} has no torch (Debian: apt-get install python3-torch)")
+    os.environ["GRADGATE_REEXEC"] = "1"
+    os.execv(system, [system, os.path.abspath(__file__)] + sys.argv[1:])
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
