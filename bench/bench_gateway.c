@@ -622,6 +622,8 @@ int gg_bench_gateway_main(int argc, char **argv)
 			       gbps, (double)raw * 8 / wall / 1e9, tls / (wall * o.sites), codec / (wall * o.sites));
 			if (base > 0)
 				printf(", \"transport_gbps\": %.3f, \"ratio_vs_transport\": %.3f", base, gbps / base);
+			else /* --baseline-time 0: no baseline */
+				printf(", \"transport_gbps\": null, \"ratio_vs_transport\": null");
 			printf("}\n");
 		} else {
 			printf("gradgate-bench gateway: %u sites, %llu float32 per step (%s), %s, %s, %d streams per peer, "

@@ -788,6 +788,7 @@ static int run_mode(const struct options *opt, const struct mode *m, struct cred
 	memset(r, 0, sizeof(*r));
 	r->mode = m->name;
 	r->plain = m->plain;
+	r->p50_us = r->p99_us = NAN; /* no round trips (--rtt-count 0): none measured */
 	if (!m->plain) {
 		struct gg_tls_options o = creds->client;
 		o.ciphersuites = m->name;
@@ -881,10 +882,14 @@ static void print_header(const struct options *opt, const char *where, FILE *f)
 static void print_result(const struct options *opt, const struct result *r)
 {
 	if (opt->json) {
+		char p50[32] = "null", p99[32] = "null";
+		if (!isnan(r->p50_us))
+			snprintf(p50, sizeof(p50), "%.1f", r->p50_us);
+		if (!isnan(r->p99_us))
+			snprintf(p99, sizeof(p99), "%.1f", r->p99_us);
 		printf("{\"mode\":\"%s\",\"streams\":%d,\"seconds\":%.3f,\"bytes\":%" PRIu64 ",\"gbps\":%.3f,"
-		       "\"cpu_s_per_gb_send\":%.4f,\"cpu_s_per_gb_recv\":%.4f,\"rtt_p50_us\":%.1f,\"rtt_p99_us\":%.1f,",
-		       r->mode, opt->streams, opt->seconds, r->bytes, r->gbps, r->cpu_send, r->cpu_recv,
-		       isnan(r->p50_us) ? -1.0 : r->p50_us, isnan(r->p99_us) ? -1.0 : r->p99_us);
+		       "\"cpu_s_per_gb_send\":%.4f,\"cpu_s_per_gb_recv\":%.4f,\"rtt_p50_us\":%s,\"rtt_p99_us\":%s,",
+		       r->mode, opt->streams, opt->seconds, r->bytes, r->gbps, r->cpu_send, r->cpu_recv, p50, p99);
 		if (r->has_ratio)
 			printf("\"ratio_vs_plain\":%.4f,", r->ratio);
 		else
@@ -898,15 +903,19 @@ static void print_result(const struct options *opt, const struct result *r)
 			printf("%s%.3f", i ? "," : "", r->core_busy[i]);
 		printf("]}\n");
 	} else {
-		char ratio[16] = "-", busy[256] = "";
+		char ratio[16] = "-", busy[256] = "", p50[16] = "-", p99[16] = "-";
 		size_t used = 0;
 		if (r->has_ratio)
 			snprintf(ratio, sizeof(ratio), "%.3f", r->ratio);
+		if (!isnan(r->p50_us))
+			snprintf(p50, sizeof(p50), "%.1f", r->p50_us);
+		if (!isnan(r->p99_us))
+			snprintf(p99, sizeof(p99), "%.1f", r->p99_us);
 		for (int i = 0; i < r->cores && used < sizeof(busy); i++)
 			used += (size_t)snprintf(busy + used, sizeof(busy) - used, "%s%.0f%%", i ? " " : "",
 						 r->core_busy[i] * 100);
-		printf("%-30s %8.2f %14.3f %14.3f %11.1f %11.1f %9s  %s\n", r->plain ? "plain (INSECURE)" : r->mode,
-		       r->gbps, r->cpu_send, r->cpu_recv, r->p50_us, r->p99_us, ratio, busy);
+		printf("%-30s %8.2f %14.3f %14.3f %11s %11s %9s  %s\n", r->plain ? "plain (INSECURE)" : r->mode,
+		       r->gbps, r->cpu_send, r->cpu_recv, p50, p99, ratio, busy);
 	}
 	fflush(stdout);
 }
