@@ -21,8 +21,8 @@
 # between the same two baselines, and the summary has a line per count:
 # how the path scales with the lanes. Defaults: --build build,
 # --runs 3, --threads 0 (the CPUs shared out between the two gateways:
-# nproc/2 lanes each, at least 1, as two gateways on one host should be
-# configured), --streams 4, --count 16777216
+# nproc/2 lanes each, at least 1 and at most --streams, as two gateways on
+# one host should be configured), --streams 4, --count 16777216
 # (64 MiB), --steps 10.
 set -euo pipefail
 
@@ -54,13 +54,18 @@ IFS=, read -r -a lane_counts <<<"$threads"
 [ "$runs" -ge 1 ] && [ "$steps" -ge 1 ] && [ "$count" -ge 1 ] || die "--runs, --steps and --count must be at least 1"
 gradgate=$build/gateway/gradgate bench=$build/bench/gradgate-bench
 [ -x "$gradgate" ] && [ -x "$bench" ] || die "no gradgate and gradgate-bench in $build (build first, or pass --build)"
+declare -A seen_lanes
 for i in "${!lane_counts[@]}"; do
 	w=$((10#${lane_counts[$i]}))
 	if [ "$w" -eq 0 ]; then
+		# Half the CPUs each, but no more lanes than streams.
 		w=$(($(nproc) / 2))
 		[ "$w" -ge 1 ] || w=1
+		[ "$w" -le "$streams" ] || w=$streams
 	fi
 	[ "$w" -le "$streams" ] || die "--threads $w: more lanes than --streams $streams would leave lanes idle"
+	[ -z "${seen_lanes[$w]:-}" ] || die "--threads $threads: the lane count $w comes twice"
+	seen_lanes[$w]=1
 	lane_counts[$i]=$w
 done
 

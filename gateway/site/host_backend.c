@@ -682,6 +682,32 @@ static struct hb_conn *free_slot(struct gg_host_backend *b)
 	return taken(b, false) < b->opts.max_clients ? first_free(b) : NULL;
 }
 
+/* Places within max_clients that connections keep: taken, not spare and
+ * not closing. max_clients less this, less the connections waiting, is
+ * what is free now or once those closing are gone. */
+static unsigned held(const struct gg_host_backend *b)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < slots(b); i++) {
+		const struct hb_conn *c = &b->conns[i];
+		n += c->state != C_FREE && c->state != C_CLOSING && !c->spare;
+	}
+	return n;
+}
+
+/* Makes room for `more` connections besides those held and waiting: the
+ * idle jobs idle longest give their sessions up, as many as it takes.
+ * True when there is room. */
+static bool make_room(struct gg_host_backend *b, unsigned more)
+{
+	struct hb_job *idle;
+
+	while (held(b) + b->waiting_count + more > b->opts.max_clients && (idle = idlest_job(b)))
+		job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
+	return held(b) + b->waiting_count + more <= b->opts.max_clients;
+}
+
 /* Refuses a connection that has no slot: REFUSE, then close. */
 static void refuse_unslotted(struct gg_host_backend *b, int fd, const char *text)
 {
@@ -700,22 +726,13 @@ static void refuse_unslotted(struct gg_host_backend *b, int fd, const char *text
 static void conn_start(struct gg_host_backend *b, struct hb_conn *c, int fd);
 static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us);
 
-/* A new connection: it takes a free slot; or, with every slot taken, waits
- * for one that is being freed (an idle job's, closed now if need be);
- * or is refused. Those already waiting go first. */
-static unsigned closing_slots(const struct gg_host_backend *b)
-{
-	unsigned n = 0;
-
-	for (unsigned i = 0; i < slots(b); i++)
-		n += b->conns[i].state == C_CLOSING;
-	return n;
-}
-
+/* A new connection: it takes a free slot; or a spare one, until its first
+ * message says what it is; or, with every slot taken, waits for one that
+ * is being freed (an idle job's, closed now if need be); or is refused.
+ * Those already waiting go first. */
 static void conn_new(struct gg_host_backend *b, int fd)
 {
 	struct hb_conn *c = b->waiting_count ? NULL : free_slot(b);
-	struct hb_job *idle;
 	char text[2 * TEXT], hint[TEXT];
 
 	if (c) {
@@ -730,9 +747,7 @@ static void conn_new(struct gg_host_backend *b, int fd)
 	if (b->waiting_count < WAITING_MAX) {
 		/* It queues behind those waiting when a slot is free or being
 		 * freed: an idle job's, closed now if no other is. */
-		if (!free_slot(b) && closing_slots(b) <= b->waiting_count && (idle = idlest_job(b)))
-			job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
-		if (free_slot(b) || closing_slots(b) > b->waiting_count) {
+		if (make_room(b, 1)) {
 			b->waiting[b->waiting_count].fd = fd;
 			b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
 			serve_waiting(b, b->loop->now_us);
@@ -1173,6 +1188,22 @@ static struct hb_job *job_find(struct gg_host_backend *b, const char *name)
 
 /* ---- messages ----------------------------------------------------------- */
 
+/* A HELLO on a spare slot: the session takes a place within max_clients,
+ * one an idle job gives up if need be (closing now), or is refused as a
+ * connection with no slot would be. */
+static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
+{
+	char hint[TEXT];
+
+	c->spare = false; /* held from now on, if there is room */
+	if (make_room(b, 0))
+		return true;
+	idle_hint(b, hint, sizeof(hint));
+	conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s already serves max_clients = %u connections%s",
+		    b->site, b->opts.max_clients, hint);
+	return false;
+}
+
 static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 {
 	const struct gg_ctrl_hello *h = &c->in.hello;
@@ -1200,6 +1231,10 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 			    (unsigned)h->rank, h->job, (unsigned)h->nranks);
 		return;
 	}
+	/* A HELLO that came on a spare slot needs a place first (an idle
+	 * job's if need be), once it is sound: a malformed one evicts nobody. */
+	if (c->spare && !spare_to_session(b, c))
+		return;
 
 	struct hb_job *j = job_find(b, h->job);
 	if (j && j->uid != c->uid && job_idle(b, j)) {
@@ -1500,27 +1535,6 @@ static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
 	job_advance(b, c->job);
 }
 
-/* A HELLO on a spare slot: the session takes a place within max_clients,
- * one an idle job gives up if need be (closing now), or is refused as a
- * connection with no slot would be. */
-static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
-{
-	struct hb_job *idle;
-	char hint[TEXT];
-
-	c->spare = false;
-	if (taken(b, false) <= b->opts.max_clients && !b->waiting_count)
-		return true;
-	if ((idle = idlest_job(b))) {
-		job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
-		return true;
-	}
-	idle_hint(b, hint, sizeof(hint));
-	conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s already serves max_clients = %u connections%s",
-		    b->site, b->opts.max_clients, hint);
-	return false;
-}
-
 static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len, int *fds, unsigned nfds,
 		       bool ctrunc)
 {
@@ -1538,7 +1552,7 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 				    gg_ctrl_type_name((unsigned)type));
 		else if (type == GG_CTRL_STATUS)
 			on_status(b, c);
-		else if (!c->spare || spare_to_session(b, c))
+		else
 			on_hello(b, c);
 		return;
 	}

@@ -359,7 +359,7 @@ static int other_download(struct site *s, size_t count)
 #else
 static int other_init(struct site *s, size_t count, uint32_t chunk, bool fb)
 {
-	char err[256];
+	char err[256] = "no frame bound for the chunk";
 	uint64_t bound;
 
 	(void)chunk;

@@ -296,6 +296,43 @@ static void test_idle_slots(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* Two ranks of a new job connect while an idle job holds every place:
+ * both wait on spare slots, and their HELLOs, sent together, both get in
+ * once the idle job gives its places up (the second must not count the
+ * first job's sessions, closing, against max_clients). */
+static void test_idle_slots_pair(void)
+{
+	struct gg_session *a, *b;
+	struct gg_error err;
+	union gg_ctrl_msg m[2];
+	char why[160];
+	float x = 1;
+
+	open_ok("old", 0, 2, &a);
+	open_ok("old", 1, 2, &b);
+	sleep_us(2 * IDLE_US);
+	uint64_t evicted = harness_stats(&h).evicted;
+	int fd[2] = { raw_connect(&h), raw_connect(&h) };
+	for (unsigned r = 0; r < 2; r++) {
+		hello_msg(&m[r], "pair", r, 2);
+		raw_send(fd[r], &m[r], sizeof(m[r].hello), -1);
+	}
+	for (unsigned r = 0; r < 2; r++) {
+		size_t len = raw_recv(fd[r], &m[r]);
+		int type = gg_ctrl_check(&m[r], len, why, sizeof(why));
+		if (type == GG_CTRL_REFUSE)
+			fprintf(stderr, "rank %u of the new job refused: %s\n", r, m[r].error.message);
+		CHECK_EQ_INT(type, GG_CTRL_ACCEPT);
+	}
+	CHECK(harness_stats(&h).evicted == evicted + 2);
+	CHECK_EQ_INT(gg_allreduce(a, &x, 1, GG_DTYPE_F32, 0, 10000, &err), GG_ERR_CLOSED);
+	close(fd[0]);
+	close(fd[1]);
+	gg_session_close(a);
+	gg_session_close(b);
+	harness_wait_connections(&h, 0);
+}
+
 /* The child: takes job 'taken' as user nobody, and runs a step of it. */
 static int take_name_main(const char *endpoint)
 {
@@ -835,6 +872,7 @@ int main(int argc, char **argv)
 	o = (struct harness_options){ .max_clients = 2, .hello_timeout_us = 2000000, .session_idle_us = IDLE_US };
 	harness_start(&h, &o);
 	test_idle_slots();
+	test_idle_slots_pair();
 	test_idle_name();
 	harness_stop(&h);
 	printf("host protocol: ok\n");
