@@ -8,6 +8,9 @@
  *   - kernels take only memory the GPU addresses (gg_dev_alloc,
  *     gg_dev_host_alloc): anything else is refused with -EFAULT, as the
  *     real calls refuse plain malloc'd memory;
+ *   - device memory is mapped without access where the caller sees it
+ *     (the calls here reach it through a second mapping), so host code
+ *     that reads or writes it directly faults, as it would on a GPU;
  *   - every allocation must be freed by the end (checked at exit). */
 #include <errno.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include "codec_cuda.h"
 #include "dev_mem.h"
 #include "feedback.h"
+#include "fence_map.h"
 
 #define MAX_ALLOCS 64
 #define MAX_QUEUED 8
@@ -38,16 +42,19 @@ struct stream {
 	unsigned len;
 };
 
+/* An allocation: `p` as the caller sees it, `view` where the calls here
+ * reach it (p itself for pinned host memory). */
 static struct {
-	const void *p;
+	char *p, *view;
 	size_t size;
 } allocs[MAX_ALLOCS];
 
-static void track(const void *p, size_t size)
+static void track(void *p, void *view, size_t size)
 {
 	for (int i = 0; i < MAX_ALLOCS; i++)
 		if (!allocs[i].p) {
 			allocs[i].p = p;
+			allocs[i].view = view;
 			allocs[i].size = size;
 			return;
 		}
@@ -55,24 +62,38 @@ static void track(const void *p, size_t size)
 	exit(1);
 }
 
-static void untrack(const void *p)
+static int find(const void *p, size_t bytes)
+{
+	for (int i = 0; i < MAX_ALLOCS; i++) {
+		const char *b = allocs[i].p, *q = p;
+		if (b && q >= b && bytes <= allocs[i].size && (size_t)(q - b) <= allocs[i].size - bytes)
+			return i;
+	}
+	return -1;
+}
+
+/* The allocation that starts at p, or -1. */
+static int exact(const void *p)
 {
 	for (int i = 0; p && i < MAX_ALLOCS; i++)
-		if (allocs[i].p == p) {
-			allocs[i].p = NULL;
-			return;
-		}
+		if (allocs[i].p == p)
+			return i;
+	return -1;
 }
 
 /* Is [p, p + bytes) inside memory the GPU addresses? */
 static bool gpu_reaches(const void *p, size_t bytes)
 {
-	for (int i = 0; i < MAX_ALLOCS; i++) {
-		const char *b = allocs[i].p, *q = p;
-		if (b && q >= b && bytes <= allocs[i].size && (size_t)(q - b) <= allocs[i].size - bytes)
-			return true;
-	}
-	return false;
+	return find(p, bytes) >= 0;
+}
+
+/* Where the calls here read and write what the caller calls p: device
+ * memory through its second mapping, anything else as it is. */
+static void *view(const void *p, size_t bytes)
+{
+	int i = find(p, bytes);
+
+	return i < 0 ? (void *)p : allocs[i].view + ((const char *)p - allocs[i].p);
 }
 
 static void check_all_freed(void)
@@ -84,17 +105,26 @@ static void check_all_freed(void)
 		}
 }
 
-static void *gpu_alloc(size_t bytes)
+static void first_alloc(void)
 {
 	static bool registered;
-	void *p = calloc(1, bytes ? bytes : 1);
 
 	if (!registered) {
 		registered = true;
 		atexit(check_all_freed);
 	}
-	if (p)
-		track(p, bytes ? bytes : 1);
+}
+
+/* Device memory: without access for the caller (fence_map.h). */
+static void *device_alloc(size_t bytes)
+{
+	void *p, *v;
+	size_t size;
+
+	first_alloc();
+	if (fence_map(bytes, &p, &v, &size))
+		return NULL;
+	track(p, v, size);
 	return p;
 }
 
@@ -111,24 +141,38 @@ void gg_dev_stream_free(void *stream)
 
 int gg_dev_alloc(void **p, size_t bytes, char *err, size_t err_size)
 {
-	*p = gpu_alloc(bytes);
+	*p = device_alloc(bytes);
 	return *p ? 0 : gg_errf(err, err_size, -ENOMEM, "no memory");
 }
 
 void gg_dev_free(void *p)
 {
-	untrack(p);
-	free(p);
+	int i = exact(p);
+
+	if (i < 0)
+		return;
+	fence_unmap(allocs[i].p, allocs[i].view, allocs[i].size);
+	allocs[i].p = NULL;
 }
 
 int gg_dev_host_alloc(void **p, size_t bytes, char *err, size_t err_size)
 {
-	return gg_dev_alloc(p, bytes, err, err_size);
+	first_alloc();
+	*p = calloc(1, bytes ? bytes : 1);
+	if (!*p)
+		return gg_errf(err, err_size, -ENOMEM, "no memory");
+	track(*p, *p, bytes ? bytes : 1);
+	return 0;
 }
 
 void gg_dev_host_free(void *p)
 {
-	gg_dev_free(p);
+	int i = exact(p);
+
+	if (i < 0)
+		return;
+	allocs[i].p = NULL;
+	free(p);
 }
 
 static int enqueue(void *stream, const struct work *w, char *err, size_t err_size)
@@ -152,23 +196,27 @@ static int run(struct work *w)
 {
 	struct gg_feedback fb;
 
+	const size_t floats = w->n * sizeof(float);
+
 	switch (w->op) {
 	case OP_COPY:
-		memcpy(w->dst, w->src, w->bytes);
+		memcpy(view(w->dst, w->bytes), view(w->src, w->bytes), w->bytes);
 		return 0;
 	case OP_ENCODE:
-		return gg_codec_encode(&w->p, w->src, w->n, w->dst, w->bytes);
+		return gg_codec_encode(&w->p, view(w->src, floats), w->n, view(w->dst, w->bytes), w->bytes);
 	case OP_FB_ENCODE:
-		fb = (struct gg_feedback){ .residual = w->fb->residual, .elems = w->fb->elems };
-		float *scratch = malloc(w->n * sizeof(float) + 1);
-		int rc = scratch ? gg_feedback_encode(&fb, &w->p, w->offset, w->src, w->n, w->dst, w->bytes, scratch)
+		fb = (struct gg_feedback){ .residual = view(w->fb->residual, w->fb->elems * sizeof(float)),
+					   .elems = w->fb->elems };
+		float *scratch = malloc(floats + 1);
+		int rc = scratch ? gg_feedback_encode(&fb, &w->p, w->offset, view(w->src, floats), w->n,
+						      view(w->dst, w->bytes), w->bytes, scratch)
 				 : -ENOMEM;
 		free(scratch);
 		return rc;
 	case OP_DECODE:
-		return gg_codec_decode(&w->p, w->src, w->bytes, w->n, w->dst);
+		return gg_codec_decode(&w->p, view(w->src, w->bytes), w->bytes, w->n, view(w->dst, floats));
 	case OP_DECODE_ACC:
-		return gg_codec_decode_acc(&w->p, w->src, w->bytes, w->n, w->dst);
+		return gg_codec_decode_acc(&w->p, view(w->src, w->bytes), w->bytes, w->n, view(w->dst, floats));
 	}
 	return -EINVAL;
 }

@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
+#include "fence_map.h"
 #include "gg_check.h"
 #include "allreduce.h"
 
@@ -53,27 +53,13 @@ struct fenced {
 
 static float *fenced_alloc(struct fenced *z, uint64_t n)
 {
-	size_t page = (size_t)sysconf(_SC_PAGESIZE), size = (n * sizeof(float) + page - 1) / page * page;
-
 	for (int i = 0; i < FENCED_MAX; i++) {
 		if (z->a[i].fence)
 			continue;
-		int fd = memfd_create("fenced", 0);
-		if (fd < 0)
+		void *fence, *alias;
+		size_t size;
+		if (fence_map(n * sizeof(float), &fence, &alias, &size))
 			return NULL;
-		void *fence = MAP_FAILED, *alias = MAP_FAILED;
-		if (ftruncate(fd, (off_t)size) == 0) {
-			fence = mmap(NULL, size, PROT_NONE, MAP_SHARED, fd, 0);
-			alias = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		}
-		close(fd);
-		if (fence == MAP_FAILED || alias == MAP_FAILED) {
-			if (fence != MAP_FAILED)
-				munmap(fence, size);
-			if (alias != MAP_FAILED)
-				munmap(alias, size);
-			return NULL;
-		}
 		z->a[i].fence = fence;
 		z->a[i].alias = alias;
 		z->a[i].size = size;
@@ -109,8 +95,7 @@ static void fenced_free(void *ctx, float *p)
 	for (int i = 0; p && i < FENCED_MAX; i++) {
 		if (z->a[i].fence != (uint8_t *)p)
 			continue;
-		munmap(z->a[i].fence, z->a[i].size);
-		munmap(z->a[i].alias, z->a[i].size);
+		fence_unmap(z->a[i].fence, z->a[i].alias, z->a[i].size);
 		z->a[i].fence = z->a[i].alias = NULL;
 		return;
 	}
@@ -157,17 +142,6 @@ static float *fenced_scratch(void *ctx, uint64_t n)
 	return fenced_alloc(ctx, n);
 }
 
-/* A step that reads or writes fenced memory itself faults: say so. */
-static void on_fault(int sig, siginfo_t *si, void *uc)
-{
-	static const char msg[] = "FAIL: the step touched fenced memory itself, not through its memory ops\n";
-
-	(void)sig, (void)si, (void)uc;
-	if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0)
-		_exit(2);
-	_exit(1);
-}
-
 static const struct gg_ar_mem_ops fenced_ops = { .encode = fenced_encode, .decode = fenced_decode,
 						 .copy = fenced_copy, .alloc = fenced_scratch,
 						 .free = fenced_free };
@@ -185,6 +159,20 @@ struct other {
 	struct gg_feedback_cuda fb;
 	bool use_fb;
 };
+#endif
+
+#if !defined(GG_SIM_CUDA) || defined(GG_SIM_CUDA_DOUBLE)
+/* Code that reads or writes fenced memory itself (the step here, or the
+ * GPU ops with the CUDA double's device memory) faults: say so. */
+static void on_fault(int sig, siginfo_t *si, void *uc)
+{
+	static const char msg[] = "FAIL: fenced memory touched directly, not through the memory ops\n";
+
+	(void)sig, (void)si, (void)uc;
+	if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0)
+		_exit(2);
+	_exit(1);
+}
 #endif
 
 struct msg {
@@ -908,11 +896,12 @@ int main(void)
 	const enum gg_codec codecs[] = { GG_CODEC_FP32, GG_CODEC_BF16, GG_CODEC_BF16_SPLIT, GG_CODEC_INT8,
 					 GG_CODEC_INT4 };
 	unsigned cases = 0;
-#ifndef GG_SIM_CUDA
+#if !defined(GG_SIM_CUDA) || defined(GG_SIM_CUDA_DOUBLE)
 	struct sigaction sa = { .sa_sigaction = on_fault, .sa_flags = SA_SIGINFO };
 
 	sigaction(SIGSEGV, &sa, NULL);
-#else
+#endif
+#ifdef GG_SIM_CUDA
 	char why[256];
 	void *probe;
 
