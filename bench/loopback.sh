@@ -17,7 +17,7 @@
 # run: the payload each site moves per second (C x 4 bytes over the median
 # step time), both sites together, the TLS stream and plain TCP, and their
 # ratios; then min/median/max over the runs. With several lane counts
-# (--threads 1,2,4,8) each run times the gateways with each in turn
+# (--threads 1,2,4,8 --streams 8) each run times the gateways with each in turn
 # between the same two baselines, and the summary has a line per count:
 # how the path scales with the lanes. Defaults: --build build,
 # --runs 3, --threads 0 (the CPUs shared out between the two gateways:
