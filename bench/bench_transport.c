@@ -879,14 +879,22 @@ static void print_header(const struct options *opt, const char *where, FILE *f)
 		"RTT p50 us", "RTT p99 us", "vs plain", "core busy");
 }
 
+/* A round-trip figure, or `none` where none was measured (NaN). */
+static const char *us_or(double us, const char *none, char *buf, size_t size)
+{
+	if (isnan(us))
+		return none;
+	snprintf(buf, size, "%.1f", us);
+	return buf;
+}
+
 static void print_result(const struct options *opt, const struct result *r)
 {
+	char p50_buf[32], p99_buf[32];
+
 	if (opt->json) {
-		char p50[32] = "null", p99[32] = "null";
-		if (!isnan(r->p50_us))
-			snprintf(p50, sizeof(p50), "%.1f", r->p50_us);
-		if (!isnan(r->p99_us))
-			snprintf(p99, sizeof(p99), "%.1f", r->p99_us);
+		const char *p50 = us_or(r->p50_us, "null", p50_buf, sizeof(p50_buf));
+		const char *p99 = us_or(r->p99_us, "null", p99_buf, sizeof(p99_buf));
 		printf("{\"mode\":\"%s\",\"streams\":%d,\"seconds\":%.3f,\"bytes\":%" PRIu64 ",\"gbps\":%.3f,"
 		       "\"cpu_s_per_gb_send\":%.4f,\"cpu_s_per_gb_recv\":%.4f,\"rtt_p50_us\":%s,\"rtt_p99_us\":%s,",
 		       r->mode, opt->streams, opt->seconds, r->bytes, r->gbps, r->cpu_send, r->cpu_recv, p50, p99);
@@ -903,14 +911,12 @@ static void print_result(const struct options *opt, const struct result *r)
 			printf("%s%.3f", i ? "," : "", r->core_busy[i]);
 		printf("]}\n");
 	} else {
-		char ratio[16] = "-", busy[256] = "", p50[16] = "-", p99[16] = "-";
+		char ratio[16] = "-", busy[256] = "";
+		const char *p50 = us_or(r->p50_us, "-", p50_buf, sizeof(p50_buf));
+		const char *p99 = us_or(r->p99_us, "-", p99_buf, sizeof(p99_buf));
 		size_t used = 0;
 		if (r->has_ratio)
 			snprintf(ratio, sizeof(ratio), "%.3f", r->ratio);
-		if (!isnan(r->p50_us))
-			snprintf(p50, sizeof(p50), "%.1f", r->p50_us);
-		if (!isnan(r->p99_us))
-			snprintf(p99, sizeof(p99), "%.1f", r->p99_us);
 		for (int i = 0; i < r->cores && used < sizeof(busy); i++)
 			used += (size_t)snprintf(busy + used, sizeof(busy) - used, "%s%.0f%%", i ? " " : "",
 						 r->core_busy[i] * 100);

@@ -865,18 +865,23 @@ static int default_threads(void)
 	return n < 1 ? 1 : n > 64 ? 64 : n;
 }
 
+/* The defaults that follow from other settings: the control socket from
+ * the site's name, a peer's identity from its. */
+#define DERIVED_CONTROL "unix:/run/gradgate/%s.sock"
+#define DERIVED_IDENTITY "dns:%s"
+
 static void fill_derived(struct loader *ld, struct gg_config *cfg)
 {
 	if (!cfg->site.threads)
 		cfg->site.threads = default_threads();
 	if (!cfg->site.control && cfg->site.name &&
-	    asprintf(&cfg->site.control, "unix:/run/gradgate/%s.sock", cfg->site.name) < 0) {
+	    asprintf(&cfg->site.control, DERIVED_CONTROL, cfg->site.name) < 0) {
 		cfg->site.control = NULL;
 		ld->oom = 1;
 	}
 	for (size_t i = 0; i < cfg->peer_count; i++) {
 		struct gg_peer_config *p = &cfg->peers[i];
-		if (!p->identity && p->site && asprintf(&p->identity, "dns:%s", p->site) < 0) {
+		if (!p->identity && p->site && asprintf(&p->identity, DERIVED_IDENTITY, p->site) < 0) {
 			p->identity = NULL;
 			ld->oom = 1;
 		}
@@ -1245,11 +1250,11 @@ static bool is_derived_default(const struct gg_config *cfg, const struct section
 		const struct gg_peer_config *p = base;
 		if (f->offset != PEER(identity) || !p->site)
 			return false;
-		snprintf(want, sizeof(want), "\"dns:%s\"", p->site);
+		snprintf(want, sizeof(want), "\"" DERIVED_IDENTITY "\"", p->site);
 	} else if (f->offset == CFG(site.threads)) {
 		snprintf(want, sizeof(want), "%d", default_threads());
 	} else if (f->offset == CFG(site.control) && cfg->site.name) {
-		snprintf(want, sizeof(want), "\"unix:/run/gradgate/%s.sock\"", cfg->site.name);
+		snprintf(want, sizeof(want), "\"" DERIVED_CONTROL "\"", cfg->site.name);
 	} else {
 		return false;
 	}

@@ -25,4 +25,9 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
  * function with gg_cuda_fail()'s code. */
 #define GG_CUDA_CHECK(call, err, err_size) GG_CUDA_CHECK_AS(call, #call, err, err_size)
 
+/* Makes the gateway's GPU (the first it sees: CUDA_VISIBLE_DEVICES picks
+ * it) the calling thread's current device. Returns 0 or gg_cuda_fail()'s
+ * code. */
+int gg_cuda_use_gpu(char *err, size_t err_size);
+
 #endif

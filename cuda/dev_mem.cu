@@ -6,7 +6,7 @@
 
 #include "cuda_check.h"
 
-static int use_gpu(char *err, size_t err_size)
+int gg_cuda_use_gpu(char *err, size_t err_size)
 {
 	GG_CUDA_CHECK_AS(cudaSetDevice(0), "cudaSetDevice(0) (the gateway's GPU)", err, err_size);
 	return 0;
@@ -18,7 +18,7 @@ extern "C" int gg_dev_stream_new(void **stream, char *err, size_t err_size)
 	int rc;
 
 	*stream = NULL;
-	if ((rc = use_gpu(err, err_size)))
+	if ((rc = gg_cuda_use_gpu(err, err_size)))
 		return rc;
 	GG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), err, err_size);
 	*stream = s;
@@ -36,7 +36,7 @@ extern "C" int gg_dev_alloc(void **p, size_t bytes, char *err, size_t err_size)
 	int rc;
 
 	*p = NULL;
-	if ((rc = use_gpu(err, err_size)))
+	if ((rc = gg_cuda_use_gpu(err, err_size)))
 		return rc;
 	GG_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 1), err, err_size);
 	return 0;
@@ -53,7 +53,7 @@ extern "C" int gg_dev_host_alloc(void **p, size_t bytes, char *err, size_t err_s
 	int rc;
 
 	*p = NULL;
-	if ((rc = use_gpu(err, err_size)))
+	if ((rc = gg_cuda_use_gpu(err, err_size)))
 		return rc;
 	GG_CUDA_CHECK(cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable), err, err_size);
 	return 0;
@@ -69,7 +69,7 @@ extern "C" int gg_dev_copy(void *dst, const void *src, size_t bytes, void *strea
 {
 	int rc;
 
-	if ((rc = use_gpu(err, err_size)))
+	if ((rc = gg_cuda_use_gpu(err, err_size)))
 		return rc;
 	GG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream), err, err_size);
 	return 0;

@@ -24,7 +24,10 @@ static bool ready;
 
 static int use_gpu(char *err, size_t err_size)
 {
-	GG_CUDA_CHECK_AS(cudaSetDevice(0), "cudaSetDevice(0) (the gateway's GPU)", err, err_size);
+	int rc = gg_cuda_use_gpu(err, err_size);
+
+	if (rc)
+		return rc;
 	if (!ready) {
 		GG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), err, err_size);
 		ready = true;
