@@ -144,46 +144,19 @@ extern "C" void gg_site_cuda_close(void *dev)
 		(void)cudaIpcCloseMemHandle(dev);
 }
 
-extern "C" int gg_site_cuda_host_alloc(uint64_t count, float **out, char *err, size_t err_size)
-{
-	void *p = NULL;
-	int rc;
-
-	*out = NULL;
-	if ((rc = use_gpu(err, err_size)))
-		return rc;
-	GG_CUDA_CHECK_AS(cudaHostAlloc(&p, count * sizeof(float), cudaHostAllocMapped | cudaHostAllocPortable),
-			 "cudaHostAlloc (the site sum)", err, err_size);
-	*out = (float *)p;
-	return 0;
-}
-
-extern "C" void gg_site_cuda_host_free(float *p)
-{
-	if (p)
-		(void)cudaFreeHost(p);
-}
-
-/* The device's address of pinned host memory. */
-static int device_view(const float *host, float **dev, char *err, size_t err_size)
-{
-	GG_CUDA_CHECK(cudaHostGetDevicePointer((void **)dev, (void *)host, 0), err, err_size);
-	return 0;
-}
-
 /* Runs the sum (store false) or the result kernel over ranks' pointers,
- * RANKS_PER_LAUNCH at a time in rank order, on `sum` (pinned host memory)
- * and waits for them. */
+ * RANKS_PER_LAUNCH at a time in rank order, on `sum` (device memory) and
+ * waits for them. */
 static int over_ranks(bool store, void *const *ptrs, unsigned n, bool bf16, const float *sum, uint64_t count,
 		      char *err, size_t err_size)
 {
-	float *dsum;
+	float *dsum = (float *)sum;
 	int rc;
 
 	if (!n || !count)
 		return gg_errf(err, err_size, -EINVAL, "%s of %u ranks and %llu elements",
 			       store ? "a result" : "a site sum", n, (unsigned long long)count);
-	if ((rc = use_gpu(err, err_size)) || (rc = device_view(sum, &dsum, err, err_size)))
+	if ((rc = use_gpu(err, err_size)))
 		return rc;
 	unsigned blocks = blocks_for(count);
 	for (unsigned r0 = 0; r0 < n; r0 += RANKS_PER_LAUNCH) {

@@ -40,17 +40,13 @@ GG_MUST_CHECK int gg_site_cuda_open(const unsigned char ipc[GG_SITE_CUDA_IPC_SIZ
 /* Closes what gg_site_cuda_open() opened (NULL: nothing). */
 void gg_site_cuda_close(void *dev);
 
-/* `count` floats of pinned host memory the GPU writes and reads directly. */
-GG_MUST_CHECK int gg_site_cuda_host_alloc(uint64_t count, float **out, char *err, size_t err_size);
-void gg_site_cuda_host_free(float *p);
-
 /* sum[i] = in[0][i] + in[1][i] + ... + in[n-1][i], i < count, where in[r] are
  * device pointers to float32 (bf16 false) or bfloat16 elements and `sum`
- * comes from gg_site_cuda_host_alloc(). n >= 1. */
+ * is device memory (gg_dev_alloc(), dev_mem.h). n >= 1. */
 GG_MUST_CHECK int gg_site_cuda_sum(float *sum, const void *const *in, unsigned n, bool bf16, uint64_t count,
 				   char *err, size_t err_size);
 /* out[r][i] = sum[i] for every r < n, i < count: float32, or rounded to
- * bfloat16 when bf16. `sum` comes from gg_site_cuda_host_alloc(). */
+ * bfloat16 when bf16. `sum` is device memory, as above. */
 GG_MUST_CHECK int gg_site_cuda_store(void *const *out, unsigned n, bool bf16, const float *sum, uint64_t count,
 				     char *err, size_t err_size);
 

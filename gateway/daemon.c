@@ -138,6 +138,7 @@ static void core_start(struct daemon *d, struct pending *p)
 	p->ns.dtype = ss->dtype == GG_DTYPE_BF16 ? GG_WIRE_BF16 : GG_WIRE_F32;
 	p->ns.input = ss->sum; /* gathered a range at a time; each read before it is written */
 	p->ns.result = ss->sum;
+	p->ns.device = ss->memory == GG_STEP_MEM_CUDA;
 	p->ns.deadline_us = ss->deadline_us;
 	p->ns.timeout_us = (uint64_t)ss->timeout_ms * 1000;
 	p->ns.done = step_done;
@@ -170,7 +171,7 @@ static int core_submit(void *core, struct gg_site_step *ss)
 	struct daemon *d = core;
 	struct pending *p;
 
-	if (ss->memory != GG_STEP_MEM_HOST)
+	if (ss->memory != GG_STEP_MEM_HOST && ss->memory != GG_STEP_MEM_CUDA)
 		return GG_ERR_INVALID;
 	p = calloc(1, sizeof(*p));
 	if (!p)

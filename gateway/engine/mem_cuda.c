@@ -103,6 +103,13 @@ int gg_ar_mem_cuda_init(struct gg_ar_mem_cuda *m, size_t max_raw_bytes, struct g
 	return 0;
 }
 
+void gg_ar_mem_cuda_view(struct gg_ar_mem_cuda *view, const struct gg_ar_mem_cuda *m, struct gg_feedback_cuda *fb)
+{
+	*view = *m;
+	view->fb = fb;
+	view->mem = (struct gg_ar_mem){ .ops = &cuda_ops, .ctx = view, .feedback = fb != NULL };
+}
+
 void gg_ar_mem_cuda_fini(struct gg_ar_mem_cuda *m)
 {
 	gg_dev_host_free(m->staging);

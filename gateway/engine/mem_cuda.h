@@ -6,8 +6,8 @@
  * and wraps (header, CRC-32C, zstd); a received frame is unwrapped on the
  * host, its codec bytes copied into staging, and a decode kernel stores or
  * adds them into device memory. With error feedback the residuals are on
- * the device too (gg_feedback_cuda), one set per job that the lanes
- * share: their chunks never overlap.
+ * the device too (gg_feedback_cuda), one set per job's tensor that the
+ * lanes share: their chunks never overlap.
  *
  * One gg_ar_mem_cuda per thread that runs steps (a lane): it holds that
  * thread's stream and staging memory, and each call waits for its own work
@@ -33,7 +33,12 @@ struct gg_ar_mem_cuda {
  * there is nothing to free. */
 GG_MUST_CHECK int gg_ar_mem_cuda_init(struct gg_ar_mem_cuda *m, size_t max_raw_bytes, struct gg_feedback_cuda *fb,
 				      char *err, size_t err_size);
-/* After every step using it is freed. */
+/* After every step using it, or a view of it, is freed. */
 void gg_ar_mem_cuda_fini(struct gg_ar_mem_cuda *m);
+/* `view` uses m's stream and staging with error feedback of its own (fb:
+ * one job's tensor; NULL: none), for steps of the same thread as m: each
+ * call waits for its own work, so they share them safely. A view owns
+ * nothing (no fini) and is valid while m is. */
+void gg_ar_mem_cuda_view(struct gg_ar_mem_cuda *view, const struct gg_ar_mem_cuda *m, struct gg_feedback_cuda *fb);
 
 #endif

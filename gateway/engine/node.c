@@ -13,12 +13,16 @@
 #include <unistd.h>
 
 #include "allreduce.h"
+#include "gg_build_config.h"
 #include "gradgate.h"
 #include "log.h"
 #include "mailbox.h"
 #include "mesh.h"
 #include "net_addr.h"
 #include "units.h"
+#if HAVE_CUDA
+#include "mem_cuda.h"
+#endif
 
 #define MAX_JOBS 32
 #define TIMED_KEPT 4 /* algorithm auto: the latest steps of each algorithm timed */
@@ -91,7 +95,8 @@ struct mail {
 			struct gg_wire_step wstep;
 			const float *input;
 			float *result;
-			struct gg_feedback *feedback;
+			bool device;                 /* input and result on the gateway's GPU */
+			struct feedback_slot *feedback; /* NULL: none */
 			enum gg_allreduce_algo algo; /* direct or ring */
 			uint32_t chunk_elems;        /* the step's chunk */
 			uint64_t deadline_us, timeout_us;
@@ -206,6 +211,9 @@ struct lane_job {
 	 * the lane as they grow (times_counted). */
 	struct gg_ar_times times, times_counted;
 	uint64_t gather_ns, deliver_ns, start_ns;
+#if HAVE_CUDA
+	struct gg_ar_mem_cuda gpu; /* a step on the GPU: the lane's stream and staging, the job's residuals */
+#endif
 };
 
 /* Bytes a lane moved with one peer: counted as frames are sent and taken
@@ -232,6 +240,12 @@ struct lane {
 	struct gg_mailbox inbox;
 	struct gg_frame_encoder enc;
 	struct gg_frame_decoder dec;
+#if HAVE_CUDA
+	/* Its stream and staging on the gateway's GPU, made by the first
+	 * step there. */
+	struct gg_ar_mem_cuda gpu;
+	bool gpu_ready;
+#endif
 	struct lane_job jobs[MAX_JOBS];
 	uint64_t touches;       /* lane_job.touched so far */
 	/* Per coordinator slot, mail the coordinator waits for that no memory
@@ -346,10 +360,17 @@ struct ended_job {
 	char reason[GG_NODE_ERROR_MAX]; /* the wire carries its first GG_WIRE_REASON_MAX bytes */
 };
 
+/* A tensor's residuals: in host memory, or on the gateway's GPU for a
+ * tensor the ranks hold there. */
 struct feedback_slot {
 	char job[GG_WIRE_NAME_MAX + 1];
 	uint32_t tensor_id;
+	uint64_t elems;
+	bool device;
 	struct gg_feedback fb;
+#if HAVE_CUDA
+	struct gg_feedback_cuda gpu;
+#endif
 };
 
 struct gg_node {
@@ -1166,11 +1187,28 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->gather_ns = lj->deliver_ns = 0;
 	lj->start_ns = now_ns();
 
+	struct feedback_slot *fb = m->u.start.feedback;
 	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = m->u.start.algo,
 				   .count = lj->wstep.count, .chunk_elems = m->u.start.chunk_elems, .enc = &ln->enc,
-				   .dec = &ln->dec, .feedback = m->u.start.feedback, .pool = &n->frames,
+				   .dec = &ln->dec, .feedback = fb && !fb->device ? &fb->fb : NULL, .pool = &n->frames,
 				   .times = &lj->times, .part = ln->index, .parts = n->nlanes };
-	int rc = gg_ar_step_start(&lj->ar, &ac, m->u.start.input, m->u.start.result, &ar_ops, lj, why, sizeof(why));
+	int rc = 0;
+#if HAVE_CUDA
+	if (m->u.start.device) {
+		if (!ln->gpu_ready && !(rc = gg_ar_mem_cuda_init(&ln->gpu, n->frame_limits.max_raw_bytes, NULL, why,
+								  sizeof(why))))
+			ln->gpu_ready = true;
+		if (rc) {
+			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM,
+				  "step %llu of job '%s': the GPU of the gateway of site %s: %s", (unsigned long long)m->seq,
+				  lj->name, n->names[n->self], why);
+			return;
+		}
+		gg_ar_mem_cuda_view(&lj->gpu, &ln->gpu, fb ? &fb->gpu : NULL);
+		ac.mem = &lj->gpu.mem;
+	}
+#endif
+	rc = gg_ar_step_start(&lj->ar, &ac, m->u.start.input, m->u.start.result, &ar_ops, lj, why, sizeof(why));
 	part_count_times(lj);
 	if (rc) {
 		part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
@@ -1864,7 +1902,11 @@ static void feedback_drop(struct gg_node *n, unsigned i)
 {
 	struct feedback_slot *f = n->feedback[i];
 
-	n->feedback_bytes -= f->fb.elems * sizeof(float);
+	n->feedback_bytes -= f->elems * sizeof(float);
+#if HAVE_CUDA
+	if (f->device)
+		gg_feedback_fini_cuda(&f->gpu);
+#endif
 	gg_feedback_fini(&f->fb);
 	free(f);
 	n->feedback[i] = n->feedback[--n->feedback_count];
@@ -1916,10 +1958,11 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	return free_slot;
 }
 
-/* The error feedback of one tensor of a job, made on its first step.
- * Returns 0 with *out, or a negative errno with err saying why. */
-static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uint64_t count,
-			struct gg_feedback **out, char *err, size_t err_size)
+/* The error feedback of one tensor of a job, made on its first step, in
+ * the memory the tensor is in (device: the gateway's GPU). Returns 0 with
+ * *out, or a negative errno with err saying why. */
+static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uint64_t count, bool device,
+			struct feedback_slot **out, char *err, size_t err_size)
 {
 	const uint64_t limit = n->cfg->limits.memory_bytes;
 
@@ -1927,11 +1970,11 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 		struct feedback_slot *f = n->feedback[i];
 		if (f->tensor_id != tensor || strcmp(f->job, job))
 			continue;
-		if (f->fb.elems == count) {
-			*out = &f->fb;
+		if (f->elems == count && f->device == device) {
+			*out = f;
 			return 0;
 		}
-		feedback_drop(n, i); /* the tensor changed size: start afresh */
+		feedback_drop(n, i); /* the tensor changed size or memory: start afresh */
 		break;
 	}
 	if (count * sizeof(float) > limit - n->feedback_bytes) {
@@ -1952,16 +1995,31 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 		n->feedback_cap = cap;
 	}
 	struct feedback_slot *f = calloc(1, sizeof(*f));
-	if (!f || gg_feedback_init(&f->fb, count, GG_MIN(count, (uint64_t)n->chunk_elems))) {
+	if (!f)
+		return gg_errf(err, err_size, -ENOMEM, "no memory for the error feedback of tensor %u", tensor);
+#if HAVE_CUDA
+	if (device) {
+		char why[GG_NODE_ERROR_MAX / 2];
+		int rc = gg_feedback_init_cuda(&f->gpu, count, why, sizeof(why));
+		if (rc) {
+			free(f);
+			return gg_errf(err, err_size, rc, "the error feedback of tensor %u (%llu elements) on the GPU: %s",
+				       tensor, (unsigned long long)count, why);
+		}
+	}
+#endif
+	if (!device && gg_feedback_init(&f->fb, count, GG_MIN(count, (uint64_t)n->chunk_elems))) {
 		free(f);
 		return gg_errf(err, err_size, -ENOMEM, "no memory for the error feedback of tensor %u (%llu elements)",
 			       tensor, (unsigned long long)count);
 	}
+	f->elems = count;
+	f->device = device;
 	f->tensor_id = tensor;
 	snprintf(f->job, sizeof(f->job), "%s", job);
 	n->feedback[n->feedback_count++] = f;
 	n->feedback_bytes += count * sizeof(float);
-	*out = &f->fb;
+	*out = f;
 	return 0;
 }
 
@@ -2348,6 +2406,8 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		return gg_errf(err, err_size, -ESHUTDOWN, "the gateway is shutting down");
 	if (!st->job[0] || st->count == 0)
 		return gg_errf(err, err_size, -EINVAL, "a step needs a job name and at least one element");
+	if (st->device && !HAVE_CUDA)
+		return gg_errf(err, err_size, -EINVAL, "the gateway was built without CUDA: a step in GPU memory");
 	/* max_message bounds the tensor as the ranks hold it (gradgate.h). */
 	uint64_t esize = st->dtype == GG_WIRE_BF16 ? 2 : 4;
 	if (st->count > n->cfg->limits.max_message_bytes / esize)
@@ -2378,10 +2438,10 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	snprintf(ws.job, sizeof(ws.job), "%s", st->job);
 	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)n->cfg->compression.codec,
 					     (uint32_t)n->cfg->compression.block_size, (uint8_t)algo, chunk);
-	struct gg_feedback *fb = NULL;
+	struct feedback_slot *fb = NULL;
 	if (n->cfg->compression.error_feedback && gg_codec_is_lossy(n->cfg->compression.codec)) {
 		char fwhy[GG_NODE_ERROR_MAX - 64];
-		int rc = feedback_for(n, st->job, st->tensor_id, st->count, &fb, fwhy, sizeof(fwhy));
+		int rc = feedback_for(n, st->job, st->tensor_id, st->count, st->device, &fb, fwhy, sizeof(fwhy));
 		if (rc)
 			return gg_errf(err, err_size, rc, "step %llu of job '%s': %s", (unsigned long long)st->seq,
 				       st->job, fwhy);
@@ -2418,7 +2478,8 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		return 0;
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
-			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .feedback = fb, .algo = algo,
+			  .u.start = { .wstep = ws, .input = st->input, .result = st->result, .device = st->device,
+				       .feedback = fb, .algo = algo,
 				       .chunk_elems = chunk, .deadline_us = j->deadline_us, .timeout_us = j->timeout_us,
 				       .gather = st->gather, .deliver = st->deliver, .arg = st->arg } };
 	/* A lane that never starts its part would leave the step without a
@@ -3360,6 +3421,11 @@ static void lane_fini(struct lane *ln)
 	ln->loop_ok = false;
 	gg_frame_encoder_fini(&ln->enc);
 	gg_frame_decoder_fini(&ln->dec);
+#if HAVE_CUDA
+	if (ln->gpu_ready)
+		gg_ar_mem_cuda_fini(&ln->gpu);
+	ln->gpu_ready = false;
+#endif
 }
 
 static void *lane_main(void *arg)

@@ -59,6 +59,10 @@ struct gg_node_step {
 	uint8_t dtype;      /* what the ranks hold (GG_WIRE_F32 / GG_WIRE_BF16); sums are fp32 */
 	const float *input;
 	float *result;
+	/* input and result are device memory of the gateway's GPU: the lanes
+	 * encode and decode them there (gateway/engine/mem_cuda.h), and the
+	 * host moves only frames. Refused by a gateway built without CUDA. */
+	bool device;
 	uint64_t deadline_us; /* gg_monotonic_us() by which the step fails; 0: step_timeout from now */
 	uint64_t timeout_us;  /* the time the ranks gave it, which set deadline_us (for messages) */
 	/* Called once, from the node's thread: status 0 with result final, or

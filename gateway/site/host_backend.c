@@ -19,6 +19,7 @@
 #include "gg_build_config.h"
 #include "host_sum.h"
 #if HAVE_CUDA
+#include "dev_mem.h"
 #include "site_cuda.h"
 #endif
 #include "units.h"
@@ -109,7 +110,7 @@ struct hb_job {
 
 	bool with_core;
 	bool sum_owned;  /* the step's sum is a buffer of the job's (bfloat16), not rank 0's memory */
-	bool on_gpu;     /* the step's ranks hold it in device memory: sum_owned, pinned */
+	bool on_gpu;     /* the step's ranks hold it in device memory: sum_owned, on the gateway's GPU */
 	uint64_t sum_cap; /* bytes of the step's own sum buffer (sum_owned), counted in sum_bytes */
 	bool abandoned;  /* the step with the core was already failed at its ranks */
 	bool in_submit;
@@ -122,7 +123,7 @@ struct hb_job {
 	 * than summing into it. Counted in the stats' spare_bytes. */
 	float *spare;
 	uint64_t spare_bytes;
-	bool spare_pinned; /* from gg_site_cuda_host_alloc(), for device steps */
+	bool spare_on_gpu; /* device memory (gg_dev_alloc), for device steps */
 
 	int broken; /* a rank left or broke the protocol: every request fails with broken_msg */
 	char broken_msg[TEXT];
@@ -331,23 +332,23 @@ static float *take_spare(struct gg_host_backend *b, struct hb_job *j)
 	return spare;
 }
 
-static void sum_free(float *sum, bool pinned)
+static void sum_free(float *sum, bool on_gpu)
 {
 #if HAVE_CUDA
-	if (pinned) {
-		gg_site_cuda_host_free(sum);
+	if (on_gpu) {
+		gg_dev_free(sum);
 		return;
 	}
 #endif
-	(void)pinned;
+	(void)on_gpu;
 	free(sum);
 }
 
 static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 {
-	bool pinned = j->spare_pinned;
+	bool on_gpu = j->spare_on_gpu;
 
-	sum_free(take_spare(b, j), pinned);
+	sum_free(take_spare(b, j), on_gpu);
 }
 
 static void job_free(struct gg_host_backend *b, struct hb_job *j)
@@ -905,7 +906,7 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 		b->stats.sum_bytes -= j->sum_cap;
 		j->spare = st->sum; /* step_start took the job's previous one */
 		j->spare_bytes = j->sum_cap;
-		j->spare_pinned = j->on_gpu;
+		j->spare_on_gpu = j->on_gpu;
 		b->stats.spare_bytes += j->spare_bytes;
 	}
 	for (unsigned r = 0; r < j->nranks; r++)
@@ -958,9 +959,10 @@ static void range_ready(const struct gg_site_step *st, uint64_t offset, uint64_t
 	(void)st, (void)offset, (void)n;
 }
 
-/* The site sum of a step in GPU memory into pinned memory (*sum: a spare
- * of the job's, or NULL for a new one). Returns false when the step
- * failed, the sum freed. */
+/* The site sum of a step in GPU memory into device memory of the
+ * gateway's GPU (*sum: a spare of the job's, or NULL for a new one), where
+ * the core encodes and decodes it. Returns false when the step failed,
+ * the sum freed. */
 static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref, float **sum)
 {
 #if HAVE_CUDA
@@ -968,7 +970,7 @@ static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb
 	int rc = 0;
 
 	if (!*sum)
-		rc = gg_site_cuda_host_alloc(ref->count, sum, why, sizeof(why));
+		rc = gg_dev_alloc((void **)sum, ref->count * sizeof(float), why, sizeof(why));
 	if (!rc)
 		rc = gg_site_cuda_sum(*sum, (const void *const *)j->mem, j->nranks, ref->dtype == GG_DTYPE_BF16,
 				      ref->count, why, sizeof(why));
@@ -1012,16 +1014,16 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		j->mem_region[r] = h->region;
 	}
 	/* bfloat16 ranks: the float32 sum needs memory of its own; so does a
-	 * step in the ranks' GPU memory, pinned for the gateway's GPU. */
+	 * step in the ranks' GPU memory, on the gateway's GPU. */
 	const bool own_sum = ref->dtype != GG_DTYPE_F32 || device;
 	void (*gather)(const struct gg_site_step *, uint64_t, uint64_t) = hb_gather;
 	void (*deliver_range)(const struct gg_site_step *, uint64_t, uint64_t) = hb_deliver;
 	if (own_sum) {
 		const uint64_t limit = b->opts.memory_bytes;
-		/* A pinned buffer is costly to make (and freeing one waits for
+		/* A device buffer is costly to make (and freeing one waits for
 		 * the GPU): any large enough will do for a step in GPU memory, so
 		 * a job's buckets of different sizes share one. */
-		bool fits = j->spare && j->spare_pinned == device &&
+		bool fits = j->spare && j->spare_on_gpu == device &&
 			    (device ? j->spare_bytes >= bytes : j->spare_bytes == bytes);
 		uint64_t cap = fits ? j->spare_bytes : bytes;
 		sum = fits ? take_spare(b, j) : NULL;
@@ -1062,7 +1064,7 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		.tensor_id = ref->tensor_id,
 		.count = ref->count,
 		.dtype = (enum gg_dtype)ref->dtype,
-		.memory = GG_STEP_MEM_HOST,
+		.memory = device ? GG_STEP_MEM_CUDA : GG_STEP_MEM_HOST,
 		.nranks = j->nranks,
 		.sum = sum,
 		.deadline_us = j->deadline_us,

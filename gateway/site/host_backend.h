@@ -14,7 +14,8 @@
  * core finishes it (site_backend.h); a bfloat16 step needs a float32 sum
  * of its own. Ranks may hand over CUDA allocations instead
  * (gg_allreduce_cuda, MAP_CUDA): such a step is summed whole on the
- * gateway's GPU into pinned memory before the core gets it, and its result
+ * gateway's GPU into device memory before the core gets it (the core
+ * encodes and decodes it there: memory GG_STEP_MEM_CUDA), and its result
  * written back whole by the GPU once the core is done (cuda/site_cuda.h).
  *
  * Bounds: max_clients connections (and so jobs); per connection a fixed

@@ -11,11 +11,11 @@
  *
  * Host mode (host_backend.c): ranks hand over host buffers in shared
  * memory; the sum is computed on the CPU, in place in rank 0's buffer for
- * float32. GPU mode (NCCL,
- * later): the gateway is a rank of the site's communicator, the sum lands
- * in device memory (memory = GG_STEP_MEM_CUDA) and results go back with a
- * broadcast. Both implement struct gg_site_backend_ops; the daemon drives
- * them the same way:
+ * float32. The same backend takes ranks' CUDA allocations by IPC handle
+ * (gg_allreduce_cuda): the sum is then formed on the gateway's GPU, in its
+ * device memory (memory = GG_STEP_MEM_CUDA), where the core encodes and
+ * decodes it. A backend implements struct gg_site_backend_ops; the daemon
+ * drives every backend the same way:
  *
  *   b->ops->start(b, &loop, err, sizeof(err));
  *   while (running) {

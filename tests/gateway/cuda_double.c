@@ -11,8 +11,11 @@
  *   - device memory is mapped without access where the caller sees it
  *     (the calls here reach it through a second mapping), so host code
  *     that reads or writes it directly faults, as it would on a GPU;
- *   - every allocation must be freed by the end (checked at exit). */
+ *   - every allocation must be freed by the end (checked at exit).
+ * Any thread may call it (a gateway's lanes do), each stream from one
+ * thread at a time, as CUDA's rules allow. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,56 +47,75 @@ struct stream {
 
 /* An allocation: `p` as the caller sees it, `view` where the calls here
  * reach it (p itself for pinned host memory). */
-static struct {
+struct alloc {
 	char *p, *view;
 	size_t size;
-} allocs[MAX_ALLOCS];
+};
+
+static struct alloc allocs[MAX_ALLOCS];
+static pthread_mutex_t allocs_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void track(void *p, void *view, size_t size)
 {
+	pthread_mutex_lock(&allocs_lock);
 	for (int i = 0; i < MAX_ALLOCS; i++)
 		if (!allocs[i].p) {
-			allocs[i].p = p;
-			allocs[i].view = view;
-			allocs[i].size = size;
+			allocs[i] = (struct alloc){ p, view, size };
+			pthread_mutex_unlock(&allocs_lock);
 			return;
 		}
 	fprintf(stderr, "cuda double: more than %d allocations\n", MAX_ALLOCS);
 	exit(1);
 }
 
-static int find(const void *p, size_t bytes)
+/* The allocation holding [p, p + bytes): true with *out, or false. */
+static bool find(const void *p, size_t bytes, struct alloc *out)
 {
-	for (int i = 0; i < MAX_ALLOCS; i++) {
+	bool found = false;
+
+	pthread_mutex_lock(&allocs_lock);
+	for (int i = 0; i < MAX_ALLOCS && !found; i++) {
 		const char *b = allocs[i].p, *q = p;
-		if (b && q >= b && bytes <= allocs[i].size && (size_t)(q - b) <= allocs[i].size - bytes)
-			return i;
+		if (b && q >= b && bytes <= allocs[i].size && (size_t)(q - b) <= allocs[i].size - bytes) {
+			*out = allocs[i];
+			found = true;
+		}
 	}
-	return -1;
+	pthread_mutex_unlock(&allocs_lock);
+	return found;
 }
 
-/* The allocation that starts at p, or -1. */
-static int exact(const void *p)
+/* Forgets the allocation that starts at p: true with what it was, or false. */
+static bool untrack(const void *p, struct alloc *out)
 {
-	for (int i = 0; p && i < MAX_ALLOCS; i++)
-		if (allocs[i].p == p)
-			return i;
-	return -1;
+	bool found = false;
+
+	pthread_mutex_lock(&allocs_lock);
+	for (int i = 0; p && i < MAX_ALLOCS && !found; i++)
+		if (allocs[i].p == p) {
+			*out = allocs[i];
+			allocs[i].p = NULL;
+			found = true;
+		}
+	pthread_mutex_unlock(&allocs_lock);
+	return found;
 }
 
 /* Is [p, p + bytes) inside memory the GPU addresses? */
 static bool gpu_reaches(const void *p, size_t bytes)
 {
-	return find(p, bytes) >= 0;
+	struct alloc a;
+
+	return find(p, bytes, &a);
 }
 
 /* Where the calls here read and write what the caller calls p: device
  * memory through its second mapping, anything else as it is. */
 static void *view(const void *p, size_t bytes)
 {
-	int i = find(p, bytes);
+	struct alloc a;
 
-	return i < 0 ? (void *)p : allocs[i].view + ((const char *)p - allocs[i].p);
+	return find(p, bytes, &a) ? a.view + ((const char *)p - a.p) : (void *)p;
 }
 
 static void check_all_freed(void)
@@ -105,14 +127,16 @@ static void check_all_freed(void)
 		}
 }
 
+static void register_check(void)
+{
+	atexit(check_all_freed);
+}
+
 static void first_alloc(void)
 {
-	static bool registered;
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-	if (!registered) {
-		registered = true;
-		atexit(check_all_freed);
-	}
+	pthread_once(&once, register_check);
 }
 
 /* Device memory: without access for the caller (fence_map.h). */
@@ -147,12 +171,10 @@ int gg_dev_alloc(void **p, size_t bytes, char *err, size_t err_size)
 
 void gg_dev_free(void *p)
 {
-	int i = exact(p);
+	struct alloc a;
 
-	if (i < 0)
-		return;
-	fence_unmap(allocs[i].p, allocs[i].view, allocs[i].size);
-	allocs[i].p = NULL;
+	if (untrack(p, &a))
+		fence_unmap(a.p, a.view, a.size);
 }
 
 int gg_dev_host_alloc(void **p, size_t bytes, char *err, size_t err_size)
@@ -167,12 +189,10 @@ int gg_dev_host_alloc(void **p, size_t bytes, char *err, size_t err_size)
 
 void gg_dev_host_free(void *p)
 {
-	int i = exact(p);
+	struct alloc a;
 
-	if (i < 0)
-		return;
-	allocs[i].p = NULL;
-	free(p);
+	if (untrack(p, &a))
+		free(p);
 }
 
 static int enqueue(void *stream, const struct work *w, char *err, size_t err_size)

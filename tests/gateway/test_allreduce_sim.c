@@ -152,6 +152,7 @@ struct other {
 };
 #else
 #include "dev_mem.h"
+#include "dev_skip.h"
 #include "mem_cuda.h"
 
 struct other {
@@ -902,14 +903,7 @@ int main(void)
 	sigaction(SIGSEGV, &sa, NULL);
 #endif
 #ifdef GG_SIM_CUDA
-	char why[256];
-	void *probe;
-
-	if (gg_dev_stream_new(&probe, why, sizeof(why))) {
-		printf("skipped: no GPU: %s\n", why);
-		return 77;
-	}
-	gg_dev_stream_free(probe);
+	dev_require_gpu();
 #endif
 
 	for (size_t c = 0; c < sizeof(codecs) / sizeof(codecs[0]); c++)

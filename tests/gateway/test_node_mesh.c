@@ -8,6 +8,14 @@
  * peer that sends DATA for steps that never come fills neither memory nor
  * the job table.
  *
+ *
+ * Built with GG_NODE_GPU it runs only scenarios where every other site's
+ * tensors are device memory of the gateway's GPU (gg_node_step.device):
+ * with tests/gateway/cuda_double.c standing in for the GPU on the host
+ * (node-gpu-ops: that memory is fenced, so a lane touching it directly
+ * faults), or on a GPU (tests/gpu, node-cuda). Their results must equal
+ * the host sites' bit for bit.
+ *
  *   test_node_mesh CERT_DIR (certificates from examples/make-certs.sh for
  *   sites s0..s3) */
 #include <errno.h>
@@ -19,10 +27,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gg_build_config.h"
 #include "gg_check.h"
 #include "gg_sites.h"
 #include "gradgate.h"
 #include "allreduce.h"
+#ifdef GG_NODE_GPU
+#include "dev_mem.h"
+#include "dev_skip.h"
+#endif
 #include "log.h"
 #include "net_addr.h"
 #include "node.h"
@@ -55,6 +68,7 @@ struct scenario {
 	int plan_split_step;  /* algorithm auto: site K-1's plan goes ring for every size before this step */
 	bool plan_all;        /* and every other site's too: the step goes by ring everywhere */
 	const char *chunk;    /* chunk_size; NULL: 256KiB. Set: each step's chunk at every site is checked */
+	bool device;          /* sites 1, 3: tensors on the gateway's GPU (GG_NODE_GPU builds only) */
 };
 
 struct site {
@@ -70,7 +84,25 @@ struct site {
 	char message[MAX_STEPS][GG_NODE_ERROR_MAX];
 	bool done;
 	double seconds;
+	bool device;          /* input and result below are device memory */
+	float *dev_input, *dev_result;
+	void *stream;         /* the test's own, for copies to and from them */
 };
+
+#ifdef GG_NODE_GPU
+/* dst[0..count) = src[0..count) between host and device memory. */
+static bool dev_copy(struct site *s, void *dst, const void *src, uint64_t count)
+{
+	char why[256];
+
+	if (gg_dev_copy(dst, src, count * sizeof(float), s->stream, why, sizeof(why)) ||
+	    gg_dev_sync(s->stream, why, sizeof(why))) {
+		CHECK(0, "site %u: copying %llu floats: %s", s->index, (unsigned long long)count, why);
+		return false;
+	}
+	return true;
+}
+#endif
 
 static float value(unsigned site, unsigned step, uint64_t i)
 {
@@ -248,6 +280,15 @@ static void *run_site(void *arg)
 			s->input[i] = value(s->index, t, i);
 		struct gg_node_step st = { .seq = t, .tensor_id = sc->tensor_per_step ? t : 7, .count = count, .dtype = 1,
 					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
+#ifdef GG_NODE_GPU
+		if (s->device) {
+			if (!dev_copy(s, s->dev_input, s->input, count))
+				break;
+			st.input = s->dev_input;
+			st.result = s->dev_result;
+			st.device = true;
+		}
+#endif
 		snprintf(st.job, sizeof(st.job), "mesh");
 		s->done = false;
 		bool lose_done = (int)t == sc->done_lost_step && s->index == 0;
@@ -329,6 +370,10 @@ static void *run_site(void *arg)
 			if (sc->end_after_lost)
 				gg_node_end_job(node, "mesh");
 		}
+#ifdef GG_NODE_GPU
+		if (s->device && !dev_copy(s, s->result, s->dev_result, sc->count))
+			break;
+#endif
 		memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -341,6 +386,14 @@ static void *run_site(void *arg)
 		      (gg_node_submit(node, &again, err, sizeof(err)) == -EINVAL && strstr(err, "comes after step") &&
 		       strstr(err, "a new job name")),
 	      "site %u: a rerun of step 1 was not refused: %s", s->index, err);
+#if !HAVE_CUDA
+	/* Without CUDA a step in GPU memory is refused before anything is read. */
+	struct gg_node_step gpu = { .seq = sc->steps + 1, .tensor_id = 7, .count = sc->count, .dtype = 1,
+				    .input = s->input, .result = s->result, .device = true, .done = on_done, .arg = s };
+	snprintf(gpu.job, sizeof(gpu.job), "mesh");
+	CHECK(gg_node_submit(node, &gpu, err, sizeof(err)) == -EINVAL && strstr(err, "built without CUDA"),
+	      "site %u: a step in GPU memory was not refused without CUDA: %s", s->index, err);
+#endif
 	if (sc->tensor_per_step) {
 		/* Residuals are bounded by [limits] memory (64 MiB here): a tensor
 		 * of 17 Mi elements is refused before anything is read. */
@@ -423,6 +476,11 @@ static void release_log(bool show)
 	log_capture = NULL;
 }
 
+/* When set: where run() leaves site 0's results of every step, and the
+ * results it must equal. */
+static float *keep_results;
+static const float *want_results;
+
 static void run(const struct scenario *sc)
 {
 	static struct site sites[MAX_K];
@@ -439,6 +497,8 @@ static void run(const struct scenario *sc)
 	       !sc->plan_split_step ? ""
 	       : sc->plan_all       ? ", every site's plan goes ring for a step, chunks as auto cuts them"
 				    : ", a site's plan differs for a step");
+	if (sc->device)
+		printf("  sites 1 and 3 hold their tensors on the gateway's GPU\n");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -458,6 +518,16 @@ static void run(const struct scenario *sc)
 		s->input = malloc((sc->count + 1) * sizeof(float));
 		s->result = malloc((sc->count + 1) * sizeof(float));
 		s->results = malloc(sc->count * sc->steps * sizeof(float));
+#ifdef GG_NODE_GPU
+		s->device = sc->device && k % 2;
+		char why[256];
+		if (s->device && (gg_dev_stream_new(&s->stream, why, sizeof(why)) ||
+				  gg_dev_alloc((void **)&s->dev_input, (sc->count + 1) * sizeof(float), why, sizeof(why)) ||
+				  gg_dev_alloc((void **)&s->dev_result, (sc->count + 1) * sizeof(float), why, sizeof(why)))) {
+			CHECK(0, "site %u: GPU memory: %s", k, why);
+			return;
+		}
+#endif
 	}
 	atomic_store(&flushed_sites, 0);
 	atomic_store(&restarted, false);
@@ -540,12 +610,22 @@ static void run(const struct scenario *sc)
 	}
 	if (!sc->mismatch && sc->freeze_site < 0)
 		printf("  %.3f s for %u steps at site 0\n", sites[0].seconds, sc->steps);
+	if (keep_results)
+		memcpy(keep_results, sites[0].results, sc->count * sc->steps * sizeof(float));
+	if (want_results)
+		CHECK(!memcmp(want_results, sites[0].results, sc->count * sc->steps * sizeof(float)),
+		      "the results differ from those of the same steps with every tensor in host memory");
 	release_log(failures != failures_before);
 	for (unsigned k = 0; k < sc->K; k++) {
 		gg_config_free(&sites[k].cfg);
 		free(sites[k].input);
 		free(sites[k].result);
 		free(sites[k].results);
+#ifdef GG_NODE_GPU
+		gg_dev_free(sites[k].dev_input);
+		gg_dev_free(sites[k].dev_result);
+		gg_dev_stream_free(sites[k].stream);
+#endif
 	}
 }
 
@@ -561,47 +641,84 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false, 0, false, NULL },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false, 0, false, NULL },
+		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false, 0, false, NULL, false },
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false, 0, false, NULL },
+		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false, 0, false, NULL, false },
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false, 0, false, NULL },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false, 0, false, NULL, false },
+		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false, 0, false, NULL, false },
 		/* A DONE lost with every stream that carried it comes again. */
-		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false, 0, false, NULL },
-		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false, 0, false, NULL },
+		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false, 0, false, NULL, false },
+		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false, 0, false, NULL, false },
 		/* ... or its END, once the sender forgot the job, stands for it. */
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false, 0, false, NULL },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false, 0, false, NULL, false },
 		/* A peer floods DATA for steps that never come. */
-		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true, 0, false, NULL },
+		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true, 0, false, NULL, false },
 		/* A site crashes between its DONE messages, and restarts. */
-		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL },
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL },
+		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL, false },
+		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL, false },
 		/* algorithm auto, and a site whose plan went astray. */
-		{ 3, "fp32", "auto", 100000, 4, 0, false, false, -1, 0, false, 0, false, 2, false, NULL },
+		{ 3, "fp32", "auto", 100000, 4, 0, false, false, -1, 0, false, 0, false, 2, false, NULL, false },
 		/* algorithm auto and 1 MiB chunks: step 2 by ring everywhere, in
 		 * the smaller chunks auto cuts it in, exact; the others direct. */
-		{ 3, "fp32", "auto", 2000003, 3, 0, false, false, -1, 0, false, 0, false, 2, true, "1MiB" },
+		{ 3, "fp32", "auto", 2000003, 3, 0, false, false, -1, 0, false, 0, false, 2, true, "1MiB", false },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
 		gg_log_set_level(GG_LOG_DEBUG);
+#ifdef GG_NODE_GPU
+	/* Each with every tensor in host memory first, then with sites 1 and
+	 * 3 on the GPU: the same results, bit for bit. Lossy codecs run with
+	 * error feedback, its residuals then on the GPU too. */
+	const struct scenario gpu[] = {
+		{ .K = 2, .codec = "fp32", .algo = "direct", .count = 1000003, .steps = 2, .freeze_site = -1 },
+		{ .K = 3, .codec = "fp32", .algo = "ring", .count = 1000003, .steps = 2, .freeze_site = -1 },
+		{ .K = 4, .codec = "bf16-split", .algo = "ring", .count = 1000003, .steps = 2, .freeze_site = -1 },
+		{ .K = 3, .codec = "int8", .algo = "direct", .count = 1000003, .steps = 3, .freeze_site = -1 },
+		{ .K = 3, .codec = "int8", .algo = "ring", .count = 100003, .steps = 3, .freeze_site = -1 },
+		{ .K = 4, .codec = "int4", .algo = "direct", .count = 4099, .steps = 3, .freeze_site = -1 },
+		{ .K = 2, .codec = "bf16", .algo = "ring", .count = 1, .steps = 2, .freeze_site = -1 },
+		/* Frames sent again after a cut stream. */
+		{ .K = 3, .codec = "int8", .algo = "ring", .count = 4000000, .steps = 2, .cut_at_step = 1,
+		  .freeze_site = -1 },
+	};
+	dev_require_gpu();
+	for (size_t i = 0; i < sizeof(gpu) / sizeof(gpu[0]); i++) {
+		if (only && atoi(only) != (int)i)
+			continue;
+		struct scenario sc = gpu[i];
+		float *host = malloc(sc.count * sc.steps * sizeof(float));
+		CHECK(host, "no memory");
+		if (!host)
+			break;
+		keep_results = host;
+		run(&sc);
+		keep_results = NULL;
+		sc.device = true;
+		want_results = host;
+		run(&sc);
+		want_results = NULL;
+		free(host);
+	}
+	printf("mesh: %d failure(s)\n", failures);
+	return failures ? 1 : 0;
+#endif
 	for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL };
+		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);

@@ -5,9 +5,13 @@
  *
  *   test_gpu_mode --probe
  *       exits 77 (skipped) without a CUDA device, else 0.
- *   test_gpu_mode ENDPOINT JOB RANK NRANKS SITE_INDEX [NSITES]
+ *   test_gpu_mode ENDPOINT JOB RANK NRANKS SITE_INDEX [NSITES] [--lossy]
  *       runs as one rank. With NSITES, the last step is also checked
  *       against the exact global sum (grid data, exact in any order).
+ *       --lossy: the gateways run a lossy codec (with error feedback,
+ *       device residuals against host ones), so neither that sum nor the
+ *       classes of inf/NaN results (3. below) are checked; device and
+ *       host results must still be equal.
  *
  * Per rank, in this order (every rank does the same steps, so they stay in
  * step):
@@ -82,6 +86,7 @@ static const struct tcase cases[] = {
 
 static struct gg_session *sess;
 static int site_index, rank_index;
+static bool lossy; /* --lossy */
 static uint64_t result_hash = 0xcbf29ce484222325ull; /* FNV-1a 64 offset basis */
 
 /* A gradgate call that must succeed: names the call, its code and message. */
@@ -404,7 +409,9 @@ static void run_nan_case(int nranks, int nsites)
 		float d = dres[i], h = hres[i];
 		CHECK(same_float(d, h), "%s: element %zu: device 0x%08" PRIx32 " (%.9g), host 0x%08" PRIx32 " (%.9g)",
 		      what, i, test_bits(d), (double)d, test_bits(h), (double)h);
-		switch (i % 8) {
+		switch (lossy ? -1 : (int)(i % 8)) {
+		case -1:
+			break;
 		case 0:
 			if (inf_pair)
 				CHECK(isnan(h), "%s: element %zu (+inf + -inf) is %.9g, not NaN", what, i, (double)h);
@@ -428,7 +435,7 @@ static void run_nan_case(int nranks, int nsites)
 			hres[i] = test_float(0x7fc00000u);
 	}
 	hash_bytes(hres, bytes);
-	printf("ok %s: device == host (NaN == NaN), classes as expected\n", what);
+	printf("ok %s: device == host (NaN == NaN)%s\n", what, lossy ? "" : ", classes as expected");
 	free(in);
 	free(dres);
 	free(hres);
@@ -542,7 +549,7 @@ static void run_final(int nranks, int nsites)
 	memcpy(hres, in, bytes);
 	host_allreduce(what, hres, count, GG_DTYPE_F32, TENSOR_FINAL + 1);
 	require_equal(what, dres, hres, count, GG_DTYPE_F32);
-	if (nsites > 0) {
+	if (nsites > 0 && !lossy) {
 		for (size_t i = 0; i < count; i++) {
 			double sum = 0;
 			for (int s = 0; s < nsites; s++)
@@ -553,7 +560,7 @@ static void run_final(int nranks, int nsites)
 		}
 	}
 	hash_bytes(dres, bytes);
-	printf("ok %s: device == host%s\n", what, nsites > 0 ? " == exact sum" : "");
+	printf("ok %s: device == host%s\n", what, nsites > 0 && !lossy ? " == exact sum" : "");
 	free(in);
 	free(dres);
 	free(hres);
@@ -582,9 +589,13 @@ int main(int argc, char **argv)
 		gpu_test_require_device(); /* exits 77 without one */
 		return 0;
 	}
+	if (argc > 6 && strcmp(argv[argc - 1], "--lossy") == 0) {
+		lossy = true;
+		argc--;
+	}
 	if (argc != 6 && argc != 7) {
 		fprintf(stderr, "usage: test_gpu_mode --probe\n"
-				"       test_gpu_mode ENDPOINT JOB RANK NRANKS SITE_INDEX [NSITES]\n");
+				"       test_gpu_mode ENDPOINT JOB RANK NRANKS SITE_INDEX [NSITES] [--lossy]\n");
 		return 2;
 	}
 	nranks = parse_int(argv[4], "NRANKS", 1, 1024);
