@@ -626,10 +626,18 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 		}
 		s->nchunks = s->chunk_base[cfg->sites];
 		s->got = calloc(s->nchunks ? s->nchunks : 1, 1);
-		s->scratch = cfg->mem ? cfg->mem->ops->alloc(cfg->mem->ctx, cfg->chunk_elems)
-				      : malloc(sizeof(float) * cfg->chunk_elems);
-		if (!s->got || !s->scratch)
+		if (!s->got)
 			goto nomem;
+		if (cfg->mem) {
+			char why[GG_AR_ERROR_MAX];
+			if ((rc = cfg->mem->ops->alloc(cfg->mem->ctx, cfg->chunk_elems, &s->scratch, why, sizeof(why)))) {
+				rc = gg_errf(err, err_size, rc, "the ring's scratch of %u elements: %s", cfg->chunk_elems,
+					     why);
+				goto fail;
+			}
+		} else if (!(s->scratch = malloc(sizeof(float) * cfg->chunk_elems))) {
+			goto nomem;
+		}
 		s->own_chunks = s->shard_chunks[ring_start_shard(s)];
 		for (unsigned j = 0; j < cfg->sites; j++)
 			s->part_chunks += part_count(s, s->shard_chunks[j]);
@@ -715,7 +723,7 @@ void gg_ar_step_free(struct gg_ar_step *s)
 	free(s->next_site);
 	free(s->got);
 	if (s->cfg.mem)
-		s->cfg.mem->ops->free(s->cfg.mem->ctx, s->scratch);
+		s->cfg.mem->ops->free(s->cfg.mem->ctx, s->scratch, s->cfg.chunk_elems);
 	else
 		free(s->scratch);
 	free(s->fb_scratch);

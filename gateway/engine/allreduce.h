@@ -86,9 +86,10 @@ struct gg_ar_mem_ops {
 		      enum gg_frame_op op, char *err, size_t err_size);
 	/* dst[0..n) = src[0..n); they do not overlap. */
 	int (*copy)(void *ctx, float *dst, const float *src, uint64_t n, char *err, size_t err_size);
-	/* Scratch memory for n floats, or NULL; and its release (NULL: nothing). */
-	float *(*alloc)(void *ctx, uint64_t n);
-	void (*free)(void *ctx, float *p);
+	/* Scratch memory for n floats into *out; and its release, with the
+	 * same n (p NULL: nothing). */
+	int (*alloc)(void *ctx, uint64_t n, float **out, char *err, size_t err_size);
+	void (*free)(void *ctx, float *p, uint64_t n);
 };
 
 struct gg_ar_mem {

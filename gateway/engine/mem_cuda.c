@@ -66,18 +66,41 @@ static int cuda_copy(void *ctx, float *dst, const float *src, uint64_t n, char *
 	return rc ? rc : gg_dev_sync(m->stream, err, err_size);
 }
 
-static float *cuda_alloc(void *ctx, uint64_t n)
+/* A spare of at least n floats when the lane has one (the smallest that
+ * fits), else new device memory. */
+static int cuda_alloc(void *ctx, uint64_t n, float **out, char *err, size_t err_size)
 {
-	void *p = NULL;
-	char why[8];
+	struct gg_ar_mem_cuda *lane = ((struct gg_ar_mem_cuda *)ctx)->lane;
+	int best = -1;
 
-	(void)ctx;
-	return gg_dev_alloc(&p, n * sizeof(float), why, sizeof(why)) ? NULL : p;
+	for (int i = 0; i < GG_MEM_CUDA_SPARES; i++)
+		if (lane->spares[i].p && lane->spares[i].n >= n &&
+		    (best < 0 || lane->spares[i].n < lane->spares[best].n))
+			best = i;
+	if (best >= 0) {
+		*out = lane->spares[best].p;
+		lane->spares[best].p = NULL;
+		return 0;
+	}
+	void *p = NULL;
+	int rc = gg_dev_alloc(&p, n * sizeof(float), err, err_size);
+	*out = p;
+	return rc;
 }
 
-static void cuda_free(void *ctx, float *p)
+/* Kept as a spare, or freed when the lane holds enough. */
+static void cuda_free(void *ctx, float *p, uint64_t n)
 {
-	(void)ctx;
+	struct gg_ar_mem_cuda *lane = ((struct gg_ar_mem_cuda *)ctx)->lane;
+
+	if (!p)
+		return;
+	for (int i = 0; i < GG_MEM_CUDA_SPARES; i++)
+		if (!lane->spares[i].p) {
+			lane->spares[i].p = p;
+			lane->spares[i].n = n;
+			return;
+		}
 	gg_dev_free(p);
 }
 
@@ -90,7 +113,7 @@ int gg_ar_mem_cuda_init(struct gg_ar_mem_cuda *m, size_t max_raw_bytes, struct g
 	void *staging = NULL;
 	int rc;
 
-	*m = (struct gg_ar_mem_cuda){ .fb = fb, .staging_bytes = max_raw_bytes };
+	*m = (struct gg_ar_mem_cuda){ .lane = m, .fb = fb, .staging_bytes = max_raw_bytes };
 	if ((rc = gg_dev_stream_new(&m->stream, err, err_size)))
 		return rc;
 	if ((rc = gg_dev_host_alloc(&staging, max_raw_bytes, err, err_size))) {
@@ -105,13 +128,15 @@ int gg_ar_mem_cuda_init(struct gg_ar_mem_cuda *m, size_t max_raw_bytes, struct g
 
 void gg_ar_mem_cuda_view(struct gg_ar_mem_cuda *view, const struct gg_ar_mem_cuda *m, struct gg_feedback_cuda *fb)
 {
-	*view = *m;
-	view->fb = fb;
-	view->mem = (struct gg_ar_mem){ .ops = &cuda_ops, .ctx = view, .feedback = fb != NULL };
+	*view = (struct gg_ar_mem_cuda){ .mem = { .ops = &cuda_ops, .ctx = view, .feedback = fb != NULL },
+					 .lane = m->lane, .stream = m->stream, .staging = m->staging,
+					 .staging_bytes = m->staging_bytes, .fb = fb };
 }
 
 void gg_ar_mem_cuda_fini(struct gg_ar_mem_cuda *m)
 {
+	for (int i = 0; i < GG_MEM_CUDA_SPARES; i++)
+		gg_dev_free(m->spares[i].p);
 	gg_dev_host_free(m->staging);
 	gg_dev_stream_free(m->stream);
 	m->staging = NULL;

@@ -10,20 +10,29 @@
  * lanes share: their chunks never overlap.
  *
  * One gg_ar_mem_cuda per thread that runs steps (a lane): it holds that
- * thread's stream and staging memory, and each call waits for its own work
- * before it returns. Built only with CUDA. */
+ * thread's stream, staging memory and spare ring scratch, and each call
+ * waits for its own work before it returns. Built only with CUDA. */
 #ifndef GG_MEM_CUDA_H
 #define GG_MEM_CUDA_H
 
 #include "allreduce.h"
 #include "codec_cuda.h"
 
+#define GG_MEM_CUDA_SPARES 4
+
 struct gg_ar_mem_cuda {
 	struct gg_ar_mem mem; /* what a step's config points at */
+	struct gg_ar_mem_cuda *lane; /* whose stream, staging and spares: itself, or what a view was made of */
 	void *stream;
 	uint8_t *staging;     /* pinned, staging_bytes */
 	size_t staging_bytes;
 	struct gg_feedback_cuda *fb;
+	/* Ring scratch that finished steps gave back, kept for the next ones
+	 * (freeing device memory waits for the whole GPU); the lane's only. */
+	struct {
+		float *p;
+		uint64_t n;
+	} spares[GG_MEM_CUDA_SPARES];
 };
 
 /* Sets up `m` for frames whose codec bytes are at most max_raw_bytes (the
@@ -33,7 +42,7 @@ struct gg_ar_mem_cuda {
  * there is nothing to free. */
 GG_MUST_CHECK int gg_ar_mem_cuda_init(struct gg_ar_mem_cuda *m, size_t max_raw_bytes, struct gg_feedback_cuda *fb,
 				      char *err, size_t err_size);
-/* After every step using it, or a view of it, is freed. */
+/* After every step using it, or a view of it, is freed; frees the spares. */
 void gg_ar_mem_cuda_fini(struct gg_ar_mem_cuda *m);
 /* `view` uses m's stream and staging with error feedback of its own (fb:
  * one job's tensor; NULL: none), for steps of the same thread as m: each

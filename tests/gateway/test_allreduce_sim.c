@@ -88,10 +88,11 @@ static float *fenced_alias(struct fenced *z, float *fence)
 	return fenced_at(z, fence, 0);
 }
 
-static void fenced_free(void *ctx, float *p)
+static void fenced_free(void *ctx, float *p, uint64_t n)
 {
 	struct fenced *z = ctx;
 
+	(void)n;
 	for (int i = 0; p && i < FENCED_MAX; i++) {
 		if (z->a[i].fence != (uint8_t *)p)
 			continue;
@@ -137,9 +138,10 @@ static int fenced_copy(void *ctx, float *dst, const float *src, uint64_t n, char
 	return 0;
 }
 
-static float *fenced_scratch(void *ctx, uint64_t n)
+static int fenced_scratch(void *ctx, uint64_t n, float **out, char *err, size_t err_size)
 {
-	return fenced_alloc(ctx, n);
+	*out = fenced_alloc(ctx, n);
+	return *out ? 0 : gg_errf(err, err_size, -ENOMEM, "no memory for %llu fenced floats", (unsigned long long)n);
 }
 
 static const struct gg_ar_mem_ops fenced_ops = { .encode = fenced_encode, .decode = fenced_decode,
@@ -326,8 +328,8 @@ static void other_fini(struct site *s)
 
 	if (z->use_fb)
 		gg_feedback_fini(&z->fb);
-	fenced_free(z, s->step_input);
-	fenced_free(z, s->step_result);
+	fenced_free(z, s->step_input, 0);
+	fenced_free(z, s->step_result, 0);
 	for (int i = 0; i < FENCED_MAX; i++)
 		CHECK(!z->a[i].fence, "site %u: the step left fenced memory allocated", s->index);
 	free(s->other);

@@ -68,7 +68,7 @@ struct scenario {
 	int plan_split_step;  /* algorithm auto: site K-1's plan goes ring for every size before this step */
 	bool plan_all;        /* and every other site's too: the step goes by ring everywhere */
 	const char *chunk;    /* chunk_size; NULL: 256KiB. Set: each step's chunk at every site is checked */
-	bool device;          /* sites 1, 3: tensors on the gateway's GPU (GG_NODE_GPU builds only) */
+	bool device;          /* sites 1 (in place), 3: tensors on the gateway's GPU (GG_NODE_GPU builds only) */
 };
 
 struct site {
@@ -282,9 +282,11 @@ static void *run_site(void *arg)
 					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
 #ifdef GG_NODE_GPU
 		if (s->device) {
-			if (!dev_copy(s, s->dev_input, s->input, count))
+			/* Site 1 sums in place, as the gateway's backends do. */
+			float *in = s->index == 1 ? s->dev_result : s->dev_input;
+			if (!dev_copy(s, in, s->input, count))
 				break;
-			st.input = s->dev_input;
+			st.input = in;
 			st.result = s->dev_result;
 			st.device = true;
 		}
@@ -498,7 +500,7 @@ static void run(const struct scenario *sc)
 	       : sc->plan_all       ? ", every site's plan goes ring for a step, chunks as auto cuts them"
 				    : ", a site's plan differs for a step");
 	if (sc->device)
-		printf("  sites 1 and 3 hold their tensors on the gateway's GPU\n");
+		printf("  sites 1 (in place) and 3 hold their tensors on the gateway's GPU\n");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
