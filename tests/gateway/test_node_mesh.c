@@ -69,6 +69,7 @@ struct scenario {
 	bool plan_all;        /* and every other site's too: the step goes by ring everywhere */
 	const char *chunk;    /* chunk_size; NULL: 256KiB. Set: each step's chunk at every site is checked */
 	bool device;          /* sites 1 (in place), 3: tensors on the gateway's GPU (GG_NODE_GPU builds only) */
+	bool alternate;       /* and site 1's move between GPU (odd steps) and host memory (even ones) */
 };
 
 struct site {
@@ -281,7 +282,8 @@ static void *run_site(void *arg)
 		struct gg_node_step st = { .seq = t, .tensor_id = sc->tensor_per_step ? t : 7, .count = count, .dtype = 1,
 					   .input = s->input, .result = s->result, .done = on_done, .arg = s };
 #ifdef GG_NODE_GPU
-		if (s->device) {
+		const bool on_gpu = s->device && !(sc->alternate && s->index == 1 && t % 2 == 0);
+		if (on_gpu) {
 			/* Site 1 sums in place, as the gateway's backends do. */
 			float *in = s->index == 1 ? s->dev_result : s->dev_input;
 			if (!dev_copy(s, in, s->input, count))
@@ -373,8 +375,17 @@ static void *run_site(void *arg)
 				gg_node_end_job(node, "mesh");
 		}
 #ifdef GG_NODE_GPU
-		if (s->device && !dev_copy(s, s->result, s->dev_result, sc->count))
+		if (on_gpu && !dev_copy(s, s->result, s->dev_result, sc->count))
 			break;
+		if (sc->alternate && s->index == 1) {
+			/* The tensor's residuals start afresh where it moved: one
+			 * set is held, never two. */
+			struct gg_node_metrics nm;
+			gg_node_get_metrics(node, &nm);
+			CHECK(nm.feedback_bytes == sc->count * sizeof(float),
+			      "site 1 step %u: %llu bytes of residuals held for one tensor of %llu elements", t,
+			      (unsigned long long)nm.feedback_bytes, (unsigned long long)sc->count);
+		}
 #endif
 		memcpy(s->results + (t - 1) * sc->count, s->result, sc->count * sizeof(float));
 	}
@@ -500,7 +511,8 @@ static void run(const struct scenario *sc)
 	       : sc->plan_all       ? ", every site's plan goes ring for a step, chunks as auto cuts them"
 				    : ", a site's plan differs for a step");
 	if (sc->device)
-		printf("  sites 1 (in place) and 3 hold their tensors on the gateway's GPU\n");
+		printf("  sites 1 (in place) and 3 hold their tensors on the gateway's GPU%s\n",
+		       sc->alternate ? ", site 1 on odd steps only" : "");
 	fflush(stdout);
 	int rc = gg_net_free_loopback_ports(ports, sc->K);
 	CHECK(rc == 0, "no free loopback ports: %s", strerror(-rc));
@@ -643,38 +655,50 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	const struct scenario scenarios[] = {
-		{ 2, "fp32", "direct", 1, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 2, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "fp32", "direct", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "fp32", "ring", 1000003, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 4, "fp32", "ring", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 4, "bf16-split", "direct", 1000003, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "int8", "ring", 1000003, 3, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "int4", "direct", 4099, 2, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "fp32", "ring", 4000000, 2, 1, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "fp32", "direct", 4000000, 2, 2, false, false, -1, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "fp32", "direct", 1000, 1, 0, true, false, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ .K = 2, .codec = "fp32", .algo = "direct", .count = 1, .steps = 2, .freeze_site = -1 },
+		{ .K = 2, .codec = "fp32", .algo = "ring", .count = 1000003, .steps = 2, .freeze_site = -1 },
+		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 1000003, .steps = 2, .freeze_site = -1 },
+		{ .K = 3, .codec = "fp32", .algo = "ring", .count = 1000003, .steps = 2, .freeze_site = -1 },
+		{ .K = 4, .codec = "fp32", .algo = "ring", .count = 1000003, .steps = 1, .freeze_site = -1 },
+		{ .K = 4, .codec = "bf16-split", .algo = "direct", .count = 1000003, .steps = 1, .freeze_site = -1 },
+		{ .K = 3, .codec = "int8", .algo = "ring", .count = 1000003, .steps = 3, .freeze_site = -1 },
+		{ .K = 3, .codec = "int4", .algo = "direct", .count = 4099, .steps = 2, .freeze_site = -1 },
+		{ .K = 3, .codec = "fp32", .algo = "ring", .count = 4000000, .steps = 2, .cut_at_step = 1, .freeze_site = -1 },
+		  
+		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 4000000, .steps = 2, .cut_at_step = 2, .freeze_site = -1 },
+		  
+		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 1000, .steps = 1, .mismatch = true, .freeze_site = -1 },
+		  
 		/* More tensors than a fixed table of feedback states once held. */
-		{ 2, "int8", "direct", 1000, 70, 0, false, true, -1, 0, false, 0, false, 0, false, NULL, false },
+		{ .K = 2, .codec = "int8", .algo = "direct", .count = 1000, .steps = 70, .tensor_per_step = true, .freeze_site = -1 },
+		  
 		/* A site dies holding the whole result: the others hold it too,
 		 * yet must not complete, since it never will. */
-		{ 3, "fp32", "direct", 100000, 1, 0, false, false, 2, 0, false, 0, false, 0, false, NULL, false },
-		{ 3, "fp32", "ring", 100000, 1, 0, false, false, 1, 0, false, 0, false, 0, false, NULL, false },
+		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 100000, .steps = 1, .freeze_site = 2 },
+		{ .K = 3, .codec = "fp32", .algo = "ring", .count = 100000, .steps = 1, .freeze_site = 1 },
 		/* A DONE lost with every stream that carried it comes again. */
-		{ 3, "fp32", "ring", 100000, 3, 0, false, false, -1, 2, false, 0, false, 0, false, NULL, false },
-		{ 2, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, false, 0, false, 0, false, NULL, false },
+		{ .K = 3, .codec = "fp32", .algo = "ring", .count = 100000, .steps = 3, .freeze_site = -1,
+		  .done_lost_step = 2 },
+		{ .K = 2, .codec = "fp32", .algo = "direct", .count = 100000, .steps = 2, .freeze_site = -1,
+		  .done_lost_step = 2 },
 		/* ... or its END, once the sender forgot the job, stands for it. */
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 2, true, 0, false, 0, false, NULL, false },
+		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 100000, .steps = 2, .freeze_site = -1,
+		  .done_lost_step = 2, .end_after_lost = true },
 		/* A peer floods DATA for steps that never come. */
-		{ 2, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 0, true, 0, false, NULL, false },
+		{ .K = 2, .codec = "fp32", .algo = "ring", .count = 100000, .steps = 2, .freeze_site = -1,
+		  .flood = true },
 		/* A site crashes between its DONE messages, and restarts. */
-		{ 3, "fp32", "ring", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL, false },
-		{ 3, "fp32", "direct", 100000, 2, 0, false, false, -1, 0, false, 2, false, 0, false, NULL, false },
+		{ .K = 3, .codec = "fp32", .algo = "ring", .count = 100000, .steps = 2, .freeze_site = -1,
+		  .restart_step = 2 },
+		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 100000, .steps = 2, .freeze_site = -1,
+		  .restart_step = 2 },
 		/* algorithm auto, and a site whose plan went astray. */
-		{ 3, "fp32", "auto", 100000, 4, 0, false, false, -1, 0, false, 0, false, 2, false, NULL, false },
+		{ .K = 3, .codec = "fp32", .algo = "auto", .count = 100000, .steps = 4, .freeze_site = -1,
+		  .plan_split_step = 2 },
 		/* algorithm auto and 1 MiB chunks: step 2 by ring everywhere, in
 		 * the smaller chunks auto cuts it in, exact; the others direct. */
-		{ 3, "fp32", "auto", 2000003, 3, 0, false, false, -1, 0, false, 0, false, 2, true, "1MiB", false },
+		{ .K = 3, .codec = "fp32", .algo = "auto", .count = 2000003, .steps = 3, .freeze_site = -1,
+		  .plan_split_step = 2, .plan_all = true, .chunk = "1MiB" },
 	};
 	const char *only = getenv("MESH_ONLY");
 	if (getenv("MESH_VERBOSE"))
@@ -695,6 +719,10 @@ int main(int argc, char **argv)
 		{ .K = 3, .codec = "int8", .algo = "ring", .count = 4000000, .steps = 2, .cut_at_step = 1,
 		  .freeze_site = -1 },
 	};
+	/* Site 1's tensor moves between GPU and host memory every step: its
+	 * residuals start afresh each time, so the results are its own. */
+	const struct scenario moving = { .K = 2, .codec = "int8", .algo = "direct", .count = 100003, .steps = 4,
+					 .freeze_site = -1, .device = true, .alternate = true };
 	dev_require_gpu();
 	for (size_t i = 0; i < sizeof(gpu) / sizeof(gpu[0]); i++) {
 		if (only && atoi(only) != (int)i)
@@ -713,6 +741,8 @@ int main(int argc, char **argv)
 		want_results = NULL;
 		free(host);
 	}
+	if (!only)
+		run(&moving);
 	printf("mesh: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 #endif
@@ -720,7 +750,7 @@ int main(int argc, char **argv)
 		if (!only || atoi(only) == (int)i)
 			run(&scenarios[i]);
 	if (argc > 2 && !strcmp(argv[2], "--large")) {
-		const struct scenario large = { 2, "fp32", "ring", 64u << 20, 1, 0, false, false, -1, 0, false, 0, false, 0, false, NULL, false };
+		const struct scenario large = { .K = 2, .codec = "fp32", .algo = "ring", .count = 64u << 20, .steps = 1, .freeze_site = -1 };
 		run(&large);
 	}
 	printf("mesh: %d failure(s)\n", failures);
