@@ -11,6 +11,7 @@
 #include <sys/un.h>
 
 #include "gg_common.h"
+#include "identity.h"
 
 int gg_check_site_name(const char *v, char *why, size_t size)
 {
@@ -18,8 +19,8 @@ int gg_check_site_name(const char *v, char *why, size_t size)
 
 	if (n == 0 || n > 63)
 		return gg_errf(why, size, -EINVAL, "site name \"%s\" must be 1 to 63 characters", v);
-	if (v[0] == '-')
-		return gg_errf(why, size, -EINVAL, "site name \"%s\" must start with a letter or digit", v);
+	if (v[0] == '-' || v[n - 1] == '-')
+		return gg_errf(why, size, -EINVAL, "site name \"%s\" must start and end with a letter or digit", v);
 	for (size_t i = 0; i < n; i++)
 		if (!((v[i] >= 'a' && v[i] <= 'z') || (v[i] >= '0' && v[i] <= '9') || v[i] == '-'))
 			return gg_errf(why, size, -EINVAL, "site name \"%s\" may hold only a-z, 0-9 and '-'", v);
@@ -153,30 +154,11 @@ int gg_check_control(const char *v, char *why, size_t size)
 
 int gg_check_identity(const char *v, char *why, size_t size)
 {
-	if (!strncmp(v, "dns:", 4)) {
-		const char *name = v + 4;
-		size_t n = strlen(name);
-		if (n == 0 || n > 253)
-			return gg_errf(why, size, -EINVAL, "DNS identity must be 1 to 253 characters");
-		for (size_t i = 0; i < n; i++) {
-			char c = name[i];
-			if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-			      c == '-' || c == '.'))
-				return gg_errf(why, size, -EINVAL, "\"%s\" is not a DNS name", name);
-		}
-		if (name[0] == '.' || name[n - 1] == '.' || strstr(name, ".."))
-			return gg_errf(why, size, -EINVAL, "\"%s\" is not a DNS name", name);
-		return 0;
-	}
-	if (!strncmp(v, "uri:", 4)) {
-		const char *uri = v + 4;
-		const char *colon = strchr(uri, ':');
-		if (!colon || colon == uri || !colon[1])
-			return gg_errf(why, size, -EINVAL, "\"%s\" is not a URI (scheme:rest)", uri);
-		for (const char *p = uri; *p; p++)
-			if ((unsigned char)*p <= ' ' || *p == 0x7f)
-				return gg_errf(why, size, -EINVAL, "URI identity may not contain spaces or control characters");
-		return 0;
-	}
-	return gg_errf(why, size, -EINVAL, "\"%s\" must be dns:NAME or uri:URI", v);
+	const char *reason;
+
+	if (strncmp(v, "dns:", 4) && strncmp(v, "uri:", 4))
+		return gg_errf(why, size, -EINVAL, "\"%s\" must be dns:NAME or uri:URI", v);
+	if (gg_identity_check(v, &reason))
+		return gg_errf(why, size, -EINVAL, "\"%s\": %s", v, reason);
+	return 0;
 }

@@ -8,7 +8,7 @@
 
 typedef int (*gg_check_fn)(const char *value, char *why, size_t why_size);
 
-/* 1-63 of [a-z0-9-], starting with a letter or digit. */
+/* 1-63 of [a-z0-9-], starting and ending with a letter or digit. */
 int gg_check_site_name(const char *value, char *why, size_t why_size);
 /* "host:port" or "[v6addr]:port", port 1-65535. */
 int gg_check_address(const char *value, char *why, size_t why_size);

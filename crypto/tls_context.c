@@ -170,6 +170,13 @@ static int load_cert(const struct gg_tls_options *o, SSL_CTX *sc, char *err, siz
 		rc = fail(err, size, -EINVAL, "certificate '%s' has expired: every peer would refuse it", name);
 		goto out;
 	}
+	if (X509_cmp_current_time(X509_get0_notBefore(cert)) > 0) {
+		char when[64];
+		gg_tls_format_time(X509_get0_notBefore(cert), when, sizeof(when));
+		rc = fail(err, size, -EINVAL, "certificate '%s' is not valid before %s: every peer would refuse it until "
+			  "then", name, when);
+		goto out;
+	}
 	if (!SSL_CTX_use_certificate(sc, cert)) {
 		rc = fail(err, size, -EINVAL, "certificate '%s': %s", name, openssl_reason());
 		goto out;
@@ -340,6 +347,11 @@ static int check_names(const char *list, const struct known_names *k, char *err,
 			p++;
 	}
 	return 0;
+}
+
+int gg_tls_check_ciphersuites(const char *list, char *err, size_t err_size)
+{
+	return check_names(list, &suite_names, err, err_size);
 }
 
 static int build_ssl_ctx(const struct gg_tls_options *o, SSL_CTX **out, char *err, size_t size)

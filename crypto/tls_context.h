@@ -66,4 +66,8 @@ void gg_tls_context_free(struct gg_tls_context *ctx);
  * message saying which mode to set), or the negative errno of stat(). */
 GG_MUST_CHECK int gg_tls_check_key_permissions(const char *path, char *err, size_t err_size);
 
+/* A ':'-separated list of TLS 1.3 ciphersuites (IANA names) that a context
+ * accepts: 0, or -EINVAL with err naming the unknown or refused one. */
+GG_MUST_CHECK int gg_tls_check_ciphersuites(const char *list, char *err, size_t err_size);
+
 #endif

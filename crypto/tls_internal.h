@@ -54,6 +54,9 @@ GG_MUST_CHECK int gg_tls_check_index(void);
  * it), or NULL. */
 SSL_CTX *gg_tls_context_get_ssl_ctx(struct gg_tls_context *ctx);
 
+/* A certificate's date as "2026-12-05 07:00:00 UTC". */
+void gg_tls_format_time(const ASN1_TIME *t, char *buf, size_t size);
+
 /* OpenSSL callbacks installed on every SSL_CTX. */
 int gg_tls_verify_cb(int ok, X509_STORE_CTX *store);
 void gg_tls_info_cb(const SSL *ssl, int where, int ret);

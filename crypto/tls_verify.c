@@ -14,97 +14,22 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "identity.h"
 #include "tls_internal.h"
 #include "log.h"
 
-static bool dns_label_char(char c)
-{
-	return isalnum((unsigned char)c) || c == '-';
-}
-
-static int parse_dns(const char *s, const char **why)
-{
-	size_t len = strlen(s);
-
-	if (len == 0 || len > 253) {
-		*why = "a DNS name has 1 to 253 characters";
-		return -EINVAL;
-	}
-	for (const char *label = s;;) {
-		size_t n = 0;
-		while (label[n] && label[n] != '.') {
-			if (label[n] == '*') {
-				*why = "wildcards are not site identities";
-				return -EINVAL;
-			}
-			if (!dns_label_char(label[n])) {
-				*why = "a DNS name holds only letters, digits, '-' and '.'";
-				return -EINVAL;
-			}
-			n++;
-		}
-		if (n == 0 || n > 63) {
-			*why = "each DNS label has 1 to 63 characters (no empty label, no trailing dot)";
-			return -EINVAL;
-		}
-		if (label[0] == '-' || label[n - 1] == '-') {
-			*why = "a DNS label neither starts nor ends with '-'";
-			return -EINVAL;
-		}
-		if (!label[n])
-			return 0;
-		label += n + 1;
-	}
-}
-
-static int parse_uri(const char *s, const char **why)
-{
-	const char *colon = strchr(s, ':');
-
-	if (!colon || colon == s || !isalpha((unsigned char)s[0])) {
-		*why = "a URI starts with a scheme, as in uri:spiffe://gradgate/site-b";
-		return -EINVAL;
-	}
-	for (const char *p = s; p < colon; p++)
-		if (!isalnum((unsigned char)*p) && *p != '+' && *p != '-' && *p != '.') {
-			*why = "a URI scheme holds only letters, digits, '+', '-' and '.'";
-			return -EINVAL;
-		}
-	if (!colon[1]) {
-		*why = "the URI is empty after its scheme";
-		return -EINVAL;
-	}
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-		if (*p <= ' ' || *p >= 0x7f) {
-			*why = "a URI holds no spaces, control or non-ASCII bytes";
-			return -EINVAL;
-		}
-	return 0;
-}
-
 int gg_tls_identity_parse(const char *text, struct gg_tls_identity *out, const char **why)
 {
-	const char *name;
-	int rc;
+	int rc = gg_identity_check(text, why);
 
-	if (!strncmp(text, "dns:", 4)) {
-		out->kind = GG_TLS_IDENTITY_DNS;
-		name = text + 4;
-		rc = parse_dns(name, why);
-	} else if (!strncmp(text, "uri:", 4)) {
-		out->kind = GG_TLS_IDENTITY_URI;
-		name = text + 4;
-		rc = parse_uri(name, why);
-	} else {
-		*why = "an identity is \"dns:NAME\" or \"uri:URI\"";
-		return -EINVAL;
-	}
 	if (rc)
 		return rc;
+	const char *name = text + 4; /* after "dns:" or "uri:" */
 	if (strlen(name) >= sizeof(out->name)) {
 		*why = "the identity is longer than 255 characters";
 		return -EINVAL;
 	}
+	out->kind = !strncmp(text, "dns:", 4) ? GG_TLS_IDENTITY_DNS : GG_TLS_IDENTITY_URI;
 	strcpy(out->name, name);
 	return 0;
 }
@@ -236,7 +161,7 @@ static bool names_identity(X509 *cert, const struct gg_tls_identity *id)
 			       X509_CHECK_FLAG_NEVER_CHECK_SUBJECT | X509_CHECK_FLAG_NO_WILDCARDS, NULL) == 1;
 }
 
-static void format_time(const ASN1_TIME *t, char *buf, size_t size)
+void gg_tls_format_time(const ASN1_TIME *t, char *buf, size_t size)
 {
 	struct tm tm;
 
@@ -255,11 +180,11 @@ static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int error)
 		return;
 	switch (error) {
 	case X509_V_ERR_CERT_HAS_EXPIRED:
-		format_time(X509_get0_notAfter(cert), when, sizeof(when));
+		gg_tls_format_time(X509_get0_notAfter(cert), when, sizeof(when));
 		snprintf(chk->cert_detail, sizeof(chk->cert_detail), "expired %s", when);
 		break;
 	case X509_V_ERR_CERT_NOT_YET_VALID:
-		format_time(X509_get0_notBefore(cert), when, sizeof(when));
+		gg_tls_format_time(X509_get0_notBefore(cert), when, sizeof(when));
 		snprintf(chk->cert_detail, sizeof(chk->cert_detail), "valid from %s", when);
 		break;
 	case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:

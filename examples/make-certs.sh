@@ -12,7 +12,8 @@
 #   --force          make everything anew, even files that exist
 #   -h, --help       print this text
 #   SITE...          the sites (default site-a site-b site-c); a site name has
-#                    1 to 63 of a-z, 0-9 and -, and does not start with -
+#                    1 to 63 of a-z, 0-9 and -, and neither starts nor ends
+#                    with - (it is a DNS label of the certificate's name)
 #
 # The CA is DIR/ca.pem and DIR/ca.key; each site gets DIR/SITE.key, an ECDSA
 # P-256 key (mode 0600), and DIR/SITE.pem, a certificate whose subjectAltName
@@ -66,7 +67,7 @@ done
 # Check every argument before making anything.
 for site in "${sites[@]}"; do
 	case "$site" in
-	*[!a-z0-9-]*|""|-*) bad "'$site'" "is not a site name (a-z, 0-9, -; not starting with -)" ;;
+	*[!a-z0-9-]*|""|-*|*-) bad "'$site'" "is not a site name (a-z, 0-9, -; not starting or ending with -)" ;;
 	esac
 	[ ${#site} -le 63 ] || bad "'$site'" "is not a site name (longer than 63 characters)"
 done
@@ -79,6 +80,11 @@ label='[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?'
 if [ ${#domain} -gt 253 ] || ! [[ $domain =~ ^$label(\.$label)*$ ]]; then
 	bad "--domain '$domain'" "is not a domain (labels of 1 to 63 letters, digits and -, not starting or ending with -, joined by dots)"
 fi
+# Each certificate's name, SITE.DOMAIN, is a DNS name too: 253 characters at most.
+for site in "${sites[@]}"; do
+	[ $((${#site} + 1 + ${#domain})) -le 253 ] ||
+		bad "'$site' with --domain '$domain'" "makes a DNS name of more than 253 characters ($site.$domain)"
+done
 [ -n "$out" ] || bad "--out ''" "is not a folder (an empty path)"
 if [ -e "$out" ] || [ -L "$out" ]; then
 	[ -d "$out" ] || bad "--out '$out'" "is not a folder (it exists and is not a directory)"

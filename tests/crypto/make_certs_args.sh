@@ -9,7 +9,10 @@ trap 'rm -rf "$work"' EXIT
 "$mc" --help | grep -q -- '--days' || { echo "--help lacks --days"; bad=1; }
 "$mc" --help | grep -q 'set -euo' && { echo "--help prints script lines"; bad=1; }
 long=$(printf 'a%.0s' {1..64}) # one past a site name's 63 characters
-for args in "Bad_Name" "site-a Bad_Name" "site-a $long" "site-a -x" "--days 0" "--days x" "--domain a,b" "--days"; do
+label=${long:1}                # 63 characters
+domain=$label.$label.$label.${label:5} # 250 characters: with "site-a." the name has 257
+for args in "Bad_Name" "site-a Bad_Name" "site-a $long" "site-a -x" "site-a x-" "--days 0" "--days x" \
+	"--domain a,b" "--days" "--domain $domain site-a"; do
 	# shellcheck disable=SC2086
 	"$mc" --out "$work/new" $args 2>/dev/null; rc=$?
 	[ $rc = 2 ] || { echo "'$args': exit $rc, not 2"; bad=1; }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -211,6 +212,26 @@ static void test_loading(void)
 	free(cert);
 	free(k);
 	expect_refused(-EINVAL, "certificate 'DIR/a.pem' has expired: every peer would refuse it", NULL, NULL);
+
+	/* Valid from an hour on: refused, naming the date. */
+	struct gg_tls_cert_request early = { .identity = "dns:site-a.gradgate.test", .valid_from_s = 3600,
+					     .valid_until_s = 7200 };
+	CHECK(gg_tls_pki_issue(ca, &early, &cert, &k) == 0);
+	write_file("a.pem", cert, 0644);
+	write_file("a.key", k, 0600);
+	BIO *pem = BIO_new_mem_buf(cert, -1);
+	X509 *x = pem ? PEM_read_bio_X509(pem, NULL, NULL, NULL) : NULL;
+	struct tm from;
+	char want[256], when[64];
+	CHECK(x && ASN1_TIME_to_tm(X509_get0_notBefore(x), &from));
+	strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", &from);
+	snprintf(want, sizeof(want), "certificate 'DIR/a.pem' is not valid before %s: every peer would refuse it until then",
+		 when);
+	expect_refused(-EINVAL, want, NULL, NULL);
+	X509_free(x);
+	BIO_free(pem);
+	free(cert);
+	free(k);
 	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
 }
 
