@@ -29,4 +29,12 @@ int gg_bench_wan_main(int argc, char **argv);
 /* gradgate-bench datapath: each pass over a step's bytes, timed alone. */
 int gg_bench_datapath_main(int argc, char **argv);
 
+/* The whole of `arg` as a decimal integer from lo to hi into *out: 0, or
+ * 2 (the usage exit status) after "gradgate-bench CMD: OPT must be LO to
+ * HI, not 'ARG'" on stderr. */
+int gg_bench_number(const char *cmd, const char *opt, const char *arg, long long lo, long long hi, long long *out);
+/* Arguments left after the options: 0 when there are none, else 2 after
+ * naming the first on stderr. */
+int gg_bench_no_operands(const char *cmd, int argc, char **argv, int optind_after);
+
 #endif

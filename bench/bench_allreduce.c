@@ -23,10 +23,13 @@
 #include <sys/resource.h>
 
 #include "bench.h"
+#include "codec.h"
 #include "gg_common.h"
 #include "gradgate.h"
 
 #define GG_BENCH_MAX_INFLIGHT 8 /* the most a gateway allows (GG_CTRL_MAX_INFLIGHT) */
+#define GG_BENCH_MAX_RANKS 4096   /* ranks of a job at one site (gg_session_open) */
+#define GG_BENCH_MAX_SITES 8      /* sites of a mesh ([[peers]]: 7 at most) */
 
 struct opts {
 	const char *endpoint;
@@ -202,43 +205,58 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "per-step", no_argument, NULL, 'P' },       { "no-refill", no_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },           { NULL, 0, NULL, 0 },
 	};
+	enum gg_codec codec;
+	long long v;
 	int c;
 
 	*o = (struct opts){ .job = "bench", .rank = -1, .ranks = 0, .site = -1, .sites = 0, .count = 1u << 20,
 			    .steps = 100, .inflight = 1, .codec = "fp32" };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+#define NUMBER(opt, lo, hi, field)                                                  \
+	do {                                                                        \
+		if (gg_bench_number("allreduce", opt, optarg, lo, hi, &v))          \
+			return 2;                                                   \
+		o->field = v;                                                       \
+	} while (0)
 		switch (c) {
 		case 'e': o->endpoint = optarg; break;
 		case 'j': o->job = optarg; break;
-		case 'r': o->rank = atoi(optarg); break;
-		case 'n': o->ranks = atoi(optarg); break;
-		case 's': o->site = atoi(optarg); break;
-		case 'k': o->sites = atoi(optarg); break;
-		case 'c': o->count = strtoull(optarg, NULL, 10); break;
-		case 't': o->steps = atoi(optarg); break;
-		case 'w': o->warmup = atoi(optarg); break;
-		case 'x': o->codec = optarg; break;
-		case 'i': o->inflight = atoi(optarg); break;
+		case 'r': NUMBER("--rank", 0, GG_BENCH_MAX_RANKS - 1, rank); break;
+		case 'n': NUMBER("--ranks", 1, GG_BENCH_MAX_RANKS, ranks); break;
+		case 's': NUMBER("--site", 0, GG_BENCH_MAX_SITES - 1, site); break;
+		case 'k': NUMBER("--sites", 2, GG_BENCH_MAX_SITES, sites); break;
+		case 'c': NUMBER("--count", 1, 1ll << 40, count); break;
+		case 't': NUMBER("--steps", 1, 1000000, steps); break;
+		case 'w': NUMBER("--warmup", 0, 1000000, warmup); break;
+		case 'x':
+			if (gg_codec_from_name(optarg, &codec)) {
+				fprintf(stderr, "gradgate-bench allreduce: --codec is fp32, bf16, bf16-split, int8 or int4, not '%s'\n",
+					optarg);
+				return 2;
+			}
+			o->codec = optarg;
+			break;
+		case 'i': NUMBER("--inflight", 1, GG_BENCH_MAX_INFLIGHT, inflight); break;
 		case 'J': o->json = true; break;
 		case 'S': o->shared = true; break;
 		case 'T':
 			if (sscanf(optarg, "%d@%d", &o->timeout_ms, &o->timeout_step) < 1 || o->timeout_ms < 1) {
-				fprintf(stderr, "allreduce: --timeout-ms is MS or MS@STEP, not '%s'\n", optarg);
+				fprintf(stderr, "gradgate-bench allreduce: --timeout-ms is MS or MS@STEP, not '%s'\n", optarg);
 				return 2;
 			}
 			break;
-		case 'M': o->mismatch_step = atoi(optarg); break;
+		case 'M': NUMBER("--mismatch-step", 1, 1000000, mismatch_step); break;
 		case 'P': o->per_step = true; break;
 		case 'L':
 			if (sscanf(optarg, "%d@%d", &o->late_ms, &o->late_step) != 2 || o->late_ms < 0 || o->late_step < 1) {
-				fprintf(stderr, "allreduce: --late is MS@STEP, e.g. 3000@2, not '%s'\n", optarg);
+				fprintf(stderr, "gradgate-bench allreduce: --late is MS@STEP, e.g. 3000@2, not '%s'\n", optarg);
 				return 2;
 			}
 			break;
 		case 'd':
 			if (strcmp(optarg, "grid") && strcmp(optarg, "gaussian")) {
-				fprintf(stderr, "allreduce: --data is grid or gaussian, not '%s'\n", optarg);
+				fprintf(stderr, "gradgate-bench allreduce: --data is grid or gaussian, not '%s'\n", optarg);
 				return 2;
 			}
 			o->data = !strcmp(optarg, "grid") ? DATA_GRID : DATA_GAUSSIAN;
@@ -246,7 +264,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'R': o->no_refill = true; break;
 		case 'C':
 			if (strcmp(optarg, "all") && strcmp(optarg, "first") && strcmp(optarg, "none")) {
-				fprintf(stderr, "allreduce: --check is all, first or none, not '%s'\n", optarg);
+				fprintf(stderr, "gradgate-bench allreduce: --check is all, first or none, not '%s'\n", optarg);
 				return 2;
 			}
 			o->check = !strcmp(optarg, "all") ? CHECK_ALL : !strcmp(optarg, "first") ? CHECK_FIRST : CHECK_NONE;
@@ -254,15 +272,22 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return 2;
 		}
+#undef NUMBER
 	}
-	if (o->rank < 0 || o->ranks < 1 || o->rank >= o->ranks || o->site < 0 || o->sites < 2 || o->site >= o->sites ||
-	    o->count == 0 || o->steps < 1 || o->warmup < 0 || o->steps > 1000000 || o->warmup > 1000000 ||
-	    o->inflight < 1 || o->inflight > GG_BENCH_MAX_INFLIGHT) {
+	if (gg_bench_no_operands("allreduce", argc, argv, optind))
+		return 2;
+	if (o->rank < 0 || o->ranks < 1 || o->site < 0 || o->sites < 2) {
+		fprintf(stderr, "gradgate-bench allreduce: --rank, --ranks, --site and --sites are required\n");
 		usage(stderr);
 		return 2;
 	}
+	if (o->rank >= o->ranks || o->site >= o->sites) {
+		fprintf(stderr, "gradgate-bench allreduce: rank %d of %d ranks, site %d of %d sites: each must be below its count\n",
+			o->rank, o->ranks, o->site, o->sites);
+		return 2;
+	}
 	if (o->no_refill && o->check == CHECK_ALL) {
-		fprintf(stderr, "allreduce: --no-refill sums sums: only the first step can be checked (--check first or none)\n");
+		fprintf(stderr, "gradgate-bench allreduce: --no-refill sums sums: only the first step can be checked (--check first or none)\n");
 		return 2;
 	}
 	return 0;
@@ -287,7 +312,7 @@ static int check_result(const struct opts *o, const float *buf, int t, double q,
 			double tol = codec_tol + (inputs + 1) * 0x1p-24 * g->mag[i - g->lo];
 			*max_err = fmax(*max_err, e);
 			if ((e > tol || isnan(e)) && wrong++ < 3)
-				fprintf(stderr, "allreduce: rank %d step %d element %zu: %.9g, float64 sum %.9g\n",
+				fprintf(stderr, "gradgate-bench allreduce: rank %d step %d element %zu: %.9g, float64 sum %.9g\n",
 					o->rank, t, i, buf[i], want);
 		}
 		return wrong;
@@ -312,7 +337,7 @@ static int check_result(const struct opts *o, const float *buf, int t, double q,
 		double tol = q == 0 ? 0 : 2.0 * o->sites * gmax / q;
 		*max_err = fmax(*max_err, e);
 		if ((e > tol || isnan(e)) && wrong++ < 3)
-			fprintf(stderr, "allreduce: rank %d step %d element %zu: %.9g, exact %.9g\n", o->rank, t, i,
+			fprintf(stderr, "gradgate-bench allreduce: rank %d step %d element %zu: %.9g, exact %.9g\n", o->rank, t, i,
 				buf[i], (*exact)[i]);
 	}
 	return wrong;
@@ -332,7 +357,7 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	if (o.per_step)
 		setvbuf(stdout, NULL, _IOLBF, 0); /* a watcher sees each step as it ends */
 	if (gg_session_open(o.endpoint, o.job, o.rank, o.ranks, &s, &err)) {
-		fprintf(stderr, "allreduce: rank %d: %s\n", o.rank, err.message);
+		fprintf(stderr, "gradgate-bench allreduce: rank %d: %s\n", o.rank, err.message);
 		return 1;
 	}
 	struct slot {
@@ -354,14 +379,14 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		if (!o.shared) {
 			oom |= !(slots[k].buf = malloc(cap * sizeof(float)));
 		} else if (gg_buffer_alloc(s, cap * sizeof(float), (void **)&slots[k].buf, &err)) {
-			fprintf(stderr, "allreduce: rank %d: %s\n", o.rank, err.message);
+			fprintf(stderr, "gradgate-bench allreduce: rank %d: %s\n", o.rank, err.message);
 			return 1;
 		}
 	}
 	if (o.data == DATA_GAUSSIAN && !oom && (grads = malloc(o.count * sizeof(float))))
 		gaussian_fill(grads, o.site, o.rank, 0, o.count);
 	if (oom || (o.data == DATA_GAUSSIAN && !grads)) {
-		fprintf(stderr, "allreduce: out of memory for %zu elements\n", o.count);
+		fprintf(stderr, "gradgate-bench allreduce: out of memory for %zu elements\n", o.count);
 		return 1;
 	}
 	uint64_t digest = 0xcbf29ce484222325ull;
@@ -416,7 +441,7 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		}
 		if (rc) {
 			failed++;
-			fprintf(stderr, "allreduce: rank %d step %d: error %d: %s\n", o.rank, t, rc, err.message);
+			fprintf(stderr, "gradgate-bench allreduce: rank %d step %d: error %d: %s\n", o.rank, t, rc, err.message);
 			if (o.per_step)
 				printf("step %d rc=%d\n", t, rc);
 			if (rc == GG_ERR_CLOSED || rc == GG_ERR_PROTOCOL)
@@ -433,7 +458,7 @@ int gg_bench_allreduce_main(int argc, char **argv)
 			continue;
 		int w = check_result(&o, buf, t, q, &exact, &gref, &max_err);
 		if (w < 0) {
-			fprintf(stderr, "allreduce: out of memory for the check of %zu elements\n", o.count);
+			fprintf(stderr, "gradgate-bench allreduce: out of memory for the check of %zu elements\n", o.count);
 			return 1;
 		}
 		wrong += w;

@@ -345,11 +345,21 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	*o = (struct opts){ .size_bytes = 64ull << 20, .zstd = true, .level = GG_ZSTD_DEFAULT_LEVEL,
 			    .block_elems = GG_CODEC_DEFAULT_BLOCK_ELEMS, .scale = GG_SCALE_F32,
 			    .chunk_bytes = 1ull << 20, .reps = 5, .seed = 1 };
+	static const char *const valued[] = { "--size", "--chunk", "--file", "--codec", "--data", "--level",
+					      "--block", "--scale", "--reps", "--threads", "--seed" };
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *why;
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		unsigned long long u;
-		bool takes = strcmp(a, "--json") && strcmp(a, "--no-zstd") && strcmp(a, "--help") && strcmp(a, "-h");
+		long long n;
+		bool takes = false;
+		for (size_t k = 0; k < GG_ARRAY_LEN(valued); k++)
+			takes |= !strcmp(a, valued[k]);
+		if (!takes && strcmp(a, "--json") && strcmp(a, "--no-zstd") && strcmp(a, "--help") && strcmp(a, "-h")) {
+			fprintf(stderr, "gradgate-bench codec: unknown %s '%s'\n", a[0] == '-' ? "option" : "argument", a);
+			usage(stderr);
+			return -1;
+		}
 		if (takes && !v) {
 			fprintf(stderr, "gradgate-bench codec: %s needs a value\n", a);
 			return -1;
@@ -397,9 +407,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			}
 			o->scale = strcmp(v, "fp16") ? GG_SCALE_F32 : GG_SCALE_F16;
 		} else if (!strcmp(a, "--reps")) {
-			if (parse_uint(a, v, 1000, &u) || u == 0)
+			if (gg_bench_number("codec", a, v, 1, 1000, &n))
 				return -1;
-			o->reps = (int)u;
+			o->reps = (int)n;
 		} else if (!strcmp(a, "--threads")) {
 			if (strcmp(v, "1")) {
 				fprintf(stderr, "gradgate-bench codec: --threads: only 1 is supported (figures are per core)\n");
@@ -409,10 +419,6 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			if (parse_uint(a, v, UINT64_MAX, &u))
 				return -1;
 			o->seed = u;
-		} else {
-			fprintf(stderr, "gradgate-bench codec: unknown option '%s'\n", a);
-			usage(stderr);
-			return -1;
 		}
 		if (takes)
 			i++;

@@ -132,10 +132,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "datapath: unexpected argument '%s'\n", argv[optind]);
+	if (gg_bench_no_operands("datapath", argc, argv, optind))
 		return 2;
-	}
 	if (o->chunk_elems > o->count)
 		o->chunk_elems = o->count;
 	return -1;

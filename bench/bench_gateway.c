@@ -251,10 +251,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			return 2;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "gradgate-bench gateway: unexpected argument '%s'\n", argv[optind]);
+	if (gg_bench_no_operands("gateway", argc, argv, optind))
 		return 2;
-	}
 	return 0;
 }
 

@@ -1,4 +1,6 @@
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
@@ -13,6 +15,30 @@ static const struct gg_bench_cmd commands[] = {
 	{ "transport", "TLS 1.3 vs plain: throughput, CPU per GB, round-trip latency", gg_bench_transport_main },
 	{ "wan", "all-reduce steps across sites over rate-limited links, gradgate against gloo", gg_bench_wan_main },
 };
+
+int gg_bench_number(const char *cmd, const char *opt, const char *arg, long long lo, long long hi, long long *out)
+{
+	char *end;
+
+	errno = 0;
+	long long v = strtoll(arg, &end, 10);
+	/* strtoll takes leading blanks and a sign; a number here is digits. */
+	bool digits = (arg[0] >= '0' && arg[0] <= '9') || (arg[0] == '-' && arg[1] >= '0' && arg[1] <= '9');
+	if (!digits || *end || errno || v < lo || v > hi) {
+		fprintf(stderr, "gradgate-bench %s: %s must be %lld to %lld, not '%s'\n", cmd, opt, lo, hi, arg);
+		return 2;
+	}
+	*out = v;
+	return 0;
+}
+
+int gg_bench_no_operands(const char *cmd, int argc, char **argv, int optind_after)
+{
+	if (optind_after >= argc)
+		return 0;
+	fprintf(stderr, "gradgate-bench %s: unexpected argument '%s' (see --help)\n", cmd, argv[optind_after]);
+	return 2;
+}
 
 static void usage(FILE *f)
 {

@@ -28,6 +28,7 @@
 
 #include "bench.h"
 #include "net_addr.h"
+#include "tls_context.h"
 #include "tls_pki.h"
 #include "tls_stream.h"
 #include "units.h"
@@ -447,12 +448,12 @@ static void *server_worker(void *arg)
 		c.fd = -1;
 		gg_tls_stream_accept(&c.stream, &c.loop, 0, fd, e, &so);
 		if (tls_open(&c)) {
-			fprintf(stderr, "gradgate-bench: refused: %s\n", c.error);
+			fprintf(stderr, "gradgate-bench transport: refused: %s\n", c.error);
 			c.error[0] = '\0';
 			goto out;
 		}
 	} else if (!opt->allow_plain) {
-		fprintf(stderr, "gradgate-bench: refused an unencrypted connection from %s "
+		fprintf(stderr, "gradgate-bench transport: refused an unencrypted connection from %s "
 				"(start the server with --allow-plain to measure plain mode)\n", addr);
 		goto out;
 	}
@@ -467,7 +468,7 @@ static void *server_worker(void *arg)
 		;
 out:
 	if (c.error[0])
-		fprintf(stderr, "gradgate-bench: connection from %s: %s\n", addr, c.error);
+		fprintf(stderr, "gradgate-bench transport: connection from %s: %s\n", addr, c.error);
 	conn_close(&c);
 	free(buf);
 	pthread_mutex_lock(&srv->lock);
@@ -488,13 +489,13 @@ static void on_accept(void *arg, const struct io_uring_cqe *cqe)
 		srv->accept_armed = false;
 	if (cqe->res < 0) {
 		if (cqe->res != -ECANCELED)
-			fprintf(stderr, "gradgate-bench: accept failed: %s\n", strerror(-cqe->res));
+			fprintf(stderr, "gradgate-bench transport: accept failed: %s\n", strerror(-cqe->res));
 		return;
 	}
 	pthread_mutex_lock(&srv->lock);
 	if (srv->live_workers == MAX_SERVER_CONNS || !(job = malloc(sizeof(*job)))) {
 		pthread_mutex_unlock(&srv->lock);
-		fprintf(stderr, "gradgate-bench: dropped a connection: %d open already\n", MAX_SERVER_CONNS);
+		fprintf(stderr, "gradgate-bench transport: dropped a connection: %d open already\n", MAX_SERVER_CONNS);
 		close(cqe->res);
 		return;
 	}
@@ -542,12 +543,12 @@ static int server_start(struct server *srv, const struct options *opt, struct cr
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->idle, NULL);
 	if (gg_net_addr_parse(listen_addr, &ss, &len, &why)) {
-		fprintf(stderr, "gradgate-bench: --listen %s: %s\n", listen_addr, why);
+		fprintf(stderr, "gradgate-bench transport: --listen %s: %s\n", listen_addr, why);
 		return -EINVAL;
 	}
 	srv->listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 128);
 	if (srv->listen_fd < 0) {
-		fprintf(stderr, "gradgate-bench: cannot listen on %s: %s\n", listen_addr, strerror(-srv->listen_fd));
+		fprintf(stderr, "gradgate-bench transport: cannot listen on %s: %s\n", listen_addr, strerror(-srv->listen_fd));
 		return srv->listen_fd;
 	}
 	if (pthread_create(&srv->acceptor, NULL, acceptor_main, srv)) {
@@ -793,7 +794,7 @@ static int run_mode(const struct options *opt, const struct mode *m, struct cred
 		struct gg_tls_options o = creds->client;
 		o.ciphersuites = m->name;
 		if (gg_tls_context_new(&o, &ctx, err, sizeof(err))) {
-			fprintf(stderr, "gradgate-bench: %s: %s\n", m->name, err);
+			fprintf(stderr, "gradgate-bench transport: %s: %s\n", m->name, err);
 			return -EINVAL;
 		}
 	}
@@ -805,7 +806,7 @@ static int run_mode(const struct options *opt, const struct mode *m, struct cred
 			.rate_bytes_per_s = opt->rate_bps / 8 / (uint64_t)opt->streams,
 		};
 		if (pthread_create(&threads[i], NULL, client_main, &jobs[i])) {
-			fprintf(stderr, "gradgate-bench: cannot start a thread\n");
+			fprintf(stderr, "gradgate-bench transport: cannot start a thread\n");
 			exit(1);
 		}
 	}
@@ -819,7 +820,7 @@ static int run_mode(const struct options *opt, const struct mode *m, struct cred
 	uint64_t bytes = 0, wall = 0, cpu = 0, peer_cpu = 0;
 	for (int i = 0; i < opt->streams; i++) {
 		if (jobs[i].rc) {
-			fprintf(stderr, "gradgate-bench: %s: stream %d: %s\n", m->name, i,
+			fprintf(stderr, "gradgate-bench transport: %s: stream %d: %s\n", m->name, i,
 				jobs[i].error[0] ? jobs[i].error : strerror(-jobs[i].rc));
 			rc = jobs[i].rc;
 			continue;
@@ -829,7 +830,7 @@ static int run_mode(const struct options *opt, const struct mode *m, struct cred
 		cpu += jobs[i].cpu_ns;
 		peer_cpu += jobs[i].peer_cpu_ns;
 		if (jobs[i].cipher && strcmp(jobs[i].cipher, m->name)) {
-			fprintf(stderr, "gradgate-bench: asked for %s, negotiated %s\n", m->name, jobs[i].cipher);
+			fprintf(stderr, "gradgate-bench transport: asked for %s, negotiated %s\n", m->name, jobs[i].cipher);
 			rc = -EPROTO;
 		}
 	}
@@ -852,7 +853,7 @@ static int run_mode(const struct options *opt, const struct mode *m, struct cred
 		};
 		client_main(&echo);
 		if (echo.rc) {
-			fprintf(stderr, "gradgate-bench: %s: round trips: %s\n", m->name,
+			fprintf(stderr, "gradgate-bench transport: %s: round trips: %s\n", m->name,
 				echo.error[0] ? echo.error : strerror(-echo.rc));
 			rc = echo.rc;
 		} else {
@@ -972,7 +973,7 @@ static int parse_size_arg(const char *flag, const char *v, uint64_t *out)
 	const char *why;
 
 	if (gg_parse_size(v, out, &why)) {
-		fprintf(stderr, "gradgate-bench: %s %s: %s\n", flag, v, why);
+		fprintf(stderr, "gradgate-bench transport: %s %s: %s\n", flag, v, why);
 		return -EINVAL;
 	}
 	return 0;
@@ -994,7 +995,7 @@ static int parse_rate(const char *v, uint64_t *bps)
 	if (!strcmp(end, "bit/s") || !strcmp(end, "bps"))
 		end += strlen(end);
 	if (end == v || *end || !(x > 0) || x * mult < 1e3) {
-		fprintf(stderr, "gradgate-bench: --rate %s: expected a rate like 2G, 500M or 100k (bits per second)\n", v);
+		fprintf(stderr, "gradgate-bench transport: --rate %s: expected a rate like 2G, 500M or 100k (bits per second)\n", v);
 		return -EINVAL;
 	}
 	*bps = (uint64_t)(x * mult);
@@ -1030,12 +1031,26 @@ static int parse_options(int argc, char **argv, struct options *o)
 			o->allow_plain = true;
 			continue;
 		}
+		static const char *const valued[] = { "--connect", "--listen", "--modes", "--time", "--streams",
+						      "--rtt-count", "--rtt-size", "--write-size", "--ring-size",
+						      "--socket-buffer", "--rate", "--ca", "--cert", "--key",
+						      "--peer-identity" };
+		bool known = false;
+		for (size_t k = 0; k < GG_ARRAY_LEN(valued); k++)
+			known |= !strcmp(a, valued[k]);
+		if (!known) {
+			fprintf(stderr, "gradgate-bench transport: unknown %s '%s' (see --help)\n", a[0] == '-' ? "option" : "argument",
+				a);
+			return -EINVAL;
+		}
 		if (!v) {
-			fprintf(stderr, "gradgate-bench: %s needs a value (see --help)\n", a);
+			fprintf(stderr, "gradgate-bench transport: %s needs a value (see --help)\n", a);
 			return -EINVAL;
 		}
 		i++;
 		int rc = 0;
+		long long n;
+		char *end;
 		if (!strcmp(a, "--connect"))
 			o->connect = v;
 		else if (!strcmp(a, "--listen"))
@@ -1043,11 +1058,16 @@ static int parse_options(int argc, char **argv, struct options *o)
 		else if (!strcmp(a, "--modes"))
 			o->modes = v;
 		else if (!strcmp(a, "--time"))
-			rc = (o->seconds = atof(v)) > 0 && o->seconds <= 3600 ? 0 : -EINVAL;
-		else if (!strcmp(a, "--streams"))
-			rc = (o->streams = atoi(v)) >= 1 && o->streams <= MAX_STREAMS ? 0 : -EINVAL;
-		else if (!strcmp(a, "--rtt-count"))
-			rc = (o->rtt_count = atoi(v)) >= 0 && o->rtt_count <= 10000000 ? 0 : -EINVAL;
+			rc = (o->seconds = strtod(v, &end)) > 0 && o->seconds <= 3600 && !*end ? 0 : -EINVAL;
+		else if (!strcmp(a, "--streams")) {
+			if (gg_bench_number("transport", a, v, 1, MAX_STREAMS, &n))
+				return -EINVAL;
+			o->streams = (int)n;
+		} else if (!strcmp(a, "--rtt-count")) {
+			if (gg_bench_number("transport", a, v, 0, 10000000, &n))
+				return -EINVAL;
+			o->rtt_count = (int)n;
+		}
 		else if (!strcmp(a, "--rtt-size"))
 			rc = parse_size_arg(a, v, &o->rtt_bytes) || !o->rtt_bytes || o->rtt_bytes > (64u << 20) ? -EINVAL : 0;
 		else if (!strcmp(a, "--write-size"))
@@ -1066,26 +1086,22 @@ static int parse_options(int argc, char **argv, struct options *o)
 			o->key = v;
 		else if (!strcmp(a, "--peer-identity"))
 			o->peer_identity = v;
-		else {
-			fprintf(stderr, "gradgate-bench: unknown option %s (see --help)\n", a);
-			return -EINVAL;
-		}
 		if (rc) {
-			fprintf(stderr, "gradgate-bench: bad value for %s: %s\n", a, v);
+			fprintf(stderr, "gradgate-bench transport: bad value for %s: %s\n", a, v);
 			return rc;
 		}
 	}
 	if ((o->ca || o->cert || o->key) && !(o->ca && o->cert && o->key)) {
-		fprintf(stderr, "gradgate-bench: --ca, --cert and --key go together\n");
+		fprintf(stderr, "gradgate-bench transport: --ca, --cert and --key go together\n");
 		return -EINVAL;
 	}
 	if ((o->connect || o->serve) && !o->ca) {
-		fprintf(stderr, "gradgate-bench: across hosts both ends need certificates from one CA: "
+		fprintf(stderr, "gradgate-bench transport: across hosts both ends need certificates from one CA: "
 				"--ca, --cert, --key and --peer-identity\n");
 		return -EINVAL;
 	}
 	if (o->ca && !o->peer_identity) {
-		fprintf(stderr, "gradgate-bench: with --cert, say which identity the peer must carry: --peer-identity\n");
+		fprintf(stderr, "gradgate-bench transport: with --cert, say which identity the peer must carry: --peer-identity\n");
 		return -EINVAL;
 	}
 	return 0;
@@ -1102,16 +1118,25 @@ static int parse_modes(const struct options *o, struct mode *modes, int *count)
 	snprintf(list, sizeof(list), "%s", o->modes);
 	for (tok = strtok_r(list, ",:", &save); tok; tok = strtok_r(NULL, ",:", &save)) {
 		if (!strcmp(tok, "plain")) {
-			fprintf(stderr, "gradgate-bench: unencrypted transport is asked for with --plain only\n");
+			fprintf(stderr, "gradgate-bench transport: unencrypted transport is asked for with --plain only\n");
 			return -EINVAL;
 		}
 		if (*count == MAX_MODES) {
-			fprintf(stderr, "gradgate-bench: at most %d modes per run\n", MAX_MODES);
+			fprintf(stderr, "gradgate-bench transport: at most %d modes per run\n", MAX_MODES);
+			return -EINVAL;
+		}
+		char why[512];
+		if (gg_tls_check_ciphersuites(tok, why, sizeof(why))) {
+			fprintf(stderr, "gradgate-bench transport: --modes: %s\n", why);
 			return -EINVAL;
 		}
 		modes[(*count)++] = (struct mode){ tok, false };
 	}
-	return *count ? 0 : -EINVAL;
+	if (!*count) {
+		fprintf(stderr, "gradgate-bench transport: --modes names no ciphersuite\n");
+		return -EINVAL;
+	}
+	return 0;
 }
 
 static int load_creds(const struct options *o, struct creds *c)
@@ -1132,7 +1157,7 @@ static int load_creds(const struct options *o, struct creds *c)
 		    (rc = gg_tls_pki_issue(pki, &server_req, &c->server_cert_pem, &c->server_key_pem)) ||
 		    (rc = gg_tls_pki_issue(pki, &client_req, &c->client_cert_pem, &c->client_key_pem)) ||
 		    !(c->ca_pem = strdup(gg_tls_pki_ca_pem(pki)))) {
-			fprintf(stderr, "gradgate-bench: cannot make throwaway certificates\n");
+			fprintf(stderr, "gradgate-bench transport: cannot make throwaway certificates\n");
 			gg_tls_pki_free(pki);
 			return rc ? rc : -ENOMEM;
 		}
@@ -1142,11 +1167,11 @@ static int load_creds(const struct options *o, struct creds *c)
 	}
 	if (gg_tls_site_init(&c->server_site, "bench server", server_id, &why) ||
 	    gg_tls_site_init(&c->client_site, "bench client", client_id, &why)) {
-		fprintf(stderr, "gradgate-bench: --peer-identity %s: %s\n", o->peer_identity, why);
+		fprintf(stderr, "gradgate-bench transport: --peer-identity %s: %s\n", o->peer_identity, why);
 		return -EINVAL;
 	}
 	if (!o->connect && (rc = gg_tls_context_new(&c->server, &c->server_ctx, err, sizeof(err)))) {
-		fprintf(stderr, "gradgate-bench: %s\n", err);
+		fprintf(stderr, "gradgate-bench transport: %s\n", err);
 		return rc;
 	}
 	return 0;
@@ -1175,11 +1200,11 @@ static int serve_forever(const struct options *opt, struct creds *creds)
 	char addr[GG_NET_ADDR_TEXT_MAX];
 
 	if (opt->allow_plain)
-		fprintf(stderr, "gradgate-bench: WARNING: --allow-plain: this server accepts UNENCRYPTED benchmark "
+		fprintf(stderr, "gradgate-bench transport: WARNING: --allow-plain: this server accepts UNENCRYPTED benchmark "
 				"connections; never let it face an untrusted network\n");
 	if (server_start(&srv, opt, creds, opt->listen))
 		return 1;
-	fprintf(stderr, "gradgate-bench: transport receiver listening on %s (Ctrl-C stops)\n",
+	fprintf(stderr, "gradgate-bench transport: transport receiver listening on %s (Ctrl-C stops)\n",
 		gg_net_local_addr(srv.listen_fd, addr, sizeof(addr)));
 	struct sigaction sa = { .sa_handler = on_stop_signal };
 	sigaction(SIGINT, &sa, NULL);
@@ -1252,11 +1277,11 @@ int gg_bench_transport_main(int argc, char **argv)
 		return status;
 	}
 	if (opt.plain)
-		fprintf(stderr, "gradgate-bench: WARNING: --plain: mode 'plain' sends benchmark data UNENCRYPTED, "
+		fprintf(stderr, "gradgate-bench transport: WARNING: --plain: mode 'plain' sends benchmark data UNENCRYPTED, "
 				"without TLS; it is a baseline for measurements, never a way to run the gateway\n");
 	if (opt.connect) {
 		if (gg_net_addr_parse(opt.connect, &ss, &len, &why)) {
-			fprintf(stderr, "gradgate-bench: --connect %s: %s\n", opt.connect, why);
+			fprintf(stderr, "gradgate-bench transport: --connect %s: %s\n", opt.connect, why);
 			free_creds(&creds);
 			return 2;
 		}

@@ -552,13 +552,17 @@ int main(int argc, char **argv)
 		switch (c) {
 		case 'l': listen_text = optarg; break;
 		case 't': target_text = optarg; break;
-		case 'd':
-			L.delay_ns = (int64_t)(strtod(optarg, NULL) * 1e6);
-			if (L.delay_ns < 0 || L.delay_ns > 60000000000ll) {
-				fprintf(stderr, "linkem: --delay-ms must be between 0 and 60000\n");
+		case 'd': {
+			char *end;
+			double ms = strtod(optarg, &end);
+			if (end == optarg || *end || !(ms >= 0 && ms <= 60000)) {
+				fprintf(stderr, "linkem: --delay-ms must be a number of milliseconds from 0 to 60000, not '%s'\n",
+					optarg);
 				return 2;
 			}
+			L.delay_ns = (int64_t)(ms * 1e6);
 			break;
+		}
 		case 'r':
 			if (parse_rate(optarg, &L.rate_Bps)) {
 				fprintf(stderr, "linkem: bad --rate '%s' (e.g. 2gbit, 100mbit)\n", optarg);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# gradgate-bench's commands and linkem refuse bad option values before
+# they make or start anything, with exit status 2 and a message that names
+# the option and the value.
+#
+#   bench_options.sh BENCH LINKEM
+set -euo pipefail
+
+bench=${1:?usage: bench_options.sh BENCH LINKEM}
+linkem=${2:?usage: bench_options.sh BENCH LINKEM}
+failed=0
+
+# command and arguments | what the message must contain
+cases=(
+	"allreduce --ranks 1 --site 0 --sites 2 --rank x|--rank must be 0 to 4095, not 'x'"
+	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 --steps 5x|--steps must be 1 to 1000000, not '5x'"
+	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 --count 12abc|--count must be 1 to"
+	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 --inflight 9|--inflight must be 1 to 8, not '9'"
+	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 --codec fp16|--codec is fp32, bf16, bf16-split, int8 or int4, not 'fp16'"
+	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 extra|unexpected argument 'extra'"
+	"allreduce --rank 1 --ranks 1 --site 0 --sites 2|rank 1 of 1 ranks"
+	"allreduce --ranks 1|--rank, --ranks, --site and --sites are required"
+	"codec --bogus|unknown option '--bogus'"
+	"codec extra|unknown argument 'extra'"
+	"codec --reps 0|--reps must be 1 to 1000, not '0'"
+	"transport --bogus|unknown option '--bogus'"
+	"transport extra|unknown argument 'extra'"
+	"transport --time 1x|bad value for --time: 1x"
+	"transport --streams 0|--streams must be 1 to 32, not '0'"
+	"transport --modes foo|unknown TLS 1.3 ciphersuite 'foo'"
+	"gateway extra|unexpected argument 'extra'"
+	"datapath extra|unexpected argument 'extra'"
+	"wan --sites 9|--sites must be 2 to 8, not '9'"
+	"wan --ranks 0|--ranks must be 1 to 8, not '0'"
+	"wan --rate 1gbt|--rate wants"
+	"wan --rate 10kbit|'10kbit'"
+	"wan --sizes 3|--sizes: '3'"
+	"wan --sizes 1MiB,,4MiB|--sizes wants"
+	"wan --codecs fp32,int9|--codecs: 'int9'"
+	"wan --algorithms ring,tree|--algorithms: 'tree'"
+	"wan --zstd-level 20|--zstd-level: '20'"
+	"wan --delay-ms -1|--delay-ms must be 0 to 10000, not '-1'"
+	"wan --steps 0|--steps must be 1 to 10000, not '0'"
+	"wan --warmup x|--warmup must be 0 to 1000, not 'x'"
+	"wan --repeat 101|--repeat must be 1 to 100, not '101'"
+	"wan --streams 65|--streams must be 1 to 64, not '65'"
+	"wan --chunk 1KiB|--chunk must be 4KiB to 64MiB, not '1KiB'"
+	"wan --max-other-cpu 0|--max-other-cpu must be 1 to 100, not '0'"
+	"wan --prefix Bad|--prefix wants"
+	"wan --plot a'b.svg|--plot wants"
+	"wan extra|unexpected argument 'extra'"
+)
+check() { # PROGRAM ARGS|WANT
+	local args=${2%%|*} want=${2#*|} rc=0 err
+	# shellcheck disable=SC2086
+	err=$(timeout 10 "$1" $args 2>&1 >/dev/null) || rc=$? # a value taken by mistake would run on
+	if [ $rc != 2 ] || [[ $err != *"$want"* ]]; then
+		echo "FAIL: $(basename "$1") $args: exit $rc, message: $err (wanted: $want)" >&2
+		failed=1
+	fi
+}
+for c in "${cases[@]}"; do
+	check "$bench" "$c"
+done
+# linkem: a value that is not all a number is refused, not read as 0.
+for c in "--delay-ms x|--delay-ms must be a number of milliseconds from 0 to 60000, not 'x'" \
+	"--delay-ms 5ms|not '5ms'"; do
+	check "$linkem" "--listen 127.0.0.1:0 --target 127.0.0.1:9 $c"
+done
+[ $failed = 0 ] && echo "all $((${#cases[@]} + 2)) refused"
+exit $failed
