@@ -286,12 +286,16 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 GRADGATE_API void gg_request_free(struct gg_request *req);
 
 /* Closes the connection and frees the session (NULL is allowed), its
- * shared buffers included. When the session handed the gateway GPU
- * allocations (gg_allreduce_cuda), it first waits, at most 2 seconds,
- * until the gateway has let go of them. It does not wait for one that a
- * step still in flight there uses, which the gateway lets go when that
- * step ends, nor past the 2 seconds for a gateway that does not answer:
- * free the allocations only once the session's steps are done. Requests
+ * shared buffers included. Answers that had already arrived complete their
+ * requests first. It then waits, at most 2 seconds, until the gateway is
+ * done with the session: from then on the same rank of the job may open a
+ * session again, and when it was the job's last rank, a new run of the
+ * job's name may start, even after a step that was in flight. When the
+ * session handed the gateway GPU allocations (gg_allreduce_cuda), the
+ * gateway has let go of them by then, but for one that a step still in
+ * flight there uses, which it lets go when that step ends; the wait does
+ * not go past the 2 seconds for a gateway that does not answer: free the
+ * allocations only once the session's steps are done. Requests
  * the caller has not freed yet stay valid for gg_wait() (which then
  * returns GG_ERR_CLOSED if they had not finished) and gg_request_free().
  * Closing with a step in flight fails that step at the job's other ranks.

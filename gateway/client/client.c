@@ -22,7 +22,7 @@
 #define OPEN_TIMEOUT_MS 10000
 #define GRACE_MS 2000           /* past a step's deadline and the gateway's own grace: the gateway is lost */
 #define MIN_REGION_BYTES (4u << 20)
-#define CLOSE_WAIT_MS 2000      /* for the gateway to let go of GPU allocations at close */
+#define CLOSE_WAIT_MS 2000      /* for the gateway to let go of a closing session */
 
 struct region {
 	unsigned char *base; /* NULL: slot free */
@@ -833,27 +833,26 @@ GRADGATE_API void gg_request_free(struct gg_request *req)
 	req->buf = NULL;
 }
 
-/* Before a session with GPU allocations closes: the gateway lets go of
- * those no request uses (UNMAP), and the close waits, at most
- * CLOSE_WAIT_MS, for its end of the connection, so that the caller may
- * free them once gg_session_close() returns. */
-static void release_device_regions(struct gg_session *s)
+/* Before a session closes: the gateway lets go of the GPU allocations no
+ * request uses (UNMAP); then the close waits, at most CLOSE_WAIT_MS, for
+ * the gateway's end of the connection, which comes once the gateway is done
+ * with this rank: the caller may then free those allocations, and open the
+ * same rank of the job (or, as its last rank, a new run of its name) at
+ * once. */
+static void release_session(struct gg_session *s)
 {
-	bool any = false;
-
 	for (unsigned id = 0; id < s->max_regions && !s->failed; id++) {
 		if (s->regions[id].device && !s->regions[id].users) {
 			s->buffers--;
 			region_release(s, id, true);
-			any = true;
 		}
 	}
-	if (!any || s->failed || shutdown(s->fd, SHUT_WR))
+	if (s->failed || shutdown(s->fd, SHUT_WR))
 		return;
 	uint64_t until = gg_ctrl_now_ms() + CLOSE_WAIT_MS;
 	union gg_ctrl_msg m;
 	ssize_t n;
-	do /* what comes now (DONEs of requests in flight) goes unread */
+	do /* what comes now goes unread: its requests had not finished at the close */
 		n = gg_ctrl_recv(s->fd, &m, until);
 	while (n > 0 || n == -EPROTO);
 }
@@ -862,8 +861,11 @@ GRADGATE_API void gg_session_close(struct gg_session *s)
 {
 	if (!s)
 		return;
-	if (!s->failed && s->fd >= 0)
-		release_device_regions(s);
+	if (!s->failed && s->fd >= 0) {
+		pump(s, 0); /* answers already here complete their requests */
+		if (!s->failed)
+			release_session(s);
+	}
 	session_fail(s, GG_ERR_CLOSED, "the session was closed");
 	for (unsigned i = 0; i < GG_ARRAY_LEN(s->regions); i++)
 		if (s->regions[i].base)

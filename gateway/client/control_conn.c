@@ -163,7 +163,8 @@ static long trusted_env_uid(struct gg_error *err, int *rc)
 		return -1;
 	errno = 0;
 	long uid = strtol(v, &end, 10);
-	if (!*end && !errno && uid >= 0 && uid < (long)UINT32_MAX)
+	/* A uid is digits only: no blank, no sign, as a user name cannot be. */
+	if (v[0] >= '0' && v[0] <= '9' && !*end && !errno && uid < (long)UINT32_MAX)
 		return uid;
 	struct passwd pw, *found = NULL;
 	char buf[1024];
@@ -179,20 +180,16 @@ static long trusted_env_uid(struct gg_error *err, int *rc)
  * process's user, as the owner of the socket's folder (only it can create
  * the socket there, unless the folder lets others write) or as the user
  * GRADGATE_GATEWAY_UID names. */
-static int check_listener(int fd, const char *path, struct gg_error *err)
+static int check_listener(int fd, const char *path, long env_uid, struct gg_error *err)
 {
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
 	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct stat st;
-	int rc;
 
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len))
 		return gg_ctrl_error(err, GG_ERR_SYSTEM, "unix:%s: cannot tell who listens (SO_PEERCRED): %s", path,
 			       strerror(errno));
-	long env_uid = trusted_env_uid(err, &rc);
-	if (rc)
-		return rc;
 	if (cred.uid == 0 || cred.uid == geteuid() || (long)cred.uid == env_uid)
 		return 0;
 	snprintf(dir, sizeof(dir), "%s", path);
@@ -210,6 +207,11 @@ static int check_listener(int fd, const char *path, struct gg_error *err)
 
 int gg_ctrl_connect(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err)
 {
+	int rc;
+	/* Read before connecting: a bad value fails whoever listens, or nobody. */
+	long env_uid = trusted_env_uid(err, &rc);
+	if (rc)
+		return rc;
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 
 	if (fd < 0)
@@ -229,7 +231,7 @@ int gg_ctrl_connect(const struct sockaddr_un *addr, uint64_t deadline_ms, struct
 		return gg_ctrl_error(err, GG_ERR_CONNECT, "cannot connect to unix:%s: %s", addr->sun_path,
 			       e == EAGAIN ? "the gateway does not accept connections" : strerror(e));
 	}
-	int rc = check_listener(fd, addr->sun_path, err);
+	rc = check_listener(fd, addr->sun_path, env_uid, err);
 	if (rc) {
 		close(fd);
 		return rc;

@@ -61,6 +61,11 @@ struct hb_conn {
 	uint32_t gen;
 	uint64_t deadline_us; /* C_HELLO: for the HELLO; C_CLOSING: for the last answer */
 	struct hb_job *job;   /* C_ACTIVE only */
+	/* C_CLOSING: the job this last rank left while its step was with the
+	 * core; the socket stays open until the job is gone (or deadline_us),
+	 * so a rank that waits for its end to close may start the job's name
+	 * again at once. */
+	struct hb_job *linger;
 	unsigned rank;
 	uint64_t next_seq;
 	struct hb_req reqs[GG_CTRL_MAX_INFLIGHT];
@@ -299,6 +304,9 @@ static void conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t n
 {
 	if (c->state != C_CLOSING)
 		return;
+	if (c->linger && now_us < c->deadline_us)
+		return;
+	c->linger = NULL;
 	if (!c->send_busy && !c->recv_busy && (!c->out_count || c->shut)) {
 		conn_free(b, c);
 		return;
@@ -351,8 +359,15 @@ static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 	sum_free(take_spare(b, j), on_gpu);
 }
 
+static unsigned slots(const struct gg_host_backend *b);
+
 static void job_free(struct gg_host_backend *b, struct hb_job *j)
 {
+	for (unsigned i = 0; i < slots(b); i++)
+		if (b->conns[i].linger == j) {
+			b->conns[i].linger = NULL;
+			b->conns[i].deadline_us = b->loop->now_us; /* settled at the next tick */
+		}
 	for (struct hb_job **p = &b->jobs; *p; p = &(*p)->next) {
 		if (*p == j) {
 			*p = j->next;
@@ -475,6 +490,7 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 {
 	if (c->state == C_CLOSING || c->state == C_FREE)
 		return;
+	struct hb_job *stays = NULL;
 	if (c->state == C_ACTIVE) {
 		char what[96], why[TEXT];
 		if (err)
@@ -482,11 +498,16 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 		else
 			snprintf(what, sizeof(what), "disconnected");
 		leave_reason(c, what, why, sizeof(why));
+		/* The last rank leaves a job whose step the core still holds:
+		 * the job outlives it, failed, until the core lets go. */
+		if (c->job->connected == 1 && c->job->with_core)
+			stays = c->job;
 		conn_detach(b, c, why);
 	}
 	/* Nothing more can reach the peer; keep only the send in flight. */
 	c->out_count = c->send_busy ? 1 : 0;
 	conn_closing(b, c);
+	c->linger = stays;
 	conn_settle(b, c, b->loop->now_us);
 }
 

@@ -128,8 +128,17 @@ int main(void)
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "bad GRADGATE_GATEWAY_UID accepted: %s", msg);
 	CHECK(!strcmp(msg, "GRADGATE_GATEWAY_UID='no-such-user-gg' is neither a uid nor a known user name"), "got %s",
 	      msg);
-	unsetenv("GRADGATE_GATEWAY_UID");
+	/* A uid is digits alone. */
+	snprintf(want, sizeof(want), " %u", (unsigned)nobody);
+	setenv("GRADGATE_GATEWAY_UID", want, 1);
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "GRADGATE_GATEWAY_UID with a blank accepted: %s", msg);
+	setenv("GRADGATE_GATEWAY_UID", "+0", 1);
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "GRADGATE_GATEWAY_UID with a sign accepted: %s", msg);
 	stop(pid);
+	/* ... and a bad value fails the open whoever listens: nobody, here. */
+	setenv("GRADGATE_GATEWAY_UID", "no-such-user-gg", 1);
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "bad GRADGATE_GATEWAY_UID with no listener: %s", msg);
+	unsetenv("GRADGATE_GATEWAY_UID");
 
 	/* The folder belongs to the listener's user, as /run/gradgate belongs
 	 * to the gateway's: only that user could have made the socket. */

@@ -164,6 +164,53 @@ static void test_job_refusals(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* gg_session_close() returns once the gateway is done with the session:
+ * the rank may open again at once and, when it was its job's last, a new
+ * run of the name may start, even while the core still held a step of the
+ * old one; and answers that arrived before the close complete their
+ * requests. */
+static void test_close_reopen(void)
+{
+	struct gg_session *s;
+	struct gg_request *req;
+	struct gg_error err;
+	float x[4] = { 1, 2, 3, 4 };
+
+	for (int i = 0; i < 20; i++) {
+		open_ok("again", 0, 1, &s);
+		gg_session_close(s);
+	}
+
+	/* The core holds the step until its 300 ms deadline. */
+	atomic_store(&h.core_mode, CORE_HOLD);
+	unsigned submitted = atomic_load(&h.steps_submitted);
+	open_ok("held", 0, 1, &s);
+	CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 0, 300, &req, &err), 0);
+	for (int i = 0; i < 500 && atomic_load(&h.steps_submitted) == submitted; i++)
+		usleep(10000);
+	CHECK(atomic_load(&h.steps_submitted) > submitted);
+	gg_session_close(s);
+	CHECK_EQ_INT(gg_wait(req, 0, &err), GG_ERR_CLOSED);
+	gg_request_free(req);
+	open_ok("held", 0, 1, &s);
+	gg_session_close(s);
+	atomic_store(&h.core_mode, CORE_SUM);
+
+	/* The DONE is in the socket when the session closes. */
+	uint64_t done = harness_stats(&h).steps_done;
+	open_ok("late", 0, 1, &s);
+	CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 0, 0, &req, &err), 0);
+	memset(x, 0, sizeof(x)); /* the input was copied at the start; the result comes back into x */
+	for (int i = 0; i < 500 && harness_stats(&h).steps_done == done; i++)
+		usleep(10000);
+	usleep(50000);
+	gg_session_close(s);
+	CHECK_EQ_INT(gg_wait(req, 0, &err), 0);
+	CHECK(x[0] == 1 && x[1] == 2 && x[2] == 3 && x[3] == 4);
+	gg_request_free(req);
+	harness_wait_connections(&h, 0);
+}
+
 /* The child: rank 1 of job 'uid' as user nobody; exits 0 when refused
  * as it should be. */
 static int other_user_main(const char *endpoint)
@@ -860,6 +907,7 @@ int main(int argc, char **argv)
 	harness_start(&h, &o);
 	test_hello_refusals();
 	test_job_refusals();
+	test_close_reopen();
 	test_other_user();
 	test_raw_allreduce();
 	test_violations();
