@@ -361,6 +361,11 @@ static void op_buffer_free(struct run *r, struct script *s)
 
 static void session_close(struct run *r)
 {
+	/* gg_session_close() waits for the gateway's end of the connection,
+	 * which a gateway sends once it is done with the session; this one
+	 * runs on the caller's thread, so it ends its side first. */
+	if (r->gw >= 0)
+		shutdown(r->gw, SHUT_WR);
 	gg_session_close(r->s);
 	r->s = NULL;
 	memset(r->buffers, 0, sizeof(r->buffers)); /* unmapped with the session */
