@@ -106,6 +106,7 @@ int gg_http_check_request(const char *head, size_t len, const char *path, bool *
 	if (!mlen || p + mlen >= eol || p[mlen] != ' ')
 		return 400;
 	const char *method = p;
+	*head_only = mlen == 4 && !memcmp(method, "HEAD", 4); /* whatever the answer, it has no body */
 	const char *target = p + mlen + 1, *tend = target;
 	while (tend < eol && (unsigned char)*tend > 0x20 && *tend != 0x7f)
 		tend++;
@@ -147,12 +148,8 @@ int gg_http_check_request(const char *head, size_t len, const char *path, bool *
 	size_t plen = (size_t)((query ? query : tend) - target);
 	if (plen != strlen(path) || memcmp(target, path, plen))
 		return 404;
-	if (mlen == 3 && !memcmp(method, "GET", 3))
+	if ((mlen == 3 && !memcmp(method, "GET", 3)) || *head_only)
 		return 0;
-	if (mlen == 4 && !memcmp(method, "HEAD", 4)) {
-		*head_only = true;
-		return 0;
-	}
 	return 405;
 }
 
@@ -273,6 +270,12 @@ static const char *error_body(const struct gg_http_server *s, int status, char *
 }
 
 /* Answers and moves on to writing; status 200 makes the page. */
+/* The request so far names the method HEAD: its answer has no body. */
+static bool starts_head(const struct http_conn *c)
+{
+	return c->in_len >= 5 && !memcmp(c->in, "HEAD ", 5);
+}
+
 static void respond(struct gg_http_server *s, struct http_conn *c, int status, bool head_only)
 {
 	struct gg_strbuf page;
@@ -324,7 +327,7 @@ static void on_request_bytes(struct gg_http_server *s, struct http_conn *c, size
 		int st = gg_http_check_request(c->in, (size_t)(blank + 4 - c->in), s->path, &head_only);
 		respond(s, c, st ? st : 200, head_only);
 	} else if (c->in_len == s->opts.max_request_bytes) {
-		respond(s, c, 431, false);
+		respond(s, c, 431, starts_head(c));
 	} else {
 		arm_recv(s, c);
 	}
@@ -452,7 +455,7 @@ uint64_t gg_http_server_tick(struct gg_http_server *s, uint64_t now_us)
 			continue;
 		if (now_us >= c->deadline_us) {
 			if (c->state == H_READ)
-				respond(s, c, 408, false);
+				respond(s, c, 408, starts_head(c));
 			else
 				conn_close(s, c);
 		}

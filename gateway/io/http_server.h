@@ -74,7 +74,8 @@ void gg_http_server_get_stats(const struct gg_http_server *s, struct gg_http_sta
 
 /* Tests: parses one request's head (up to and including its empty line),
  * as the server does. Returns the status it would answer when the request
- * is not served (400, 405, 404, 505), or 0 with *head_only set for HEAD. */
+ * is not served (400, 405, 404, 505), or 0; *head_only says the method is
+ * HEAD, whose answer, whatever its status, has no body. */
 int gg_http_check_request(const char *head, size_t len, const char *path, bool *head_only);
 
 #endif

@@ -19,6 +19,11 @@ static const struct {
 	{ "GET /metrics?name[]=x HTTP/1.1\r\nhOsT:a\r\nAccept: */*\r\nX-Tab:\tv \r\n\r\n", 0, false },
 	{ "GET http://gw:9464/metrics HTTP/1.1\r\nHost: gw\r\n\r\n", 0, false },
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nX-Utf8: \xc3\xa9\r\n\r\n", 0, false },
+	/* The answer to HEAD has no body, whatever its status. */
+	{ "HEAD /other HTTP/1.1\r\nHost: a\r\n\r\n", 404, true },
+	{ "HEAD /metrics HTTP/1.1\r\n\r\n", 400, true },
+	{ "HEAD /metrics HTTP/3.0\r\nHost: a\r\n\r\n", 505, true },
+	{ "head /metrics HTTP/1.1\r\nHost: a\r\n\r\n", 405, false },
 	{ "GET /other HTTP/1.1\r\nHost: a\r\n\r\n", 404, false },
 	{ "GET /metrics/ HTTP/1.1\r\nHost: a\r\n\r\n", 404, false },
 	{ "GET /METRICS HTTP/1.1\r\nHost: a\r\n\r\n", 404, false },
@@ -62,7 +67,7 @@ int main(void)
 		memcpy(copy, cases[i].head, len);
 		int st = gg_http_check_request(copy, len, "/metrics", &head_only);
 		CHECK(st == cases[i].status, "case %zu: %d, expected %d", i, st, cases[i].status);
-		CHECK(st || head_only == cases[i].head_only, "case %zu: head_only %d", i, head_only);
+		CHECK(head_only == cases[i].head_only, "case %zu: head_only %d", i, head_only);
 		/* Every cut of the head, and the head with a byte changed, is
 		 * answered without a crash. */
 		for (size_t cut = 0; cut < len; cut++) {
