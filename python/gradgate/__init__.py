@@ -11,7 +11,9 @@ ctypes), with the semantics of include/gradgate.h:
         req.wait()                                        # by the time wait() reports it finished
 
 Arrays are C-contiguous, writeable float32 numpy arrays, or float32 /
-bfloat16 torch tensors (any layout: others go through a contiguous copy);
+bfloat16 dense torch tensors (non-contiguous ones go through a contiguous
+copy; sparse tensors and expanded views are refused); tensor_id is 0 to
+2**32 - 1;
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
 them where they are, on the GPU (gg_allreduce_cuda). Failures raise
 gradgate.Error with the library's code (Error.code, Error.name) and
@@ -139,6 +141,24 @@ def _check(rc, err):
         raise Error(rc, err.message.decode(errors="replace"))
 
 
+_INT_MAX = 2**31 - 1
+
+
+def _tensor_id(tensor_id):
+    """tensor_id as the library's uint32: never wrapped, which would let
+    two different ids announce the same tensor."""
+    tid = int(tensor_id)
+    if not 0 <= tid < 2**32:
+        raise ValueError(f"tensor_id must be 0 to {2**32 - 1}, not {tensor_id}")
+    return tid
+
+
+def _timeout(timeout_ms):
+    """timeout_ms as the library's int, saturated rather than wrapped: past
+    its range a timeout means the same as at its end."""
+    return max(-_INT_MAX - 1, min(_INT_MAX, int(timeout_ms)))
+
+
 # ---- what an all-reduce takes: a pointer, a count and a dtype --------------
 
 def _torch_dtype(t):
@@ -151,8 +171,13 @@ def _torch_dtype(t):
         dtype = DTYPE_BF16
     else:
         raise TypeError(f"torch tensors must be float32 or bfloat16, not {t.dtype}")
+    if t.layout != torch.strided:
+        raise TypeError(f"torch tensors must be dense (torch.strided), not {t.layout}")
     if t.numel() == 0:
         raise ValueError("the tensor is empty")
+    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
+        raise ValueError("the tensor's elements share memory (an expanded view): the result cannot be written "
+                         "back into it")
     if t.requires_grad and t.is_leaf:
         raise ValueError("the tensor requires grad: all-reduce its .data or a detached tensor")
     return dtype
@@ -223,7 +248,7 @@ class Request:
                 raise Error(ERR_INVALID, "the request was freed")
             err = _Error()
             with self._session._lock:
-                rc = _load().gg_wait(self._handle, int(timeout_ms), ctypes.byref(err))
+                rc = _load().gg_wait(self._handle, _timeout(timeout_ms), ctypes.byref(err))
             if rc == ERR_AGAIN:
                 return False
             if rc == 0:
@@ -236,7 +261,11 @@ class Request:
         return True
 
     def done(self):
-        """True once the request finished (successfully or not)."""
+        """True once the request finished (successfully or not); raises
+        Error (ERR_INVALID) for one freed before it finished, whose end
+        nobody learns."""
+        if self._outcome is None and self._handle is None:
+            raise Error(ERR_INVALID, "the request was freed")
         try:
             return self.wait(0)
         except Error:
@@ -332,8 +361,8 @@ class Session:
         t = _Target(array)
         err = _Error()
         with self._lock:
-            rc = _load().gg_allreduce(self._h(), t.ptr, t.count, t.dtype, int(tensor_id), int(timeout_ms),
-                                      ctypes.byref(err))
+            rc = _load().gg_allreduce(self._h(), t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
+                                      _timeout(timeout_ms), ctypes.byref(err))
         _check(rc, err)
         t.finish()
         return array
@@ -359,9 +388,9 @@ class Session:
             stream = torch.cuda.current_stream(tensor.device)
         err = _Error()
         with self._lock:
-            rc = _load().gg_allreduce_cuda(self._h(), tensor.data_ptr(), tensor.numel(), dtype, int(tensor_id),
-                                           ctypes.c_void_p(stream.cuda_stream), int(timeout_ms),
-                                           ctypes.byref(err))
+            rc = _load().gg_allreduce_cuda(self._h(), tensor.data_ptr(), tensor.numel(), dtype,
+                                           _tensor_id(tensor_id), ctypes.c_void_p(stream.cuda_stream),
+                                           _timeout(timeout_ms), ctypes.byref(err))
         _check(rc, err)
         return tensor
 
@@ -373,8 +402,8 @@ class Session:
         err = _Error()
         req = ctypes.c_void_p()
         with self._lock:
-            rc = _load().gg_allreduce_start(self._h(), t.ptr, t.count, t.dtype, int(tensor_id), int(timeout_ms),
-                                            ctypes.byref(req), ctypes.byref(err))
+            rc = _load().gg_allreduce_start(self._h(), t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
+                                            _timeout(timeout_ms), ctypes.byref(req), ctypes.byref(err))
         _check(rc, err)
         return Request(self, req, t)
 
@@ -384,6 +413,8 @@ class Session:
         stays valid until free_buffer() or close(); the array keeps its
         session from being collected meanwhile."""
         import numpy as np
+        if int(count) < 1:
+            raise ValueError(f"a buffer holds at least 1 element, not {count}")
         err = _Error()
         ptr = ctypes.c_void_p()
         with self._lock:
@@ -394,7 +425,10 @@ class Session:
         return arr
 
     def free_buffer(self, array):
-        """Gives a buffer from buffer() back; the array must not be used after."""
+        """Gives a buffer from buffer() back; the array must not be used
+        after. None does nothing, as in the C library."""
+        if array is None:
+            return
         err = _Error()
         with self._lock:
             handle = self._h()

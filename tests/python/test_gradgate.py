@@ -89,6 +89,12 @@ class WithGateways(unittest.TestCase):
             req = s.allreduce_async(b, tensor_id=2)
             self.assertTrue(req.wait())
             self.assertTrue(req.done())
+            # Freed before it finished: nobody learns how it ended.
+            gone = s.allreduce_async(np.ones(8, np.float32), tensor_id=5)
+            gone.free()
+            with self.assertRaisesRegex(gradgate.Error, "the request was freed"):
+                gone.done()
+            s.allreduce(np.ones(8, np.float32), tensor_id=6)  # after the freed one, in step order
             return a, b
 
         out = on_every_rank(self.mesh, "np", fn)
@@ -187,6 +193,18 @@ class WithGateways(unittest.TestCase):
                 s.allreduce_cuda(torch.zeros(4), tensor_id=1)
             with self.assertRaisesRegex(TypeError, "allreduce_cuda takes CUDA torch tensors, not a ndarray"):
                 s.allreduce_cuda(np.zeros(4, np.float32), tensor_id=1)
+            with self.assertRaisesRegex(TypeError, "dense"):
+                s.allreduce(torch.ones(4).to_sparse(), tensor_id=1)
+            with self.assertRaisesRegex(ValueError, "expanded view"):
+                s.allreduce(torch.ones(1).expand(4), tensor_id=1)
+            # A tensor id past 32 bits would wrap into another rank's id.
+            with self.assertRaisesRegex(ValueError, "tensor_id must be 0 to 4294967295"):
+                s.allreduce(np.ones(4, np.float32), tensor_id=(1 << 32) + 1)
+            with self.assertRaisesRegex(ValueError, "tensor_id must be 0 to 4294967295"):
+                s.allreduce_async(np.ones(4, np.float32), tensor_id=-1)
+            with self.assertRaisesRegex(ValueError, "at least 1 element"):
+                s.buffer(-1)
+            s.free_buffer(None)
             # Nothing was sent: the ranks are still in step.
             a = np.ones(10, np.float32)
             s.allreduce(a, tensor_id=9)
