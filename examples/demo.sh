@@ -7,17 +7,30 @@
 #
 #   examples/demo.sh [BUILD_DIR] [--steps N] [--count ELEMENTS]
 set -uo pipefail
-cd "$(dirname "$0")/.."
-build=build steps=200 count=1048576
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+bad() { echo "demo: $*" >&2; usage >&2; exit 2; }
+build= steps=200 count=1048576
 while [ $# -gt 0 ]; do
 	case "$1" in
-	--steps) steps=$2; shift ;;
-	--count) count=$2; shift ;;
-	-h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	--steps|--count)
+		[ $# -ge 2 ] || bad "$1 needs a value"
+		[[ $2 =~ ^[1-9][0-9]{0,8}$ ]] || bad "$1 wants a whole number from 1 to 999999999, not '$2'"
+		if [ "$1" = --steps ]; then steps=$2; else count=$2; fi
+		shift ;;
+	-h|--help) usage; exit 0 ;;
+	-*) bad "unknown option '$1'" ;;
 	*) build=$1 ;;
 	esac
 	shift
 done
+# BUILD_DIR as the caller named it, before the move to the source tree;
+# without one, the source tree's build/.
+case "$build" in
+"") build=$(cd "$(dirname "$0")/.." && pwd)/build ;;
+/*) ;;
+*) build=$PWD/$build ;;
+esac
+cd "$(dirname "$0")/.."
 gradgate=$build/gateway/gradgate bench=$build/bench/gradgate-bench
 [ -x "$gradgate" ] && [ -x "$bench" ] || { echo "demo: build first (missing $gradgate)" >&2; exit 1; }
 [ -f examples/certs/ca.pem ] || examples/make-certs.sh >/dev/null

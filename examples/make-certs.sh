@@ -33,6 +33,7 @@ if [ "$(basename "$(dirname "$0")")" = examples ]; then
 else
 	out=certs
 fi
+me=$(basename "$0") # make-certs.sh, or the installed gradgate-make-certs
 domain=gradgate.test
 force=0
 days=825
@@ -40,7 +41,7 @@ sites=()
 
 # bad ARG RULE: refuses the command, before anything is made.
 bad() {
-	echo "make-certs.sh: $1 $2" >&2
+	echo "$me: $1 $2" >&2
 	exit 2
 }
 
@@ -57,7 +58,7 @@ while [ $# -gt 0 ]; do
 	# The help is the header comment: every line from the second up to the
 	# first one that is not a comment.
 	-h|--help) awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
-	-*) echo "make-certs.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+	-*) echo "$me: unknown option '$1' (see --help)" >&2; exit 2 ;;
 	*) sites+=("$1") ;;
 	esac
 	shift
@@ -92,7 +93,7 @@ if [ -e "$out" ] || [ -L "$out" ]; then
 		bad "--out '$out'" "is not a folder this user may write in"
 	fi
 fi
-command -v openssl >/dev/null || { echo "make-certs.sh: openssl is not installed" >&2; exit 1; }
+command -v openssl >/dev/null || { echo "$me: openssl is not installed" >&2; exit 1; }
 
 umask 077
 mkdir -p "$out"
@@ -109,6 +110,16 @@ if [ $force = 1 ] || [ ! -f "$out/ca.pem" ] || [ ! -f "$out/ca.key" ]; then
 	chmod 644 "$out/ca.pem"
 	force=1 # a new CA invalidates every site certificate
 	echo "made CA $out/ca.pem"
+	# Certificates of sites not named here stay signed by the old CA.
+	stale=()
+	for pem in "$out"/*.pem; do
+		name=$(basename "$pem" .pem)
+		[ -f "$pem" ] && [ "$name" != ca ] && [[ " ${sites[*]} " != *" $name "* ]] && stale+=("$name")
+	done
+	if [ ${#stale[@]} -gt 0 ]; then
+		echo "$me: warning: the new CA does not sign the existing certificates of ${stale[*]}:" \
+			"peers will refuse them; make them again too (name every site)" >&2
+	fi
 fi
 
 for site in "${sites[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Data-parallel training across sites through gradgate, with PyTorch DDP.
 
-    python3 examples/train_ddp.py [--sites 3] [--ranks 2] [--steps 30] [--codec fp32] [--bench] [--cuda]
+    python3 examples/train_ddp.py [--sites 3] [--ranks 2] [--steps 30] [--codec fp32] [--algorithm ring]
+                                  [--lr 0.05] [--bench] [--cuda]
 
 Starts one gateway per site on loopback (gradgate.local.LocalSites) and
 sites x ranks training processes. Each trains the same small MLP on its

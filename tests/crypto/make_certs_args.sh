@@ -22,6 +22,13 @@ done
 before=$(cd "$work/old" && sha256sum ./*)
 "$mc" --force --out "$work/old" Bad_Name 2>/dev/null && { echo "Bad_Name accepted"; bad=1; }
 [ "$(cd "$work/old" && sha256sum ./*)" = "$before" ] || { echo "a refused --force run touched the earlier CA"; bad=1; }
+# A new CA for some sites says which others it leaves behind.
+"$mc" --out "$work/old" site-b >/dev/null || exit 1
+warn=$("$mc" --force --out "$work/old" site-a 2>&1 >/dev/null)
+[[ $warn == *"does not sign the existing certificates of site-b"* ]] ||
+	{ echo "a new CA for site-a did not name site-b's certificate: '$warn'"; bad=1; }
+warn=$("$mc" --force --out "$work/old" site-a site-b 2>&1 >/dev/null)
+[ -z "$warn" ] || { echo "a new CA for every site warned: '$warn'"; bad=1; }
 # The installed copy (gradgate-make-certs) makes ./certs, never a folder
 # next to the binaries.
 mkdir "$work/bin" "$work/cwd"
