@@ -64,6 +64,8 @@ setup() {
 			cat "$dir.setup.log" >&2
 			exit 1
 		}
+		# Where meson install would put the Python package (README, Install).
+		[ "$dir" != build ] || sed -n '/^  Python package$/,/^$/p' "$dir.setup.log"
 		rm -f "$dir.setup.log"
 	fi
 	say "building $dir"

@@ -289,6 +289,10 @@ struct job {
 	bool has_result;        /* the step's result is whole here (DONE sent) */
 	uint32_t done_from;     /* sites that said DONE for the step, by bit */
 	uint64_t has_result_us; /* when it did */
+	/* Peers this site's DONE of the step may have reached: a stream to
+	 * them was up when it went out, or came up (and carried it again)
+	 * since. While none is, no other site can have completed the step. */
+	uint32_t done_may_reach;
 	/* Steps peers aborted before they started here, as runs of steps (a
 	 * job broken at a site aborts each step its ranks there announce; a
 	 * site back from being cut off hears of every step that failed). */
@@ -2386,6 +2390,9 @@ static void step_has_result(struct gg_node *n, struct job *j)
 			if (n->self == 0)
 				make_plan(n, j);
 		}
+		for (unsigned p = 0; p < n->sites; p++)
+			if (p != n->self && atomic_load(&n->ready[p]))
+				j->done_may_reach |= 1u << p;
 		if (n->test_drop_done) {
 			for (unsigned p = 0; p < n->sites; p++)
 				if (p != n->self && p + 1 != n->test_drop_done)
@@ -2451,6 +2458,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	const uint64_t now = gg_node_loop(n)->now_us;
 	j->step = st;
 	j->has_result = false;
+	j->done_may_reach = 0;
 	j->plan = (struct gg_wire_plan){ 0 };
 	j->parts_done = 0;
 	j->done_from = 0;
@@ -2767,8 +2775,10 @@ static void resend_done(struct gg_node *n, unsigned peer)
 				      gg_wire_encode_done(buf, sizeof(buf), j->name, j->run, j->done_seq,
 							  &n->links[n->self], &j->done_plan),
 				      true);
-		if (j->step && !j->ending && j->has_result)
+		if (j->step && !j->ending && j->has_result) {
 			send_done(n, j, (int)peer);
+			j->done_may_reach |= 1u << peer;
+		}
 		if (j->failed_lo && now - j->failed_us < n->cfg->transport.step_timeout_us)
 			send_abort(n, (int)peer, j->name, j->run, j->failed_lo, j->failed_hi, j->failed_code,
 				   j->failed_reason);
@@ -2905,9 +2915,10 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 	const uint64_t limit = n->cfg->transport.heartbeat_timeout_us;
 
 	/* A site that said DONE waits for the others' word instead (they may
-	 * have completed); and a site that stood still itself hears nothing
-	 * from anyone meanwhile, which says nothing about them. */
-	if (j->has_result || now < n->stall_grace_us)
+	 * have completed on it), unless its DONE reached nobody: then no site
+	 * can have. And a site that stood still itself hears nothing from
+	 * anyone meanwhile, which says nothing about them. */
+	if ((j->has_result && j->done_may_reach) || now < n->stall_grace_us)
 		return false;
 	for (unsigned p = 0; p < n->sites; p++) {
 		uint64_t heard = last_heard(n, p); /* by a lane's clock, which may be ahead of this one */
@@ -2916,8 +2927,10 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 		bool up = atomic_load(&n->ready[p]) != 0;
 		char why[GG_NODE_ERROR_MAX];
 		fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s is unreachable: nothing heard from it "
-			       "for %.1f s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
+			       "for %.1f s%s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
 			       (double)(now - heard) / 1e6,
+			       j->has_result ? "; this site had the result, but no stream carried its DONE to any site"
+					     : "",
 			       up ? "its streams are up but silent" : "its streams are down: ",
 			       up ? "" : down_reason(n, p, why, sizeof(why)));
 		return true;
@@ -2976,18 +2989,28 @@ static uint64_t coordinator_timers(struct gg_node *n)
 		}
 		char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 48) + 32];
 		char waiting[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 2) + 1] = "";
-		size_t len = 0;
+		char silent[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 40) + 1] = "";
+		size_t len = 0, slen = 0;
 		unreachable_peers(n, down, sizeof(down));
-		for (unsigned p = 0; p < n->sites; p++)
-			if (p != n->self && !(j->done_from & (1u << p)))
-				len += (size_t)snprintf(waiting + len, sizeof(waiting) - len, "%s%s", len ? ", " : "",
-							n->names[p]);
-		fail_step_code(n, j, GG_ERR_TIMEOUT,
+		for (unsigned p = 0; p < n->sites; p++) {
+			if (p == n->self || (j->done_from & (1u << p)))
+				continue;
+			len += (size_t)snprintf(waiting + len, sizeof(waiting) - len, "%s%s", len ? ", " : "",
+						n->names[p]);
+			/* Lost, not slow: the cause is the site, as where it
+			 * failed without the result. */
+			uint64_t heard = last_heard(n, p);
+			if (heard < now && now - heard > n->cfg->transport.heartbeat_timeout_us)
+				slen += (size_t)snprintf(silent + slen, sizeof(silent) - slen,
+							 "; site %s is unreachable: nothing heard from it for %.1f s",
+							 n->names[p], (double)(now - heard) / 1e6);
+		}
+		fail_step_code(n, j, silent[0] ? GG_ERR_SITE : GG_ERR_TIMEOUT,
 			       "step %llu of job '%s' missed its %s deadline: this site had the result, but "
-			       "site%s %s never said so too%s",
+			       "site%s %s never said so too%s%s",
 			       (unsigned long long)j->step->seq, j->name,
 			       gg_format_duration(j->timeout_us, buf, sizeof(buf)),
-			       strchr(waiting, ',') ? "s" : "", waiting, down);
+			       strchr(waiting, ',') ? "s" : "", waiting, silent, down);
 	}
 	return next;
 }

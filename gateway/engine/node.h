@@ -31,7 +31,10 @@
  * restarted, or when this site's ranks failed it (gg_node_abort). Once a
  * site holds the result and said DONE, it waits for the other DONEs past
  * the deadline, up to heartbeat_timeout more: the others may have
- * completed, and failing here would split the outcome. */
+ * completed, and failing here would split the outcome; it fails with
+ * GG_ERR_SITE when a site it waits for was not heard from meanwhile. But
+ * while no stream to any peer was up since its DONE went out, none can
+ * have completed, and a lost site fails the step at once. */
 #ifndef GG_NODE_H
 #define GG_NODE_H
 

@@ -15,6 +15,13 @@
 # peer-killed     the last site's gateway is SIGKILLed while the others wait
 #                 in step 2: GG_ERR_SITE naming it within heartbeat_timeout
 # peer-stopped    the same with SIGSTOP: its streams stay up but fall silent
+# peer-gone-after-data
+#                 the last site's ranks announce step 2 at once and its
+#                 gateway sends its data, then is SIGKILLed; the other
+#                 site's ranks come a second late, so it holds the whole
+#                 result, but its DONE reaches no site, so none can have
+#                 completed: GG_ERR_SITE naming the lost site within
+#                 heartbeat_timeout, not after step_timeout (2 sites, direct)
 # peer-restarted  the last site's gateway is SIGKILLed and started again
 #                 while the others wait in step 2 of 5: its ranks lost their
 #                 sessions, so steps 2 to 5 fail at the others at once with
@@ -302,6 +309,33 @@ case_peer_resumed() {
 	for ((t = 2; t <= STEPS; t++)); do
 		expect_failed ps $t -12 "site ${SITES[$last]} is unreachable"
 	done
+	mesh_up 15
+	run_ok after 1000 1 2
+}
+
+case_peer_gone_after_data() {
+	local r specs=() lost took
+	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2"); done
+	start_job pg "${specs[@]}"
+	wait_for "$work/pg-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
+	sleep 0.4 # the last site's ranks are in step 2 and its data went out; site-a's come a second late
+	kill -KILL "${gw_pid[$last]}"
+	lost=$(now_us)
+	for ((r = 0; r < RANKS; r++)); do
+		wait_for "$work/pg-s0-r$r.out" "^step 2 rc=" 12 || fail "pg-s0-r$r did not hear of the lost site"
+	done
+	took=$(ms_since "$lost")
+	log "  site-a failed step 2 ${took} ms after SIGKILL (heartbeat_timeout 2 s, step_timeout 30 s)"
+	within "$took" 6000 "failing step 2 with the result held and the DONE undelivered"
+	expect "$work/pg-s0-r0.err" "step 2: error -12: .*site ${SITES[$last]} is unreachable.*no stream carried its DONE" \
+		"pg-s0-r0's error names ${SITES[$last]} and the undelivered DONE"
+	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pg-s0-r0.err" | cut -c1-300)"
+	wait_exit "${gw_pid[$last]}" 5 || fail "the killed gateway still runs"
+	reap "${gw_pid[$last]}"
+	gw_pid[$last]=
+	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
+	ranks_wait
+	gw_start "$last"
 	mesh_up 15
 	run_ok after 1000 1 2
 }
