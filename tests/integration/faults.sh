@@ -203,6 +203,28 @@ case_deadline() {
 	within "$at_a" 6000 "site-a's step 2 at its 1.5 s deadline"
 }
 
+# reported JOB SITE STEP SECONDS WHAT: every rank of SITE reports STEP's
+# outcome within SECONDS, or the case fails saying WHAT it missed.
+reported() {
+	local r
+	for ((r = 0; r < RANKS; r++)); do
+		wait_for "$work/$1-s$2-r$r.out" "^step $3 rc=" "$4" || fail "$1-s$2-r$r did not hear $5"
+	done
+}
+
+# back_after_kill: the last site's SIGKILLed gateway is gone, its ranks are
+# stopped; then it starts again, and a new job works everywhere.
+back_after_kill() {
+	wait_exit "${gw_pid[$last]}" 5 || fail "the killed gateway still runs"
+	reap "${gw_pid[$last]}"
+	gw_pid[$last]=
+	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
+	ranks_wait
+	gw_start "$last"
+	mesh_up 15
+	run_ok after 1000 1 2
+}
+
 # peer_lost SIGNAL: the last site's gateway gets SIGNAL while the others
 # wait for its ranks in step 2.
 peer_lost() {
@@ -215,9 +237,7 @@ peer_lost() {
 	lost=$(now_us)
 	local s
 	for ((s = 0; s < last; s++)); do
-		for ((r = 0; r < RANKS; r++)); do
-			wait_for "$work/pl-s$s-r$r.out" "^step 2 rc=" 12 || fail "pl-s$s-r$r did not hear of the lost site"
-		done
+		reported pl "$s" 2 12 "of the lost site"
 	done
 	local took
 	took=$(ms_since "$lost")
@@ -228,14 +248,9 @@ peer_lost() {
 			"pl-s$s-r0's error names ${SITES[$last]}"
 	done
 	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pl-s0-r0.err" | cut -c1-300)"
-	if [ "$sig" = STOP ]; then
-		kill -CONT "${gw_pid[$last]}"
-		gw_stop "$last"
-	else
-		wait_exit "${gw_pid[$last]}" 5 || fail "the killed gateway still runs"
-		reap "${gw_pid[$last]}"
-		gw_pid[$last]=
-	fi
+	[ "$sig" = STOP ] || { back_after_kill; return; }
+	kill -CONT "${gw_pid[$last]}"
+	gw_stop "$last"
 	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
 	ranks_wait
 	# The site comes back, and a new job works everywhere.
@@ -290,16 +305,12 @@ case_peer_resumed() {
 	kill -STOP "${gw_pid[$last]}"
 	stopped=$(now_us)
 	for ((s = 0; s < last; s++)); do
-		for ((r = 0; r < RANKS; r++)); do
-			wait_for "$work/ps-s$s-r$r.out" "^step $STEPS rc=" 12 || fail "ps-s$s-r$r did not finish its steps"
-		done
+		reported ps "$s" "$STEPS" 12 "the outcome of its last step"
 	done
 	while [ "$(ms_since "$stopped")" -lt 3500 ]; do sleep 0.1; done
 	kill -CONT "${gw_pid[$last]}"
 	resumed=$(now_us)
-	for ((r = 0; r < RANKS; r++)); do
-		wait_for "$work/ps-s$last-r$r.out" "^step $STEPS rc=" 25 || fail "ps-s$last-r$r did not finish its steps"
-	done
+	reported ps "$last" "$STEPS" 25 "the outcome of its last step"
 	took=$(ms_since "$resumed")
 	log "  ${SITES[$last]}'s ranks had every step's outcome ${took} ms after it resumed"
 	within "$took" 6000 "the resumed site failing its steps"
@@ -321,23 +332,14 @@ case_peer_gone_after_data() {
 	sleep 0.4 # the last site's ranks are in step 2 and its data went out; site-a's come a second late
 	kill -KILL "${gw_pid[$last]}"
 	lost=$(now_us)
-	for ((r = 0; r < RANKS; r++)); do
-		wait_for "$work/pg-s0-r$r.out" "^step 2 rc=" 12 || fail "pg-s0-r$r did not hear of the lost site"
-	done
+	reported pg 0 2 12 "of the lost site"
 	took=$(ms_since "$lost")
 	log "  site-a failed step 2 ${took} ms after SIGKILL (heartbeat_timeout 2 s, step_timeout 30 s)"
 	within "$took" 6000 "failing step 2 with the result held and the DONE undelivered"
 	expect "$work/pg-s0-r0.err" "step 2: error -12: .*site ${SITES[$last]} is unreachable.*no stream carried its DONE" \
 		"pg-s0-r0's error names ${SITES[$last]} and the undelivered DONE"
 	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pg-s0-r0.err" | cut -c1-300)"
-	wait_exit "${gw_pid[$last]}" 5 || fail "the killed gateway still runs"
-	reap "${gw_pid[$last]}"
-	gw_pid[$last]=
-	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
-	ranks_wait
-	gw_start "$last"
-	mesh_up 15
-	run_ok after 1000 1 2
+	back_after_kill
 }
 
 case_peer_killed() { peer_lost KILL; }
