@@ -189,11 +189,11 @@ static int core_abort(void *core, const char *job, uint64_t seq, int code, const
 	return gg_node_abort(d->node, job, seq, code, message);
 }
 
-static void core_end_job(void *core, const char *job)
+static void core_end_job(void *core, const char *job, const char *why)
 {
 	struct daemon *d = core;
 
-	gg_node_end_job(d->node, job);
+	gg_node_end_job_why(d->node, job, why);
 }
 
 static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job };
@@ -489,10 +489,14 @@ static int run(struct daemon *d)
 		log_mesh(d, &watch);
 	}
 
-	/* Fail the steps in progress (the backend reports them to their ranks),
-	 * deliver what peers still wait for of finished steps, close the
-	 * streams, then stop the backend. */
+	/* End the ranks' sessions first, while the streams are up: the steps
+	 * they were still gathering fail at the peers too (ABORT), and so do
+	 * the steps of their jobs the peers started (END), at once rather
+	 * than at heartbeat_timeout. Then fail the steps in progress (the
+	 * backend reports them to their ranks), deliver what peers still wait
+	 * for of finished steps, close the streams, and stop the backend. */
 	gg_log(GG_LOG_INFO, "stopping", "site=%s", d->cfg->site.name);
+	(void)d->backend->ops->stop(d->backend);
 	gg_node_stop_steps(d->node);
 	uint64_t until = gg_monotonic_us() + DRAIN_US;
 	while (status == GG_EXIT_OK && !gg_node_flushed(d->node) && gg_monotonic_us() < until)

@@ -2693,8 +2693,11 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	}
 	snprintf(failed, sizeof(failed), "site %s failed it and ended job '%s': %s", n->names[from], j->name,
 		 m->u.end.reason);
-	snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: its ranks there are gone", n->names[from],
-		 j->name, (unsigned long long)m->u.end.last);
+	/* An END with no failed steps says why the ranks went (a gateway
+	 * shutting down), or just that they did. */
+	snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: %s", n->names[from], j->name,
+		 (unsigned long long)m->u.end.last,
+		 -(int)m->u.end.code == GG_ERR_RANK ? m->u.end.reason : "its ranks there are gone");
 	job_ended_at(n, j, from, m->u.end.first, m->u.end.last, -(int)m->u.end.code, failed, gone);
 }
 
@@ -3299,6 +3302,11 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 
 void gg_node_end_job(struct gg_node *n, const char *job)
 {
+	gg_node_end_job_why(n, job, NULL);
+}
+
+void gg_node_end_job_why(struct gg_node *n, const char *job, const char *why)
+{
 	struct job *j = find_job(n, job, false);
 
 	if (j && j->step)
@@ -3315,7 +3323,7 @@ void gg_node_end_job(struct gg_node *n, const char *job)
 	} else {
 		e->code = GG_ERR_RANK;
 		char reason[sizeof(e->reason)];
-		snprintf(reason, sizeof(reason), "its ranks at site %s are gone", n->names[n->self]);
+		snprintf(reason, sizeof(reason), "its ranks there are gone%s%s", why ? ": " : "", why ? why : "");
 		memcpy(e->reason, reason, sizeof(reason));
 	}
 	send_end(n, -1, e);

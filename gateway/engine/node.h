@@ -194,6 +194,10 @@ GG_MUST_CHECK int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq
  * error-feedback residuals with it, so the name may start a new run once
  * every site's ranks of the old one are gone. */
 void gg_node_end_job(struct gg_node *n, const char *job);
+/* The same, saying what took the ranks when it was not their own doing
+ * (NULL: nothing more): the other sites' steps of the job then fail
+ * naming it. */
+void gg_node_end_job_why(struct gg_node *n, const char *job, const char *why);
 
 /* True when every peer has all its streams up. */
 bool gg_node_connected(const struct gg_node *n);

@@ -374,8 +374,11 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 			break;
 		}
 	}
-	if (b->core_ops->end_job)
-		b->core_ops->end_job(b->core, j->name);
+	if (b->core_ops->end_job) {
+		char why[TEXT];
+		snprintf(why, sizeof(why), "the gateway of site %s is shutting down", b->site);
+		b->core_ops->end_job(b->core, j->name, b->stopping ? why : NULL);
+	}
 	drop_spare(b, j);
 	free(j->ranks);
 	free(j->mem);

@@ -97,9 +97,10 @@ struct gg_core_ops {
 	 * backend hands the result to the ranks still there. Strings are read
 	 * during the call only. NULL: a core of one site. */
 	int (*abort)(void *core, const char *job, uint64_t seq, int code, const char *message);
-	/* Every rank of `job` is gone; no step of it is with the core. NULL
-	 * as for abort. */
-	void (*end_job)(void *core, const char *job);
+	/* Every rank of `job` is gone; no step of it is with the core. `why`:
+	 * what took them, when it is not their own doing (the gateway is
+	 * shutting down), or NULL. NULL as for abort. */
+	void (*end_job)(void *core, const char *job, const char *why);
 };
 
 struct gg_site_backend_ops {

@@ -15,6 +15,11 @@
 # peer-killed     the last site's gateway is SIGKILLed while the others wait
 #                 in step 2: GG_ERR_SITE naming it within heartbeat_timeout
 # peer-stopped    the same with SIGSTOP: its streams stay up but fall silent
+# peer-terminated the last site's gateway gets SIGTERM while the others wait
+#                 for its ranks in step 2: it ends its ranks' jobs before it
+#                 closes its streams, so they fail step 2 at once with
+#                 GG_ERR_RANK naming its shutdown, well within
+#                 heartbeat_timeout
 # peer-gone-after-data
 #                 the last site's ranks announce step 2 at once and its
 #                 gateway sends its data, then is SIGKILLed; the other
@@ -340,6 +345,34 @@ case_peer_gone_after_data() {
 		"pg-s0-r0's error names ${SITES[$last]} and the undelivered DONE"
 	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pg-s0-r0.err" | cut -c1-300)"
 	back_after_kill
+}
+
+case_peer_terminated() {
+	local r s specs=() lost took
+	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 20000@2"); done
+	start_job pt "${specs[@]}"
+	wait_for "$work/pt-s0-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at site-a"
+	sleep 0.3 # the others announce step 2 and wait for the last site
+	lost=$(now_us)
+	gw_stop "$last" TERM
+	[ "$reaped" = 0 ] || fail "${SITES[$last]} exited $reaped on SIGTERM"
+	for ((s = 0; s < last; s++)); do
+		reported pt "$s" 2 12 "of the stopped site"
+	done
+	took=$(ms_since "$lost")
+	log "  every other site failed step 2 ${took} ms after SIGTERM (heartbeat_timeout 2 s)"
+	within "$took" 1000 "failing step 2 after the site said it stops"
+	for ((s = 0; s < last; s++)); do
+		expect "$work/pt-s$s-r0.err" \
+			"step 2: error -11: .*site ${SITES[$last]} ended job 'pt' .*: its ranks there are gone: the gateway of site ${SITES[$last]} is shutting down" \
+			"pt-s$s-r0's error names ${SITES[$last]} shutting down"
+	done
+	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pt-s0-r0.err" | cut -c1-300)"
+	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
+	ranks_wait
+	gw_start "$last"
+	mesh_up 15
+	run_ok after 1000 1 2
 }
 
 case_peer_killed() { peer_lost KILL; }
