@@ -1950,12 +1950,26 @@ static void hb_destroy(struct gg_site_backend *base)
 	free(b);
 }
 
+static void hb_peer_failed(struct gg_site_backend *base, const char *job, uint64_t lo, uint64_t hi, int code,
+			   const char *message)
+{
+	struct gg_host_backend *b = host_of(base);
+	struct hb_job *j = job_find(b, job);
+
+	if (!j || j->with_core || j->broken || j->seq < lo || j->seq > hi || !step_in_progress(j))
+		return;
+	j->aborted_to = GG_MAX(j->aborted_to, j->seq); /* the core knows: nothing to tell it */
+	fail_step(b, j, code, "%s", message);
+	job_advance(b, j);
+}
+
 static const struct gg_site_backend_ops host_ops = {
 	.name = "host",
 	.start = hb_start,
 	.on_cqe = hb_on_cqe,
 	.tick = hb_tick,
 	.complete = hb_complete,
+	.peer_failed = hb_peer_failed,
 	.stop = hb_stop,
 	.destroy = hb_destroy,
 };
