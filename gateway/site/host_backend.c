@@ -473,19 +473,22 @@ static void conn_closing(struct gg_host_backend *b, struct hb_conn *c)
 	c->deadline_us = b->loop->now_us + CLOSE_TIMEOUT_US;
 }
 
-/* What to tell the job when rank `c` leaves. */
-static void leave_reason(const struct hb_conn *c, const char *what, char *why, size_t size)
+/* What to tell the job when rank `c` leaves: which rank, when, and at
+ * which site (the other sites' ranks hear it too). */
+static void leave_reason(const struct gg_host_backend *b, const struct hb_conn *c, const char *what, char *why,
+			 size_t size)
 {
 	const struct hb_job *j = c->job;
 
 	if (step_in_progress(j))
-		snprintf(why, size, "rank %u of job '%s' %s during step %llu", c->rank, j->name, what,
-			 (unsigned long long)j->seq);
+		snprintf(why, size, "rank %u of job '%s' %s during step %llu at site %s", c->rank, j->name, what,
+			 (unsigned long long)j->seq, b->site);
 	else if (j->seq > 1)
-		snprintf(why, size, "rank %u of job '%s' %s after step %llu", c->rank, j->name, what,
-			 (unsigned long long)j->seq - 1);
+		snprintf(why, size, "rank %u of job '%s' %s after step %llu at site %s", c->rank, j->name, what,
+			 (unsigned long long)j->seq - 1, b->site);
 	else
-		snprintf(why, size, "rank %u of job '%s' %s before its first step", c->rank, j->name, what);
+		snprintf(why, size, "rank %u of job '%s' %s before its first step at site %s", c->rank, j->name, what,
+			 b->site);
 }
 
 /* The peer went away (err 0: it closed) or a send/recv failed. */
@@ -500,7 +503,7 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 			snprintf(what, sizeof(what), "lost its connection (%s)", strerror(-err));
 		else
 			snprintf(what, sizeof(what), "disconnected");
-		leave_reason(c, what, why, sizeof(why));
+		leave_reason(b, c, what, why, sizeof(why));
 		/* The last rank leaves a job whose step the core still holds:
 		 * the job outlives it, failed, until the core lets go. */
 		if (c->job->connected == 1 && c->job->with_core)
@@ -556,7 +559,7 @@ GG_PRINTF(5, 0) static void conn_end_with(struct gg_host_backend *b, struct hb_c
 
 	vsnprintf(text, sizeof(text), fmt, ap);
 	snprintf(what, sizeof(what), "%s (%s)", how, text);
-	leave_reason(c, what, why, sizeof(why));
+	leave_reason(b, c, what, why, sizeof(why));
 	snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
 	conn_end(b, c, code, msg, why);
 }

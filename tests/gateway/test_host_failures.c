@@ -272,7 +272,7 @@ static void test_rank_dies(void)
 	kill_child(pid);
 	CHECK_EQ_INT(gg_wait(req, -1, &err), GG_ERR_RANK);
 	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS); /* not the step timeout */
-	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 8): rank 1 of job 'die' disconnected during step 1");
+	CHECK_ERR(err, GG_ERR_RANK, "step 1 (tensor 8): rank 1 of job 'die' disconnected during step 1 at site test-site");
 	gg_request_free(req);
 	/* Its later steps fail at once, with the same cause. */
 	CHECK_EQ_INT(gg_allreduce(s, x, 100, GG_DTYPE_F32, 8, 0, &err), GG_ERR_RANK);
