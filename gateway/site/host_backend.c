@@ -28,6 +28,7 @@
 enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 
 #define OUTQ (GG_CTRL_MAX_INFLIGHT + 2u) /* every request's DONE, ACCEPT, the last ERROR */
+#define FAILED_KEPT 8 /* failed steps a job remembers for its late ranks */
 #define RECV_FDS 4                       /* descriptors one packet may bring before MSG_CTRUNC */
 #define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
 #define WAITING_MAX 16                   /* connections waiting for the slots of an idle job */
@@ -94,6 +95,13 @@ struct hb_conn {
 	_Alignas(size_t) char cbuf[CMSG_SPACE(RECV_FDS * sizeof(int))];
 };
 
+/* A step that failed before all of its job's ranks had announced it. */
+struct hb_failed {
+	uint64_t seq; /* 0: none */
+	int code;
+	char msg[TEXT];
+};
+
 struct hb_job {
 	struct hb_job *next;
 	char name[GG_CTRL_NAME_SIZE];
@@ -133,9 +141,11 @@ struct hb_job {
 	int broken; /* a rank left or broke the protocol: every request fails with broken_msg */
 	char broken_msg[TEXT];
 	uint64_t aborted_to; /* the core was told that steps up to this one failed here */
-	uint64_t failed_seq; /* the last step failed before all ranks had announced it */
-	int failed_code;
-	char failed_msg[TEXT];
+	/* The last steps failed before all ranks had announced them, for the
+	 * ranks still to come: ranks that were told may run some steps ahead
+	 * of a late one (each failed as another site failed it). */
+	struct hb_failed failed[FAILED_KEPT];
+	unsigned failed_next;
 };
 
 struct gg_host_backend {
@@ -836,18 +846,19 @@ GG_PRINTF(4, 5) static void fail_step(struct gg_host_backend *b, struct hb_job *
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(j->failed_msg, sizeof(j->failed_msg), fmt, ap);
+	struct hb_failed *f = &j->failed[j->failed_next++ % FAILED_KEPT];
+	vsnprintf(f->msg, sizeof(f->msg), fmt, ap);
 	va_end(ap);
-	j->failed_seq = j->seq;
-	j->failed_code = code;
-	hb_log(b, "job '%s' step %llu failed: %s", j->name, (unsigned long long)j->seq, j->failed_msg);
-	tell_core(b, j, j->seq, code, j->failed_msg);
+	f->seq = j->seq;
+	f->code = code;
+	hb_log(b, "job '%s' step %llu failed: %s", j->name, (unsigned long long)j->seq, f->msg);
+	tell_core(b, j, j->seq, code, f->msg);
 	for (unsigned r = 0; r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
 		struct hb_req *h = c ? head(c) : NULL;
 		if (h && h->seq == j->seq)
 			answer(b, c, code, "step %llu (tensor %u): %s", (unsigned long long)h->seq, h->tensor_id,
-			       j->failed_msg);
+			       f->msg);
 	}
 	j->seq++;
 	j->deadline_us = 0;
@@ -1133,10 +1144,21 @@ static bool held_for_outcome(const struct hb_job *j, const struct hb_req *h)
 	return j->with_core && !j->abandoned && h->seq == j->step.seq;
 }
 
+/* How step `seq` failed, when it did before every rank announced it. */
+static struct hb_failed *failed_step(struct hb_job *j, uint64_t seq)
+{
+	for (unsigned i = 0; i < FAILED_KEPT; i++)
+		if (j->failed[i].seq == seq)
+			return &j->failed[i];
+	return NULL;
+}
+
 /* Answers what can no longer run, then starts step j->seq once every rank
  * has announced it. */
 static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 {
+	struct hb_failed *f;
+
 	for (;;) {
 		for (unsigned r = 0; r < j->nranks; r++) {
 			struct hb_conn *c = j->ranks[r];
@@ -1146,9 +1168,9 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 					tell_core(b, j, h->seq, j->broken, j->broken_msg);
 					answer(b, c, j->broken, "step %llu (tensor %u): %s", (unsigned long long)h->seq,
 					       h->tensor_id, j->broken_msg);
-				} else if (h->seq == j->failed_seq) {
-					answer(b, c, j->failed_code, "step %llu (tensor %u): %s",
-					       (unsigned long long)h->seq, h->tensor_id, j->failed_msg);
+				} else if ((f = failed_step(j, h->seq))) {
+					answer(b, c, f->code, "step %llu (tensor %u): %s", (unsigned long long)h->seq,
+					       h->tensor_id, f->msg);
 				} else {
 					answer(b, c, GG_ERR_TIMEOUT,
 					       "step %llu (tensor %u): the other ranks of job '%s' gave up on this step "
