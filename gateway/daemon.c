@@ -198,15 +198,6 @@ static void core_end_job(void *core, const char *job, const char *why)
 
 static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job };
 
-/* Another site failed steps the backend may still be gathering. */
-static void peer_failed(void *arg, const char *job, uint64_t lo, uint64_t hi, int code, const char *message)
-{
-	struct daemon *d = arg;
-
-	if (d->backend && d->backend->ops->peer_failed)
-		d->backend->ops->peer_failed(d->backend, job, lo, hi, code, message);
-}
-
 static void backend_log(void *arg, const char *line)
 {
 	(void)arg;
@@ -310,7 +301,6 @@ static void stop_backend(struct daemon *d)
 	}
 	if (stopped) {
 		d->backend->ops->destroy(d->backend);
-		d->backend = NULL; /* the node's hooks find no backend from here on */
 		gg_http_server_free(d->metrics);
 		d->metrics = NULL;
 	}
@@ -576,11 +566,9 @@ int gg_daemon_run(const struct gg_config *cfg)
 		goto out;
 	}
 	d.backend = gg_host_backend_base(d.host);
-	gg_node_on_peer_failed(d.node, peer_failed, &d);
 	if (d.backend->ops->start(d.backend, gg_node_loop(d.node), err, sizeof(err))) {
 		status = startup_failed(cfg, err);
 		d.backend->ops->destroy(d.backend);
-		d.backend = NULL;
 		goto out;
 	}
 	char chunk[32], metrics[GG_NET_ADDR_TEXT_MAX + 16] = "off";

@@ -449,8 +449,6 @@ struct gg_node {
 	uint64_t close_told;        /* lanes posted M_SHUTDOWN, by bit */
 	bool acceptor_told;         /* and the acceptor */
 	bool test_freeze_at_result; /* gg_node_test_freeze_at_result() */
-	gg_node_peer_failed_fn *peer_failed; /* gg_node_on_peer_failed() */
-	void *peer_failed_arg;
 	unsigned test_drop_done;    /* gg_node_test_drop_done(): that peer + 1, or 0 */
 	atomic_bool lanes_stop, acceptor_stop;
 	atomic_int acceptor_failed; /* the acceptor's loop broke: its negative errno */
@@ -2624,14 +2622,6 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	char safe[LOG_VALUE_MAX];
 	gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
 	       (unsigned long long)from_seq, (unsigned long long)hi, gg_escape(safe, sizeof(safe), msg, strlen(msg)));
-	if (n->peer_failed)
-		n->peer_failed(n->peer_failed_arg, j->name, from_seq, hi, -(int)m->u.abort.code, msg);
-}
-
-void gg_node_on_peer_failed(struct gg_node *n, gg_node_peer_failed_fn *fn, void *arg)
-{
-	n->peer_failed = fn;
-	n->peer_failed_arg = arg;
 }
 
 /* The job is over at site `from`: steps up to last_done completed there,
@@ -2663,14 +2653,6 @@ static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64
 	j->ended_code = code;
 	snprintf(j->ended_reason, sizeof(j->ended_reason), "%s", failed);
 	snprintf(j->end_reason, sizeof(j->end_reason), "%s", gone);
-	/* Steps not started here fail as they start (gg_node_submit): the site
-	 * backend may fail the one it gathers now. */
-	uint64_t next = GG_MAX(j->ended_done, j->last_seq) + 1;
-	if (n->peer_failed && next <= j->ended_last)
-		n->peer_failed(n->peer_failed_arg, j->name, next, j->ended_last, j->ended_code, j->ended_reason);
-	if (n->peer_failed)
-		n->peer_failed(n->peer_failed_arg, j->name, GG_MAX(next, j->ended_last + 1), UINT64_MAX, GG_ERR_RANK,
-			       j->end_reason);
 	if (!j->step || j->ending || j->step->seq <= j->ended_done)
 		return;
 	if (j->step->seq <= j->ended_last)

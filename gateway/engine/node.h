@@ -189,14 +189,6 @@ GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, c
  * on it, so it completes or fails as they say, not by this call. */
 GG_MUST_CHECK int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason);
 
-/* Called on the node's thread when another site failed steps lo..hi of
- * `job` that have not started here (its ABORT, or its END), with the code
- * and message each of them will fail with here once started: the site
- * backend may fail the one it is gathering at once. NULL: nothing. */
-typedef void gg_node_peer_failed_fn(void *arg, const char *job, uint64_t lo, uint64_t hi, int code,
-				    const char *message);
-void gg_node_on_peer_failed(struct gg_node *n, gg_node_peer_failed_fn *fn, void *arg);
-
 /* The job's ranks at this site are gone: the job is over everywhere. The
  * other sites fail its steps (GG_ERR_RANK), and every site forgets it, its
  * error-feedback residuals with it, so the name may start a new run once

@@ -143,7 +143,7 @@ struct hb_job {
 	uint64_t aborted_to; /* the core was told that steps up to this one failed here */
 	/* The last steps failed before all ranks had announced them, for the
 	 * ranks still to come: ranks that were told may run some steps ahead
-	 * of a late one (each failed as another site failed it). */
+	 * of a late one (each failed at its deadline). */
 	struct hb_failed failed[FAILED_KEPT];
 	unsigned failed_next;
 };
@@ -1975,26 +1975,12 @@ static void hb_destroy(struct gg_site_backend *base)
 	free(b);
 }
 
-static void hb_peer_failed(struct gg_site_backend *base, const char *job, uint64_t lo, uint64_t hi, int code,
-			   const char *message)
-{
-	struct gg_host_backend *b = host_of(base);
-	struct hb_job *j = job_find(b, job);
-
-	if (!j || j->with_core || j->broken || j->seq < lo || j->seq > hi || !step_in_progress(j))
-		return;
-	j->aborted_to = GG_MAX(j->aborted_to, j->seq); /* the core knows: nothing to tell it */
-	fail_step(b, j, code, "%s", message);
-	job_advance(b, j);
-}
-
 static const struct gg_site_backend_ops host_ops = {
 	.name = "host",
 	.start = hb_start,
 	.on_cqe = hb_on_cqe,
 	.tick = hb_tick,
 	.complete = hb_complete,
-	.peer_failed = hb_peer_failed,
 	.stop = hb_stop,
 	.destroy = hb_destroy,
 };

@@ -119,13 +119,6 @@ struct gg_site_backend_ops {
 	 * site and what failed, e.g. "site eu-west: peer gateway closed the
 	 * connection". Read during the call only. */
 	void (*complete)(struct gg_site_backend *b, struct gg_site_step *step, int status, const char *message);
-	/* Another site failed steps lo..hi of `job` before they reached the
-	 * core here: the one this site is still gathering, if some of its
-	 * ranks announced it, fails at them now with `code` and `message`
-	 * (read during the call only), rather than when the missing ranks come.
-	 * NULL: the backend waits for them. */
-	void (*peer_failed)(struct gg_site_backend *b, const char *job, uint64_t lo, uint64_t hi, int code,
-			    const char *message);
 	/* Stops accepting work and closes the ranks' connections (idempotent).
 	 * Returns true once nothing is in flight on the loop and no step is
 	 * with the core; destroy() may then be called. */
