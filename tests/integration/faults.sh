@@ -300,12 +300,19 @@ case_peer_restarted() {
 # the job. Resumed, it must hear of that from their END (sent again once
 # its streams are back) and fail its ranks' steps at once, not each at the
 # 30 s deadline.
-case_peer_resumed() {
-	local r s t stopped resumed took specs=()
-	STEPS=5
+# start_a_late JOB: site-a's ranks come a second late to step 2; returns
+# once step 1 worked at the last site, whose ranks then go on to step 2.
+start_a_late() {
+	local r specs=()
 	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2"); done
-	start_job ps "${specs[@]}"
-	wait_for "$work/ps-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
+	start_job "$1" "${specs[@]}"
+	wait_for "$work/$1-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
+}
+
+case_peer_resumed() {
+	local s t stopped resumed took
+	STEPS=5
+	start_a_late ps
 	sleep 0.2 # the last site's ranks are in step 2, site-a's come a second late
 	kill -STOP "${gw_pid[$last]}"
 	stopped=$(now_us)
@@ -330,10 +337,8 @@ case_peer_resumed() {
 }
 
 case_peer_gone_after_data() {
-	local r specs=() lost took
-	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2"); done
-	start_job pg "${specs[@]}"
-	wait_for "$work/pg-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
+	local lost took
+	start_a_late pg
 	sleep 0.4 # the last site's ranks are in step 2 and its data went out; site-a's come a second late
 	kill -KILL "${gw_pid[$last]}"
 	lost=$(now_us)
