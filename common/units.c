@@ -28,7 +28,8 @@ static int parse_number(const char **p, uint64_t *v)
 
 	if (!isdigit((unsigned char)*s))
 		return -EINVAL;
-	for (; isdigit((unsigned char)*s) || *s == '_'; s++) {
+	/* Digits, with single underscores between them: 1_000. */
+	for (; isdigit((unsigned char)*s) || (*s == '_' && isdigit((unsigned char)s[1])); s++) {
 		if (*s == '_')
 			continue;
 		if (n > (UINT64_MAX - 9) / 10)
@@ -92,7 +93,7 @@ int gg_parse_size(const char *text, uint64_t *bytes, const char **why)
 int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 {
 	const char *p = text;
-	uint64_t total = 0;
+	uint64_t total = 0, last_mult = UINT64_MAX;
 	int parts = 0;
 
 	while (*p == ' ')
@@ -110,6 +111,11 @@ int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 			*why = "missing or unknown duration unit (use us, ms, s, m or h)";
 			return -EINVAL;
 		}
+		if (u->mult >= last_mult) {
+			*why = "units must go from the largest to the smallest, each once, as in \"1m30s\"";
+			return -EINVAL;
+		}
+		last_mult = u->mult;
 		if (n > (UINT64_MAX - total) / u->mult) {
 			*why = "duration too long";
 			return -ERANGE;

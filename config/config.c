@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -949,6 +950,9 @@ static void check_combinations(struct loader *ld, const struct gg_config *cfg)
 		diag_blame(ld, rc_min, rc_max, "[transport] reconnect_min (%s) is longer than reconnect_max (%s)",
 			   gg_format_duration(cfg->transport.reconnect_min_us, a, sizeof(a)),
 			   gg_format_duration(cfg->transport.reconnect_max_us, b, sizeof(b)));
+	if (chunk->valid && cfg->transport.chunk_bytes % sizeof(float))
+		diag_blame(ld, chunk, NULL, "[transport] chunk_size (%" PRIu64 " bytes) must be a multiple of 4 bytes, "
+			   "whole float32 elements", cfg->transport.chunk_bytes);
 	if (chunk->valid && inflight->valid && cfg->limits.inflight_bytes_per_peer < cfg->transport.chunk_bytes)
 		diag_blame(ld, inflight, chunk,
 			   "[limits] inflight_per_peer (%s) is smaller than one chunk ([transport] chunk_size = %s)",

@@ -71,6 +71,9 @@ static void test_units(void)
 	CHECK(gg_parse_size("1500", &v, &why) == 0 && v == 1500);
 	CHECK(gg_parse_size("1_000kB", &v, &why) == 0 && v == 1000000);
 	CHECK(gg_parse_size("2GB", &v, &why) == 0 && v == 2000000000ull);
+	CHECK(gg_parse_size("1__000", &v, &why) == -EINVAL);
+	CHECK(gg_parse_size("1000_", &v, &why) == -EINVAL);
+	CHECK(gg_parse_size("1_000_", &v, &why) == -EINVAL);
 	CHECK(gg_parse_size("4mib", &v, &why) == -EINVAL);
 	CHECK(gg_parse_size("", &v, &why) == -EINVAL);
 	CHECK(gg_parse_size("MiB", &v, &why) == -EINVAL);
@@ -81,6 +84,11 @@ static void test_units(void)
 	CHECK(gg_parse_duration("1m30s", &v, &why) == 0 && v == 90000000);
 	CHECK(gg_parse_duration("1h", &v, &why) == 0 && v == 3600000000ull);
 	CHECK(gg_parse_duration("10us", &v, &why) == 0 && v == 10);
+	CHECK(gg_parse_duration("1h2m3s4ms5us", &v, &why) == 0 && v == 3723004005ull);
+	CHECK(gg_parse_duration("30s1m", &v, &why) == -EINVAL);
+	CHECK_STR(why, "units must go from the largest to the smallest, each once, as in \"1m30s\"");
+	CHECK(gg_parse_duration("1h1h", &v, &why) == -EINVAL);
+	CHECK(gg_parse_duration("1_000ms", &v, &why) == 0 && v == 1000000);
 	CHECK(gg_parse_duration("5", &v, &why) == -EINVAL);
 	CHECK(gg_parse_duration("1.5s", &v, &why) == -EINVAL);
 	CHECK(gg_parse_duration("", &v, &why) == -EINVAL);
