@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Who dials whom: [[peers]] dial = "out" | "in" | "both".
 #
-# - Every pair of settings that lets one site dial the other forms the
-#   mesh, on the connections of the site expected (both/both: the one whose
-#   name sorts first), and carries steps with exact results; no stream comes
-#   or goes once it settled.
+# - Every pair of settings that lets one site dial the other (one mesh of
+#   four sites, a setting per pair) forms the mesh, on the connections of
+#   the site expected (both/both: the one whose name sorts first), and
+#   carries steps with exact results; no stream comes or goes once it
+#   settled.
 # - A site that only dials out (dial = "out" for every peer, "in" at them),
 #   behind a one-way firewall: its peers' address for it is a closed port.
 # - Both "in": nobody dials; the incomplete mesh, and a step that waits for
@@ -29,20 +30,20 @@ last_dialer() {
 		sed -n "s/.*event=stream_up site=${SITES[$2]} stream=$3 dialed_by=\([a-z0-9-]*\) .*/\1/p" | tail -n 1
 }
 
-# settled_on D: every stream between site-a and site-b is, at both sites,
+# settled_on I J D: every stream between sites I and J is, at both sites,
 # the connection site D dialed.
 settled_on() {
 	local s
 	for ((s = 0; s < STREAMS; s++)); do
-		[ "$(last_dialer 0 1 "$s")" = "${SITES[$1]}" ] && [ "$(last_dialer 1 0 "$s")" = "${SITES[$1]}" ] ||
+		[ "$(last_dialer "$1" "$2" "$s")" = "${SITES[$3]}" ] && [ "$(last_dialer "$2" "$1" "$s")" = "${SITES[$3]}" ] ||
 			return 1
 	done
 }
 
-# wait_settled D SECONDS
+# wait_settled I J D SECONDS
 wait_settled() {
-	local deadline=$((${EPOCHREALTIME/[.,]/} + $2 * 1000000))
-	until settled_on "$1"; do
+	local deadline=$((${EPOCHREALTIME/[.,]/} + $4 * 1000000))
+	until settled_on "$1" "$2" "$3"; do
 		[ "${EPOCHREALTIME/[.,]/}" -lt "$deadline" ] || return 1
 		sleep 0.05
 	done
@@ -88,36 +89,42 @@ step_fails() {
 	log "$3: $(cat "$work/$1-s0-r0.err")"
 }
 
-# pair D0 D1 DIALER: site-a's setting for site-b, site-b's for site-a, and
-# the site whose connections carry the pair.
-pair() {
-	local what="$1/$2" i before=()
-	DIAL=([0-1]=$1 [1-0]=$2)
-	mesh_start
-	mesh_up 15
-	wait_settled "$3" 5 || fail "$what: streams not all dialed by ${SITES[$3]} at both sites"
-	run_ok "pair-$1-$2" 100003 1 2
-	for i in 0 1; do
-		before[$i]=$(ups "$i")
-		[ "${before[$i]}" -le $((2 * STREAMS)) ] ||
-			fail "$what: ${SITES[$i]} brought up ${before[$i]} streams for $STREAMS"
-	done
-	sleep 0.5 # past reconnect_max: a dial that replaces a stream would have come
-	for i in 0 1; do
-		[ "$(ups "$i")" = "${before[$i]}" ] || fail "$what: ${SITES[$i]}'s streams changed after they settled"
-		expect_none_now "$i" 'level=(warn|error) event=(dial_refused|stream_refused)|event=step_failed' "$what"
-	done
-	log "$what: streams dialed by ${SITES[$3]}; stream_up ${before[0]} and ${before[1]}"
-	mesh_stop
-}
-
-pair out in 0
-pair in out 1
-pair both both 0
-pair both in 0
-pair both out 1
-pair out both 0
-pair in both 1
+# Every pair of settings that lets a site dial the other, on one mesh of
+# four sites: each of its six pairs has its own. PAIRS: "I J DIAL_IJ
+# DIAL_JI DIALER" (("in", "both") is ("both", "in") seen from the other
+# site).
+K=4
+PAIRS=("0 1 out in 0" "0 2 in out 2" "0 3 both both 0" "1 2 both in 1" "1 3 both out 3" "2 3 out both 2")
+DIAL=()
+for p in "${PAIRS[@]}"; do
+	read -r i j dij dji _ <<<"$p"
+	DIAL[$i-$j]=$dij DIAL[$j-$i]=$dji
+done
+mesh_start
+mesh_up 15
+for p in "${PAIRS[@]}"; do
+	read -r i j dij dji dialer <<<"$p"
+	wait_settled "$i" "$j" "$dialer" 5 ||
+		fail "$dij/$dji: streams between ${SITES[$i]} and ${SITES[$j]} not all dialed by ${SITES[$dialer]} at both"
+done
+run_ok pairs 100003 1 2
+before=()
+for ((i = 0; i < K; i++)); do
+	before[$i]=$(ups "$i")
+	[ "${before[$i]}" -le $((2 * STREAMS * (K - 1))) ] ||
+		fail "${SITES[$i]} brought up ${before[$i]} streams for $((STREAMS * (K - 1)))"
+done
+sleep 0.5 # past reconnect_max: a dial that replaces a stream would have come
+for ((i = 0; i < K; i++)); do
+	[ "$(ups "$i")" = "${before[$i]}" ] || fail "${SITES[$i]}'s streams changed after they settled"
+	expect_none_now "$i" 'level=(warn|error) event=(dial_refused|stream_refused)|event=step_failed' "pairs"
+done
+for p in "${PAIRS[@]}"; do
+	read -r i j dij dji dialer <<<"$p"
+	log "$dij/$dji: streams between ${SITES[$i]} and ${SITES[$j]} dialed by ${SITES[$dialer]}"
+done
+log "stream_up per site: ${before[*]}"
+mesh_stop
 
 # A site that only dials out, behind a firewall that lets nothing in: its
 # peers have a closed port for it. site-c dials the others' as usual.
@@ -199,9 +206,11 @@ DIAL=()
 # with its reason.
 mesh_start
 mesh_up 15
-wait_settled 0 5 || fail "both/both: streams not all dialed by site-a"
+wait_settled 0 1 0 5 || fail "both/both: streams not all dialed by site-a"
 run_ok together 1000003 1 2
-grep -hE 'event=stream_down .*reason="duplicate stream: ' "$work"/gw-*.log >"$work/duplicates.out" || true
+for i in 0 1; do
+	since_start "$(site_log "$i")"
+done | grep -E 'event=stream_down .*reason="duplicate stream: ' >"$work/duplicates.out" || true
 [ -s "$work/duplicates.out" ] || fail "no site closed a duplicate"
 for i in 0 1; do
 	[ "$(ups "$i")" -le $((2 * STREAMS)) ] || fail "${SITES[$i]} brought up $(ups "$i") streams for $STREAMS"
@@ -217,14 +226,14 @@ DIAL=([0-1]=both [1-0]=both)
 LINK_ARGS=(--rate 100mbit --report-every 1MiB)
 mesh_start
 mesh_up 15
-wait_settled 0 5 || fail "both/both over a link: streams not all dialed by site-a"
+wait_settled 0 1 0 5 || fail "both/both over a link: streams not all dialed by site-a"
 before=$(ups 0)
 ranks_start reset 1000003 1 3
 wait_for "$work/link-0-1.log" "connection [0-9]+ (up|down) [0-9]+ bytes" 10 || fail "no data crossed the link"
 kill -USR1 "${link_pid[01]}"
 check_ranks
 wait_for "$work/link-0-1.log" "reset [1-9][0-9]* connections? on request" 5 || fail "linkem reset nothing"
-wait_settled 0 5 || fail "both/both after the reset: streams not all dialed by site-a"
+wait_settled 0 1 0 5 || fail "both/both after the reset: streams not all dialed by site-a"
 for i in 0 1; do
 	expect_none_now "$i" 'event=step_failed' "both/both, reset"
 done
