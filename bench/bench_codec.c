@@ -373,9 +373,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			o->zstd = false;
 		} else if (!strcmp(a, "--size") || !strcmp(a, "--chunk")) {
 			uint64_t *dst = a[2] == 's' ? &o->size_bytes : &o->chunk_bytes;
-			if (gg_parse_size(v, dst, &why) || *dst < 4) {
+			why = NULL;
+			if (gg_parse_size(v, dst, &why) || *dst < 4 || *dst % sizeof(float)) {
 				fprintf(stderr, "gradgate-bench codec: %s '%s': %s\n", a, v,
-					*dst < 4 ? "at least one fp32" : why);
+					why ? why : "whole fp32 elements: a multiple of 4 bytes, at least 4");
 				return -1;
 			}
 		} else if (!strcmp(a, "--file")) {
@@ -412,7 +413,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			o->reps = (int)n;
 		} else if (!strcmp(a, "--threads")) {
 			if (strcmp(v, "1")) {
-				fprintf(stderr, "gradgate-bench codec: --threads: only 1 is supported (figures are per core)\n");
+				fprintf(stderr, "gradgate-bench codec: --threads: only 1 is supported (figures are per core), "
+						"not '%s'\n", v);
 				return -1;
 			}
 		} else if (!strcmp(a, "--seed")) {
@@ -517,7 +519,6 @@ int gg_bench_codec_main(int argc, char **argv)
 
 	if (parse_opts(argc, argv, &o))
 		return 2;
-	rng_state = o.seed;
 	if (!o.json) {
 		char sz[32], ch[32], lv[16] = "off";
 		if (o.zstd)
@@ -550,6 +551,7 @@ int gg_bench_codec_main(int argc, char **argv)
 	for (int k = 0; !rc && k < 3; k++) {
 		if (!o.kinds[k])
 			continue;
+		rng_state = o.seed + (uint64_t)k * 0x632be59bd9b4e019ull; /* each kind's data whatever else runs */
 		synthesize(x, n, (enum data_kind)k);
 		rc = run_data(&o, x, n, data_names[k]);
 	}

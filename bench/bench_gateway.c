@@ -197,7 +197,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'c':
 			o->count = strtoull(optarg, &end, 10);
 			if (*end || end == optarg || o->count == 0 || o->count > (1ull << 28)) {
-				fprintf(stderr, "gradgate-bench gateway: --count must be 1 to %llu elements\n", 1ull << 28);
+				fprintf(stderr, "gradgate-bench gateway: --count must be 1 to %llu elements, not '%s'\n",
+					1ull << 28, optarg);
 				return 2;
 			}
 			break;
@@ -236,7 +237,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'b':
 			o->baseline_s = strtod(optarg, &end);
 			if (*end || end == optarg || !(o->baseline_s >= 0 && o->baseline_s <= 60)) {
-				fprintf(stderr, "gradgate-bench gateway: --baseline-time must be 0 to 60 seconds\n");
+				fprintf(stderr, "gradgate-bench gateway: --baseline-time must be 0 to 60 seconds, not '%s'\n",
+					optarg);
 				return 2;
 			}
 			break;

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "identity.h"
 #include "net_addr.h"
 #include "tls_context.h"
 #include "tls_pki.h"
@@ -1103,6 +1104,20 @@ static int parse_options(int argc, char **argv, struct options *o)
 	if (o->ca && !o->peer_identity) {
 		fprintf(stderr, "gradgate-bench transport: with --cert, say which identity the peer must carry: --peer-identity\n");
 		return -EINVAL;
+	}
+	const char *why;
+	if (o->peer_identity && gg_identity_check(o->peer_identity, &why)) {
+		fprintf(stderr, "gradgate-bench transport: --peer-identity %s: %s\n", o->peer_identity, why);
+		return -EINVAL;
+	}
+	const char *addr_opts[] = { "--listen", "--connect" }, *addrs[] = { o->listen, o->connect };
+	for (size_t k = 0; k < GG_ARRAY_LEN(addrs); k++) {
+		struct sockaddr_storage ss;
+		socklen_t len;
+		if (addrs[k] && gg_net_addr_parse(addrs[k], &ss, &len, &why)) {
+			fprintf(stderr, "gradgate-bench transport: %s %s: %s\n", addr_opts[k], addrs[k], why);
+			return -EINVAL;
+		}
 	}
 	return 0;
 }

@@ -486,8 +486,8 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		}
 		case 'C':
 			if (gg_parse_size(optarg, &o->chunk_bytes, &why) || o->chunk_bytes < (4u << 10) ||
-			    o->chunk_bytes > (64u << 20)) {
-				say("--chunk must be 4KiB to 64MiB, not '%s'", optarg);
+			    o->chunk_bytes > (64u << 20) || o->chunk_bytes % sizeof(float)) {
+				say("--chunk must be 4KiB to 64MiB, a multiple of 4 bytes, not '%s'", optarg);
 				return WAN_USAGE;
 			}
 			break;
@@ -502,8 +502,9 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 			break;
 		case 'P':
 			/* It goes into gnuplot's script between single quotes. */
-			if (!*optarg || strchr(optarg, '\'') || strchr(optarg, '\n')) {
-				say("--plot wants a file name without quotes or newlines, not '%s'", optarg);
+			if (strlen(optarg) < 5 || strcmp(optarg + strlen(optarg) - 4, ".svg") || strchr(optarg, '\'') ||
+			    strchr(optarg, '\n')) {
+				say("--plot wants an SVG file name, FILE.svg, without quotes or newlines, not '%s'", optarg);
 				return WAN_USAGE;
 			}
 			o->plot = optarg;
@@ -1402,9 +1403,10 @@ static double model_link_bytes(const struct mode *m, double size, double wire)
 	if (m->gloo)
 		return 2.0 * (N - 1) / N * size * framing_tcp();
 	/* A ring moves 2(K-1) shards of a site's encoding per step over a
-	 * site's uplink, direct its whole encoding K-1 times. */
+	 * site's uplink, direct its whole encoding K-1 times; a chunk holds
+	 * chunk_size / 4 elements whatever the codec. */
 	double pieces = hops(m) == 1 ? K - 1 : 2.0 * (K - 1);
-	double messages = pieces * ceil(wire / pieces / (double)W.o.chunk_bytes);
+	double messages = pieces * ceil(size / pieces / (double)W.o.chunk_bytes);
 	return (wire + messages * message_overhead()) * framing_tls() * framing_tcp();
 }
 
