@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -831,7 +832,26 @@ static void load_peers(struct loader *ld, const struct gg_toml_value *v, struct 
 	}
 }
 
-/* Site names and addresses must be unique, and no peer may be this site. */
+#define DERIVED_IDENTITY "dns:%s"
+
+/* The identity a peer's certificate must carry: its own setting, or the
+ * one its name gives (fill_derived() has not run yet). */
+static const char *peer_identity(const struct gg_peer_config *p, char *buf, size_t size)
+{
+	if (p->identity)
+		return p->identity;
+	snprintf(buf, size, DERIVED_IDENTITY, p->site);
+	return buf;
+}
+
+/* DNS names compare without regard to case, URIs byte for byte. */
+static bool same_identity(const char *a, const char *b)
+{
+	return !strncmp(a, "dns:", 4) && !strncmp(b, "dns:", 4) ? !strcasecmp(a + 4, b + 4) : !strcmp(a, b);
+}
+
+/* Site names, addresses and identities must be unique, and no peer may be
+ * this site: a certificate that passes for two peers could pose as either. */
 static void check_peers(struct loader *ld, const struct gg_config *cfg, const struct gg_toml_value *pv)
 {
 	for (size_t i = 0; i < cfg->peer_count; i++) {
@@ -853,6 +873,15 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 			else if (q->address && !strcmp(p->address, q->address))
 				diag_add(ld->diag, "%s:%u:%u: duplicate peer address %s: [[peers]] #%zu uses it too",
 					 AT(ld, pos), p->address, j + 1);
+			else if (q->site) {
+				char a[GG_SITE_NAME_MAX + 8], b[GG_SITE_NAME_MAX + 8];
+				const char *pid = peer_identity(p, a, sizeof(a)), *qid = peer_identity(q, b, sizeof(b));
+				if (same_identity(pid, qid))
+					diag_add(ld->diag,
+						 "%s:%u:%u: duplicate peer identity %s: [[peers]] #%zu (site '%s') has it "
+						 "too, so either site's certificate would pass for the other",
+						 AT(ld, pos), pid, j + 1, q->site);
+			}
 		}
 	}
 }
@@ -869,8 +898,6 @@ static int default_threads(void)
 /* The defaults that follow from other settings: the control socket from
  * the site's name, a peer's identity from its. */
 #define DERIVED_CONTROL "unix:/run/gradgate/%s.sock"
-#define DERIVED_IDENTITY "dns:%s"
-
 static void fill_derived(struct loader *ld, struct gg_config *cfg)
 {
 	if (!cfg->site.threads)

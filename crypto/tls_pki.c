@@ -156,7 +156,8 @@ int gg_tls_pki_issue(struct gg_tls_pki *pki, const struct gg_tls_cert_request *r
 		goto out;
 	rc = -EINVAL;
 	if (add_ext(cert, pki->cert, NID_basic_constraints, "critical,CA:FALSE") ||
-	    add_ext(cert, pki->cert, NID_key_usage, "critical,digitalSignature") ||
+	    add_ext(cert, pki->cert, NID_key_usage,
+		    req->no_signature ? "critical,keyEncipherment" : "critical,digitalSignature") ||
 	    (eku[0] && add_ext(cert, pki->cert, NID_ext_key_usage, eku)) ||
 	    add_ext(cert, pki->cert, NID_authority_key_identifier, "keyid") || add_san(cert, &id) ||
 	    !X509_sign(cert, pki->key, EVP_sha256()) || !PEM_write_bio_X509(cbio, cert) ||

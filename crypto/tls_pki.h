@@ -27,6 +27,7 @@ struct gg_tls_cert_request {
 	long valid_until_s;     /* notAfter, seconds from now; 0: one day */
 	bool no_client_auth;    /* leave clientAuth out of the extended key usage */
 	bool no_server_auth;    /* leave serverAuth out */
+	bool no_signature;      /* key usage keyEncipherment only, not digitalSignature */
 };
 
 /* Issues a certificate and its new key. Returns 0 with *cert_pem and

@@ -171,7 +171,7 @@ void gg_tls_format_time(const ASN1_TIME *t, char *buf, size_t size)
 		snprintf(buf, size, "an unreadable date");
 }
 
-static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int error)
+static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int depth, int error)
 {
 	char when[40];
 
@@ -198,6 +198,18 @@ static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int error)
 			 gg_escape(safe, sizeof(safe), dn, strlen(dn)));
 		break;
 	}
+	case X509_V_ERR_INVALID_PURPOSE: {
+		/* One error for both extensions: say which one refuses the use. */
+		uint32_t flags = X509_get_extension_flags(cert);
+		uint32_t xku = chk->is_server ? XKU_SSL_CLIENT : XKU_SSL_SERVER;
+		const char *whose = depth ? "its issuer's " : "";
+		if ((flags & EXFLAG_XKUSAGE) && !(X509_get_extended_key_usage(cert) & xku))
+			snprintf(chk->cert_detail, sizeof(chk->cert_detail), "%sextended key usage lacks %s", whose,
+				 chk->is_server ? "clientAuth" : "serverAuth");
+		else if (flags & EXFLAG_KUSAGE)
+			snprintf(chk->cert_detail, sizeof(chk->cert_detail), "%skey usage lacks digitalSignature", whose);
+		break;
+	}
 	default:
 		break;
 	}
@@ -216,7 +228,8 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 	if (!ok) {
 		if (!chk->verify_error) {
 			chk->verify_error = X509_STORE_CTX_get_error(store);
-			note_cert_detail(chk, X509_STORE_CTX_get_current_cert(store), chk->verify_error);
+			note_cert_detail(chk, X509_STORE_CTX_get_current_cert(store), X509_STORE_CTX_get_error_depth(store),
+					 chk->verify_error);
 		}
 		return 0;
 	}
@@ -441,8 +454,8 @@ static struct reason verify_reason(const struct gg_tls_check *chk)
 		return (struct reason){ GG_TLS_FAIL_BAD_CERT, "the configured CRL has expired" };
 	case X509_V_ERR_INVALID_PURPOSE:
 		return (struct reason){ GG_TLS_FAIL_USAGE,
-					chk->is_server ? "certificate is not issued for TLS client authentication (extended key usage)"
-						       : "certificate is not issued for TLS server authentication (extended key usage)" };
+					chk->is_server ? "certificate is not issued for TLS client authentication"
+						       : "certificate is not issued for TLS server authentication" };
 	case X509_V_ERR_HOSTNAME_MISMATCH:
 		return (struct reason){ GG_TLS_FAIL_IDENTITY, NULL };
 	default:

@@ -1211,6 +1211,14 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		retry_later(m, (unsigned)c->peer, c->stream);
 	if (pe->dialing[c->stream] == ci)
 		pe->dialing[c->stream] = -1;
+	/* A dial that failed while no stream to the peer is up (refused,
+	 * timed out, a certificate either side refused), and that no other
+	 * connection replaced: what a step that waits for the peer, and
+	 * mesh_degraded, name as the cause. A refusal for the dial setting
+	 * says so itself (dial_refused). */
+	if (c->dialer && !was_ready && !c->duplicate && (current || pe->conn[c->stream] < 0) &&
+	    c->ts.tls_failure != GG_TLS_FAIL_DENIED && !gg_mesh_peer_up(m, (unsigned)c->peer))
+		m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, false, why);
 	if (!current)
 		return;
 	/* A dial of ours still being set up takes the stream's place. */

@@ -95,8 +95,9 @@ struct gg_mesh_ops {
 	void (*on_peer_restarted)(void *owner, unsigned peer, uint64_t instance_id);
 	/* Stream `stream` to `peer` became ready (HELLOs exchanged), or stopped
 	 * being ready, or, not ready, was refused by settings that leave the
-	 * pair with no streams (`why` says why). One connection replacing
-	 * another for a stream is no change. */
+	 * pair with no streams, or had a dial fail while no stream to the peer
+	 * is up (`why` says why). One connection replacing another for a
+	 * stream is no change. */
 	void (*on_stream_change)(void *owner, unsigned peer, unsigned stream, bool ready, const char *why);
 	/* An accepted stream that lane `lane` owns, ready for gg_mesh_adopt()
 	 * there; the owner takes `h` (malloc'd). */

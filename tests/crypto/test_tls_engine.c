@@ -341,8 +341,8 @@ static void test_usage(void)
 	CHECK_EQ_INT(o.server_rc, -EPROTO);
 	CHECK_EQ_INT(gg_tls_engine_failure(p.s), GG_TLS_FAIL_USAGE);
 	CHECK_STR(gg_tls_engine_error(p.s),
-		  "peer 10.0.0.1:40000: certificate is not issued for TLS client authentication (extended key usage) "
-		  "(expected identity dns:site-a.gradgate.test; sent alert unsupported_certificate; certificate names "
+		  "peer 10.0.0.1:40000: certificate is not issued for TLS client authentication "
+		  "(expected identity dns:site-a.gradgate.test; extended key usage lacks clientAuth; sent alert unsupported_certificate; certificate names "
 		  "dns:site-a.gradgate.test)");
 	client_learns_refusal(&p, "peer 10.0.0.2:7001: peer says our certificate is not issued for this use "
 				  "(expected identity dns:site-b.gradgate.test; alert unsupported_certificate)");
@@ -354,6 +354,20 @@ static void test_usage(void)
 	CHECK_EQ_INT(o.client_rc, -EPROTO);
 	CHECK_EQ_INT(gg_tls_engine_failure(p.c), GG_TLS_FAIL_USAGE);
 	CHECK_CONTAINS(gg_tls_engine_error(p.c), "certificate is not issued for TLS server authentication");
+	CHECK_CONTAINS(gg_tls_engine_error(p.c), "; extended key usage lacks serverAuth;");
+	pair_free(&p);
+
+	/* Both uses in the extended key usage, but a key usage that does not
+	 * allow signing: the error names the key usage, not the EKU. */
+	struct gg_tls_cert_request no_sign = { .identity = "dns:site-a.gradgate.test", .no_signature = true };
+	p = setup(ca, no_sign, site_b_cert, site("site-b", "dns:site-b.gradgate.test"), site_a_only, 1);
+	o = handshake(p.c, p.s);
+	CHECK_EQ_INT(o.server_rc, -EPROTO);
+	CHECK_EQ_INT(gg_tls_engine_failure(p.s), GG_TLS_FAIL_USAGE);
+	CHECK_STR(gg_tls_engine_error(p.s),
+		  "peer 10.0.0.1:40000: certificate is not issued for TLS client authentication "
+		  "(expected identity dns:site-a.gradgate.test; key usage lacks digitalSignature; sent alert "
+		  "unsupported_certificate; certificate names dns:site-a.gradgate.test)");
 	pair_free(&p);
 }
 

@@ -189,7 +189,7 @@ no_client_cert)
 	;;
 no_client_auth)
 	start_server --close-after-greeting
-	refused noclient-a "certificate is not issued for TLS client authentication (extended key usage) $expect_a; sent alert unsupported_certificate; certificate names dns:site-a.gradgate.test)" \
+	refused noclient-a "certificate is not issued for TLS client authentication $expect_a; extended key usage lacks clientAuth; sent alert unsupported_certificate; certificate names dns:site-a.gradgate.test)" \
 		"sslv3 alert unsupported certificate"
 	;;
 revoked)

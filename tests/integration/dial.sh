@@ -9,7 +9,8 @@
 # - A site that only dials out (dial = "out" for every peer, "in" at them),
 #   behind a one-way firewall: its peers' address for it is a closed port.
 # - Both "in": nobody dials; the incomplete mesh, and a step that waits for
-#   it, name the dial settings as the likely cause. Both "out": each site
+#   it, name the dial settings as the likely cause. A peer with another
+#   site's certificate: they name the certificate. Both "out": each site
 #   refuses the other's streams, and each says so, naming the conflict.
 # - A peer a site does not accept inbound (its dial for it is "out") gets a
 #   TLS alert, access_denied: openssl s_client with that peer's certificate
@@ -175,6 +176,27 @@ step_fails conflict "site site-b is unreachable: .*dial conflict: each site's \[
 log "out/out: $(since_start "$(site_log 0)" | grep -m1 -o 'event=dial_refused.*')"
 mesh_stop
 
+# site-b presents site-c's certificate, and only site-a dials: each of
+# its dials is refused, and the incomplete mesh and a step that waits for
+# it name the certificate, not "never connected".
+certs=$work/certs
+for ext in pem key; do
+	mv "$certs/site-b.$ext" "$certs/site-b.$ext.real"
+	cp -p "$certs/site-c.$ext" "$certs/site-b.$ext"
+done
+DIAL=([0-1]=out [1-0]=in)
+mesh_start
+bad_cert="peer 127\.0\.0\.1:[0-9]+: certificate does not name site 'site-b' \(expected identity dns:site-b\.gradgate\.test; sent alert bad_certificate; certificate names dns:site-c\.gradgate\.test"
+wait_for_since "$(site_log 0)" "event=mesh_degraded site=site-a unreachable=1 reason=\"site site-b: $bad_cert" 10 ||
+	fail "site-a's mesh_degraded did not name site-b's certificate"
+# (The rank's message, at most 255 bytes, holds the reason's start.)
+step_fails badcert "site site-b is unreachable: .*its streams are down: peer 127\.0\.0\.1:[0-9]+: certificate does not name site 'site-b' " \
+	"a peer's wrong certificate, the step"
+mesh_stop
+for ext in pem key; do
+	mv "$certs/site-b.$ext.real" "$certs/site-b.$ext"
+done
+
 # site-b refuses site-a inbound (dial = "out" for it): a client with
 # site-a's valid certificate is told so with an alert, not a silent close;
 # a certificate of a site site-b does not know gets bad_certificate.
@@ -183,7 +205,6 @@ make_certs
 read -r -a gw_port <<<"$(free_ports 2)"
 write_config 1
 gw_start 1 || fail "site-b could not listen on ${gw_port[1]}"
-certs=$work/certs
 for who in site-a site-c; do
 	timeout 10 openssl s_client -connect "127.0.0.1:${gw_port[1]}" -CAfile "$certs/ca.pem" \
 		-cert "$certs/$who.pem" -key "$certs/$who.key" -alpn gradgate/1 \
