@@ -143,6 +143,11 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		snprintf(why, why_size, "%s message of %zu bytes; it has %zu", ctrl_types[type].name, len, want);
 		return GG_ERR_PROTOCOL;
 	}
+	if (h->length > GG_CTRL_RECV_MAX) {
+		snprintf(why, why_size, "%s header says %u bytes, more than any message (%zu at most); the packet has "
+			 "%zu", ctrl_types[type].name, (unsigned)h->length, (size_t)GG_CTRL_RECV_MAX, len);
+		return GG_ERR_PROTOCOL;
+	}
 	if (len < h->length) {
 		snprintf(why, why_size, "truncated %s: %zu of %u bytes", ctrl_types[type].name, len,
 			 (unsigned)h->length);

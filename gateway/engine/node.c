@@ -1984,7 +1984,7 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 	if (count * sizeof(float) > limit - n->feedback_bytes) {
 		char a[32], b[32];
 		return gg_errf(err, err_size, -ENOSPC,
-			       "error feedback for tensor %u (%llu elements) does not fit: the residuals of %u "
+			       "error feedback for tensor %u (%llu elements) does not fit: residuals of %u "
 			       "tensors take %s of [limits] memory = %s; raise it, or set [compression] "
 			       "error_feedback = false",
 			       tensor, (unsigned long long)count, n->feedback_count,
@@ -2447,11 +2447,11 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 					     (uint32_t)n->cfg->compression.block_size, (uint8_t)algo, chunk);
 	struct feedback_slot *fb = NULL;
 	if (n->cfg->compression.error_feedback && gg_codec_is_lossy(n->cfg->compression.codec)) {
-		char fwhy[GG_NODE_ERROR_MAX - 64];
-		int rc = feedback_for(n, st->job, st->tensor_id, st->count, st->device, &fb, fwhy, sizeof(fwhy));
+		/* Its message does not say "step N of job J": what the ranks read
+		 * names them, and the remedy must fit in their message. */
+		int rc = feedback_for(n, st->job, st->tensor_id, st->count, st->device, &fb, err, err_size);
 		if (rc)
-			return gg_errf(err, err_size, rc, "step %llu of job '%s': %s", (unsigned long long)st->seq,
-				       st->job, fwhy);
+			return rc;
 	}
 	note_algo(n, j, st, algo, chunk);
 	j->run_chunk = chunk;

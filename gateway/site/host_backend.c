@@ -734,16 +734,52 @@ static unsigned held(const struct gg_host_backend *b)
 	return n;
 }
 
-/* Makes room for `more` connections besides those held and waiting: the
- * idle jobs idle longest give their sessions up, as many as it takes.
- * True when there is room. */
-static bool make_room(struct gg_host_backend *b, unsigned more)
+/* The connection on a spare slot (spare) or one within max_clients that
+ * has waited longest for its first message, other than `except`; or NULL.
+ * The client library sends its HELLO as it connects. */
+static struct hb_conn *oldest_silent(struct gg_host_backend *b, bool spare, const struct hb_conn *except)
+{
+	struct hb_conn *best = NULL;
+
+	for (unsigned i = 0; i < slots(b); i++) {
+		struct hb_conn *c = &b->conns[i];
+		if (c != except && c->state == C_HELLO && c->spare == spare && (!best || c->deadline_us < best->deadline_us))
+			best = c;
+	}
+	return best;
+}
+
+/* Gives the slot of `c`, which has sent nothing yet, to a new connection:
+ * connections that say nothing cannot keep ranks or a status request out
+ * until the HELLO timeout. */
+static void silent_evict(struct gg_host_backend *b, struct hb_conn *c)
+{
+	char waited[32];
+
+	conn_refuse(b, c, GG_ERR_REFUSED, "sent nothing for %s while a new connection needed its slot (max_clients = "
+		    "%u are taken)", gg_format_elapsed(b->loop->now_us + b->opts.hello_timeout_us - c->deadline_us,
+		    waited, sizeof(waited)), b->opts.max_clients);
+	b->stats.evicted++;
+}
+
+/* Makes room for `more` connections besides those held and waiting (and
+ * `except`, which is not to go): connections that sent nothing yet, the
+ * longest waiting first, then the idle jobs idle longest give their places
+ * up, as many as it takes. True when there is room. */
+static bool make_room(struct gg_host_backend *b, unsigned more, const struct hb_conn *except)
 {
 	struct hb_job *idle;
+	struct hb_conn *silent;
 
-	while (held(b) + b->waiting_count + more > b->opts.max_clients && (idle = idlest_job(b)))
-		job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
-	return held(b) + b->waiting_count + more <= b->opts.max_clients;
+	while (held(b) + b->waiting_count + more > b->opts.max_clients) {
+		if ((silent = oldest_silent(b, false, except)))
+			silent_evict(b, silent);
+		else if ((idle = idlest_job(b)))
+			job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
+		else
+			return false;
+	}
+	return true;
 }
 
 /* Refuses a connection that has no slot: REFUSE, then close. */
@@ -766,8 +802,9 @@ static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us);
 
 /* A new connection: it takes a free slot; or a spare one, until its first
  * message says what it is; or, with every slot taken, waits for one that
- * is being freed (an idle job's, closed now if need be); or is refused.
- * Those already waiting go first. */
+ * is being freed (that of the connection silent longest, or an idle
+ * job's, closed now if need be); or is refused. Those already waiting go
+ * first. */
 static void conn_new(struct gg_host_backend *b, int fd)
 {
 	struct hb_conn *c = b->waiting_count ? NULL : free_slot(b);
@@ -784,8 +821,13 @@ static void conn_new(struct gg_host_backend *b, int fd)
 	}
 	if (b->waiting_count < WAITING_MAX) {
 		/* It queues behind those waiting when a slot is free or being
-		 * freed: an idle job's, closed now if no other is. */
-		if (make_room(b, 1)) {
+		 * freed: a silent connection's or an idle job's, closed now if
+		 * no other is; or a spare one a silent connection held. */
+		bool room = make_room(b, 1, NULL);
+		struct hb_conn *silent = room ? NULL : oldest_silent(b, true, NULL);
+		if (room || silent) {
+			if (silent)
+				silent_evict(b, silent);
 			b->waiting[b->waiting_count].fd = fd;
 			b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
 			serve_waiting(b, b->loop->now_us);
@@ -807,6 +849,8 @@ static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
 	while (b->waiting_count) {
 		struct hb_conn *c = b->stopping ? NULL : free_slot(b);
 		int fd = b->waiting[0].fd;
+		if (!c && !b->stopping && taken(b, true) < STATUS_SLOTS && (c = first_free(b)))
+			c->spare = true; /* a spare slot a silent connection gave up */
 		if (!c && now_us < b->waiting[0].until_us && !b->stopping)
 			return b->waiting[0].until_us;
 		memmove(&b->waiting[0], &b->waiting[1], --b->waiting_count * sizeof(b->waiting[0]));
@@ -1247,7 +1291,7 @@ static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
 	char hint[TEXT];
 
 	c->spare = false; /* held from now on, if there is room */
-	if (make_room(b, 0))
+	if (make_room(b, 0, c))
 		return true;
 	idle_hint(b, hint, sizeof(hint));
 	conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s already serves max_clients = %u connections%s",
@@ -1300,14 +1344,18 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 		return;
 	}
 	if (j && j->uid != c->uid) {
-		char ago[32], limit[32], rule[96] = "";
+		char ago[32], limit[32], state[64], rule[96] = "";
 		if (b->opts.session_idle_us)
 			snprintf(rule, sizeof(rule), " (a job idle for session_idle = %s gives its name up)",
 				 gg_format_duration(b->opts.session_idle_us, limit, sizeof(limit)));
-		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u, whose ranks sent something %s ago%s; rank %u "
-			    "connects as uid %u", j->name, (unsigned)j->uid,
-			    gg_format_elapsed(b->loop->now_us - j->active_us, ago, sizeof(ago)), rule, (unsigned)h->rank,
-			    (unsigned)c->uid);
+		/* A step under way keeps the job however long its ranks wait. */
+		if (step_in_progress(j))
+			snprintf(state, sizeof(state), "which has step %llu under way", (unsigned long long)j->seq);
+		else
+			snprintf(state, sizeof(state), "whose ranks sent something %s ago",
+				 gg_format_elapsed(b->loop->now_us - j->active_us, ago, sizeof(ago)));
+		conn_refuse(b, c, GG_ERR_REFUSED, "job '%s' belongs to uid %u, %s%s; rank %u connects as uid %u", j->name,
+			    (unsigned)j->uid, state, rule, (unsigned)h->rank, (unsigned)c->uid);
 		return;
 	}
 	if (j && j->nranks != h->nranks) {

@@ -63,6 +63,10 @@ static void test_hello_refusals(void)
 	refused(&m, 50, -1, GG_ERR_PROTOCOL, "truncated HELLO: 50 of 96 bytes");
 	m.hdr.length = 50;
 	refused(&m, 50, -1, GG_ERR_PROTOCOL, "truncated HELLO: 50 of 96 bytes");
+	hello_msg(&m, "job", 0, 1);
+	m.hdr.length = UINT32_MAX;
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL,
+		"HELLO header says 4294967295 bytes, more than any message (512 at most); the packet has 96");
 
 	memset(big, 0, sizeof(big));
 	hello_msg(&m, "job", 0, 1);
@@ -212,8 +216,9 @@ static void test_close_reopen(void)
 }
 
 /* The child: rank 1 of job 'uid' as user nobody; exits 0 when refused
- * as it should be. */
-static int other_user_main(const char *endpoint)
+ * as it should be. busy: rank 0 waits in step 1, which the refusal names
+ * rather than when the ranks last sent something. */
+static int other_user_main(const char *endpoint, bool busy)
 {
 	struct gg_session *s;
 	struct gg_error err;
@@ -221,11 +226,14 @@ static int other_user_main(const char *endpoint)
 	if (setgid(65534) || setuid(65534))
 		return 2;
 	if (gg_session_open(endpoint, "uid", 1, 2, &s, &err) != GG_ERR_REFUSED ||
-	    !strstr(err.message, "job 'uid' belongs to uid 0, whose ranks sent something ") ||
-	    !strstr(err.message, "ago (a job idle for session_idle = 1m gives its name up); rank 1 connects as uid 65534")) {
+	    !strstr(err.message, busy ? "job 'uid' belongs to uid 0, which has step 1 under way (a job idle"
+				      : "job 'uid' belongs to uid 0, whose ranks sent something ") ||
+	    !strstr(err.message, " (a job idle for session_idle = 1m gives its name up); rank 1 connects as uid 65534")) {
 		fprintf(stderr, "other user: %s\n", err.message);
 		return 1;
 	}
+	if (busy)
+		return 0;
 	/* The status names every job and its user: root's and the gateway's. */
 	struct sockaddr_un addr;
 	union gg_ctrl_msg m;
@@ -249,7 +257,11 @@ static int other_user_main(const char *endpoint)
 static void test_other_user(void)
 {
 	char *argv[] = { "test_host_protocol", "--other-user", h.endpoint, NULL };
+	char *busy_argv[] = { "test_host_protocol", "--other-user-busy", h.endpoint, NULL };
 	struct gg_session *s;
+	struct gg_request *req;
+	struct gg_error err;
+	float x = 1;
 	pid_t pid;
 	int status;
 
@@ -262,6 +274,11 @@ static void test_other_user(void)
 	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
 	CHECK(waitpid(pid, &status, 0) == pid);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK_EQ_INT(gg_allreduce_start(s, &x, 1, GG_DTYPE_F32, 0, 10000, &req, &err), 0);
+	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, busy_argv, environ) == 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	gg_request_free(req);
 	gg_session_close(s);
 	harness_wait_connections(&h, 0);
 }
@@ -340,6 +357,51 @@ static void test_idle_slots(void)
 	gg_session_close(a);
 	gg_session_close(b);
 	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
+/* Connections that say nothing hold every slot, within max_clients and
+ * the spare ones: a rank's HELLO, and then a status request, each take
+ * the place of the one silent longest at once, rather than being refused
+ * or waiting for the HELLO timeout. */
+static void test_silent_slots(void)
+{
+	struct gg_session *a, *b;
+	struct gg_request *req;
+	struct gg_error err;
+	union gg_ctrl_msg m;
+	uint64_t evicted = harness_stats(&h).evicted;
+	float x = 1, y = 2;
+	int silent[4];
+
+	for (int i = 0; i < 4; i++) {
+		silent[i] = raw_connect(&h);
+		sleep_us(20000); /* the gateway takes them in this order */
+	}
+	open_ok("busy", 0, 2, &a);
+	raw_expect_close(silent[0], GG_CTRL_REFUSE, GG_ERR_REFUSED,
+			 "while a new connection needed its slot (max_clients = 2 are taken)");
+	open_ok("busy", 1, 2, &b);
+	raw_expect_close(silent[1], GG_CTRL_REFUSE, GG_ERR_REFUSED, "sent nothing for ");
+
+	/* Both places are a job's, which has a step under way: a status
+	 * request takes the spare slot of the one silent longest. */
+	CHECK_EQ_INT(gg_allreduce_start(a, &x, 1, GG_DTYPE_F32, 0, 10000, &req, &err), 0);
+	gg_ctrl_init(&m, GG_CTRL_STATUS);
+	m.status.version = GG_CTRL_STATUS_VERSION;
+	int st = raw_connect(&h);
+	raw_send(st, &m, sizeof(m.status), -1);
+	raw_expect_close(st, GG_CTRL_REFUSE, GG_ERR_REFUSED, "the gateway of site test-site does not answer status");
+	raw_expect_close(silent[2], GG_CTRL_REFUSE, GG_ERR_REFUSED, "sent nothing for ");
+	CHECK(harness_stats(&h).evicted == evicted + 3);
+
+	CHECK_EQ_INT(gg_allreduce(b, &y, 1, GG_DTYPE_F32, 0, 10000, &err), 0);
+	CHECK_EQ_INT(gg_wait(req, 10000, &err), 0);
+	gg_request_free(req);
+	CHECK(x == 3 && y == 3);
+	close(silent[3]);
+	gg_session_close(a);
+	gg_session_close(b);
 	harness_wait_connections(&h, 0);
 }
 
@@ -892,8 +954,8 @@ static void test_still_serving(void)
 
 int main(int argc, char **argv)
 {
-	if (argc == 3 && !strcmp(argv[1], "--other-user"))
-		return other_user_main(argv[2]);
+	if (argc == 3 && (!strcmp(argv[1], "--other-user") || !strcmp(argv[1], "--other-user-busy")))
+		return other_user_main(argv[2], !strcmp(argv[1], "--other-user-busy"));
 	if (argc == 3 && !strcmp(argv[1], "--take-name"))
 		return take_name_main(argv[2]);
 
@@ -922,6 +984,7 @@ int main(int argc, char **argv)
 	test_idle_slots();
 	test_idle_slots_pair();
 	test_idle_name();
+	test_silent_slots();
 	harness_stop(&h);
 	printf("host protocol: ok\n");
 	return 0;

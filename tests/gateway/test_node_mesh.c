@@ -414,7 +414,8 @@ static void *run_site(void *arg)
 					    .input = s->input, .result = s->result, .done = on_done, .arg = s };
 		snprintf(big.job, sizeof(big.job), "mesh");
 		CHECK(gg_node_submit(node, &big, err, sizeof(err)) == -ENOSPC &&
-			      strstr(err, "error feedback for tensor 1000 (17825792 elements) does not fit") &&
+			      !strncmp(err, "error feedback for tensor 1000 (17825792 elements) does not fit: ", 64) &&
+			      strstr(err, "set [compression] error_feedback = false") &&
 			      strstr(err, "[limits] memory = 64MiB"),
 		      "site %u: a tensor past the feedback memory was not refused: %s", s->index, err);
 		if (s->index == 0)
