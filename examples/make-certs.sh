@@ -15,7 +15,10 @@
 #                    1 to 63 of a-z, 0-9 and -, and neither starts nor ends
 #                    with - (it is a DNS label of the certificate's name)
 #
-# The CA is DIR/ca.pem and DIR/ca.key; each site gets DIR/SITE.key, an ECDSA
+# The CA is DIR/ca.pem and DIR/ca.key, named for when it was made ("gradgate
+# demo CA 2026-12-05T10:00:00Z"), so a peer's certificate from another run
+# of this script names an issuer the gateway's refusal tells apart from its
+# own CA; each site gets DIR/SITE.key, an ECDSA
 # P-256 key (mode 0600), and DIR/SITE.pem, a certificate whose subjectAltName
 # carries its identity twice, DNS:SITE.DOMAIN and URI:spiffe://DOMAIN/SITE, so
 # a peer may name it either way in its config
@@ -103,7 +106,7 @@ trap 'rm -rf "$tmp"' EXIT
 if [ $force = 1 ] || [ ! -f "$out/ca.pem" ] || [ ! -f "$out/ca.key" ]; then
 	openssl ecparam -name prime256v1 -genkey -noout -out "$out/ca.key"
 	openssl req -x509 -new -key "$out/ca.key" -sha256 -days "$days" \
-		-subj "/O=gradgate/CN=gradgate demo CA" \
+		-subj "/O=gradgate/CN=gradgate demo CA $(date -u +%Y-%m-%dT%H:%M:%SZ)" \
 		-addext "basicConstraints=critical,CA:TRUE,pathlen:0" \
 		-addext "keyUsage=critical,keyCertSign,cRLSign" \
 		-out "$out/ca.pem" 2>/dev/null
