@@ -18,10 +18,10 @@
 # The CA is DIR/ca.pem and DIR/ca.key, named for when it was made ("gradgate
 # demo CA 2026-12-05T10:00:00Z"), so a peer's certificate from another run
 # of this script names an issuer the gateway's refusal tells apart from its
-# own CA; each site gets DIR/SITE.key, an ECDSA
-# P-256 key (mode 0600), and DIR/SITE.pem, a certificate whose subjectAltName
-# carries its identity twice, DNS:SITE.DOMAIN and URI:spiffe://DOMAIN/SITE, so
-# a peer may name it either way in its config
+# own CA. Each site gets DIR/SITE.key, an ECDSA P-256 key (mode 0600), and
+# DIR/SITE.pem, a certificate whose subjectAltName carries its identity
+# twice, DNS:SITE.DOMAIN and URI:spiffe://DOMAIN/SITE, so a peer may name it
+# either way in its config
 # (identity = "dns:site-b.gradgate.test" or "uri:spiffe://gradgate.test/site-b").
 # The certificates are for serverAuth and clientAuth: a gateway both accepts
 # and opens connections. Existing files are kept unless --force is given.
