@@ -159,7 +159,13 @@ struct gg_mesh {
 	int conn_cap;
 	int stream_slots, streams;
 	int handshake_slots, handshakes, handshakes_per_address;
-	struct warn_limit slot_warn, refusal_warn;
+	/* A connection accepted while the pool was full, whose address held
+	 * fewer of its slots than another: it gets the slot of the other's
+	 * oldest handshake, closed for it, once that is free (-1: none). */
+	int admit_fd;
+	uint8_t admit_ip[16];
+	uint64_t admit_until_us;
+	struct warn_limit slot_warn, refusal_warn, evict_warn;
 	struct gg_wire_hello hello;
 	struct gg_net_buffer_limits buffer_limits;
 	bool buffer_warned[2]; /* socket_buffer_capped logged: receive, send */
@@ -1452,7 +1458,7 @@ static const char *pool_full(const struct gg_mesh *m, const uint8_t ip[16], char
 {
 	int from = 0;
 
-	if (m->handshakes >= m->handshake_slots) {
+	if (m->handshakes + (m->admit_fd >= 0) >= m->handshake_slots) {
 		snprintf(why, size, "all %d handshake slots are busy", m->handshake_slots);
 		return why;
 	}
@@ -1464,10 +1470,60 @@ static const char *pool_full(const struct gg_mesh *m, const uint8_t ip[16], char
 	return why;
 }
 
+/* With the pool full, a connection from `ip` takes a slot from the address
+ * that holds the most, when that holds at least two more than `ip` does:
+ * that address's oldest handshake is closed, and true returned. So floods
+ * from a few addresses, which fill the pool between them, cannot keep a
+ * peer from another address out; each address keeps a fair share. */
+static bool evict_for(struct gg_mesh *m, const uint8_t ip[16])
+{
+	struct holder {
+		const uint8_t *ip;
+		int count, oldest;
+	} addrs[32];
+	int n = 0, mine = 0, best = -1;
+
+	for (int ci = 0; ci < m->conn_cap; ci++) {
+		const struct conn *c = &m->conns[ci];
+		if (!c->used || !c->handshake || c->lost || c->moving)
+			continue;
+		if (!memcmp(c->ip, ip, 16)) {
+			mine++;
+			continue;
+		}
+		int a = 0;
+		while (a < n && memcmp(addrs[a].ip, c->ip, 16))
+			a++;
+		if (a == n) {
+			if (n == (int)GG_ARRAY_LEN(addrs))
+				continue; /* so many addresses: each holds little */
+			addrs[n++] = (struct holder){ c->ip, 0, ci };
+		}
+		addrs[a].count++;
+		if (c->since_us < m->conns[addrs[a].oldest].since_us)
+			addrs[a].oldest = ci;
+	}
+	for (int a = 0; a < n; a++)
+		if (best < 0 || addrs[a].count > addrs[best].count)
+			best = a;
+	if (best < 0 || addrs[best].count < mine + 2)
+		return false;
+	if (warn_now(&m->evict_warn, m->loop->now_us)) {
+		char addr[GG_NET_ADDR_TEXT_MAX];
+		gg_log(GG_LOG_INFO, "handshake_evicted", "addr=%s held=%d reason=\"the handshake pool is full: its slot "
+		       "goes to an address that holds %d\" evicted_unlogged=%u", ip_text(addrs[best].ip, addr, sizeof(addr)),
+		       addrs[best].count, mine, m->evict_warn.held);
+		m->evict_warn.held = 0;
+	}
+	conn_close(m, addrs[best].oldest, "handshake slot given to an address that holds fewer");
+	return true;
+}
+
+static void admit_conn(struct gg_mesh *m, int fd, const uint8_t ip[16]);
+
 static void accept_conn(struct gg_mesh *m, int fd)
 {
 	char addr[GG_NET_ADDR_TEXT_MAX], why[128];
-	struct gg_tls_engine *e;
 	uint8_t ip[16];
 
 	if (m->accept_count == 0 || m->shutting_down) {
@@ -1476,6 +1532,14 @@ static void accept_conn(struct gg_mesh *m, int fd)
 	}
 	peer_ip(fd, ip);
 	if (pool_full(m, ip, why, sizeof(why))) {
+		/* One waits at a time for the slot it was given; it comes free
+		 * once the closed handshake's socket is (a loop turn). */
+		if (m->admit_fd < 0 && m->handshakes >= m->handshake_slots && evict_for(m, ip)) {
+			m->admit_fd = fd;
+			memcpy(m->admit_ip, ip, sizeof(m->admit_ip));
+			m->admit_until_us = m->loop->now_us + m->cfg->transport.handshake_timeout_us;
+			return;
+		}
 		if (warn_now(&m->refusal_warn, m->loop->now_us)) {
 			gg_log(GG_LOG_WARN, "handshake_refused", "addr=%s reason=\"%s\" refused_unlogged=%u",
 			       ip_text(ip, addr, sizeof(addr)), why, m->refusal_warn.held);
@@ -1484,6 +1548,15 @@ static void accept_conn(struct gg_mesh *m, int fd)
 		close(fd);
 		return;
 	}
+	admit_conn(m, fd, ip);
+}
+
+/* Starts the TLS handshake of an accepted connection in the pool. */
+static void admit_conn(struct gg_mesh *m, int fd, const uint8_t ip[16])
+{
+	char addr[GG_NET_ADDR_TEXT_MAX];
+	struct gg_tls_engine *e;
+
 	int ci = free_conn_slot(m);
 	if (ci < 0) { /* cannot be: the pool and the stream slots add up to the table */
 		close(fd);
@@ -1501,7 +1574,7 @@ static void accept_conn(struct gg_mesh *m, int fd)
 		close(fd);
 		return;
 	}
-	memcpy(m->conns[ci].ip, ip, sizeof(ip));
+	memcpy(m->conns[ci].ip, ip, sizeof(m->conns[ci].ip));
 	m->conns[ci].since_us = m->loop->now_us;
 	gg_tls_stream_accept(&m->conns[ci].ts, m->loop, (uint32_t)ci, fd, e, &m->sopts);
 	on_stream_events(m, ci, gg_tls_stream_tick(&m->conns[ci].ts, m->loop->now_us));
@@ -1583,12 +1656,29 @@ static bool wants_own_dial(const struct gg_mesh *m, unsigned p, int s)
 	       !m->conns[pe->conn[s]].dialer;
 }
 
+/* The connection given an evicted handshake's slot takes it once it is
+ * free; it waits no longer than a handshake may take. */
+static void admit_waiting(struct gg_mesh *m)
+{
+	int fd = m->admit_fd;
+
+	if (fd < 0 || (m->handshakes >= m->handshake_slots && m->loop->now_us < m->admit_until_us &&
+		       !m->shutting_down))
+		return;
+	m->admit_fd = -1;
+	if (m->handshakes >= m->handshake_slots || m->shutting_down)
+		close(fd);
+	else
+		admit_conn(m, fd, m->admit_ip);
+}
+
 uint64_t gg_mesh_tick(struct gg_mesh *m)
 {
 	const uint64_t now = m->loop->now_us;
 	const struct gg_config *cfg = m->cfg;
 	uint64_t next = now + 100000; /* heartbeats and dials at least every 100 ms */
 
+	admit_waiting(m);
 	for (int ci = 0; ci < m->conn_cap; ci++) {
 		struct conn *c = &m->conns[ci];
 		if (!c->used)
@@ -1848,6 +1938,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	m->max_payload = mc->max_payload_bytes;
 	m->hello = *mc->hello;
 	m->listen_fd = -1;
+	m->admit_fd = -1;
 	gg_net_buffer_limits(&m->buffer_limits);
 	m->lanes = mc->lanes ? mc->lanes : 1;
 	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++)
@@ -1994,6 +2085,8 @@ void gg_mesh_free(struct gg_mesh *m)
 	}
 	if (m->listen_fd >= 0)
 		close(m->listen_fd);
+	if (m->admit_fd >= 0)
+		close(m->admit_fd);
 	free(m->conns);
 	free(m);
 }

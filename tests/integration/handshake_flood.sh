@@ -4,19 +4,21 @@
 # hundreds of connections, half of them silent, half stalled in the middle
 # of a ClientHello, reopening each as soon as site-b closes it. Meanwhile
 # site-a restarts and must be back in the mesh within a few seconds, while
-# site-b refuses the flood at once, saying why. A connection that
-# authenticates but never says HELLO is not kept either.
+# site-b refuses the flood at once, saying why. Then two addresses flood,
+# which fill the pool between them, and site-a only dials in: it takes the
+# slot of a flooding handshake. A connection that authenticates but never
+# says HELLO is not kept either.
 . "$(dirname "$0")/lib.sh"
 
 K=2
-mesh_start
-mesh_up 15
 
-# flood HOST PORT COUNT: holds COUNT connections from 127.0.0.2, reopening
-# closed ones (at most 500 a second); "opened N closed N" every second.
-python3 - 127.0.0.1 "${gw_port[1]}" 400 >"$work/flood.out" 2>&1 <<'PY' &
+# flood PORT COUNT ADDR...: holds COUNT connections from the ADDRs in turn,
+# reopening closed ones (at most 500 a second); "opened N closed N" every
+# second into $work/flood.out.
+flood() {
+	python3 - 127.0.0.1 "$@" >"$work/flood.out" 2>&1 <<'PY' &
 import selectors, socket, sys, time
-host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+host, port, count, addrs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 # A ClientHello's record and handshake headers and a few bytes of its body.
 partial = bytes.fromhex("16030100c8010000c40303") + bytes(16)
 sel = selectors.DefaultSelector()
@@ -31,9 +33,9 @@ while True:
         s = socket.socket()
         s.settimeout(0.2)
         try:
-            s.bind(("127.0.0.2", 0))
+            s.bind((addrs[opened % len(addrs)], 0))
             s.connect((host, port))
-            if opened % 2:
+            if opened // len(addrs) % 2:
                 s.sendall(partial)
         except OSError:
             s.close()
@@ -54,24 +56,53 @@ while True:
         print(f"opened {opened} closed {closed}", flush=True)
         report = now + 1
 PY
-pids+=("$!")
-# Past site-b's handshake timeout (2 s): the first held ones have expired
-# and been replaced.
-wait_for "$work/flood.out" '^opened [0-9]{4,}' 10 || fail "the flood did not get going"
-log "flood: $(tail -n 1 "$work/flood.out")"
+	flood_pid=$!
+	pids+=("$flood_pid")
+	# Past site-b's handshake timeout (2 s): the first held ones have
+	# expired and been replaced.
+	wait_for "$work/flood.out" '^opened [0-9]{4,}' 10 || fail "the flood did not get going"
+	log "flood from ${*:3}: $(tail -n 1 "$work/flood.out")"
+}
 
-gw_stop 0
-[ "$reaped" = 0 ] || fail "site-a exited $reaped on SIGTERM"
-restarted=${EPOCHREALTIME/[.,]/}
-gw_start 0
-wait_for_since "$(site_log 0)" 'event=mesh_up' 8 ||
-	fail "site-a was not back in the mesh 8 s after its restart, under the flood"
-log "site-a back in the mesh $(((${EPOCHREALTIME/[.,]/} - restarted) / 1000)) ms after its restart;" \
-	"flood: $(tail -n 1 "$work/flood.out")"
+# restart_a WHAT: site-a restarts under the flood and must be back in the
+# mesh within 8 s.
+restart_a() {
+	gw_stop 0
+	[ "$reaped" = 0 ] || fail "site-a exited $reaped on SIGTERM"
+	local restarted=${EPOCHREALTIME/[.,]/}
+	gw_start 0
+	wait_for_since "$(site_log 0)" 'event=mesh_up' 8 ||
+		fail "$1: site-a was not back in the mesh 8 s after its restart, under the flood"
+	log "$1: site-a back in the mesh $(((${EPOCHREALTIME/[.,]/} - restarted) / 1000)) ms after its restart;" \
+		"flood: $(tail -n 1 "$work/flood.out")"
+}
+
+mesh_start
+mesh_up 15
+flood "${gw_port[1]}" 400 127.0.0.2
+restart_a "one address"
 wait_for "$(site_log 1)" 'event=handshake_refused addr=127\.0\.0\.2 reason=' 5 ||
 	fail "site-b did not log why it refused the flood"
 log "site-b: $(grep -m1 'event=handshake_refused' "$(site_log 1)")"
 run_ok after 1000 1 1
+kill "$flood_pid"
+wait "$flood_pid" 2>/dev/null || true
+mesh_stop
+
+# Two addresses fill site-b's pool between them (each may hold half), and
+# site-a only dials in: it gets the slot of a handshake from an address
+# that holds more, at once.
+DIAL=([0-1]=out [1-0]=in)
+mesh_start
+mesh_up 15
+flood "${gw_port[1]}" 400 127.0.0.2 127.0.0.3
+restart_a "two addresses, site-a only dials in"
+wait_for "$(site_log 1)" 'event=handshake_evicted addr=127\.0\.0\.[23] held=[0-9]+ reason=' 5 ||
+	fail "site-b did not log the handshake it closed for site-a"
+log "site-b: $(grep -m1 'event=handshake_evicted' "$(site_log 1)")"
+run_ok after-two 1000 1 1
+kill "$flood_pid"
+wait "$flood_pid" 2>/dev/null || true
 
 # A connection that completes its TLS handshake (with site-a's certificate)
 # but never says HELLO leaves the pool after handshake_timeout (2 s) too.
