@@ -172,6 +172,10 @@ struct gg_mesh {
 	size_t max_payload;
 	struct gg_mesh_stats stats;
 	uint64_t heard[GG_AR_MAX_SITES]; /* last receive from each peer */
+	/* After this lane's own loop stood still (the process was stopped,
+	 * or starved): no stream is judged silent before stall_grace_us,
+	 * since nothing could be heard meanwhile. */
+	uint64_t tick_last_us, stall_grace_us;
 	unsigned flush_count; /* streams with flush_pending */
 	unsigned lane, lanes;
 	bool listen;
@@ -1678,6 +1682,9 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	const struct gg_config *cfg = m->cfg;
 	uint64_t next = now + 100000; /* heartbeats and dials at least every 100 ms */
 
+	if (m->tick_last_us && now - m->tick_last_us > cfg->transport.heartbeat_timeout_us / 2)
+		m->stall_grace_us = now + cfg->transport.heartbeat_timeout_us;
+	m->tick_last_us = now;
 	admit_waiting(m);
 	for (int ci = 0; ci < m->conn_cap; ci++) {
 		struct conn *c = &m->conns[ci];
@@ -1705,7 +1712,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		}
 		if (!c->ready)
 			continue;
-		if (now - c->last_rx_us > cfg->transport.heartbeat_timeout_us) {
+		if (now - c->last_rx_us > cfg->transport.heartbeat_timeout_us && now >= m->stall_grace_us) {
 			conn_close(m, ci, "heartbeat timeout");
 			continue;
 		}

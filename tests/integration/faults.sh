@@ -326,6 +326,12 @@ case_peer_resumed() {
 	took=$(ms_since "$resumed")
 	log "  ${SITES[$last]}'s ranks had every step's outcome ${took} ms after it resumed"
 	within "$took" 6000 "the resumed site failing its steps"
+	# It heard nothing while it stood still, which says nothing of its
+	# peers: it does not call their streams silent.
+	if grep -q 'event=stream_down .*reason="heartbeat timeout"' "$(site_log "$last")"; then
+		fail "${SITES[$last]} closed a stream for a heartbeat timeout after it resumed: $(grep -m1 \
+			'reason="heartbeat timeout"' "$(site_log "$last")")"
+	fi
 	ranks_wait
 	check_steps ps
 	expect_ok ps 1
