@@ -196,6 +196,44 @@ out:
 	return rc;
 }
 
+/* This site's certificate must pass the checks its peers make of it: it
+ * chains to the configured CA (which peers share), with the chain the
+ * file gives, is not revoked by the configured CRL, and may serve both
+ * ends of a connection (a gateway dials and accepts). Otherwise every
+ * peer would refuse it, each naming only its own side of the problem. */
+static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
+{
+	static const struct {
+		int purpose;
+		const char *use;
+	} uses[] = { { X509_PURPOSE_SSL_CLIENT, "client" }, { X509_PURPOSE_SSL_SERVER, "server" } };
+	const char *name = source_name(o->cert_file, o->cert_pem), *ca = source_name(o->ca_file, o->ca_pem);
+	X509 *cert = SSL_CTX_get0_certificate(sc);
+	STACK_OF(X509) *chain = NULL;
+	int rc = 0;
+
+	if (!SSL_CTX_get0_chain_certs(sc, &chain))
+		return fail(err, size, -EINVAL, "certificate '%s': %s", name, openssl_reason());
+	for (size_t i = 0; !rc && i < GG_ARRAY_LEN(uses); i++) {
+		X509_STORE_CTX *v = X509_STORE_CTX_new();
+		if (!v || !X509_STORE_CTX_init(v, SSL_CTX_get_cert_store(sc), cert, chain) ||
+		    !X509_STORE_CTX_set_purpose(v, uses[i].purpose)) {
+			rc = fail(err, size, -ENOMEM, "cannot check certificate '%s': %s", name, openssl_reason());
+		} else if (X509_verify_cert(v) != 1) {
+			int e = X509_STORE_CTX_get_error(v);
+			if (e == X509_V_ERR_INVALID_PURPOSE)
+				rc = fail(err, size, -EINVAL, "certificate '%s' is not issued for TLS %s authentication (its key "
+					  "usage or extended key usage), which a gateway needs: every peer would refuse it",
+					  name, uses[i].use);
+			else
+				rc = fail(err, size, -EINVAL, "certificate '%s' does not pass the checks peers make with CA "
+					  "'%s': %s: every peer would refuse it", name, ca, X509_verify_cert_error_string(e));
+		}
+		X509_STORE_CTX_free(v);
+	}
+	return rc;
+}
+
 static int no_passphrase(char *buf, int size, int rwflag, void *asked)
 {
 	*(bool *)asked = true;
@@ -392,7 +430,8 @@ static int build_ssl_ctx(const struct gg_tls_options *o, SSL_CTX **out, char *er
 
 	if ((rc = load_ca(o, sc, err, size)) || (rc = load_cert(o, sc, err, size)) || (rc = load_key(o, sc, err, size)))
 		goto out;
-	if (o->crl_file && (rc = load_crl(o, sc, err, size)))
+	if ((o->crl_file && (rc = load_crl(o, sc, err, size))) ||
+	    (!o->unchecked_own_cert && (rc = check_own_chain(o, sc, err, size))))
 		goto out;
 	prime_caches(sc);
 	*out = sc;
@@ -429,8 +468,10 @@ static int copy_options(struct gg_tls_options *dst, const struct gg_tls_options 
 	    copy_string(&dst->key_file, src->key_file) && copy_string(&dst->crl_file, src->crl_file) &&
 	    copy_string(&dst->ciphersuites, src->ciphersuites) && copy_string(&dst->groups, src->groups) &&
 	    copy_string(&dst->ca_pem, src->ca_pem) &&
-	    copy_string(&dst->cert_pem, src->cert_pem) && copy_string(&dst->key_pem, src->key_pem))
+	    copy_string(&dst->cert_pem, src->cert_pem) && copy_string(&dst->key_pem, src->key_pem)) {
+		dst->unchecked_own_cert = src->unchecked_own_cert;
 		return 0;
+	}
 	free_options(dst);
 	return -ENOMEM;
 }

@@ -10,6 +10,7 @@
 #ifndef GG_TLS_CONTEXT_H
 #define GG_TLS_CONTEXT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "gg_common.h"
@@ -36,6 +37,11 @@ struct gg_tls_options {
 	const char *ca_pem;
 	const char *cert_pem;
 	const char *key_pem;
+
+	/* Tests that play a misconfigured peer: this site's certificate is not
+	 * checked the way its peers will check it (chain to the CA, CRL, TLS
+	 * client and server use). */
+	bool unchecked_own_cert;
 };
 
 struct gg_tls_context;

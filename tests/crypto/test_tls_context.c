@@ -194,6 +194,33 @@ static void test_loading(void)
 	expect_refused(-EINVAL, "private key 'DIR/a.key' holds no PEM private key", NULL, NULL);
 	CHECK(rename(path("a.saved"), path("a.key")) == 0);
 
+	/* This site's certificate is checked as its peers will check it: one
+	 * from another CA, or without both TLS uses, is refused at load. */
+	struct gg_tls_pki *other;
+	char *own_pem, *own_key;
+	CHECK(gg_tls_pki_new("other CA", &other) == 0);
+	struct gg_tls_cert_request foreign = { .identity = "dns:site-a.gradgate.test", .valid_until_s = 3600 };
+	CHECK(gg_tls_pki_issue(other, &foreign, &own_pem, &own_key) == 0);
+	CHECK(rename(path("a.pem"), path("a.pem.saved")) == 0 && rename(path("a.key"), path("a.saved")) == 0);
+	write_file("a.pem", own_pem, 0644);
+	write_file("a.key", own_key, 0600);
+	free(own_pem);
+	free(own_key);
+	gg_tls_pki_free(other);
+	expect_refused(-EINVAL, "certificate 'DIR/a.pem' does not pass the checks peers make with CA 'DIR/ca.pem': "
+				"unable to get local issuer certificate: every peer would refuse it", NULL, NULL);
+	struct gg_tls_cert_request server_only = { .identity = "dns:site-a.gradgate.test", .valid_until_s = 3600,
+						   .no_client_auth = true };
+	CHECK(gg_tls_pki_issue(ca, &server_only, &own_pem, &own_key) == 0);
+	write_file("a.pem", own_pem, 0644);
+	write_file("a.key", own_key, 0600);
+	free(own_pem);
+	free(own_key);
+	expect_refused(-EINVAL, "certificate 'DIR/a.pem' is not issued for TLS client authentication (its key usage "
+				"or extended key usage), which a gateway needs: every peer would refuse it", NULL, NULL);
+	CHECK(rename(path("a.pem.saved"), path("a.pem")) == 0 && rename(path("a.saved"), path("a.key")) == 0);
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+
 	expect_refused(-EINVAL, "unknown TLS 1.3 ciphersuite 'TLS_AES_256_GCM_SHA385' (known: TLS_AES_256_GCM_SHA384:"
 				"TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_CCM_SHA256:"
 				"TLS_AES_128_CCM_8_SHA256)", NULL, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA385");

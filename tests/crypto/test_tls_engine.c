@@ -26,7 +26,8 @@ static struct gg_tls_context *make_ctx_groups(struct gg_tls_pki *issuer, struct 
 	CHECK(gg_tls_pki_issue(issuer, &req, &cert, &key) == 0);
 	struct gg_tls_options o = {
 		.ca_pem = gg_tls_pki_ca_pem(ca), .cert_pem = cert, .key_pem = key, .ciphersuites = suites,
-		.groups = groups,
+		.groups = groups, .unchecked_own_cert = issuer != ca || req.no_client_auth || req.no_server_auth ||
+							 req.no_signature,
 	};
 	if (gg_tls_context_new(&o, &ctx, err, sizeof(err))) {
 		fprintf(stderr, "context: %s\n", err);
