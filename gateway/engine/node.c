@@ -428,6 +428,7 @@ struct gg_node {
 	uint64_t next_run; /* the run id the next job started here gets */
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
 	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
+	atomic_bool ever_up[GG_AR_MAX_SITES]; /* a stream to the peer was ready once (for the metrics' readers) */
 	/* Error feedback, one slot per (job, tensor), each allocated on its own
 	 * (steps hold pointers to them); residuals bounded by [limits] memory. */
 	struct feedback_slot **feedback;
@@ -2852,6 +2853,7 @@ static void coordinator_mail(struct gg_node *n)
 			peer_run_heard(n, m->u.job, m->peer, m->run);
 			break;
 		case M_STREAM_READY:
+			atomic_store_explicit(&n->ever_up[m->peer], true, memory_order_relaxed);
 			resend_done(n, m->peer);
 			break;
 		case M_STREAM_DOWN:
@@ -3091,7 +3093,9 @@ void gg_node_get_metrics(const struct gg_node *n, struct gg_node_metrics *out)
 		pm->streams_up = (unsigned)__builtin_popcountll(ready);
 		pm->streams = (unsigned)n->cfg->transport.streams_per_peer;
 		pm->rtt_us = n->stats.rtt_us[p];
-		pm->heard_us = last_heard(n, p);
+		/* The lanes count silence from their start; what was heard is
+		 * what came over a stream, and a peer never up had none. */
+		pm->heard_us = atomic_load_explicit(&n->ever_up[p], memory_order_relaxed) ? last_heard(n, p) : 0;
 		for (unsigned s = 0; s < pm->streams && s < GG_MESH_MAX_STREAMS; s++) {
 			const struct stream_tcp *st = &n->tcp[p][s];
 			struct gg_node_stream_metrics *sm = &out->streams[p][s];

@@ -95,9 +95,22 @@ PY
 	fail "the JSON status is not what the gateways hold"
 log "status: $(head -n1 "$work/status.out"); JSON of both sites checked"
 
-# ---- a gateway that stopped: no answer, exit 3
+# ---- a gateway whose peer never came up: heard from never, not since
+# the gateway's start
 mesh_stop
 ranks_wait
+gw_start 0 || fail "site-a could not start alone"
+sleep 1.2
+"$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/lone.out" 2>&1 || fail "status of a lone gateway failed"
+expect "$work/lone.out" "^site-b +127\.0\.0\.1:${gw_port[1]} +0/2 .* never$" "the peer never heard from"
+"$GRADGATE" status --control "unix:$work/site-a.sock" --json >"$work/lone.json" 2>&1 ||
+	fail "status --json of a lone gateway failed"
+python3 -c 'import json, sys; p = json.load(open(sys.argv[1]))["peers"][0]; sys.exit(p["last_heard_s"] is not None)' \
+	"$work/lone.json" || fail "a peer never heard from has last_heard_s $(cat "$work/lone.json")"
+log "lone gateway: $(grep '^site-b' "$work/lone.out")"
+gw_stop 0
+
+# ---- a gateway that stopped: no answer, exit 3
 rc=0
 "$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/gone.out" 2>&1 || rc=$?
 [ "$rc" = 3 ] || fail "status of a stopped gateway exited $rc, expected 3"
