@@ -219,11 +219,34 @@ int main(int argc, char **argv)
 		signal(SIGBUS, on_fatal_signal);
 		signal(SIGABRT, on_fatal_signal);
 	}
+	int paths = 0;
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--no-alloc-failures"))
+		char *end;
+		if (!strcmp(argv[i], "--no-alloc-failures")) {
 			alloc_failures = false;
-		else if (!strncmp(argv[i], "--fail-alloc=", 13))
-			only_alloc = strtoul(argv[i] + 13, NULL, 10);
+		} else if (!strncmp(argv[i], "--fail-alloc=", 13)) {
+			only_alloc = strtoul(argv[i] + 13, &end, 10);
+			if (end == argv[i] + 13 || *end || !only_alloc) {
+				fprintf(stderr, "%s: --fail-alloc wants an allocation number from 1, not '%s'\n", argv[0],
+					argv[i] + 13);
+				return 2;
+			}
+		} else if (!strncmp(argv[i], "--", 2) || !strcmp(argv[i], "-h")) {
+			bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+			fprintf(help ? stdout : stderr,
+				"%s%s%s"
+				"usage: %s [--no-alloc-failures | --fail-alloc=N] FILE|DIR...\n"
+				"  replays every input once, then with each of its allocations failing in turn;\n"
+				"  --no-alloc-failures: once each; --fail-alloc=N: once more with allocation N failing\n",
+				help ? "" : "unknown option '", help ? "" : argv[i], help ? "" : "'\n", argv[0]);
+			return help ? 0 : 2;
+		} else {
+			paths++;
+		}
+	}
+	if (!paths) {
+		fprintf(stderr, "%s: no input given (FILE or DIR...; --help)\n", argv[0]);
+		return 2;
 	}
 	for (int i = 1; i < argc; i++)
 		if (strncmp(argv[i], "--", 2))
