@@ -32,6 +32,7 @@ enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 #define RECV_FDS 4                       /* descriptors one packet may bring before MSG_CTRUNC */
 #define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
 #define WAITING_MAX 16                   /* connections waiting for the slots of an idle job */
+#define SILENT_MIN_US 100000             /* silent this long, a connection has sent no HELLO */
 #define MAX_MESSAGE_LIMIT (1ull << 40)
 #define TEXT GG_CTRL_TEXT_SIZE
 
@@ -175,6 +176,10 @@ struct gg_host_backend {
 		uint64_t until_us;
 	} waiting[WAITING_MAX];
 	unsigned waiting_count;
+	/* One connection given the spare slot of a silent one, which it takes
+	 * once that is closed (-1: none); it holds no place in max_clients. */
+	int spare_wait_fd;
+	uint64_t spare_wait_until_us;
 	struct gg_host_backend_stats stats;
 };
 
@@ -734,16 +739,25 @@ static unsigned held(const struct gg_host_backend *b)
 	return n;
 }
 
+/* How long `c` has waited for its first message. */
+static uint64_t silent_for(const struct gg_host_backend *b, const struct hb_conn *c)
+{
+	return b->loop->now_us + b->opts.hello_timeout_us - c->deadline_us;
+}
+
 /* The connection on a spare slot (spare) or one within max_clients that
  * has waited longest for its first message, other than `except`; or NULL.
- * The client library sends its HELLO as it connects. */
-static struct hb_conn *oldest_silent(struct gg_host_backend *b, bool spare, const struct hb_conn *except)
+ * Only one silent for SILENT_MIN_US (any, with `young`): the client
+ * library sends its HELLO as it connects, but one that came in the same
+ * turn as a later connection may not be read yet. */
+static struct hb_conn *oldest_silent(struct gg_host_backend *b, bool spare, bool young, const struct hb_conn *except)
 {
 	struct hb_conn *best = NULL;
 
 	for (unsigned i = 0; i < slots(b); i++) {
 		struct hb_conn *c = &b->conns[i];
-		if (c != except && c->state == C_HELLO && c->spare == spare && (!best || c->deadline_us < best->deadline_us))
+		if (c != except && c->state == C_HELLO && c->spare == spare && (young || silent_for(b, c) >= SILENT_MIN_US) &&
+		    (!best || c->deadline_us < best->deadline_us))
 			best = c;
 	}
 	return best;
@@ -757,22 +771,20 @@ static void silent_evict(struct gg_host_backend *b, struct hb_conn *c)
 	char waited[32];
 
 	conn_refuse(b, c, GG_ERR_REFUSED, "sent nothing for %s while a new connection needed its slot (max_clients = "
-		    "%u are taken)", gg_format_elapsed(b->loop->now_us + b->opts.hello_timeout_us - c->deadline_us,
-		    waited, sizeof(waited)), b->opts.max_clients);
-	b->stats.evicted++;
+		    "%u are taken)", gg_format_elapsed(silent_for(b, c), waited, sizeof(waited)), b->opts.max_clients);
 }
 
 /* Makes room for `more` connections besides those held and waiting (and
- * `except`, which is not to go): connections that sent nothing yet, the
- * longest waiting first, then the idle jobs idle longest give their places
- * up, as many as it takes. True when there is room. */
+ * `except`, which is not to go): connections silent since they came, the
+ * longest first, then the idle jobs idle longest give their places up, as
+ * many as it takes. True when there is room. */
 static bool make_room(struct gg_host_backend *b, unsigned more, const struct hb_conn *except)
 {
 	struct hb_job *idle;
 	struct hb_conn *silent;
 
 	while (held(b) + b->waiting_count + more > b->opts.max_clients) {
-		if ((silent = oldest_silent(b, false, except)))
+		if ((silent = oldest_silent(b, false, false, except)))
 			silent_evict(b, silent);
 		else if ((idle = idlest_job(b)))
 			job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
@@ -819,24 +831,29 @@ static void conn_new(struct gg_host_backend *b, int fd)
 		conn_start(b, c, fd);
 		return;
 	}
-	if (b->waiting_count < WAITING_MAX) {
-		/* It queues behind those waiting when a slot is free or being
-		 * freed: a silent connection's or an idle job's, closed now if
-		 * no other is; or a spare one a silent connection held. */
-		bool room = make_room(b, 1, NULL);
-		struct hb_conn *silent = room ? NULL : oldest_silent(b, true, NULL);
-		if (room || silent) {
-			if (silent)
-				silent_evict(b, silent);
-			b->waiting[b->waiting_count].fd = fd;
-			b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
-			serve_waiting(b, b->loop->now_us);
-			return;
-		}
-		idle_hint(b, hint, sizeof(hint));
-	} else {
-		snprintf(hint, sizeof(hint), ", and %u more wait for slots being freed", WAITING_MAX);
+	/* It queues behind those waiting when a slot is free or being freed:
+	 * a silent connection's or an idle job's, closed now if no other is,
+	 * or a connection's that is silent yet for too short a while (closed
+	 * once it has been). */
+	if (b->waiting_count < WAITING_MAX && (make_room(b, 1, NULL) || oldest_silent(b, false, true, NULL))) {
+		b->waiting[b->waiting_count].fd = fd;
+		b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
+		serve_waiting(b, b->loop->now_us);
+		return;
 	}
+	if (b->spare_wait_fd < 0 && oldest_silent(b, true, true, NULL)) {
+		/* Every place is held by a session, and silent connections hold
+		 * the spare slots: the one silent longest goes (once it has been
+		 * for SILENT_MIN_US), and this one takes its slot. */
+		b->spare_wait_fd = fd;
+		b->spare_wait_until_us = b->loop->now_us + b->opts.hello_timeout_us;
+		serve_waiting(b, b->loop->now_us);
+		return;
+	}
+	if (b->waiting_count < WAITING_MAX)
+		idle_hint(b, hint, sizeof(hint));
+	else
+		snprintf(hint, sizeof(hint), ", and %u more wait for slots being freed", WAITING_MAX);
 	snprintf(text, sizeof(text), "the gateway of site %s already serves max_clients = %u connections%s", b->site,
 		 b->opts.max_clients, hint);
 	refuse_unslotted(b, fd, text);
@@ -846,13 +863,49 @@ static void conn_new(struct gg_host_backend *b, int fd)
  * past their deadline are refused. Returns the next deadline (0: none). */
 static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
 {
+	uint64_t next = 0;
+
+	if (b->spare_wait_fd >= 0) {
+		struct hb_conn *c = b->stopping || taken(b, true) >= STATUS_SLOTS ? NULL : first_free(b);
+		if (c) {
+			c->spare = true;
+			conn_start(b, c, b->spare_wait_fd);
+			b->spare_wait_fd = -1;
+		} else if (now_us >= b->spare_wait_until_us || b->stopping) {
+			char text[TEXT];
+			snprintf(text, sizeof(text), "the gateway of site %s %s", b->site,
+				 b->stopping ? "is shutting down" : "had no slot free in time (max_clients are taken)");
+			refuse_unslotted(b, b->spare_wait_fd, text);
+			b->spare_wait_fd = -1;
+		} else {
+			/* A spare slot being freed is this one's; else the one
+			 * silent longest goes, once it has been long enough. */
+			bool freeing = false;
+			for (unsigned i = 0; i < slots(b); i++)
+				freeing |= b->conns[i].spare && b->conns[i].state == C_CLOSING;
+			struct hb_conn *silent = freeing ? NULL : oldest_silent(b, true, true, NULL);
+			if (silent && silent_for(b, silent) >= SILENT_MIN_US)
+				silent_evict(b, silent);
+			next = b->spare_wait_until_us;
+			if (silent && silent_for(b, silent) < SILENT_MIN_US)
+				next = min_deadline(next, now_us + SILENT_MIN_US - silent_for(b, silent));
+		}
+	}
+	/* Places for those waiting: silent connections that have been so
+	 * long enough now, or idle jobs, give theirs up. */
+	if (b->waiting_count && !b->stopping)
+		make_room(b, 0, NULL);
 	while (b->waiting_count) {
 		struct hb_conn *c = b->stopping ? NULL : free_slot(b);
 		int fd = b->waiting[0].fd;
-		if (!c && !b->stopping && taken(b, true) < STATUS_SLOTS && (c = first_free(b)))
-			c->spare = true; /* a spare slot a silent connection gave up */
-		if (!c && now_us < b->waiting[0].until_us && !b->stopping)
-			return b->waiting[0].until_us;
+		if (!c && now_us < b->waiting[0].until_us && !b->stopping) {
+			next = min_deadline(next, b->waiting[0].until_us);
+			/* and when a connection silent now has been long enough */
+			struct hb_conn *young = oldest_silent(b, false, true, NULL);
+			if (young)
+				next = min_deadline(next, now_us + SILENT_MIN_US - GG_MIN(silent_for(b, young), SILENT_MIN_US));
+			return next;
+		}
 		memmove(&b->waiting[0], &b->waiting[1], --b->waiting_count * sizeof(b->waiting[0]));
 		if (c) {
 			conn_start(b, c, fd);
@@ -863,7 +916,7 @@ static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
 			refuse_unslotted(b, fd, text);
 		}
 	}
-	return 0;
+	return next;
 }
 
 static void conn_start(struct gg_host_backend *b, struct hb_conn *c, int fd)
@@ -2017,6 +2070,8 @@ static void hb_destroy(struct gg_site_backend *base)
 		close(b->listen_fd);
 	for (unsigned i = 0; i < b->waiting_count; i++)
 		close(b->waiting[i].fd);
+	if (b->spare_wait_fd >= 0)
+		close(b->spare_wait_fd);
 	while (b->jobs)
 		job_free(b, b->jobs);
 	free(b->conns);
@@ -2132,6 +2187,7 @@ int gg_host_backend_create(const struct gg_host_backend_options *opts, const str
 	b->core_ops = core_ops;
 	b->core = core;
 	b->listen_fd = -1;
+	b->spare_wait_fd = -1;
 	/* Room for a largest message next to requests still in flight. */
 	b->max_region_bytes = (2 * opts->max_message_bytes + GG_CTRL_ALIGN + 4095) & ~(uint64_t)4095;
 	for (unsigned i = 0; i < slots(b); i++) {
