@@ -120,8 +120,9 @@ CC=clang setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
 CC=clang setup build-tsan -Db_sanitize=thread -Db_lundef=false \
 	-Dbuildtype=debugoptimized -Dcuda=disabled -Dnccl=disabled --werror
 run_tests build
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run_tests build-asan --no-suite bulk
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run_tests build-asan --no-suite bulk \
+	--no-suite timing
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests build-tsan --suite gateway --suite integration \
-	--no-suite bulk --no-suite one-thread
+	--no-suite bulk --no-suite one-thread --no-suite timing
 echo "quickstart: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]

@@ -206,8 +206,8 @@ static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int depth, in
 		if ((flags & EXFLAG_XKUSAGE) && !(X509_get_extended_key_usage(cert) & xku))
 			snprintf(chk->cert_detail, sizeof(chk->cert_detail), "%sextended key usage lacks %s", whose,
 				 chk->is_server ? "clientAuth" : "serverAuth");
-		else if (flags & EXFLAG_KUSAGE)
-			snprintf(chk->cert_detail, sizeof(chk->cert_detail), "%skey usage lacks digitalSignature", whose);
+		else if (!depth && (flags & EXFLAG_KUSAGE) && !(X509_get_key_usage(cert) & KU_DIGITAL_SIGNATURE))
+			snprintf(chk->cert_detail, sizeof(chk->cert_detail), "key usage lacks digitalSignature");
 		break;
 	}
 	default:

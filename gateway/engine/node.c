@@ -2962,7 +2962,7 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	const uint64_t now = gg_node_loop(n)->now_us;
 	uint64_t next = now + TICK_US;
 
-	if (n->coord_last_us && now - n->coord_last_us > n->cfg->transport.heartbeat_timeout_us / 2)
+	if (n->coord_last_us && now - n->coord_last_us > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us))
 		n->stall_grace_us = now + n->cfg->transport.heartbeat_timeout_us;
 	n->coord_last_us = now;
 

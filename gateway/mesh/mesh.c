@@ -1483,7 +1483,7 @@ static bool evict_for(struct gg_mesh *m, const uint8_t ip[16])
 {
 	struct holder {
 		const uint8_t *ip;
-		int count, oldest;
+		int count, oldest; /* oldest: of those still in their TLS handshake, -1: none */
 	} addrs[32];
 	int n = 0, mine = 0, best = -1;
 
@@ -1501,14 +1501,23 @@ static bool evict_for(struct gg_mesh *m, const uint8_t ip[16])
 		if (a == n) {
 			if (n == (int)GG_ARRAY_LEN(addrs))
 				continue; /* so many addresses: each holds little */
-			addrs[n++] = (struct holder){ c->ip, 0, ci };
+			addrs[n++] = (struct holder){ c->ip, 0, -1 };
 		}
 		addrs[a].count++;
-		if (c->since_us < m->conns[addrs[a].oldest].since_us)
+		/* One that proved a site's identity is not given up: it says
+		 * HELLO within a round trip, or times out as usual. */
+		if (c->ts.state == GG_TLS_STREAM_HANDSHAKE &&
+		    (addrs[a].oldest < 0 || c->since_us < m->conns[addrs[a].oldest].since_us))
 			addrs[a].oldest = ci;
 	}
+	/* The address that holds the most; of those that hold as many, the
+	 * one whose handshake waited longest: a flood's stall, a peer's
+	 * complete within round trips. */
 	for (int a = 0; a < n; a++)
-		if (best < 0 || addrs[a].count > addrs[best].count)
+		if (addrs[a].oldest >= 0 &&
+		    (best < 0 || addrs[a].count > addrs[best].count ||
+		     (addrs[a].count == addrs[best].count &&
+		      m->conns[addrs[a].oldest].since_us < m->conns[addrs[best].oldest].since_us)))
 			best = a;
 	if (best < 0 || addrs[best].count < mine + 2)
 		return false;
@@ -1682,7 +1691,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	const struct gg_config *cfg = m->cfg;
 	uint64_t next = now + 100000; /* heartbeats and dials at least every 100 ms */
 
-	if (m->tick_last_us && now - m->tick_last_us > cfg->transport.heartbeat_timeout_us / 2)
+	if (m->tick_last_us && now - m->tick_last_us > GG_STALL_US(cfg->transport.heartbeat_timeout_us))
 		m->stall_grace_us = now + cfg->transport.heartbeat_timeout_us;
 	m->tick_last_us = now;
 	admit_waiting(m);

@@ -60,6 +60,13 @@
 #include "wire.h"
 
 #define GG_MESH_ERROR_MAX 512
+
+/* A gap between two turns of a loop past which the loop itself stood
+ * still (its process stopped or starved) and could hear nothing: half of
+ * heartbeat_timeout, and at least five of the 100 ms turns an idle loop
+ * takes, so that a short heartbeat_timeout is not taken for a stall at
+ * every turn. Silence is then judged only heartbeat_timeout later. */
+#define GG_STALL_US(heartbeat_timeout_us) GG_MAX((uint64_t)(heartbeat_timeout_us) / 2, (uint64_t)500000)
 #define GG_MESH_MAX_STREAMS 64
 
 struct gg_mesh;

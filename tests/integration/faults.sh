@@ -15,6 +15,10 @@
 # peer-killed     the last site's gateway is SIGKILLed while the others wait
 #                 in step 2: GG_ERR_SITE naming it within heartbeat_timeout
 # peer-stopped    the same with SIGSTOP: its streams stay up but fall silent
+# peer-stopped-fast
+#                 the same with heartbeat_timeout 200ms (interval 50ms), less
+#                 than two of an idle loop's 100 ms turns: it still fails
+#                 within heartbeat_timeout, not when step_timeout runs out
 # peer-terminated the last site's gateway gets SIGTERM while the others wait
 #                 for its ranks in step 2: it ends its ranks' jobs before it
 #                 closes its streams, so they fail step 2 at once with
@@ -246,8 +250,8 @@ peer_lost() {
 	done
 	local took
 	took=$(ms_since "$lost")
-	log "  every other site failed step 2 ${took} ms after SIG$sig (heartbeat_timeout 2 s)"
-	within "$took" 6000 "failing step 2 after the site was lost"
+	log "  every other site failed step 2 ${took} ms after SIG$sig (heartbeat_timeout $HEARTBEAT_TIMEOUT)"
+	within "$took" "${LOST_WITHIN_MS:-6000}" "failing step 2 after the site was lost"
 	for ((s = 0; s < last; s++)); do
 		expect "$work/pl-s$s-r0.err" "step 2: error -12: .*site ${SITES[$last]} is unreachable" \
 			"pl-s$s-r0's error names ${SITES[$last]}"
@@ -388,6 +392,7 @@ case_peer_terminated() {
 
 case_peer_killed() { peer_lost KILL; }
 case_peer_stopped() { peer_lost STOP; }
+case_peer_stopped_fast() { peer_lost STOP; }
 
 case_job_end() {
 	# 9 Mi int8 elements keep 36 MiB of residuals per site: two jobs'
@@ -412,6 +417,9 @@ for config in "$@"; do
 	if [ "$fault" = job-end ]; then
 		CODEC=int8
 		MEMORY=64MiB
+	fi
+	if [ "$fault" = peer-stopped-fast ]; then
+		HEARTBEAT_INTERVAL=50ms HEARTBEAT_TIMEOUT=200ms LOST_WITHIN_MS=1500
 	fi
 	log "$fault: $K sites, $ALGO"
 	mesh_start

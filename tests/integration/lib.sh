@@ -32,6 +32,7 @@ SCALE=fp32
 ALGO=ring
 STEP_TIMEOUT=10s
 HEARTBEAT_TIMEOUT=5s
+HEARTBEAT_INTERVAL=500ms
 MEMORY=2GiB
 STREAMS=2
 CHUNK=256KiB
@@ -250,7 +251,7 @@ EOF
 streams_per_peer = $STREAMS
 chunk_size = "$CHUNK"
 socket_buffer = "$SOCKET_BUFFER"
-heartbeat_interval = "500ms"
+heartbeat_interval = "$HEARTBEAT_INTERVAL"
 heartbeat_timeout = "$HEARTBEAT_TIMEOUT"
 connect_timeout = "2s"
 handshake_timeout = "2s"
