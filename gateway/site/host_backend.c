@@ -774,17 +774,43 @@ static void silent_evict(struct gg_host_backend *b, struct hb_conn *c)
 		    "%u are taken)", gg_format_elapsed(silent_for(b, c), waited, sizeof(waited)), b->opts.max_clients);
 }
 
-/* Makes room for `more` connections besides those held and waiting (and
- * `except`, which is not to go): connections silent since they came, the
- * longest first, then the idle jobs idle longest give their places up, as
- * many as it takes. True when there is room. */
-static bool make_room(struct gg_host_backend *b, unsigned more, const struct hb_conn *except)
+/* Connections within max_clients (spare: on the spare slots) that have
+ * sent nothing yet, however briefly. */
+static unsigned count_silent(const struct gg_host_backend *b, bool spare)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < slots(b); i++)
+		n += b->conns[i].state == C_HELLO && b->conns[i].spare == spare;
+	return n;
+}
+
+/* When the next connection that has sent nothing will have been silent for
+ * SILENT_MIN_US, or 0. */
+static uint64_t silent_due(const struct gg_host_backend *b)
+{
+	uint64_t due = 0;
+
+	for (unsigned i = 0; i < slots(b); i++) {
+		const struct hb_conn *c = &b->conns[i];
+		if (c->state == C_HELLO && silent_for(b, c) < SILENT_MIN_US)
+			due = min_deadline(due, b->loop->now_us + SILENT_MIN_US - silent_for(b, c));
+	}
+	return due;
+}
+
+/* Makes room for `more` connections besides those held (and `except`,
+ * which is not to go): connections silent since they came (for
+ * SILENT_MIN_US at least, but with `young`), the longest first, then the
+ * idle jobs idle longest give their places up, as many as it takes. True
+ * when there is room. */
+static bool make_room(struct gg_host_backend *b, unsigned more, const struct hb_conn *except, bool young)
 {
 	struct hb_job *idle;
 	struct hb_conn *silent;
 
-	while (held(b) + b->waiting_count + more > b->opts.max_clients) {
-		if ((silent = oldest_silent(b, false, false, except)))
+	while (held(b) + more > b->opts.max_clients) {
+		if ((silent = oldest_silent(b, false, young, except)))
 			silent_evict(b, silent);
 		else if ((idle = idlest_job(b)))
 			job_evict(b, idle, "a new connection needs a slot (max_clients are taken)");
@@ -826,16 +852,18 @@ static void conn_new(struct gg_host_backend *b, int fd)
 		conn_start(b, c, fd);
 		return;
 	}
-	if (taken(b, true) < STATUS_SLOTS && (c = first_free(b))) {
+	if (b->spare_wait_fd < 0 && taken(b, true) < STATUS_SLOTS && (c = first_free(b))) {
 		c->spare = true;
 		conn_start(b, c, fd);
 		return;
 	}
 	/* It queues behind those waiting when a slot is free or being freed:
 	 * a silent connection's or an idle job's, closed now if no other is,
-	 * or a connection's that is silent yet for too short a while (closed
-	 * once it has been). */
-	if (b->waiting_count < WAITING_MAX && (make_room(b, 1, NULL) || oldest_silent(b, false, true, NULL))) {
+	 * or that of a connection silent yet for too short a while (closed
+	 * once it has been), one for each connection waiting. */
+	if (b->waiting_count < WAITING_MAX &&
+	    (make_room(b, b->waiting_count + 1, NULL, false) ||
+	     held(b) + b->waiting_count + 1 <= b->opts.max_clients + count_silent(b, false))) {
 		b->waiting[b->waiting_count].fd = fd;
 		b->waiting[b->waiting_count++].until_us = b->loop->now_us + b->opts.hello_timeout_us;
 		serve_waiting(b, b->loop->now_us);
@@ -883,28 +911,22 @@ static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
 			bool freeing = false;
 			for (unsigned i = 0; i < slots(b); i++)
 				freeing |= b->conns[i].spare && b->conns[i].state == C_CLOSING;
-			struct hb_conn *silent = freeing ? NULL : oldest_silent(b, true, true, NULL);
-			if (silent && silent_for(b, silent) >= SILENT_MIN_US)
+			struct hb_conn *silent = freeing ? NULL : oldest_silent(b, true, false, NULL);
+			if (silent)
 				silent_evict(b, silent);
-			next = b->spare_wait_until_us;
-			if (silent && silent_for(b, silent) < SILENT_MIN_US)
-				next = min_deadline(next, now_us + SILENT_MIN_US - silent_for(b, silent));
+			next = min_deadline(b->spare_wait_until_us, freeing || silent ? 0 : silent_due(b));
 		}
 	}
 	/* Places for those waiting: silent connections that have been so
 	 * long enough now, or idle jobs, give theirs up. */
 	if (b->waiting_count && !b->stopping)
-		make_room(b, 0, NULL);
+		make_room(b, b->waiting_count, NULL, false);
 	while (b->waiting_count) {
 		struct hb_conn *c = b->stopping ? NULL : free_slot(b);
 		int fd = b->waiting[0].fd;
 		if (!c && now_us < b->waiting[0].until_us && !b->stopping) {
-			next = min_deadline(next, b->waiting[0].until_us);
 			/* and when a connection silent now has been long enough */
-			struct hb_conn *young = oldest_silent(b, false, true, NULL);
-			if (young)
-				next = min_deadline(next, now_us + SILENT_MIN_US - GG_MIN(silent_for(b, young), SILENT_MIN_US));
-			return next;
+			return min_deadline(min_deadline(next, b->waiting[0].until_us), silent_due(b));
 		}
 		memmove(&b->waiting[0], &b->waiting[1], --b->waiting_count * sizeof(b->waiting[0]));
 		if (c) {
@@ -1344,7 +1366,10 @@ static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
 	char hint[TEXT];
 
 	c->spare = false; /* held from now on, if there is room */
-	if (make_room(b, 0, c))
+	/* A HELLO in hand outweighs a connection that has said nothing so
+	 * far, however briefly, and those waiting for a slot, which have not
+	 * said what they are: waiting here would hold the HELLO unread. */
+	if (make_room(b, 0, c, true))
 		return true;
 	idle_hint(b, hint, sizeof(hint));
 	conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s already serves max_clients = %u connections%s",

@@ -439,6 +439,36 @@ static void test_silent_slots(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* A rank's HELLO gets in behind silent connections: two that took every
+ * place within max_clients moments before (its HELLO, read on a spare
+ * slot, takes a place from one), or five that hold every slot and the
+ * place in the queue that one of them will give up. */
+static void test_silent_flood(void)
+{
+	const int counts[] = { 2, 5 };
+	union gg_ctrl_msg m;
+	char why[160];
+
+	for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+		int quiet[5], r;
+		for (int i = 0; i < counts[k]; i++)
+			quiet[i] = raw_connect(&h);
+		sleep_us(10000);
+		r = raw_connect(&h);
+		hello_msg(&m, "flooded", 0, 1);
+		raw_send(r, &m, sizeof(m.hello), -1);
+		size_t n = raw_recv(r, &m);
+		int type = gg_ctrl_check(&m, n, why, sizeof(why));
+		if (type != GG_CTRL_ACCEPT)
+			fprintf(stderr, "a rank behind %d silent connections: %s\n", counts[k], m.error.message);
+		CHECK_EQ_INT(type, GG_CTRL_ACCEPT);
+		close(r);
+		for (int i = 0; i < counts[k]; i++)
+			close(quiet[i]);
+		harness_wait_connections(&h, 0);
+	}
+}
+
 /* Two ranks of a new job connect while an idle job holds every place:
  * both wait on spare slots, and their HELLOs, sent together, both get in
  * once the idle job gives its places up (the second must not count the
@@ -1019,6 +1049,7 @@ int main(int argc, char **argv)
 	test_idle_slots_pair();
 	test_idle_name();
 	test_silent_slots();
+	test_silent_flood();
 	harness_stop(&h);
 	printf("host protocol: ok\n");
 	return 0;
