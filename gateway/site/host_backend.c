@@ -1366,11 +1366,14 @@ static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
 	char hint[TEXT];
 
 	c->spare = false; /* held from now on, if there is room */
-	/* A HELLO in hand outweighs a connection that has said nothing so
-	 * far, however briefly, and those waiting for a slot, which have not
-	 * said what they are: waiting here would hold the HELLO unread. */
-	if (make_room(b, 0, c, true))
+	/* A HELLO in hand goes ahead of those waiting for a slot, which have
+	 * not said what they are: waiting here would hold it unread. Its
+	 * place is that of a connection silent long enough, or an idle
+	 * job's, or else one that has said nothing so far, however briefly
+	 * (which may be a rank whose HELLO is not read yet). */
+	if (make_room(b, 0, c, false) || make_room(b, 0, c, true))
 		return true;
+	c->spare = true; /* closing on the spare slot it came on */
 	idle_hint(b, hint, sizeof(hint));
 	conn_refuse(b, c, GG_ERR_REFUSED, "the gateway of site %s already serves max_clients = %u connections%s",
 		    b->site, b->opts.max_clients, hint);

@@ -469,6 +469,41 @@ static void test_silent_flood(void)
 	}
 }
 
+/* An idle job holds one place; rank 0 of a new job takes the other and
+ * says HELLO a few milliseconds late; rank 1 comes on a spare slot and
+ * says HELLO at once. Rank 1 takes the idle job's place, not rank 0's:
+ * both ranks get in. */
+static void test_idle_before_young(void)
+{
+	struct gg_session *a;
+	union gg_ctrl_msg m;
+	char why[160];
+	uint64_t evicted = harness_stats(&h).evicted;
+
+	open_ok("idle1", 0, 1, &a);
+	sleep_us(2 * IDLE_US);
+	int r0 = raw_connect(&h);
+	sleep_us(3000);
+	int r1 = raw_connect(&h);
+	hello_msg(&m, "new1", 1, 2);
+	raw_send(r1, &m, sizeof(m.hello), -1);
+	sleep_us(5000);
+	hello_msg(&m, "new1", 0, 2);
+	raw_send(r0, &m, sizeof(m.hello), -1);
+	for (int k = 0; k < 2; k++) {
+		size_t n = raw_recv(k ? r0 : r1, &m);
+		int type = gg_ctrl_check(&m, n, why, sizeof(why));
+		if (type != GG_CTRL_ACCEPT)
+			fprintf(stderr, "rank %d: %s\n", k ? 0 : 1, m.error.message);
+		CHECK_EQ_INT(type, GG_CTRL_ACCEPT);
+	}
+	CHECK(harness_stats(&h).evicted == evicted + 1);
+	close(r0);
+	close(r1);
+	gg_session_close(a);
+	harness_wait_connections(&h, 0);
+}
+
 /* Two ranks of a new job connect while an idle job holds every place:
  * both wait on spare slots, and their HELLOs, sent together, both get in
  * once the idle job gives its places up (the second must not count the
@@ -1050,6 +1085,7 @@ int main(int argc, char **argv)
 	test_idle_name();
 	test_silent_slots();
 	test_silent_flood();
+	test_idle_before_young();
 	harness_stop(&h);
 	printf("host protocol: ok\n");
 	return 0;
