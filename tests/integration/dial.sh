@@ -15,9 +15,10 @@
 # - A peer a site does not accept inbound (its dial for it is "out") gets a
 #   TLS alert, access_denied: openssl s_client with that peer's certificate
 #   reports it; an identity the site does not know gets bad_certificate.
-# - Both sites dial at once: the duplicate is closed, saying why, and the
-#   steps are exact; after every connection is reset mid-job, both redial
-#   and settle on the first site's connections again.
+# - Both sites dial at once: they settle on the first site's connections
+#   (a duplicate, where two dials met, is closed saying why), and the steps
+#   are exact; after every connection is reset mid-job, both redial and
+#   settle on the first site's connections again.
 . "$(dirname "$0")/lib.sh"
 
 K=2
@@ -232,12 +233,19 @@ run_ok together 1000003 1 2
 for i in 0 1; do
 	since_start "$(site_log "$i")"
 done | grep -E 'event=stream_down .*reason="duplicate stream: ' >"$work/duplicates.out" || true
-[ -s "$work/duplicates.out" ] || fail "no site closed a duplicate"
 for i in 0 1; do
 	[ "$(ups "$i")" -le $((2 * STREAMS)) ] || fail "${SITES[$i]} brought up $(ups "$i") streams for $STREAMS"
 	expect_none_now "$i" 'event=(step_failed|mesh_degraded)' "both/both"
 done
-log "both/both: $(head -n 1 "$work/duplicates.out" | grep -o 'event=.*')"
+# Whether both dials of a stream meet is the start's timing (site-b's own
+# may come once site-a's is up, and then it does not dial); mesh-streams'
+# duplicates case makes them meet every time.
+if [ -s "$work/duplicates.out" ]; then
+	log "both/both: $(wc -l <"$work/duplicates.out") duplicates closed, as: $(head -n 1 "$work/duplicates.out" |
+		grep -o 'event=.*')"
+else
+	log "both/both: no two dials met"
+fi
 mesh_stop
 
 # Both dial, and site-a's connections cross a link that resets every one
