@@ -887,6 +887,17 @@ static void conn_new(struct gg_host_backend *b, int fd)
 	refuse_unslotted(b, fd, text);
 }
 
+/* Refuses a connection that waited for a slot until its deadline, or
+ * until the gateway began to stop. */
+static void refuse_waited(struct gg_host_backend *b, int fd)
+{
+	char text[TEXT];
+
+	snprintf(text, sizeof(text), "the gateway of site %s %s", b->site,
+		 b->stopping ? "is shutting down" : "had no slot free in time (max_clients are taken)");
+	refuse_unslotted(b, fd, text);
+}
+
 /* Connections waiting for a slot take those freed since, in order; those
  * past their deadline are refused. Returns the next deadline (0: none). */
 static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
@@ -900,10 +911,7 @@ static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
 			conn_start(b, c, b->spare_wait_fd);
 			b->spare_wait_fd = -1;
 		} else if (now_us >= b->spare_wait_until_us || b->stopping) {
-			char text[TEXT];
-			snprintf(text, sizeof(text), "the gateway of site %s %s", b->site,
-				 b->stopping ? "is shutting down" : "had no slot free in time (max_clients are taken)");
-			refuse_unslotted(b, b->spare_wait_fd, text);
+			refuse_waited(b, b->spare_wait_fd);
 			b->spare_wait_fd = -1;
 		} else {
 			/* A spare slot being freed is this one's; else the one
@@ -929,14 +937,10 @@ static uint64_t serve_waiting(struct gg_host_backend *b, uint64_t now_us)
 			return min_deadline(min_deadline(next, b->waiting[0].until_us), silent_due(b));
 		}
 		memmove(&b->waiting[0], &b->waiting[1], --b->waiting_count * sizeof(b->waiting[0]));
-		if (c) {
+		if (c)
 			conn_start(b, c, fd);
-		} else {
-			char text[TEXT];
-			snprintf(text, sizeof(text), "the gateway of site %s %s", b->site,
-				 b->stopping ? "is shutting down" : "had no slot free in time (max_clients are taken)");
-			refuse_unslotted(b, fd, text);
-		}
+		else
+			refuse_waited(b, fd);
 	}
 	return next;
 }
