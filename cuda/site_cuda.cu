@@ -192,3 +192,22 @@ extern "C" int gg_site_cuda_store(void *const *out, unsigned n, bool bf16, const
 {
 	return over_ranks(true, out, n, bf16, sum, count, err, err_size);
 }
+
+__global__ static void fill_kernel(uint32_t *dst, uint32_t bits, uint64_t count)
+{
+	for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < count;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		dst[i] = bits;
+}
+
+extern "C" int gg_site_cuda_fill_async(uint32_t *dst, uint32_t bits, uint64_t count, void *on, char *err,
+				       size_t err_size)
+{
+	int rc = gg_cuda_use_gpu(err, err_size);
+
+	if (rc || !count)
+		return rc;
+	fill_kernel<<<blocks_for(count), THREADS, 0, (cudaStream_t)on>>>(dst, bits, count);
+	GG_CUDA_CHECK_AS(cudaGetLastError(), "launching the fill kernel", err, err_size);
+	return 0;
+}

@@ -50,6 +50,12 @@ GG_MUST_CHECK int gg_site_cuda_sum(float *sum, const void *const *in, unsigned n
 GG_MUST_CHECK int gg_site_cuda_store(void *const *out, unsigned n, bool bf16, const float *sum, uint64_t count,
 				     char *err, size_t err_size);
 
+/* Enqueues dst[i] = bits for i < count on `stream` (a cudaStream_t of the
+ * gateway's GPU) without waiting for it: device memory filled with one
+ * 32-bit pattern, such as -0.0f's. */
+GG_MUST_CHECK int gg_site_cuda_fill_async(uint32_t *dst, uint32_t bits, uint64_t count, void *stream, char *err,
+					  size_t err_size);
+
 #ifdef __cplusplus
 }
 #endif

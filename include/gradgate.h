@@ -264,8 +264,9 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
  * tensor_id, timeout_ms  as for gg_allreduce(), but the deadline runs
  *            from when the stream's work is done and the tensor is handed
  *            over. Every rank of a step at one site must use the same
- *            kind of memory (all device, or all host), otherwise the step
- *            fails with GG_ERR_MISMATCH; sites may differ, since what
+ *            kind of memory (all device, all host, or all through NCCL by
+ *            gg_allreduce_nccl), otherwise the step fails with
+ *            GG_ERR_MISMATCH; sites may differ, since what
  *            crosses between them is each site's sum either way.
  *
  * The library reaches CUDA through the driver (libcuda.so.1, loaded on
@@ -278,6 +279,73 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
  * fails the step with GG_ERR_SYSTEM. On failure the contents of `devbuf`
  * are unchanged, except after that last error. */
 GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t count, enum gg_dtype dtype,
+				   uint32_t tensor_id, void *stream, int timeout_ms, struct gg_error *err);
+
+/* All-reduces `count` float32 elements in GPU memory, in place, through
+ * the job's NCCL communicator, and returns once the result is in devbuf
+ * or the step failed. The job's ranks at this site and their
+ * gateway form that communicator: the ranks are its ranks 0..nranks-1 (as
+ * in gg_session_open), the gateway, on its own GPU, its last rank,
+ * nranks. Each step, every rank reduces (sums) its tensor to the gateway
+ * (ncclReduce), which sums across sites on its GPU as for
+ * gg_allreduce_cuda() and broadcasts the result into the ranks' tensors
+ * (ncclBroadcast). NCCL moves the data between the GPUs, so the gateway
+ * needs no CUDA IPC of the ranks' memory.
+ *
+ * The session's first call makes the communicator, collectively: every
+ * rank of the job must make its first gg_allreduce_nccl() (for whichever
+ * step), and the call waits up to its timeout_ms for them all and the
+ * gateway to join (the step's own deadline runs after that); otherwise it
+ * fails with GG_ERR_TIMEOUT saying the job's communicator did not come
+ * up.
+ *
+ * devbuf     count float32 elements in CUDA device memory of the calling
+ *            thread's current CUDA device at the session's first call: the
+ *            rank joins the communicator on that device, and every call
+ *            must pass memory of it. Any allocator's memory will do
+ *            (cudaMalloc, cudaMallocAsync, PyTorch's); managed memory,
+ *            host memory and memory of another GPU are refused with
+ *            GG_ERR_INVALID.
+ * dtype      GG_DTYPE_F32 only: NCCL sums in the element type, so bfloat16
+ *            would be summed in bfloat16, not in float32 as the other calls
+ *            do; it is refused with GG_ERR_INVALID (gg_allreduce_cuda takes
+ *            it).
+ * stream     a cudaStream_t of that device (NULL: the legacy default
+ *            stream) on which the reduce and broadcast are queued: they
+ *            read the tensor. The call first waits for the work queued on
+ *            the stream before it, and returns once the reduce and the
+ *            broadcast are done: the stream's work so far is done then.
+ * tensor_id, timeout_ms  as for gg_allreduce(); the step's deadline runs
+ *            from when the stream's work before the call is done and the
+ *            step is announced, once the communicator is up. Every
+ *            rank of a step at one site must use the same kind of call (all
+ *            gg_allreduce_nccl, all gg_allreduce_cuda, or all host memory),
+ *            otherwise the step fails with GG_ERR_MISMATCH.
+ *
+ * NCCL is loaded on first use: the process's own when it has one
+ * (PyTorch's), else libnccl.so.2 (2.14 or later); libgradgate links no
+ * NCCL or CUDA library. Errors besides gg_allreduce()'s: GG_ERR_INVALID
+ * when libgradgate was built without NCCL, or the gateway was (or has no
+ * GPU it can use), which ends the session at its first call, saying so;
+ * GG_ERR_SYSTEM when NCCL cannot be loaded or an NCCL call fails, here or
+ * at the gateway (the message names the call and NCCL's error);
+ * GG_ERR_TIMEOUT as above.
+ *
+ * A failure that leaves the ranks' NCCL calls unmatched (an NCCL error, a
+ * step that failed before the gateway took the ranks' reduce, such as a
+ * mismatch or a rank that left or missed the deadline, a communicator
+ * that did not come up) aborts the communicator: this rank's part is
+ * aborted too (ncclCommAbort), ending its reduce and broadcast still
+ * queued on `stream`, and the session can make no more NCCL steps: they
+ * fail with that error. Close the session and open a new one (the job's
+ * other ranks too: their communicator is gone as well). A step that fails
+ * later, as in the exchange with another site, leaves the communicator
+ * usable. After a failed step the contents of `devbuf` are unspecified.
+ * gg_session_close() flushes the session's communicator (ncclCommFinalize:
+ * this rank may still be forwarding the last result to another) and
+ * frees it, waiting 1 second at most for that, or aborts it after a
+ * failure; it never waits for the other ranks to close. */
+GRADGATE_API int gg_allreduce_nccl(struct gg_session *s, void *devbuf, size_t count, enum gg_dtype dtype,
 				   uint32_t tensor_id, void *stream, int timeout_ms, struct gg_error *err);
 
 /* Frees `req` (NULL is allowed). A request still in flight is detached:

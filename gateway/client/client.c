@@ -1,5 +1,6 @@
 /* The client library (include/gradgate.h): one control connection per
- * session, shared-memory regions for the data. */
+ * session, shared-memory regions for the data (or the caller's GPU
+ * memory, or the job's NCCL communicator). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -18,9 +19,11 @@
 #include "cuda_driver.h"
 #include "gg_build_config.h"
 #include "gg_common.h"
+#include "nccl_lib.h"
 
 #define OPEN_TIMEOUT_MS 10000
 #define GRACE_MS 2000           /* past a step's deadline and the gateway's own grace: the gateway is lost */
+#define FINISH_MS 1000          /* for a closing session's NCCL communicator to flush */
 #define MIN_REGION_BYTES (4u << 20)
 #define CLOSE_WAIT_MS 2000      /* for the gateway to let go of a closing session */
 
@@ -42,20 +45,31 @@ struct gg_request {
 	uint32_t tensor_id;
 	enum gg_dtype dtype;
 	uint64_t bytes;
-	void *buf;            /* NULL once detached by gg_request_free */
-	unsigned region;
+	void *buf;            /* NULL once detached by gg_request_free, and for NCCL steps */
+	unsigned region;      /* GG_CTRL_REGION_NCCL: the step goes through the communicator */
 	uint64_t offset;
 	uint64_t deadline_ms; /* the step's deadline plus GRACE_MS */
 	bool done;
 	bool freed;           /* the caller let go; the session frees it */
 	int status;
+	uint32_t flags;       /* its DONE's GG_CTRL_DONE_* */
 	char message[GG_ERROR_MESSAGE_MAX];
+};
+
+/* Where the session stands with the job's NCCL communicator. */
+enum nccl_state {
+	NCCL_NONE,    /* no gg_allreduce_nccl yet */
+	NCCL_ASKED,   /* NCCL_JOIN sent; its NCCL_ID awaited */
+	NCCL_GOT_ID,  /* NCCL_ID here; joining the communicator */
+	NCCL_UP,      /* NCCL steps go through nccl_comm */
+	NCCL_ABORTED, /* no more NCCL steps: nccl_code and nccl_why say why */
 };
 
 struct gg_session {
 	int fd;
 	char job[GG_CTRL_NAME_SIZE];
 	int rank;
+	int nranks;
 	struct gg_session_info info;
 	uint64_t max_region_bytes;
 	uint64_t answer_grace_ms;       /* the gateway's, past a step's deadline */
@@ -68,6 +82,14 @@ struct gg_session {
 	int current;                    /* region new requests go to; -1: none yet */
 	int failed;                     /* 0, or the error that ended the session */
 	char failed_msg[GG_ERROR_MESSAGE_MAX];
+	/* GPU mode with NCCL (gg_allreduce_nccl): the job's communicator, in
+	 * which this rank is rank `rank` and the gateway the last rank. */
+	enum nccl_state nccl_state;
+	struct gg_ctrl_nccl_id nccl_id; /* NCCL_GOT_ID, NCCL_UP: the gateway's answer to NCCL_JOIN */
+	void *nccl_comm;                /* the ncclComm_t while it is being joined or up; else NULL */
+	int nccl_device;                /* NCCL_UP: the CUDA device it was made on */
+	int nccl_code;                  /* NCCL_ABORTED: the error NCCL steps fail with */
+	char nccl_why[GG_ERROR_MESSAGE_MAX];
 };
 
 static int set_ok(struct gg_error *err)
@@ -121,6 +143,26 @@ static void request_finish(struct gg_request *r, int status, const char *message
 		free(r);
 }
 
+/* The session's communicator is given up: ncclCommAbort() ends this
+ * rank's calls still enqueued on the caller's stream, which may never
+ * finish otherwise (a rank or the gateway gone), and the session's NCCL
+ * steps fail from now on with `code` and the message. The first reason
+ * stays. */
+GG_PRINTF(3, 4) static void nccl_abort(struct gg_session *s, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	gg_nccl_abort(s->nccl_comm);
+	s->nccl_comm = NULL;
+	if (s->nccl_state == NCCL_ABORTED)
+		return;
+	s->nccl_state = NCCL_ABORTED;
+	s->nccl_code = code;
+	va_start(ap, fmt);
+	vsnprintf(s->nccl_why, sizeof(s->nccl_why), fmt, ap);
+	va_end(ap);
+}
+
 /* Ends the session: every request in flight fails with `code`; later calls
  * return it. */
 GG_PRINTF(3, 4) static void session_fail(struct gg_session *s, int code, const char *fmt, ...)
@@ -136,6 +178,9 @@ GG_PRINTF(3, 4) static void session_fail(struct gg_session *s, int code, const c
 	if (s->fd >= 0)
 		close(s->fd);
 	s->fd = -1;
+	/* Without the gateway the communicator's calls may wait for ever. */
+	if (s->nccl_comm)
+		nccl_abort(s, code, "%s", s->failed_msg);
 	while (s->head) {
 		struct gg_request *r = s->head;
 		char msg[GG_ERROR_MESSAGE_MAX + 64];
@@ -164,6 +209,7 @@ GG_PRINTF(3, 4) static void session_fail(struct gg_session *s, int code, const c
 static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 {
 	struct gg_request *r = s->head;
+	const bool aborted = d->flags & GG_CTRL_DONE_NCCL_ABORTED;
 
 	if (!r || d->seq != r->seq) {
 		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu, but step %llu was next",
@@ -175,17 +221,35 @@ static void on_done(struct gg_session *s, const struct gg_ctrl_done *d)
 			     site_of(s), (unsigned long long)d->seq, (int)d->status);
 		return;
 	}
+	/* The gateway flags the DONEs of ranks that have its NCCL_ID. */
+	if (aborted && s->nccl_state != NCCL_GOT_ID && s->nccl_state != NCCL_UP && s->nccl_state != NCCL_ABORTED) {
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered step %llu saying it aborted an NCCL "
+			     "communicator this session has not joined", site_of(s), (unsigned long long)d->seq);
+		return;
+	}
 	s->head = r->next;
 	if (!s->head)
 		s->tail = NULL;
 	s->inflight--;
+	r->flags = d->flags;
 
-	struct region *reg = &s->regions[r->region];
-	if (d->status == GG_OK && r->buf && !reg->shared)
-		memcpy(r->buf, reg->base + r->offset, r->bytes);
-	if (--reg->users == 0 && reg->retired) {
-		s->buffers -= reg->shared;
-		region_release(s, r->region, true);
+	/* An NCCL step's result is on the caller's stream: nothing to copy. */
+	if (r->region != GG_CTRL_REGION_NCCL) {
+		struct region *reg = &s->regions[r->region];
+		if (d->status == GG_OK && r->buf && !reg->shared)
+			memcpy(r->buf, reg->base + r->offset, r->bytes);
+		if (--reg->users == 0 && reg->retired) {
+			s->buffers -= reg->shared;
+			region_release(s, r->region, true);
+		}
+	}
+	if (aborted) {
+		if (d->status && d->message[0])
+			nccl_abort(s, d->status, "%s", d->message);
+		else
+			nccl_abort(s, d->status ? d->status : GG_ERR_SYSTEM, "the gateway of site %s aborted the NCCL "
+				   "communicator of job '%s' (as step %llu ended)", site_of(s), s->job,
+				   (unsigned long long)d->seq);
 	}
 	if (d->status && !d->message[0]) {
 		char msg[GG_ERROR_MESSAGE_MAX];
@@ -224,6 +288,9 @@ static void pump(struct gg_session *s, uint64_t deadline_ms)
 		int type = gg_ctrl_check(&m, (size_t)n, why, sizeof(why));
 		if (type == GG_CTRL_DONE) {
 			on_done(s, &m.done);
+		} else if (type == GG_CTRL_NCCL_ID && s->nccl_state == NCCL_ASKED) {
+			s->nccl_id = m.nccl_id;
+			s->nccl_state = NCCL_GOT_ID;
 		} else if (type == GG_CTRL_ERROR) {
 			session_fail(s, failure_code_ok(m.error.code) ? m.error.code : GG_ERR_PROTOCOL, "%s",
 				     m.error.message[0] ? m.error.message : "the gateway ended the session without a reason");
@@ -329,6 +396,7 @@ GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank
 		return gg_ctrl_error(err, GG_ERR_NOMEM, "out of memory for a session");
 	snprintf(s->job, sizeof(s->job), "%s", job);
 	s->rank = rank;
+	s->nranks = nranks;
 	s->next_seq = 1;
 	s->current = -1;
 	/* One deadline for the connect and the handshake: at most 10 s in all. */
@@ -596,7 +664,9 @@ static uint64_t step_timeout_ms(const struct gg_session *s, int timeout_ms)
 }
 
 /* Announces step s->next_seq, whose tensor lies at `offset` in region
- * `id`, and queues its request. */
+ * `id`, and queues its request. For id GG_CTRL_REGION_NCCL the tensor
+ * travels through the job's NCCL communicator: `buf` is device memory,
+ * never touched here, and offset is 0. */
 static int request_send(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype, uint32_t tensor_id,
 			uint64_t timeout, uint64_t deadline, unsigned id, uint64_t offset, const char *step,
 			struct gg_request **out, struct gg_error *err)
@@ -607,8 +677,8 @@ static int request_send(struct gg_session *s, void *buf, size_t count, enum gg_d
 
 	if (!r)
 		return gg_ctrl_error(err, GG_ERR_NOMEM, "%s: out of memory for a request", step);
-	struct region *reg = &s->regions[id];
-	if (!reg->shared)
+	struct region *reg = id == GG_CTRL_REGION_NCCL ? NULL : &s->regions[id];
+	if (reg && !reg->shared)
 		memcpy(reg->base + offset, buf, bytes);
 
 	union gg_ctrl_msg m;
@@ -627,10 +697,11 @@ static int request_send(struct gg_session *s, void *buf, size_t count, enum gg_d
 	}
 
 	*r = (struct gg_request){
-		.s = s, .seq = s->next_seq++, .tensor_id = tensor_id, .dtype = dtype, .bytes = bytes, .buf = buf,
-		.region = id, .offset = offset, .deadline_ms = deadline,
+		.s = s, .seq = s->next_seq++, .tensor_id = tensor_id, .dtype = dtype, .bytes = bytes,
+		.buf = reg ? buf : NULL, .region = id, .offset = offset, .deadline_ms = deadline,
 	};
-	reg->users++;
+	if (reg)
+		reg->users++;
 	if (s->tail)
 		s->tail->next = r;
 	else
@@ -772,6 +843,165 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 	return rc;
 }
 
+/* The session's first NCCL step: NCCL_JOIN, the gateway's NCCL_ID, and
+ * this rank's part in making the job's communicator on the calling
+ * thread's current CUDA device (`device`), all by `deadline`. Collective:
+ * the communicator comes up once every rank of the job and the gateway
+ * have joined it. Returns 0 with the session's communicator up, or the
+ * error with the session failed (the gateway's answer is missing or
+ * wrong: the connection is out of step) or its communicator aborted. */
+static int nccl_join(struct gg_session *s, uint64_t timeout, uint64_t deadline, int device, const char *step,
+		     struct gg_error *err)
+{
+	char why[GG_ERROR_MESSAGE_MAX];
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_NCCL_JOIN);
+	int rc;
+
+	m.nccl_join.timeout_ms = (uint32_t)timeout;
+	if ((rc = gg_ctrl_send(s->fd, &m, len, -1, deadline))) {
+		send_failed(s, rc, "sending NCCL_JOIN");
+		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
+	}
+	s->nccl_state = NCCL_ASKED;
+	/* The gateway answers at once: NCCL_ID, or ERROR saying why it cannot
+	 * (built without NCCL, no GPU), which ends the session. */
+	for (;;) {
+		pump(s, deadline);
+		if (s->failed || s->nccl_state != NCCL_ASKED)
+			break;
+		if (gg_ctrl_now_ms() >= deadline) {
+			session_fail(s, GG_ERR_TIMEOUT, "the gateway of site %s did not answer NCCL_JOIN within "
+				     "%llu ms", site_of(s), (unsigned long long)timeout);
+			break;
+		}
+	}
+	if (s->failed)
+		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
+	/* A DONE read with NCCL_ID may have said the gateway gave it up. */
+	if (s->nccl_state == NCCL_ABORTED)
+		return gg_ctrl_error(err, s->nccl_code, "%s: %s", step, s->nccl_why);
+	/* This rank joins as its rank in the job: the communicator must be the
+	 * job's ranks and the gateway. */
+	if (s->nccl_id.nranks != (uint32_t)s->nranks + 1) {
+		session_fail(s, GG_ERR_PROTOCOL, "the gateway of site %s answered NCCL_JOIN with a communicator of %u "
+			     "ranks, not the job's %d and its own", site_of(s), (unsigned)s->nccl_id.nranks, s->nranks);
+		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
+	}
+
+	rc = gg_nccl_join(&s->nccl_comm, s->nccl_id.id, s->nccl_id.nranks, (unsigned)s->rank, deadline, why,
+			  sizeof(why));
+	if (rc == GG_ERR_TIMEOUT)
+		nccl_abort(s, rc, "the NCCL communicator of job '%s' did not come up within %llu ms: a rank of the job "
+			   "did not make its first gg_allreduce_nccl in time, or the gateway of site %s did not join",
+			   s->job, (unsigned long long)timeout, site_of(s));
+	else if (rc)
+		nccl_abort(s, rc, "joining the NCCL communicator of job '%s': %s", s->job, why);
+	if (rc)
+		return gg_ctrl_error(err, rc, "%s: %s", step, s->nccl_why);
+	s->nccl_state = NCCL_UP;
+	s->nccl_device = device;
+	return 0;
+}
+
+GRADGATE_API int gg_allreduce_nccl(struct gg_session *s, void *devbuf, size_t count, enum gg_dtype dtype,
+				   uint32_t tensor_id, void *stream, int timeout_ms, struct gg_error *err)
+{
+	char step[64], why[GG_ERROR_MESSAGE_MAX];
+	struct gg_request *r;
+	int device, current, rc;
+
+	if (!s)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_nccl: session is NULL");
+	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
+	if ((rc = request_check(s, devbuf, count, dtype, step, err)))
+		return rc;
+	/* NCCL sums in the element type: bfloat16 would round at every rank's
+	 * addition, where every other call sums in float32 and rounds once. */
+	if (dtype != GG_DTYPE_F32)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: NCCL steps take float32 only: NCCL would sum %s in %s, "
+			       "not in float32 as the other calls do (gg_allreduce_cuda takes it)", step,
+			       gg_dtype_name(dtype), gg_dtype_name(dtype));
+	if (s->nccl_state == NCCL_ABORTED)
+		return gg_ctrl_error(err, s->nccl_code, "%s: the session's NCCL communicator was aborted (%s); "
+			       "close the session and open a new one", step, s->nccl_why);
+	if ((rc = gg_nccl_load(why, sizeof(why))))
+		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+	/* NCCL's kernels would fault on memory they cannot reach, and a fault
+	 * ends the process's CUDA context: what they would fault on is refused
+	 * here. */
+	if ((rc = gg_cudrv_device_of(devbuf, (uint64_t)count * sizeof(float), &device, why, sizeof(why))))
+		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+	if (s->nccl_state == NCCL_UP && device != s->nccl_device)
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: devbuf %p is memory of GPU %d, but the session's NCCL "
+			       "communicator is on GPU %d", step, devbuf, device, s->nccl_device);
+	if (s->nccl_state == NCCL_NONE) {
+		if ((rc = gg_cudrv_current_device(&current, why, sizeof(why))))
+			return gg_ctrl_error(err, rc, "%s: %s", step, why);
+		/* NCCL joins on the current device; with none current, on the
+		 * runtime's first. */
+		if (current < 0 && device != 0)
+			return gg_ctrl_error(err, GG_ERR_INVALID, "%s: devbuf %p is memory of GPU %d, but the calling "
+				       "thread has no current CUDA device, and the rank would join the job's NCCL "
+				       "communicator on GPU 0: call cudaSetDevice(%d) first", step, devbuf, device,
+				       device);
+		if (current >= 0 && current != device)
+			return gg_ctrl_error(err, GG_ERR_INVALID, "%s: devbuf %p is memory of GPU %d, but the calling "
+				       "thread's current CUDA device, on which the rank joins the job's NCCL "
+				       "communicator, is GPU %d", step, devbuf, device, current);
+	}
+
+	uint64_t timeout = step_timeout_ms(s, timeout_ms);
+	if (s->nccl_state == NCCL_NONE && (rc = nccl_join(s, timeout, gg_ctrl_now_ms() + timeout, device, step, err)))
+		return rc;
+	/* The stream's work before the step is done first, as for
+	 * gg_allreduce_cuda: then the gateway's reduce, which starts once
+	 * every rank announced the step, waits for the ranks' only as long as
+	 * their enqueueing takes, not for their backward passes. */
+	if ((rc = gg_cudrv_stream_wait(devbuf, stream, gg_ctrl_now_ms() + timeout, why, sizeof(why))))
+		return gg_ctrl_error(err, rc, "%s: before the step: %s", step, why);
+
+	/* The step's deadline runs from its announcement, as the gateway's. */
+	const uint64_t step_deadline = gg_ctrl_now_ms() + timeout;
+	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout,
+			       step_deadline + s->answer_grace_ms + GRACE_MS, GG_CTRL_REGION_NCCL, 0, step, &r, err)))
+		return rc;
+	rc = gg_nccl_reduce_broadcast(s->nccl_comm, devbuf, count, s->nccl_id.root, stream, step_deadline, why,
+				      sizeof(why));
+	if (rc) {
+		/* What was enqueued may wait for ever: the communicator goes. The
+		 * gateway fails the step without this rank's part; its answer
+		 * keeps the session in step for the other calls. */
+		nccl_abort(s, rc, "%s", why);
+		(void)gg_wait(r, -1, NULL);
+		gg_request_free(r);
+		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+	}
+	rc = gg_wait(r, -1, err);
+	const bool aborted = r->flags & GG_CTRL_DONE_NCCL_ABORTED;
+	gg_request_free(r);
+	/* This rank's broadcast ends a little after the gateway's answer
+	 * may come: the call returns once it is done, so that the result is
+	 * in devbuf and nothing of the communicator's is still running when
+	 * the session closes (and aborts it). */
+	if (!aborted && s->nccl_state == NCCL_UP) {
+		int wrc = gg_cudrv_stream_wait(devbuf, stream, gg_ctrl_now_ms() + s->answer_grace_ms + GRACE_MS, why,
+					       sizeof(why));
+		if (wrc) {
+			nccl_abort(s, wrc, "this rank's broadcast of step %llu did not end: %s",
+				   (unsigned long long)s->next_seq - 1, why);
+			if (!rc)
+				rc = gg_ctrl_error(err, wrc, "%s: %s", step, s->nccl_why);
+		}
+	}
+	/* A step answered in time whose communicator the gateway aborted
+	 * at its end: this rank's broadcast may have been cut short. */
+	if (!rc && aborted)
+		rc = gg_ctrl_error(err, s->nccl_code, "%s: the gateway aborted the job's NCCL communicator as the step "
+				   "ended, so its result may not have reached this rank: %s", step, s->nccl_why);
+	return rc;
+}
+
 GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error *err)
 {
 	if (!req)
@@ -861,11 +1091,19 @@ GRADGATE_API void gg_session_close(struct gg_session *s)
 {
 	if (!s)
 		return;
-	if (!s->failed && s->fd >= 0) {
+	if (!s->failed && s->fd >= 0)
 		pump(s, 0); /* answers already here complete their requests */
-		if (!s->failed)
-			release_session(s);
+	/* A communicator in order is flushed first: this rank may still be
+	 * forwarding the last broadcast to another. Anything else is aborted,
+	 * which is this rank's alone and never waits. */
+	if (s->nccl_comm && s->nccl_state == NCCL_UP) {
+		gg_nccl_finish(s->nccl_comm, gg_ctrl_now_ms() + FINISH_MS);
+		s->nccl_comm = NULL;
 	}
+	if (s->nccl_comm)
+		nccl_abort(s, GG_ERR_CLOSED, "the session was closed");
+	if (!s->failed && s->fd >= 0)
+		release_session(s);
 	session_fail(s, GG_ERR_CLOSED, "the session was closed");
 	for (unsigned i = 0; i < GG_ARRAY_LEN(s->regions); i++)
 		if (s->regions[i].base)

@@ -23,6 +23,8 @@ static const struct {
 	[GG_CTRL_STATUS_JOB] = { "STATUS_JOB", sizeof(struct gg_ctrl_status_job) },
 	[GG_CTRL_STATUS_FAILURE] = { "STATUS_FAILURE", sizeof(struct gg_ctrl_status_failure) },
 	[GG_CTRL_MAP_CUDA] = { "MAP_CUDA", sizeof(struct gg_ctrl_map_cuda) },
+	[GG_CTRL_NCCL_JOIN] = { "NCCL_JOIN", sizeof(struct gg_ctrl_nccl_join) },
+	[GG_CTRL_NCCL_ID] = { "NCCL_ID", sizeof(struct gg_ctrl_nccl_id) },
 };
 
 static bool known_type(unsigned type)
@@ -189,8 +191,14 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 	case GG_CTRL_UNMAP:
 		ok = !msg->unmap.reserved;
 		break;
+	case GG_CTRL_NCCL_JOIN:
+		ok = !msg->nccl_join.reserved;
+		break;
+	case GG_CTRL_NCCL_ID:
+		ok = msg->nccl_id.nranks >= 2 && msg->nccl_id.root == msg->nccl_id.nranks - 1;
+		break;
 	case GG_CTRL_DONE:
-		ok = !msg->done.reserved && text_ok(msg->done.message, sizeof(msg->done.message));
+		ok = !(msg->done.flags & ~GG_CTRL_DONE_NCCL_ABORTED) && text_ok(msg->done.message, sizeof(msg->done.message));
 		break;
 	case GG_CTRL_STATUS:
 		ok = !msg->status.reserved;

@@ -12,6 +12,8 @@
  *                                <- ACCEPT(limits) | REFUSE(code, reason)
  *   MAP(region, size) + memfd    ->
  *   MAP_CUDA(region, size, ipc)  ->   (GPU memory instead of a memfd)
+ *   NCCL_JOIN(timeout)           ->   (GPU mode with NCCL, once)
+ *                                <- NCCL_ID(id, nranks, root)
  *   ALLREDUCE(seq, tensor, ...)  ->
  *                                <- DONE(seq, status, message)
  *   UNMAP(region)                ->
@@ -57,6 +59,8 @@ enum gg_ctrl_type {
 	GG_CTRL_STATUS_JOB = 12,
 	GG_CTRL_STATUS_FAILURE = 13,
 	GG_CTRL_MAP_CUDA = 14,
+	GG_CTRL_NCCL_JOIN = 15,
+	GG_CTRL_NCCL_ID = 16,
 };
 
 struct gg_ctrl_hdr {
@@ -129,6 +133,32 @@ struct gg_ctrl_map_cuda {
 	unsigned char ipc[GG_CTRL_IPC_HANDLE_SIZE];
 };
 
+/* client -> gateway, once per session: the rank will all-reduce through
+ * the job's NCCL communicator (gg_allreduce_nccl), of which the gateway is
+ * the last rank. The gateway answers NCCL_ID and joins the communicator
+ * itself; if the job's ranks have not all joined it within `timeout_ms`
+ * (0: the step timeout) of the job's first NCCL_JOIN, the job fails. */
+struct gg_ctrl_nccl_join {
+	struct gg_ctrl_hdr hdr;
+	uint32_t timeout_ms;
+	uint32_t reserved;
+};
+
+/* gateway -> client: the ncclUniqueId of the job's communicator, which has
+ * `nranks` ranks (the job's, and the gateway as rank `root` = nranks - 1). */
+#define GG_CTRL_NCCL_ID_SIZE 128
+struct gg_ctrl_nccl_id {
+	struct gg_ctrl_hdr hdr;
+	uint32_t nranks;
+	uint32_t root;
+	unsigned char id[GG_CTRL_NCCL_ID_SIZE];
+};
+
+/* ALLREDUCE's region for a step that travels through the job's NCCL
+ * communicator: the rank ncclReduce()s its tensor to the gateway (root)
+ * and receives the result by the gateway's ncclBroadcast(); offset 0. */
+#define GG_CTRL_REGION_NCCL UINT32_MAX
+
 /* client -> gateway: no request in flight uses `region` any more. */
 struct gg_ctrl_unmap {
 	struct gg_ctrl_hdr hdr;
@@ -153,11 +183,12 @@ struct gg_ctrl_allreduce {
 
 /* gateway -> client: step `seq` finished; status 0 or an enum gg_errc code
  * with `message`. DONEs come in seq order. */
+#define GG_CTRL_DONE_NCCL_ABORTED 1u /* the gateway aborted the job's NCCL communicator */
 struct gg_ctrl_done {
 	struct gg_ctrl_hdr hdr;
 	uint64_t seq;
 	int32_t status;
-	uint32_t reserved;
+	uint32_t flags; /* GG_CTRL_DONE_* */
 	char message[GG_CTRL_TEXT_SIZE];
 };
 
@@ -235,6 +266,8 @@ _Static_assert(sizeof(struct gg_ctrl_error) == 288, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_map) == 32, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_unmap) == 24, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_map_cuda) == 96, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_nccl_join) == 24, "wire layout");
+_Static_assert(sizeof(struct gg_ctrl_nccl_id) == 152, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_allreduce) == 56, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_done) == 288, "wire layout");
 _Static_assert(sizeof(struct gg_ctrl_status) == 24, "wire layout");
@@ -251,6 +284,8 @@ union gg_ctrl_msg {
 	struct gg_ctrl_error error;
 	struct gg_ctrl_map map;
 	struct gg_ctrl_map_cuda map_cuda;
+	struct gg_ctrl_nccl_join nccl_join;
+	struct gg_ctrl_nccl_id nccl_id;
 	struct gg_ctrl_unmap unmap;
 	struct gg_ctrl_allreduce allreduce;
 	struct gg_ctrl_done done;

@@ -18,6 +18,7 @@
 #include "control_proto.h"
 #include "gg_build_config.h"
 #include "host_sum.h"
+#include "site_nccl.h"
 #if HAVE_CUDA
 #include "dev_mem.h"
 #include "site_cuda.h"
@@ -27,12 +28,14 @@
 
 enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 
-#define OUTQ (GG_CTRL_MAX_INFLIGHT + 2u) /* every request's DONE, ACCEPT, the last ERROR */
+#define OUTQ (GG_CTRL_MAX_INFLIGHT + 3u) /* every request's DONE, ACCEPT, NCCL_ID, the last ERROR */
 #define FAILED_KEPT 8 /* failed steps a job remembers for its late ranks */
 #define RECV_FDS 4                       /* descriptors one packet may bring before MSG_CTRUNC */
 #define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
 #define WAITING_MAX 16                   /* connections waiting for the slots of an idle job */
 #define SILENT_MIN_US 100000             /* silent this long, a connection has sent no HELLO */
+#define NCCL_JOIN_POLL_US 1000           /* between looks at a communicator being joined */
+#define NCCL_POLL_US 100                 /* between looks at a reduce or broadcast under way */
 #define MAX_MESSAGE_LIMIT (1ull << 40)
 #define TEXT GG_CTRL_TEXT_SIZE
 
@@ -69,6 +72,7 @@ struct hb_conn {
 	 * again at once. */
 	struct hb_job *linger;
 	unsigned rank;
+	bool nccl_joined; /* sent NCCL_JOIN (and got NCCL_ID) */
 	uint64_t next_seq;
 	struct hb_req reqs[GG_CTRL_MAX_INFLIGHT];
 	unsigned req_head, req_count;
@@ -138,6 +142,26 @@ struct hb_job {
 	float *spare;
 	uint64_t spare_bytes;
 	bool spare_on_gpu; /* device memory (gg_dev_alloc), for device steps */
+	bool spare_nccl;   /* memory of the NCCL ops (opts.nccl->alloc), for NCCL steps */
+
+	/* GPU mode with NCCL: the job's communicator, of which the gateway is
+	 * the last rank, joined at the job's first NCCL_JOIN. */
+	enum { NCCL_NONE, NCCL_JOINING, NCCL_UP, NCCL_ABORTED } nccl_state;
+	void *nccl_comm;
+	unsigned char nccl_id[GG_SITE_NCCL_ID_SIZE];
+	uint64_t nccl_deadline_us; /* NCCL_JOINING: by when it must be up */
+	uint32_t nccl_timeout_ms;  /* that deadline's timeout, for messages */
+	int nccl_code;             /* NCCL_ABORTED: why, for the steps that needed it */
+	char nccl_why[TEXT];
+	bool step_nccl;            /* the step's sum came by the ranks' reduce; its result goes by broadcast */
+	/* An NCCL step's collective under way, which the tick polls until it
+	 * is done or nccl_until_us passes: the ranks' reduce to the gateway
+	 * before the core gets the step, the broadcast of its result after
+	 * (the core's outcome, for the DONEs, kept meanwhile). */
+	enum { PHASE_NONE, PHASE_REDUCE, PHASE_BROADCAST } nccl_phase;
+	uint64_t nccl_until_us;
+	int nccl_outcome;
+	char nccl_outcome_msg[TEXT];
 
 	int broken; /* a rank left or broke the protocol: every request fails with broken_msg */
 	char broken_msg[TEXT];
@@ -184,6 +208,9 @@ struct gg_host_backend {
 };
 
 static void job_advance(struct gg_host_backend *b, struct hb_job *j);
+static bool step_submit(struct gg_host_backend *b, struct hb_job *j);
+static bool step_uses_nccl(struct hb_job *j);
+static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t now_us, uint64_t *next);
 
 GG_PRINTF(2, 3) static void hb_log(struct gg_host_backend *b, const char *fmt, ...)
 {
@@ -215,7 +242,10 @@ static struct hb_req *head(struct hb_conn *c)
 
 static void req_pop(struct hb_conn *c)
 {
-	c->regions[c->reqs[c->req_head].region].users--;
+	uint32_t region = c->reqs[c->req_head].region;
+
+	if (region != GG_CTRL_REGION_NCCL)
+		c->regions[region].users--;
 	c->req_head = (c->req_head + 1) % GG_CTRL_MAX_INFLIGHT;
 	c->req_count--;
 }
@@ -267,6 +297,10 @@ GG_PRINTF(4, 5) static void answer(struct gg_host_backend *b, struct hb_conn *c,
 
 	m->done.seq = h->seq;
 	m->done.status = status;
+	/* The rank's own calls on the communicator may wait forever now: it
+	 * aborts them. */
+	if (c->nccl_joined && c->job && c->job->nccl_state == NCCL_ABORTED)
+		m->done.flags = GG_CTRL_DONE_NCCL_ABORTED;
 	if (status) {
 		char text[TEXT + 64];
 		va_start(ap, fmt);
@@ -334,7 +368,7 @@ static void conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t n
 
 static bool step_in_progress(const struct hb_job *j)
 {
-	if (j->with_core)
+	if (j->with_core || j->nccl_phase)
 		return true;
 	for (unsigned r = 0; r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
@@ -355,8 +389,12 @@ static float *take_spare(struct gg_host_backend *b, struct hb_job *j)
 	return spare;
 }
 
-static void sum_free(float *sum, bool on_gpu)
+static void sum_free(const struct gg_host_backend *b, float *sum, bool on_gpu, bool nccl)
 {
+	if (nccl) {
+		b->opts.nccl->free(sum);
+		return;
+	}
 #if HAVE_CUDA
 	if (on_gpu) {
 		gg_dev_free(sum);
@@ -369,9 +407,9 @@ static void sum_free(float *sum, bool on_gpu)
 
 static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 {
-	bool on_gpu = j->spare_on_gpu;
+	bool on_gpu = j->spare_on_gpu, nccl = j->spare_nccl;
 
-	sum_free(take_spare(b, j), on_gpu);
+	sum_free(b, take_spare(b, j), on_gpu, nccl);
 }
 
 static unsigned slots(const struct gg_host_backend *b);
@@ -395,6 +433,13 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 		b->core_ops->end_job(b->core, j->name, b->stopping ? why : NULL);
 	}
 	drop_spare(b, j);
+	/* Every rank is gone and no call of the gateway's is under way: what
+	 * is still on its way to a rank is flushed before the communicator
+	 * is freed. One still being joined is aborted. */
+	if (j->nccl_comm && j->nccl_state == NCCL_UP)
+		b->opts.nccl->finish(j->nccl_comm);
+	else if (j->nccl_comm)
+		b->opts.nccl->close(j->nccl_comm);
 	free(j->ranks);
 	free(j->mem);
 	free(j->gpu_out);
@@ -415,11 +460,36 @@ static int tell_core(struct gg_host_backend *b, struct hb_job *j, uint64_t seq, 
 	return b->core_ops->abort ? b->core_ops->abort(b->core, j->name, seq, code, why) : 0;
 }
 
+/* Aborts the job's NCCL communicator: every call of its ranks that waits
+ * on the gateway's fails instead of hanging, and their DONEs from now on
+ * tell them to abort theirs. Steps that need it fail with `why`. */
+static void nccl_abort(struct gg_host_backend *b, struct hb_job *j, int code, const char *why)
+{
+	if (j->nccl_state != NCCL_JOINING && j->nccl_state != NCCL_UP)
+		return;
+	b->opts.nccl->close(j->nccl_comm);
+	j->nccl_comm = NULL;
+	j->nccl_state = NCCL_ABORTED;
+	if (j->spare_nccl)
+		drop_spare(b, j); /* no NCCL step of the job can use it now */
+	j->nccl_code = code;
+	gg_ctrl_set_text(j->nccl_why, sizeof(j->nccl_why), why);
+	hb_log(b, "job '%s': its NCCL communicator is aborted: %s", j->name, why);
+}
+
 /* Every request of the job fails from now on with `why`. */
 static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, const char *why)
 {
 	if (j->broken)
 		return;
+	/* A rank that left or broke the rules no longer takes part in the
+	 * communicator's calls: those under way would wait for it forever.
+	 * Between steps the communicator stays, to be flushed and freed with
+	 * the job (an abort now could cut off a broadcast still forwarded
+	 * between the other ranks); a rank that announces another NCCL step
+	 * aborts it then. */
+	if (j->nccl_phase || step_uses_nccl(j))
+		nccl_abort(b, j, code, why);
 	j->broken = code;
 	gg_ctrl_set_text(j->broken_msg, sizeof(j->broken_msg), why);
 	/* The step under way fails everywhere now, unless the other sites may
@@ -433,14 +503,19 @@ static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, con
 			hb_log(b, "job '%s' step %llu: its result was whole here and the other sites knew; it ends as "
 				  "they say, for the ranks still there", j->name, (unsigned long long)j->step.seq);
 		}
-	} else if (step_in_progress(j)) {
+	} else if (step_in_progress(j) && j->nccl_phase != PHASE_BROADCAST) {
 		tell_core(b, j, j->seq, code, why);
 	}
 }
 
 static void job_settle(struct gg_host_backend *b, struct hb_job *j)
 {
-	if (!j->connected && !j->with_core)
+	uint64_t poll;
+
+	/* What an abort cut short ends now, not at the next tick. */
+	if (j->nccl_state == NCCL_ABORTED)
+		nccl_progress(b, j, b->loop->now_us, &poll);
+	if (!j->connected && !j->with_core && !j->nccl_phase)
 		job_free(b, j);
 	else
 		job_advance(b, j);
@@ -455,7 +530,8 @@ static bool keep_for_core(struct hb_conn *c, unsigned id)
 {
 	struct hb_job *j = c->job;
 
-	if (!j || !j->with_core || j->mem_region[c->rank] != id || !c->regions[id].base || j->orphans[c->rank].base)
+	if (!j || !j->with_core || id >= GG_CTRL_MAX_REGIONS || j->mem_region[c->rank] != id || !c->regions[id].base ||
+	    j->orphans[c->rank].base)
 		return false;
 	j->orphans[c->rank] = c->regions[id];
 	c->regions[id] = (struct hb_region){ 0 };
@@ -506,6 +582,14 @@ static void leave_reason(const struct gg_host_backend *b, const struct hb_conn *
 			 b->site);
 }
 
+static bool job_alive(const struct gg_host_backend *b, const struct hb_job *j)
+{
+	for (const struct hb_job *o = b->jobs; o; o = o->next)
+		if (o == j)
+			return true;
+	return false;
+}
+
 /* The peer went away (err 0: it closed) or a send/recv failed. */
 static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 {
@@ -521,9 +605,12 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 		leave_reason(b, c, what, why, sizeof(why));
 		/* The last rank leaves a job whose step the core still holds:
 		 * the job outlives it, failed, until the core lets go. */
-		if (c->job->connected == 1 && c->job->with_core)
+		if (c->job->connected == 1 && (c->job->with_core || c->job->nccl_phase))
 			stays = c->job;
 		conn_detach(b, c, why);
+		/* An abort may have ended its NCCL work, and the job, at once. */
+		if (stays && !job_alive(b, stays))
+			stays = NULL;
 	}
 	/* Nothing more can reach the peer; keep only the send in flight. */
 	c->out_count = c->send_busy ? 1 : 0;
@@ -962,6 +1049,19 @@ static void conn_start(struct gg_host_backend *b, struct hb_conn *c, int fd)
 
 /* ---- jobs and steps ----------------------------------------------------- */
 
+/* Whether a rank announced step j->seq through the job's NCCL
+ * communicator. */
+static bool step_uses_nccl(struct hb_job *j)
+{
+	for (unsigned r = 0; r < j->nranks; r++) {
+		struct hb_conn *c = j->ranks[r];
+		struct hb_req *h = c ? head(c) : NULL;
+		if (h && h->seq == j->seq && h->region == GG_CTRL_REGION_NCCL)
+			return true;
+	}
+	return false;
+}
+
 /* Fails step j->seq at the ranks that announced it; those that come later
  * get the same message. */
 GG_PRINTF(4, 5) static void fail_step(struct gg_host_backend *b, struct hb_job *j, int code, const char *fmt, ...)
@@ -976,6 +1076,10 @@ GG_PRINTF(4, 5) static void fail_step(struct gg_host_backend *b, struct hb_job *
 	f->code = code;
 	hb_log(b, "job '%s' step %llu failed: %s", j->name, (unsigned long long)j->seq, f->msg);
 	tell_core(b, j, j->seq, code, f->msg);
+	/* Ranks that announced it through NCCL wait in a reduce the gateway
+	 * will not join. */
+	if (step_uses_nccl(j))
+		nccl_abort(b, j, code, f->msg);
 	for (unsigned r = 0; r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
 		struct hb_req *h = c ? head(c) : NULL;
@@ -986,6 +1090,35 @@ GG_PRINTF(4, 5) static void fail_step(struct gg_host_backend *b, struct hb_job *
 	j->seq++;
 	j->deadline_us = 0;
 	b->stats.steps_failed++;
+}
+
+/* Which ranks of the job have not asked to join its NCCL communicator:
+ * "ranks 1, 3 (not connected) did not ask to join it", or "every rank
+ * asked to join it"; into buf (160 bytes or more). */
+static const char *nccl_joiners(const struct hb_job *j, char *buf, size_t size)
+{
+	char list[112] = "";
+	size_t len = 0;
+	unsigned missing = 0, shown = 0;
+
+	for (unsigned r = 0; r < j->nranks; r++) {
+		const struct hb_conn *c = j->ranks[r];
+		if (c && c->nccl_joined)
+			continue;
+		missing++;
+		if (shown < 8 && len < sizeof(list) - 24) {
+			len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%u%s", shown ? ", " : "", r,
+						c ? "" : " (not connected)");
+			shown++;
+		}
+	}
+	if (!missing)
+		snprintf(buf, size, "every rank asked to join it");
+	else if (missing > shown)
+		snprintf(buf, size, "ranks %s and %u more did not ask to join it", list, missing - shown);
+	else
+		snprintf(buf, size, "rank%s %s did not ask to join it", missing == 1 ? "" : "s", list);
+	return buf;
 }
 
 static void fail_timeout(struct gg_host_backend *b, struct hb_job *j)
@@ -1008,8 +1141,35 @@ static void fail_timeout(struct gg_host_backend *b, struct hb_job *j)
 	}
 	if (missing > shown)
 		snprintf(list + len, sizeof(list) - len, " and %u more", missing - shown);
+	if (!missing) {
+		fail_step(b, j, GG_ERR_TIMEOUT, "timed out after %u ms waiting for the NCCL communicator of job '%s' to "
+			  "come up: %s", j->deadline_ms, j->name, nccl_joiners(j, list, sizeof(list)));
+		return;
+	}
 	fail_step(b, j, GG_ERR_TIMEOUT, "timed out after %u ms waiting for rank%s %s of job '%s'", j->deadline_ms,
 		  missing == 1 ? "" : "s", list, j->name);
+}
+
+/* The step's own sum buffer, if it has one, becomes the job's spare (it
+ * took the previous one). */
+static void step_release_sum(struct gg_host_backend *b, struct hb_job *j)
+{
+	if (j->sum_owned && j->step_nccl && j->nccl_state != NCCL_UP) {
+		/* No NCCL step of the job can use it any more. */
+		b->stats.sum_bytes -= j->sum_cap;
+		sum_free(b, j->step.sum, true, true);
+	} else if (j->sum_owned) {
+		b->stats.sum_bytes -= j->sum_cap;
+		j->spare = j->step.sum;
+		j->spare_bytes = j->sum_cap;
+		j->spare_on_gpu = j->on_gpu;
+		j->spare_nccl = j->step_nccl;
+		b->stats.spare_bytes += j->spare_bytes;
+	}
+	j->step.sum = NULL;
+	j->sum_owned = false;
+	j->on_gpu = false;
+	j->step_nccl = false;
 }
 
 /* The core is done with the step (or refused it): every rank learns the
@@ -1023,8 +1183,15 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 
 	if (status > 0)
 		status = GG_ERR_SITE;
+	/* The communicator was aborted while the core held the step (a rank
+	 * left after the other sites were told the result was whole): the
+	 * result cannot reach the ranks. */
+	if (j->step_nccl && j->nccl_state != NCCL_UP && !status && !j->abandoned) {
+		status = j->nccl_code;
+		message = j->nccl_why;
+	}
 #if HAVE_CUDA
-	if (!status && j->on_gpu && !j->abandoned) {
+	if (!status && j->on_gpu && !j->abandoned && !j->step_nccl) {
 		/* Only to the ranks still here: one that left was told the step
 		 * failed, and its memory stays as it was. */
 		unsigned n = 0;
@@ -1042,7 +1209,7 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 		}
 	}
 #else
-	(void)gpu_msg;
+	(void)gpu_msg, (void)st;
 #endif
 	if (!j->abandoned) {
 		for (unsigned r = 0; r < j->nranks; r++) {
@@ -1063,20 +1230,13 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 			b->stats.steps_done++;
 		}
 	}
-	if (j->sum_owned) {
-		b->stats.sum_bytes -= j->sum_cap;
-		j->spare = st->sum; /* step_start took the job's previous one */
-		j->spare_bytes = j->sum_cap;
-		j->spare_on_gpu = j->on_gpu;
-		b->stats.spare_bytes += j->spare_bytes;
-	}
+	step_release_sum(b, j);
 	for (unsigned r = 0; r < j->nranks; r++)
 		region_unmap(b, &j->orphans[r]);
-	st->sum = NULL;
-	j->sum_owned = false;
-	j->on_gpu = false;
-	j->with_core = false;
-	b->stats.core_steps--;
+	if (j->with_core) { /* not after an NCCL step's broadcast */
+		j->with_core = false;
+		b->stats.core_steps--;
+	}
 	j->abandoned = false;
 	j->seq++;
 	j->deadline_us = 0;
@@ -1084,6 +1244,43 @@ static void deliver(struct gg_host_backend *b, struct hb_job *j, int status, con
 	 * cannot go on as one (and the GPU may be unusable). */
 	if (gpu_failed)
 		job_break(b, j, GG_ERR_SYSTEM, gpu_msg);
+}
+
+/* An NCCL step's broadcast could not be made: the ranks are told with
+ * the core's outcome, or, when the step completed elsewhere, with `text`;
+ * then the job cannot go on as one. */
+static void broadcast_failed(struct gg_host_backend *b, struct hb_job *j, int status, const char *message, int code,
+			     const char *text)
+{
+	nccl_abort(b, j, code, text);
+	deliver(b, j, status ? status : code, status ? message : text);
+	if (!status)
+		job_break(b, j, code, text);
+}
+
+/* The core is done with the step. An NCCL step's result goes to the ranks
+ * by the gateway's broadcast first, whatever the outcome: the ranks wait
+ * in theirs, and the communicator would hang. The tick sees it finish. */
+static void finish_step(struct gg_host_backend *b, struct hb_job *j, int status, const char *message)
+{
+	char why[TEXT - 96], text[2 * TEXT];
+
+	if (!j->step_nccl || j->abandoned || j->nccl_state != NCCL_UP) {
+		deliver(b, j, status, message);
+		return;
+	}
+	if (b->opts.nccl->broadcast(j->nccl_comm, j->step.sum, j->step.count, why, sizeof(why))) {
+		snprintf(text, sizeof(text), "site %s: handing the result to the ranks: %s", b->site, why);
+		broadcast_failed(b, j, status, message, GG_ERR_SYSTEM, text);
+		return;
+	}
+	/* The core is done with it: only the broadcast holds the step now. */
+	j->with_core = false;
+	b->stats.core_steps--;
+	j->nccl_phase = PHASE_BROADCAST;
+	j->nccl_until_us = GG_MAX(j->step.deadline_us, b->loop->now_us) + b->opts.answer_grace_us;
+	j->nccl_outcome = status;
+	gg_ctrl_set_text(j->nccl_outcome_msg, sizeof(j->nccl_outcome_msg), message ? message : "");
 }
 
 /* The site sum of a range, in rank order: in place in rank 0's memory for
@@ -1137,7 +1334,7 @@ static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb
 				      ref->count, why, sizeof(why));
 	if (!rc)
 		return true;
-	sum_free(*sum, true);
+	sum_free(b, *sum, true, false);
 	*sum = NULL;
 	fail_step(b, j, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM, "summing on the gateway's GPU: %s", why);
 	return false;
@@ -1152,28 +1349,45 @@ static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb
 /* Hands the step to the core. Returns true when the core holds it; false
  * when it is already over (failed, or completed from inside submit) and the
  * job should look at its next step. */
+enum mem_kind { MEM_HOST, MEM_GPU, MEM_NCCL };
+
+static enum mem_kind mem_kind(const struct hb_conn *c, const struct hb_req *h)
+{
+	if (h->region == GG_CTRL_REGION_NCCL)
+		return MEM_NCCL;
+	return c->regions[h->region].device ? MEM_GPU : MEM_HOST;
+}
+
 static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref)
 {
+	static const char *const kind_text[] = { "in host memory", "in GPU memory", "through NCCL" };
 	const uint64_t bytes = ref->count * sizeof(float);
-	bool device = false;
+	enum mem_kind kind = MEM_HOST;
 	float *sum = NULL;
 
 	for (unsigned r = 0; r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
 		struct hb_req *h = head(c);
-		const struct hb_region *reg = &c->regions[h->region];
+		enum mem_kind k = mem_kind(c, h);
 		if (r == 0) {
-			device = reg->device;
-		} else if (reg->device != device) {
+			kind = k;
+		} else if (k != kind) {
 			fail_step(b, j, GG_ERR_MISMATCH,
-				  "ranks hold the step in different kinds of memory: rank 0 in %s memory, rank %u in %s "
-				  "memory (gg_allreduce_cuda takes device memory, the other calls host memory)",
-				  device ? "GPU" : "host", r, reg->device ? "GPU" : "host");
+				  "ranks hold the step in different kinds of memory: rank 0 %s, rank %u %s "
+				  "(gg_allreduce_cuda takes GPU memory, gg_allreduce_nccl goes through NCCL, the other "
+				  "calls take host memory)", kind_text[kind], r, kind_text[k]);
 			return false;
 		}
-		j->mem[r] = reg->base + h->offset;
+		j->mem[r] = k == MEM_NCCL ? NULL : c->regions[h->region].base + h->offset;
 		j->mem_region[r] = h->region;
 	}
+	if (kind == MEM_NCCL && j->nccl_state != NCCL_UP) {
+		fail_step(b, j, j->nccl_state == NCCL_ABORTED ? j->nccl_code : GG_ERR_PROTOCOL,
+			  "the NCCL communicator of job '%s' %s", j->name,
+			  j->nccl_state == NCCL_ABORTED ? j->nccl_why : "is not up");
+		return false;
+	}
+	const bool device = kind != MEM_HOST, nccl = kind == MEM_NCCL;
 	/* bfloat16 ranks: the float32 sum needs memory of its own; so does a
 	 * step in the ranks' GPU memory, on the gateway's GPU. */
 	const bool own_sum = ref->dtype != GG_DTYPE_F32 || device;
@@ -1184,7 +1398,7 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		/* A device buffer is costly to make (and freeing one waits for
 		 * the GPU): any large enough will do for a step in GPU memory, so
 		 * a job's buckets of different sizes share one. */
-		bool fits = j->spare && j->spare_on_gpu == device &&
+		bool fits = j->spare && j->spare_on_gpu == device && j->spare_nccl == nccl &&
 			    (device ? j->spare_bytes >= bytes : j->spare_bytes == bytes);
 		uint64_t cap = fits ? j->spare_bytes : bytes;
 		sum = fits ? take_spare(b, j) : NULL;
@@ -1208,8 +1422,17 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 				  (unsigned long long)bytes);
 			return false;
 		}
-		if (device && !gpu_sum(b, j, ref, &sum))
+		if (nccl) {
+			char why[TEXT - 96];
+			int rc = sum ? 0 : b->opts.nccl->alloc(&sum, ref->count, why, sizeof(why));
+			if (rc) {
+				fail_step(b, j, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM,
+					  "site %s: memory for the site sum on the gateway's GPU: %s", b->site, why);
+				return false;
+			}
+		} else if (device && !gpu_sum(b, j, ref, &sum)) {
 			return false;
+		}
 		b->stats.sum_bytes += cap;
 		j->sum_cap = cap;
 	} else {
@@ -1236,6 +1459,29 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 	};
 	j->sum_owned = own_sum;
 	j->on_gpu = device;
+	j->step_nccl = nccl;
+	if (!nccl)
+		return step_submit(b, j);
+	/* The site sum comes by the ranks' reduce, which the tick watches. */
+	char why[TEXT - 96];
+	if (b->opts.nccl->reduce(j->nccl_comm, sum, ref->count, why, sizeof(why))) {
+		char text[2 * TEXT];
+		snprintf(text, sizeof(text), "site %s: summing the ranks' tensors: %s", b->site, why);
+		step_release_sum(b, j);
+		nccl_abort(b, j, GG_ERR_SYSTEM, text);
+		fail_step(b, j, GG_ERR_SYSTEM, "%s", text);
+		return false;
+	}
+	j->nccl_phase = PHASE_REDUCE;
+	j->nccl_until_us = j->deadline_us;
+	return true;
+}
+
+/* Hands the step set up in j->step to the core. Returns true while the
+ * step is under way; false when it is over (failed, or completed from
+ * inside submit) and the job should look at its next step. */
+static bool step_submit(struct gg_host_backend *b, struct hb_job *j)
+{
 	j->with_core = true;
 	b->stats.core_steps++;
 	j->in_submit = true;
@@ -1243,16 +1489,15 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 	int rc = b->core_ops->submit(b->core, &j->step);
 	j->in_submit = false;
 	if (j->sync_done) {
-		deliver(b, j, j->sync_status, j->sync_msg);
-		return false;
-	}
-	if (rc) {
+		finish_step(b, j, j->sync_status, j->sync_msg);
+	} else if (rc) {
 		char text[TEXT];
 		snprintf(text, sizeof(text), "site core refused the step: %s", gg_strerror(rc));
-		deliver(b, j, rc < 0 ? rc : GG_ERR_SITE, text);
-		return false;
+		finish_step(b, j, rc < 0 ? rc : GG_ERR_SITE, text);
+	} else {
+		return true;
 	}
-	return true;
+	return j->nccl_phase != PHASE_NONE;
 }
 
 static bool same_tensor(const struct hb_req *a, const struct hb_req *z)
@@ -1264,6 +1509,9 @@ static bool same_tensor(const struct hb_req *a, const struct hb_req *z)
  * -EALREADY): its ranks wait for its outcome. */
 static bool held_for_outcome(const struct hb_job *j, const struct hb_req *h)
 {
+	/* Complete everywhere, its result on the way to the ranks. */
+	if (j->nccl_phase == PHASE_BROADCAST)
+		return h->seq == j->step.seq;
 	return j->with_core && !j->abandoned && h->seq == j->step.seq;
 }
 
@@ -1287,22 +1535,28 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 			struct hb_conn *c = j->ranks[r];
 			struct hb_req *h;
 			while (c && (h = head(c)) && ((j->broken && !held_for_outcome(j, h)) || h->seq < j->seq)) {
+				char gave_up[TEXT];
+				const char *text = gave_up;
+				int code = GG_ERR_TIMEOUT;
 				if (j->broken) {
 					tell_core(b, j, h->seq, j->broken, j->broken_msg);
-					answer(b, c, j->broken, "step %llu (tensor %u): %s", (unsigned long long)h->seq,
-					       h->tensor_id, j->broken_msg);
+					code = j->broken;
+					text = j->broken_msg;
 				} else if ((f = failed_step(j, h->seq))) {
-					answer(b, c, f->code, "step %llu (tensor %u): %s", (unsigned long long)h->seq,
-					       h->tensor_id, f->msg);
+					code = f->code;
+					text = f->msg;
 				} else {
-					answer(b, c, GG_ERR_TIMEOUT,
-					       "step %llu (tensor %u): the other ranks of job '%s' gave up on this step "
-					       "before this rank announced it", (unsigned long long)h->seq, h->tensor_id,
-					       j->name);
+					snprintf(gave_up, sizeof(gave_up), "the other ranks of job '%s' gave up on this "
+						 "step before this rank announced it", j->name);
 				}
+				/* Its reduce waits for the gateway's, which will not come. */
+				if (h->region == GG_CTRL_REGION_NCCL)
+					nccl_abort(b, j, code, text);
+				answer(b, c, code, "step %llu (tensor %u): %s", (unsigned long long)h->seq, h->tensor_id,
+				       text);
 			}
 		}
-		if (j->broken || j->with_core)
+		if (j->broken || j->with_core || j->nccl_phase)
 			return;
 
 		const struct hb_req *ref = NULL;
@@ -1347,6 +1601,9 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 				  "were still running)", j->deadline_ms, j->name);
 			continue;
 		}
+		/* The tick starts it once the communicator is up. */
+		if (ref->region == GG_CTRL_REGION_NCCL && j->nccl_state == NCCL_JOINING)
+			return;
 		if (step_start(b, j, ref))
 			return;
 	}
@@ -1687,12 +1944,24 @@ static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
 	}
 	uint64_t bytes = a->count * esize;
 	const struct hb_region *reg = a->region < GG_CTRL_MAX_REGIONS ? &c->regions[a->region] : NULL;
-	if (!reg || !reg->base) {
+	if (a->region == GG_CTRL_REGION_NCCL) {
+		if (!c->nccl_joined) {
+			conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: an NCCL step from a rank that has not sent NCCL_JOIN",
+				   (unsigned long long)a->seq);
+			return;
+		}
+		if (a->offset || a->dtype != GG_DTYPE_F32) {
+			conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: an NCCL step must be float32 at offset 0, not %s at "
+				   "offset %llu", (unsigned long long)a->seq, gg_dtype_name(a->dtype),
+				   (unsigned long long)a->offset);
+			return;
+		}
+	} else if (!reg || !reg->base) {
 		conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: region %u is not mapped", (unsigned long long)a->seq,
 			   (unsigned)a->region);
 		return;
 	}
-	if (a->offset % esize || a->offset > reg->size || bytes > reg->size - a->offset) {
+	if (reg && (a->offset % esize || a->offset > reg->size || bytes > reg->size - a->offset)) {
 		conn_fatal(b, c, GG_ERR_PROTOCOL,
 			   "step %llu: %llu bytes at offset %llu do not fit region %u of %llu bytes (offsets are "
 			   "multiples of the element size, %zu)", (unsigned long long)a->seq,
@@ -1714,9 +1983,147 @@ static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
 		.region = a->region,
 		.timeout_ms = (uint32_t)(timeout_us / 1000),
 	};
-	c->regions[a->region].users++;
+	if (reg)
+		c->regions[a->region].users++;
 	c->next_seq++;
 	job_advance(b, c->job);
+}
+
+/* A rank will all-reduce through the job's NCCL communicator: the job's
+ * first NCCL_JOIN makes it, and the gateway starts joining it as its last
+ * rank; every rank that asks gets its id. */
+static void on_nccl_join(struct gg_host_backend *b, struct hb_conn *c)
+{
+	struct hb_job *j = c->job;
+	char why[TEXT - 96];
+	int rc;
+
+	if (!b->opts.nccl) {
+		conn_unserved(b, c, GG_ERR_INVALID,
+			      "this gateway was built without NCCL, so it cannot join the job's NCCL communicator "
+			      "(gg_allreduce_nccl); use gg_allreduce_cuda or host memory");
+		return;
+	}
+	if (c->nccl_joined) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "NCCL_JOIN from rank %u of job '%s', which has joined already", c->rank,
+			   j->name);
+		return;
+	}
+	if (j->nccl_state == NCCL_ABORTED || j->broken) {
+		conn_unserved(b, c, j->nccl_state == NCCL_ABORTED ? j->nccl_code : j->broken,
+			      "%s; every rank of the job must close its session and open a new one",
+			      j->nccl_state == NCCL_ABORTED ? j->nccl_why : j->broken_msg);
+		return;
+	}
+	if (j->nccl_state == NCCL_NONE) {
+		uint64_t timeout_us = b->opts.step_timeout_us;
+		const uint32_t ms = c->in.nccl_join.timeout_ms;
+		if (ms && (uint64_t)ms * 1000 < timeout_us)
+			timeout_us = (uint64_t)ms * 1000;
+		if ((rc = b->opts.nccl->unique_id(j->nccl_id, why, sizeof(why))) ||
+		    (rc = b->opts.nccl->open(&j->nccl_comm, j->nccl_id, j->nranks + 1, j->nranks, why, sizeof(why)))) {
+			conn_unserved(b, c, rc == -ENODEV ? GG_ERR_INVALID : GG_ERR_SYSTEM,
+				      "cannot make the job's NCCL communicator%s: %s",
+				      rc == -ENODEV ? " (the gateway has no usable GPU)" : "", why);
+			return;
+		}
+		j->nccl_state = NCCL_JOINING;
+		j->nccl_deadline_us = b->loop->now_us + timeout_us;
+		j->nccl_timeout_ms = (uint32_t)(timeout_us / 1000);
+		hb_log(b, "job '%s': joining its NCCL communicator as rank %u of %u", j->name, j->nranks, j->nranks + 1);
+	}
+	c->nccl_joined = true;
+	union gg_ctrl_msg *m = out_push(c, GG_CTRL_NCCL_ID);
+	m->nccl_id.nranks = j->nranks + 1;
+	m->nccl_id.root = j->nranks;
+	memcpy(m->nccl_id.id, j->nccl_id, sizeof(m->nccl_id.id));
+	out_kick(b, c);
+}
+
+/* A communicator being joined: the job's NCCL steps start once it is up.
+ * Returns true when that changed. */
+static bool nccl_join_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t now_us, uint64_t *next)
+{
+	char why[TEXT - 96], text[2 * TEXT], list[160];
+	int rc = b->opts.nccl->poll(j->nccl_comm, why, sizeof(why));
+
+	if (!rc) {
+		j->nccl_state = NCCL_UP;
+		hb_log(b, "job '%s': its NCCL communicator is up", j->name);
+		return true;
+	}
+	if (rc == -EINPROGRESS && now_us < j->nccl_deadline_us) {
+		*next = GG_MIN(now_us + NCCL_JOIN_POLL_US, j->nccl_deadline_us);
+		return false;
+	}
+	if (rc == -EINPROGRESS) {
+		snprintf(text, sizeof(text), "the NCCL communicator of job '%s' was not up within %u ms of its first "
+			 "NCCL_JOIN: %s", j->name, j->nccl_timeout_ms, nccl_joiners(j, list, sizeof(list)));
+		nccl_abort(b, j, GG_ERR_TIMEOUT, text);
+	} else {
+		snprintf(text, sizeof(text), "site %s: joining the NCCL communicator of job '%s': %s", b->site, j->name,
+			 why);
+		nccl_abort(b, j, GG_ERR_SYSTEM, text);
+	}
+	return true;
+}
+
+/* Moves the job's NCCL work on: the communicator being joined, and the
+ * reduce or broadcast of a step, done, failed, past its deadline, or cut
+ * short by an abort. *next: when to look again (0: no need). Returns true
+ * when something changed, and the caller settles the job. */
+static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t now_us, uint64_t *next)
+{
+	char why[TEXT - 96], text[2 * TEXT];
+	int rc, code;
+
+	*next = 0;
+	if (j->nccl_state == NCCL_JOINING)
+		return nccl_join_progress(b, j, now_us, next);
+	if (!j->nccl_phase)
+		return false;
+	if (j->nccl_state != NCCL_UP) {
+		rc = -ECONNABORTED;
+		code = j->nccl_code;
+		snprintf(text, sizeof(text), "%s", j->nccl_why);
+	} else {
+		rc = b->opts.nccl->poll(j->nccl_comm, why, sizeof(why));
+		if (rc == -EINPROGRESS && now_us < j->nccl_until_us) {
+			*next = GG_MIN(now_us + NCCL_POLL_US, j->nccl_until_us);
+			return false;
+		}
+		code = rc == -EINPROGRESS ? GG_ERR_TIMEOUT : GG_ERR_SYSTEM;
+		if (rc == -EINPROGRESS && j->nccl_phase == PHASE_REDUCE)
+			snprintf(text, sizeof(text), "site %s: the ranks' reduce to the gateway was not done within %u "
+				 "ms (a rank did not take part)", b->site, j->deadline_ms);
+		else if (rc == -EINPROGRESS)
+			snprintf(text, sizeof(text), "site %s: the broadcast of the result to the ranks was not done by "
+				 "the step's deadline and %llu ms of grace (a rank did not take part)", b->site,
+				 (unsigned long long)b->opts.answer_grace_us / 1000);
+		else if (rc)
+			snprintf(text, sizeof(text), "site %s: %s: %s", b->site,
+				 j->nccl_phase == PHASE_REDUCE ? "summing the ranks' tensors" : "handing the result to the ranks",
+				 why);
+	}
+	const int phase = j->nccl_phase;
+	j->nccl_phase = PHASE_NONE;
+	if (phase == PHASE_REDUCE) {
+		if (!rc) {
+			step_submit(b, j);
+			return true;
+		}
+		step_release_sum(b, j);
+		nccl_abort(b, j, code, text);
+		fail_step(b, j, code, "%s", text);
+		return true;
+	}
+	if (!rc)
+		deliver(b, j, j->nccl_outcome, j->nccl_outcome_msg);
+	else if (rc == -ECONNABORTED)
+		deliver(b, j, j->nccl_outcome, j->nccl_outcome_msg); /* deliver() says why when it was a success */
+	else
+		broadcast_failed(b, j, j->nccl_outcome, j->nccl_outcome_msg, code, text);
+	return true;
 }
 
 static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len, int *fds, unsigned nfds,
@@ -1763,6 +2170,9 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 		break;
 	case GG_CTRL_ALLREDUCE:
 		on_allreduce(b, c);
+		break;
+	case GG_CTRL_NCCL_JOIN:
+		on_nccl_join(b, c);
 		break;
 	default:
 		conn_fatal(b, c, GG_ERR_PROTOCOL, "unexpected %s from a client", gg_ctrl_type_name((unsigned)type));
@@ -1901,8 +2311,16 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 		else if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut))
 			next = min_deadline(next, c->deadline_us);
 	}
-	for (struct hb_job *j = b->jobs; j; j = j->next) {
-		if (!j->with_core && !j->broken && j->deadline_us && now_us >= j->deadline_us) {
+	for (struct hb_job *j = b->jobs, *after; j; j = after) {
+		uint64_t poll = 0;
+		after = j->next;
+		if (nccl_progress(b, j, now_us, &poll)) {
+			job_settle(b, j); /* may free it */
+			next = min_deadline(next, now_us);
+			continue;
+		}
+		next = min_deadline(next, poll);
+		if (!j->with_core && !j->nccl_phase && !j->broken && j->deadline_us && now_us >= j->deadline_us) {
 			fail_timeout(b, j);
 			job_advance(b, j);
 		}
@@ -1932,7 +2350,7 @@ void gg_host_backend_complete(struct gg_host_backend *b, struct gg_site_step *st
 		}
 		return;
 	}
-	deliver(b, j, status, message);
+	finish_step(b, j, status, message);
 	job_settle(b, j);
 }
 
@@ -2086,7 +2504,7 @@ static bool hb_stop(struct gg_site_backend *base)
 			unlink(b->path);
 	}
 	for (struct hb_job *j = b->jobs; j; j = j->next)
-		if (j->with_core)
+		if (j->with_core || j->nccl_phase)
 			return false;
 	return b->listen_fd < 0 && !b->stats.connections;
 }
@@ -2172,6 +2590,9 @@ void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_
 		.hello_timeout_us = cfg->transport.handshake_timeout_us,
 		.session_idle_us = cfg->limits.session_idle_us,
 		.kind_base = GG_OP_USER,
+#if HAVE_NCCL
+		.nccl = &gg_site_nccl_real,
+#endif
 	};
 }
 

@@ -17,6 +17,13 @@
  * gateway's GPU into device memory before the core gets it (the core
  * encodes and decodes it there: memory GG_STEP_MEM_CUDA), and its result
  * written back whole by the GPU once the core is done (cuda/site_cuda.h).
+ * Or ranks all-reduce through the job's NCCL communicator, of which the
+ * gateway is the last rank (gg_allreduce_nccl, NCCL_JOIN): their reduce to
+ * the gateway forms the site sum in its device memory, and its broadcast
+ * hands them the result (site_nccl.h); the loop polls both, never waiting
+ * for the ranks. A step that fails before the
+ * gateway's reduce, or a rank that leaves, aborts the communicator, for
+ * the ranks' calls would otherwise wait for the gateway's forever.
  *
  * Bounds: max_clients connections (and so jobs); per connection a fixed
  * receive buffer, GG_CTRL_MAX_INFLIGHT + 2 queued answers and at most
@@ -34,6 +41,7 @@
 #include "control_proto.h"
 #include "gg_common.h"
 #include "site_backend.h"
+#include "site_nccl.h"
 
 #define GG_HOST_BACKEND_KINDS 4u /* user_data kinds used from kind_base on */
 
@@ -61,6 +69,10 @@ struct gg_host_backend_options {
 	 * many. Runs on the loop's thread. NULL: status requests are refused. */
 	unsigned (*status)(void *arg, union gg_ctrl_msg *out, unsigned max);
 	void *status_arg;
+	/* GPU mode with NCCL (gg_allreduce_nccl): the calls of a job's NCCL
+	 * communicator. NULL: NCCL_JOIN is refused, the gateway being built
+	 * without NCCL. */
+	const struct gg_site_nccl_ops *nccl;
 };
 
 /* The most messages a status answer may have. */

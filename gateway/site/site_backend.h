@@ -14,7 +14,8 @@
  * float32. The same backend takes ranks' CUDA allocations by IPC handle
  * (gg_allreduce_cuda): the sum is then formed on the gateway's GPU, in its
  * device memory (memory = GG_STEP_MEM_CUDA), where the core encodes and
- * decodes it. A backend implements struct gg_site_backend_ops; the daemon
+ * decodes it; and it joins a job's NCCL communicator (gg_allreduce_nccl),
+ * whose reduce to the gateway forms the sum in the same place. A backend implements struct gg_site_backend_ops; the daemon
  * drives every backend the same way:
  *
  *   b->ops->start(b, &loop, err, sizeof(err));

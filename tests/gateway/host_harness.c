@@ -46,7 +46,8 @@ static int core_submit(void *core, struct gg_site_step *step)
 	int mode = atomic_load(&x->h->core_mode);
 
 	atomic_fetch_add(&x->h->steps_submitted, 1);
-	CHECK(step->memory == GG_STEP_MEM_HOST);
+	/* NCCL steps come in device memory; the stand-in's is the host's. */
+	CHECK(step->memory == GG_STEP_MEM_HOST || (x->h->opts.nccl && step->memory == GG_STEP_MEM_CUDA));
 	if (mode == CORE_REFUSE)
 		return GG_ERR_LIMIT;
 	if (mode == CORE_SUM && atomic_load(&x->h->core_sync)) {
@@ -64,6 +65,7 @@ static int core_abort(void *core, const char *job, uint64_t seq, int code, const
 	struct loop_ctx *x = core;
 
 	(void)job, (void)seq, (void)code, (void)message;
+	atomic_fetch_add(&x->h->aborts_told, 1);
 	if (atomic_load(&x->h->core_mode) != CORE_PROMISED)
 		return 0;
 	x->aborts_too_late++;
@@ -131,6 +133,7 @@ static void *gateway_thread(void *arg)
 		.session_idle_us = h->opts.session_idle_us,
 		.kind_base = GG_OP_USER,
 		.log = on_log,
+		.nccl = h->opts.nccl,
 	};
 	struct gg_host_backend *b = NULL;
 	struct gg_loop loop;

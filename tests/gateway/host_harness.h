@@ -60,6 +60,7 @@ struct harness_options {
 	uint64_t step_timeout_us;   /* 0: 20 s */
 	uint64_t hello_timeout_us;  /* 0: 5 s */
 	uint64_t session_idle_us;   /* 0: jobs never give their sessions up */
+	const struct gg_site_nccl_ops *nccl; /* NULL: a gateway built without NCCL */
 };
 
 struct harness {
@@ -72,6 +73,7 @@ struct harness {
 	atomic_int core_mode;      /* enum core_mode */
 	atomic_bool core_sync;     /* complete from inside submit() */
 	atomic_uint steps_submitted;
+	atomic_uint aborts_told;   /* abort() calls of the backend on the core */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	int state;                 /* 0 starting, 1 serving or failed, 2 stopped */

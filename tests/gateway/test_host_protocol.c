@@ -1037,6 +1037,39 @@ static void test_cuda_call_refusals(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* gg_allreduce_nccl() refuses what it can tell is wrong before it sends
+ * anything, bfloat16 above all, and such a refusal uses no step number. */
+static void test_nccl_call_refusals(void)
+{
+	struct gg_session *s;
+	struct gg_error err;
+	float x[4] = { 1, 2, 3, 4 };
+
+	CHECK_EQ_INT(gg_allreduce_nccl(NULL, x, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce_nccl: session is NULL");
+	open_ok("nccl-calls", 0, 1, &s);
+	CHECK_EQ_INT(gg_allreduce_nccl(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): buf is NULL");
+	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 0, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): count is 0");
+	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 4, GG_DTYPE_BF16, 3, NULL, 0, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): NCCL steps take float32 only: NCCL would sum bfloat16 in "
+		  "bfloat16");
+	/* Host memory: refused as not device memory, or for want of NCCL or
+	 * of a CUDA driver that works. */
+	int rc = gg_allreduce_nccl(s, x, 4, GG_DTYPE_F32, 3, NULL, 0, &err);
+	printf("gg_allreduce_nccl on host memory: %s\n", err.message);
+	CHECK(rc == GG_ERR_INVALID || rc == GG_ERR_SYSTEM);
+	CHECK(strstr(err.message, "is not CUDA device memory (host memory goes through gg_allreduce)") ||
+	      strstr(err.message, "built without NCCL") || strstr(err.message, "NCCL cannot be loaded") ||
+	      strstr(err.message, "CUDA driver") || strstr(err.message, "cuInit failed"));
+	/* Nothing reached the gateway: the next step is still step 1. */
+	CHECK_EQ_INT(gg_allreduce(s, x, 4, GG_DTYPE_F32, 3, 0, &err), 0);
+	CHECK(x[0] == 1 && x[3] == 4);
+	gg_session_close(s);
+	harness_wait_connections(&h, 0);
+}
+
 /* After all that the gateway still serves. */
 static void test_still_serving(void)
 {
@@ -1074,6 +1107,7 @@ int main(int argc, char **argv)
 	test_violations();
 	test_map_cuda_refused();
 	test_cuda_call_refusals();
+	test_nccl_call_refusals();
 	test_still_serving();
 	harness_stop(&h);
 

@@ -11,17 +11,9 @@
 # to the integration tests) and TEST_GPU_MODE, the rank program.
 set -euo pipefail
 : "${TEST_GPU_MODE:?}"
-[ -x "$TEST_GPU_MODE" ] || { echo "not executable: $TEST_GPU_MODE" >&2; exit 1; }
-
-probe_rc=0
-"$TEST_GPU_MODE" --probe || probe_rc=$?
-if [ "$probe_rc" = 77 ]; then
-	exit 77
-elif [ "$probe_rc" != 0 ]; then
-	echo "FAIL: $TEST_GPU_MODE --probe exited $probe_rc" >&2
-	exit 1
-fi
-
+# shellcheck source=rank_mesh.sh
+. "$(dirname "$0")/rank_mesh.sh"
+rank_mesh_init "$TEST_GPU_MODE"
 # shellcheck source=../integration/lib.sh
 . "$(dirname "$0")/../integration/lib.sh"
 
@@ -40,22 +32,7 @@ for CODEC in fp32 int8; do
 	mesh_up 15
 	log "$CODEC: mesh up; starting $RANKS ranks at each of $K sites"
 
-	# The ranks, as lib.sh's rank_start starts bench ranks: direct children,
-	# output in $work/NAME.out and .err, awaited by ranks_wait within RANK_LIMIT.
-	names=()
-	rank_pids=()
-	rank_names=()
-	for ((s = 0; s < K; s++)); do
-		for ((r = 0; r < RANKS; r++)); do
-			name=$JOB-$CODEC-s$s-r$r
-			"$TEST_GPU_MODE" "unix:$work/${SITES[$s]}.sock" "$JOB-$CODEC" "$r" "$RANKS" "$s" "$K" "${lossy[@]}" \
-				>"$work/$name.out" 2>"$work/$name.err" &
-			rank_pids+=("$!")
-			rank_names+=("$name")
-			pids+=("$!")
-			names+=("$name")
-		done
-	done
+	rank_mesh_start "$TEST_GPU_MODE" "$JOB-$CODEC" "${lossy[@]}"
 	check_ranks # each exited 0, with the same digest
 	for name in "${names[@]}"; do
 		log "$name: $(grep -m1 '^time ' "$work/$name.out" || echo 'no time line')"

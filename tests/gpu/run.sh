@@ -4,7 +4,8 @@
 # bit for bit (test_codec_cuda), their speed against cudaMemcpy on 256 MiB
 # (test_codec_cuda_speed, which prints the figures), the step engine with
 # its tensors in device memory (allreduce-cuda), GPU mode end to end
-# (gpu-mode: two gateways and four ranks all-reducing device memory; and
+# (gpu-mode: two gateways and four ranks all-reducing device memory;
+# nccl-mode: the same through each site's NCCL communicator; and
 # gpu-torch, the same from PyTorch when its Python has torch), the NCCL
 # smoke test, and whatever else the 'gpu' test suite holds. Run it
 # from anywhere on a machine with a GPU and the build dependencies; it
@@ -47,6 +48,9 @@ for r in res:
     if name == "gpu-torch" and r["result"] != "SKIP":
         print("GPU mode from PyTorch (gpu-torch):")
         print("\n".join(l for l in r["stdout"].splitlines() if l.startswith("torch cuda:")))
+    if name == "nccl-mode" and r["result"] != "SKIP":
+        print("GPU mode with NCCL (nccl-mode):")
+        print("\n".join(l for l in r["stdout"].splitlines() if ": ok case" in l or " ok: " in l))
     if name == "gpu-mode" and r["result"] != "SKIP":
         print("GPU mode (gpu-mode):")
         print("\n".join(l for l in r["stdout"].splitlines() if " time " in l or " ok: " in l))

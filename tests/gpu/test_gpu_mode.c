@@ -51,6 +51,7 @@
 
 #include "gpu_test.h"
 #include "gradgate.h"
+#include "rank_test.h"
 
 #define GUARD 256        /* bytes before and after each device tensor */
 #define GUARD_BYTE 0xA5
@@ -87,38 +88,12 @@ static const struct tcase cases[] = {
 static struct gg_session *sess;
 static int site_index, rank_index;
 static bool lossy; /* --lossy */
-static uint64_t result_hash = 0xcbf29ce484222325ull; /* FNV-1a 64 offset basis */
 
 /* A gradgate call that must succeed: names the call, its code and message. */
-#define GG_OK(rc, err, ...)                                                                              \
-	do {                                                                                             \
-		int rc_ = (rc);                                                                          \
-		if (rc_ != 0) {                                                                          \
-			fprintf(stderr, "%s:%d: site %d rank %d: ", __FILE__, __LINE__, site_index, rank_index); \
-			fprintf(stderr, __VA_ARGS__);                                                    \
-			fprintf(stderr, " failed: %d (%s): %s\n", rc_, gg_strerror(rc_), (err)->message); \
-			exit(1);                                                                         \
-		}                                                                                        \
-	} while (0)
 
 static const char *dtype_name(enum gg_dtype dtype)
 {
 	return dtype == GG_DTYPE_F32 ? "f32" : dtype == GG_DTYPE_BF16 ? "bf16" : "?";
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static uint64_t mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
 }
 
 static uint64_t input_seed(int site, int rank, unsigned case_index)
@@ -166,14 +141,6 @@ static void make_input(void *buf, size_t count, enum gg_dtype dtype, int site, i
 			memcpy((unsigned char *)buf + 2 * i, &h, 2);
 		}
 	}
-}
-
-static void hash_bytes(const void *p, size_t n)
-{
-	const unsigned char *b = p;
-
-	for (size_t i = 0; i < n; i++)
-		result_hash = (result_hash ^ b[i]) * 0x100000001b3ull;
 }
 
 /* Element i of a buffer as its bits and its value. */
@@ -566,18 +533,6 @@ static void run_final(int nranks, int nsites)
 	free(hres);
 }
 
-static int parse_int(const char *s, const char *name, int lo, int hi)
-{
-	char *end;
-	long v = strtol(s, &end, 10);
-
-	if (!*s || *end || v < lo || v > hi) {
-		fprintf(stderr, "test_gpu_mode: %s must be an integer from %d to %d, not \"%s\"\n", name, lo, hi, s);
-		exit(2);
-	}
-	return (int)v;
-}
-
 int main(int argc, char **argv)
 {
 	struct gg_error err;
@@ -598,11 +553,11 @@ int main(int argc, char **argv)
 				"       test_gpu_mode ENDPOINT JOB RANK NRANKS SITE_INDEX [NSITES] [--lossy]\n");
 		return 2;
 	}
-	nranks = parse_int(argv[4], "NRANKS", 1, 1024);
-	rank_index = parse_int(argv[3], "RANK", 0, nranks - 1);
-	site_index = parse_int(argv[5], "SITE_INDEX", 0, 63);
+	nranks = parse_int("test_gpu_mode", argv[4], "NRANKS", 1, 1024);
+	rank_index = parse_int("test_gpu_mode", argv[3], "RANK", 0, nranks - 1);
+	site_index = parse_int("test_gpu_mode", argv[5], "SITE_INDEX", 0, 63);
 	if (argc == 7)
-		nsites = parse_int(argv[6], "NSITES", site_index + 1, 64);
+		nsites = parse_int("test_gpu_mode", argv[6], "NSITES", site_index + 1, 64);
 
 	/* CUDA's context before the session, so that its start-up (seconds on
 	 * a cold GPU) does not count against the first step's deadline. */

@@ -1,0 +1,614 @@
+/* GPU mode with NCCL at the host backend, with a stand-in communicator
+ * (nccl_double.h) so it runs on every machine: ranks join the job's
+ * communicator through the gateway, their reduce forms the site sum, the
+ * gateway's broadcast hands them the result, bit for bit the rank-order
+ * sum; and every failure either still broadcasts (a failed exchange) or
+ * aborts the communicator, so that no rank's call waits forever, with each
+ * rank told why and told to abort its own. */
+#include <errno.h>
+#include <poll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host_harness.h"
+#include "nccl_double.h"
+
+#define STEP_TIMEOUT_MS 400
+#define WAIT_MS 5000
+#define TEXT_MAX GG_CTRL_TEXT_SIZE
+
+static struct harness h;
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void send_join(int fd, uint32_t timeout_ms)
+{
+	union gg_ctrl_msg m;
+	size_t len = gg_ctrl_init(&m, GG_CTRL_NCCL_JOIN);
+
+	m.nccl_join.timeout_ms = timeout_ms;
+	raw_send(fd, &m, len, -1);
+}
+
+/* NCCL_JOIN, NCCL_ID for a job of `nranks`: the id. */
+static void join(int fd, unsigned nranks, unsigned char id[GG_SITE_NCCL_ID_SIZE])
+{
+	union gg_ctrl_msg m;
+	char why[160];
+
+	send_join(fd, 0);
+	size_t len = raw_recv(fd, &m);
+	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_NCCL_ID);
+	CHECK_EQ_INT(m.nccl_id.nranks, nranks + 1);
+	CHECK_EQ_INT(m.nccl_id.root, nranks);
+	memcpy(id, m.nccl_id.id, GG_SITE_NCCL_ID_SIZE);
+}
+
+/* The DONE of step `seq`: its status, its flags, its message. */
+static int recv_done(int fd, uint64_t seq, uint32_t *flags, char *message, size_t size)
+{
+	union gg_ctrl_msg m;
+	char why[160];
+	size_t len = raw_recv(fd, &m);
+
+	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_DONE);
+	CHECK_EQ_INT(m.done.seq, seq);
+	*flags = m.done.flags;
+	snprintf(message, size, "%s", m.done.message);
+	return m.done.status;
+}
+
+/* One rank, its connection and its handle on the communicator. */
+struct rank {
+	int fd;
+	struct nd_rank *comm;
+	int step_rc;
+	float *buf;
+	uint64_t count;
+};
+
+struct job {
+	const char *name;
+	unsigned nranks;
+	unsigned char id[GG_SITE_NCCL_ID_SIZE];
+	struct rank r[4];
+};
+
+static void join_rank(unsigned rank, void *arg)
+{
+	struct job *j = arg;
+
+	j->r[rank].comm = nd_join(j->id, j->nranks + 1, rank, WAIT_MS);
+	CHECK(j->r[rank].comm);
+}
+
+/* Every rank connects and asks to join; then all join the stand-in
+ * communicator at once (a collective call). */
+static void job_open(struct job *j, const char *name, unsigned nranks)
+{
+	memset(j, 0, sizeof(*j));
+	j->name = name;
+	j->nranks = nranks;
+	for (unsigned r = 0; r < nranks; r++) {
+		j->r[r].fd = raw_connect(&h);
+		raw_hello(j->r[r].fd, name, r, nranks);
+		unsigned char id[GG_SITE_NCCL_ID_SIZE];
+		join(j->r[r].fd, nranks, id);
+		CHECK(r == 0 || !memcmp(id, j->id, sizeof(id)));
+		memcpy(j->id, id, sizeof(id));
+	}
+	run_ranks(nranks, join_rank, j);
+}
+
+static void job_close(struct job *j)
+{
+	for (unsigned r = 0; r < j->nranks; r++) {
+		if (j->r[r].fd >= 0)
+			close(j->r[r].fd);
+		nd_abort(j->r[r].comm);
+		free(j->r[r].buf);
+	}
+}
+
+/* A rank's side of an NCCL step: announce it, then reduce and wait for
+ * the broadcast, as the library enqueues both. */
+static void step_rank(unsigned rank, void *arg)
+{
+	struct job *j = arg;
+	struct rank *r = &j->r[rank];
+
+	r->step_rc = nd_step(r->comm, r->buf, r->count, WAIT_MS);
+}
+
+static void announce(struct job *j, unsigned rank, uint64_t seq, uint64_t count, uint32_t seed)
+{
+	struct rank *r = &j->r[rank];
+
+	free(r->buf);
+	r->buf = malloc(count * sizeof(float));
+	CHECK(r->buf);
+	r->count = count;
+	fill_input_f32(r->buf, count, seed, rank);
+	raw_allreduce(r->fd, seq, 7, GG_DTYPE_F32, count, GG_CTRL_REGION_NCCL, 0);
+}
+
+/* Steps of several sizes: every rank ends with the rank-order sum, the
+ * host backend's, bit for bit. */
+static void test_sums(void)
+{
+	static const uint64_t sizes[] = { 1000, 1, 4097, 100000 };
+	struct job j;
+
+	job_open(&j, "nccl-sum", 3);
+	for (unsigned s = 0; s < GG_ARRAY_LEN(sizes); s++) {
+		uint64_t n = sizes[s];
+		for (unsigned r = 0; r < j.nranks; r++)
+			announce(&j, r, s + 1, n, 40 + s);
+		run_ranks(j.nranks, step_rank, &j);
+
+		float *in[3], *want = malloc(n * sizeof(float));
+		for (unsigned r = 0; r < j.nranks; r++) {
+			in[r] = malloc(n * sizeof(float));
+			fill_input_f32(in[r], n, 40 + s, r);
+		}
+		reference_f32(want, in, j.nranks, n);
+		for (unsigned r = 0; r < j.nranks; r++) {
+			uint32_t flags;
+			char msg[TEXT_MAX];
+			CHECK_EQ_INT(j.r[r].step_rc, 0);
+			CHECK_EQ_INT(recv_done(j.r[r].fd, s + 1, &flags, msg, sizeof(msg)), GG_OK);
+			CHECK_EQ_INT(flags, 0);
+			check_same_bytes(j.r[r].buf, want, n, sizeof(float), "NCCL step result");
+			free(in[r]);
+		}
+		free(want);
+	}
+	struct gg_host_backend_stats st = harness_stats(&h);
+	CHECK_EQ_INT(st.sum_bytes, 0);
+	CHECK_EQ_INT(st.spare_bytes, 100000 * sizeof(float)); /* kept for the next step */
+	unsigned finished = nd_finishes();
+	job_close(&j);
+	/* The job's end flushes its communicator, not aborts it. */
+	harness_wait_connections(&h, 0);
+	CHECK_EQ_INT(nd_finishes(), finished + 1);
+	CHECK_EQ_INT(harness_stats(&h).spare_bytes, 0);
+	printf("nccl: %zu steps of 3 ranks exact\n", GG_ARRAY_LEN(sizes));
+}
+
+/* A failed exchange is still broadcast: the communicator lives on. */
+static void test_core_error(void)
+{
+	struct job j;
+	uint32_t flags;
+	char msg[TEXT_MAX];
+
+	job_open(&j, "nccl-core-error", 2);
+	atomic_store(&h.core_mode, CORE_ERROR);
+	for (unsigned r = 0; r < 2; r++)
+		announce(&j, r, 1, 500, 1);
+	run_ranks(2, step_rank, &j);
+	for (unsigned r = 0; r < 2; r++) {
+		CHECK_EQ_INT(j.r[r].step_rc, 0);
+		CHECK_EQ_INT(recv_done(j.r[r].fd, 1, &flags, msg, sizeof(msg)), GG_ERR_SITE);
+		CHECK_CONTAINS(msg, CORE_ERROR_TEXT);
+		CHECK_EQ_INT(flags, 0);
+	}
+	atomic_store(&h.core_mode, CORE_SUM);
+	for (unsigned r = 0; r < 2; r++)
+		announce(&j, r, 2, 500, 2);
+	run_ranks(2, step_rank, &j);
+	for (unsigned r = 0; r < 2; r++) {
+		CHECK_EQ_INT(j.r[r].step_rc, 0);
+		CHECK_EQ_INT(recv_done(j.r[r].fd, 2, &flags, msg, sizeof(msg)), GG_OK);
+	}
+	job_close(&j);
+	printf("nccl: a failed exchange is broadcast, the next step completes\n");
+}
+
+/* The rank whose step fails before the gateway's reduce: its reduce is
+ * freed by the abort, and its DONE says to abort its communicator. */
+struct lone {
+	struct job *j;
+	unsigned rank;
+	int status;
+	uint32_t flags;
+	char msg[TEXT_MAX];
+	uint64_t ms;
+};
+
+/* Rank l->rank, its part of the reduce made, receives the broadcast and
+ * its DONE. */
+static void *lone_take(void *arg)
+{
+	struct lone *l = arg;
+	struct rank *r = &l->j->r[l->rank];
+	uint64_t t0 = now_ms();
+
+	r->step_rc = nd_take(r->comm, r->buf, r->count, WAIT_MS);
+	l->status = recv_done(r->fd, 1, &l->flags, l->msg, sizeof(l->msg));
+	l->ms = now_ms() - t0;
+	return NULL;
+}
+
+static void *lone_step(void *arg)
+{
+	struct lone *l = arg;
+	uint64_t t0 = now_ms();
+
+	step_rank(l->rank, l->j);
+	l->status = recv_done(l->j->r[l->rank].fd, 1, &l->flags, l->msg, sizeof(l->msg));
+	l->ms = now_ms() - t0;
+	return NULL;
+}
+
+/* Opens job `name`; its rank 0 announces step 1 and makes its part of it
+ * on a thread of its own. */
+static void lone_begin(struct lone *l, pthread_t *t, struct job *j, const char *name, uint32_t seed)
+{
+	job_open(j, name, 2);
+	*l = (struct lone){ .j = j, .rank = 0 };
+	announce(j, 0, 1, 100, seed);
+	CHECK(pthread_create(t, NULL, lone_step, l) == 0);
+}
+
+static void expect_aborted(const struct lone *l, int code, const char *text)
+{
+	CHECK_EQ_INT(l->j->r[l->rank].step_rc, -ECANCELED);
+	CHECK_EQ_INT(l->status, code);
+	CHECK_CONTAINS(l->msg, text);
+	CHECK_EQ_INT(l->flags, GG_CTRL_DONE_NCCL_ABORTED);
+	CHECK(l->ms < WAIT_MS - 1000);
+}
+
+/* Rank 1 never announces the step: it fails at its deadline, and rank
+ * 0's reduce, waiting for the gateway's, is freed. */
+static void test_rank_missing(void)
+{
+	struct job j;
+	struct lone l;
+	pthread_t t;
+
+	lone_begin(&l, &t, &j, "nccl-missing", 3);
+	pthread_join(t, NULL);
+	expect_aborted(&l, GG_ERR_TIMEOUT, "waiting for rank 1 of job 'nccl-missing'");
+
+	/* The late rank hears the same, and to abort too. */
+	uint32_t flags;
+	char msg[TEXT_MAX];
+	raw_allreduce(j.r[1].fd, 1, 7, GG_DTYPE_F32, 100, GG_CTRL_REGION_NCCL, 0);
+	CHECK_EQ_INT(recv_done(j.r[1].fd, 1, &flags, msg, sizeof(msg)), GG_ERR_TIMEOUT);
+	CHECK_EQ_INT(flags, GG_CTRL_DONE_NCCL_ABORTED);
+	job_close(&j);
+	printf("nccl: a missing rank: step failed in %llu ms, communicator aborted\n", (unsigned long long)l.ms);
+}
+
+/* Rank 1 leaves while rank 0 waits in its reduce. */
+static void test_rank_leaves(void)
+{
+	struct job j;
+	struct lone l;
+	pthread_t t;
+
+	lone_begin(&l, &t, &j, "nccl-leaves", 4);
+	usleep(50000);
+	close(j.r[1].fd);
+	j.r[1].fd = -1;
+	pthread_join(t, NULL);
+	expect_aborted(&l, GG_ERR_RANK, "rank 1 of job 'nccl-leaves' disconnected");
+	job_close(&j);
+	printf("nccl: a rank that leaves aborts the communicator\n");
+}
+
+/* Ranks that hand one step over in different ways. */
+static void test_mixed(void)
+{
+	struct job j;
+	struct lone l;
+	pthread_t t;
+	uint32_t flags;
+	char msg[TEXT_MAX];
+
+	lone_begin(&l, &t, &j, "nccl-mixed", 5);
+	int mfd = raw_memfd(4096, true);
+	raw_map(j.r[1].fd, 0, 4096, mfd);
+	close(mfd);
+	raw_allreduce(j.r[1].fd, 1, 7, GG_DTYPE_F32, 100, 0, 0);
+	pthread_join(t, NULL);
+	expect_aborted(&l, GG_ERR_MISMATCH, "rank 0 through NCCL, rank 1 in host memory");
+	CHECK_EQ_INT(recv_done(j.r[1].fd, 1, &flags, msg, sizeof(msg)), GG_ERR_MISMATCH);
+	job_close(&j);
+	printf("nccl: ranks that mix NCCL and host memory are refused\n");
+}
+
+/* The gateway's own reduce or broadcast fails. */
+static void test_gateway_faults(void)
+{
+	struct job j;
+	struct lone l[2] = { { .j = &j, .rank = 0 }, { .j = &j, .rank = 1 } };
+	pthread_t t[2];
+
+	job_open(&j, "nccl-reduce-fails", 2);
+	nd_fail_next(ND_REDUCE);
+	for (unsigned r = 0; r < 2; r++) {
+		announce(&j, r, 1, 100, 6);
+		CHECK(pthread_create(&t[r], NULL, lone_step, &l[r]) == 0);
+	}
+	for (unsigned r = 0; r < 2; r++) {
+		pthread_join(t[r], NULL);
+		expect_aborted(&l[r], GG_ERR_SYSTEM, "site test-site: summing the ranks' tensors: nccl_double: injected");
+	}
+	job_close(&j);
+
+	job_open(&j, "nccl-broadcast-fails", 2);
+	nd_fail_next(ND_BROADCAST);
+	for (unsigned r = 0; r < 2; r++) {
+		announce(&j, r, 1, 100, 7);
+		CHECK(pthread_create(&t[r], NULL, lone_step, &l[r]) == 0);
+	}
+	for (unsigned r = 0; r < 2; r++) {
+		pthread_join(t[r], NULL);
+		expect_aborted(&l[r], GG_ERR_SYSTEM, "handing the result to the ranks: nccl_double: injected");
+	}
+	/* The other sites completed the step; this one could not: the job
+	 * cannot go on as one. */
+	uint32_t flags;
+	char msg[TEXT_MAX];
+	raw_allreduce(j.r[0].fd, 2, 7, GG_DTYPE_F32, 100, GG_CTRL_REGION_NCCL, 0);
+	CHECK_EQ_INT(recv_done(j.r[0].fd, 2, &flags, msg, sizeof(msg)), GG_ERR_SYSTEM);
+	CHECK_CONTAINS(msg, "handing the result to the ranks");
+	job_close(&j);
+	printf("nccl: the gateway's failed reduce or broadcast aborts the communicator\n");
+}
+
+/* Both ranks announce the step but rank 1 never makes its reduce (it died
+ * in between): the gateway's reduce is not done by the deadline, and the
+ * communicator is aborted. Meanwhile the gateway's loop, which does not
+ * wait for NCCL, serves another job's steps. */
+static void test_reduce_timeout(void)
+{
+	struct job j;
+	struct lone l;
+	pthread_t t;
+	uint32_t flags;
+	char msg[TEXT_MAX];
+
+	uint64_t t0 = now_ms();
+	lone_begin(&l, &t, &j, "nccl-reduce-timeout", 8);
+	announce(&j, 1, 1, 100, 8);
+
+	int fd = raw_connect(&h), mfd = raw_memfd(4096, true);
+	raw_hello(fd, "host-beside", 0, 1);
+	raw_map(fd, 0, 4096, mfd);
+	close(mfd);
+	for (unsigned k = 1; k <= 3; k++) {
+		raw_allreduce(fd, k, 1, GG_DTYPE_F32, 100, 0, 0);
+		CHECK_EQ_INT(recv_done(fd, k, &flags, msg, sizeof(msg)), GG_OK);
+	}
+	uint64_t beside_ms = now_ms() - t0;
+	close(fd);
+	CHECK(beside_ms < STEP_TIMEOUT_MS);
+
+	pthread_join(t, NULL);
+	expect_aborted(&l, GG_ERR_TIMEOUT,
+		       "site test-site: the ranks' reduce to the gateway was not done within 400 ms (a rank did not take "
+		       "part)");
+	CHECK(l.ms >= STEP_TIMEOUT_MS - 150);
+	CHECK_EQ_INT(recv_done(j.r[1].fd, 1, &flags, msg, sizeof(msg)), GG_ERR_TIMEOUT);
+	CHECK_EQ_INT(flags, GG_CTRL_DONE_NCCL_ABORTED);
+	job_close(&j);
+	printf("nccl: a reduce not done by the deadline: failed in %llu ms, another job's 3 steps done meanwhile in "
+	       "%llu ms\n", (unsigned long long)l.ms, (unsigned long long)beside_ms);
+}
+
+/* The communicator fails while the gateway's reduce or broadcast runs. */
+static void test_poll_faults(void)
+{
+	static const char *const want[] = { "summing the ranks' tensors: nccl_double: injected",
+					    "handing the result to the ranks: nccl_double: injected" };
+	struct job j;
+	struct lone l[2] = { { .j = &j, .rank = 0 }, { .j = &j, .rank = 1 } };
+	pthread_t t[2];
+
+	for (unsigned k = 0; k < 2; k++) {
+		job_open(&j, k ? "nccl-poll-broadcast" : "nccl-poll-reduce", 2);
+		nd_fail_next(k ? ND_POLL_BROADCAST : ND_POLL_REDUCE);
+		for (unsigned r = 0; r < 2; r++) {
+			announce(&j, r, 1, 100, 9);
+			CHECK(pthread_create(&t[r], NULL, lone_step, &l[r]) == 0);
+		}
+		for (unsigned r = 0; r < 2; r++) {
+			pthread_join(t[r], NULL);
+			expect_aborted(&l[r], GG_ERR_SYSTEM, want[k]);
+		}
+		job_close(&j);
+	}
+	printf("nccl: a communicator that fails under the reduce or the broadcast is aborted\n");
+}
+
+/* Rank 0 has the result, rank 1 not yet, when rank 1 leaves: the step,
+ * complete at every site, is not reported to the core as failed, and rank
+ * 0 hears why the communicator went. */
+static void test_broadcast_leave(void)
+{
+	struct job j;
+	struct lone l;
+	pthread_t t;
+
+	job_open(&j, "nccl-bcast-leave", 2);
+	for (unsigned r = 0; r < 2; r++) {
+		announce(&j, r, 1, 100, 10);
+		CHECK_EQ_INT(nd_post(j.r[r].comm, j.r[r].buf, 100, WAIT_MS), 0);
+	}
+	unsigned told = atomic_load(&h.aborts_told);
+	l = (struct lone){ .j = &j, .rank = 0 };
+	CHECK(pthread_create(&t, NULL, lone_take, &l) == 0);
+	usleep(50000);
+	close(j.r[1].fd);
+	j.r[1].fd = -1;
+	pthread_join(t, NULL);
+	CHECK_EQ_INT(l.status, GG_ERR_RANK);
+	CHECK_CONTAINS(l.msg, "rank 1 of job 'nccl-bcast-leave' disconnected during step 1");
+	CHECK_EQ_INT(l.flags, GG_CTRL_DONE_NCCL_ABORTED);
+	CHECK_EQ_INT(atomic_load(&h.aborts_told), told);
+	CHECK_EQ_INT(harness_stats(&h).core_steps, 0);
+	job_close(&j);
+	printf("nccl: a rank that leaves during the broadcast fails it here only\n");
+}
+
+/* Rank 1 never takes the broadcast: it is given up at the step's deadline
+ * (and the peers' grace, none here), and the job with it, for the other
+ * sites completed the step. */
+static void test_broadcast_timeout(void)
+{
+	struct job j;
+	struct lone l;
+	pthread_t t;
+	uint32_t flags;
+	char msg[TEXT_MAX];
+	static const char want[] = "site test-site: the broadcast of the result to the ranks was not done by the "
+				   "step's deadline and 0 ms of grace";
+
+	job_open(&j, "nccl-bcast-timeout", 2);
+	for (unsigned r = 0; r < 2; r++) {
+		announce(&j, r, 1, 100, 11);
+		CHECK_EQ_INT(nd_post(j.r[r].comm, j.r[r].buf, 100, WAIT_MS), 0);
+	}
+	l = (struct lone){ .j = &j, .rank = 0 };
+	CHECK(pthread_create(&t, NULL, lone_take, &l) == 0);
+	pthread_join(t, NULL);
+	CHECK_EQ_INT(l.status, GG_ERR_TIMEOUT);
+	CHECK_CONTAINS(l.msg, want);
+	CHECK_EQ_INT(l.flags, GG_CTRL_DONE_NCCL_ABORTED);
+	CHECK_EQ_INT(recv_done(j.r[1].fd, 1, &flags, msg, sizeof(msg)), GG_ERR_TIMEOUT);
+	CHECK_EQ_INT(flags, GG_CTRL_DONE_NCCL_ABORTED);
+	CHECK_EQ_INT(nd_take(j.r[1].comm, j.r[1].buf, 100, WAIT_MS), -ECANCELED);
+	raw_allreduce(j.r[0].fd, 2, 7, GG_DTYPE_F32, 100, GG_CTRL_REGION_NCCL, 0);
+	CHECK_EQ_INT(recv_done(j.r[0].fd, 2, &flags, msg, sizeof(msg)), GG_ERR_TIMEOUT);
+	CHECK_CONTAINS(msg, want);
+	job_close(&j);
+	printf("nccl: a broadcast not done in time fails the step and the job\n");
+}
+
+/* The job's last rank leaves while the gateway's reduce waits for it: the
+ * abort ends the step and the job at once, and the connection is gone at
+ * once too, not a close timeout later. */
+static void test_last_rank_leaves(void)
+{
+	unsigned char id[GG_SITE_NCCL_ID_SIZE];
+	int fd = raw_connect(&h);
+
+	raw_hello(fd, "nccl-last", 0, 1);
+	join(fd, 1, id);
+	struct nd_rank *r = nd_join(id, 2, 0, WAIT_MS);
+	CHECK(r);
+	raw_allreduce(fd, 1, 7, GG_DTYPE_F32, 100, GG_CTRL_REGION_NCCL, 0);
+	usleep(20000);
+	uint64_t t0 = now_ms();
+	close(fd);
+	harness_wait_connections(&h, 0);
+	uint64_t ms = now_ms() - t0;
+	CHECK(ms < 500);
+	CHECK_EQ_INT(harness_stats(&h).jobs, 0);
+	nd_abort(r);
+	printf("nccl: the last rank leaving mid-reduce: connection and job gone in %llu ms\n", (unsigned long long)ms);
+}
+
+/* A rank that never asks to join: the communicator is given up at the
+ * join's deadline, naming it, and a rank that asks later is refused. */
+static void test_join_timeout(void)
+{
+	int fd0 = raw_connect(&h), fd1 = raw_connect(&h);
+	unsigned char id[GG_SITE_NCCL_ID_SIZE];
+
+	raw_hello(fd0, "nccl-join", 0, 2);
+	raw_hello(fd1, "nccl-join", 1, 2);
+	join(fd0, 2, id);
+	uint64_t t0 = now_ms();
+	CHECK(!nd_join(id, 3, 0, WAIT_MS));
+	uint64_t ms = now_ms() - t0;
+	CHECK(ms >= STEP_TIMEOUT_MS - 150 && ms < WAIT_MS - 1000);
+	send_join(fd1, 0);
+	raw_expect_close(fd1, GG_CTRL_ERROR, GG_ERR_TIMEOUT,
+			 "the NCCL communicator of job 'nccl-join' was not up within 400 ms of its first NCCL_JOIN: "
+			 "rank 1 did not ask to join it");
+	close(fd0);
+	printf("nccl: a rank that never joins: communicator given up after %llu ms\n", (unsigned long long)ms);
+}
+
+/* What the protocol refuses. */
+static void test_protocol(void)
+{
+	unsigned char id[GG_SITE_NCCL_ID_SIZE];
+	int fd = raw_connect(&h);
+
+	raw_hello(fd, "nccl-proto-a", 0, 1);
+	raw_allreduce(fd, 1, 7, GG_DTYPE_F32, 10, GG_CTRL_REGION_NCCL, 0);
+	raw_expect_close(fd, GG_CTRL_ERROR, GG_ERR_PROTOCOL, "an NCCL step from a rank that has not sent NCCL_JOIN");
+
+	fd = raw_connect(&h);
+	raw_hello(fd, "nccl-proto-b", 0, 1);
+	join(fd, 1, id);
+	raw_allreduce(fd, 1, 7, GG_DTYPE_BF16, 10, GG_CTRL_REGION_NCCL, 0);
+	raw_expect_close(fd, GG_CTRL_ERROR, GG_ERR_PROTOCOL, "an NCCL step must be float32 at offset 0, not bfloat16");
+
+	fd = raw_connect(&h);
+	raw_hello(fd, "nccl-proto-c", 0, 1);
+	join(fd, 1, id);
+	send_join(fd, 0);
+	raw_expect_close(fd, GG_CTRL_ERROR, GG_ERR_PROTOCOL, "which has joined already");
+
+	nd_fail_next(ND_OPEN);
+	fd = raw_connect(&h);
+	raw_hello(fd, "nccl-proto-d", 0, 1);
+	send_join(fd, 0);
+	raw_expect_close(fd, GG_CTRL_ERROR, GG_ERR_SYSTEM,
+			 "cannot make the job's NCCL communicator: nccl_double: injected failure");
+	printf("nccl: protocol violations refused\n");
+}
+
+/* A gateway without NCCL says so. */
+static void test_without_nccl(void)
+{
+	struct harness plain;
+	struct harness_options o = { .step_timeout_us = STEP_TIMEOUT_MS * 1000 };
+
+	harness_start(&plain, &o);
+	int fd = raw_connect(&plain);
+	raw_hello(fd, "nccl-none", 0, 1);
+	send_join(fd, 0);
+	raw_expect_close(fd, GG_CTRL_ERROR, GG_ERR_INVALID,
+			 "this gateway was built without NCCL, so it cannot join the job's NCCL communicator");
+	harness_stop(&plain);
+	printf("nccl: a gateway without NCCL refuses NCCL_JOIN\n");
+}
+
+int main(void)
+{
+	struct harness_options o = { .step_timeout_us = STEP_TIMEOUT_MS * 1000, .nccl = &nccl_double_ops };
+
+	harness_start(&h, &o);
+	test_sums();
+	test_core_error();
+	test_rank_missing();
+	test_rank_leaves();
+	test_mixed();
+	test_gateway_faults();
+	test_reduce_timeout();
+	test_poll_faults();
+	test_broadcast_leave();
+	test_broadcast_timeout();
+	test_last_rank_leaves();
+	test_join_timeout();
+	test_protocol();
+	harness_stop(&h);
+	test_without_nccl();
+	CHECK_EQ_INT(nd_live(), 0);
+	printf("host nccl: ok\n");
+	return 0;
+}
