@@ -297,7 +297,8 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
  * step), and the call waits up to its timeout_ms for them all and the
  * gateway to join (the step's own deadline runs after that); otherwise it
  * fails with GG_ERR_TIMEOUT saying the job's communicator did not come
- * up.
+ * up. The gateway gives the communicator the timeout of the job's first
+ * call, from that call on.
  *
  * devbuf     count float32 elements in CUDA device memory of the calling
  *            thread's current CUDA device at the session's first call: the
@@ -326,7 +327,9 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
  * (PyTorch's), else libnccl.so.2 (2.14 or later); libgradgate links no
  * NCCL or CUDA library. Errors besides gg_allreduce()'s: GG_ERR_INVALID
  * when libgradgate was built without NCCL, or the gateway was (or has no
- * GPU it can use), which ends the session at its first call, saying so;
+ * GPU it can use); when the gateway cannot serve the first call (that,
+ * or the job's communicator was aborted or the job failed before it),
+ * the session ends, with the gateway's reason;
  * GG_ERR_SYSTEM when NCCL cannot be loaded or an NCCL call fails, here or
  * at the gateway (the message names the call and NCCL's error);
  * GG_ERR_TIMEOUT as above.

@@ -961,10 +961,13 @@ GRADGATE_API int gg_allreduce_nccl(struct gg_session *s, void *devbuf, size_t co
 	if ((rc = gg_cudrv_stream_wait(devbuf, stream, gg_ctrl_now_ms() + timeout, why, sizeof(why))))
 		return gg_ctrl_error(err, rc, "%s: before the step: %s", step, why);
 
-	/* The step's deadline runs from its announcement, as the gateway's. */
+	/* The step's deadline runs from its announcement, as the gateway's.
+	 * The gateway may take its grace twice: for the core's end, and then
+	 * for the broadcast. */
 	const uint64_t step_deadline = gg_ctrl_now_ms() + timeout;
 	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout,
-			       step_deadline + s->answer_grace_ms + GRACE_MS, GG_CTRL_REGION_NCCL, 0, step, &r, err)))
+			       step_deadline + 2 * s->answer_grace_ms + GRACE_MS, GG_CTRL_REGION_NCCL, 0, step, &r,
+			       err)))
 		return rc;
 	rc = gg_nccl_reduce_broadcast(s->nccl_comm, devbuf, count, s->nccl_id.root, stream, step_deadline, why,
 				      sizeof(why));

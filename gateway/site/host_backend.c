@@ -35,7 +35,8 @@ enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 #define WAITING_MAX 16                   /* connections waiting for the slots of an idle job */
 #define SILENT_MIN_US 100000             /* silent this long, a connection has sent no HELLO */
 #define NCCL_JOIN_POLL_US 1000           /* between looks at a communicator being joined */
-#define NCCL_POLL_US 100                 /* between looks at a reduce or broadcast under way */
+#define NCCL_POLL_US 100                 /* between looks at a reduce or broadcast under way, */
+#define NCCL_POLL_FAST_US 5000           /* for its first 5 ms; then NCCL_JOIN_POLL_US */
 #define MAX_MESSAGE_LIMIT (1ull << 40)
 #define TEXT GG_CTRL_TEXT_SIZE
 
@@ -159,6 +160,7 @@ struct hb_job {
 	 * before the core gets the step, the broadcast of its result after
 	 * (the core's outcome, for the DONEs, kept meanwhile). */
 	enum { PHASE_NONE, PHASE_REDUCE, PHASE_BROADCAST } nccl_phase;
+	uint64_t nccl_since_us;
 	uint64_t nccl_until_us;
 	int nccl_outcome;
 	char nccl_outcome_msg[TEXT];
@@ -460,9 +462,9 @@ static int tell_core(struct gg_host_backend *b, struct hb_job *j, uint64_t seq, 
 	return b->core_ops->abort ? b->core_ops->abort(b->core, j->name, seq, code, why) : 0;
 }
 
-/* Aborts the job's NCCL communicator: every call of its ranks that waits
- * on the gateway's fails instead of hanging, and their DONEs from now on
- * tell them to abort theirs. Steps that need it fail with `why`. */
+/* Aborts the gateway's part of the job's NCCL communicator, and the
+ * ranks' DONEs from now on tell them to abort theirs, which ends their
+ * calls that wait on the gateway's. Steps that need it fail with `why`. */
 static void nccl_abort(struct gg_host_backend *b, struct hb_job *j, int code, const char *why)
 {
 	if (j->nccl_state != NCCL_JOINING && j->nccl_state != NCCL_UP)
@@ -1278,6 +1280,7 @@ static void finish_step(struct gg_host_backend *b, struct hb_job *j, int status,
 	j->with_core = false;
 	b->stats.core_steps--;
 	j->nccl_phase = PHASE_BROADCAST;
+	j->nccl_since_us = b->loop->now_us;
 	j->nccl_until_us = GG_MAX(j->step.deadline_us, b->loop->now_us) + b->opts.answer_grace_us;
 	j->nccl_outcome = status;
 	gg_ctrl_set_text(j->nccl_outcome_msg, sizeof(j->nccl_outcome_msg), message ? message : "");
@@ -1381,10 +1384,12 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		j->mem[r] = k == MEM_NCCL ? NULL : c->regions[h->region].base + h->offset;
 		j->mem_region[r] = h->region;
 	}
-	if (kind == MEM_NCCL && j->nccl_state != NCCL_UP) {
-		fail_step(b, j, j->nccl_state == NCCL_ABORTED ? j->nccl_code : GG_ERR_PROTOCOL,
-			  "the NCCL communicator of job '%s' %s", j->name,
-			  j->nccl_state == NCCL_ABORTED ? j->nccl_why : "is not up");
+	if (kind == MEM_NCCL && j->nccl_state == NCCL_ABORTED) {
+		fail_step(b, j, j->nccl_code, "%s", j->nccl_why);
+		return false;
+	}
+	if (kind == MEM_NCCL && j->nccl_state != NCCL_UP) { /* job_advance waits while it is joined */
+		fail_step(b, j, GG_ERR_PROTOCOL, "the NCCL communicator of job '%s' is not up", j->name);
 		return false;
 	}
 	const bool device = kind != MEM_HOST, nccl = kind == MEM_NCCL;
@@ -1473,6 +1478,7 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		return false;
 	}
 	j->nccl_phase = PHASE_REDUCE;
+	j->nccl_since_us = b->loop->now_us;
 	j->nccl_until_us = j->deadline_us;
 	return true;
 }
@@ -2089,7 +2095,10 @@ static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t 
 	} else {
 		rc = b->opts.nccl->poll(j->nccl_comm, why, sizeof(why));
 		if (rc == -EINPROGRESS && now_us < j->nccl_until_us) {
-			*next = GG_MIN(now_us + NCCL_POLL_US, j->nccl_until_us);
+			/* Often at first, when the call is about to end, then
+			 * less, when it waits for a rank. */
+			uint64_t every = now_us - j->nccl_since_us < NCCL_POLL_FAST_US ? NCCL_POLL_US : NCCL_JOIN_POLL_US;
+			*next = GG_MIN(now_us + every, j->nccl_until_us);
 			return false;
 		}
 		code = rc == -EINPROGRESS ? GG_ERR_TIMEOUT : GG_ERR_SYSTEM;
@@ -2324,7 +2333,10 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 			fail_timeout(b, j);
 			job_advance(b, j);
 		}
-		next = min_deadline(next, j->with_core ? 0 : j->deadline_us);
+		/* Nothing waits for the deadline of a step the core or an NCCL
+		 * call holds, or of a broken job's (whose requests are answered
+		 * as they come): a past one would spin the loop. */
+		next = min_deadline(next, j->with_core || j->nccl_phase || j->broken ? 0 : j->deadline_us);
 	}
 	return next;
 }
@@ -2571,7 +2583,7 @@ unsigned gg_host_backend_list_jobs(const struct gg_host_backend *b, struct gg_ho
 		o->connected = j->connected;
 		o->last_step = j->seq - 1;
 		o->uid = (uint32_t)j->uid;
-		o->state = j->broken ? GG_CTRL_JOB_FAILED : j->with_core ? GG_CTRL_JOB_RUNNING
+		o->state = j->broken ? GG_CTRL_JOB_FAILED : j->with_core || j->nccl_phase ? GG_CTRL_JOB_RUNNING
 			   : announced ? GG_CTRL_JOB_GATHERING : GG_CTRL_JOB_IDLE;
 	}
 	return n;

@@ -21,12 +21,13 @@
  * gateway is the last rank (gg_allreduce_nccl, NCCL_JOIN): their reduce to
  * the gateway forms the site sum in its device memory, and its broadcast
  * hands them the result (site_nccl.h); the loop polls both, never waiting
- * for the ranks. A step that fails before the
+ * for the ranks (only a job's end waits, up to 200 ms, for the flush of
+ * its communicator). A step that fails before the
  * gateway's reduce, or a rank that leaves, aborts the communicator, for
  * the ranks' calls would otherwise wait for the gateway's forever.
  *
  * Bounds: max_clients connections (and so jobs); per connection a fixed
- * receive buffer, GG_CTRL_MAX_INFLIGHT + 2 queued answers and at most
+ * receive buffer, GG_CTRL_MAX_INFLIGHT + 3 queued answers and at most
  * GG_CTRL_MAX_REGIONS mapped regions of at most 2 * max_message bytes
  * each (a CUDA allocation: its own size, on the GPU); memory_bytes for
  * the float32 sums of bfloat16 and GPU steps held at once. */

@@ -2,8 +2,8 @@
  * GPU: the first one it sees, as for site_cuda.h. The communicator is
  * non-blocking (ncclConfig_t.blocking = 0) and its calls go on a stream
  * of its own, so nothing here waits for the other ranks: poll() looks at
- * both, and ncclCommAbort() gives up what waits, freeing the other ranks'
- * calls that wait on this one too. */
+ * both, and ncclCommAbort() gives up the gateway's own calls (each rank
+ * ends its own by aborting its part, when its DONE tells it to). */
 #include "site_nccl.h"
 
 #include <errno.h>

@@ -49,8 +49,9 @@ struct gg_site_nccl_ops {
 	/* Enqueues the broadcast of sum[0..count) from this rank to every
 	 * rank; poll() says when it is done. */
 	int (*broadcast)(void *comm, const float *sum, uint64_t count, char *err, size_t err_size);
-	/* Aborts the communicator (ncclCommAbort): the other ranks' calls
-	 * waiting on this one fail instead of hanging. NULL: nothing. */
+	/* Aborts the gateway's part of the communicator (ncclCommAbort),
+	 * ending its calls; the other ranks' end when they abort theirs.
+	 * NULL: nothing. */
 	void (*close)(void *comm);
 	/* Frees a communicator whose calls are all done, once what it still
 	 * forwards between the other ranks is flushed (ncclCommFinalize),

@@ -21,7 +21,7 @@ struct comm {
 	unsigned nranks;
 	unsigned joined;
 	unsigned refs;
-	bool aborted;
+	bool root_gone; /* the gateway closed its handle */
 	uint64_t round;
 	unsigned posted, taken;
 	float *in[MAX_RANKS];
@@ -34,10 +34,18 @@ struct comm {
 	uint64_t sum_count;
 };
 
+/* A handle. A rank's has a worker thread, its "stream": what the rank
+ * enqueues runs there, waiting for its partners as a kernel would, until
+ * done or the rank aborts. */
 struct nd_rank {
 	struct comm *c;
 	unsigned rank;
 	uint64_t next_round;
+	pthread_t worker;
+	bool has_worker;
+	bool queued, reduce_only, stop;
+	float *buf;
+	uint64_t count;
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -243,6 +251,9 @@ static int d_broadcast(void *comm, const float *sum, uint64_t count, char *err, 
 static int reduce_now(struct comm *c, char *err, size_t err_size)
 {
 	for (unsigned k = 0; k < c->nranks - 1; k++)
+		if (!c->in[k])
+			return -EINPROGRESS; /* that rank aborted: NCCL's reduce would wait for ever */
+	for (unsigned k = 0; k < c->nranks - 1; k++)
 		if (c->in_count[k] != c->sum_count) {
 			snprintf(err, err_size, "nccl_double: rank %u reduces %llu elements, the root %llu", k,
 				 (unsigned long long)c->in_count[k], (unsigned long long)c->sum_count);
@@ -266,16 +277,14 @@ static int d_poll(void *comm, char *err, size_t err_size)
 	if ((c->pending == REDUCE && injected(ND_POLL_REDUCE, err, err_size)) ||
 	    (c->pending == BROADCAST && injected(ND_POLL_BROADCAST, err, err_size))) {
 		rc = -EIO;
-	} else if (c->aborted) {
-		snprintf(err, err_size, "nccl_double: the communicator was aborted by a rank");
-		rc = -ECONNABORTED;
 	} else if (c->joined < c->nranks) {
 		rc = -EINPROGRESS;
 	} else if (c->pending == NONE) {
 		rc = 0;
 	} else if (c->pending == REDUCE && all_posted(c)) {
 		rc = reduce_now(c, err, err_size);
-		c->pending = NONE;
+		if (rc != -EINPROGRESS)
+			c->pending = NONE;
 	} else if (c->pending == BROADCAST && !c->result) {
 		c->result = c->sum;
 		c->result_count = c->sum_count;
@@ -292,9 +301,17 @@ static int d_poll(void *comm, char *err, size_t err_size)
 	return rc;
 }
 
+/* The gateway's abort ends its own calls only: as with NCCL, each rank's
+ * end when that rank aborts its own handle. */
 static void d_close(void *comm)
 {
-	nd_abort(comm);
+	struct nd_rank *r = comm;
+
+	pthread_mutex_lock(&lock);
+	r->c->root_gone = true;
+	comm_put(r->c);
+	pthread_mutex_unlock(&lock);
+	free(r);
 }
 
 /* Nothing is ever in flight once the root's calls are done: a clean end,
@@ -332,6 +349,43 @@ const struct gg_site_nccl_ops nccl_double_ops = {
 
 /* ---- the ranks' side ---------------------------------------------------- */
 
+/* A rank's stream: each enqueued step posts its part when the round is
+ * its, then waits for the root's broadcast (unless reduce_only), as
+ * NCCL's kernels wait for their partners: for ever, until done or the
+ * rank aborts. */
+static void *worker(void *arg)
+{
+	struct nd_rank *r = arg;
+	struct comm *c = r->c;
+
+	pthread_mutex_lock(&lock);
+	for (;;) {
+		while (!r->stop && !r->queued)
+			pthread_cond_wait(&cond, &lock);
+		while (!r->stop && c->round != r->next_round)
+			pthread_cond_wait(&cond, &lock);
+		if (r->stop)
+			break;
+		c->in[r->rank] = r->buf;
+		c->in_count[r->rank] = r->count;
+		c->posted++;
+		pthread_cond_broadcast(&cond);
+		while (!r->stop && (r->reduce_only || !c->result))
+			pthread_cond_wait(&cond, &lock);
+		if (r->stop) {
+			c->in[r->rank] = NULL; /* gone: the root's reduce may not read it */
+			break;
+		}
+		memcpy(r->buf, c->result, GG_MIN(r->count, c->result_count) * sizeof(float));
+		c->taken++;
+		r->next_round++;
+		r->queued = false;
+		pthread_cond_broadcast(&cond);
+	}
+	pthread_mutex_unlock(&lock);
+	return NULL;
+}
+
 struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
 			int timeout_ms)
 {
@@ -348,75 +402,40 @@ struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned n
 	r->rank = rank;
 	r->c->joined++;
 	pthread_cond_broadcast(&cond);
-	while (!r->c->aborted && r->c->joined < r->c->nranks && wait_until(until))
+	while (r->c->joined < r->c->nranks && wait_until(until))
 		;
-	bool up = !r->c->aborted && r->c->joined == r->c->nranks;
+	bool up = r->c->joined == r->c->nranks;
 	pthread_mutex_unlock(&lock);
-	if (!up) {
+	if (!up || pthread_create(&r->worker, NULL, worker, r)) {
 		nd_abort(r);
 		return NULL;
 	}
+	r->has_worker = true;
 	return r;
 }
 
-/* A rank that gives up aborts, as the library does: the communicator
- * holds no pointer of its any more. Under the lock. */
-static int give_up(struct comm *c)
+void nd_enqueue(struct nd_rank *r, float *buf, uint64_t count, bool reduce_only)
 {
-	c->aborted = true;
+	pthread_mutex_lock(&lock);
+	r->buf = buf;
+	r->count = count;
+	r->reduce_only = reduce_only;
+	r->queued = true;
 	pthread_cond_broadcast(&cond);
-	return -ETIMEDOUT;
+	pthread_mutex_unlock(&lock);
 }
 
-int nd_post(struct nd_rank *r, float *buf, uint64_t count, int timeout_ms)
+int nd_sync(struct nd_rank *r, int timeout_ms)
 {
 	uint64_t until = now_us() + (uint64_t)timeout_ms * 1000u;
-	struct comm *c = r->c;
 	int rc = 0;
 
 	pthread_mutex_lock(&lock);
-	while (!rc && !c->aborted && c->round != r->next_round)
+	while (r->queued && !rc)
 		if (!wait_until(until))
-			rc = give_up(c);
-	if (!rc && c->aborted)
-		rc = -ECANCELED;
-	if (!rc) {
-		c->in[r->rank] = buf;
-		c->in_count[r->rank] = count;
-		c->posted++;
-		pthread_cond_broadcast(&cond);
-	}
+			rc = -ETIMEDOUT;
 	pthread_mutex_unlock(&lock);
 	return rc;
-}
-
-int nd_take(struct nd_rank *r, float *buf, uint64_t count, int timeout_ms)
-{
-	uint64_t until = now_us() + (uint64_t)timeout_ms * 1000u;
-	struct comm *c = r->c;
-	int rc = 0;
-
-	pthread_mutex_lock(&lock);
-	while (!rc && !c->aborted && !c->result)
-		if (!wait_until(until))
-			rc = give_up(c);
-	if (!rc && c->aborted)
-		rc = -ECANCELED;
-	if (!rc) {
-		memcpy(buf, c->result, GG_MIN(count, c->result_count) * sizeof(float));
-		c->taken++;
-		r->next_round++;
-		pthread_cond_broadcast(&cond);
-	}
-	pthread_mutex_unlock(&lock);
-	return rc;
-}
-
-int nd_step(struct nd_rank *r, float *buf, uint64_t count, int timeout_ms)
-{
-	int rc = nd_post(r, buf, count, timeout_ms);
-
-	return rc ? rc : nd_take(r, buf, count, timeout_ms);
 }
 
 void nd_abort(struct nd_rank *r)
@@ -424,8 +443,12 @@ void nd_abort(struct nd_rank *r)
 	if (!r)
 		return;
 	pthread_mutex_lock(&lock);
-	r->c->aborted = true;
+	r->stop = true;
 	pthread_cond_broadcast(&cond);
+	pthread_mutex_unlock(&lock);
+	if (r->has_worker)
+		pthread_join(r->worker, NULL);
+	pthread_mutex_lock(&lock);
 	comm_put(r->c);
 	pthread_mutex_unlock(&lock);
 	free(r);

@@ -5,9 +5,10 @@
  * corrupt: a communicator is up only once all its ranks joined; every
  * rank's reduce must be matched by the root's, and its broadcast by the
  * root's, in the same order; the root's calls are enqueued and done only
- * once their partners came (poll() says when); a rank's call waits for
- * the root's until it comes or the communicator is aborted; an abort by
- * any rank frees every call that waits. Memory is host memory. */
+ * once their partners came (poll() says when); a rank's calls run on its
+ * own thread, its stream, and wait for the root's for ever; an abort ends
+ * the calls of the handle that aborts, and no other's. Memory is host
+ * memory. */
 #ifndef GG_NCCL_DOUBLE_H
 #define GG_NCCL_DOUBLE_H
 
@@ -24,19 +25,22 @@ void nd_fail_next(enum nd_fault what);
 
 struct nd_rank;
 /* Joins communicator `id` as `rank` of `nranks` and waits until all have
- * joined. NULL when it was aborted or timeout_ms passed. */
+ * joined. NULL when timeout_ms passed first (the gateway's giving up does
+ * not end the wait, as with NCCL). */
 struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
 			int timeout_ms);
-/* A rank's step: reduce `count` floats of buf to the root, then receive
- * the root's broadcast into buf. 0, -ECANCELED when the communicator was
- * aborted, -ETIMEDOUT after timeout_ms (the rank then aborts it, as the
- * library does). */
-int nd_step(struct nd_rank *r, float *buf, uint64_t count, int timeout_ms);
-/* Its two halves, for a rank held between them: its part of the reduce,
- * and its receipt of the broadcast. */
-int nd_post(struct nd_rank *r, float *buf, uint64_t count, int timeout_ms);
-int nd_take(struct nd_rank *r, float *buf, uint64_t count, int timeout_ms);
-/* Aborts the communicator (NULL: nothing) and lets the handle go. */
+/* Enqueues a rank's step on its stream, as gg_allreduce_nccl enqueues its
+ * ncclReduce and ncclBroadcast: its part of `count` floats of buf goes to
+ * the root, and the root's broadcast comes back into buf; reduce_only: the
+ * rank stalls before the broadcast. It waits for its partners for ever,
+ * until done or the rank aborts. */
+void nd_enqueue(struct nd_rank *r, float *buf, uint64_t count, bool reduce_only);
+/* Waits up to timeout_ms for what the rank enqueued: 0 once done,
+ * -ETIMEDOUT. */
+int nd_sync(struct nd_rank *r, int timeout_ms);
+/* Aborts the rank's handle (NULL: nothing): its enqueued step ends, done
+ * or not, and the handle is freed. Only its own: a rank that aborts leaves
+ * the others' calls, the root's too, waiting, as with NCCL. */
 void nd_abort(struct nd_rank *r);
 /* Communicators still alive (not yet let go by every rank): 0 at the end
  * of a clean test. */

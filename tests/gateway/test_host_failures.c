@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -398,6 +399,49 @@ static void test_core_failures(void)
 
 /* ---- shutdown, limits, the socket ---------------------------------------- */
 
+static uint64_t cpu_ms(void)
+{
+	struct rusage ru;
+
+	CHECK(getrusage(RUSAGE_SELF, &ru) == 0);
+	return (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000u +
+	       (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000u;
+}
+
+/* A job that failed while a step was being gathered holds its ranks' step
+ * deadline no more: once it passes, the gateway's loop sleeps until the
+ * ranks still there do something, rather than spinning. */
+static void test_broken_job_sleeps(void)
+{
+	int fd[3];
+	union gg_ctrl_msg m;
+	char why[160];
+
+	for (unsigned r = 0; r < 3; r++) {
+		fd[r] = raw_connect(&h);
+		raw_hello(fd[r], "broken-sleeps", r, 3);
+	}
+	int mfd = raw_memfd(4096, true);
+	raw_map(fd[0], 0, 4096, mfd);
+	close(mfd);
+	raw_allreduce(fd[0], 1, 1, GG_DTYPE_F32, 100, 0, 0);
+	raw_allreduce(fd[1], 5, 1, GG_DTYPE_F32, 100, 0, 0); /* out of sequence: the job fails */
+	raw_expect_close(fd[1], GG_CTRL_ERROR, GG_ERR_PROTOCOL, "ALLREDUCE with seq 5, expected 1");
+	size_t len = raw_recv(fd[0], &m);
+	CHECK_EQ_INT(gg_ctrl_check(&m, len, why, sizeof(why)), GG_CTRL_DONE);
+	CHECK_EQ_INT(m.done.status, GG_ERR_RANK);
+	usleep((STEP_TIMEOUT_MS + 100) * 1000);
+	uint64_t cpu0 = cpu_ms(), t0 = now_ms();
+	usleep(500000);
+	uint64_t cpu = cpu_ms() - cpu0, wall = now_ms() - t0;
+	printf("a failed job past its step's deadline: %llu ms of CPU in %llu ms\n", (unsigned long long)cpu,
+	       (unsigned long long)wall);
+	CHECK(cpu < wall / 2);
+	close(fd[0]);
+	close(fd[2]);
+	harness_wait_connections(&h, 0);
+}
+
 static void test_shutdown(void)
 {
 	struct gg_session *s = open_rank(h.endpoint, "shut", 0, 2);
@@ -686,6 +730,7 @@ int main(int argc, char **argv)
 	test_rank_dies();
 	test_close_in_flight();
 	test_core_failures();
+	test_broken_job_sleeps();
 	test_shutdown();
 	harness_stop(&h);
 
