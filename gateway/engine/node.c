@@ -1809,6 +1809,13 @@ static void note_failure(struct gg_node *n, const char *job, uint64_t seq, int c
 	snprintf(f->message, sizeof(f->message), "%s", message ? message : "");
 }
 
+/* The step under way has its whole result here and has not failed (it
+ * may be ending): this site's DONE of it stands. */
+static bool done_here(const struct job *j)
+{
+	return j->step && j->has_result && (!j->ending || !j->end_status);
+}
+
 /* Tells the lanes not told yet that the job's step is over. */
 static void post_end(struct gg_node *n, struct job *j)
 {
@@ -2719,7 +2726,7 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
-		uint64_t last = j->step && !j->ending && j->has_result ? j->step->seq : j->done_seq;
+		uint64_t last = done_here(j) ? j->step->seq : j->done_seq;
 		if (!j->used || !last)
 			continue;
 		snprintf(why, sizeof(why),
@@ -2779,7 +2786,10 @@ static void resend_done(struct gg_node *n, unsigned peer)
 				      gg_wire_encode_done(buf, sizeof(buf), j->name, j->run, j->done_seq,
 							  &n->links[n->self], &j->done_plan),
 				      true);
-		if (j->step && !j->ending && j->has_result) {
+		/* Also while a step completed here ends (its lanes letting go):
+		 * done_seq says so only once they have, and a stream that came
+		 * back meanwhile may have lost the DONE, with no other chance. */
+		if (done_here(j)) {
 			send_done(n, j, (int)peer);
 			j->done_may_reach |= 1u << peer;
 		}
