@@ -1022,9 +1022,11 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 			pump(s, 0);
 			if (req->done || s->head != head)
 				continue;
+			/* NCCL steps may take the gateway's grace twice. */
 			session_fail(s, GG_ERR_TIMEOUT, "the gateway of site %s did not answer step %llu within its "
 				     "deadline and %llu ms more", site_of(s), (unsigned long long)head->seq,
-				     (unsigned long long)s->answer_grace_ms + GRACE_MS);
+				     (unsigned long long)(head->region == GG_CTRL_REGION_NCCL ? 2 : 1) *
+						     s->answer_grace_ms + GRACE_MS);
 			break;
 		}
 		/* What the gateway sent already counts, however short the wait:

@@ -21,7 +21,6 @@ struct comm {
 	unsigned nranks;
 	unsigned joined;
 	unsigned refs;
-	bool root_gone; /* the gateway closed its handle */
 	uint64_t round;
 	unsigned posted, taken;
 	float *in[MAX_RANKS];
@@ -308,7 +307,8 @@ static void d_close(void *comm)
 	struct nd_rank *r = comm;
 
 	pthread_mutex_lock(&lock);
-	r->c->root_gone = true;
+	/* What it published goes with it: ranks that have not taken it wait. */
+	r->c->result = NULL;
 	comm_put(r->c);
 	pthread_mutex_unlock(&lock);
 	free(r);

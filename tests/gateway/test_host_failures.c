@@ -425,6 +425,7 @@ static void test_broken_job_sleeps(void)
 	raw_map(fd[0], 0, 4096, mfd);
 	close(mfd);
 	raw_allreduce(fd[0], 1, 1, GG_DTYPE_F32, 100, 0, 0);
+	usleep(50000); /* the gateway has rank 0's step, and its deadline, first */
 	raw_allreduce(fd[1], 5, 1, GG_DTYPE_F32, 100, 0, 0); /* out of sequence: the job fails */
 	raw_expect_close(fd[1], GG_CTRL_ERROR, GG_ERR_PROTOCOL, "ALLREDUCE with seq 5, expected 1");
 	size_t len = raw_recv(fd[0], &m);
