@@ -334,10 +334,12 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
  * at the gateway (the message names the call and NCCL's error);
  * GG_ERR_TIMEOUT as above.
  *
- * A failure that leaves the ranks' NCCL calls unmatched (an NCCL error, a
- * step that failed before the gateway took the ranks' reduce, such as a
- * mismatch or a rank that left or missed the deadline, a communicator
- * that did not come up) aborts the communicator: this rank's part is
+ * An NCCL error at this rank (joining, or enqueueing the reduce and
+ * broadcast) ends the session, which fails the step or the job at once for
+ * the other ranks. A failure that leaves the ranks' NCCL calls unmatched (an
+ * NCCL error, a step that failed before the gateway took the ranks'
+ * reduce, such as a mismatch or a rank that left or missed the deadline, a
+ * communicator that did not come up) aborts the communicator: this rank's part is
  * aborted too (ncclCommAbort), ending its reduce and broadcast still
  * queued on `stream`, and the session can make no more NCCL steps: they
  * fail with that error. Close the session and open a new one (the job's

@@ -897,8 +897,13 @@ static int nccl_join(struct gg_session *s, uint64_t timeout, uint64_t deadline, 
 			   s->job, (unsigned long long)timeout, site_of(s));
 	else if (rc)
 		nccl_abort(s, rc, "joining the NCCL communicator of job '%s': %s", s->job, why);
-	if (rc)
+	if (rc) {
+		/* The job's communicator cannot come up without this rank: the
+		 * session ends, which tells the gateway and fails the job at once
+		 * for the other ranks. */
+		session_fail(s, rc, "%s", s->nccl_why);
 		return gg_ctrl_error(err, rc, "%s: %s", step, s->nccl_why);
+	}
 	s->nccl_state = NCCL_UP;
 	s->nccl_device = device;
 	return 0;
@@ -972,11 +977,11 @@ GRADGATE_API int gg_allreduce_nccl(struct gg_session *s, void *devbuf, size_t co
 	rc = gg_nccl_reduce_broadcast(s->nccl_comm, devbuf, count, s->nccl_id.root, stream, step_deadline, why,
 				      sizeof(why));
 	if (rc) {
-		/* What was enqueued may wait for ever: the communicator goes. The
-		 * gateway fails the step without this rank's part; its answer
-		 * keeps the session in step for the other calls. */
+		/* What was enqueued may wait for ever: the communicator goes, and
+		 * the session with it, which tells the gateway: the step fails at
+		 * once for the other ranks, not at its deadline. */
 		nccl_abort(s, rc, "%s", why);
-		(void)gg_wait(r, -1, NULL);
+		session_fail(s, rc, "%s: this rank could not enqueue its NCCL calls: %s", step, why);
 		gg_request_free(r);
 		return gg_ctrl_error(err, rc, "%s: %s", step, why);
 	}
