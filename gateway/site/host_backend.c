@@ -34,9 +34,9 @@ enum { K_ACCEPT, K_RECV, K_SEND, K_CANCEL };
 #define CLOSE_TIMEOUT_US 1000000u        /* for the last answer to leave before the socket is shut */
 #define WAITING_MAX 16                   /* connections waiting for the slots of an idle job */
 #define SILENT_MIN_US 100000             /* silent this long, a connection has sent no HELLO */
-#define NCCL_JOIN_POLL_US 1000           /* between looks at a communicator being joined */
+#define NCCL_POLL_SLOW_US 1000           /* between looks at a communicator being joined, */
 #define NCCL_POLL_US 100                 /* between looks at a reduce or broadcast under way, */
-#define NCCL_POLL_FAST_US 5000           /* for its first 5 ms; then NCCL_JOIN_POLL_US */
+#define NCCL_POLL_FAST_US 5000           /* for its first 5 ms; then NCCL_POLL_SLOW_US */
 #define MAX_MESSAGE_LIMIT (1ull << 40)
 #define TEXT GG_CTRL_TEXT_SIZE
 
@@ -1094,30 +1094,54 @@ GG_PRINTF(4, 5) static void fail_step(struct gg_host_backend *b, struct hb_job *
 	b->stats.steps_failed++;
 }
 
+/* The ranks of the job that `lacks` says lack something, as "1, 3 (not
+ * connected) and 2 more" into buf; returns how many there are. */
+static unsigned rank_list(const struct hb_job *j, bool (*lacks)(const struct hb_job *, const struct hb_conn *),
+			  char *buf, size_t size)
+{
+	size_t len = 0;
+	unsigned missing = 0, shown = 0;
+
+	buf[0] = 0;
+	for (unsigned r = 0; r < j->nranks; r++) {
+		const struct hb_conn *c = j->ranks[r];
+		if (!lacks(j, c))
+			continue;
+		missing++;
+		if (shown < 8 && len < size - 40) {
+			len += (size_t)snprintf(buf + len, size - len, "%s%u%s", shown ? ", " : "", r,
+						c ? "" : " (not connected)");
+			shown++;
+		}
+	}
+	if (missing > shown)
+		snprintf(buf + len, size - len, " and %u more", missing - shown);
+	return missing;
+}
+
+static bool not_joined(const struct hb_job *j, const struct hb_conn *c)
+{
+	(void)j;
+	return !c || !c->nccl_joined;
+}
+
+static bool not_announced(const struct hb_job *j, const struct hb_conn *c)
+{
+	const struct hb_req *h = c && c->req_count ? &c->reqs[c->req_head] : NULL;
+
+	return !h || h->seq != j->seq;
+}
+
 /* Which ranks of the job have not asked to join its NCCL communicator:
  * "ranks 1, 3 (not connected) did not ask to join it", or "every rank
  * asked to join it"; into buf (160 bytes or more). */
 static const char *nccl_joiners(const struct hb_job *j, char *buf, size_t size)
 {
-	char list[112] = "";
-	size_t len = 0;
-	unsigned missing = 0, shown = 0;
+	char list[112];
+	unsigned missing = rank_list(j, not_joined, list, sizeof(list));
 
-	for (unsigned r = 0; r < j->nranks; r++) {
-		const struct hb_conn *c = j->ranks[r];
-		if (c && c->nccl_joined)
-			continue;
-		missing++;
-		if (shown < 8 && len < sizeof(list) - 24) {
-			len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%u%s", shown ? ", " : "", r,
-						c ? "" : " (not connected)");
-			shown++;
-		}
-	}
 	if (!missing)
 		snprintf(buf, size, "every rank asked to join it");
-	else if (missing > shown)
-		snprintf(buf, size, "ranks %s and %u more did not ask to join it", list, missing - shown);
 	else
 		snprintf(buf, size, "rank%s %s did not ask to join it", missing == 1 ? "" : "s", list);
 	return buf;
@@ -1125,24 +1149,9 @@ static const char *nccl_joiners(const struct hb_job *j, char *buf, size_t size)
 
 static void fail_timeout(struct gg_host_backend *b, struct hb_job *j)
 {
-	char list[160] = "";
-	size_t len = 0;
-	unsigned missing = 0, shown = 0;
+	char list[160];
+	unsigned missing = rank_list(j, not_announced, list, sizeof(list));
 
-	for (unsigned r = 0; r < j->nranks; r++) {
-		struct hb_conn *c = j->ranks[r];
-		struct hb_req *h = c ? head(c) : NULL;
-		if (h && h->seq == j->seq)
-			continue;
-		missing++;
-		if (shown < 8 && len < sizeof(list) - 40) {
-			len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%u%s", shown ? ", " : "", r,
-						c ? "" : " (not connected)");
-			shown++;
-		}
-	}
-	if (missing > shown)
-		snprintf(list + len, sizeof(list) - len, " and %u more", missing - shown);
 	if (!missing) {
 		fail_step(b, j, GG_ERR_TIMEOUT, "timed out after %u ms waiting for the NCCL communicator of job '%s' to "
 			  "come up: %s", j->deadline_ms, j->name, nccl_joiners(j, list, sizeof(list)));
@@ -2059,7 +2068,7 @@ static bool nccl_join_progress(struct gg_host_backend *b, struct hb_job *j, uint
 		return true;
 	}
 	if (rc == -EINPROGRESS && now_us < j->nccl_deadline_us) {
-		*next = GG_MIN(now_us + NCCL_JOIN_POLL_US, j->nccl_deadline_us);
+		*next = GG_MIN(now_us + NCCL_POLL_SLOW_US, j->nccl_deadline_us);
 		return false;
 	}
 	if (rc == -EINPROGRESS) {
@@ -2097,7 +2106,7 @@ static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t 
 		if (rc == -EINPROGRESS && now_us < j->nccl_until_us) {
 			/* Often at first, when the call is about to end, then
 			 * less, when it waits for a rank. */
-			uint64_t every = now_us - j->nccl_since_us < NCCL_POLL_FAST_US ? NCCL_POLL_US : NCCL_JOIN_POLL_US;
+			uint64_t every = now_us - j->nccl_since_us < NCCL_POLL_FAST_US ? NCCL_POLL_US : NCCL_POLL_SLOW_US;
 			*next = GG_MIN(now_us + every, j->nccl_until_us);
 			return false;
 		}
@@ -2126,10 +2135,10 @@ static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t 
 		fail_step(b, j, code, "%s", text);
 		return true;
 	}
-	if (!rc)
+	/* Done, or cut short by an abort (deliver() then says why, for a step
+	 * that succeeded elsewhere). */
+	if (!rc || rc == -ECONNABORTED)
 		deliver(b, j, j->nccl_outcome, j->nccl_outcome_msg);
-	else if (rc == -ECONNABORTED)
-		deliver(b, j, j->nccl_outcome, j->nccl_outcome_msg); /* deliver() says why when it was a success */
 	else
 		broadcast_failed(b, j, j->nccl_outcome, j->nccl_outcome_msg, code, text);
 	return true;

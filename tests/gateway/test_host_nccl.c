@@ -549,6 +549,17 @@ static void test_protocol(void)
 	send_join(fd, 0);
 	raw_expect_close(fd, GG_CTRL_ERROR, GG_ERR_PROTOCOL, "which has joined already");
 
+	/* A job that failed (its other rank broke the rules) makes no
+	 * communicator: the join is refused with the failure's cause. */
+	int fd0 = raw_connect(&h), fd1 = raw_connect(&h);
+	raw_hello(fd0, "nccl-proto-broken", 0, 2);
+	raw_hello(fd1, "nccl-proto-broken", 1, 2);
+	raw_allreduce(fd1, 5, 7, GG_DTYPE_F32, 10, GG_CTRL_REGION_NCCL, 0);
+	raw_expect_close(fd1, GG_CTRL_ERROR, GG_ERR_PROTOCOL, "ALLREDUCE with seq 5, expected 1");
+	send_join(fd0, 0);
+	raw_expect_close(fd0, GG_CTRL_ERROR, GG_ERR_RANK,
+			 "rank 1 of job 'nccl-proto-broken' broke the control protocol");
+
 	nd_fail_next(ND_OPEN);
 	fd = raw_connect(&h);
 	raw_hello(fd, "nccl-proto-d", 0, 1);
