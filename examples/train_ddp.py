@@ -2,7 +2,7 @@
 """Data-parallel training across sites through gradgate, with PyTorch DDP.
 
     python3 examples/train_ddp.py [--sites 3] [--ranks 2] [--steps 30] [--codec fp32] [--algorithm ring]
-                                  [--lr 0.05] [--bench] [--cuda]
+                                  [--lr 0.05] [--bench] [--cuda | --nccl]
 
 Starts one gateway per site on loopback (gradgate.local.LocalSites) and
 sites x ranks training processes. Each trains the same small MLP on its
@@ -19,7 +19,14 @@ Prints the loss curve (mean over ranks) beside the single-process one.
 
 --cuda trains on the GPU (every rank on cuda:0) and all-reduces the
 buckets there (HookState(cuda=True): gg_allreduce_cuda, no host copies);
-it exits 77 when torch sees no GPU.
+--nccl does the same through each site's NCCL communicator, which the
+site's gateway is the last rank of (HookState(nccl=True):
+gg_allreduce_nccl). NCCL refuses two ranks of one communicator on one GPU
+of one host, and tells hosts apart by NCCL_HOSTID: with --nccl every
+training process gets one of its own and the gateways theirs, so that all
+share cuda:0 (NCCL then moves the data over its socket transport, on
+loopback, unless NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE say otherwise).
+Both exit 77 when torch sees no GPU.
 
 --bench also times one bucket's all-reduce through the hook against
 torch.distributed's gloo all_reduce over the same ranks on loopback, side
@@ -98,11 +105,11 @@ def worker(a):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=global_rank,
                             world_size=a.sites * R)
     site_groups = [dist.new_group(list(range(s * R, s * R + R))) for s in range(a.sites)]
-    device = "cuda" if a.cuda else "cpu"
+    device = "cuda" if a.cuda or a.nccl else "cpu"
     model = make_model().to(device)
     ddp = DDP(model, process_group=site_groups[a.site], bucket_cap_mb=0.25)
     session = gradgate.Session(a.job, a.rank, R)  # endpoint: GRADGATE_ENDPOINT
-    state = gradgate.torch.HookState(session, world_size=a.sites * R, cuda=a.cuda)
+    state = gradgate.torch.HookState(session, world_size=a.sites * R, cuda=a.cuda, nccl=a.nccl)
     ddp.register_comm_hook(state, gradgate.torch.allreduce_hook)
     opt = optimizer(ddp.parameters(), a.lr)
     losses = []
@@ -168,7 +175,10 @@ def main():
     ap.add_argument("--algorithm", default="ring", choices=["ring", "direct", "auto"])
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--bench", action="store_true", help="also time the hook against gloo per bucket")
-    ap.add_argument("--cuda", action="store_true", help="train on the GPU and all-reduce the buckets there")
+    gpu = ap.add_mutually_exclusive_group()
+    gpu.add_argument("--cuda", action="store_true", help="train on the GPU and all-reduce the buckets there")
+    gpu.add_argument("--nccl", action="store_true",
+                     help="train on the GPU and all-reduce the buckets through each site's NCCL communicator")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--site", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -180,24 +190,33 @@ def main():
         return worker(a)
     if not 2 <= a.sites <= 8 or not 1 <= a.ranks <= 8 or a.steps < 1:
         ap.error("--sites 2-8, --ranks 1-8, --steps at least 1")
-    if a.cuda and not torch.cuda.is_available():
-        print("SKIP: --cuda, but torch sees no CUDA device")
+    if (a.cuda or a.nccl) and not torch.cuda.is_available():
+        print(f"SKIP: {'--cuda' if a.cuda else '--nccl'}, but torch sees no CUDA device")
         return 77
+    if a.nccl:
+        # One GPU for all: each process a host of its own to NCCL (the
+        # gateways, in separate communicators, may share one).
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_IB_DISABLE", "1")
+        os.environ["NCCL_HOSTID"] = "train-ddp-gateway"
 
     n = a.sites * a.ranks
     out = tempfile.mkdtemp(prefix="train-ddp.")
     print(f"{a.sites} sites x {a.ranks} ranks, codec {a.codec}, {a.algorithm}, {a.steps} steps, "
-          f"{'on the GPU' if a.cuda else 'on the CPU'}, library {gradgate.version()}", flush=True)
+          f"{'on the GPU through NCCL' if a.nccl else 'on the GPU' if a.cuda else 'on the CPU'}, "
+          f"library {gradgate.version()}", flush=True)
     with LocalSites(sites=a.sites, codec=a.codec, algorithm=a.algorithm) as mesh:
         port = free_loopback_ports(1)[0]
         procs = []
         for s in range(a.sites):
-            env = dict(os.environ, GRADGATE_ENDPOINT=mesh.endpoint(s))
             for r in range(a.ranks):
+                env = dict(os.environ, GRADGATE_ENDPOINT=mesh.endpoint(s))
+                if a.nccl:
+                    env["NCCL_HOSTID"] = f"train-ddp-{s}-{r}"
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--site", str(s), "--rank", str(r),
                        "--port", str(port), "--out", out, "--sites", str(a.sites), "--ranks", str(a.ranks),
                        "--steps", str(a.steps), "--lr", str(a.lr), "--codec", a.codec]
-                cmd += (["--bench"] if a.bench else []) + (["--cuda"] if a.cuda else [])
+                cmd += (["--bench"] if a.bench else []) + (["--cuda"] if a.cuda else []) + (["--nccl"] if a.nccl else [])
                 procs.append(subprocess.Popen(cmd, env=env))
         codes = [p.wait() for p in procs]
     if any(codes):

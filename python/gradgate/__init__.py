@@ -15,7 +15,9 @@ bfloat16 dense torch tensors (non-contiguous ones go through a contiguous
 copy; sparse tensors and expanded views are refused); tensor_id is 0 to
 2**32 - 1;
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
-them where they are, on the GPU (gg_allreduce_cuda). Failures raise
+them where they are, on the GPU (gg_allreduce_cuda), and allreduce_nccl()
+through the site's NCCL communicator, which the gateway is a rank of
+(gg_allreduce_nccl). Failures raise
 gradgate.Error with the library's code (Error.code, Error.name) and
 message.
 
@@ -114,6 +116,8 @@ def _load():
             "gg_allreduce_start": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32,
                                                   ctypes.c_int, ctypes.POINTER(P), E]),
             "gg_allreduce_cuda": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32, P,
+                                                 ctypes.c_int, E]),
+            "gg_allreduce_nccl": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32, P,
                                                  ctypes.c_int, E]),
             "gg_wait": (ctypes.c_int, [P, ctypes.c_int, E]),
             "gg_request_free": (None, [P]),
@@ -377,8 +381,29 @@ class Session:
         Every rank of a step must pass the same kind of memory. The
         gateway keeps the tensor's allocation open until the session
         closes: call torch.cuda.empty_cache() only after close()."""
+        return self._on_device("gg_allreduce_cuda", tensor, tensor_id, timeout_ms, stream)
+
+    def allreduce_nccl(self, tensor, tensor_id, timeout_ms=0, stream=None):
+        """Sums a contiguous float32 CUDA torch tensor over every rank of
+        every site, in place, through the job's NCCL communicator: the
+        site's ranks reduce to their gateway, its last rank, which sums
+        across sites on its GPU and broadcasts the result back
+        (gg_allreduce_nccl). The gateway must be built with NCCL. The
+        session's first call forms the communicator, with every rank of
+        the job at this site, on the tensor's device; every later call
+        must pass a tensor of that device. bfloat16 is refused (NCCL
+        would sum it in bfloat16): use allreduce_cuda. `stream` as for
+        allreduce_cuda; the call returns once the result is in the
+        tensor."""
+        return self._on_device("gg_allreduce_nccl", tensor, tensor_id, timeout_ms, stream)
+
+    def _on_device(self, call, tensor, tensor_id, timeout_ms, stream):
+        """allreduce_cuda and allreduce_nccl: `call` on a CUDA tensor, run
+        with the tensor's device current (the library takes the calling
+        thread's current device as the rank's)."""
+        name = call[3:]
         if not type(tensor).__module__.startswith("torch") or not getattr(tensor, "is_cuda", False):
-            raise TypeError(f"allreduce_cuda takes CUDA torch tensors, not {_describe(tensor)}; "
+            raise TypeError(f"{name} takes CUDA torch tensors, not {_describe(tensor)}; "
                             "host memory goes through allreduce")
         dtype = _torch_dtype(tensor)
         if not tensor.is_contiguous():
@@ -387,10 +412,10 @@ class Session:
         if stream is None:
             stream = torch.cuda.current_stream(tensor.device)
         err = _Error()
-        with self._lock:
-            rc = _load().gg_allreduce_cuda(self._h(), tensor.data_ptr(), tensor.numel(), dtype,
-                                           _tensor_id(tensor_id), ctypes.c_void_p(stream.cuda_stream),
-                                           _timeout(timeout_ms), ctypes.byref(err))
+        with self._lock, torch.cuda.device(tensor.device):
+            rc = getattr(_load(), call)(self._h(), tensor.data_ptr(), tensor.numel(), dtype,
+                                        _tensor_id(tensor_id), ctypes.c_void_p(stream.cuda_stream),
+                                        _timeout(timeout_ms), ctypes.byref(err))
         _check(rc, err)
         return tensor
 

@@ -17,10 +17,12 @@ does over its group.
 Buckets go to a worker thread of the state, which keeps up to the
 session's max_inflight all-reduces in flight while backward goes on; each
 bucket's torch Future completes when its result is in the bucket. CUDA
-buckets go through a host copy, or, with HookState(..., cuda=True), stay
-on the GPU: the gateway sums them there (Session.allreduce_cuda, one
-bucket at a time), and the Future completes once the averaged result is
-in the bucket. A failed all-reduce fails the bucket's Future with
+buckets go through a host copy, or stay on the GPU, one bucket at a time:
+with HookState(..., cuda=True) the gateway opens and sums them there
+(Session.allreduce_cuda), with HookState(..., nccl=True) the site's ranks
+reduce them to the gateway through their NCCL communicator, and it
+broadcasts the sum back (Session.allreduce_nccl: float32 buckets only).
+The Future completes once the averaged result is in the bucket. A failed all-reduce fails the bucket's Future with
 gradgate.Error: Future.wait() raises it, and DDP fails backward() with it.
 DDP's reducer (torch 1.13) reads the failed Future in C++ and raises a
 RuntimeError whose message carries the gradgate error's ("Unable to cast
@@ -61,17 +63,22 @@ class HookState:
     (ranks at all sites), and the deadline of each bucket's all-reduce
     (timeout_ms <= 0: the gateway's step_timeout). cuda=True all-reduces
     CUDA buckets in place on the GPU (the gateway must be built with CUDA
-    and see the ranks' GPU) instead of through a host copy. Call close()
+    and see the ranks' GPU) instead of through a host copy; nccl=True
+    does so through the site's NCCL communicator (the gateway must be
+    built with NCCL; every rank of the site must use it). Call close()
     (or use it as a context manager) to stop its worker thread; the
     session stays open."""
 
-    def __init__(self, session, world_size, timeout_ms=0, cuda=False):
+    def __init__(self, session, world_size, timeout_ms=0, cuda=False, nccl=False):
         if world_size < 1:
             raise ValueError("world_size must be at least 1")
+        if cuda and nccl:
+            raise ValueError("cuda=True and nccl=True exclude each other: choose how CUDA buckets go")
         self.session = session
         self.world_size = int(world_size)
         self.timeout_ms = int(timeout_ms)
         self.cuda = bool(cuda)
+        self.nccl = bool(nccl)
         self.buckets = 0          # buckets all-reduced so far
         self.bytes = 0            # their bytes
         self.error = None         # the last failure of a bucket (gradgate.Error, or what else failed)
@@ -93,7 +100,7 @@ class HookState:
             if self._closed:
                 self._failed(fut, Error(ERR_CLOSED, "the hook's state is closed"))
                 return fut
-            self._queue.append((tensor, tensor_id, fut, stream, self.cuda and tensor.is_cuda))
+            self._queue.append((tensor, tensor_id, fut, stream, (self.cuda or self.nccl) and tensor.is_cuda))
             self._cond.notify()
         return fut
 
@@ -131,8 +138,9 @@ class HookState:
         """A CUDA bucket all-reduced where it is; the Future completes once
         the average is in it, so the caller needs no stream of ours."""
         tensor, tensor_id, fut, stream, _ = item
+        allreduce = self.session.allreduce_nccl if self.nccl else self.session.allreduce_cuda
         try:
-            self.session.allreduce_cuda(tensor, tensor_id, self.timeout_ms, stream)
+            allreduce(tensor, tensor_id, self.timeout_ms, stream)
             with torch.cuda.stream(stream):
                 tensor.div_(self.world_size)
                 done = _mark(stream)

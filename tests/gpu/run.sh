@@ -6,11 +6,12 @@
 # its tensors in device memory (allreduce-cuda), GPU mode end to end
 # (gpu-mode: two gateways and four ranks all-reducing device memory;
 # nccl-mode: the same through each site's NCCL communicator; and
-# gpu-torch, the same from PyTorch when its Python has torch), the NCCL
-# smoke test, and whatever else the 'gpu' test suite holds. Run it
-# from anywhere on a machine with a GPU and the build dependencies; it
-# builds only those tests and the programs they run, prints each one's
-# output and a summary, and exits non-zero if any check failed or none ran.
+# gpu-torch, gpu-train-ddp and gpu-train-ddp-nccl, the same from PyTorch
+# when its Python has torch), the NCCL smoke test, and whatever else the
+# 'gpu' test suite holds. Run it from anywhere on a machine with a GPU and
+# the build dependencies; it builds only those tests and the programs they
+# run, prints each one's output and a summary, and exits non-zero if any
+# check failed or none ran.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
@@ -42,8 +43,8 @@ for r in res:
     if name == "codec-cuda-speed" and r["result"] == "OK":
         print("codec kernel speed (test_codec_cuda_speed):")
         print(r["stdout"].rstrip())
-    if name == "gpu-train-ddp" and r["result"] != "SKIP":
-        print("DDP training on the GPU (gpu-train-ddp):")
+    if name in ("gpu-train-ddp", "gpu-train-ddp-nccl") and r["result"] != "SKIP":
+        print(f"DDP training on the GPU ({name}):")
         print("\n".join(l for l in r["stdout"].splitlines() if l.startswith(("parameters", "max |", "train_ddp", "buckets"))))
     if name == "gpu-torch" and r["result"] != "SKIP":
         print("GPU mode from PyTorch (gpu-torch):")

@@ -3,8 +3,9 @@ gateways on loopback: CUDA tensors of 2 sites x 2 ranks summed in place on
 the GPU, equal bit for bit to host all-reduces of the same inputs and the
 same at every rank; tensors inside a larger allocation (as PyTorch's
 caching allocator hands them out, several ranks' in one), on the current
-and on a side stream; and what it refuses. Exits 77 (skipped) without a
-CUDA device.
+and on a side stream; and what it and allreduce_nccl refuse (the NCCL path
+itself needs a process per rank: examples/train_ddp.py --nccl). Exits 77
+(skipped) without a CUDA device.
 
     python3 tests/gpu/test_torch_cuda.py   (GRADGATE, GRADGATE_LIBRARY and
     GRADGATE_MAKE_CERTS name the build's gateway, library and certificate script)
@@ -62,21 +63,27 @@ def rank_main(s, site, rank):
 
 
 def refusals(s):
-    """What allreduce_cuda refuses before it sends anything: no step taken."""
-    checks = [
-        (torch.ones(4), TypeError, "allreduce_cuda takes CUDA torch tensors, not a Tensor on cpu"),
-        (torch.ones(4, dtype=torch.float64, device="cuda"), TypeError, "float32 or bfloat16, not torch.float64"),
-        (torch.ones(4, 4, device="cuda").t(), ValueError, "must be contiguous"),
-        (torch.ones(0, device="cuda"), ValueError, "the tensor is empty"),
-    ]
-    for tensor, exc, text in checks:
-        try:
-            s.allreduce_cuda(tensor, tensor_id=1)
-        except exc as e:
-            assert text in str(e), f"{exc.__name__} '{e}' lacks '{text}'"
-            print(f"refused: {exc.__name__}: {e}")
-        else:
-            raise AssertionError(f"allreduce_cuda took {text!r}")
+    """What allreduce_cuda and allreduce_nccl refuse before they send
+    anything: no step taken, no NCCL communicator made."""
+    for call in ("allreduce_cuda", "allreduce_nccl"):
+        checks = [
+            (torch.ones(4), TypeError, f"{call} takes CUDA torch tensors, not a Tensor on cpu"),
+            (torch.ones(4, dtype=torch.float64, device="cuda"), TypeError, "float32 or bfloat16, not torch.float64"),
+            (torch.ones(4, 4, device="cuda").t(), ValueError, "must be contiguous"),
+            (torch.ones(0, device="cuda"), ValueError, "the tensor is empty"),
+        ]
+        if call == "allreduce_nccl":
+            checks.append((torch.ones(4, dtype=torch.bfloat16, device="cuda"), gradgate.Error,
+                           "GG_ERR_INVALID: step "))
+        for tensor, exc, text in checks:
+            try:
+                getattr(s, call)(tensor, tensor_id=1)
+            except exc as e:
+                assert text in str(e), f"{call}: {exc.__name__} '{e}' lacks '{text}'"
+                assert exc is not gradgate.Error or "NCCL steps take float32 only" in str(e), f"{call}: '{e}'"
+                print(f"{call} refused: {exc.__name__}: {e}")
+            else:
+                raise AssertionError(f"{call} took {text!r}")
 
 
 def main():

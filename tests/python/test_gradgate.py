@@ -193,6 +193,10 @@ class WithGateways(unittest.TestCase):
                 s.allreduce_cuda(torch.zeros(4), tensor_id=1)
             with self.assertRaisesRegex(TypeError, "allreduce_cuda takes CUDA torch tensors, not a ndarray"):
                 s.allreduce_cuda(np.zeros(4, np.float32), tensor_id=1)
+            with self.assertRaisesRegex(TypeError, "allreduce_nccl takes CUDA torch tensors, not a Tensor on cpu"):
+                s.allreduce_nccl(torch.zeros(4), tensor_id=1)
+            with self.assertRaisesRegex(TypeError, "allreduce_nccl takes CUDA torch tensors, not a ndarray"):
+                s.allreduce_nccl(np.zeros(4, np.float32), tensor_id=1)
             with self.assertRaisesRegex(TypeError, "dense"):
                 s.allreduce(torch.ones(4).to_sparse(), tensor_id=1)
             with self.assertRaisesRegex(ValueError, "expanded view"):
@@ -254,7 +258,10 @@ class WithGateways(unittest.TestCase):
                 return self.i
 
         def fn(s, site, rank):
-            with gradgate.torch.HookState(s, world_size=SITES * RANKS) as state:
+            with self.assertRaisesRegex(ValueError, "cuda=True and nccl=True exclude each other"):
+                gradgate.torch.HookState(s, world_size=SITES * RANKS, cuda=True, nccl=True)
+            # Host buckets go through host copies whatever the state says of CUDA ones.
+            with gradgate.torch.HookState(s, world_size=SITES * RANKS, cuda=site == 0, nccl=site == 1) as state:
                 futs = [gradgate.torch.allreduce_hook(state, Bucket(torch.from_numpy(values(site, rank, n, k)), k))
                         for k in range(4)]
                 results = [f.wait() for f in futs]
