@@ -94,7 +94,7 @@ class HookState:
         fut = torch.futures.Future()
         # A CUDA bucket is read once the work queued so far on the caller's
         # stream (backward's) is done, and written on that stream: by the
-        # gateway on the GPU (cuda=True), or by the host copies.
+        # gateway or NCCL on the GPU (cuda=True, nccl=True), or by the host copies.
         stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
         with self._cond:
             if self._closed:
