@@ -196,6 +196,28 @@ out:
 	return rc;
 }
 
+/* The verify errors of a CRL file that cannot check a chain, rather than
+ * of the chain itself. */
+static bool crl_error(int e)
+{
+	switch (e) {
+	case X509_V_ERR_UNABLE_TO_GET_CRL:
+	case X509_V_ERR_UNABLE_TO_DECRYPT_CRL_SIGNATURE:
+	case X509_V_ERR_CRL_SIGNATURE_FAILURE:
+	case X509_V_ERR_CRL_NOT_YET_VALID:
+	case X509_V_ERR_CRL_HAS_EXPIRED:
+	case X509_V_ERR_ERROR_IN_CRL_LAST_UPDATE_FIELD:
+	case X509_V_ERR_ERROR_IN_CRL_NEXT_UPDATE_FIELD:
+	case X509_V_ERR_UNABLE_TO_GET_CRL_ISSUER:
+	case X509_V_ERR_KEYUSAGE_NO_CRL_SIGN:
+	case X509_V_ERR_DIFFERENT_CRL_SCOPE:
+	case X509_V_ERR_CRL_PATH_VALIDATION_ERROR:
+		return true;
+	default:
+		return false;
+	}
+}
+
 /* This site's certificate must pass the checks its peers make of it: it
  * chains to the configured CA (which peers share), with the chain the
  * file gives, is not revoked by the configured CRL, and may serve both
@@ -221,7 +243,14 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 			rc = fail(err, size, -ENOMEM, "cannot check certificate '%s': %s", name, openssl_reason());
 		} else if (X509_verify_cert(v) != 1) {
 			int e = X509_STORE_CTX_get_error(v);
-			if (e == X509_V_ERR_INVALID_PURPOSE)
+			if (crl_error(e))
+				/* This site's own CRL: peers never see it, but it
+				 * checks every peer's chain as it checked this one. */
+				rc = fail(err, size, -EINVAL, "CRL file '%s' cannot check certificate '%s' (CA '%s'): %s: "
+					  "with it this site would refuse every peer (the file needs a current CRL of the CA, "
+					  "and of every intermediate CA)", o->crl_file, name, ca,
+					  X509_verify_cert_error_string(e));
+			else if (e == X509_V_ERR_INVALID_PURPOSE)
 				rc = fail(err, size, -EINVAL, "certificate '%s' is not issued for TLS %s authentication (its key "
 					  "usage or extended key usage), which a gateway needs: every peer would refuse it",
 					  name, uses[i].use);
@@ -316,7 +345,9 @@ static int load_crl(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size
 		rc = fail(err, size, -EINVAL, "CRL file '%s' holds no PEM CRL", o->crl_file);
 		goto out;
 	}
-	X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+	/* Every CA between a peer's certificate and the trusted one too: a
+	 * revoked intermediate takes its certificates down with it. */
+	X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK | X509_V_FLAG_CRL_CHECK_ALL);
 out:
 	X509_CRL_free(crl);
 	BIO_free(bio);

@@ -198,6 +198,18 @@ static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int depth, in
 			 gg_escape(safe, sizeof(safe), dn, strlen(dn)));
 		break;
 	}
+	case X509_V_ERR_CERT_REVOKED:
+	case X509_V_ERR_UNABLE_TO_GET_CRL: {
+		/* A CA between the certificate and the trusted one: name it. */
+		char dn[128], safe[sizeof(chk->cert_detail) - 48];
+		if (!depth)
+			break;
+		X509_NAME_oneline(X509_get_subject_name(cert), dn, sizeof(dn));
+		snprintf(chk->cert_detail, sizeof(chk->cert_detail), "%s intermediate CA %s",
+			 error == X509_V_ERR_CERT_REVOKED ? "revoked:" : "no CRL for", gg_escape(safe, sizeof(safe), dn,
+												      strlen(dn)));
+		break;
+	}
 	case X509_V_ERR_INVALID_PURPOSE: {
 		/* One error for both extensions: say which one refuses the use. */
 		uint32_t flags = X509_get_extension_flags(cert);

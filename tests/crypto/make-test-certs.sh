@@ -10,6 +10,11 @@
 #   expired-a     site-a, valid only in January 2020
 #   noclient-a    site-a, extendedKeyUsage serverAuth only
 #   revoked-a     site-a, listed in crl.pem
+#   int-ca, int-revoked-ca   intermediate CAs under ca, which revokes
+#                 int-revoked-ca in crl.pem; crl-chain.pem holds crl.pem
+#                 and the CRLs of both intermediates
+#   int-a, int-revoked-a     site-a, issued by int-ca and int-revoked-ca
+#   foreign-ca.crl  a CRL of the foreign CA only
 #   foreign-a     site-a, issued by another CA (foreign-ca.pem)
 #   forged-a      a SAN DNS name holding a newline, a forged log line, an
 #                 ESC sequence and quotes (what a log must never pass raw)
@@ -26,14 +31,22 @@ key() {
 	"$openssl" genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1.key" 2>/dev/null
 }
 
-# make_ca NAME SUBJECT_CN
+# make_ca NAME SUBJECT_CN [PARENT]: a root CA, or an intermediate one
+# issued by PARENT.
 make_ca() {
 	mkdir -p "$1.db"
 	: >"$1.db/index.txt"
 	echo 1000 >"$1.db/serial"
 	key "$1"
-	"$openssl" req -x509 -new -key "$1.key" -subj "/CN=$2" -days 30 -out "$1.pem" \
-		-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+	if [ $# -lt 3 ]; then
+		"$openssl" req -x509 -new -key "$1.key" -subj "/CN=$2" -days 30 -out "$1.pem" \
+			-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+	else
+		"$openssl" req -new -key "$1.key" -subj "/CN=$2" -out "$1.csr"
+		printf 'basicConstraints=critical,CA:TRUE,pathlen:0\nkeyUsage=critical,keyCertSign,cRLSign\n' >"$1.ext"
+		"$openssl" ca -batch -notext -config "$3.cnf" -in "$1.csr" -out "$1.pem" -extfile "$1.ext" 2>/dev/null
+		rm -f "$1.csr" "$1.ext"
+	fi
 	cat >"$1.cnf" <<EOF
 [ca]
 default_ca = this
@@ -86,5 +99,15 @@ len=$(wc -c <forged.bin)
 der=$(printf '30%02x82%02x' $((len + 2)) "$len")$(od -An -tx1 forged.bin | tr -d ' \n')
 rm -f forged.bin
 leaf ca forged-a site-a.gradgate.test "DER:$der" $both
+make_ca int-ca "gradgate test intermediate CA" ca
+make_ca int-revoked-ca "gradgate revoked intermediate CA" ca
+leaf int-ca int-a site-a.gradgate.test DNS:site-a.gradgate.test $both
+leaf int-revoked-ca int-revoked-a site-a.gradgate.test DNS:site-a.gradgate.test $both
 "$openssl" ca -batch -config ca.cnf -revoke revoked-a.pem 2>/dev/null
+"$openssl" ca -batch -config ca.cnf -revoke int-revoked-ca.pem 2>/dev/null
 "$openssl" ca -batch -config ca.cnf -gencrl -out crl.pem 2>/dev/null
+for ca in int-ca int-revoked-ca; do
+	"$openssl" ca -batch -config $ca.cnf -gencrl -out $ca.crl 2>/dev/null
+done
+cat crl.pem int-ca.crl int-revoked-ca.crl >crl-chain.pem
+"$openssl" ca -batch -config foreign-ca.cnf -gencrl -out foreign-ca.crl 2>/dev/null

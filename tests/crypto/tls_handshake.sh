@@ -198,6 +198,30 @@ revoked)
 		"sslv3 alert certificate revoked"
 	valid_handshake
 	;;
+revoked_intermediate)
+	# A CA between the peer and the trusted one is checked against the
+	# CRLs too: revoked, or without a CRL of its own in the file, it
+	# takes its certificates down with it.
+	start_server --close-after-greeting --crl crl-chain.pem
+	client int-a -alpn gradgate/1 -cert_chain int-ca.pem
+	expect_text "$work/client.log" "hello from gradgate probe"
+	expect_line "$work/server.log" "$accepted_a"
+	refused int-revoked-a "certificate is revoked by the configured CRL $expect_a; revoked: intermediate CA /CN=gradgate revoked intermediate CA; sent alert certificate_revoked; certificate names dns:site-a.gradgate.test)" \
+		"sslv3 alert certificate revoked" -cert_chain int-revoked-ca.pem
+	;;
+crl_of_another_ca)
+	# A CRL file that cannot check this site's own chain would refuse
+	# every peer: the server does not start, saying whose the fault is.
+	! "$probe" serve --ca ca.pem --cert site-b.pem --key site-b.key --allow site-a=dns:site-a.gradgate.test \
+		--crl foreign-ca.crl >"$work/server.log" 2>&1 || fail "our server started with another CA's CRL"
+	expect_text "$work/server.log" "CRL file 'foreign-ca.crl' cannot check certificate 'site-b.pem' (CA 'ca.pem'): unable to get certificate CRL: with it this site would refuse every peer"
+	;;
+intermediate_without_crl)
+	start_server --close-after-greeting --crl crl.pem
+	refused int-a "no CRL of the certificate's issuer is configured $expect_a; sent alert unknown_ca; certificate names dns:site-a.gradgate.test)" \
+		"tlsv1 alert unknown ca" -cert_chain int-ca.pem
+	valid_handshake
+	;;
 tls12)
 	start_server --close-after-greeting
 	refused site-a "peer does not offer TLS 1.3 (protocol version) $expect_a; sent alert protocol_version)" \
