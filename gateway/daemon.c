@@ -196,7 +196,14 @@ static void core_end_job(void *core, const char *job, const char *why)
 	gg_node_end_job_why(d->node, job, why);
 }
 
-static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job };
+static int core_fail_unstarted(void *core, const char *job, uint64_t seq, char *message, size_t message_size)
+{
+	struct daemon *d = core;
+
+	return gg_node_fail_unstarted(d->node, job, seq, message, message_size);
+}
+
+static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job, core_fail_unstarted };
 
 static void backend_log(void *arg, const char *line)
 {

@@ -1831,6 +1831,26 @@ static void post_end(struct gg_node *n, struct job *j)
  * still be reading or writing the step's memory), then done is called. */
 static void time_step(struct gg_node *n, struct job *j);
 
+/* Step `seq` failed here with `status`. Whatever failed it, it joins the
+ * run of failed steps that a returning peer hears of, and whose cause this
+ * site's END names. */
+static void step_failed_here(struct gg_node *n, struct job *j, uint64_t seq, int status, const char *message)
+{
+	remember_abort(n, j, seq, status, message);
+	note_failure(n, j->name, seq, status, message);
+	/* Algorithm auto: where a step failed, some sites may have completed
+	 * it (a site cut off past the deadline) or a site may have forgotten
+	 * the job: their plans may differ. Every site that fails a step drops
+	 * its plan, and a step planned differently fails everywhere (a
+	 * mismatch), so after at most one more failed step all go direct until
+	 * the next completed step plans again. */
+	j->using = (struct gg_wire_plan){ 0 };
+	j->plan_told = false;
+	char safe[LOG_VALUE_MAX];
+	gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name, (unsigned long long)seq,
+	       gg_escape(safe, sizeof(safe), message, strlen(message)));
+}
+
 static void finish_step(struct gg_node *n, struct job *j, int status, const char *message)
 {
 	if (!j->step || j->ending)
@@ -1840,21 +1860,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	j->end_status = status;
 	snprintf(j->end_message, sizeof(j->end_message), "%s", message ? message : "");
 	if (status) {
-		/* Whatever failed it, it joins the run of failed steps that a
-		 * returning peer hears of, and whose cause this site's END names. */
-		remember_abort(n, j, j->step->seq, status, message);
-		note_failure(n, j->name, j->step->seq, status, message);
-		/* Algorithm auto: where a step failed, some sites may have
-		 * completed it (a site cut off past the deadline) or a site may
-		 * have forgotten the job: their plans may differ. Every site that
-		 * fails a step drops its plan, and a step planned differently
-		 * fails everywhere (a mismatch), so after at most one more failed
-		 * step all go direct until the next completed step plans again. */
-		j->using = (struct gg_wire_plan){ 0 };
-		j->plan_told = false;
-		char safe[LOG_VALUE_MAX];
-		gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name,
-		       (unsigned long long)j->step->seq, gg_escape(safe, sizeof(safe), message, strlen(message)));
+		step_failed_here(n, j, j->step->seq, status, message ? message : "");
 	} else {
 		n->stats.steps_done++;
 		time_step(n, j);
@@ -2413,6 +2419,40 @@ static void step_has_result(struct gg_node *n, struct job *j)
 	maybe_complete(n, j);
 }
 
+/* Whether step `seq` of the job, not started here, failed already at
+ * another site, which said so (ABORT) or whose ranks of the job are gone
+ * (END): its enum gg_errc code and *reason; 0 when not. */
+static int failed_elsewhere(const struct job *j, uint64_t seq, const char **reason)
+{
+	for (unsigned a = 0; a < ABORTS_KEPT; a++) {
+		if (j->aborted[a].lo && j->aborted[a].lo <= seq && seq <= j->aborted[a].hi) {
+			*reason = j->aborted[a].reason;
+			return j->aborted[a].code;
+		}
+	}
+	if (j->ended_by && seq > j->ended_done) {
+		*reason = seq <= j->ended_last ? j->ended_reason : j->end_reason;
+		return seq <= j->ended_last ? j->ended_code : GG_ERR_RANK;
+	}
+	return 0;
+}
+
+int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, char *reason, size_t reason_size)
+{
+	struct job *j = find_job(n, job, false);
+	const char *why;
+	int code;
+
+	if (!j || j->step || seq <= j->last_seq || !(code = failed_elsewhere(j, seq, &why)))
+		return 0;
+	snprintf(reason, reason_size, "%s", why);
+	/* As gg_node_submit() would have it. */
+	j->last_seq = seq;
+	j->active_us = gg_node_loop(n)->now_us;
+	step_failed_here(n, j, seq, code, reason);
+	return code;
+}
+
 int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t err_size)
 {
 	struct job *j;
@@ -2480,17 +2520,10 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		j->deadline_us = st->deadline_us;
 		j->timeout_us = st->timeout_us ? st->timeout_us : st->deadline_us - now;
 	}
-	for (unsigned a = 0; a < ABORTS_KEPT; a++) {
-		if (j->aborted[a].lo && j->aborted[a].lo <= st->seq && st->seq <= j->aborted[a].hi) {
-			finish_step(n, j, j->aborted[a].code, j->aborted[a].reason);
-			return 0;
-		}
-	}
-	if (j->ended_by && st->seq > j->ended_done) {
-		if (st->seq <= j->ended_last)
-			finish_step(n, j, j->ended_code, j->ended_reason);
-		else
-			finish_step(n, j, GG_ERR_RANK, j->end_reason);
+	const char *reason;
+	int code = failed_elsewhere(j, st->seq, &reason);
+	if (code) {
+		finish_step(n, j, code, reason);
 		return 0;
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,

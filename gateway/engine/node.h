@@ -180,6 +180,15 @@ GG_MUST_CHECK int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_no
  * slot is taken, -ESHUTDOWN once gg_node_stop_steps() was called, -ENOMEM. */
 GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, char *err, size_t err_size);
 
+/* Step `seq` of `job`, not submitted here: when it failed already at
+ * another site (which aborted it, or whose ranks of the job are gone), so
+ * that gg_node_submit() would fail it at once, it fails here as it would
+ * there (counted, logged, and part of the run of failed steps this site's
+ * END names), and this returns its enum gg_errc code with the reason the
+ * step fails with in `reason`. Otherwise 0, and nothing changes; also
+ * while another step of the job is in progress here. */
+int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, char *reason, size_t reason_size);
+
 /* This site failed step `seq` of `job` (its ranks disagreed, missed their
  * deadline, or one left) with an enum gg_errc `code`: the step fails at
  * every other site too, with `reason` (in one line: control bytes become

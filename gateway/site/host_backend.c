@@ -1539,6 +1539,36 @@ static struct hb_failed *failed_step(struct hb_job *j, uint64_t seq)
 	return NULL;
 }
 
+/* A rank that announced the step being gathered, or will announce it
+ * next (it announced the one before, or has not connected yet). */
+static bool at_step(const struct hb_job *j, const struct hb_conn *c)
+{
+	return !c || c->next_seq >= j->seq;
+}
+
+/* The step being gathered failed at another site already: the ranks that
+ * announced it hear so now, not when the last one comes or at their
+ * deadline, and the others get the same outcome when they announce it
+ * (failed_step). Only while every rank is at most that step behind:
+ * ranks told early may then run one step ahead of a late one, never so
+ * far that its outcomes are no longer kept. Returns true when it failed. */
+static bool failed_elsewhere(struct gg_host_backend *b, struct hb_job *j)
+{
+	char why[TEXT];
+	int code;
+
+	if (!b->core_ops->fail_unstarted || j->with_core || j->nccl_phase || j->broken || !j->deadline_us)
+		return false;
+	for (unsigned r = 0; r < j->nranks; r++)
+		if (!at_step(j, j->ranks[r]))
+			return false;
+	if (!(code = b->core_ops->fail_unstarted(b->core, j->name, j->seq, why, sizeof(why))))
+		return false;
+	j->aborted_to = GG_MAX(j->aborted_to, j->seq); /* the core failed it: nothing to tell it */
+	fail_step(b, j, code, "%s", why);
+	return true;
+}
+
 /* Answers what can no longer run, then starts step j->seq once every rank
  * has announced it. */
 static void job_advance(struct gg_host_backend *b, struct hb_job *j)
@@ -1553,13 +1583,16 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 				char gave_up[TEXT];
 				const char *text = gave_up;
 				int code = GG_ERR_TIMEOUT;
-				if (j->broken) {
+				/* A step that failed before the job broke keeps its
+				 * outcome: the ranks told of it may have gone on, and
+				 * left after their last step. */
+				if (h->seq < j->seq && (f = failed_step(j, h->seq))) {
+					code = f->code;
+					text = f->msg;
+				} else if (j->broken) {
 					tell_core(b, j, h->seq, j->broken, j->broken_msg);
 					code = j->broken;
 					text = j->broken_msg;
-				} else if ((f = failed_step(j, h->seq))) {
-					code = f->code;
-					text = f->msg;
 				} else {
 					snprintf(gave_up, sizeof(gave_up), "the other ranks of job '%s' gave up on this "
 						 "step before this rank announced it", j->name);
@@ -1608,8 +1641,11 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 			return;
 		}
 		j->deadline_us = deadline;
-		if (arrived < j->nranks)
+		if (arrived < j->nranks) {
+			if (failed_elsewhere(b, j))
+				continue;
 			return;
+		}
 		if (b->loop->now_us >= deadline) {
 			fail_step(b, j, GG_ERR_TIMEOUT,
 				  "the deadline of %u ms passed before the step could start (earlier steps of job '%s' "
@@ -2338,6 +2374,9 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 			continue;
 		}
 		next = min_deadline(next, poll);
+		/* News from the other sites came in since the last tick. */
+		if (failed_elsewhere(b, j))
+			job_advance(b, j);
 		if (!j->with_core && !j->nccl_phase && !j->broken && j->deadline_us && now_us >= j->deadline_us) {
 			fail_timeout(b, j);
 			job_advance(b, j);

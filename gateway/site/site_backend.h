@@ -102,6 +102,14 @@ struct gg_core_ops {
 	 * what took them, when it is not their own doing (the gateway is
 	 * shutting down), or NULL. NULL as for abort. */
 	void (*end_job)(void *core, const char *job, const char *why);
+	/* Step `seq` of `job`, which the backend has not submitted: when it
+	 * failed at another site already, so that submit() would fail it at
+	 * once, the core fails it as submit() would and returns that enum
+	 * gg_errc code, with the message the step fails with in `message`;
+	 * the backend then fails it at the ranks that announced it, without
+	 * waiting for the others, and does not submit it. Otherwise 0, and
+	 * nothing changes. NULL as for abort. */
+	int (*fail_unstarted)(void *core, const char *job, uint64_t seq, char *message, size_t message_size);
 };
 
 struct gg_site_backend_ops {

@@ -48,6 +48,11 @@ static int core_submit(void *core, struct gg_site_step *step)
 	atomic_fetch_add(&x->h->steps_submitted, 1);
 	/* NCCL steps come in device memory; the stand-in's is the host's. */
 	CHECK(step->memory == GG_STEP_MEM_HOST || (x->h->opts.nccl && step->memory == GG_STEP_MEM_CUDA));
+	uint64_t from = atomic_load(&x->h->failed_from);
+	if (from && step->seq >= from) {
+		gg_site_step_complete(step, GG_ERR_SITE, FAILED_ELSEWHERE_TEXT);
+		return 0;
+	}
 	if (mode == CORE_REFUSE)
 		return GG_ERR_LIMIT;
 	if (mode == CORE_SUM && atomic_load(&x->h->core_sync)) {
@@ -70,6 +75,18 @@ static int core_abort(void *core, const char *job, uint64_t seq, int code, const
 		return 0;
 	x->aborts_too_late++;
 	return -EALREADY;
+}
+
+static int core_fail_unstarted(void *core, const char *job, uint64_t seq, char *message, size_t message_size)
+{
+	struct loop_ctx *x = core;
+	uint64_t from = atomic_load(&x->h->failed_from);
+
+	(void)job;
+	if (!from || seq < from)
+		return 0;
+	snprintf(message, message_size, "%s", FAILED_ELSEWHERE_TEXT);
+	return GG_ERR_SITE;
 }
 
 /* The fake core's own turn of the loop: completes what is due. */
@@ -121,7 +138,8 @@ static void *gateway_thread(void *arg)
 {
 	struct harness *h = arg;
 	struct loop_ctx x = { .h = h };
-	static const struct gg_core_ops core_ops = { .submit = core_submit, .abort = core_abort };
+	static const struct gg_core_ops core_ops = { .submit = core_submit, .abort = core_abort,
+						     .fail_unstarted = core_fail_unstarted };
 	struct gg_host_backend_options o = {
 		.control = h->endpoint,
 		.site = "test-site",

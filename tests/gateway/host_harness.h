@@ -52,6 +52,7 @@ enum core_mode {
 
 #define CORE_ERROR_TEXT "site eu-west: peer gateway closed the connection"
 #define CORE_HOLD_TEXT "site eu-west: no data from the peer before the step deadline"
+#define FAILED_ELSEWHERE_TEXT "site eu-west aborted steps 2 to 9 of the job: its ranks there are gone"
 
 struct harness_options {
 	unsigned max_clients;       /* 0: 16 */
@@ -74,6 +75,9 @@ struct harness {
 	atomic_bool core_sync;     /* complete from inside submit() */
 	atomic_uint steps_submitted;
 	atomic_uint aborts_told;   /* abort() calls of the backend on the core */
+	/* Steps from this one on failed at another site, as the core says
+	 * (fail_unstarted) and fails them when submitted; 0: none. */
+	atomic_ullong failed_from;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	int state;                 /* 0 starting, 1 serving or failed, 2 stopped */

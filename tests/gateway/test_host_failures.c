@@ -206,6 +206,61 @@ static void test_step_timeout(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* A step that failed at another site (so the core says) fails at once at
+ * the rank that announced it and waits for a late one, with the outcome
+ * the core would give; the late rank gets the same when it comes. The
+ * rank told early runs at most one step ahead: its next step fails early
+ * only once the late rank has caught up, and may leave after its last
+ * step without changing the late rank's outcomes. The core is not told
+ * of steps it failed itself. */
+static void test_failed_elsewhere(void)
+{
+	struct gg_session *s0 = open_rank(h.endpoint, "elsewhere", 0, 2), *s1 = open_rank(h.endpoint, "elsewhere", 1, 2);
+	struct gg_request *r2, *r3, *r1;
+	struct gg_error err;
+	float x0[16] = { 1 }, x1[16] = { 2 };
+	const unsigned aborts = atomic_load(&h.aborts_told);
+
+	atomic_store(&h.core_mode, CORE_SUM);
+	CHECK_EQ_INT(gg_allreduce_start(s0, x0, 16, GG_DTYPE_F32, 1, 0, &r1, &err), 0);
+	CHECK_EQ_INT(gg_allreduce(s1, x1, 16, GG_DTYPE_F32, 1, 0, &err), 0);
+	CHECK_EQ_INT(gg_wait(r1, 2000, &err), 0);
+	gg_request_free(r1);
+
+	/* Rank 0 waits in step 2 for rank 1; then the news comes. */
+	CHECK_EQ_INT(gg_allreduce_start(s0, x0, 16, GG_DTYPE_F32, 2, 0, &r2, &err), 0);
+	CHECK_EQ_INT(gg_wait(r2, 100, &err), GG_ERR_AGAIN);
+	atomic_store(&h.failed_from, 2);
+	uint64_t t0 = now_ms();
+	CHECK_EQ_INT(gg_wait(r2, 2000, &err), GG_ERR_SITE);
+	CHECK_ERR(err, GG_ERR_SITE, "step 2 (tensor 2): " FAILED_ELSEWHERE_TEXT);
+	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS / 2);
+	gg_request_free(r2);
+
+	/* Its step 3 waits for rank 1 to catch up with step 2. */
+	CHECK_EQ_INT(gg_allreduce_start(s0, x0, 16, GG_DTYPE_F32, 3, 0, &r3, &err), 0);
+	CHECK_EQ_INT(gg_wait(r3, 300, &err), GG_ERR_AGAIN);
+	CHECK_EQ_INT(gg_allreduce(s1, x1, 16, GG_DTYPE_F32, 2, 0, &err), GG_ERR_SITE);
+	CHECK_ERR(err, GG_ERR_SITE, "step 2 (tensor 2): " FAILED_ELSEWHERE_TEXT);
+	t0 = now_ms();
+	CHECK_EQ_INT(gg_wait(r3, 2000, &err), GG_ERR_SITE);
+	CHECK_ERR(err, GG_ERR_SITE, "step 3 (tensor 3): " FAILED_ELSEWHERE_TEXT);
+	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS / 2);
+	gg_request_free(r3);
+
+	/* Rank 0 is done and leaves: rank 1's step 3 failed before, and keeps
+	 * its own outcome; the next one fails for the rank that left. */
+	gg_session_close(s0);
+	CHECK_EQ_INT(gg_allreduce(s1, x1, 16, GG_DTYPE_F32, 3, 0, &err), GG_ERR_SITE);
+	CHECK_ERR(err, GG_ERR_SITE, "step 3 (tensor 3): " FAILED_ELSEWHERE_TEXT);
+	CHECK_EQ_INT(gg_allreduce(s1, x1, 16, GG_DTYPE_F32, 4, 0, &err), GG_ERR_RANK);
+	CHECK_ERR(err, GG_ERR_RANK, "step 4 (tensor 4): rank 0 of job 'elsewhere'");
+	gg_session_close(s1);
+	harness_wait_connections(&h, 0);
+	atomic_store(&h.failed_from, 0);
+	CHECK_EQ_INT(atomic_load(&h.aborts_told), aborts + 1); /* rank 0's leaving, in step 4 */
+}
+
 /* ---- a rank that dies ---------------------------------------------------- */
 
 /* The child: rank 1 of `job`; with "announce" it starts step 1 first. Says
@@ -728,6 +783,7 @@ int main(int argc, char **argv)
 	test_late_wait();
 	test_mismatch();
 	test_step_timeout();
+	test_failed_elsewhere();
 	test_rank_dies();
 	test_close_in_flight();
 	test_core_failures();
