@@ -25,8 +25,8 @@ gg_allreduce_nccl). NCCL refuses two ranks of one communicator on one GPU
 of one host, and tells hosts apart by NCCL_HOSTID: with --nccl every
 training process gets one of its own and the gateways theirs, so that all
 share cuda:0 (NCCL then moves the data over its socket transport, on
-loopback, unless NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE say otherwise).
-Both exit 77 when torch sees no GPU.
+loopback, unless NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE and NCCL_NET say
+otherwise). Both exit 77 when torch sees no GPU.
 
 --bench also times one bucket's all-reduce through the hook against
 torch.distributed's gloo all_reduce over the same ranks on loopback, side
@@ -198,6 +198,7 @@ def main():
         # gateways, in separate communicators, may share one).
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_IB_DISABLE", "1")
+        os.environ.setdefault("NCCL_NET", "Socket")
         os.environ["NCCL_HOSTID"] = "train-ddp-gateway"
 
     n = a.sites * a.ranks

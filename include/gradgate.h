@@ -325,11 +325,13 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
  *
  * NCCL is loaded on first use: the process's own when it has one
  * (PyTorch's), else libnccl.so.2 (2.14 or later); libgradgate links no
- * NCCL or CUDA library. Errors besides gg_allreduce()'s: GG_ERR_INVALID
- * when libgradgate was built without NCCL, or the gateway was (or has no
- * GPU it can use); when the gateway cannot serve the first call (that,
- * or the job's communicator was aborted or the job failed before it),
- * the session ends, with the gateway's reason;
+ * NCCL or CUDA library. It must be the gateway's NCCL version: NCCL makes
+ * a communicator only of ranks of one version. Errors besides
+ * gg_allreduce()'s: GG_ERR_INVALID when libgradgate was built without
+ * NCCL, or the gateway was (or has no GPU it can use), or the versions
+ * differ (the message names both); when the gateway cannot serve the
+ * first call (that, or the job's communicator was aborted or the job
+ * failed before it), the session ends, with the gateway's reason;
  * GG_ERR_SYSTEM when NCCL cannot be loaded or an NCCL call fails, here or
  * at the gateway (the message names the call and NCCL's error);
  * GG_ERR_TIMEOUT as above.

@@ -859,6 +859,7 @@ static int nccl_join(struct gg_session *s, uint64_t timeout, uint64_t deadline, 
 	int rc;
 
 	m.nccl_join.timeout_ms = (uint32_t)timeout;
+	m.nccl_join.nccl_version = (uint32_t)gg_nccl_version();
 	if ((rc = gg_ctrl_send(s->fd, &m, len, -1, deadline))) {
 		send_failed(s, rc, "sending NCCL_JOIN");
 		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);

@@ -191,9 +191,6 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 	case GG_CTRL_UNMAP:
 		ok = !msg->unmap.reserved;
 		break;
-	case GG_CTRL_NCCL_JOIN:
-		ok = !msg->nccl_join.reserved;
-		break;
 	case GG_CTRL_NCCL_ID:
 		ok = msg->nccl_id.nranks >= 2 && msg->nccl_id.root == msg->nccl_id.nranks - 1;
 		break;

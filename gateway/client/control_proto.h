@@ -137,11 +137,14 @@ struct gg_ctrl_map_cuda {
  * the job's NCCL communicator (gg_allreduce_nccl), of which the gateway is
  * the last rank. The gateway answers NCCL_ID and joins the communicator
  * itself; if the job's ranks have not all joined it within `timeout_ms`
- * (0: the step timeout) of the job's first NCCL_JOIN, the job fails. */
+ * (0: the step timeout) of the job's first NCCL_JOIN, the job fails.
+ * `nccl_version`: the rank's NCCL as ncclGetVersion() gives it (22809 for
+ * 2.28.9; 0: not known), which must be the gateway's: NCCL makes a
+ * communicator only of ranks of one version. */
 struct gg_ctrl_nccl_join {
 	struct gg_ctrl_hdr hdr;
 	uint32_t timeout_ms;
-	uint32_t reserved;
+	uint32_t nccl_version;
 };
 
 /* gateway -> client: the ncclUniqueId of the job's communicator, which has

@@ -35,6 +35,7 @@ struct nccl_lib {
 	ncclResult_t (*comm_destroy)(ncclComm_t comm);
 	const char *(*get_error_string)(ncclResult_t result);
 	const char *(*get_last_error)(ncclComm_t comm);
+	ncclResult_t (*get_version)(int *version);
 	char error[240]; /* why loading failed; "" when it worked */
 };
 static struct nccl_lib lib;
@@ -56,14 +57,19 @@ static void lib_load(void)
 		{ "ncclCommDestroy", offsetof(struct nccl_lib, comm_destroy) },
 		{ "ncclGetErrorString", offsetof(struct nccl_lib, get_error_string) },
 		{ "ncclGetLastError", offsetof(struct nccl_lib, get_last_error) },
+		{ "ncclGetVersion", offsetof(struct nccl_lib, get_version) },
 	};
 	/* A process that has NCCL already (PyTorch's) keeps to it: a second
 	 * NCCL in one process would be a second set of threads, network
-	 * plugins and environment settings, maybe of another version. */
-	void *handle = RTLD_DEFAULT;
+	 * plugins and environment settings, maybe of another version. Python
+	 * loads extension modules, and the libnccl.so.2 they need, with
+	 * RTLD_LOCAL: the global scope misses it, but its soname finds it. */
+	void *handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
 	const char *from = "the process's own NCCL";
 
-	if (!dlsym(RTLD_DEFAULT, syms[0].name)) {
+	if (!handle && dlsym(RTLD_DEFAULT, syms[0].name))
+		handle = RTLD_DEFAULT; /* linked in statically */
+	if (!handle) {
 		handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
 		if (!handle) {
 			const char *why = dlerror();
@@ -92,6 +98,14 @@ int gg_nccl_load(char *err, size_t err_size)
 		return GG_ERR_SYSTEM;
 	}
 	return 0;
+}
+
+int gg_nccl_version(void)
+{
+	int v = 0;
+
+	pthread_once(&lib_once, lib_load);
+	return !lib.error[0] && lib.get_version(&v) == ncclSuccess ? v : 0;
 }
 
 /* `what` failed with `r`: NCCL's name for it, and the last error NCCL
@@ -214,6 +228,11 @@ int gg_nccl_load(char *err, size_t err_size)
 {
 	snprintf(err, err_size, "%s", NO_NCCL);
 	return GG_ERR_INVALID;
+}
+
+int gg_nccl_version(void)
+{
+	return 0;
 }
 
 int gg_nccl_join(void **comm, const unsigned char id[GG_NCCL_ID_SIZE], unsigned nranks, unsigned rank,

@@ -25,6 +25,9 @@
  * library was built without NCCL, or GG_ERR_SYSTEM when no NCCL (2.14 or
  * later, for ncclCommInitRankConfig) can be loaded. */
 int gg_nccl_load(char *err, size_t err_size);
+/* The loaded NCCL's version as ncclGetVersion() gives it, 0 when unknown
+ * (call gg_nccl_load() first). */
+int gg_nccl_version(void);
 
 /* Joins communicator `id` of `nranks` ranks as rank `rank` on the calling
  * thread's current CUDA device, and waits until every rank has joined, at

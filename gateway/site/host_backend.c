@@ -2040,6 +2040,17 @@ static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
 	job_advance(b, c->job);
 }
 
+/* "2.28.9" of NCCL's version code: MAJOR*10000 + MINOR*100 + PATCH since
+ * 2.9, MAJOR*1000 + MINOR*100 + PATCH before. */
+static const char *nccl_version_name(uint32_t v, char *buf, size_t size)
+{
+	if (v >= 10000)
+		snprintf(buf, size, "%u.%u.%u", v / 10000, v / 100 % 100, v % 100);
+	else
+		snprintf(buf, size, "%u.%u.%u", v / 1000, v / 100 % 10, v % 100);
+	return buf;
+}
+
 /* A rank will all-reduce through the job's NCCL communicator: the job's
  * first NCCL_JOIN makes it, and the gateway starts joining it as its last
  * rank; every rank that asks gets its id. */
@@ -2058,6 +2069,18 @@ static void on_nccl_join(struct gg_host_backend *b, struct hb_conn *c)
 	if (c->nccl_joined) {
 		conn_fatal(b, c, GG_ERR_PROTOCOL, "NCCL_JOIN from rank %u of job '%s', which has joined already", c->rank,
 			   j->name);
+		return;
+	}
+	/* NCCL refuses peers of another version when the communicator is
+	 * made, and may hang in its bootstrap first: the rank hears why now. */
+	const uint32_t theirs = c->in.nccl_join.nccl_version;
+	const int ours = b->opts.nccl->version ? b->opts.nccl->version() : 0;
+	if (theirs && ours > 0 && theirs != (uint32_t)ours) {
+		char tv[16], ov[16];
+		conn_unserved(b, c, GG_ERR_INVALID,
+			      "rank %u runs NCCL %s and this gateway NCCL %s: NCCL makes a communicator only of ranks "
+			      "of one version; give the ranks and the gateway the same NCCL", c->rank,
+			      nccl_version_name(theirs, tv, sizeof(tv)), nccl_version_name((uint32_t)ours, ov, sizeof(ov)));
 		return;
 	}
 	if (j->nccl_state == NCCL_ABORTED || j->broken) {

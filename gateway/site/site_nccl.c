@@ -159,8 +159,12 @@ static int real_poll(void *comm, char *err, size_t err_size)
 	if (rc)
 		return rc;
 	cudaError_t e = cudaStreamQuery((cudaStream_t)c->stream);
-	if (e == cudaErrorNotReady)
+	if (e == cudaErrorNotReady) {
+		/* Not an error, but a runtime may keep it as the thread's last
+		 * one, which the next kernel launch's check would then report. */
+		(void)cudaGetLastError();
 		return -EINPROGRESS;
+	}
 	if (e != cudaSuccess)
 		return cuda_fail(e, "cudaStreamQuery (the communicator's stream)", __FILE__, __LINE__, err, err_size);
 	return 0;
@@ -197,7 +201,15 @@ static int real_broadcast(void *comm, const float *sum, uint64_t count, char *er
 	return 0;
 }
 
+static int real_version(void)
+{
+	int v = 0;
+
+	return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
 const struct gg_site_nccl_ops gg_site_nccl_real = {
+	.version = real_version,
 	.unique_id = real_unique_id,
 	.open = real_open,
 	.poll = real_poll,

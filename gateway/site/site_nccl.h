@@ -28,6 +28,9 @@
 #define GG_SITE_NCCL_ID_SIZE 128 /* bytes of an ncclUniqueId */
 
 struct gg_site_nccl_ops {
+	/* The NCCL version, as ncclGetVersion() gives it (22809 for 2.28.9),
+	 * or 0 when unknown. */
+	int (*version)(void);
 	/* A fresh ncclUniqueId (ncclGetUniqueId). */
 	int (*unique_id)(unsigned char id[GG_SITE_NCCL_ID_SIZE], char *err, size_t err_size);
 	/* Starts joining communicator `id` of `nranks` ranks as rank `rank`,

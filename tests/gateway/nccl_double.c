@@ -335,7 +335,13 @@ unsigned nd_finishes(void)
 	return n;
 }
 
+static int d_version(void)
+{
+	return ND_NCCL_VERSION;
+}
+
 const struct gg_site_nccl_ops nccl_double_ops = {
+	.version = d_version,
 	.unique_id = d_unique_id,
 	.open = d_open,
 	.poll = d_poll,

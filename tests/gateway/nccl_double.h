@@ -17,6 +17,8 @@
 #include "site_nccl.h"
 
 extern const struct gg_site_nccl_ops nccl_double_ops;
+/* The NCCL version the stand-in says it is (2.28.9). */
+#define ND_NCCL_VERSION 22809
 
 enum nd_fault { ND_NONE, ND_UNIQUE_ID, ND_OPEN, ND_REDUCE, ND_BROADCAST, ND_POLL_REDUCE, ND_POLL_BROADCAST };
 /* The next call of that kind by the gateway fails with -EIO, "injected"

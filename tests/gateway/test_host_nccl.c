@@ -27,13 +27,20 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void send_join(int fd, uint32_t timeout_ms)
+static void send_join_as(int fd, uint32_t timeout_ms, uint32_t nccl_version)
 {
 	union gg_ctrl_msg m;
 	size_t len = gg_ctrl_init(&m, GG_CTRL_NCCL_JOIN);
 
 	m.nccl_join.timeout_ms = timeout_ms;
+	m.nccl_join.nccl_version = nccl_version;
 	raw_send(fd, &m, len, -1);
+}
+
+/* NCCL_JOIN of a rank whose NCCL is the gateway's. */
+static void send_join(int fd, uint32_t timeout_ms)
+{
+	send_join_as(fd, timeout_ms, ND_NCCL_VERSION);
 }
 
 /* NCCL_JOIN, NCCL_ID for a job of `nranks`: the id. */
@@ -559,6 +566,24 @@ static void test_protocol(void)
 	send_join(fd0, 0);
 	raw_expect_close(fd0, GG_CTRL_ERROR, GG_ERR_RANK,
 			 "rank 1 of job 'nccl-proto-broken' broke the control protocol");
+
+	/* A rank of another NCCL could never join: it is told why, and the
+	 * job's other rank, which joined, hears that it could not be served. */
+	fd0 = raw_connect(&h);
+	fd1 = raw_connect(&h);
+	raw_hello(fd0, "nccl-proto-version", 0, 2);
+	raw_hello(fd1, "nccl-proto-version", 1, 2);
+	join(fd0, 2, id);
+	send_join_as(fd1, 0, 22105);
+	raw_expect_close(fd1, GG_CTRL_ERROR, GG_ERR_INVALID,
+			 "rank 1 runs NCCL 2.21.5 and this gateway NCCL 2.28.9: NCCL makes a communicator only of "
+			 "ranks of one version");
+	raw_allreduce(fd0, 1, 7, GG_DTYPE_F32, 10, GG_CTRL_REGION_NCCL, 0);
+	char msg[GG_CTRL_TEXT_SIZE];
+	uint32_t flags;
+	CHECK_EQ_INT(recv_done(fd0, 1, &flags, msg, sizeof(msg)), GG_ERR_RANK);
+	CHECK_CONTAINS(msg, "rank 1 of job 'nccl-proto-version' could not be served");
+	close(fd0);
 
 	nd_fail_next(ND_OPEN);
 	fd = raw_connect(&h);

@@ -10,17 +10,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "gpu_test.h"
+
 #define MAX_DEV 16
 #define COUNT (1 << 20)
 
-#define CUDA_OK(call)                                                                          \
-	do {                                                                                   \
-		cudaError_t e_ = (call);                                                       \
-		if (e_ != cudaSuccess) {                                                       \
-			printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-			return 1;                                                              \
-		}                                                                              \
-	} while (0)
 #define NCCL_OK(call)                                                                          \
 	do {                                                                                   \
 		ncclResult_t r_ = (call);                                                      \
@@ -38,10 +32,7 @@ int main(void)
 	cudaStream_t streams[MAX_DEV];
 	static float host[COUNT];
 
-	if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-		printf("skip: no CUDA device\n");
-		return 77;
-	}
+	ndev = gpu_test_device_count();
 	if (ndev > MAX_DEV)
 		ndev = MAX_DEV;
 	NCCL_OK(ncclGetVersion(&version));
