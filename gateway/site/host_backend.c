@@ -1575,6 +1575,12 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 {
 	struct hb_failed *f;
 
+	/* A stopping gateway ends every session, each with GG_ERR_CLOSED:
+	 * ending one breaks its job, which must not tell the others first
+	 * that a rank left. */
+	if (b->stopping && j->broken)
+		return;
+
 	for (;;) {
 		for (unsigned r = 0; r < j->nranks; r++) {
 			struct hb_conn *c = j->ranks[r];

@@ -502,11 +502,26 @@ static void test_shutdown(void)
 {
 	struct gg_session *s = open_rank(h.endpoint, "shut", 0, 2);
 	struct gg_error err;
-	float x = 1;
+	float x = 1, y[2] = { 1, 1 };
 	int quiet = raw_connect(&h); /* has not said HELLO yet */
+	/* Two ranks of a job wait in step 1 for a third: ending the first's
+	 * session must not tell the second that a rank left. */
+	struct gg_session *w[2] = { open_rank(h.endpoint, "shut-waiting", 0, 3),
+				    open_rank(h.endpoint, "shut-waiting", 1, 3) };
+	struct gg_request *r[2];
+	for (unsigned i = 0; i < 2; i++) {
+		CHECK_EQ_INT(gg_allreduce_start(w[i], &y[i], 1, GG_DTYPE_F32, 1, 0, &r[i], &err), 0);
+		CHECK_EQ_INT(gg_wait(r[i], 50, &err), GG_ERR_AGAIN);
+	}
 
-	harness_wait_connections(&h, 2);
+	harness_wait_connections(&h, 4);
 	harness_stop_begin(&h);
+	for (unsigned i = 0; i < 2; i++) {
+		CHECK_EQ_INT(gg_wait(r[i], 5000, &err), GG_ERR_CLOSED);
+		CHECK_ERR(err, GG_ERR_CLOSED, "step 1 (tensor 1): the gateway of site test-site is shutting down");
+		gg_request_free(r[i]);
+		gg_session_close(w[i]);
+	}
 	raw_expect_close(quiet, GG_CTRL_REFUSE, GG_ERR_CLOSED, "the gateway of site test-site is shutting down");
 	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 1, 0, &err), GG_ERR_CLOSED);
 	CHECK_ERR(err, GG_ERR_CLOSED, "step 1 (tensor 1): the gateway of site test-site is shutting down");
