@@ -116,8 +116,9 @@ struct gg_request;
  *
  * Blocks until the gateway accepts or refuses, at most 10 seconds from the
  * call, connecting included: GG_ERR_CONNECT when there is no gateway to
- * connect to or the connection is not taken by then (a full backlog),
- * GG_ERR_TIMEOUT when the gateway took it but has not answered by then,
+ * connect to or the connection cannot be made by then (a full backlog),
+ * GG_ERR_TIMEOUT when it was made but the gateway has not answered by
+ * then (one too busy to accept it from its backlog, too),
  * GG_ERR_CLOSED when it closed the connection without an answer. The
  * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it
  * does not speak, a rank already connected, an nranks different from what
@@ -363,9 +364,12 @@ GRADGATE_API void gg_request_free(struct gg_request *req);
 /* Closes the connection and frees the session (NULL is allowed), its
  * shared buffers included. Answers that had already arrived complete their
  * requests first. It then waits, at most 2 seconds, until the gateway is
- * done with the session: from then on the same rank of the job may open a
- * session again, and when it was the job's last rank, a new run of the
- * job's name may start, even after a step that was in flight. When the
+ * done with the session. A session is its rank's part in the job: closing
+ * it, between steps too, fails the job at its other ranks (their steps
+ * from then on fail with GG_ERR_RANK), and the gateway refuses new
+ * sessions of the job (GG_ERR_REFUSED) until every rank has closed its
+ * own. Once the job's last rank has, a new run of the job's name may
+ * start, even after a step that was in flight. When the
  * session handed the gateway GPU allocations (gg_allreduce_cuda), the
  * gateway has let go of them by then, but for one that a step still in
  * flight there uses, which it lets go when that step ends; the wait does

@@ -630,14 +630,16 @@ static int shared_region_of(const struct gg_session *s, const void *buf, uint64_
 }
 
 /* What every all-reduce call checks before it uses a step number; it also
- * takes in what the gateway sent, so a finished request frees its slot. */
-static int request_check(struct gg_session *s, const void *buf, size_t count, enum gg_dtype dtype, const char *step,
-			 struct gg_error *err)
+ * takes in what the gateway sent, so a finished request frees its slot.
+ * `name`: the buffer's, as the caller's documentation calls it. */
+static int request_check(struct gg_session *s, const void *buf, const char *name, size_t count,
+			 enum gg_dtype dtype, const char *step, struct gg_error *err)
 {
 	size_t esize = gg_dtype_size(dtype);
 
 	if (!buf || !count)
-		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %s", step, buf ? "count is 0" : "buf is NULL");
+		return buf ? gg_ctrl_error(err, GG_ERR_INVALID, "%s: count is 0", step)
+			   : gg_ctrl_error(err, GG_ERR_INVALID, "%s: %s is NULL", step, name);
 	if (!esize)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: unknown dtype %d", step, (int)dtype);
 	if (s->failed)
@@ -726,7 +728,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	if (!s)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: session is NULL");
 	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
-	if ((rc = request_check(s, buf, count, dtype, step, err)))
+	if ((rc = request_check(s, buf, "buf", count, dtype, step, err)))
 		return rc;
 
 	uint64_t bytes = (uint64_t)count * esize;
@@ -811,7 +813,7 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 	if (!s)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_cuda: session is NULL");
 	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
-	if ((rc = request_check(s, devbuf, count, dtype, step, err)))
+	if ((rc = request_check(s, devbuf, "devbuf", count, dtype, step, err)))
 		return rc;
 	if ((rc = gg_cudrv_locate(devbuf, &a, why, sizeof(why))))
 		return gg_ctrl_error(err, rc, "%s: %s", step, why);
@@ -920,7 +922,7 @@ GRADGATE_API int gg_allreduce_nccl(struct gg_session *s, void *devbuf, size_t co
 	if (!s)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_nccl: session is NULL");
 	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
-	if ((rc = request_check(s, devbuf, count, dtype, step, err)))
+	if ((rc = request_check(s, devbuf, "devbuf", count, dtype, step, err)))
 		return rc;
 	/* NCCL sums in the element type: bfloat16 would round at every rank's
 	 * addition, where every other call sums in float32 and rounds once. */

@@ -196,13 +196,16 @@ static int check_listener(int fd, const char *path, long env_uid, struct gg_erro
 	char *slash = strrchr(dir, '/');
 	slash[slash == dir ? 1 : 0] = '\0';
 	bool dir_ok = !stat(dir, &st);
-	if (dir_ok && st.st_uid == cred.uid && !(st.st_mode & (S_IWGRP | S_IWOTH)))
+	const bool owner = dir_ok && st.st_uid == cred.uid, shared = dir_ok && (st.st_mode & (S_IWGRP | S_IWOTH));
+	if (owner && !shared)
 		return 0;
+	/* The owner of a folder others may write to vouches for nothing. */
 	return gg_ctrl_error(err, GG_ERR_CONNECT,
 		       "unix:%s is held by uid %u: not root, not us (uid %u)%s%.100s%s; nothing sent to it (set "
 		       GG_GATEWAY_UID_ENV " to trust the gateway's user)",
-		       path, (unsigned)cred.uid, (unsigned)geteuid(), dir_ok ? ", not the owner of " : "",
-		       dir_ok ? dir : "", dir_ok && (st.st_mode & (S_IWGRP | S_IWOTH)) ? " (others may write there)" : "");
+		       path, (unsigned)cred.uid, (unsigned)geteuid(),
+		       !dir_ok ? "" : owner ? ", the owner of " : ", not the owner of ", dir_ok ? dir : "",
+		       shared ? ", which others may write to" : "");
 }
 
 int gg_ctrl_connect(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err)

@@ -112,8 +112,8 @@ int main(void)
 	CHECK(pid > 0, "cannot start the listener");
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter accepted: %s", msg);
 	snprintf(want, sizeof(want),
-		 "unix:%s is held by uid %u: not root, not us (uid 0), not the owner of %s (others may write "
-		 "there); nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
+		 "unix:%s is held by uid %u: not root, not us (uid 0), not the owner of %s, which others may "
+		 "write to; nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
 		 sock, (unsigned)nobody, dir);
 	CHECK(!strcmp(msg, want), "got:  %s\nwant: %s", msg, want);
 
@@ -153,6 +153,11 @@ int main(void)
 	pid = squat();
 	CHECK(pid > 0, "cannot start the listener");
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter in a shared folder accepted: %s", msg);
+	snprintf(want, sizeof(want),
+		 "unix:%s is held by uid %u: not root, not us (uid 0), the owner of %s, which others may write to; "
+		 "nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
+		 sock, (unsigned)nobody, dir);
+	CHECK(!strcmp(msg, want), "got:  %s\nwant: %s", msg, want);
 	stop(pid);
 
 	rmdir(dir);

@@ -1006,7 +1006,7 @@ static void test_cuda_call_refusals(void)
 	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce: session is NULL");
 	open_ok("cuda-calls", 0, 1, &s);
 	CHECK_EQ_INT(gg_allreduce_cuda(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): buf is NULL");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): devbuf is NULL");
 	CHECK_EQ_INT(gg_allreduce_cuda(s, x, 0, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): count is 0");
 	CHECK_EQ_INT(gg_allreduce_cuda(s, x, 4, (enum gg_dtype)99, 3, NULL, 0, &err), GG_ERR_INVALID);
@@ -1032,7 +1032,7 @@ static void test_cuda_call_refusals(void)
 	CHECK_EQ_INT(gg_allreduce(s, x, 4, GG_DTYPE_F32, 3, 0, &err), 0);
 	CHECK(x[0] == 1 && x[3] == 4);
 	CHECK_EQ_INT(gg_allreduce_cuda(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 2 (tensor 3): buf is NULL");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 2 (tensor 3): devbuf is NULL");
 	gg_session_close(s);
 	harness_wait_connections(&h, 0);
 }
@@ -1049,7 +1049,7 @@ static void test_nccl_call_refusals(void)
 	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce_nccl: session is NULL");
 	open_ok("nccl-calls", 0, 1, &s);
 	CHECK_EQ_INT(gg_allreduce_nccl(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): buf is NULL");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): devbuf is NULL");
 	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 0, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): count is 0");
 	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 4, GG_DTYPE_BF16, 3, NULL, 0, &err), GG_ERR_INVALID);

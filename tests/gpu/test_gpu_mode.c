@@ -284,7 +284,7 @@ static void refusals(void)
 	rc = gg_allreduce_cuda(sess, host, 16, GG_DTYPE_F32, 7, (void *)stream, 0, &err);
 	expect_refused(__LINE__, "host memory", rc, &err, GG_ERR_INVALID, "is not CUDA device memory");
 	rc = gg_allreduce_cuda(sess, NULL, 16, GG_DTYPE_F32, 7, (void *)stream, 0, &err);
-	expect_refused(__LINE__, "NULL devbuf", rc, &err, GG_ERR_INVALID, "buf is NULL");
+	expect_refused(__LINE__, "NULL devbuf", rc, &err, GG_ERR_INVALID, "devbuf is NULL");
 	rc = gg_allreduce_cuda(sess, aligned, 0, GG_DTYPE_F32, 7, (void *)stream, 0, &err);
 	expect_refused(__LINE__, "count 0", rc, &err, GG_ERR_INVALID, "count is 0");
 	rc = gg_allreduce_cuda(sess, aligned + 1, 16, GG_DTYPE_F32, 7, (void *)stream, 0, &err);
