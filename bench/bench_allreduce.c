@@ -190,6 +190,30 @@ static double cpu_s(void)
 	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
+/* "MS" or "MS@STEP", both whole numbers, MS at least `min_ms` and STEP at
+ * least 1, nothing else: true with *ms and *step (0 when not given). */
+static bool ms_at_step(const char *s, int min_ms, bool step_needed, int *ms, int *step)
+{
+	char *end;
+	long v, t = 0;
+
+	errno = 0;
+	v = *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : -1;
+	if (v < min_ms || v > 86400000 || errno)
+		return false;
+	if (*end == '@') {
+		const char *at = end + 1;
+		t = *at >= '0' && *at <= '9' ? strtol(at, &end, 10) : 0;
+		if (t < 1 || t > 1000000 || errno)
+			return false;
+	}
+	if (*end || (step_needed && !t))
+		return false;
+	*ms = (int)v;
+	*step = (int)t;
+	return true;
+}
+
 static int parse(int argc, char **argv, struct opts *o)
 {
 	static const struct option lopts[] = {
@@ -241,7 +265,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'J': o->json = true; break;
 		case 'S': o->shared = true; break;
 		case 'T':
-			if (sscanf(optarg, "%d@%d", &o->timeout_ms, &o->timeout_step) < 1 || o->timeout_ms < 1) {
+			if (!ms_at_step(optarg, 1, false, &o->timeout_ms, &o->timeout_step)) {
 				fprintf(stderr, "gradgate-bench allreduce: --timeout-ms is MS or MS@STEP, not '%s'\n", optarg);
 				return 2;
 			}
@@ -249,7 +273,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'M': NUMBER("--mismatch-step", 1, 1000000, mismatch_step); break;
 		case 'P': o->per_step = true; break;
 		case 'L':
-			if (sscanf(optarg, "%d@%d", &o->late_ms, &o->late_step) != 2 || o->late_ms < 0 || o->late_step < 1) {
+			if (!ms_at_step(optarg, 0, true, &o->late_ms, &o->late_step)) {
 				fprintf(stderr, "gradgate-bench allreduce: --late is MS@STEP, e.g. 3000@2, not '%s'\n", optarg);
 				return 2;
 			}
@@ -392,6 +416,10 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	uint64_t digest = 0xcbf29ce484222325ull;
 	int failed = 0, wrong = 0, checked = 0, next = 1, last = o.warmup + o.steps;
 	double max_err = 0, total = 0, t_start = 0, t_end = 0, cpu_start = 0, cpu_end = 0;
+	/* Timed steps that ended, and those of them that completed: a run cut
+	 * short (its session lost) reports only what ran, and the rate counts
+	 * only completed steps. */
+	int timed = 0, timed_ok = 0;
 
 	/* Step t is waited for once steps up to t + inflight - 1 started;
 	 * results arrive in order. The timed window runs from the start of
@@ -433,7 +461,11 @@ int gg_bench_allreduce_main(int argc, char **argv)
 			step_s[t - o.warmup - 1] = now - sl->t0;
 			step_t0[t - o.warmup - 1] = sl->t0;
 			step_t1[t - o.warmup - 1] = now;
-			total += now - sl->t0;
+			timed = t - o.warmup;
+			if (!rc) {
+				total += now - sl->t0;
+				timed_ok++;
+			}
 		}
 		if (t == last) {
 			t_end = now;
@@ -475,21 +507,21 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	if (o.json) {
 		printf("{\"rank\":%d,\"site\":%d,\"steps\":%d,\"warmup\":%d,\"failed\":%d,\"wrong\":%d,\"checked\":%d,"
 		       "\"t_timed_start\":%.6f,\"t_timed_end\":%.6f,\"cpu_s\":%.6f,\"step_ms\":[",
-		       o.rank, o.site, o.steps, o.warmup, failed, wrong, checked, t_start, t_end, cpu_end - cpu_start);
-		for (int t = 0; t < o.steps; t++)
+		       o.rank, o.site, timed, o.warmup, failed, wrong, checked, t_start, t_end, cpu_end - cpu_start);
+		for (int t = 0; t < timed; t++)
 			printf("%s%.3f", t ? "," : "", step_s[t] * 1e3);
 		printf("],\"step_start\":[");
-		for (int t = 0; t < o.steps; t++)
+		for (int t = 0; t < timed; t++)
 			printf("%s%.6f", t ? "," : "", step_t0[t]);
 		printf("],\"step_end\":[");
-		for (int t = 0; t < o.steps; t++)
+		for (int t = 0; t < timed; t++)
 			printf("%s%.6f", t ? "," : "", step_t1[t]);
 		printf("],");
 	}
-	qsort(step_s, (size_t)o.steps, sizeof(double), cmp_double);
-	double p50 = step_s[o.steps / 2] * 1e3, p90 = step_s[(o.steps * 9) / 10] * 1e3;
-	double p99 = step_s[(o.steps * 99) / 100] * 1e3;
-	double gbps = total > 0 ? (double)o.count * 4.0 * o.steps * 8 / total / 1e9 : 0;
+	qsort(step_s, (size_t)timed, sizeof(double), cmp_double);
+	double p50 = timed ? step_s[timed / 2] * 1e3 : 0, p90 = timed ? step_s[(timed * 9) / 10] * 1e3 : 0;
+	double p99 = timed ? step_s[(timed * 99) / 100] * 1e3 : 0;
+	double gbps = total > 0 ? (double)o.count * 4.0 * timed_ok * 8 / total / 1e9 : 0;
 	if (o.json)
 		printf("\"step_ms_p50\":%.3f,\"step_ms_p90\":%.3f,\"step_ms_p99\":%.3f,\"gbps\":%.3f,\"max_err\":%.6g,"
 		       "\"digest\":\"%016llx\"}\n",
@@ -497,7 +529,7 @@ int gg_bench_allreduce_main(int argc, char **argv)
 	else
 		printf("allreduce rank=%d site=%d steps=%d failed=%d wrong=%d step_ms_p50=%.3f step_ms_p99=%.3f "
 		       "gbps=%.3f max_err=%.6g digest=%016llx\n",
-		       o.rank, o.site, o.steps, failed, wrong, p50, p99, gbps, max_err, (unsigned long long)digest);
+		       o.rank, o.site, timed, failed, wrong, p50, p99, gbps, max_err, (unsigned long long)digest);
 	for (int k = 0; k < o.inflight; k++)
 		free(slots[k].buf);
 	free(exact);

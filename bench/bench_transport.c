@@ -952,7 +952,8 @@ static void usage(FILE *f)
 		"  --rtt-size SIZE        round-trip message size (default 64KiB)\n"
 		"  --write-size SIZE      application write size (default 256KiB)\n"
 		"  --ring-size SIZE       TLS ciphertext ring per direction and connection (default 256KiB)\n"
-		"  --socket-buffer SIZE   SO_SNDBUF/SO_RCVBUF (default: kernel autotuning)\n"
+		"  --socket-buffer SIZE   SO_SNDBUF/SO_RCVBUF, 64KiB to 256MiB as the config's socket_buffer\n"
+		"                         (default: kernel autotuning)\n"
 		"  --listen ADDR:PORT     (serve) where to listen (default 0.0.0.0:7443)\n"
 		"  --ca FILE --cert FILE --key FILE   credentials (default: a throwaway CA and two\n"
 		"                         certificates made in memory, loopback only)\n"
@@ -1077,7 +1078,8 @@ static int parse_options(int argc, char **argv, struct options *o)
 		else if (!strcmp(a, "--ring-size"))
 			rc = parse_size_arg(a, v, &o->ring_bytes) || o->ring_bytes > (256u << 20) ? -EINVAL : 0;
 		else if (!strcmp(a, "--socket-buffer"))
-			rc = parse_size_arg(a, v, &o->socket_buffer_bytes) || o->socket_buffer_bytes > (1u << 30) ? -EINVAL : 0;
+			rc = parse_size_arg(a, v, &o->socket_buffer_bytes) || o->socket_buffer_bytes < (64u << 10) ||
+			     o->socket_buffer_bytes > (256u << 20) ? -EINVAL : 0;
 		else if (!strcmp(a, "--rate"))
 			rc = parse_rate(v, &o->rate_bps);
 		else if (!strcmp(a, "--ca"))

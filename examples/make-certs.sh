@@ -13,7 +13,8 @@
 #   -h, --help       print this text
 #   SITE...          the sites (default site-a site-b site-c); a site name has
 #                    1 to 63 of a-z, 0-9 and -, and neither starts nor ends
-#                    with - (it is a DNS label of the certificate's name)
+#                    with - (it is a DNS label of the certificate's name);
+#                    not "ca", whose files are the CA's
 #
 # The CA is DIR/ca.pem and DIR/ca.key, named for when it was made ("gradgate
 # demo CA 2026-12-05T10:00:00Z"), so a peer's certificate from another run
@@ -74,6 +75,8 @@ for site in "${sites[@]}"; do
 	*[!a-z0-9-]*|""|-*|*-) bad "'$site'" "is not a site name (a-z, 0-9, -; not starting or ending with -)" ;;
 	esac
 	[ ${#site} -le 63 ] || bad "'$site'" "is not a site name (longer than 63 characters)"
+	# Its files would be the CA's.
+	[ "$site" != ca ] || bad "'$site'" "cannot be a site name here: its certificate and key would overwrite the CA's (ca.pem, ca.key)"
 done
 if ! [[ $days =~ ^[1-9][0-9]{0,5}$ ]]; then
 	bad "--days '$days'" "is not a number of days (a whole number from 1 to 999999)"
