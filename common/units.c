@@ -77,9 +77,15 @@ int gg_parse_size(const char *text, uint64_t *bytes, const char **why)
 		*bytes = n;
 		return 0;
 	}
+	if (*p == '_') {
+		*why = "underscores go one at a time between digits, as in \"1_024KiB\"";
+		return -EINVAL;
+	}
 	const struct unit *u = match_unit(&p, size_units, GG_ARRAY_LEN(size_units));
+	while (u && *p == ' ')
+		p++;
 	if (!u || *p != '\0') {
-		*why = "unknown size unit (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)";
+		*why = "unknown size unit (use B, KiB, MiB, GiB, TiB, kB or KB, MB, GB or TB)";
 		return -EINVAL;
 	}
 	if (n > UINT64_MAX / u->mult) {

@@ -571,6 +571,12 @@ static void set_list(struct loader *ld, const struct field *f, const char *where
 			ok = false;
 			continue;
 		}
+		if (strlen(e->u.str.ptr) != e->u.str.len) {
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s lists a string that contains a NUL character",
+				 AT(ld, e->pos), f->key, where);
+			ok = false;
+			continue;
+		}
 		if (in_names(e->u.str.ptr, l->refused, l->refused_count)) {
 			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not supported: %s", AT(ld, e->pos), f->key,
 				 where, e->u.str.ptr, l->refused_why);
@@ -622,6 +628,12 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 	const char *why = NULL;
 	char buf[256];
 
+	/* Every setting reads its string up to the first NUL: what follows
+	 * one would be dropped unseen. */
+	if (v && v->kind == GG_TOML_STRING && strlen(v->u.str.ptr) != v->u.str.len) {
+		diag_add(ld->diag, "%s:%u:%u: '%s' in %s contains a NUL character", AT(ld, pos), f->key, where);
+		return;
+	}
 	switch (f->kind) {
 	case F_STRING:
 	case F_PATH:
@@ -630,11 +642,6 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 		if (v) {
 			if (!want_kind(ld, f, where, v, GG_TOML_STRING, "a string"))
 				return;
-			if (strlen(v->u.str.ptr) != v->u.str.len) {
-				diag_add(ld->diag, "%s:%u:%u: '%s' in %s contains a NUL character",
-					 AT(ld, pos), f->key, where);
-				return;
-			}
 			text = v->u.str.ptr;
 		}
 		if (f->kind == F_CODEC) {
