@@ -847,6 +847,11 @@ static void lane_ack(struct lane *ln, unsigned via_lane, struct gg_mesh_via via,
 	post(&ln->node->lanes[via_lane].inbox, m);
 }
 
+static const char *wire_dtype_name(uint8_t dtype)
+{
+	return dtype == GG_WIRE_F32 ? "float32" : dtype == GG_WIRE_BF16 ? "bfloat16" : "unknown";
+}
+
 /* Hands the part a frame of its step; acknowledged once used. */
 static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, struct gg_mesh_via via,
 		      const struct gg_wire_step *ws, const struct gg_ar_chunk_id *id, const uint8_t *frame, size_t len)
@@ -886,22 +891,24 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 		const bool peer_direct = id->phase == GG_AR_DIRECT;
 		if (peer_direct == (lj->algo == GG_ALLREDUCE_DIRECT))
 			part_fail(lj, GG_ERR_MISMATCH,
-				  "step %llu of job '%s': site %s cuts it in other chunks than this site "
+				  "step %llu of job '%s': site %s cuts it in other chunks than site %s "
 				  "(auto's rule differs there: another version of gradgate?)",
-				  (unsigned long long)lj->wstep.step, lj->name, n->names[from]);
+				  (unsigned long long)lj->wstep.step, lj->name, n->names[from], n->names[n->self]);
 		else
-			part_fail(lj, GG_ERR_MISMATCH, "step %llu of job '%s': site %s runs it %s, this site %s",
+			part_fail(lj, GG_ERR_MISMATCH, "step %llu of job '%s': site %s runs it %s, site %s %s",
 				  (unsigned long long)lj->wstep.step, lj->name, n->names[from],
-				  peer_direct ? "direct" : "by ring", peer_direct ? "by ring" : "direct");
+				  peer_direct ? "direct" : "by ring", n->names[n->self], peer_direct ? "by ring" : "direct");
 		return;
 	}
 	if (ws->fingerprint != lj->wstep.fingerprint) {
+		/* Named as the ranks named them: the message travels to every
+		 * site, where "this site" would name another. */
 		part_fail(lj, GG_ERR_MISMATCH,
-			  "step %llu of job '%s': site %s announced tensor %u with %llu elements (dtype %u), "
-			  "this site tensor %u with %llu elements (dtype %u)",
+			  "step %llu of job '%s': site %s announced tensor %u with %llu elements of %s, "
+			  "site %s tensor %u with %llu elements of %s",
 			  (unsigned long long)lj->wstep.step, lj->name, n->names[from], ws->tensor_id,
-			  (unsigned long long)ws->count, ws->dtype, lj->wstep.tensor_id,
-			  (unsigned long long)lj->wstep.count, lj->wstep.dtype);
+			  (unsigned long long)ws->count, wire_dtype_name(ws->dtype), n->names[n->self],
+			  lj->wstep.tensor_id, (unsigned long long)lj->wstep.count, wire_dtype_name(lj->wstep.dtype));
 		return;
 	}
 	int rc = gg_ar_step_on_frame(lj->ar, from, id, frame, len, err, sizeof(err));
@@ -2975,10 +2982,10 @@ static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
 		bool up = atomic_load(&n->ready[p]) != 0;
 		char why[GG_NODE_ERROR_MAX];
 		fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s is unreachable: nothing heard from it "
-			       "for %.1f s%s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
-			       (double)(now - heard) / 1e6,
-			       j->has_result ? "; this site had the result, but no stream carried its DONE to any site"
-					     : "",
+			       "for %.1f s%s%s%s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
+			       (double)(now - heard) / 1e6, j->has_result ? "; site " : "",
+			       j->has_result ? n->names[n->self] : "",
+			       j->has_result ? " had the result, but no stream carried its DONE to any site" : "",
 			       up ? "its streams are up but silent" : "its streams are down: ",
 			       up ? "" : down_reason(n, p, why, sizeof(why)));
 		return true;
@@ -3054,10 +3061,10 @@ static uint64_t coordinator_timers(struct gg_node *n)
 							 n->names[p], (double)(now - heard) / 1e6);
 		}
 		fail_step_code(n, j, silent[0] ? GG_ERR_SITE : GG_ERR_TIMEOUT,
-			       "step %llu of job '%s' missed its %s deadline: this site had the result, but "
+			       "step %llu of job '%s' missed its %s deadline: site %s had the result, but "
 			       "site%s %s never said so too%s%s",
 			       (unsigned long long)j->step->seq, j->name,
-			       gg_format_duration(j->timeout_us, buf, sizeof(buf)),
+			       gg_format_duration(j->timeout_us, buf, sizeof(buf)), n->names[n->self],
 			       strchr(waiting, ',') ? "s" : "", waiting, silent, down);
 	}
 	return next;

@@ -574,8 +574,8 @@ static void run(const struct scenario *sc)
 			 * every site drops its plan, and the next step completes. */
 			for (unsigned k = 0; k < sc->K; k++)
 				CHECK(sites[k].status[t] == GG_ERR_MISMATCH &&
-					      (strstr(sites[k].message[t], "runs it direct, this site by ring") ||
-					       strstr(sites[k].message[t], "runs it by ring, this site direct") ||
+					      (strstr(sites[k].message[t], "runs it direct, site ") ||
+					       strstr(sites[k].message[t], "runs it by ring, site ") ||
 					       strstr(sites[k].message[t], "aborted step")),
 				      "site %u: status %d: %s", k, sites[k].status[t], sites[k].message[t]);
 			printf("  site %u: %s\n", sc->K - 1, sites[sc->K - 1].message[t]);
