@@ -206,6 +206,15 @@ struct gg_host_backend {
 	 * once that is closed (-1: none); it holds no place in max_clients. */
 	int spare_wait_fd;
 	uint64_t spare_wait_until_us;
+	/* GPU memory given back while an NCCL call of the gateway's may run:
+	 * freeing it waits for every kernel on the GPU (cudaFree), and a
+	 * reduce waiting for a rank ends only by this loop's own abort. It is
+	 * freed once no such call runs. */
+	struct hb_deferred {
+		float *sum;
+		bool nccl;
+	} *deferred;
+	unsigned deferred_count, deferred_cap;
 	struct gg_host_backend_stats stats;
 };
 
@@ -391,7 +400,17 @@ static float *take_spare(struct gg_host_backend *b, struct hb_job *j)
 	return spare;
 }
 
-static void sum_free(const struct gg_host_backend *b, float *sum, bool on_gpu, bool nccl)
+/* Whether an NCCL call of the gateway's (a reduce, a broadcast, the fill
+ * before a reduce) may run on its GPU. */
+static bool nccl_running(const struct gg_host_backend *b)
+{
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		if (j->nccl_phase != PHASE_NONE)
+			return true;
+	return false;
+}
+
+static void sum_free_now(const struct gg_host_backend *b, float *sum, bool on_gpu, bool nccl)
 {
 	if (nccl) {
 		b->opts.nccl->free(sum);
@@ -405,6 +424,35 @@ static void sum_free(const struct gg_host_backend *b, float *sum, bool on_gpu, b
 #endif
 	(void)on_gpu;
 	free(sum);
+}
+
+static void sum_free(struct gg_host_backend *b, float *sum, bool on_gpu, bool nccl)
+{
+	if (sum && (on_gpu || nccl) && nccl_running(b)) {
+		if (b->deferred_count == b->deferred_cap) {
+			unsigned cap = b->deferred_cap ? 2 * b->deferred_cap : 8;
+			struct hb_deferred *d = realloc(b->deferred, cap * sizeof(*d));
+			if (d) {
+				b->deferred = d;
+				b->deferred_cap = cap;
+			}
+		}
+		if (b->deferred_count < b->deferred_cap) {
+			b->deferred[b->deferred_count++] = (struct hb_deferred){ sum, nccl };
+			return;
+		}
+	}
+	sum_free_now(b, sum, on_gpu, nccl);
+}
+
+/* What waited for the gateway's NCCL calls, once none runs. */
+static void deferred_free(struct gg_host_backend *b)
+{
+	if (!b->deferred_count || nccl_running(b))
+		return;
+	for (unsigned i = 0; i < b->deferred_count; i++)
+		sum_free_now(b, b->deferred[i].sum, true, b->deferred[i].nccl);
+	b->deferred_count = 0;
 }
 
 static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
@@ -2415,6 +2463,7 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 		 * as they come): a past one would spin the loop. */
 		next = min_deadline(next, j->with_core || j->nccl_phase || j->broken ? 0 : j->deadline_us);
 	}
+	deferred_free(b);
 	return next;
 }
 
@@ -2613,6 +2662,8 @@ static void hb_destroy(struct gg_site_backend *base)
 		close(b->spare_wait_fd);
 	while (b->jobs)
 		job_free(b, b->jobs);
+	deferred_free(b);
+	free(b->deferred);
 	free(b->conns);
 	free(b);
 }

@@ -52,7 +52,7 @@ static pthread_cond_t cond;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static struct comm *comms;
 static enum nd_fault fault;
-static unsigned ids, finishes;
+static unsigned ids, finishes, frees, busy_frees;
 
 static void init_cond(void)
 {
@@ -193,9 +193,30 @@ static int d_alloc(float **sum, uint64_t count, char *err, size_t err_size)
 	return 0;
 }
 
+/* As cudaFree(), which waits for every kernel on the GPU: a free while a
+ * root call is enqueued and not done would wait for it (for ever, for a
+ * reduce whose rank never comes). Counted, to be checked. */
 static void d_free(float *sum)
 {
+	if (!sum)
+		return;
+	pthread_mutex_lock(&lock);
+	frees++;
+	for (const struct comm *c = comms; c; c = c->next)
+		if (c->pending != NONE) {
+			busy_frees++;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
 	free(sum);
+}
+
+void nd_frees(unsigned *all, unsigned *busy)
+{
+	pthread_mutex_lock(&lock);
+	*all = frees;
+	*busy = busy_frees;
+	pthread_mutex_unlock(&lock);
 }
 
 static bool all_posted(const struct comm *c)
@@ -307,7 +328,9 @@ static void d_close(void *comm)
 	struct nd_rank *r = comm;
 
 	pthread_mutex_lock(&lock);
-	/* What it published goes with it: ranks that have not taken it wait. */
+	/* Its calls end; what it published goes with it: ranks that have not
+	 * taken it wait. */
+	r->c->pending = NONE;
 	r->c->result = NULL;
 	comm_put(r->c);
 	pthread_mutex_unlock(&lock);

@@ -49,5 +49,8 @@ void nd_abort(struct nd_rank *r);
 unsigned nd_live(void);
 /* How many communicators the gateway freed with finish(), not aborted. */
 unsigned nd_finishes(void);
+/* Buffers the gateway freed, and those of them freed while a reduce or
+ * broadcast it enqueued was not done (as cudaFree would wait for it). */
+void nd_frees(unsigned *all, unsigned *busy);
 
 #endif

@@ -409,7 +409,25 @@ static void test_reduce_timeout(void)
 	uint64_t beside_ms = now_ms() - t0;
 	close(fd);
 	CHECK(beside_ms < STEP_TIMEOUT_MS);
-
+	/* An NCCL job beside it ends meanwhile: its buffer's free, which on a
+	 * GPU would wait for the stuck reduce, waits for that reduce's end. */
+	unsigned frees, busy, frees_beside, busy_beside;
+	struct job other;
+	job_open(&other, "nccl-beside", 1);
+	announce(&other, 0, 1, 100, 9, ENQUEUE);
+	finish_rank(&other, 0);
+	CHECK_EQ_INT(other.r[0].status, GG_OK);
+	nd_frees(&frees, &busy);
+	job_close(&other);
+	while (harness_stats(&h).jobs > 1)
+		usleep(1000);
+	nd_frees(&frees_beside, &busy_beside);
+	uint64_t ended_ms = now_ms() - t0;
+	if (ended_ms < STEP_TIMEOUT_MS - 50)
+		CHECK_EQ_INT(frees_beside, frees); /* the reduce still runs: not freed yet */
+	else
+		printf("nccl: the job beside ended %llu ms in, too late to see its free held\n",
+		       (unsigned long long)ended_ms);
 	pthread_join(l.t, NULL);
 	static const char want[] = "site test-site: the ranks' reduce to the gateway was not done within 400 ms (a "
 				   "rank did not take part)";
@@ -418,8 +436,13 @@ static void test_reduce_timeout(void)
 	finish_rank(&j, 1);
 	expect_aborted(&j.r[1], GG_ERR_TIMEOUT, want);
 	job_close(&j);
+	harness_wait_connections(&h, 0);
+	nd_frees(&frees_beside, &busy_beside);
+	CHECK(frees_beside > frees);
+	CHECK_EQ_INT(busy_beside, busy); /* nothing freed while a reduce or broadcast ran */
 	printf("nccl: a reduce not done by the deadline: failed in %llu ms, another job's 3 steps done meanwhile in "
-	       "%llu ms\n", (unsigned long long)j.r[0].ms, (unsigned long long)beside_ms);
+	       "%llu ms, and its buffer freed after the reduce's end\n", (unsigned long long)j.r[0].ms,
+	       (unsigned long long)beside_ms);
 }
 
 /* The communicator fails while the gateway's reduce or broadcast runs. */
