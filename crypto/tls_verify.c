@@ -205,9 +205,10 @@ static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int depth, in
 		if (!depth)
 			break;
 		X509_NAME_oneline(X509_get_subject_name(cert), dn, sizeof(dn));
-		snprintf(chk->cert_detail, sizeof(chk->cert_detail), "%s intermediate CA %s",
-			 error == X509_V_ERR_CERT_REVOKED ? "revoked:" : "no CRL for", gg_escape(safe, sizeof(safe), dn,
-												      strlen(dn)));
+		snprintf(chk->cert_detail, sizeof(chk->cert_detail), "%s %s CA %s",
+			 error == X509_V_ERR_CERT_REVOKED ? "revoked:" : "no CRL for",
+			 X509_get_extension_flags(cert) & EXFLAG_SS ? "the trusted" : "intermediate",
+			 gg_escape(safe, sizeof(safe), dn, strlen(dn)));
 		break;
 	}
 	case X509_V_ERR_INVALID_PURPOSE: {

@@ -2453,10 +2453,14 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
 	if (!j || j->step || seq <= j->last_seq || !(code = failed_elsewhere(j, seq, &why)))
 		return 0;
 	snprintf(reason, reason_size, "%s", why);
-	/* As gg_node_submit() would have it. */
+	/* As gg_node_submit() would have it; and what the lanes hold of it
+	 * from peers that started it is acknowledged and let go. */
 	j->last_seq = seq;
 	j->active_us = gg_node_loop(n)->now_us;
 	step_failed_here(n, j, seq, code, reason);
+	struct mail f = { .base.type = M_FORGET, .seq = seq };
+	snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
+	post_lanes(n, &f, 0);
 	return code;
 }
 

@@ -539,7 +539,7 @@ static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, con
 	 * between the other ranks); a rank that announces another NCCL step
 	 * aborts it then. */
 	if (j->nccl_phase || step_uses_nccl(j))
-		nccl_abort(b, j, code, why);
+		nccl_abort(b, j, b->stopping ? GG_ERR_CLOSED : code, why);
 	j->broken = code;
 	gg_ctrl_set_text(j->broken_msg, sizeof(j->broken_msg), why);
 	/* The step under way fails everywhere now, unless the other sites may
@@ -1588,10 +1588,11 @@ static struct hb_failed *failed_step(struct hb_job *j, uint64_t seq)
 }
 
 /* A rank that announced the step being gathered, or will announce it
- * next (it announced the one before, or has not connected yet). */
+ * next: it announced the one before, or, not connected yet, the step is
+ * the first. */
 static bool at_step(const struct hb_job *j, const struct hb_conn *c)
 {
-	return !c || c->next_seq >= j->seq;
+	return c ? c->next_seq >= j->seq : j->seq == 1;
 }
 
 /* The step being gathered failed at another site already: the ranks that
@@ -1605,7 +1606,11 @@ static bool failed_elsewhere(struct gg_host_backend *b, struct hb_job *j)
 	char why[TEXT];
 	int code;
 
-	if (!b->core_ops->fail_unstarted || j->with_core || j->nccl_phase || j->broken || !j->deadline_us)
+	/* Not a step announced through NCCL: failing it before the gateway's
+	 * reduce would abort the communicator, where the step failed at
+	 * submit is still broadcast and the communicator lives on. */
+	if (!b->core_ops->fail_unstarted || j->with_core || j->nccl_phase || j->broken || !j->deadline_us ||
+	    step_uses_nccl(j))
 		return false;
 	for (unsigned r = 0; r < j->nranks; r++)
 		if (!at_step(j, j->ranks[r]))

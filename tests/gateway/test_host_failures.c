@@ -259,6 +259,24 @@ static void test_failed_elsewhere(void)
 	harness_wait_connections(&h, 0);
 	atomic_store(&h.failed_from, 0);
 	CHECK_EQ_INT(atomic_load(&h.aborts_told), aborts + 1); /* rank 0's leaving, in step 4 */
+
+	/* A rank not connected yet will announce step 1: rank 0 hears of
+	 * step 1's failure at once, and its step 2 waits for the other. */
+	atomic_store(&h.failed_from, 1);
+	s0 = open_rank(h.endpoint, "elsewhere-first", 0, 2);
+	CHECK_EQ_INT(gg_allreduce(s0, x0, 16, GG_DTYPE_F32, 1, 0, &err), GG_ERR_SITE);
+	CHECK_EQ_INT(gg_allreduce_start(s0, x0, 16, GG_DTYPE_F32, 2, 0, &r2, &err), 0);
+	CHECK_EQ_INT(gg_wait(r2, 300, &err), GG_ERR_AGAIN);
+	s1 = open_rank(h.endpoint, "elsewhere-first", 1, 2);
+	CHECK_EQ_INT(gg_allreduce(s1, x1, 16, GG_DTYPE_F32, 1, 0, &err), GG_ERR_SITE);
+	CHECK_ERR(err, GG_ERR_SITE, "step 1 (tensor 1): " FAILED_ELSEWHERE_TEXT);
+	CHECK_EQ_INT(gg_wait(r2, 2000, &err), GG_ERR_SITE);
+	gg_request_free(r2);
+	CHECK_EQ_INT(gg_allreduce(s1, x1, 16, GG_DTYPE_F32, 2, 0, &err), GG_ERR_SITE);
+	atomic_store(&h.failed_from, 0);
+	gg_session_close(s0);
+	gg_session_close(s1);
+	harness_wait_connections(&h, 0);
 }
 
 /* ---- a rank that dies ---------------------------------------------------- */

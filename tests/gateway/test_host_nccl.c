@@ -617,6 +617,63 @@ static void test_protocol(void)
 	printf("nccl: protocol violations refused\n");
 }
 
+/* A step another site failed, which a rank announces while the other is
+ * still to come: it waits for that rank and the gateway's reduce, as a
+ * step failed at submit does, and is broadcast: failing it at once would
+ * abort the communicator. The job goes on. */
+static void test_failed_elsewhere(void)
+{
+	struct job j;
+
+	job_open(&j, "nccl-elsewhere", 2);
+	atomic_store(&h.failed_from, 1);
+	announce(&j, 0, 1, 100, 12, ENQUEUE);
+	usleep(30000);
+	announce(&j, 1, 1, 100, 12, ENQUEUE);
+	run_ranks(j.nranks, finish_thread_rank, &j);
+	for (unsigned r = 0; r < j.nranks; r++) {
+		CHECK_EQ_INT(j.r[r].status, GG_ERR_SITE);
+		CHECK_CONTAINS(j.r[r].msg, FAILED_ELSEWHERE_TEXT);
+		CHECK_EQ_INT(j.r[r].flags, 0);
+		CHECK_EQ_INT(j.r[r].sync_rc, 0);
+	}
+	atomic_store(&h.failed_from, 0);
+	j.seq = 2;
+	for (unsigned r = 0; r < j.nranks; r++)
+		announce(&j, r, 2, 100, 13, ENQUEUE);
+	run_ranks(j.nranks, finish_thread_rank, &j);
+	for (unsigned r = 0; r < j.nranks; r++)
+		CHECK_EQ_INT(j.r[r].status, GG_OK);
+	job_close(&j);
+	printf("nccl: a step failed elsewhere is still reduced and broadcast; the next one completes\n");
+}
+
+/* The gateway stops while a job's reduce waits for a rank: every rank of
+ * the job hears GG_ERR_CLOSED, by its DONE or its session's end. */
+static void test_shutdown(void)
+{
+	struct job j;
+
+	job_open(&j, "nccl-shutdown", 2);
+	announce(&j, 0, 1, 100, 14, ENQUEUE);
+	announce(&j, 1, 1, 100, 14, NOTHING);
+	usleep(50000);
+	harness_stop_begin(&h);
+	for (unsigned r = 0; r < j.nranks; r++) {
+		union gg_ctrl_msg m;
+		char why[160];
+		size_t len = raw_recv(j.r[r].fd, &m);
+		int type = gg_ctrl_check(&m, len, why, sizeof(why));
+		CHECK(type == GG_CTRL_DONE || type == GG_CTRL_ERROR);
+		CHECK_EQ_INT(type == GG_CTRL_DONE ? m.done.status : m.error.code, GG_ERR_CLOSED);
+		CHECK_CONTAINS(type == GG_CTRL_DONE ? m.done.message : m.error.message,
+			       "the gateway of site test-site is shutting down");
+	}
+	job_close(&j);
+	harness_stop(&h);
+	printf("nccl: a stopping gateway ends a waiting NCCL step with GG_ERR_CLOSED at every rank\n");
+}
+
 /* A gateway without NCCL says so. */
 static void test_without_nccl(void)
 {
@@ -651,7 +708,8 @@ int main(void)
 	test_last_rank_leaves();
 	test_join_timeout();
 	test_protocol();
-	harness_stop(&h);
+	test_failed_elsewhere();
+	test_shutdown();
 	test_without_nccl();
 	CHECK_EQ_INT(nd_live(), 0);
 	printf("host nccl: ok\n");

@@ -663,8 +663,8 @@ static void run(const char *cert_dir, enum scenario what)
 	if (what == CHUNKS) {
 		printf("  %s\n", outcome.message);
 		CHECK(outcome.done && outcome.status == GG_ERR_MISMATCH &&
-			      strstr(outcome.message, "step 1 of job 'acks': site s0 cuts it in other chunks than this "
-						      "site"),
+			      strstr(outcome.message, "step 1 of job 'acks': site s0 cuts it in other chunks than site "
+						      "s1 "),
 		      "a step cut in other chunks by the peer: done %d, status %d: %s", outcome.done, outcome.status,
 		      outcome.message);
 	} else {
