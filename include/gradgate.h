@@ -119,12 +119,14 @@ struct gg_request;
  * connect to or the connection cannot be made by then (a full backlog),
  * GG_ERR_TIMEOUT when it was made but the gateway has not answered by
  * then (one too busy to accept it from its backlog, too),
- * GG_ERR_CLOSED when it closed the connection without an answer. The
- * gateway refuses (GG_ERR_REFUSED, with its reason) a protocol version it
- * does not speak, a rank already connected, an nranks different from what
- * the job's first rank said or above its max_clients, a process running
- * as another user than the job's first rank, a job that failed and still
- * has ranks connected, and connections beyond its max_clients. */
+ * GG_ERR_CLOSED when it closed the connection without an answer or is
+ * shutting down (it says so). The gateway refuses (GG_ERR_REFUSED, with
+ * its reason) a protocol version it does not speak, a rank already
+ * connected, an nranks different from what the job's first rank said or
+ * above its max_clients, a process running as another user than the
+ * job's first rank, a job that failed and still has ranks connected, and
+ * connections beyond its max_clients; GG_ERR_NOMEM when it is out of
+ * memory for the session. */
 GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
 				 struct gg_session **out, struct gg_error *err);
 

@@ -343,9 +343,13 @@ static int handshake(struct gg_session *s, const char *path, int nranks, uint64_
 			       "receiving the answer to HELLO from unix:%s: %s", path,
 			       n == -EPROTO ? "it carried file descriptors" : strerror((int)-n));
 	int type = gg_ctrl_check(&m, (size_t)n, why, sizeof(why));
-	if (type == GG_CTRL_REFUSE)
-		return gg_ctrl_error(err, GG_ERR_REFUSED, "%s",
+	if (type == GG_CTRL_REFUSE) {
+		/* The gateway's code where it says more than a refusal: out of
+		 * memory, shutting down. */
+		int code = m.error.code == GG_ERR_NOMEM || m.error.code == GG_ERR_CLOSED ? m.error.code : GG_ERR_REFUSED;
+		return gg_ctrl_error(err, code, "%s",
 			       m.error.message[0] ? m.error.message : "the gateway refused the session without a reason");
+	}
 	if (type != GG_CTRL_ACCEPT)
 		return gg_ctrl_error(err, GG_ERR_PROTOCOL, "the gateway at unix:%s answered HELLO with %s", path,
 			       type < 0 ? why : gg_ctrl_type_name((unsigned)type));

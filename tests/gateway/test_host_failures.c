@@ -720,6 +720,15 @@ static void *fake_gateway_main(void *arg)
 
 	CHECK(fd >= 0);
 	CHECK(raw_recv(fd, &m) == sizeof(m.hello));
+	if (!strncmp(g->mode, "refuse-", 7)) {
+		size_t len = gg_ctrl_init(&m, GG_CTRL_REFUSE);
+		m.error.code = !strcmp(g->mode, "refuse-nomem") ? GG_ERR_NOMEM
+			     : !strcmp(g->mode, "refuse-closed") ? GG_ERR_CLOSED : GG_ERR_PROTOCOL;
+		gg_ctrl_set_text(m.error.message, sizeof(m.error.message), g->mode);
+		raw_send(fd, &m, len, -1);
+		close(fd);
+		return NULL;
+	}
 	size_t len = gg_ctrl_init(&m, GG_CTRL_ACCEPT);
 	m.accept.version = GG_CTRL_VERSION;
 	m.accept.max_inflight = 2;
@@ -772,7 +781,7 @@ static void fake_gateway_check(const char *mode, int code, const char *text)
 	CHECK(listen(g.listen_fd, 4) == 0);
 	CHECK(pthread_create(&g.thread, NULL, fake_gateway_main, &g) == 0);
 
-	if (!strcmp(mode, "bad-accept")) {
+	if (!strcmp(mode, "bad-accept") || !strncmp(mode, "refuse-", 7)) {
 		CHECK_EQ_INT(gg_session_open(g.endpoint, "fake", 0, 1, &s, &err), code);
 		CHECK_ERR(err, code, text);
 	} else {
@@ -796,6 +805,10 @@ static void test_fake_gateway(void)
 	unsigned fds = count_open_fds();
 
 	fake_gateway_check("bad-accept", GG_ERR_PROTOCOL, "accepted with limits this library cannot use");
+	/* A refusal carries the gateway's code where it says more than that. */
+	fake_gateway_check("refuse-nomem", GG_ERR_NOMEM, "refuse-nomem");
+	fake_gateway_check("refuse-closed", GG_ERR_CLOSED, "refuse-closed");
+	fake_gateway_check("refuse-other", GG_ERR_REFUSED, "refuse-other");
 	fake_gateway_check("wrong-seq", GG_ERR_PROTOCOL,
 			   "step 1 (tensor 3): the gateway of site fake answered step 7, but step 1 was next");
 	fake_gateway_check("garbage", GG_ERR_PROTOCOL,
