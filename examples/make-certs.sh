@@ -101,8 +101,11 @@ if [ -e "$out" ] || [ -L "$out" ]; then
 fi
 command -v openssl >/dev/null || { echo "$me: openssl is not installed" >&2; exit 1; }
 
+# Folders made on the way (/etc/gradgate for /etc/gradgate/certs) are
+# readable as any: the gateway's user reads its config there. Keys are
+# 0600 each.
+(umask 022 && mkdir -p "$out")
 umask 077
-mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -22,6 +22,12 @@ done
 before=$(cd "$work/old" && sha256sum ./*)
 "$mc" --force --out "$work/old" Bad_Name 2>/dev/null && { echo "Bad_Name accepted"; bad=1; }
 [ "$(cd "$work/old" && sha256sum ./*)" = "$before" ] || { echo "a refused --force run touched the earlier CA"; bad=1; }
+# The folders it makes above its own stay readable: the gateway's user
+# reads its config there.
+"$mc" --out "$work/etc/gradgate/certs" site-a >/dev/null || exit 1
+[ "$(stat -c %a "$work/etc/gradgate")" = 755 ] ||
+	{ echo "make-certs made $work/etc/gradgate mode $(stat -c %a "$work/etc/gradgate")"; bad=1; }
+[ "$(stat -c %a "$work/etc/gradgate/certs/site-a.key")" = 600 ] || { echo "a key is not 0600"; bad=1; }
 # A new CA for some sites says which others it leaves behind.
 "$mc" --out "$work/old" site-b >/dev/null || exit 1
 warn=$("$mc" --force --out "$work/old" site-a 2>&1 >/dev/null)
