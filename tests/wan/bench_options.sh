@@ -20,6 +20,7 @@ cases=(
 	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 extra|unexpected argument 'extra'"
 	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 --timeout-ms 100@0|--timeout-ms is MS or MS@STEP, not '100@0'"
 	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 --timeout-ms 100abc|--timeout-ms is MS or MS@STEP, not '100abc'"
+	"transport --rate 5zz|--rate 5zz: expected a rate like 2G, 500M or 100k"
 	"transport --socket-buffer 4KiB|bad value for --socket-buffer: 4KiB"
 	"codec --level 0|--level wants 1 to 19, as [compression] zstd_level"
 	"codec --level 22|--level wants 1 to 19, as [compression] zstd_level"
