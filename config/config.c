@@ -228,6 +228,7 @@ struct loader {
 	const char *base_dir;
 	struct gg_diag *diag;
 	int oom;
+	bool settings_only; /* no checks of the files the config names */
 	struct setting settings[GG_ARRAY_LEN(sections)][MAX_SECTION_FIELDS];
 };
 
@@ -1073,10 +1074,10 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 static const char *const section_names[] = { "site", "tls", "peers", "transport", "compression",
 					      "allreduce", "limits", "metrics" };
 
-int gg_config_load_text(const char *text, size_t len, const char *source, const char *base_dir,
-			struct gg_config *cfg, struct gg_diag *diag)
+static int load_text(const char *text, size_t len, const char *source, const char *base_dir, bool settings_only,
+		     struct gg_config *cfg, struct gg_diag *diag)
 {
-	struct loader ld = { .source = source, .base_dir = base_dir, .diag = diag };
+	struct loader ld = { .source = source, .base_dir = base_dir, .diag = diag, .settings_only = settings_only };
 	struct gg_toml_doc *doc = NULL;
 	char err[512];
 	int rc;
@@ -1114,7 +1115,8 @@ int gg_config_load_text(const char *text, size_t len, const char *source, const 
 	fill_derived(&ld, cfg);
 	check_combinations(&ld, cfg);
 	check_metrics(&ld, cfg, root);
-	check_files(&ld, cfg);
+	if (!ld.settings_only)
+		check_files(&ld, cfg);
 
 	gg_toml_free(doc);
 	if (ld.oom || diag->count > before) {
@@ -1129,7 +1131,13 @@ int gg_config_load_text(const char *text, size_t len, const char *source, const 
 	return 0;
 }
 
-int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag)
+int gg_config_load_text(const char *text, size_t len, const char *source, const char *base_dir,
+			struct gg_config *cfg, struct gg_diag *diag)
+{
+	return load_text(text, len, source, base_dir, false, cfg, diag);
+}
+
+static int load_file(const char *path, bool settings_only, struct gg_config *cfg, struct gg_diag *diag)
 {
 	char *text = NULL, *dir = NULL;
 	size_t len = 0;
@@ -1151,16 +1159,21 @@ int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag
 		free(text);
 		return -ENOMEM;
 	}
-	rc = gg_config_load_text(text, len, path, dir, cfg, diag);
+	rc = load_text(text, len, path, dir, settings_only, cfg, diag);
 	free(dir);
 	free(text);
 	return rc;
 }
 
-int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out)
+int gg_config_load(const char *path, struct gg_config *cfg, struct gg_diag *diag)
+{
+	return load_file(path, false, cfg, diag);
+}
+
+static int load_report(const char *path, bool settings_only, struct gg_config *cfg, FILE *out)
 {
 	struct gg_diag diag = { 0 };
-	int rc = gg_config_load(path, cfg, &diag);
+	int rc = load_file(path, settings_only, cfg, &diag);
 
 	if (rc) {
 		gg_diag_print(&diag, out);
@@ -1168,6 +1181,16 @@ int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out)
 	}
 	gg_diag_free(&diag);
 	return rc;
+}
+
+int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out)
+{
+	return load_report(path, false, cfg, out);
+}
+
+int gg_config_load_settings_report(const char *path, struct gg_config *cfg, FILE *out)
+{
+	return load_report(path, true, cfg, out);
 }
 
 void gg_config_free(struct gg_config *cfg)

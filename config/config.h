@@ -127,6 +127,10 @@ GG_MUST_CHECK int gg_config_load_text(const char *text, size_t len, const char *
 /* gg_config_load(), and when it fails every problem and their count
  * ("site.toml: 2 problems found") on `out`. */
 GG_MUST_CHECK int gg_config_load_report(const char *path, struct gg_config *cfg, FILE *out);
+/* The same without the checks of the files the config names (readable, a
+ * regular file, the key's mode): for tools that only read its settings,
+ * such as `gradgate status`. */
+GG_MUST_CHECK int gg_config_load_settings_report(const char *path, struct gg_config *cfg, FILE *out);
 
 void gg_config_free(struct gg_config *cfg);
 

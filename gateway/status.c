@@ -41,7 +41,8 @@ static void usage(FILE *out)
 		"  own user may ask. Exit status: 0 answered, 1 bad config, 2 usage,\n"
 		"  3 no answer (no gateway there, refused, or a broken answer)\n"
 		"\n"
-		"  --config FILE           the site's config file\n"
+		"  --config FILE           the site's config file (its settings only: the files\n"
+		"                          it names are the gateway's to check)\n"
 		"  --control unix:/PATH    the gateway's control socket\n"
 		"  --json                  one JSON object instead of tables\n");
 }
@@ -307,7 +308,9 @@ static int control_of_config(const char *path, char *out, size_t size)
 {
 	struct gg_config cfg;
 
-	if (gg_config_load_report(path, &cfg, stderr))
+	/* Only its control socket matters: a key file whose mode drifted is
+	 * the gateway's business at its next start or reload. */
+	if (gg_config_load_settings_report(path, &cfg, stderr))
 		return STATUS_CONFIG;
 	snprintf(out, size, "%s", cfg.site.control);
 	gg_config_free(&cfg);
