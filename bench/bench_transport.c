@@ -977,9 +977,18 @@ static int parse_size_arg(const char *flag, const char *v, uint64_t *out)
 
 	if (gg_parse_size(v, out, &why)) {
 		fprintf(stderr, "gradgate-bench transport: %s %s: %s\n", flag, v, why);
-		return -EINVAL;
+		return -EBADMSG; /* told */
 	}
 	return 0;
+}
+
+/* A size from `lo` to `hi`: 0, -EBADMSG when it is no size (said), or
+ * -EINVAL when it is out of range. */
+static int size_in(const char *flag, const char *v, uint64_t *out, uint64_t lo, uint64_t hi)
+{
+	if (parse_size_arg(flag, v, out))
+		return -EBADMSG;
+	return *out < lo || *out > hi ? -EINVAL : 0;
 }
 
 /* "2G", "500M", "2.5G", "10000000": bits per second. */
@@ -999,7 +1008,7 @@ static int parse_rate(const char *v, uint64_t *bps)
 		end += strlen(end);
 	if (end == v || *end || !(x > 0) || x * mult < 1e3) {
 		fprintf(stderr, "gradgate-bench transport: --rate %s: expected a rate like 2G, 500M or 100k (bits per second)\n", v);
-		return -EINVAL;
+		return -EBADMSG; /* told */
 	}
 	*bps = (uint64_t)(x * mult);
 	return 0;
@@ -1072,14 +1081,13 @@ static int parse_options(int argc, char **argv, struct options *o)
 			o->rtt_count = (int)n;
 		}
 		else if (!strcmp(a, "--rtt-size"))
-			rc = parse_size_arg(a, v, &o->rtt_bytes) || !o->rtt_bytes || o->rtt_bytes > (64u << 20) ? -EINVAL : 0;
+			rc = size_in(a, v, &o->rtt_bytes, 1, 64u << 20);
 		else if (!strcmp(a, "--write-size"))
-			rc = parse_size_arg(a, v, &o->write_bytes) || !o->write_bytes || o->write_bytes > (64u << 20) ? -EINVAL : 0;
+			rc = size_in(a, v, &o->write_bytes, 1, 64u << 20);
 		else if (!strcmp(a, "--ring-size"))
-			rc = parse_size_arg(a, v, &o->ring_bytes) || o->ring_bytes > (256u << 20) ? -EINVAL : 0;
+			rc = size_in(a, v, &o->ring_bytes, 0, 256u << 20);
 		else if (!strcmp(a, "--socket-buffer"))
-			rc = parse_size_arg(a, v, &o->socket_buffer_bytes) || o->socket_buffer_bytes < (64u << 10) ||
-			     o->socket_buffer_bytes > (256u << 20) ? -EINVAL : 0;
+			rc = size_in(a, v, &o->socket_buffer_bytes, 64u << 10, 256u << 20);
 		else if (!strcmp(a, "--rate"))
 			rc = parse_rate(v, &o->rate_bps);
 		else if (!strcmp(a, "--ca"))
@@ -1091,9 +1099,9 @@ static int parse_options(int argc, char **argv, struct options *o)
 		else if (!strcmp(a, "--peer-identity"))
 			o->peer_identity = v;
 		if (rc) {
-			if (strcmp(a, "--rate")) /* parse_rate says what it wants */
+			if (rc != -EBADMSG) /* else the parser said what it wants */
 				fprintf(stderr, "gradgate-bench transport: bad value for %s: %s\n", a, v);
-			return rc;
+			return -EINVAL;
 		}
 	}
 	if ((o->ca || o->cert || o->key) && !(o->ca && o->cert && o->key)) {

@@ -102,10 +102,11 @@ fi
 command -v openssl >/dev/null || { echo "$me: openssl is not installed" >&2; exit 1; }
 
 # Folders made on the way (/etc/gradgate for /etc/gradgate/certs) are
-# readable as any: the gateway's user reads its config there. Keys are
-# 0600 each.
-(umask 022 && mkdir -p "$out")
+# readable as any: the gateway's user reads its config there. The folder
+# itself, which holds the CA key, and every key are the user's alone.
+(umask 022 && mkdir -p "$(dirname "$out")")
 umask 077
+mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

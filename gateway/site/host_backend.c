@@ -958,12 +958,12 @@ static bool make_room(struct gg_host_backend *b, unsigned more, const struct hb_
 }
 
 /* Refuses a connection that has no slot: REFUSE, then close. */
-static void refuse_unslotted(struct gg_host_backend *b, int fd, const char *text)
+static void refuse_unslotted(struct gg_host_backend *b, int fd, int code, const char *text)
 {
 	union gg_ctrl_msg m;
 	size_t len = gg_ctrl_init(&m, GG_CTRL_REFUSE);
 
-	m.error.code = GG_ERR_REFUSED;
+	m.error.code = code;
 	gg_ctrl_set_text(m.error.message, sizeof(m.error.message), text);
 	/* Nothing was ever sent on the socket: this cannot block. */
 	(void)send(fd, &m, len, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -1021,7 +1021,7 @@ static void conn_new(struct gg_host_backend *b, int fd)
 		snprintf(hint, sizeof(hint), ", and %u more wait for slots being freed", WAITING_MAX);
 	snprintf(text, sizeof(text), "the gateway of site %s already serves max_clients = %u connections%s", b->site,
 		 b->opts.max_clients, hint);
-	refuse_unslotted(b, fd, text);
+	refuse_unslotted(b, fd, GG_ERR_REFUSED, text);
 }
 
 /* Refuses a connection that waited for a slot until its deadline, or
@@ -1032,7 +1032,7 @@ static void refuse_waited(struct gg_host_backend *b, int fd)
 
 	snprintf(text, sizeof(text), "the gateway of site %s %s", b->site,
 		 b->stopping ? "is shutting down" : "had no slot free in time (max_clients are taken)");
-	refuse_unslotted(b, fd, text);
+	refuse_unslotted(b, fd, b->stopping ? GG_ERR_CLOSED : GG_ERR_REFUSED, text);
 }
 
 /* Connections waiting for a slot take those freed since, in order; those

@@ -27,6 +27,7 @@ before=$(cd "$work/old" && sha256sum ./*)
 "$mc" --out "$work/etc/gradgate/certs" site-a >/dev/null || exit 1
 [ "$(stat -c %a "$work/etc/gradgate")" = 755 ] ||
 	{ echo "make-certs made $work/etc/gradgate mode $(stat -c %a "$work/etc/gradgate")"; bad=1; }
+[ "$(stat -c %a "$work/etc/gradgate/certs")" = 700 ] || { echo "the certificates' folder is not 0700"; bad=1; }
 [ "$(stat -c %a "$work/etc/gradgate/certs/site-a.key")" = 600 ] || { echo "a key is not 0600"; bad=1; }
 # A new CA for some sites says which others it leaves behind.
 "$mc" --out "$work/old" site-b >/dev/null || exit 1
