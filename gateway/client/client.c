@@ -48,7 +48,8 @@ struct gg_request {
 	void *buf;            /* NULL once detached by gg_request_free, and for NCCL steps */
 	unsigned region;      /* GG_CTRL_REGION_NCCL: the step goes through the communicator */
 	uint64_t offset;
-	uint64_t deadline_ms; /* the step's deadline plus GRACE_MS */
+	uint64_t deadline_ms; /* the step's deadline plus grace_ms */
+	uint64_t grace_ms;    /* how long past its deadline the gateway may answer */
 	bool done;
 	bool freed;           /* the caller let go; the session frees it */
 	int status;
@@ -670,12 +671,13 @@ static uint64_t step_timeout_ms(const struct gg_session *s, int timeout_ms)
 }
 
 /* Announces step s->next_seq, whose tensor lies at `offset` in region
- * `id`, and queues its request. For id GG_CTRL_REGION_NCCL the tensor
+ * `id`, and queues its request, given up on `grace` ms past its deadline
+ * (`deadline` includes it). For id GG_CTRL_REGION_NCCL the tensor
  * travels through the job's NCCL communicator: `buf` is device memory,
  * never touched here, and offset is 0. */
 static int request_send(struct gg_session *s, void *buf, size_t count, enum gg_dtype dtype, uint32_t tensor_id,
-			uint64_t timeout, uint64_t deadline, unsigned id, uint64_t offset, const char *step,
-			struct gg_request **out, struct gg_error *err)
+			uint64_t timeout, uint64_t deadline, uint64_t grace, unsigned id, uint64_t offset,
+			const char *step, struct gg_request **out, struct gg_error *err)
 {
 	uint64_t bytes = (uint64_t)count * gg_dtype_size(dtype);
 	struct gg_request *r = calloc(1, sizeof(*r));
@@ -704,7 +706,7 @@ static int request_send(struct gg_session *s, void *buf, size_t count, enum gg_d
 
 	*r = (struct gg_request){
 		.s = s, .seq = s->next_seq++, .tensor_id = tensor_id, .dtype = dtype, .bytes = bytes,
-		.buf = reg ? buf : NULL, .region = id, .offset = offset, .deadline_ms = deadline,
+		.buf = reg ? buf : NULL, .region = id, .offset = offset, .deadline_ms = deadline, .grace_ms = grace,
 	};
 	if (reg)
 		reg->users++;
@@ -756,7 +758,8 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	}
 	if (id < 0)
 		id = s->current;
-	return request_send(s, buf, count, dtype, tensor_id, timeout, deadline, (unsigned)id, offset, step, out, err);
+	return request_send(s, buf, count, dtype, tensor_id, timeout, deadline, s->answer_grace_ms + GRACE_MS,
+			    (unsigned)id, offset, step, out, err);
 }
 
 /* The region through which the gateway reaches CUDA allocation `a`: the
@@ -841,8 +844,8 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 	if ((rc = gg_cudrv_sync(&a, stream, why, sizeof(why))))
 		return gg_ctrl_error(err, rc, "%s: %s", step, why);
 	uint64_t deadline = gg_ctrl_now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
-	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout, deadline, (unsigned)id, offset, step, &r,
-			       err)))
+	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout, deadline, s->answer_grace_ms + GRACE_MS,
+			       (unsigned)id, offset, step, &r, err)))
 		return rc;
 	rc = gg_wait(r, -1, err);
 	gg_request_free(r);
@@ -976,10 +979,9 @@ GRADGATE_API int gg_allreduce_nccl(struct gg_session *s, void *devbuf, size_t co
 	/* The step's deadline runs from its announcement, as the gateway's.
 	 * The gateway may take its grace twice: for the core's end, and then
 	 * for the broadcast. */
-	const uint64_t step_deadline = gg_ctrl_now_ms() + timeout;
-	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout,
-			       step_deadline + 2 * s->answer_grace_ms + GRACE_MS, GG_CTRL_REGION_NCCL, 0, step, &r,
-			       err)))
+	const uint64_t step_deadline = gg_ctrl_now_ms() + timeout, grace = 2 * s->answer_grace_ms + GRACE_MS;
+	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout, step_deadline + grace, grace,
+			       GG_CTRL_REGION_NCCL, 0, step, &r, err)))
 		return rc;
 	rc = gg_nccl_reduce_broadcast(s->nccl_comm, devbuf, count, s->nccl_id.root, stream, step_deadline, why,
 				      sizeof(why));
@@ -1034,11 +1036,9 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
 			pump(s, 0);
 			if (req->done || s->head != head)
 				continue;
-			/* NCCL steps may take the gateway's grace twice. */
 			session_fail(s, GG_ERR_TIMEOUT, "the gateway of site %s did not answer step %llu within its "
 				     "deadline and %llu ms more", site_of(s), (unsigned long long)head->seq,
-				     (unsigned long long)(head->region == GG_CTRL_REGION_NCCL ? 2 : 1) *
-						     s->answer_grace_ms + GRACE_MS);
+				     (unsigned long long)head->grace_ms);
 			break;
 		}
 		/* What the gateway sent already counts, however short the wait:

@@ -2426,6 +2426,16 @@ static void step_has_result(struct gg_node *n, struct job *j)
 	maybe_complete(n, j);
 }
 
+/* The lanes acknowledge and let go what peers sent of step `seq` of `job`,
+ * which will not run here. */
+static void forget_step(struct gg_node *n, const char *job, uint64_t seq)
+{
+	struct mail f = { .base.type = M_FORGET, .seq = seq };
+
+	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
+	post_lanes(n, &f, 0);
+}
+
 /* Whether step `seq` of the job, not started here, failed already at
  * another site, which said so (ABORT) or whose ranks of the job are gone
  * (END): its enum gg_errc code and *reason; 0 when not. */
@@ -2458,9 +2468,7 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
 	j->last_seq = seq;
 	j->active_us = gg_node_loop(n)->now_us;
 	step_failed_here(n, j, seq, code, reason);
-	struct mail f = { .base.type = M_FORGET, .seq = seq };
-	snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
-	post_lanes(n, &f, 0);
+	forget_step(n, j->name, seq);
 	return code;
 }
 
@@ -2666,11 +2674,8 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	j->aborted[a].hi = hi;
 	j->aborted[a].code = -(int)m->u.abort.code;
 	snprintf(j->aborted[a].reason, sizeof(j->aborted[a].reason), "%s", msg);
-	for (uint64_t seq = from_seq; seq <= hi && seq < from_seq + 64; seq++) {
-		struct mail f = { .base.type = M_FORGET, .seq = seq };
-		snprintf(f.u.job, sizeof(f.u.job), "%s", j->name);
-		post_lanes(n, &f, 0);
-	}
+	for (uint64_t seq = from_seq; seq <= hi && seq < from_seq + 64; seq++)
+		forget_step(n, j->name, seq);
 	char safe[LOG_VALUE_MAX];
 	gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
 	       (unsigned long long)from_seq, (unsigned long long)hi, gg_escape(safe, sizeof(safe), msg, strlen(msg)));
@@ -3350,9 +3355,7 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 	if (j)
 		remember_abort(n, j, seq, code, reason);
 	/* Frames the lanes keep for the step are let go. */
-	struct mail f = { .base.type = M_FORGET, .seq = seq };
-	snprintf(f.u.job, sizeof(f.u.job), "%s", job);
-	post_lanes(n, &f, 0);
+	forget_step(n, job, seq);
 	if (j && seq > j->last_seq)
 		j->last_seq = seq;
 	return 0;

@@ -246,9 +246,9 @@ static uint64_t min_deadline(uint64_t a, uint64_t b)
 	return !a ? b : !b ? a : GG_MIN(a, b);
 }
 
-static struct hb_req *head(struct hb_conn *c)
+static struct hb_req *head(const struct hb_conn *c)
 {
-	return c->req_count ? &c->reqs[c->req_head] : NULL;
+	return c->req_count ? (struct hb_req *)&c->reqs[c->req_head] : NULL;
 }
 
 static void req_pop(struct hb_conn *c)
@@ -1175,7 +1175,7 @@ static bool not_joined(const struct hb_job *j, const struct hb_conn *c)
 
 static bool not_announced(const struct hb_job *j, const struct hb_conn *c)
 {
-	const struct hb_req *h = c && c->req_count ? &c->reqs[c->req_head] : NULL;
+	const struct hb_req *h = c ? head(c) : NULL;
 
 	return !h || h->seq != j->seq;
 }

@@ -24,9 +24,8 @@ static inline int gpu_test_device_count(void)
 {
 	int count = 0;
 	cudaError_t e = cudaGetDeviceCount(&count);
-	void *driver;
 
-	if (e == cudaErrorInsufficientDriver && !(driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL))) {
+	if (e == cudaErrorInsufficientDriver && !dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
 		printf("skip: no CUDA driver (libcuda.so.1 cannot be loaded)\n");
 		exit(SKIP_EXIT);
 	}
