@@ -212,9 +212,11 @@ struct gg_host_backend {
 	 * freed once no such call runs. */
 	struct hb_deferred {
 		float *sum;
+		uint64_t bytes;
 		bool nccl;
 	} *deferred;
 	unsigned deferred_count, deferred_cap;
+	uint64_t deferred_bytes; /* still taken: counted against opts.memory_bytes */
 	struct gg_host_backend_stats stats;
 };
 
@@ -426,7 +428,8 @@ static void sum_free_now(const struct gg_host_backend *b, float *sum, bool on_gp
 	free(sum);
 }
 
-static void sum_free(struct gg_host_backend *b, float *sum, bool on_gpu, bool nccl)
+/* Gives back `bytes` of sum buffer. */
+static void sum_free(struct gg_host_backend *b, float *sum, uint64_t bytes, bool on_gpu, bool nccl)
 {
 	if (sum && (on_gpu || nccl) && nccl_running(b)) {
 		if (b->deferred_count == b->deferred_cap) {
@@ -438,7 +441,8 @@ static void sum_free(struct gg_host_backend *b, float *sum, bool on_gpu, bool nc
 			}
 		}
 		if (b->deferred_count < b->deferred_cap) {
-			b->deferred[b->deferred_count++] = (struct hb_deferred){ sum, nccl };
+			b->deferred[b->deferred_count++] = (struct hb_deferred){ sum, bytes, nccl };
+			b->deferred_bytes += bytes;
 			return;
 		}
 	}
@@ -453,13 +457,23 @@ static void deferred_free(struct gg_host_backend *b)
 	for (unsigned i = 0; i < b->deferred_count; i++)
 		sum_free_now(b, b->deferred[i].sum, true, b->deferred[i].nccl);
 	b->deferred_count = 0;
+	b->deferred_bytes = 0;
+}
+
+/* What the memory limit leaves for a new sum, every spare kept. */
+static uint64_t room(const struct gg_host_backend *b)
+{
+	uint64_t taken = b->stats.sum_bytes + b->stats.spare_bytes + b->deferred_bytes;
+
+	return taken < b->opts.memory_bytes ? b->opts.memory_bytes - taken : 0;
 }
 
 static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 {
 	bool on_gpu = j->spare_on_gpu, nccl = j->spare_nccl;
+	uint64_t bytes = j->spare_bytes;
 
-	sum_free(b, take_spare(b, j), on_gpu, nccl);
+	sum_free(b, take_spare(b, j), bytes, on_gpu, nccl);
 }
 
 static unsigned slots(const struct gg_host_backend *b);
@@ -1216,7 +1230,7 @@ static void step_release_sum(struct gg_host_backend *b, struct hb_job *j)
 	if (j->sum_owned && j->step_nccl && j->nccl_state != NCCL_UP) {
 		/* No NCCL step of the job can use it any more. */
 		b->stats.sum_bytes -= j->sum_cap;
-		sum_free(b, j->step.sum, true, true);
+		sum_free(b, j->step.sum, j->sum_cap, true, true);
 	} else if (j->sum_owned) {
 		b->stats.sum_bytes -= j->sum_cap;
 		j->spare = j->step.sum;
@@ -1381,7 +1395,7 @@ static void range_ready(const struct gg_site_step *st, uint64_t offset, uint64_t
  * gateway's GPU (*sum: a spare of the job's, or NULL for a new one), where
  * the core encodes and decodes it. Returns false when the step failed,
  * the sum freed. */
-static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref, float **sum)
+static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb_req *ref, float **sum, uint64_t cap)
 {
 #if HAVE_CUDA
 	char why[TEXT - 96];
@@ -1394,13 +1408,13 @@ static bool gpu_sum(struct gg_host_backend *b, struct hb_job *j, const struct hb
 				      ref->count, why, sizeof(why));
 	if (!rc)
 		return true;
-	sum_free(b, *sum, true, false);
+	sum_free(b, *sum, cap, true, false);
 	*sum = NULL;
 	fail_step(b, j, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM, "summing on the gateway's GPU: %s", why);
 	return false;
 #else
 	/* No region is a device one without CUDA: MAP_CUDA is refused. */
-	(void)ref, (void)sum;
+	(void)ref, (void)sum, (void)cap;
 	fail_step(b, j, GG_ERR_INVALID, "the gateway was built without CUDA");
 	return false;
 #endif
@@ -1456,7 +1470,6 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 	void (*gather)(const struct gg_site_step *, uint64_t, uint64_t) = hb_gather;
 	void (*deliver_range)(const struct gg_site_step *, uint64_t, uint64_t) = hb_deliver;
 	if (own_sum) {
-		const uint64_t limit = b->opts.memory_bytes;
 		/* A device buffer is costly to make (and freeing one waits for
 		 * the GPU): any large enough will do for a step in GPU memory, so
 		 * a job's buckets of different sizes share one. */
@@ -1466,17 +1479,19 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		sum = fits ? take_spare(b, j) : NULL;
 		if (!fits) {
 			drop_spare(b, j);
-			/* Buffers other jobs keep go first, when that makes room. */
-			fits = bytes <= limit - b->stats.sum_bytes;
-			for (struct hb_job *o = b->jobs;
-			     fits && o && bytes > limit - b->stats.sum_bytes - b->stats.spare_bytes; o = o->next)
+			/* Buffers other jobs keep go first, when that makes room;
+			 * GPU buffers that wait for an NCCL call to end to be
+			 * freed still count (sum_free). */
+			fits = b->stats.sum_bytes + b->deferred_bytes + bytes <= b->opts.memory_bytes;
+			for (struct hb_job *o = b->jobs; fits && o && bytes > room(b); o = o->next)
 				drop_spare(b, o);
+			fits = fits && bytes <= room(b);
 		}
 		if (!fits) {
 			fail_step(b, j, GG_ERR_LIMIT,
 				  "the gateway's memory limit of %llu bytes leaves no room for a %llu-byte sum (%llu in "
 				  "use)", (unsigned long long)b->opts.memory_bytes, (unsigned long long)bytes,
-				  (unsigned long long)b->stats.sum_bytes);
+				  (unsigned long long)(b->stats.sum_bytes + b->deferred_bytes));
 			return false;
 		}
 		if (!sum && !device && !(sum = malloc(bytes))) {
@@ -1492,7 +1507,7 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 					  "site %s: memory for the site sum on the gateway's GPU: %s", b->site, why);
 				return false;
 			}
-		} else if (device && !gpu_sum(b, j, ref, &sum)) {
+		} else if (device && !gpu_sum(b, j, ref, &sum, cap)) {
 			return false;
 		}
 		b->stats.sum_bytes += cap;

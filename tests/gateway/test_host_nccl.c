@@ -674,6 +674,38 @@ static void test_shutdown(void)
 	printf("nccl: a stopping gateway ends a waiting NCCL step with GG_ERR_CLOSED at every rank\n");
 }
 
+/* Under a 1 MiB limit: a GPU buffer given back while another job's reduce
+ * runs, whose free waits for it, still counts against the limit: a sum
+ * that would take the GPU past it is refused, not made. */
+static void test_memory_deferred(void)
+{
+	struct job a, b;
+	struct lone l;
+
+	job_open(&b, "nccl-mem-b", 1);
+	announce(&b, 0, 1, 100000, 15, ENQUEUE); /* 400000 bytes, kept as its spare */
+	finish_rank(&b, 0);
+	CHECK_EQ_INT(b.r[0].status, GG_OK);
+
+	lone_begin(&l, &a, "nccl-mem-a", 16); /* rank 0 of 2, 100 floats */
+	announce(&a, 1, 1, 100, 16, NOTHING);
+	usleep(20000);
+	/* Its reduce waits for rank 1: job b's spare, too small for its next
+	 * step, waits to be freed, and 680000 bytes more would pass 1 MiB. */
+	b.seq = 2;
+	announce(&b, 0, 2, 170000, 17, ENQUEUE);
+	finish_rank(&b, 0);
+	expect_aborted(&b.r[0], GG_ERR_LIMIT, "leaves no room for a 680000-byte sum (400400 in use)");
+
+	pthread_join(l.t, NULL);
+	expect_aborted(&a.r[0], GG_ERR_TIMEOUT, "the ranks' reduce to the gateway was not done");
+	finish_rank(&a, 1);
+	job_close(&a);
+	job_close(&b);
+	harness_wait_connections(&h, 0);
+	printf("nccl: a GPU buffer whose free waits for a reduce still counts against the memory limit\n");
+}
+
 /* A gateway without NCCL says so. */
 static void test_without_nccl(void)
 {
@@ -693,7 +725,12 @@ static void test_without_nccl(void)
 int main(void)
 {
 	struct harness_options o = { .step_timeout_us = STEP_TIMEOUT_MS * 1000, .nccl = &nccl_double_ops };
+	struct harness_options small = o;
 
+	small.memory_bytes = 1u << 20;
+	harness_start(&h, &small);
+	test_memory_deferred();
+	harness_stop(&h);
 	harness_start(&h, &o);
 	test_sums();
 	test_core_error();
