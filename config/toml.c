@@ -374,6 +374,8 @@ struct parser {
 	const char *p, *end;
 	const char *line_start;
 	uint32_t line;
+	const char *col_at; /* pos_at()'s last position, and its column */
+	uint32_t col;
 	const char *source;
 	char *err;
 	size_t err_size;
@@ -387,12 +389,28 @@ struct parser {
 	size_t buf_len, buf_cap;
 };
 
-static struct gg_toml_pos pos_at(const struct parser *P, const char *s)
+/* Columns count characters, as an editor shows them: UTF-8 continuation
+ * bytes do not start one. Positions are asked for mostly in order, so the
+ * count goes on from the last one asked for on the same line; a long line
+ * of many keys stays linear. */
+static struct gg_toml_pos pos_at(struct parser *P, const char *s)
 {
-	return (struct gg_toml_pos){ P->line, (uint32_t)(s - P->line_start) + 1 };
+	const char *c = P->line_start;
+	uint32_t col = 1;
+
+	if (P->col_at && P->col_at >= P->line_start && P->col_at <= s) {
+		c = P->col_at;
+		col = P->col;
+	}
+	for (; c < s; c++)
+		if (((unsigned char)*c & 0xc0) != 0x80)
+			col++;
+	P->col_at = s;
+	P->col = col;
+	return (struct gg_toml_pos){ P->line, col };
 }
 
-static struct gg_toml_pos here(const struct parser *P)
+static struct gg_toml_pos here(struct parser *P)
 {
 	return pos_at(P, P->p);
 }
@@ -1742,8 +1760,10 @@ static int parse_document(struct parser *P)
 {
 	int rc;
 
-	if (P->end - P->p >= 3 && memcmp(P->p, "\xef\xbb\xbf", 3) == 0)
+	if (P->end - P->p >= 3 && memcmp(P->p, "\xef\xbb\xbf", 3) == 0) {
 		P->p += 3;
+		P->line_start = P->p; /* the byte order mark is no column */
+	}
 	for (;;) {
 		skip_ws(P);
 		if (at(P, 0) == -1)

@@ -30,7 +30,7 @@ enum gg_toml_kind {
 
 struct gg_toml_pos {
 	uint32_t line; /* 1-based */
-	uint32_t col;  /* 1-based, in bytes */
+	uint32_t col;  /* 1-based, in characters (UTF-8 sequences) */
 };
 
 struct gg_toml_datetime {
