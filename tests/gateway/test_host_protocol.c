@@ -1084,6 +1084,46 @@ static void test_still_serving(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* Connections waiting for a slot when the gateway begins to stop: a job
+ * idle past session_idle holds every place, two silent connections the
+ * spare slots; of two more, one waits for a spare slot and the other for
+ * the idle job's places, which their sessions, not reading, have not yet
+ * given back. The stop refuses both as it does connections in a slot:
+ * GG_ERR_CLOSED, the gateway shutting down, not "no slot free in time".
+ * (Should the machine take longer than a silent connection may, one of
+ * the first two is refused for its silence; the rest still must say the
+ * gateway is shutting down.) Ends the harness. */
+static void test_waiting_at_stop(void)
+{
+	struct gg_session *a, *b;
+	int fd[4];
+
+	open_ok("idle-at-stop", 0, 2, &a);
+	open_ok("idle-at-stop", 1, 2, &b);
+	sleep_us(2 * IDLE_US);
+	for (int i = 0; i < 4; i++)
+		fd[i] = raw_connect(&h);
+	harness_stop_begin(&h);
+	for (int i = 0; i < 4; i++) {
+		union gg_ctrl_msg m;
+		char why[160];
+		size_t n = raw_recv(fd[i], &m);
+		CHECK_EQ_INT(gg_ctrl_check(&m, n, why, sizeof(why)), GG_CTRL_REFUSE);
+		if (i < 2 && m.error.code == GG_ERR_REFUSED && strstr(m.error.message, "sent nothing for ")) {
+			close(fd[i]);
+			continue;
+		}
+		if (m.error.code != GG_ERR_CLOSED)
+			fprintf(stderr, "connection %d: %s\n", i, m.error.message);
+		CHECK_EQ_INT(m.error.code, GG_ERR_CLOSED);
+		CHECK(!strcmp(m.error.message, "the gateway of site test-site is shutting down"));
+		close(fd[i]);
+	}
+	gg_session_close(a);
+	gg_session_close(b);
+	harness_stop(&h);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && (!strcmp(argv[1], "--other-user") || !strcmp(argv[1], "--other-user-busy")))
@@ -1120,7 +1160,7 @@ int main(int argc, char **argv)
 	test_silent_slots();
 	test_silent_flood();
 	test_idle_before_young();
-	harness_stop(&h);
+	test_waiting_at_stop();
 	printf("host protocol: ok\n");
 	return 0;
 }
