@@ -1739,11 +1739,17 @@ static void send_to_peers(struct gg_node *n, int only, const uint8_t *bytes, ssi
 	}
 }
 
+_Static_assert(GG_WIRE_CODE_MAX == -GG_ERR_LIMIT && GG_WIRE_CODE_CLOSED == -GG_ERR_CLOSED &&
+		       GG_WIRE_CODE_AGAIN == -GG_ERR_AGAIN,
+	       "wire.h's codes are gradgate.h's negated");
+
 /* A failure's code as the wire carries it: a gateway that shuts down is a
- * lost site to the others. */
+ * lost site to the others; a code no peer takes goes as a lost site too. */
 static uint8_t wire_code(int code)
 {
-	return (uint8_t)(code == GG_ERR_CLOSED || code >= 0 || -code > GG_WIRE_CODE_MAX ? -GG_ERR_SITE : -code);
+	return (uint8_t)(code == GG_ERR_CLOSED || code == GG_ERR_AGAIN || code >= 0 || -code > GG_WIRE_CODE_MAX
+				 ? -GG_ERR_SITE
+				 : -code);
 }
 
 /* ABORT of steps lo..hi with the code they failed with here, to one peer

@@ -294,6 +294,11 @@ static int decode_steps(struct reader *r, struct gg_wire_steps *st, const char *
 	if (st->code < 1 || st->code > GG_WIRE_CODE_MAX)
 		return gg_errf(err, err_size, -EBADMSG, "%s: code %u, must be 1 to %d", what, st->code,
 			       GG_WIRE_CODE_MAX);
+	/* A shutdown travels as a lost site, and "in progress" is no failure:
+	 * either would reach the ranks as a code their library must refuse. */
+	if (st->code == GG_WIRE_CODE_CLOSED || st->code == GG_WIRE_CODE_AGAIN)
+		return gg_errf(err, err_size, -EBADMSG, "%s: code %u, which no step fails with between sites", what,
+			       st->code);
 	if (st->last < st->first)
 		return gg_errf(err, err_size, -EBADMSG, "%s: %s %llu after the %s %llu", what, first,
 			       (unsigned long long)st->first, last, (unsigned long long)st->last);

@@ -95,6 +95,11 @@ enum gg_wire_type {
 
 /* ABORT codes: a gg_errc (include/gradgate.h) negated. */
 #define GG_WIRE_CODE_MAX 15
+/* Codes no step fails with between sites, and refused: a gateway that
+ * shuts down is a lost site to the others (GG_ERR_CLOSED goes as
+ * GG_ERR_SITE), and GG_ERR_AGAIN means in progress. */
+#define GG_WIRE_CODE_CLOSED 7
+#define GG_WIRE_CODE_AGAIN 14
 
 enum gg_dtype_wire {
 	GG_WIRE_F32 = 1,

@@ -199,7 +199,7 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 	uint8_t abort_msg[512];
 	size_t len = 0;
 	uint8_t *data = make_data(cfg, 1, 0, &len);
-	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, 1, (uint8_t)-GG_ERR_CLOSED,
+	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, 1, (uint8_t)-GG_ERR_SITE,
 					  "the gateway of site s0 is \"shutting down\" event=forged site=s9");
 	FILE *log = tmpfile();
 	int saved = dup(STDERR_FILENO);

@@ -121,6 +121,20 @@ int main(void)
 			      !strcmp(err, code ? "abort: code 16, must be 1 to 15" : "abort: code 0, must be 1 to 15"),
 		      "abort code %u: %s", code, err);
 	}
+	/* Codes no step fails with between sites: a shutdown goes as a lost
+	 * site, and "in progress" is not a failure (a rank's library would
+	 * end its session on it). END is held to the same. */
+	for (unsigned code = 7; code <= 14; code += 7) {
+		char want[96];
+		snprintf(want, sizeof(want), "abort: code %u, which no step fails with between sites", code);
+		n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 6, 12, 12, (uint8_t)code, "x");
+		CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, want),
+		      "abort code %u: %s", code, err);
+		snprintf(want, sizeof(want), "end: code %u, which no step fails with between sites", code);
+		n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, (uint8_t)code, "x");
+		CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, want),
+		      "end code %u: %s", code, err);
+	}
 	/* A reason that quotes a control character still goes out as one a
 	 * peer accepts. */
 	n = gg_wire_encode_abort(buf, sizeof(buf), "train-7b", 6, 12, 12, 10, "ranks\vdisagree\n");
