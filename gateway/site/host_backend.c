@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2331,6 +2332,16 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 	}
 }
 
+/* Whether a read of 0 bytes was the peer hanging up rather than an empty
+ * packet (SOCK_SEQPACKET has both). */
+static bool peer_hung_up(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+	int n = poll(&p, 1, 0);
+
+	return n < 0 || (n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
+}
+
 static void on_recv(struct gg_host_backend *b, struct hb_conn *c, int res)
 {
 	int fds[RECV_FDS];
@@ -2350,9 +2361,11 @@ static void on_recv(struct gg_host_backend *b, struct hb_conn *c, int res)
 	}
 	if (c->state == C_CLOSING) {
 		/* Whatever a closing connection still sends is ignored. */
-	} else if (res <= 0) {
+	} else if (res < 0 || (res == 0 && peer_hung_up(c->fd))) {
 		conn_lost(b, c, res);
 	} else {
+		/* An empty packet reads as 0 bytes too: it is a message, too
+		 * short for a header, while the peer is still there. */
 		size_t len = (size_t)res;
 		if ((c->mh.msg_flags & MSG_TRUNC) && len <= sizeof(c->in))
 			len = sizeof(c->in) + 1;

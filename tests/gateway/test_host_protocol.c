@@ -58,6 +58,7 @@ static void test_hello_refusals(void)
 	refused("hello world, some garbage bytes", 31, -1, GG_ERR_PROTOCOL,
 		"not a gradgate control message (magic 0x6c6c6568)");
 	refused("\x47\x47\x43\x31\x01\0\0\0", 8, -1, GG_ERR_PROTOCOL, "truncated message: 8 bytes, shorter than a header");
+	refused("", 0, -1, GG_ERR_PROTOCOL, "truncated message: 0 bytes, shorter than a header");
 
 	hello_msg(&m, "job", 0, 1);
 	refused(&m, 50, -1, GG_ERR_PROTOCOL, "truncated HELLO: 50 of 96 bytes");
@@ -712,6 +713,13 @@ static void bad_truncated(struct raw_rank *rr)
 	raw_send(rr->fd, &m, 30, -1);
 }
 
+/* An empty packet reads as 0 bytes, as a hang-up does: the rank is still
+ * there, so it broke the protocol. */
+static void bad_empty(struct raw_rank *rr)
+{
+	raw_send(rr->fd, "", 0, -1);
+}
+
 static void bad_done(struct raw_rank *rr)
 {
 	union gg_ctrl_msg m;
@@ -893,6 +901,7 @@ static const struct violation violations[] = {
 	{ "count-zero", bad_count_zero, GG_ERR_PROTOCOL, "step 1: 0 float32 elements; max_message allows 1 to 1048576", false },
 	{ "garbage", bad_garbage, GG_ERR_PROTOCOL, "not a gradgate control message (magic 0xefbeadde)", false },
 	{ "truncated", bad_truncated, GG_ERR_PROTOCOL, "truncated ALLREDUCE: 30 of 56 bytes", false },
+	{ "empty", bad_empty, GG_ERR_PROTOCOL, "truncated message: 0 bytes, shorter than a header", false },
 	{ "done", bad_done, GG_ERR_PROTOCOL, "unexpected DONE from a client", false },
 	{ "hello-again", bad_hello_again, GG_ERR_PROTOCOL, "unexpected HELLO from a client", false },
 	{ "status-in-session", bad_status_in_session, GG_ERR_PROTOCOL, "unexpected STATUS from a client", false },
