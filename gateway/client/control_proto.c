@@ -1,5 +1,6 @@
 #include "control_proto.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -103,19 +104,37 @@ size_t gg_ctrl_init(union gg_ctrl_msg *msg, enum gg_ctrl_type type)
 /* A string field is valid when it holds a NUL and only zeroes after it,
  * and no control character before it: messages reach people and logs as
  * one line each. */
-static bool text_ok(const char *field, size_t size)
+/* Checks a text field of message `msg`: terminated within the field, no
+ * control characters, zeros after the end. Otherwise says which of these
+ * the field `name` breaks, and where. */
+static bool text_ok(const char *field, size_t size, const char *msg, const char *name, char *why, size_t why_size)
 {
 	const char *nul = memchr(field, 0, size);
 
-	if (!nul)
+	if (!nul) {
+		snprintf(why, why_size, "%s: %s is not terminated within its %zu bytes", msg, name, size);
 		return false;
+	}
 	for (const char *p = field; p < nul; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+			snprintf(why, why_size, "%s: %s has control character 0x%02x at %zu", msg, name, (unsigned char)*p,
+				 (size_t)(p - field));
 			return false;
+		}
 	for (const char *p = nul; p < field + size; p++)
-		if (*p)
+		if (*p) {
+			snprintf(why, why_size, "%s: %s has a nonzero byte at %zu, after its end at %zu", msg, name,
+				 (size_t)(p - field), (size_t)(nul - field));
 			return false;
+		}
 	return true;
+}
+
+static bool reserved_ok(uint32_t reserved, const char *msg, char *why, size_t why_size)
+{
+	if (reserved)
+		snprintf(why, why_size, "%s: reserved field is %" PRIu32 ", must be 0", msg, reserved);
+	return !reserved;
 }
 
 int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t why_size)
@@ -170,59 +189,70 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		return GG_ERR_PROTOCOL;
 	}
 
+	const char *n = ctrl_types[type].name;
 	bool ok = true;
 	switch (type) {
 	case GG_CTRL_HELLO:
-		ok = !msg->hello.reserved && text_ok(msg->hello.job, sizeof(msg->hello.job));
+		ok = reserved_ok(msg->hello.reserved, n, why, why_size) &&
+		     text_ok(msg->hello.job, sizeof(msg->hello.job), n, "job", why, why_size);
 		break;
 	case GG_CTRL_ACCEPT:
-		ok = !msg->accept.reserved && text_ok(msg->accept.site, sizeof(msg->accept.site));
+		ok = reserved_ok(msg->accept.reserved, n, why, why_size) &&
+		     text_ok(msg->accept.site, sizeof(msg->accept.site), n, "site", why, why_size);
 		break;
 	case GG_CTRL_REFUSE:
 	case GG_CTRL_ERROR:
-		ok = !msg->error.reserved && text_ok(msg->error.message, sizeof(msg->error.message));
+		ok = reserved_ok(msg->error.reserved, n, why, why_size) &&
+		     text_ok(msg->error.message, sizeof(msg->error.message), n, "message", why, why_size);
 		break;
 	case GG_CTRL_MAP:
-		ok = !msg->map.reserved;
+		ok = reserved_ok(msg->map.reserved, n, why, why_size);
 		break;
 	case GG_CTRL_MAP_CUDA:
-		ok = !msg->map_cuda.reserved;
+		ok = reserved_ok(msg->map_cuda.reserved, n, why, why_size);
 		break;
 	case GG_CTRL_UNMAP:
-		ok = !msg->unmap.reserved;
+		ok = reserved_ok(msg->unmap.reserved, n, why, why_size);
 		break;
 	case GG_CTRL_NCCL_ID:
 		ok = msg->nccl_id.nranks >= 2 && msg->nccl_id.root == msg->nccl_id.nranks - 1;
+		if (!ok)
+			snprintf(why, why_size, "%s: root %" PRIu32 " of %" PRIu32 " ranks; the root is the last of at least 2",
+				 n, msg->nccl_id.root, msg->nccl_id.nranks);
 		break;
 	case GG_CTRL_DONE:
-		ok = !(msg->done.flags & ~GG_CTRL_DONE_NCCL_ABORTED) && text_ok(msg->done.message, sizeof(msg->done.message));
+		ok = !(msg->done.flags & ~GG_CTRL_DONE_NCCL_ABORTED);
+		if (!ok)
+			snprintf(why, why_size, "%s: unknown flags 0x%" PRIx32, n,
+				 (uint32_t)(msg->done.flags & ~GG_CTRL_DONE_NCCL_ABORTED));
+		ok = ok && text_ok(msg->done.message, sizeof(msg->done.message), n, "message", why, why_size);
 		break;
 	case GG_CTRL_STATUS:
-		ok = !msg->status.reserved;
+		ok = reserved_ok(msg->status.reserved, n, why, why_size);
 		break;
 	case GG_CTRL_STATUS_SITE:
-		ok = text_ok(msg->status_site.site, sizeof(msg->status_site.site)) &&
-		     text_ok(msg->status_site.gateway_version, sizeof(msg->status_site.gateway_version));
+		ok = text_ok(msg->status_site.site, sizeof(msg->status_site.site), n, "site", why, why_size) &&
+		     text_ok(msg->status_site.gateway_version, sizeof(msg->status_site.gateway_version), n,
+			     "gateway_version", why, why_size);
 		break;
 	case GG_CTRL_STATUS_PEER:
-		ok = text_ok(msg->status_peer.site, sizeof(msg->status_peer.site)) &&
-		     text_ok(msg->status_peer.address, sizeof(msg->status_peer.address));
+		ok = text_ok(msg->status_peer.site, sizeof(msg->status_peer.site), n, "site", why, why_size) &&
+		     text_ok(msg->status_peer.address, sizeof(msg->status_peer.address), n, "address", why, why_size);
 		break;
 	case GG_CTRL_STATUS_JOB:
-		ok = text_ok(msg->status_job.job, sizeof(msg->status_job.job));
+		ok = text_ok(msg->status_job.job, sizeof(msg->status_job.job), n, "job", why, why_size);
 		break;
 	case GG_CTRL_STATUS_FAILURE:
-		ok = !msg->status_failure.reserved && text_ok(msg->status_failure.job, sizeof(msg->status_failure.job)) &&
-		     text_ok(msg->status_failure.message, sizeof(msg->status_failure.message));
+		ok = reserved_ok(msg->status_failure.reserved, n, why, why_size) &&
+		     text_ok(msg->status_failure.job, sizeof(msg->status_failure.job), n, "job", why, why_size) &&
+		     text_ok(msg->status_failure.message, sizeof(msg->status_failure.message), n, "message", why,
+			     why_size);
 		break;
 	default:
 		break;
 	}
-	if (!ok) {
-		snprintf(why, why_size, "%s with a string unterminated or holding control characters, or a nonzero "
-			 "reserved field", ctrl_types[type].name);
+	if (!ok)
 		return GG_ERR_PROTOCOL;
-	}
 	return (int)type;
 }
 

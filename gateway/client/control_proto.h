@@ -101,7 +101,8 @@ struct gg_ctrl_accept {
 
 /* gateway -> client: REFUSE answers a HELLO; ERROR reports a fatal
  * problem at any time. Both are followed by the gateway closing the
- * connection. `seq` is the step concerned, 0 when none. */
+ * connection. `seq`: in an ERROR, the next step the gateway expected
+ * from the rank; 0 in a REFUSE. The library reads neither. */
 struct gg_ctrl_error {
 	struct gg_ctrl_hdr hdr;
 	int32_t code; /* enum gg_errc */

@@ -1939,7 +1939,8 @@ static void on_map(struct gg_host_backend *b, struct hb_conn *c, int *fds, unsig
 		return;
 	}
 	if (mp->size_bytes == 0 || mp->size_bytes > b->max_region_bytes) {
-		conn_fatal(b, c, GG_ERR_TOO_LARGE, "MAP of region %u with %llu bytes; regions hold 1 to %llu bytes",
+		conn_fatal(b, c, mp->size_bytes ? GG_ERR_TOO_LARGE : GG_ERR_PROTOCOL,
+			   "MAP of region %u with %llu bytes; regions hold 1 to %llu bytes",
 			   id, (unsigned long long)mp->size_bytes, (unsigned long long)b->max_region_bytes);
 		return;
 	}
@@ -1952,7 +1953,10 @@ static void on_map(struct gg_host_backend *b, struct hb_conn *c, int *fds, unsig
 		return;
 	}
 	if (!(seals & F_SEAL_SHRINK)) {
-		conn_fatal(b, c, GG_ERR_PROTOCOL, "MAP of region %u: the memfd is not sealed against shrinking", id);
+		/* A tmpfs file opened by path has seals too (F_SEAL_SEAL), never
+		 * that one. */
+		conn_fatal(b, c, GG_ERR_PROTOCOL,
+			   "MAP of region %u: the descriptor is not a memfd sealed against shrinking (F_SEAL_SHRINK)", id);
 		return;
 	}
 	/* Sealed hugetlbfs memfds still lose a page to a punched hole, and

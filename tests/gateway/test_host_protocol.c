@@ -90,10 +90,16 @@ static void test_hello_refusals(void)
 	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "job name has character 0x2f at 3");
 	hello_msg(&m, "job", 0, 1);
 	memset(m.hello.job, 'j', sizeof(m.hello.job));
-	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with a string unterminated or holding control");
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO: job is not terminated within its 64 bytes");
 	hello_msg(&m, "job", 0, 1);
 	m.hello.job[1] = '\n';
-	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with a string unterminated or holding control");
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO: job has control character 0x0a at 1");
+	hello_msg(&m, "job", 0, 1);
+	m.hello.job[10] = 'x';
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO: job has a nonzero byte at 10, after its end at 3");
+	hello_msg(&m, "job", 0, 1);
+	m.hello.reserved = 2;
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO: reserved field is 2, must be 0");
 	hello_msg(&m, "job", 0, 1);
 	m.hdr.reserved = 1;
 	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with nonzero reserved header fields");
@@ -115,7 +121,7 @@ static void test_hello_refusals(void)
 	refused(&m, sizeof(m.status), memfd, GG_ERR_PROTOCOL, "STATUS must not carry file descriptors");
 	refused(&m, 20, -1, GG_ERR_PROTOCOL, "truncated STATUS: 20 of 24 bytes");
 	m.status.reserved = 1;
-	refused(&m, sizeof(m.status), -1, GG_ERR_PROTOCOL, "STATUS with a string unterminated or holding control");
+	refused(&m, sizeof(m.status), -1, GG_ERR_PROTOCOL, "STATUS: reserved field is 1, must be 0");
 	m.status.reserved = 0;
 	m.status.version = 2;
 	refused(&m, sizeof(m.status), -1, GG_ERR_REFUSED,
@@ -752,6 +758,16 @@ static void bad_unsealed(struct raw_rank *rr)
 	close(fd);
 }
 
+/* What a tmpfs file opened by path has too: seals, F_SEAL_SEAL only. */
+static void bad_no_sealing(struct raw_rank *rr)
+{
+	int fd = memfd_create("gg-test-no-sealing", MFD_CLOEXEC);
+
+	CHECK(fd >= 0 && ftruncate(fd, 4096) == 0);
+	raw_map(rr->fd, 1, 4096, fd);
+	close(fd);
+}
+
 static void bad_not_memfd(struct raw_rank *rr)
 {
 	int p[2];
@@ -821,6 +837,11 @@ static void bad_map_id(struct raw_rank *rr)
 static void bad_map_huge(struct raw_rank *rr)
 {
 	raw_map(rr->fd, 1, 1ull << 40, rr->memfd);
+}
+
+static void bad_map_zero(struct raw_rank *rr)
+{
+	raw_map(rr->fd, 1, 0, rr->memfd);
 }
 
 static void bad_write_sealed(struct raw_rank *rr)
@@ -905,7 +926,8 @@ static const struct violation violations[] = {
 	{ "done", bad_done, GG_ERR_PROTOCOL, "unexpected DONE from a client", false },
 	{ "hello-again", bad_hello_again, GG_ERR_PROTOCOL, "unexpected HELLO from a client", false },
 	{ "status-in-session", bad_status_in_session, GG_ERR_PROTOCOL, "unexpected STATUS from a client", false },
-	{ "unsealed", bad_unsealed, GG_ERR_PROTOCOL, "MAP of region 1: the memfd is not sealed against shrinking", false },
+	{ "unsealed", bad_unsealed, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd sealed against shrinking (F_SEAL_SHRINK)", false },
+	{ "no-sealing", bad_no_sealing, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd sealed against shrinking (F_SEAL_SHRINK)", false },
 	{ "not-memfd", bad_not_memfd, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd (Invalid argument)", false },
 	{ "hugetlb", bad_hugetlb, GG_ERR_PROTOCOL, "MAP of region 1: the memfd is not plain shared memory (filesystem 0x958458f6, not tmpfs; MFD_HUGETLB is not accepted)", false },
 	{ "map-size", bad_map_size, GG_ERR_PROTOCOL, "MAP of region 1 says 8192 bytes, the memfd has 4096", false },
@@ -915,6 +937,7 @@ static const struct violation violations[] = {
 	{ "map-twice", bad_map_twice, GG_ERR_PROTOCOL, "MAP of region 0, which is mapped already", false },
 	{ "map-id", bad_map_id, GG_ERR_PROTOCOL, "MAP of region 99; regions are 0..63", false },
 	{ "map-huge", bad_map_huge, GG_ERR_TOO_LARGE, "MAP of region 1 with 1099511627776 bytes; regions hold 1 to 8392704 bytes", false },
+	{ "map-zero", bad_map_zero, GG_ERR_PROTOCOL, "MAP of region 1 with 0 bytes; regions hold 1 to 8392704 bytes", false },
 	{ "write-sealed", bad_write_sealed, GG_ERR_PROTOCOL, "MAP of region 1: mmap: Operation not permitted", false },
 	{ "unmap-busy", bad_unmap_busy, GG_ERR_PROTOCOL, "UNMAP of region 0 while it holds 1 request in flight", true },
 	{ "unmap-unknown", bad_unmap_unknown, GG_ERR_PROTOCOL, "UNMAP of region 2, which is not mapped", false },
