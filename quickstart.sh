@@ -16,7 +16,7 @@ cd "$(dirname "$0")"
 mode=${1:-demo}
 case "$mode" in
 demo|test) ;;
--h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h|--help) sed -n '2,/^$/{/^#/!q;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
 *) echo "quickstart.sh: unknown mode '$mode' (use no argument, or 'test')" >&2; exit 2 ;;
 esac
 

@@ -70,7 +70,10 @@ if [ "$up" != 3 ]; then
 	exit 1
 fi
 
-echo "running $steps all-reduce steps of $count float32 elements ($((count * 4 / 1048576)) MiB)"
+size="$((count * 4 / 1048576)) MiB"
+[ "$count" -ge 262144 ] || size="$((count * 4 / 1024)) KiB"
+[ "$count" -ge 256 ] || size="$((count * 4)) bytes"
+echo "running $steps all-reduce steps of $count float32 elements ($size)"
 start=$(date +%s.%N)
 rank_pids=()
 for i in "${!sites[@]}"; do

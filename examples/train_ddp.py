@@ -56,11 +56,12 @@ try:
     import torch  # noqa: E402
 except ImportError:
     # quickstart.sh installs Debian's python3-torch, for /usr/bin/python3:
-    # a python3 without torch ahead of it on PATH (pyenv, a virtualenv)
-    # hands the run over to it, once.
+    # a python3 without torch ahead of it on PATH (pyenv, a virtualenv,
+    # one of /usr/bin/python3 itself too) hands the run over to it, once.
     system = "/usr/bin/python3"
-    if os.environ.get("GRADGATE_REEXEC") or not os.path.exists(system) or os.path.realpath(sys.executable) == \
-            os.path.realpath(system):
+    in_venv = sys.prefix != sys.base_prefix
+    if os.environ.get("GRADGATE_REEXEC") or not os.path.exists(system) or (
+            os.path.realpath(sys.executable) == os.path.realpath(system) and not in_venv):
         sys.exit(f"train_ddp.py: {sys.executable} has no torch (Debian: apt-get install python3-torch)")
     os.environ["GRADGATE_REEXEC"] = "1"
     os.execv(system, [system, os.path.abspath(__file__)] + sys.argv[1:])
@@ -201,8 +202,16 @@ def main():
         os.environ.setdefault("NCCL_NET", "Socket")
         os.environ["NCCL_HOSTID"] = "train-ddp-gateway"
 
+    # The ranks' results go to a folder that goes with the run, however
+    # it ends.
+    with tempfile.TemporaryDirectory(prefix="train-ddp.") as out:
+        return train(a, out)
+
+
+def train(a, out):
+    """Runs the sites' gateways and every rank; checks and prints what they
+    reached. The ranks write their results to `out`."""
     n = a.sites * a.ranks
-    out = tempfile.mkdtemp(prefix="train-ddp.")
     print(f"{a.sites} sites x {a.ranks} ranks, codec {a.codec}, {a.algorithm}, {a.steps} steps, "
           f"{'on the GPU through NCCL' if a.nccl else 'on the GPU' if a.cuda else 'on the CPU'}, "
           f"library {gradgate.version()}", flush=True)
@@ -252,9 +261,6 @@ def main():
             g, l = sorted(t["gradgate"]), sorted(t["gloo"])
             print(f"  {mib:2d} MiB  gradgate hook {g[0]:7.2f} {g[1]:7.2f} {g[2]:7.2f}   gloo all_reduce "
                   f"{l[0]:7.2f} {l[1]:7.2f} {l[2]:7.2f}   ratio {g[1] / l[1]:.2f}")
-    for f in os.listdir(out):
-        os.unlink(os.path.join(out, f))
-    os.rmdir(out)
     print("train_ddp: ok" if ok else "train_ddp: FAILED")
     return 0 if ok else 1
 

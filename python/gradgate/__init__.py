@@ -12,8 +12,9 @@ ctypes), with the semantics of include/gradgate.h:
 
 Arrays are C-contiguous, writeable float32 numpy arrays, or float32 /
 bfloat16 dense torch tensors (non-contiguous ones go through a contiguous
-copy; sparse tensors and expanded views are refused); tensor_id is 0 to
-2**32 - 1;
+copy; sparse tensors, expanded views and tensors that require grad are
+refused); tensor_id is an integer 0 to 2**32 - 1, and timeout_ms, rank
+and nranks are integers too (floats are refused, never truncated);
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
 them where they are, on the GPU (gg_allreduce_cuda), and allreduce_nccl()
 through the site's NCCL communicator, which the gateway is a rank of
@@ -27,6 +28,7 @@ soname, never another version's.
 """
 
 import ctypes
+import operator
 import os
 import threading
 
@@ -146,12 +148,25 @@ def _check(rc, err):
 
 
 _INT_MAX = 2**31 - 1
+_MAX_RANKS = 4096  # GG_CTRL_MAX_RANKS: ranks of a job at one site
+
+
+def _integer(value, name):
+    """An integer argument as a Python int. Floats and bools are refused:
+    truncating 0.5 ms to 0 would mean the gateway's step_timeout, and
+    tensor 3.7 would announce tensor 3."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, not a bool ({value})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__} ({value!r})") from None
 
 
 def _tensor_id(tensor_id):
     """tensor_id as the library's uint32: never wrapped, which would let
     two different ids announce the same tensor."""
-    tid = int(tensor_id)
+    tid = _integer(tensor_id, "tensor_id")
     if not 0 <= tid < 2**32:
         raise ValueError(f"tensor_id must be 0 to {2**32 - 1}, not {tensor_id}")
     return tid
@@ -160,7 +175,7 @@ def _tensor_id(tensor_id):
 def _timeout(timeout_ms):
     """timeout_ms as the library's int, saturated rather than wrapped: past
     its range a timeout means the same as at its end."""
-    return max(-_INT_MAX - 1, min(_INT_MAX, int(timeout_ms)))
+    return max(-_INT_MAX - 1, min(_INT_MAX, _integer(timeout_ms, "timeout_ms")))
 
 
 # ---- what an all-reduce takes: a pointer, a count and a dtype --------------
@@ -182,7 +197,9 @@ def _torch_dtype(t):
     if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
         raise ValueError("the tensor's elements share memory (an expanded view): the result cannot be written "
                          "back into it")
-    if t.requires_grad and t.is_leaf:
+    if t.requires_grad:
+        # Written in place behind autograd's back, its gradients would be
+        # silently wrong.
         raise ValueError("the tensor requires grad: all-reduce its .data or a detached tensor")
     return dtype
 
@@ -326,10 +343,21 @@ class Session:
     until it returns. Use it as a context manager, or call close()."""
 
     def __init__(self, job, rank, nranks, endpoint=None):
+        if not isinstance(job, str):
+            raise TypeError(f"job must be a str, not {type(job).__name__}")
+        if endpoint is not None and not isinstance(endpoint, str):
+            raise TypeError(f"endpoint must be a str or None, not {type(endpoint).__name__}")
+        rank, nranks = _integer(rank, "rank"), _integer(nranks, "nranks")
+        # The library's int takes them only within its range; past it they
+        # would wrap into another rank. Out there, the library's own refusal.
+        if not 1 <= nranks <= _INT_MAX:
+            raise Error(ERR_INVALID, f"nranks {nranks} is outside 1..{_MAX_RANKS}")
+        if not 0 <= rank < nranks:
+            raise Error(ERR_INVALID, f"rank {rank} is outside 0..{nranks - 1}")
         lib = _load()
         err = _Error()
         handle = ctypes.c_void_p()
-        rc = lib.gg_session_open(endpoint.encode() if endpoint else None, job.encode(), int(rank), int(nranks),
+        rc = lib.gg_session_open(endpoint.encode() if endpoint else None, job.encode(), rank, nranks,
                                  ctypes.byref(handle), ctypes.byref(err))
         _check(rc, err)
         self._handle = handle
@@ -438,15 +466,25 @@ class Session:
         stays valid until free_buffer() or close(); the array keeps its
         session from being collected meanwhile."""
         import numpy as np
-        if int(count) < 1:
+        count = _integer(count, "count")
+        if count < 1:
             raise ValueError(f"a buffer holds at least 1 element, not {count}")
         err = _Error()
         ptr = ctypes.c_void_p()
         with self._lock:
-            rc = _load().gg_buffer_alloc(self._h(), int(count) * 4, ctypes.byref(ptr), ctypes.byref(err))
-        _check(rc, err)
-        arr = np.asarray(_SharedMemory(self, ptr.value, int(count)))
-        self._buffers[arr.ctypes.data] = ptr
+            handle = self._h()
+            if count * 4 > self.max_message_bytes:
+                # The library's size_t would wrap a larger count.
+                raise Error(ERR_TOO_LARGE, f"gg_buffer_alloc: {count * 4} bytes exceed the max_message of "
+                            f"{self.max_message_bytes} bytes of the gateway of site {self.site}")
+            rc = _load().gg_buffer_alloc(handle, count * 4, ctypes.byref(ptr), ctypes.byref(err))
+            _check(rc, err)
+            try:
+                arr = np.asarray(_SharedMemory(self, ptr.value, count))
+            except BaseException:
+                _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
+                raise
+            self._buffers[arr.ctypes.data] = (ptr, count)
         return arr
 
     def free_buffer(self, array):
@@ -455,11 +493,17 @@ class Session:
         if array is None:
             return
         err = _Error()
+        data = getattr(getattr(array, "ctypes", None), "data", None)
+        if data is None:
+            raise TypeError(f"free_buffer takes an array from buffer(), not {type(array).__name__}")
         with self._lock:
             handle = self._h()
-            ptr = self._buffers.pop(array.ctypes.data, None)
-            if ptr is None:
-                raise Error(ERR_INVALID, "not a shared buffer of this session")
+            ptr, count = self._buffers.get(data, (None, 0))
+            # A slice that starts where the buffer does is not the buffer.
+            if ptr is None or array.size != count:
+                raise Error(ERR_INVALID, "not a shared buffer of this session (an array buffer() returned, "
+                            "whole)")
+            del self._buffers[data]
             rc = _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
         _check(rc, err)
 

@@ -28,9 +28,16 @@ _TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def _find(given, env, tree_path, installed):
-    for cand in (given, os.environ.get(env), os.path.join(_TREE, tree_path)):
-        if cand and os.access(cand, os.X_OK):
+    # A path given, or set in the environment, is the one meant: another
+    # found in its place would run something else than asked.
+    for cand, source in ((given, "the path given"), (os.environ.get(env), env)):
+        if cand:
+            if not os.access(cand, os.X_OK):
+                raise FileNotFoundError(f"{installed}: {cand} ({source}) is not an executable file")
             return cand
+    cand = os.path.join(_TREE, tree_path)
+    if os.access(cand, os.X_OK):
+        return cand
     found = shutil.which(installed)
     if not found:
         raise FileNotFoundError(f"cannot find {installed}: pass its path, set {env}, or install gradgate")

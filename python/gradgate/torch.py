@@ -36,7 +36,7 @@ import threading
 
 import torch
 
-from . import Error, ERR_CLOSED
+from . import Error, ERR_CLOSED, _integer
 
 __all__ = ["HookState", "allreduce_hook"]
 
@@ -70,13 +70,14 @@ class HookState:
     session stays open."""
 
     def __init__(self, session, world_size, timeout_ms=0, cuda=False, nccl=False):
+        world_size, timeout_ms = _integer(world_size, "world_size"), _integer(timeout_ms, "timeout_ms")
         if world_size < 1:
             raise ValueError("world_size must be at least 1")
         if cuda and nccl:
             raise ValueError("cuda=True and nccl=True exclude each other: choose how CUDA buckets go")
         self.session = session
-        self.world_size = int(world_size)
-        self.timeout_ms = int(timeout_ms)
+        self.world_size = world_size
+        self.timeout_ms = timeout_ms
         self.cuda = bool(cuda)
         self.nccl = bool(nccl)
         self.buckets = 0          # buckets all-reduced so far

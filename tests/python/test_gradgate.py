@@ -66,6 +66,24 @@ class Library(unittest.TestCase):
             gradgate.Session("job", 2, 2, endpoint="unix:/nonexistent/gradgate.sock")
         self.assertEqual(cm.exception.code, gradgate.ERR_INVALID)
         self.assertIn("rank", cm.exception.message)
+        # Past the library's int they would wrap into another rank (2**32 + 1
+        # into rank 1): refused as the library refuses them.
+        for rank, nranks, message in ((2**32 + 1, 2, "rank 4294967297 is outside 0..1"),
+                                      (-2**32, 1, "rank -4294967296 is outside 0..0"),
+                                      (0, 2**32 + 1, "nranks 4294967297 is outside 1..4096")):
+            with self.assertRaises(gradgate.Error) as cm:
+                gradgate.Session("job", rank, nranks, endpoint="unix:/nonexistent/gradgate.sock")
+            self.assertEqual((cm.exception.code, cm.exception.message), (gradgate.ERR_INVALID, message))
+        # A gateway path given is the one run, or none.
+        with self.assertRaisesRegex(FileNotFoundError, "/nonexistent/gradgate \\(the path given\\) is not an "
+                                    "executable file"):
+            LocalSites(sites=2, gradgate="/nonexistent/gradgate")
+        # Integers only: 0.5 ms would truncate to 0, the gateway's step_timeout.
+        for args, message in ((("job", 0.0, 1), "rank must be an integer, not float"),
+                              (("job", 0, True), "nranks must be an integer, not a bool"),
+                              ((None, 0, 1), "job must be a str, not NoneType")):
+            with self.assertRaisesRegex(TypeError, message):
+                gradgate.Session(*args, endpoint="unix:/nonexistent/gradgate.sock")
 
 
 class WithGateways(unittest.TestCase):
@@ -208,6 +226,28 @@ class WithGateways(unittest.TestCase):
                 s.allreduce_async(np.ones(4, np.float32), tensor_id=-1)
             with self.assertRaisesRegex(ValueError, "at least 1 element"):
                 s.buffer(-1)
+            with self.assertRaisesRegex(TypeError, "timeout_ms must be an integer, not float"):
+                s.allreduce(np.ones(4, np.float32), tensor_id=1, timeout_ms=0.5)
+            with self.assertRaisesRegex(TypeError, "tensor_id must be an integer, not float"):
+                s.allreduce_async(np.ones(4, np.float32), tensor_id=3.7)
+            with self.assertRaisesRegex(TypeError, "tensor_id must be an integer, not a bool"):
+                s.allreduce(np.ones(4, np.float32), tensor_id=True)
+            # Written in place behind autograd, its gradients would be wrong.
+            with self.assertRaisesRegex(ValueError, "requires grad"):
+                s.allreduce(torch.ones(4, requires_grad=True).exp(), tensor_id=1)
+            # A count whose bytes pass size_t would wrap into a small buffer.
+            for count in (2**62, 2**62 + 1, s.max_message_bytes // 4 + 1):
+                with self.assertRaises(gradgate.Error) as cm:
+                    s.buffer(count)
+                self.assertEqual(cm.exception.code, gradgate.ERR_TOO_LARGE)
+                self.assertIn(f"{count * 4} bytes exceed the max_message", cm.exception.message)
+            # The whole buffer, not a slice of it.
+            buf = s.buffer(8)
+            with self.assertRaisesRegex(gradgate.Error, "not a shared buffer of this session"):
+                s.free_buffer(buf[:4])
+            with self.assertRaisesRegex(TypeError, "free_buffer takes an array from buffer"):
+                s.free_buffer([1.0])
+            s.free_buffer(buf)
             s.free_buffer(None)
             # Nothing was sent: the ranks are still in step.
             a = np.ones(10, np.float32)
@@ -260,6 +300,8 @@ class WithGateways(unittest.TestCase):
         def fn(s, site, rank):
             with self.assertRaisesRegex(ValueError, "cuda=True and nccl=True exclude each other"):
                 gradgate.torch.HookState(s, world_size=SITES * RANKS, cuda=True, nccl=True)
+            with self.assertRaisesRegex(TypeError, "timeout_ms must be an integer, not float"):
+                gradgate.torch.HookState(s, world_size=SITES * RANKS, timeout_ms=0.5)
             # Host buckets go through host copies whatever the state says of CUDA ones.
             with gradgate.torch.HookState(s, world_size=SITES * RANKS, cuda=site == 0, nccl=site == 1) as state:
                 futs = [gradgate.torch.allreduce_hook(state, Bucket(torch.from_numpy(values(site, rank, n, k)), k))
