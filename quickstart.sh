@@ -108,12 +108,19 @@ if [ "$mode" = demo ]; then
 	exec examples/demo.sh build
 fi
 
+# option DIR NAME VALUE: sets a meson option of a build configured earlier
+# with another value (setup configures a new one only), and rebuilds.
+option() {
+	local now
+	now=$(meson introspect "$1" --buildoptions | python3 -c 'import json, sys
+print([str(o["value"]) for o in json.load(sys.stdin) if o["name"] == sys.argv[1]][0])' "$2")
+	[ "$now" = "$3" ] && return
+	meson configure "$1" "-D$2=$(echo "$3" | tr '[:upper:]' '[:lower:]')" >/dev/null
+	ninja -C "$1" >/dev/null || ninja -C "$1"
+}
+
 # A build/ configured by the demo gets warnings as errors now.
-if [ "$(meson introspect build --buildoptions | python3 -c \
-	'import json, sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "werror"][0])')" != True ]; then
-	meson configure build -Dwerror=true >/dev/null
-	ninja -C build >/dev/null || ninja -C build
-fi
+option build werror True
 # The sanitizer builds use clang; the AddressSanitizer one also builds the
 # libFuzzer targets (the ThreadSanitizer one runs none of their tests).
 # AddressSanitizer at -O1, as its authors advise: its tests run a sixth
@@ -122,6 +129,7 @@ CC=clang setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
 	-Ddebug=true -Doptimization=1 -Dcuda=disabled -Dnccl=disabled --werror
 CC=clang setup build-tsan -Db_sanitize=thread -Db_lundef=false \
 	-Dbuildtype=debugoptimized -Dcuda=disabled -Dnccl=disabled -Dfuzz=disabled --werror
+option build-tsan fuzz disabled
 run_tests build
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run_tests build-asan --no-suite bulk \
 	--no-suite timing

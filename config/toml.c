@@ -1760,10 +1760,8 @@ static int parse_document(struct parser *P)
 {
 	int rc;
 
-	if (P->end - P->p >= 3 && memcmp(P->p, "\xef\xbb\xbf", 3) == 0) {
+	if (P->end - P->p >= 3 && memcmp(P->p, "\xef\xbb\xbf", 3) == 0)
 		P->p += 3;
-		P->line_start = P->p; /* the byte order mark is no column */
-	}
 	for (;;) {
 		skip_ws(P);
 		if (at(P, 0) == -1)
@@ -1789,9 +1787,10 @@ static int parse_document(struct parser *P)
 int gg_toml_parse(const char *text, size_t len, const char *source,
 		  struct gg_toml_doc **out, char *err, size_t err_size)
 {
+	static const char nothing[1];
 	struct parser P = {
-		.p = text ? text : "",
-		.end = text ? text + len : "",
+		.p = text ? text : nothing,
+		.end = text ? text + len : nothing,
 		.line = 1,
 		.source = source ? source : "<input>",
 		.err = err,
@@ -1800,7 +1799,8 @@ int gg_toml_parse(const char *text, size_t len, const char *source,
 	struct gg_toml_doc *doc;
 	int rc;
 
-	P.line_start = P.p;
+	/* The byte order mark (skipped by parse_document) is no column. */
+	P.line_start = text && len >= 3 && !memcmp(P.p, "\xef\xbb\xbf", 3) ? P.p + 3 : P.p;
 	if (out)
 		*out = NULL;
 	if (err && err_size)

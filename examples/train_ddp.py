@@ -228,7 +228,14 @@ def train(a, out):
                        "--steps", str(a.steps), "--lr", str(a.lr), "--codec", a.codec]
                 cmd += (["--bench"] if a.bench else []) + (["--cuda"] if a.cuda else []) + (["--nccl"] if a.nccl else [])
                 procs.append(subprocess.Popen(cmd, env=env))
-        codes = [p.wait() for p in procs]
+        try:
+            codes = [p.wait() for p in procs]
+        finally:
+            # Interrupted, the ranks go too, before their folder does.
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
     if any(codes):
         print(f"FAIL: training ranks exited with {codes}")
         return 1

@@ -101,12 +101,10 @@ size_t gg_ctrl_init(union gg_ctrl_msg *msg, enum gg_ctrl_type type)
 	return size;
 }
 
-/* A string field is valid when it holds a NUL and only zeroes after it,
- * and no control character before it: messages reach people and logs as
- * one line each. */
 /* Checks a text field of message `msg`: terminated within the field, no
- * control characters, zeros after the end. Otherwise says which of these
- * the field `name` breaks, and where. */
+ * control characters (messages reach people and logs as one line each),
+ * zeros after the end. Otherwise says which of these the field `name`
+ * breaks, and where. */
 static bool text_ok(const char *field, size_t size, const char *msg, const char *name, char *why, size_t why_size)
 {
 	const char *nul = memchr(field, 0, size);

@@ -1040,7 +1040,7 @@ static void conn_new(struct gg_host_backend *b, int fd)
 }
 
 /* Refuses a connection that waited for a slot until its deadline, or
- * until the gateway began to stop. */
+ * until the gateway began to stop, or came after that. */
 static void refuse_waited(struct gg_host_backend *b, int fd)
 {
 	char text[TEXT];
@@ -2414,7 +2414,7 @@ static void on_accept(struct gg_host_backend *b, const struct io_uring_cqe *cqe)
 	int fd = gg_acceptor_on_cqe(&b->accept, cqe, b->stopping);
 
 	if (fd >= 0 && b->stopping)
-		close(fd);
+		refuse_waited(b, fd); /* says the gateway is shutting down */
 	else if (fd >= 0)
 		conn_new(b, fd);
 	else if (fd != -ECANCELED)

@@ -155,7 +155,9 @@ def _integer(value, name):
     """An integer argument as a Python int. Floats and bools are refused:
     truncating 0.5 ms to 0 would mean the gateway's step_timeout, and
     tensor 3.7 would announce tensor 3."""
-    if isinstance(value, bool):
+    # numpy's and torch's bools take operator.index() too
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool") or \
+            str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
         raise TypeError(f"{name} must be an integer, not a bool ({value})")
     try:
         return operator.index(value)

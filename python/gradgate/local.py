@@ -13,7 +13,9 @@ once every gateway logged mesh_up, and stop() ends them with SIGTERM.
 The gateway binary: the `gradgate` argument, else $GRADGATE, else the
 source tree's build/gateway/gradgate when this package runs from the
 tree, else `gradgate` on PATH. The certificate script likewise:
-$GRADGATE_MAKE_CERTS, examples/make-certs.sh, `gradgate-make-certs`.
+$GRADGATE_MAKE_CERTS, examples/make-certs.sh, `gradgate-make-certs`. A
+path given or set that is no executable file is an error
+(FileNotFoundError), not passed over.
 """
 
 import os
@@ -32,11 +34,11 @@ def _find(given, env, tree_path, installed):
     # found in its place would run something else than asked.
     for cand, source in ((given, "the path given"), (os.environ.get(env), env)):
         if cand:
-            if not os.access(cand, os.X_OK):
+            if not os.path.isfile(cand) or not os.access(cand, os.X_OK):
                 raise FileNotFoundError(f"{installed}: {cand} ({source}) is not an executable file")
             return cand
     cand = os.path.join(_TREE, tree_path)
-    if os.access(cand, os.X_OK):
+    if os.path.isfile(cand) and os.access(cand, os.X_OK):
         return cand
     found = shutil.which(installed)
     if not found:

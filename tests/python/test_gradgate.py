@@ -230,8 +230,9 @@ class WithGateways(unittest.TestCase):
                 s.allreduce(np.ones(4, np.float32), tensor_id=1, timeout_ms=0.5)
             with self.assertRaisesRegex(TypeError, "tensor_id must be an integer, not float"):
                 s.allreduce_async(np.ones(4, np.float32), tensor_id=3.7)
-            with self.assertRaisesRegex(TypeError, "tensor_id must be an integer, not a bool"):
-                s.allreduce(np.ones(4, np.float32), tensor_id=True)
+            for flag in (True, np.True_, torch.tensor(True)):
+                with self.assertRaisesRegex(TypeError, "tensor_id must be an integer, not a bool"):
+                    s.allreduce(np.ones(4, np.float32), tensor_id=flag)
             # Written in place behind autograd, its gradients would be wrong.
             with self.assertRaisesRegex(ValueError, "requires grad"):
                 s.allreduce(torch.ones(4, requires_grad=True).exp(), tensor_id=1)
