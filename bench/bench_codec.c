@@ -295,11 +295,13 @@ static void print_row(const struct opts *o, const char *codec, const char *data,
 	       r->max_err_rel, r->rms_err_rel);
 }
 
-static int parse_list(const char *arg, bool *set, int first, int last, const char *(*name)(int), const char *what)
+/* A comma list of names for option `opt` (what its items are: `what`). */
+static int parse_list(const char *opt, const char *arg, bool *set, int first, int last, const char *(*name)(int),
+		      const char *what)
 {
 	char buf[256];
 	if (strlen(arg) >= sizeof(buf)) {
-		fprintf(stderr, "gradgate-bench codec: %s list too long\n", what);
+		fprintf(stderr, "gradgate-bench codec: %s: %s list too long\n", opt, what);
 		return -1;
 	}
 	strcpy(buf, arg);
@@ -309,7 +311,13 @@ static int parse_list(const char *arg, bool *set, int first, int last, const cha
 			if (name(i) && !strcmp(tok, name(i)))
 				found = i;
 		if (found < 0) {
-			fprintf(stderr, "gradgate-bench codec: unknown %s '%s'\n", what, tok);
+			char known[160] = "";
+			size_t n = 0;
+			for (int i = first; i <= last; i++)
+				if (name(i) && n < sizeof(known))
+					n += (size_t)snprintf(known + n, sizeof(known) - n, "%s%s", n ? ", " : "", name(i));
+			fprintf(stderr, "gradgate-bench codec: %s %s: unknown %s '%s' (known: %s)\n", opt, arg, what, tok,
+				known);
 			return -1;
 		}
 		set[found] = true;
@@ -383,11 +391,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		} else if (!strcmp(a, "--file")) {
 			o->file = v;
 		} else if (!strcmp(a, "--codec")) {
-			if (parse_list(v, o->codecs, GG_CODEC_FIRST, GG_CODEC_LAST, codec_name_i, "codec"))
+			if (parse_list(a, v, o->codecs, GG_CODEC_FIRST, GG_CODEC_LAST, codec_name_i, "codec"))
 				return -1;
 			any_codec = true;
 		} else if (!strcmp(a, "--data")) {
-			if (parse_list(v, o->kinds, 0, 2, data_name_i, "data kind"))
+			if (parse_list(a, v, o->kinds, 0, 2, data_name_i, "data kind"))
 				return -1;
 			any_kind = true;
 		} else if (!strcmp(a, "--level")) {

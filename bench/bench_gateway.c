@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -270,18 +271,42 @@ static int write_file(const char *dir, const char *name, const char *text)
 	return bad ? -EIO : 0;
 }
 
-static void remove_dir(const char *dir, unsigned sites)
+/* The throwaway folder and its files, named once so that a signal
+ * handler can remove them (unlink and rmdir are async-signal-safe). */
+static struct {
+	char dir[256];
+	char files[1 + 2 * MAX_SITES][300];
+	unsigned nfiles;
+} throwaway;
+
+static void remove_dir(void)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/ca.pem", dir);
-	unlink(path);
+	for (unsigned i = 0; i < throwaway.nfiles; i++)
+		unlink(throwaway.files[i]);
+	rmdir(throwaway.dir);
+}
+
+/* Interrupted, the run leaves no private keys behind, then dies of the
+ * signal as it would have. */
+static void on_stop_signal(int sig)
+{
+	remove_dir();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void name_throwaway(const char *dir, unsigned sites)
+{
+	snprintf(throwaway.dir, sizeof(throwaway.dir), "%s", dir);
+	snprintf(throwaway.files[throwaway.nfiles++], sizeof(throwaway.files[0]), "%s/ca.pem", dir);
 	for (unsigned k = 0; k < sites; k++) {
-		snprintf(path, sizeof(path), "%s/s%u.pem", dir, k);
-		unlink(path);
-		snprintf(path, sizeof(path), "%s/s%u.key", dir, k);
-		unlink(path);
+		snprintf(throwaway.files[throwaway.nfiles++], sizeof(throwaway.files[0]), "%s/s%u.pem", dir, k);
+		snprintf(throwaway.files[throwaway.nfiles++], sizeof(throwaway.files[0]), "%s/s%u.key", dir, k);
 	}
-	rmdir(dir);
+	struct sigaction sa = { .sa_handler = on_stop_signal };
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
 }
 
 /* Throwaway CA and one certificate per site (dns:sK.gradgate.test), as
@@ -355,7 +380,9 @@ static int load_config(const struct opts *o, const char *dir, const int *ports, 
 		return -E2BIG;
 	int rc = gg_config_load_text(text, n, "gateway bench config", dir, cfg, &diag);
 	if (rc) {
-		fprintf(stderr, "gradgate-bench gateway: the config of site %u is refused:\n", k);
+		fprintf(stderr, "gradgate-bench gateway: the config the options make for site %u is refused "
+			"(--chunk sets chunk_size, --cipher ciphersuites, --codec codec, --streams streams_per_peer):\n",
+			k);
 		gg_diag_print(&diag, stderr);
 		gg_diag_free(&diag);
 	}
@@ -527,26 +554,29 @@ int gg_bench_gateway_main(int argc, char **argv)
 	static struct site sites[MAX_SITES];
 	struct opts o;
 	struct start start = { 0 };
-	char dir[] = "/tmp/gradgate-bench-gw.XXXXXX";
+	const char *tmp = getenv("TMPDIR");
+	char dir[200];
 	int ports[MAX_SITES], rc, status = 0;
 
 	if ((rc = parse(argc, argv, &o)))
 		return rc;
 	gg_log_set_level(GG_LOG_ERROR);
+	snprintf(dir, sizeof(dir), "%s/gradgate-bench-gw.XXXXXX", tmp && *tmp && strlen(tmp) < 150 ? tmp : "/tmp");
 	if (!mkdtemp(dir)) {
-		fprintf(stderr, "gradgate-bench gateway: cannot make a folder for throwaway certificates: %s\n",
-			strerror(errno));
+		fprintf(stderr, "gradgate-bench gateway: cannot make a folder for throwaway certificates in %s: %s\n",
+			tmp && *tmp ? tmp : "/tmp", strerror(errno));
 		return 1;
 	}
+	name_throwaway(dir, o.sites);
 	if ((rc = make_certs(dir, o.sites))) {
 		fprintf(stderr, "gradgate-bench gateway: cannot make throwaway certificates in %s: %s\n", dir,
 			strerror(-rc));
-		remove_dir(dir, o.sites);
+		remove_dir();
 		return 1;
 	}
 	if ((rc = gg_net_free_loopback_ports(ports, o.sites))) {
 		fprintf(stderr, "gradgate-bench gateway: no free loopback ports: %s\n", strerror(-rc));
-		remove_dir(dir, o.sites);
+		remove_dir();
 		return 1;
 	}
 	memset(sites, 0, sizeof(sites));
@@ -588,7 +618,7 @@ int gg_bench_gateway_main(int argc, char **argv)
 		for (unsigned k = 0; k < started; k++)
 			pthread_join(sites[k].thread, NULL);
 	}
-	remove_dir(dir, o.sites);
+	remove_dir();
 
 	double wall = 0, tls = 0, codec = 0;
 	uint64_t bytes = 0, raw = 0;

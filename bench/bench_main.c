@@ -64,8 +64,13 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	for (size_t i = 0; i < GG_ARRAY_LEN(commands); i++)
-		if (commands[i].name && !strcmp(argv[1], commands[i].name))
+		if (commands[i].name && !strcmp(argv[1], commands[i].name)) {
+			/* getopt names the program in its messages */
+			static char name[64];
+			snprintf(name, sizeof(name), "gradgate-bench %s", commands[i].name);
+			argv[1] = name;
 			return commands[i].main(argc - 1, argv + 1);
+		}
 	fprintf(stderr, "gradgate-bench: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return 2;

@@ -275,7 +275,11 @@ static int conn_write(struct conn *c, const uint8_t *buf, size_t len)
 				rc = plain_wait(c);
 			if (rc <= 0) {
 				if (!c->error[0])
-					snprintf(c->error, sizeof(c->error), "send failed: %s", strerror(rc ? -rc : EPIPE));
+					snprintf(c->error, sizeof(c->error), "send failed: %s%s", strerror(rc ? -rc : EPIPE),
+						 rc == -ECONNRESET || rc == -EPIPE || !rc
+							 ? " (a server started without --allow-plain closes plain "
+							   "connections; its log says so)"
+							 : "");
 				return rc ? rc : -EPIPE;
 			}
 			off += (size_t)rc;
@@ -1006,8 +1010,11 @@ static int parse_rate(const char *v, uint64_t *bps)
 		mult = 1e9, end++;
 	if (!strcmp(end, "bit/s") || !strcmp(end, "bps"))
 		end += strlen(end);
-	if (end == v || *end || !(x > 0) || x * mult < 1e3) {
-		fprintf(stderr, "gradgate-bench transport: --rate %s: expected a rate like 2G, 500M or 100k (bits per second)\n", v);
+	/* 1 kbit/s to 10 Tbit/s: past that no pacing would be done (and past
+	 * 2^64 the conversion below would be undefined). */
+	if (end == v || *end || !(x > 0) || !(x * mult >= 1e3 && x * mult <= 1e13)) {
+		fprintf(stderr, "gradgate-bench transport: --rate %s: expected a rate like 2G, 500M or 100k (bits per "
+			"second, 1k to 10000G)\n", v);
 		return -EBADMSG; /* told */
 	}
 	*bps = (uint64_t)(x * mult);

@@ -33,6 +33,9 @@ runs=3 threads=0 streams=4 count=16777216 steps=10 shared=--shared refill=--no-r
 die() { echo "loopback.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
 	case "$1" in
+	--build | --runs | --threads | --streams | --count | --steps) [ $# -ge 2 ] || die "$1 needs a value" ;;
+	esac
+	case "$1" in
 	--build) build=$2; shift ;;
 	--runs) runs=$2; shift ;;
 	--threads) threads=$2; shift ;;
@@ -118,7 +121,9 @@ config() { # config SITE PORT PEER PEER_PORT LANES
 # json_field FILE KEY: a number from a one-line JSON object.
 json_field() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" "$1" | head -n 1; }
 
-# daemons RUN LANES: prints the median step time in ms (the slower site's).
+# daemons RUN LANES: the median step time in ms (the slower site's), into
+# step_ms. Runs in this shell, not a subshell: a failure stops the script,
+# whose exit ends the gateways and ranks.
 daemons() {
 	local s i p50 worst=0
 	config site-a "$port_a" site-b "$port_b" "$2"
@@ -141,16 +146,17 @@ daemons() {
 			--sites 2 --count "$count" --steps "$steps" --warmup 2 --data gaussian --check first \
 			--json $shared $refill >"$work/rank$i.json" 2>"$work/rank$i.err" &
 		ranks+=("$!")
+		pids+=("$!")
 	done
 	for i in 0 1; do
 		wait "${ranks[$i]}" || { cat "$work/rank$i.err" >&2; die "rank $i failed"; }
 		p50=$(json_field "$work/rank$i.json" step_ms_p50)
 		worst=$(awk -v a="$worst" -v b="$p50" 'BEGIN { print (b > a ? b : a) }')
 	done
-	kill -TERM "${pids[@]}"
+	kill -TERM "${pids[@]}" 2>/dev/null || true
 	wait "${pids[@]}" || true
 	pids=()
-	echo "$worst"
+	step_ms=$worst
 }
 
 # transport WHEN: one TLS stream and plain TCP, into tls_of[WHEN] and plain_of[WHEN].
@@ -171,7 +177,8 @@ for ((r = 1; r <= runs; r++)); do
 	transport before
 	declare -A ms_of=()
 	for w in "${lane_counts[@]}"; do
-		ms_of[$w]=$(daemons "$r" "$w")
+		daemons "$r" "$w"
+		ms_of[$w]=$step_ms
 	done
 	transport after
 	tls=$(awk -v a="${tls_of[before]}" -v b="${tls_of[after]}" 'BEGIN { printf "%.3f", (a + b) / 2 }')
@@ -189,7 +196,8 @@ echo "min/median/max over $runs runs:"
 for w in "${lane_counts[@]}"; do
 	for col in 1 2 3 4 5 6 7; do
 		printf '%s' "${rows[$w]}" | awk -v c=$col '{ print $c }' | sort -g | awk '{ v[NR] = $1 }
-			END { printf "%s/%s/%s ", v[1], v[int((NR + 1) / 2)], v[NR] }'
+			END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+				printf "%s/%s/%s ", v[1], m, v[NR] }'
 	done | awk -v w="$w" '{ printf "  %s lane(s): site Gbit/s %s, 2 sites %s, TLS stream %s, plain %s\n    TLS/plain %s, site/TLS %s, 2 sites/TLS %s\n",
 		w, $1, $2, $3, $4, $5, $6, $7 }'
 done

@@ -22,6 +22,8 @@ cases=(
 	"allreduce --rank 0 --ranks 1 --site 0 --sites 2 --timeout-ms 100abc|--timeout-ms is MS or MS@STEP, not '100abc'"
 	"transport --write-size 5x|--write-size 5x: unknown size unit"
 	"transport --rate 5zz|--rate 5zz: expected a rate like 2G, 500M or 100k"
+	"transport --rate inf|--rate inf: expected a rate like 2G, 500M or 100k (bits per second, 1k to 10000G)"
+	"transport --rate 2e10G|--rate 2e10G: expected a rate"
 	"transport --socket-buffer 4KiB|bad value for --socket-buffer: 4KiB"
 	"codec --level 0|--level wants 1 to 19, as [compression] zstd_level"
 	"codec --level 22|--level wants 1 to 19, as [compression] zstd_level"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The benchmark tools leave nothing behind when a run is cut short:
+# `gradgate-bench gateway` interrupted removes its throwaway certificates
+# and keys, and dies of the signal; bench/loopback.sh whose rank fails
+# stops at once, with no gateway left running and no folder left.
+#
+#   bench_cleanup.sh SRC BUILD
+set -euo pipefail
+
+src=${1:?usage: bench_cleanup.sh SRC BUILD}
+build=${2:?usage: bench_cleanup.sh SRC BUILD}
+work=$(mktemp -d "${TMPDIR:-/tmp}/gg-bench-cleanup.XXXXXX")
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+	pkill -KILL -f "$work/" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# gateway: interrupted once its folder exists.
+mkdir "$work/tmp"
+TMPDIR=$work/tmp "$build/bench/gradgate-bench" gateway --count 1048576 --steps 10000 --baseline-time 0 \
+	>/dev/null 2>"$work/gateway.err" &
+pids+=("$!")
+for ((i = 0; i < 200; i++)); do
+	[ -z "$(ls "$work/tmp")" ] || break
+	kill -0 "${pids[0]}" 2>/dev/null || fail "gradgate-bench gateway ended: $(cat "$work/gateway.err")"
+	sleep 0.05
+done
+[ -n "$(ls "$work/tmp")" ] || fail "gradgate-bench gateway made no folder in TMPDIR within 10 s"
+ls "$work"/tmp/*/s0.key >/dev/null || fail "no key in $(ls "$work"/tmp/*)"
+sleep 0.3
+kill -INT "${pids[0]}"
+rc=0
+wait "${pids[0]}" || rc=$?
+[ "$rc" = 130 ] || fail "gradgate-bench gateway exited $rc after SIGINT, not 130: $(cat "$work/gateway.err")"
+[ -z "$(ls -A "$work/tmp")" ] || fail "gradgate-bench gateway left $(ls -A "$work"/tmp/*) behind"
+echo "gateway: SIGINT exits 130 and leaves no certificates or keys"
+
+# loopback.sh: a build folder whose rank fails.
+mkdir -p "$work/build/gateway" "$work/build/bench"
+ln -s "$(cd "$build" && pwd)/gateway/gradgate" "$work/build/gateway/gradgate"
+cat >"$work/build/bench/gradgate-bench" <<EOS
+#!/usr/bin/env bash
+[ "\$1" = allreduce ] && { echo "a rank that fails" >&2; exit 1; }
+exec "$(cd "$build" && pwd)/bench/gradgate-bench" "\$@"
+EOS
+chmod +x "$work/build/bench/gradgate-bench"
+mkdir "$work/tmp2"
+rc=0
+TMPDIR=$work/tmp2 timeout 60 "$src/bench/loopback.sh" --build "$work/build" --runs 1 --count 4096 --steps 2 \
+	>"$work/loopback.out" 2>"$work/loopback.err" || rc=$?
+[ "$rc" = 2 ] || fail "loopback.sh exited $rc with a failing rank, not 2 (124: it hung): $(cat "$work/loopback.err")"
+grep -q "loopback.sh: rank 0 failed" "$work/loopback.err" || fail "loopback.sh said: $(cat "$work/loopback.err")"
+! pgrep -f "$work/tmp2/" >/dev/null || fail "loopback.sh left $(pgrep -af "$work/tmp2/")"
+[ -z "$(ls -A "$work/tmp2")" ] || fail "loopback.sh left $(ls -A "$work/tmp2")"
+echo "loopback.sh: a failing rank stops the run at once (exit 2), nothing left running or behind"
