@@ -2,12 +2,14 @@
  * chunks that do not compress enough to pay for it.
  *
  * Bypass rule: a chunk of n bytes is stored compressed only when n >=
- * GG_ZSTD_MIN_INPUT_BYTES and the zstd frame is at most n - n / min_saving_div
- * bytes (default 8: it must save 12.5%); otherwise it is stored raw.
- * Chunks of GG_ZSTD_PROBE_MIN_INPUT_BYTES and more are probed first: 8
- * slices of 4 KiB spread evenly over the chunk (so both planes of bf16-split
- * are seen) are compressed together, and when the probe misses the same
- * bound the chunk is stored raw without compressing the rest. The decision
+ * GG_ZSTD_MIN_INPUT_BYTES and zstd succeeds with n - n / min_saving_div
+ * bytes of output room (default 8: it must save 12.5%, and a frame that
+ * would end within the few bytes zstd wants spare of that bound does not
+ * fit); otherwise it is stored raw. Chunks of GG_ZSTD_PROBE_MIN_INPUT_BYTES
+ * and more are probed first: 8 slices of 4 KiB, slice k at byte
+ * k * (n / 8) (so both planes of bf16-split are seen), are compressed
+ * together under the same rule, and when the probe fails the chunk is
+ * stored raw without compressing the rest. The decision
  * only ever chooses between two valid encodings. See docs/codecs.md for the
  * measurements behind these numbers.
  *
