@@ -39,6 +39,9 @@ struct gg_ar_step {
 	uint8_t *got;            /* per chunk: bit 0 scatter received, bit 1 gather received */
 	uint64_t chunks_done;
 	uint64_t bytes_out;
+	/* Sites any frame of the step came from (bit per site): every site
+	 * sends frames of its own input as soon as it starts a step. */
+	uint32_t heard;
 	bool failed;
 };
 
@@ -518,6 +521,7 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 			       "site %u sent %s chunk %u of %u, which this site never expects from it", from,
 			       phase_name(id->phase), id->chunk, id->origin);
 	}
+	s->heard |= 1u << from;
 	if (id->phase == GG_AR_DIRECT) {
 		struct gg_buf **slot = &s->pending[(size_t)from * s->nchunks + id->chunk];
 		if (s->next_site[id->chunk] > from || *slot)
@@ -689,6 +693,11 @@ bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct
 		}
 	}
 	return false;
+}
+
+bool gg_ar_step_heard_from(const struct gg_ar_step *s, unsigned from)
+{
+	return from < s->cfg.sites && (s->heard >> from & 1);
 }
 
 uint64_t gg_ar_step_expected_from(const struct gg_ar_step *s, unsigned from)

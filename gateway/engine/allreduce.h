@@ -164,6 +164,11 @@ bool gg_ar_step_done(const struct gg_ar_step *s);
  * message of a step that missed its deadline); false when none is. */
 bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct gg_ar_chunk_id *id);
 
+/* Whether any frame of the step came from site `from`. A site sends frames
+ * of its own input as soon as it starts a step: none means it has not (or
+ * they are still on their way). */
+bool gg_ar_step_heard_from(const struct gg_ar_step *s, unsigned from);
+
 /* Frames this step expects from `from` in all, and payload bytes it sent. */
 uint64_t gg_ar_step_expected_from(const struct gg_ar_step *s, unsigned from);
 uint64_t gg_ar_step_wire_bytes_out(const struct gg_ar_step *s);

@@ -1552,9 +1552,13 @@ static void part_missed_deadline(struct lane_job *lj)
 	if (gg_ar_step_first_missing(lj->ar, &from, &id))
 		part_fail(lj, GG_ERR_TIMEOUT,
 			  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for shard %u chunk "
-			  "%u%s", (unsigned long long)lj->seq, lj->name, buf, n->names[from],
+			  "%u%s%s", (unsigned long long)lj->seq, lj->name, buf, n->names[from],
 			  id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
-			  id.origin, id.chunk, down);
+			  id.origin, id.chunk,
+			  gg_ar_step_heard_from(lj->ar, from)
+				  ? ""
+				  : " (no frame of the step came from it: has it started the step?)",
+			  down);
 	else
 		part_fail(lj, GG_ERR_TIMEOUT, "step %llu of job '%s' missed its %s deadline%s",
 			  (unsigned long long)lj->seq, lj->name, buf, down);
