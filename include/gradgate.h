@@ -33,7 +33,11 @@
 extern "C" {
 #endif
 
+#if defined(__GNUC__) || defined(__clang__)
 #define GRADGATE_API __attribute__((visibility("default")))
+#else
+#define GRADGATE_API
+#endif
 
 /* Element types. Sums are computed in float32: bfloat16 inputs are widened
  * exactly, and the result is rounded back to bfloat16 once, to nearest
@@ -46,7 +50,7 @@ extern "C" {
  * Every rank of every site gets the same bytes whatever the codec. */
 enum gg_dtype {
 	GG_DTYPE_F32 = 1,
-	GG_DTYPE_BF16 = 2,
+	GG_DTYPE_BF16 = 2
 };
 
 enum gg_errc {
@@ -65,7 +69,7 @@ enum gg_errc {
 	GG_ERR_SITE = -12,     /* the exchange with another site failed; the message names it */
 	GG_ERR_BUSY = -13,     /* as many requests in flight as the gateway allows */
 	GG_ERR_AGAIN = -14,    /* gg_wait: the request is still in progress */
-	GG_ERR_LIMIT = -15,    /* the gateway is at a configured limit (memory, jobs) */
+	GG_ERR_LIMIT = -15     /* the gateway is at a configured limit (memory, jobs) */
 };
 
 #define GG_ERROR_MESSAGE_MAX 256

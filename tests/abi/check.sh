@@ -101,6 +101,22 @@ else
 	cat "$work/cc.log"
 	bad "a program using the public API does not build with pkg-config's flags"
 fi
+# The header stands alone, warning-free, in every C from C89 and, where a
+# C++ compiler is found, in C++98 and later.
+printf '#include <gradgate.h>\n' >"$work/header.c"
+read -r -a cflags < <(pkg-config --cflags gradgate)
+for std in c89 c99 c11 c17; do
+	"${cc[@]}" -std=$std -pedantic -Wall -Wextra -Werror -fsyntax-only "${cflags[@]}" "$work/header.c" \
+		2>"$work/header.log" || { cat "$work/header.log"; bad "gradgate.h does not build as $std, -pedantic"; }
+done
+if command -v c++ >/dev/null; then
+	cp "$work/header.c" "$work/header.cpp"
+	for std in c++98 c++11 c++17; do
+		c++ -std=$std -pedantic -Wall -Wextra -Werror -fsyntax-only "${cflags[@]}" \
+			"$work/header.cpp" 2>"$work/header.log" ||
+			{ cat "$work/header.log"; bad "gradgate.h does not build as $std, -pedantic"; }
+	done
+fi
 # Internal functions are not part of the shared library's ABI.
 printf '#include <stddef.h>\nconst char *gg_ctrl_type_name(unsigned type);\nint main(void) { return gg_ctrl_type_name(1) != NULL; }\n' >"$work/internal.c"
 if "${cc[@]}" -o "$work/internal" "$work/internal.c" "${flags[@]}" 2>"$work/cc2.log"; then
