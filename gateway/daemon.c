@@ -105,9 +105,9 @@ static void step_done(void *arg, struct gg_node_step *ns, int status, const char
 	/* Failures are logged where they happen (step_failed); --log-level
 	 * debug adds a line for every step that completes. */
 	if (!status)
-		gg_log(GG_LOG_DEBUG, "step_done", "job=%s step=%llu tensor=%u elements=%llu ms=%.1f", ns->job,
-		       (unsigned long long)ns->seq, ns->tensor_id, (unsigned long long)ns->count,
-		       (double)(gg_monotonic_us() - p->submit_us) / 1e3);
+		gg_log(GG_LOG_DEBUG, "step_done", "job=%s step=%llu tensor=%u elements=%llu algorithm=%s ms=%.1f",
+		       ns->job, (unsigned long long)ns->seq, ns->tensor_id, (unsigned long long)ns->count,
+		       gg_allreduce_algo_name(ns->algorithm), (double)(gg_monotonic_us() - p->submit_us) / 1e3);
 	finish(arg, status, message);
 }
 

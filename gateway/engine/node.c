@@ -1911,6 +1911,7 @@ static void step_ended(struct gg_node *n, struct job *j)
 		j->done_us = j->active_us;
 		j->done_plan = j->plan;
 		j->failed_lo = j->failed_hi = 0; /* every site is past them */
+		st->algorithm = j->run_algo;
 	}
 	/* done() may submit the job's next step. */
 	st->done(st->arg, st, status, status ? message : NULL);

@@ -75,6 +75,9 @@ struct gg_node_step {
 	 * rank left, GG_ERR_SITE for a site lost, restarted or broken, the
 	 * code an aborting site gave otherwise. */
 	void (*done)(void *arg, struct gg_node_step *step, int status, const char *message);
+	/* Set by the node before done() when the step completed: the
+	 * algorithm it went by (ring or direct; auto's plan or probe). */
+	enum gg_allreduce_algo algorithm;
 	/* Optional (NULL): called before the node first reads input elements
 	 * [offset, offset + n), and once result elements [offset, offset + n)
 	 * are final; each element once (gg_ar_ops.gather and .deliver). */

@@ -176,6 +176,8 @@ static void init(struct gg_tls_stream *s, struct gg_loop *loop, uint32_t index, 
 		s->opts = *opts;
 	if (!s->opts.handshake_timeout_us)
 		s->opts.handshake_timeout_us = GG_TLS_STREAM_HANDSHAKE_TIMEOUT_US;
+	if (!s->opts.connect_timeout_us)
+		s->opts.connect_timeout_us = s->opts.handshake_timeout_us;
 	if (!s->opts.close_timeout_us)
 		s->opts.close_timeout_us = GG_TLS_STREAM_CLOSE_TIMEOUT_US;
 	if (!s->opts.send_max_bytes)
@@ -209,6 +211,7 @@ int gg_tls_stream_connect(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 		addr_len = sizeof(s->addr);
 	memcpy(&s->addr, addr, addr_len);
 	s->state = GG_TLS_STREAM_CONNECTING;
+	s->deadline_us = gg_monotonic_us() + s->opts.connect_timeout_us;
 	s->fd = socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s->fd < 0) {
 		rc = -errno;
@@ -253,6 +256,7 @@ unsigned gg_tls_stream_on_cqe(struct gg_tls_stream *s, const struct io_uring_cqe
 		}
 		s->connected = true;
 		s->state = GG_TLS_STREAM_HANDSHAKE;
+		s->deadline_us = gg_monotonic_us() + s->opts.handshake_timeout_us;
 		step_handshake(s);
 		break;
 	case GG_OP_RECV:
@@ -305,7 +309,7 @@ unsigned gg_tls_stream_tick(struct gg_tls_stream *s, uint64_t now_us)
 		switch (s->state) {
 		case GG_TLS_STREAM_CONNECTING:
 			snprintf(text, sizeof(text), "peer %s: connection not established within %llu ms",
-				 gg_tls_engine_peer_addr(s->tls), (unsigned long long)ms);
+				 gg_tls_engine_peer_addr(s->tls), (unsigned long long)(s->opts.connect_timeout_us / 1000));
 			fail(s, -ETIMEDOUT, text, false);
 			break;
 		case GG_TLS_STREAM_HANDSHAKE:

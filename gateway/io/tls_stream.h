@@ -39,7 +39,8 @@
 #define GG_TLS_STREAM_IO_MAX_BYTES (256u << 10)
 
 struct gg_tls_stream_options {
-	uint64_t handshake_timeout_us; /* connect + handshake; 0: 10 s */
+	uint64_t connect_timeout_us;   /* a dialed stream's TCP connect; 0: handshake_timeout_us */
+	uint64_t handshake_timeout_us; /* the TLS handshake once connected; 0: 10 s */
 	uint64_t close_timeout_us;     /* flushing the last bytes before closing; 0: 1 s */
 	size_t send_max_bytes;         /* largest single send; 0: 256 KiB */
 	size_t recv_max_bytes;         /* largest single recv; 0: 256 KiB */

@@ -1201,6 +1201,14 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 	if (c->lost)
 		return;
 	c->lost = true;
+	/* Of two connections for one stream, the peer (whose name sorts
+	 * second) closed the one it dialed, which carried the stream while
+	 * this site's own was set up to take over: a duplicate gone, no news. */
+	if (!c->duplicate && !c->dialer && c->peer >= 0 && c->stream >= 0 && m->self < (unsigned)c->peer &&
+	    m->peers[c->peer].conn[c->stream] == ci && m->peers[c->peer].dialing[c->stream] >= 0) {
+		c->duplicate = true;
+		m->stats.duplicate_streams++;
+	}
 	gg_log(c->ready && !c->duplicate ? GG_LOG_WARN : GG_LOG_INFO, "stream_down", "site=%s stream=%d reason=\"%s\"",
 	       c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
 	bool was_ready = c->ready;
@@ -1991,7 +1999,8 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		goto fail;
 	}
 	m->conn_cap = cap;
-	m->sopts = (struct gg_tls_stream_options){ .handshake_timeout_us = cfg->transport.handshake_timeout_us,
+	m->sopts = (struct gg_tls_stream_options){ .connect_timeout_us = cfg->transport.connect_timeout_us,
+						   .handshake_timeout_us = cfg->transport.handshake_timeout_us,
 						   .socket_buffer_bytes = (int)cfg->transport.socket_buffer_bytes,
 						   .congestion = cfg->transport.congestion_control };
 

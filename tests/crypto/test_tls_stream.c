@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "net_addr.h"
@@ -168,6 +169,76 @@ static struct gg_tls_context *context(struct gg_tls_pki *pki, const char *identi
 	return ctx;
 }
 
+struct lone {
+	struct gg_tls_stream s;
+	unsigned ev;
+};
+
+static void on_lone_cqe(void *arg, const struct io_uring_cqe *cqe)
+{
+	struct lone *l = arg;
+
+	l->ev |= gg_tls_stream_on_cqe(&l->s, cqe);
+}
+
+/* A dialed stream gets connect_timeout for its TCP connect, then
+ * handshake_timeout for the handshake: the one it is in when it runs out
+ * fails it, naming that deadline. `hang`: the listener's queue is full,
+ * so its SYNs are dropped and the connect never completes; else the
+ * connect completes and nobody speaks TLS. */
+static void test_deadline(struct gg_tls_context *ctx, const struct gg_tls_site *site, bool hang)
+{
+	struct gg_loop loop;
+	struct lone l = { .ev = 0 };
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	const char *why;
+	char addr[GG_NET_ADDR_TEXT_MAX];
+	int fill[3], lfd;
+
+	CHECK(gg_loop_init(&loop, 8) == 0);
+	CHECK(gg_net_addr_parse("127.0.0.1:0", &ss, &len, &why) == 0);
+	CHECK((lfd = gg_net_listen((struct sockaddr *)&ss, len, hang ? 0 : 8)) >= 0);
+	len = sizeof(ss);
+	CHECK(getsockname(lfd, (struct sockaddr *)&ss, &len) == 0);
+	/* Connections nobody accepts fill a queue of backlog 0. */
+	for (int i = 0; i < 3; i++) {
+		fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		CHECK(fill[i] >= 0);
+		if (hang)
+			(void)connect(fill[i], (struct sockaddr *)&ss, len);
+	}
+	usleep(100000);
+
+	struct gg_tls_engine *e;
+	struct gg_tls_engine_config cfg = {
+		.role = GG_TLS_CLIENT, .peer_addr = gg_net_addr_format((struct sockaddr *)&ss, addr, sizeof(addr)),
+		.sites = site, .site_count = 1, .rx_ring_bytes = RING_BYTES, .tx_ring_bytes = RING_BYTES,
+	};
+	struct gg_tls_stream_options so = { .connect_timeout_us = hang ? 200000 : 5000000,
+					    .handshake_timeout_us = hang ? 5000000 : 300000 };
+	CHECK(gg_tls_engine_new(ctx, &cfg, &e) == 0);
+	uint64_t start = gg_monotonic_us();
+	CHECK(gg_tls_stream_connect(&l.s, &loop, 0, (struct sockaddr *)&ss, len, e, &so) == 0);
+	while (!(l.ev & GG_TLS_STREAM_EV_DONE)) {
+		CHECK(gg_loop_run(&loop, 20000, on_lone_cqe, &l) >= 0);
+		l.ev |= gg_tls_stream_tick(&l.s, gg_monotonic_us());
+		CHECK(gg_monotonic_us() - start < 4000000u);
+	}
+	uint64_t ms = (gg_monotonic_us() - start) / 1000;
+	printf("%s: failed after %llu ms: %s\n", hang ? "a connect that never completes" : "a peer that never speaks TLS",
+	       (unsigned long long)ms, gg_tls_stream_error(&l.s));
+	CHECK(ms >= (hang ? 190 : 290) && ms < 2000);
+	if (hang)
+		CHECK_CONTAINS(gg_tls_stream_error(&l.s), "connection not established within 200 ms");
+	else
+		CHECK_CONTAINS(gg_tls_stream_error(&l.s), "300 ms");
+	for (int i = 0; i < 3; i++)
+		close(fill[i]);
+	close(lfd);
+	gg_loop_fini(&loop);
+}
+
 int main(void)
 {
 	static struct test t;
@@ -226,6 +297,8 @@ int main(void)
 
 	close(t.listen_fd);
 	gg_loop_fini(&t.loop);
+	test_deadline(client_ctx, &server_site, true);
+	test_deadline(client_ctx, &server_site, false);
 	gg_tls_context_free(client_ctx);
 	gg_tls_context_free(t.server_ctx);
 	gg_tls_pki_free(pki);

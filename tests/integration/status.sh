@@ -32,7 +32,7 @@ mesh_start
 mesh_up 15
 run_ok done 1000 1 3
 for ((i = 0; i < K; i++)); do
-	wait_for "$(site_log $i)" 'level=debug event=step_done job=done step=3 tensor=1 elements=1000 ms=[0-9]' 5 ||
+	wait_for "$(site_log $i)" 'level=debug event=step_done job=done step=3 tensor=1 elements=1000 algorithm=ring ms=[0-9]' 5 ||
 		fail "${SITES[$i]} logged no step_done for step 3 at --log-level debug"
 done
 # A lone rank whose deadline passes: step 1 fails at site-a (GG_ERR_TIMEOUT).
