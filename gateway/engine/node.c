@@ -2401,11 +2401,15 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 		snprintf(factors, sizeof(factors), " factor_direct=%.3f factor_ring=%.3f",
 			 model_factor(n, j, GG_ALLREDUCE_DIRECT, eb, up, one_way),
 			 model_factor(n, j, GG_ALLREDUCE_RING, eb, up, one_way));
+	/* direct at every size: "any", not the largest count there is */
+	char up_to[24] = "any";
+	if (j->using.direct_max != UINT64_MAX)
+		snprintf(up_to, sizeof(up_to), "%llu", (unsigned long long)j->using.direct_max);
 	gg_log(GG_LOG_INFO, "algorithm",
-	       "job=%s step=%llu algorithm=%s count=%llu chunk_kib=%u direct_up_to=%llu uplink_mbit=%.1f rtt_ms=%.3f "
+	       "job=%s step=%llu algorithm=%s count=%llu chunk_kib=%u direct_up_to=%s uplink_mbit=%.1f rtt_ms=%.3f "
 	       "model_direct_ms=%.3f model_ring_ms=%.3f%s",
 	       j->name, (unsigned long long)st->seq, gg_allreduce_algo_name(algo), (unsigned long long)st->count,
-	       chunk_kib(chunk), (unsigned long long)j->using.direct_max, up * 8 / 1e6, l->rtt_us / 1e3,
+	       chunk_kib(chunk), up_to, up * 8 / 1e6, l->rtt_us / 1e3,
 	       gg_ar_model_seconds(GG_ALLREDUCE_DIRECT, n->sites, st->count, eb, up, one_way) * 1e3,
 	       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, st->count, eb, up, one_way) * 1e3, factors);
 }

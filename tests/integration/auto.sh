@@ -33,7 +33,7 @@ first=$(choices big 0)
 log "site-0 chose: $(tr '\n' '|' <<<"$first")"
 grep -q 'step=1 algorithm=direct count=1000000 chunk_kib=1024 reason="no plan yet: the links are measured as steps go direct"' <<<"$first" ||
 	fail "site-0 did not start job big direct, for want of a plan: $first"
-grep -Eq 'algorithm=(direct|ring) count=1000000 chunk_kib=1024 direct_up_to=[0-9]+ uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+ factor_direct=[0-9.]+ factor_ring=[0-9.]+$' "$(site_log 0)" ||
+grep -Eq 'algorithm=(direct|ring) count=1000000 chunk_kib=1024 direct_up_to=([0-9]+|any) uplink_mbit=[0-9.]+ rtt_ms=[0-9.]+ model_direct_ms=[0-9.]+ model_ring_ms=[0-9.]+ factor_direct=[0-9.]+ factor_ring=[0-9.]+$' "$(site_log 0)" ||
 	fail "site-0 logged no plan for job big with the figures behind it: $first"
 # The first eight steps once the links are measured warm them, direct.
 plan_step=$(grep -m1 -o 'step=[0-9]* algorithm=[a-z]* count=1000000 chunk_kib=[0-9]* direct_up_to=' <<<"$first" | grep -o '[0-9]*' | head -1)
