@@ -297,7 +297,19 @@ int main(void)
 
 	close(t.listen_fd);
 	gg_loop_fini(&t.loop);
-	test_deadline(client_ctx, &server_site, true);
+	/* A full accept queue drops SYNs, unless the kernel is told to reset
+	 * them instead. */
+	FILE *f = fopen("/proc/sys/net/ipv4/tcp_abort_on_overflow", "r");
+	int abort_on_overflow = 0;
+	if (f) {
+		if (fscanf(f, "%d", &abort_on_overflow) != 1)
+			abort_on_overflow = 0;
+		fclose(f);
+	}
+	if (abort_on_overflow)
+		printf("a connect that never completes: not checked (net.ipv4.tcp_abort_on_overflow is set)\n");
+	else
+		test_deadline(client_ctx, &server_site, true);
 	test_deadline(client_ctx, &server_site, false);
 	gg_tls_context_free(client_ctx);
 	gg_tls_context_free(t.server_ctx);
