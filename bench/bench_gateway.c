@@ -303,10 +303,14 @@ static void name_throwaway(const char *dir, unsigned sites)
 		snprintf(throwaway.files[throwaway.nfiles++], sizeof(throwaway.files[0]), "%s/s%u.pem", dir, k);
 		snprintf(throwaway.files[throwaway.nfiles++], sizeof(throwaway.files[0]), "%s/s%u.key", dir, k);
 	}
-	struct sigaction sa = { .sa_handler = on_stop_signal };
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGHUP, &sa, NULL);
+	/* A signal the run was started ignoring (nohup, a background job of a
+	 * script) stays ignored. */
+	const int sigs[] = { SIGINT, SIGTERM, SIGHUP };
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		struct sigaction sa = { .sa_handler = on_stop_signal }, old;
+		if (!sigaction(sigs[i], NULL, &old) && old.sa_handler != SIG_IGN)
+			sigaction(sigs[i], &sa, NULL);
+	}
 }
 
 /* Throwaway CA and one certificate per site (dns:sK.gradgate.test), as

@@ -148,13 +148,22 @@ daemons() {
 		ranks+=("$!")
 		pids+=("$!")
 	done
-	for i in 0 1; do
-		wait "${ranks[$i]}" || { cat "$work/rank$i.err" >&2; die "rank $i failed"; }
-		p50=$(json_field "$work/rank$i.json" step_ms_p50)
-		worst=$(awk -v a="$worst" -v b="$p50" 'BEGIN { print (b > a ? b : a) }')
+	# Whichever rank fails first stops the run, named.
+	local left=2 ended=()
+	while [ "$left" -gt 0 ]; do
+		for i in 0 1; do
+			[ -z "${ended[$i]:-}" ] && ! kill -0 "${ranks[$i]}" 2>/dev/null || continue
+			wait "${ranks[$i]}" || { cat "$work/rank$i.err" >&2; die "rank $i failed"; }
+			ended[$i]=1
+			left=$((left - 1))
+			p50=$(json_field "$work/rank$i.json" step_ms_p50)
+			worst=$(awk -v a="$worst" -v b="$p50" 'BEGIN { print (b > a ? b : a) }')
+		done
+		[ "$left" = 0 ] || sleep 0.05
 	done
-	kill -TERM "${pids[@]}" 2>/dev/null || true
-	wait "${pids[@]}" || true
+	# The ranks are reaped: only the gateways are left to stop.
+	kill -TERM "${pids[@]:0:2}" 2>/dev/null || true
+	wait "${pids[@]:0:2}" || true
 	pids=()
 	step_ms=$worst
 }

@@ -61,6 +61,7 @@ struct conn {
 	bool ready;  /* HELLOs exchanged */
 	bool lost;   /* conn_lost() ran */
 	bool duplicate; /* closed as the one of two connections for a stream that is not kept */
+	bool peer_closed; /* the peer ended it in order (close_notify, or end of file) */
 	bool dialer;
 	bool handshake; /* accepted, HELLO not yet taken: in the handshake pool */
 	uint8_t ip[16]; /* handshake: the peer's address (IPv4 mapped into IPv6) */
@@ -1121,6 +1122,7 @@ static void conn_read(struct gg_mesh *m, int ci)
 			if (got == -EAGAIN)
 				return;
 			if (got <= 0) {
+				c->peer_closed = got == 0;
 				conn_close(m, ci, got == 0 ? "the peer closed the stream" : gg_tls_stream_error(&c->ts));
 				return;
 			}
@@ -1202,9 +1204,11 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		return;
 	c->lost = true;
 	/* Of two connections for one stream, the peer (whose name sorts
-	 * second) closed the one it dialed, which carried the stream while
-	 * this site's own was set up to take over: a duplicate gone, no news. */
-	if (!c->duplicate && !c->dialer && c->peer >= 0 && c->stream >= 0 && m->self < (unsigned)c->peer &&
+	 * second) closed the one it dialed, in order, which carried the stream
+	 * while this site's own was set up to take over: a duplicate gone, no
+	 * news. (A reset, a heartbeat timeout, is news whatever is dialing.) */
+	if (c->peer_closed && !c->duplicate && !c->dialer && c->peer >= 0 && c->stream >= 0 &&
+	    m->self < (unsigned)c->peer &&
 	    m->peers[c->peer].conn[c->stream] == ci && m->peers[c->peer].dialing[c->stream] >= 0) {
 		c->duplicate = true;
 		m->stats.duplicate_streams++;

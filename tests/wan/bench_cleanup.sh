@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark tools leave nothing behind when a run is cut short:
-# `gradgate-bench gateway` interrupted removes its throwaway certificates
-# and keys, and dies of the signal; bench/loopback.sh whose rank fails
+# `gradgate-bench gateway` stopped (SIGTERM) removes its throwaway
+# certificates and keys, and dies of the signal; bench/loopback.sh whose rank fails
 # stops at once, with no gateway left running and no folder left.
 #
 #   bench_cleanup.sh SRC BUILD
@@ -19,25 +19,25 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# gateway: interrupted once its folder exists.
+# gateway: stopped once its keys exist. (SIGTERM: a background job of a
+# script starts with SIGINT ignored, and the bench leaves it so.)
 mkdir "$work/tmp"
 TMPDIR=$work/tmp "$build/bench/gradgate-bench" gateway --count 1048576 --steps 10000 --baseline-time 0 \
 	>/dev/null 2>"$work/gateway.err" &
 pids+=("$!")
 for ((i = 0; i < 200; i++)); do
-	[ -z "$(ls "$work/tmp")" ] || break
+	! compgen -G "$work/tmp/*/s1.key" >/dev/null || break
 	kill -0 "${pids[0]}" 2>/dev/null || fail "gradgate-bench gateway ended: $(cat "$work/gateway.err")"
 	sleep 0.05
 done
-[ -n "$(ls "$work/tmp")" ] || fail "gradgate-bench gateway made no folder in TMPDIR within 10 s"
-ls "$work"/tmp/*/s0.key >/dev/null || fail "no key in $(ls "$work"/tmp/*)"
+compgen -G "$work/tmp/*/s1.key" >/dev/null || fail "gradgate-bench gateway made no keys in TMPDIR within 10 s"
 sleep 0.3
-kill -INT "${pids[0]}"
+kill -TERM "${pids[0]}"
 rc=0
 wait "${pids[0]}" || rc=$?
-[ "$rc" = 130 ] || fail "gradgate-bench gateway exited $rc after SIGINT, not 130: $(cat "$work/gateway.err")"
+[ "$rc" = 143 ] || fail "gradgate-bench gateway exited $rc after SIGTERM, not 143: $(cat "$work/gateway.err")"
 [ -z "$(ls -A "$work/tmp")" ] || fail "gradgate-bench gateway left $(ls -A "$work"/tmp/*) behind"
-echo "gateway: SIGINT exits 130 and leaves no certificates or keys"
+echo "gateway: SIGTERM exits 143 and leaves no certificates or keys"
 
 # loopback.sh: a build folder whose rank fails.
 mkdir -p "$work/build/gateway" "$work/build/bench"
