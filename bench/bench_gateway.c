@@ -559,16 +559,22 @@ int gg_bench_gateway_main(int argc, char **argv)
 	struct opts o;
 	struct start start = { 0 };
 	const char *tmp = getenv("TMPDIR");
-	char dir[200];
+	char dir[sizeof(throwaway.dir)];
 	int ports[MAX_SITES], rc, status = 0;
 
 	if ((rc = parse(argc, argv, &o)))
 		return rc;
 	gg_log_set_level(GG_LOG_ERROR);
-	snprintf(dir, sizeof(dir), "%s/gradgate-bench-gw.XXXXXX", tmp && *tmp && strlen(tmp) < 150 ? tmp : "/tmp");
+	if (!tmp || !*tmp)
+		tmp = "/tmp";
+	if ((size_t)snprintf(dir, sizeof(dir), "%s/gradgate-bench-gw.XXXXXX", tmp) >= sizeof(dir)) {
+		fprintf(stderr, "gradgate-bench gateway: TMPDIR is %zu bytes long; the folder for throwaway "
+			"certificates takes one of at most %zu\n", strlen(tmp), sizeof(dir) - sizeof("/gradgate-bench-gw.XXXXXX"));
+		return 1;
+	}
 	if (!mkdtemp(dir)) {
 		fprintf(stderr, "gradgate-bench gateway: cannot make a folder for throwaway certificates in %s: %s\n",
-			tmp && *tmp ? tmp : "/tmp", strerror(errno));
+			tmp, strerror(errno));
 		return 1;
 	}
 	name_throwaway(dir, o.sites);

@@ -39,6 +39,12 @@ wait "${pids[0]}" || rc=$?
 [ -z "$(ls -A "$work/tmp")" ] || fail "gradgate-bench gateway left $(ls -A "$work"/tmp/*) behind"
 echo "gateway: SIGTERM exits 143 and leaves no certificates or keys"
 
+# gateway: a TMPDIR too long for its folder is refused, naming it.
+rc=0
+TMPDIR=/$(printf 'x%.0s' {1..300}) "$build/bench/gradgate-bench" gateway --steps 1 >/dev/null 2>"$work/long.err" || rc=$?
+[ "$rc" = 1 ] && grep -q "TMPDIR is 301 bytes long" "$work/long.err" ||
+	fail "a 301-byte TMPDIR: exit $rc, $(cat "$work/long.err")"
+
 # loopback.sh: a build folder whose rank fails.
 mkdir -p "$work/build/gateway" "$work/build/bench"
 ln -s "$(cd "$build" && pwd)/gateway/gradgate" "$work/build/gateway/gradgate"
