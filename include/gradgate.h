@@ -305,7 +305,11 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
  * gateway to join (the step's own deadline runs after that); otherwise it
  * fails with GG_ERR_TIMEOUT saying the job's communicator did not come
  * up. The gateway gives the communicator the timeout of the job's first
- * call, from that call on.
+ * call, from that call on. When the communicator can no longer come up
+ * while the call waits (another rank of the job left or failed, the
+ * gateway gave the communicator up or is shutting down), the gateway ends
+ * the session at once and the call returns its reason and code
+ * (GG_ERR_RANK, GG_ERR_CLOSED, ...), not at the timeout.
  *
  * devbuf     count float32 elements in CUDA device memory of the calling
  *            thread's current CUDA device at the session's first call: the

@@ -852,6 +852,17 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 	return rc;
 }
 
+/* While this rank joins the communicator: whether the gateway ended the
+ * session (the job failed, or the gateway gave the communicator up, so it
+ * will not come up) or the connection is gone. */
+static bool join_given_up(void *arg)
+{
+	struct gg_session *s = arg;
+
+	pump(s, 0);
+	return s->failed != 0;
+}
+
 /* The session's first NCCL step: NCCL_JOIN, the gateway's NCCL_ID, and
  * this rank's part in making the job's communicator on the calling
  * thread's current CUDA device (`device`), all by `deadline`. Collective:
@@ -899,8 +910,15 @@ static int nccl_join(struct gg_session *s, uint64_t timeout, uint64_t deadline, 
 		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
 	}
 
-	rc = gg_nccl_join(&s->nccl_comm, s->nccl_id.id, s->nccl_id.nranks, (unsigned)s->rank, deadline, why,
+	/* The gateway tells a rank waiting here when the communicator cannot
+	 * come up any more: it ends the session, saying why. */
+	const struct gg_nccl_stop stop = { join_given_up, s };
+	rc = gg_nccl_join(&s->nccl_comm, s->nccl_id.id, s->nccl_id.nranks, (unsigned)s->rank, deadline, &stop, why,
 			  sizeof(why));
+	if (s->failed) {
+		nccl_abort(s, s->failed, "%s", s->failed_msg);
+		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
+	}
 	if (rc == GG_ERR_TIMEOUT)
 		nccl_abort(s, rc, "the NCCL communicator of job '%s' did not come up within %llu ms: a rank of the job "
 			   "did not make its first gg_allreduce_nccl in time, or the gateway of site %s did not join",

@@ -136,9 +136,11 @@ static void nap(unsigned looks)
 
 /* Waits until the communicator's last call, which returned `r`, is done:
  * non-blocking, the call may have returned ncclInProgress and go on in
- * NCCL's threads, and the communicator takes no other call until then. */
-static int settle(ncclComm_t comm, ncclResult_t r, const char *what, uint64_t deadline_ms, char *err,
-		  size_t err_size)
+ * NCCL's threads, and the communicator takes no other call until then.
+ * `stop` (NULL: none), asked between looks, ends the wait with
+ * GG_ERR_CLOSED. */
+static int settle(ncclComm_t comm, ncclResult_t r, const char *what, uint64_t deadline_ms,
+		  const struct gg_nccl_stop *stop, char *err, size_t err_size)
 {
 	if (r != ncclSuccess && r != ncclInProgress)
 		return nccl_fail(r, comm, what, err, err_size);
@@ -154,12 +156,16 @@ static int settle(ncclComm_t comm, ncclResult_t r, const char *what, uint64_t de
 			snprintf(err, err_size, "%s was still in progress at its deadline", what);
 			return GG_ERR_TIMEOUT;
 		}
+		if (stop && stop->fn(stop->arg)) {
+			snprintf(err, err_size, "%s was given up", what);
+			return GG_ERR_CLOSED;
+		}
 		nap(looks);
 	}
 }
 
 int gg_nccl_join(void **comm, const unsigned char id[GG_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
-		 uint64_t deadline_ms, char *err, size_t err_size)
+		 uint64_t deadline_ms, const struct gg_nccl_stop *stop, char *err, size_t err_size)
 {
 	ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
 	ncclUniqueId uid;
@@ -174,7 +180,7 @@ int gg_nccl_join(void **comm, const unsigned char id[GG_NCCL_ID_SIZE], unsigned 
 	 * and a rank that never comes does not hang this one. */
 	config.blocking = 0;
 	ncclResult_t r = lib.comm_init_rank_config(&c, (int)nranks, uid, (int)rank, &config);
-	if ((rc = settle(c, r, "ncclCommInitRankConfig", deadline_ms, err, err_size))) {
+	if ((rc = settle(c, r, "ncclCommInitRankConfig", deadline_ms, stop, err, err_size))) {
 		if (c)
 			(void)lib.comm_abort(c);
 		return rc;
@@ -190,10 +196,10 @@ int gg_nccl_reduce_broadcast(void *comm, void *buf, size_t count, unsigned root,
 	int rc;
 
 	ncclResult_t r = lib.reduce(buf, buf, count, ncclFloat32, ncclSum, (int)root, c, (cudaStream_t)stream);
-	if ((rc = settle(c, r, "ncclReduce of the tensor to the gateway", deadline_ms, err, err_size)))
+	if ((rc = settle(c, r, "ncclReduce of the tensor to the gateway", deadline_ms, NULL, err, err_size)))
 		return rc;
 	r = lib.broadcast(buf, buf, count, ncclFloat32, (int)root, c, (cudaStream_t)stream);
-	return settle(c, r, "ncclBroadcast of the result from the gateway", deadline_ms, err, err_size);
+	return settle(c, r, "ncclBroadcast of the result from the gateway", deadline_ms, NULL, err, err_size);
 }
 
 void gg_nccl_abort(void *comm)
@@ -210,7 +216,7 @@ void gg_nccl_finish(void *comm, uint64_t deadline_ms)
 
 	if (!c)
 		return;
-	if (!settle(c, lib.comm_finalize(c), "ncclCommFinalize", deadline_ms, err, sizeof(err))) {
+	if (!settle(c, lib.comm_finalize(c), "ncclCommFinalize", deadline_ms, NULL, err, sizeof(err))) {
 		ncclResult_t r = lib.comm_destroy(c);
 		if (r == ncclSuccess || r == ncclInProgress)
 			return; /* freed, or being freed by NCCL */
@@ -236,7 +242,7 @@ int gg_nccl_version(void)
 }
 
 int gg_nccl_join(void **comm, const unsigned char id[GG_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
-		 uint64_t deadline_ms, char *err, size_t err_size)
+		 uint64_t deadline_ms, const struct gg_nccl_stop *stop, char *err, size_t err_size)
 {
 	*comm = NULL;
 	return gg_nccl_load(err, err_size);

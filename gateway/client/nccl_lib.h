@@ -16,6 +16,7 @@
 #ifndef GG_NCCL_LIB_H
 #define GG_NCCL_LIB_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,14 +30,22 @@ int gg_nccl_load(char *err, size_t err_size);
  * (call gg_nccl_load() first). */
 int gg_nccl_version(void);
 
+/* What a wait may be given up for: fn(arg) is asked between looks at the
+ * call, and a true answer ends the wait. */
+struct gg_nccl_stop {
+	bool (*fn)(void *arg);
+	void *arg;
+};
+
 /* Joins communicator `id` of `nranks` ranks as rank `rank` on the calling
  * thread's current CUDA device, and waits until every rank has joined, at
- * most until `deadline_ms` (gg_ctrl_now_ms). Returns 0 with *comm (an
- * ncclComm_t), or GG_ERR_TIMEOUT when it was not up by then and
- * GG_ERR_SYSTEM when NCCL failed; *comm is then NULL, whatever NCCL had
- * made aborted. */
+ * most until `deadline_ms` (gg_ctrl_now_ms) or until `stop` (NULL: none)
+ * says to give up. Returns 0 with *comm (an ncclComm_t), or
+ * GG_ERR_TIMEOUT when it was not up by then, GG_ERR_CLOSED when it was
+ * given up, and GG_ERR_SYSTEM when NCCL failed; *comm is then NULL,
+ * whatever NCCL had made aborted. */
 int gg_nccl_join(void **comm, const unsigned char id[GG_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
-		 uint64_t deadline_ms, char *err, size_t err_size);
+		 uint64_t deadline_ms, const struct gg_nccl_stop *stop, char *err, size_t err_size);
 
 /* Enqueues on `stream` (a cudaStream_t of the communicator's device; NULL:
  * the legacy default stream) the reduce (sum) of the `count` floats at

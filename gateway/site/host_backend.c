@@ -155,6 +155,7 @@ struct hb_job {
 	uint32_t nccl_timeout_ms;  /* that deadline's timeout, for messages */
 	int nccl_code;             /* NCCL_ABORTED: why, for the steps that needed it */
 	char nccl_why[TEXT];
+	bool nccl_never_up;        /* NCCL_ABORTED: while joining, so ranks may wait in their join */
 	bool step_nccl;            /* the step's sum came by the ranks' reduce; its result goes by broadcast */
 	/* An NCCL step's collective under way, which the tick polls until it
 	 * is done or nccl_until_us passes: the ranks' reduce to the gateway
@@ -534,6 +535,7 @@ static void nccl_abort(struct gg_host_backend *b, struct hb_job *j, int code, co
 		return;
 	b->opts.nccl->close(j->nccl_comm);
 	j->nccl_comm = NULL;
+	j->nccl_never_up = j->nccl_state == NCCL_JOINING;
 	j->nccl_state = NCCL_ABORTED;
 	if (j->spare_nccl)
 		drop_spare(b, j); /* no NCCL step of the job can use it now */
@@ -552,8 +554,9 @@ static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, con
 	 * Between steps the communicator stays, to be flushed and freed with
 	 * the job (an abort now could cut off a broadcast still forwarded
 	 * between the other ranks); a rank that announces another NCCL step
-	 * aborts it then. */
-	if (j->nccl_phase || step_uses_nccl(j))
+	 * aborts it then. One still coming up has forwarded nothing, and
+	 * can serve the job no more. */
+	if (j->nccl_phase || step_uses_nccl(j) || j->nccl_state == NCCL_JOINING)
 		nccl_abort(b, j, b->stopping ? GG_ERR_CLOSED : code, why);
 	j->broken = code;
 	gg_ctrl_set_text(j->broken_msg, sizeof(j->broken_msg), why);
@@ -573,6 +576,8 @@ static void job_break(struct gg_host_backend *b, struct hb_job *j, int code, con
 	}
 }
 
+static bool end_waiting_joiners(struct gg_host_backend *b, struct hb_job *j);
+
 static void job_settle(struct gg_host_backend *b, struct hb_job *j)
 {
 	uint64_t poll;
@@ -580,6 +585,8 @@ static void job_settle(struct gg_host_backend *b, struct hb_job *j)
 	/* What an abort cut short ends now, not at the next tick. */
 	if (j->nccl_state == NCCL_ABORTED)
 		nccl_progress(b, j, b->loop->now_us, &poll);
+	if (j->nccl_never_up && end_waiting_joiners(b, j))
+		return;
 	if (!j->connected && !j->with_core && !j->nccl_phase)
 		job_free(b, j);
 	else
@@ -754,6 +761,43 @@ GG_PRINTF(4, 5) static void conn_unserved(struct gg_host_backend *b, struct hb_c
 	va_start(ap, fmt);
 	conn_end_with(b, c, code, "could not be served", fmt, ap);
 	va_end(ap);
+}
+
+/* The job failed while the rank waited for it, as end_waiting_joiners()
+ * tells: it gets ERROR and is closed. */
+GG_PRINTF(4, 5) static void conn_gone_with(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt,
+					   ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	conn_end_with(b, c, code, "was waiting for the job's NCCL communicator to come up", fmt, ap);
+	va_end(ap);
+}
+
+/* The job's NCCL communicator was given up before it came up: its ranks
+ * that asked to join it and announced no step since wait in their first
+ * gg_allreduce_nccl for it to come up, and would until their timeout.
+ * Their sessions end now, with the job's failure or the communicator's,
+ * as would a rank's that asked to join it only now. Returns true when
+ * one ended: the job may be gone then. */
+static bool end_waiting_joiners(struct gg_host_backend *b, struct hb_job *j)
+{
+	const int code = j->broken ? j->broken : j->nccl_code;
+	char why[TEXT];
+	bool ended = false;
+
+	j->nccl_never_up = false;
+	gg_ctrl_set_text(why, sizeof(why), j->broken ? j->broken_msg : j->nccl_why);
+	/* Each end settles the job, which the last one frees. */
+	for (unsigned r = 0; job_alive(b, j) && r < j->nranks; r++) {
+		struct hb_conn *c = j->ranks[r];
+		if (c && c->nccl_joined && !c->req_count) {
+			conn_gone_with(b, c, code, "%s", why);
+			ended = true;
+		}
+	}
+	return ended;
 }
 
 /* ---- idle jobs ------------------------------------------------------------ */

@@ -416,7 +416,7 @@ static void *worker(void *arg)
 }
 
 struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
-			int timeout_ms)
+			int timeout_ms, const bool *cancel)
 {
 	uint64_t until = now_us() + (uint64_t)timeout_ms * 1000u;
 	struct nd_rank *r = calloc(1, sizeof(*r));
@@ -431,9 +431,11 @@ struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned n
 	r->rank = rank;
 	r->c->joined++;
 	pthread_cond_broadcast(&cond);
-	while (r->c->joined < r->c->nranks && wait_until(until))
+	while (r->c->joined < r->c->nranks && !(cancel && *cancel) && wait_until(until))
 		;
 	bool up = r->c->joined == r->c->nranks;
+	if (!up)
+		r->c->joined--; /* the others wait on */
 	pthread_mutex_unlock(&lock);
 	if (!up || pthread_create(&r->worker, NULL, worker, r)) {
 		nd_abort(r);
@@ -441,6 +443,15 @@ struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned n
 	}
 	r->has_worker = true;
 	return r;
+}
+
+void nd_cancel(bool *cancel)
+{
+	pthread_once(&once, init_cond);
+	pthread_mutex_lock(&lock);
+	*cancel = true;
+	pthread_cond_broadcast(&cond);
+	pthread_mutex_unlock(&lock);
 }
 
 void nd_enqueue(struct nd_rank *r, float *buf, uint64_t count, bool reduce_only)

@@ -12,6 +12,7 @@
 #ifndef GG_NCCL_DOUBLE_H
 #define GG_NCCL_DOUBLE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "site_nccl.h"
@@ -27,10 +28,13 @@ void nd_fail_next(enum nd_fault what);
 
 struct nd_rank;
 /* Joins communicator `id` as `rank` of `nranks` and waits until all have
- * joined. NULL when timeout_ms passed first (the gateway's giving up does
- * not end the wait, as with NCCL). */
+ * joined. NULL when timeout_ms passed first, or *cancel (NULL: no such
+ * flag) was set by nd_cancel() (the gateway's giving up does not end the
+ * wait, as with NCCL). */
 struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
-			int timeout_ms);
+			int timeout_ms, const bool *cancel);
+/* Sets *cancel, ending the nd_join() that watches it. */
+void nd_cancel(bool *cancel);
 /* Enqueues a rank's step on its stream, as gg_allreduce_nccl enqueues its
  * ncclReduce and ncclBroadcast: its part of `count` floats of buf goes to
  * the root, and the root's broadcast comes back into buf; reduce_only: the

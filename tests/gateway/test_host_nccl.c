@@ -97,7 +97,7 @@ static void join_rank(unsigned rank, void *arg)
 {
 	struct job *j = arg;
 
-	j->r[rank].comm = nd_join(j->id, j->nranks + 1, rank, WAIT_MS);
+	j->r[rank].comm = nd_join(j->id, j->nranks + 1, rank, WAIT_MS, NULL);
 	CHECK(j->r[rank].comm);
 }
 
@@ -523,7 +523,7 @@ static void test_last_rank_leaves(void)
 
 	raw_hello(fd, "nccl-last", 0, 1);
 	join(fd, 1, id);
-	struct nd_rank *r = nd_join(id, 2, 0, WAIT_MS);
+	struct nd_rank *r = nd_join(id, 2, 0, WAIT_MS, NULL);
 	CHECK(r);
 	raw_allreduce(fd, 1, 7, GG_DTYPE_F32, 100, GG_CTRL_REGION_NCCL, 0);
 	usleep(20000);
@@ -538,8 +538,9 @@ static void test_last_rank_leaves(void)
 }
 
 /* A rank that never asks to join: the communicator is given up at the
- * join's deadline, and a rank that asks later is refused, naming it. (The
- * rank that joined waits out its own timeout, as with NCCL.) */
+ * join's deadline, the rank that joined and waits for it is told so at
+ * once (its session ends), and a rank that asks later is refused, naming
+ * it. */
 static void test_join_timeout(void)
 {
 	int fd0 = raw_connect(&h), fd1 = raw_connect(&h);
@@ -548,12 +549,15 @@ static void test_join_timeout(void)
 	raw_hello(fd0, "nccl-join", 0, 2);
 	raw_hello(fd1, "nccl-join", 1, 2);
 	join(fd0, 2, id);
-	CHECK(!nd_join(id, 3, 0, STEP_TIMEOUT_MS + 200));
+	uint64_t t0 = now_ms();
+	raw_expect_close(fd0, GG_CTRL_ERROR, GG_ERR_TIMEOUT,
+			 "the NCCL communicator of job 'nccl-join' was not up within 400 ms of its first NCCL_JOIN: "
+			 "rank 1 did not ask to join it");
+	CHECK(now_ms() - t0 < STEP_TIMEOUT_MS + 300);
 	send_join(fd1, 0);
 	raw_expect_close(fd1, GG_CTRL_ERROR, GG_ERR_TIMEOUT,
 			 "the NCCL communicator of job 'nccl-join' was not up within 400 ms of its first NCCL_JOIN: "
 			 "rank 1 did not ask to join it");
-	close(fd0);
 	printf("nccl: a rank that never joins: communicator given up, a late one refused\n");
 }
 
@@ -591,7 +595,9 @@ static void test_protocol(void)
 			 "rank 1 of job 'nccl-proto-broken' broke the control protocol");
 
 	/* A rank of another NCCL could never join: it is told why, and the
-	 * job's other rank, which joined, hears that it could not be served. */
+	 * job's other rank, which joined and waits for the communicator to
+	 * come up, hears at once that it could not be served: its session
+	 * ends, as that communicator is given up. */
 	fd0 = raw_connect(&h);
 	fd1 = raw_connect(&h);
 	raw_hello(fd0, "nccl-proto-version", 0, 2);
@@ -601,11 +607,23 @@ static void test_protocol(void)
 	raw_expect_close(fd1, GG_CTRL_ERROR, GG_ERR_INVALID,
 			 "rank 1 runs NCCL 2.21.5 and this gateway NCCL 2.28.9: NCCL makes a communicator only of "
 			 "ranks of one version");
+	raw_expect_close(fd0, GG_CTRL_ERROR, GG_ERR_RANK, "rank 1 of job 'nccl-proto-version' could not be served");
+
+	/* A rank that had announced its first step by then gets its DONE,
+	 * which tells it to abort its part. */
+	fd0 = raw_connect(&h);
+	fd1 = raw_connect(&h);
+	raw_hello(fd0, "nccl-proto-version2", 0, 2);
+	raw_hello(fd1, "nccl-proto-version2", 1, 2);
+	join(fd0, 2, id);
 	raw_allreduce(fd0, 1, 7, GG_DTYPE_F32, 10, GG_CTRL_REGION_NCCL, 0);
+	send_join_as(fd1, 0, 22105);
+	raw_expect_close(fd1, GG_CTRL_ERROR, GG_ERR_INVALID, "rank 1 runs NCCL 2.21.5");
 	char msg[GG_CTRL_TEXT_SIZE];
 	uint32_t flags;
 	CHECK_EQ_INT(recv_done(fd0, 1, &flags, msg, sizeof(msg)), GG_ERR_RANK);
-	CHECK_CONTAINS(msg, "rank 1 of job 'nccl-proto-version' could not be served");
+	CHECK_CONTAINS(msg, "rank 1 of job 'nccl-proto-version2' could not be served");
+	CHECK_EQ_INT(flags, GG_CTRL_DONE_NCCL_ABORTED);
 	close(fd0);
 
 	nd_fail_next(ND_OPEN);
