@@ -2790,12 +2790,22 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
-		uint64_t last = done_here(j) ? j->step->seq : j->done_seq;
-		if (!j->used || !last)
+		if (!j->used)
 			continue;
-		snprintf(why, sizeof(why),
-			 "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
-			 n->names[peer], (unsigned long long)last, j->name);
+		uint64_t last = done_here(j) ? j->step->seq : j->done_seq;
+		/* With no step done here, the job ran there only if its old run
+		 * was heard of (its data, or an ABORT): otherwise its ranks there
+		 * may still come, to the new gateway, for their first step. */
+		const struct name_runs *r = name_runs(n, j->name, false);
+		if (!last && !(r && r->seen[peer]))
+			continue;
+		if (last)
+			snprintf(why, sizeof(why),
+				 "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
+				 n->names[peer], (unsigned long long)last, j->name);
+		else
+			snprintf(why, sizeof(why), "site %s restarted before any step of job '%s' completed: its ranks "
+				 "there lost their sessions", n->names[peer], j->name);
 		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
 	/* A step with no result here (a first step, too) needed the old

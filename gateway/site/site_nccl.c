@@ -28,12 +28,21 @@ struct comm {
 	unsigned root;
 };
 
+/* A source file's path as the build gave it, less the build folder's
+ * "../" that makes it relative to the source tree. */
+static const char *source_path(const char *file)
+{
+	while (!strncmp(file, "../", 3))
+		file += 3;
+	return file;
+}
+
 static int nccl_fail(ncclResult_t r, ncclComm_t nc, const char *what, const char *file, int line, char *err,
 		     size_t err_size)
 {
 	const char *last = ncclGetLastError(nc);
 
-	snprintf(err, err_size, "%s:%d: %s: %s%s%s%s", file, line, what, ncclGetErrorString(r),
+	snprintf(err, err_size, "%s:%d: %s: %s%s%s%s", source_path(file), line, what, ncclGetErrorString(r),
 		 last && *last ? " (" : "", last && *last ? last : "", last && *last ? ")" : "");
 	return r == ncclInvalidArgument || r == ncclInvalidUsage ? -EINVAL : -EIO;
 }
@@ -45,11 +54,16 @@ static int nccl_fail(ncclResult_t r, ncclComm_t nc, const char *what, const char
 			return nccl_fail(r_, (nc), #call, __FILE__, __LINE__, (err), (err_size));          \
 	} while (0)
 
+/* As cuda/'s gg_cuda_fail: -ENODEV where the gateway has no usable GPU
+ * (none, or no driver recent enough), which the rank is told is no GPU. */
 static int cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size)
 {
-	snprintf(err, err_size, "%s:%d: %s: %s (%s)", file, line, what, cudaGetErrorString(e), cudaGetErrorName(e));
+	snprintf(err, err_size, "%s:%d: %s: %s (%s)", source_path(file), line, what, cudaGetErrorString(e),
+		 cudaGetErrorName(e));
 	(void)cudaGetLastError();
-	return e == cudaErrorMemoryAllocation ? -ENOMEM : e == cudaErrorNoDevice ? -ENODEV : -EIO;
+	if (e == cudaErrorMemoryAllocation)
+		return -ENOMEM;
+	return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? -ENODEV : -EIO;
 }
 
 /* The communicator's state: 0, -EINPROGRESS (joining, or a call being

@@ -39,7 +39,8 @@
 # peer-restarted  the last site's gateway is SIGKILLed and started again
 #                 while the others wait in step 2 of 5: its ranks lost their
 #                 sessions, so steps 2 to 5 fail at the others at once with
-#                 GG_ERR_SITE naming the restart
+#                 GG_ERR_SITE naming the restart; with 3 sites or more, the
+#                 same again in step 1, before any step completed
 # job-end         int8 jobs whose error-feedback residuals do not fit next to
 #                 each other in [limits] memory run one after another: the
 #                 end of a job frees them at every site
@@ -290,34 +291,52 @@ peer_lost() {
 	run_ok after 1000 1 2
 }
 
-case_peer_restarted() {
-	local r s t specs=() restarted took
-	STEPS=5
-	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 20000@2"); done
-	start_job pr "${specs[@]}"
-	wait_for "$work/pr-s0-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at site-a"
-	sleep 0.3 # the others announce step 2 and wait for the last site
+# restart_last JOB FIRST: SIGKILLs the last site's gateway and starts it
+# again; every other site's ranks must report steps FIRST to STEPS of JOB
+# within 6 s (none waits out step_timeout), each failed with GG_ERR_SITE
+# naming the restart ("site S restarted REASON: ..."), the last site's
+# ranks being gone.
+restart_last() {
+	local job=$1 first=$2 reason=$3 s r t restarted took dead=()
 	gw_stop "$last" KILL
 	gw_start "$last"
 	restarted=$(now_us)
 	for ((s = 0; s < last; s++)); do
 		for ((r = 0; r < RANKS; r++)); do
-			wait_for "$work/pr-s$s-r$r.out" "^step $STEPS rc=" 12 || fail "pr-s$s-r$r did not finish its steps"
+			wait_for "$work/$job-s$s-r$r.out" "^step $STEPS rc=" 12 || fail "$job-s$s-r$r did not finish its steps"
 		done
 	done
 	took=$(ms_since "$restarted")
-	log "  every other site failed steps 2 to $STEPS ${took} ms after the restart"
+	log "  every other site failed steps $first to $STEPS ${took} ms after the restart"
 	within "$took" 6000 "failing the steps after the restart"
 	kill -KILL "${rank_pids[@]}" 2>/dev/null || true
 	ranks_wait
-	local dead=()
 	for ((r = 0; r < RANKS; r++)); do dead+=("$last:$r"); done
-	check_steps pr "${dead[@]}"
-	expect_ok pr 1
-	for ((t = 2; t <= STEPS; t++)); do
-		expect_failed pr $t -12 "site ${SITES[$last]} restarted after step 1 of job 'pr': its ranks there lost their sessions" "${dead[@]}"
+	check_steps "$job" "${dead[@]}"
+	for ((t = first; t <= STEPS; t++)); do
+		expect_failed "$job" $t -12 "site ${SITES[$last]} restarted $reason: its ranks there lost their sessions" "${dead[@]}"
 	done
 	mesh_up 15
+}
+
+case_peer_restarted() {
+	local r specs=()
+	STEPS=5
+	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 20000@2"); done
+	start_job pr "${specs[@]}"
+	wait_for "$work/pr-s0-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at site-a"
+	sleep 0.3 # the others announce step 2 and wait for the last site
+	restart_last pr 2 "after step 1 of job 'pr'"
+	expect_ok pr 1
+	# The same before any step completed: the last site's ranks began
+	# step 1 (its gateway sent their data) while site 1's second rank is
+	# 3 s late to it. Site 0 fails the steps at once, and site 1, told by
+	# site 0's ABORTs, each as its ranks come.
+	if [ "$K" -ge 3 ]; then
+		start_job prf "1:1:--late 3000@1"
+		sleep 1
+		restart_last prf 1 "before any step of job 'prf' completed"
+	fi
 	run_ok after 1000 1 2
 }
 
