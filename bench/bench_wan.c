@@ -1664,9 +1664,18 @@ static int cleanup_leftovers(void)
 		if (strncmp(e->d_name, "gradgate-wan-", 13) || !left_behind(e->d_name + 13, &rest) || rest[0] != '.')
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", tmp_dir(), e->d_name);
+		found++;
+		/* A run's folder is its user's, mode 0700 (mkdtemp): inside one
+		 * nobody else can swap a folder for a link while it is removed.
+		 * Another user's, however named, is not this one's to remove. */
+		struct stat st;
+		if (lstat(path, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+			printf("left %s alone: not a folder of this user's (uid %u) that only it may enter\n", path,
+			       (unsigned)geteuid());
+			continue;
+		}
 		remove_tree(path);
 		printf("removed %s\n", path);
-		found++;
 	}
 	if (d)
 		closedir(d);

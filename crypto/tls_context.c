@@ -53,6 +53,12 @@ static int check_key_mode(const struct stat *st, const char *path, char *err, si
 			    "private key '%s' has permissions %04o: group or others may access it "
 			    "(run chmod 600 on it)",
 			    path, (unsigned)(st->st_mode & 07777));
+	/* Its owner may read and replace it: the site's identity is theirs. */
+	if (st->st_uid != geteuid() && st->st_uid != 0)
+		return fail(err, size, -EPERM,
+			    "private key '%s' belongs to uid %u: only the gateway's user (uid %u) or root may own it "
+			    "(run chown on it)",
+			    path, (unsigned)st->st_uid, (unsigned)geteuid());
 	return 0;
 }
 

@@ -87,9 +87,9 @@ struct gg_request;
 
 /* The user, besides root, this process's own user and the owner of the
  * control socket's folder, whose process gg_session_open() accepts as the
- * gateway: a number or a user name. A value that is neither fails
- * gg_session_open() with GG_ERR_INVALID whoever listens: a typo there is
- * not taken for "trust nobody more". */
+ * gateway: a number or a user name. A value that is neither (an empty
+ * one too) fails gg_session_open() with GG_ERR_INVALID whoever listens: a
+ * typo there is not taken for "trust nobody more". */
 #define GG_GATEWAY_UID_ENV "GRADGATE_GATEWAY_UID"
 
 /* Opens a session for rank `rank` of the `nranks` ranks of job `job`.

@@ -159,8 +159,14 @@ static long trusted_env_uid(struct gg_error *err, int *rc)
 	char *end;
 
 	*rc = 0;
-	if (!v || !*v)
+	if (!v)
 		return -1;
+	/* As from GRADGATE_GATEWAY_UID=$VAR with VAR unset: a slip too. */
+	if (!*v) {
+		*rc = gg_ctrl_error(err, GG_ERR_INVALID, GG_GATEWAY_UID_ENV " is set but empty: unset it, or set it to a "
+				    "uid or a user name");
+		return -1;
+	}
 	errno = 0;
 	long uid = strtol(v, &end, 10);
 	/* A uid is digits only: no blank, no sign, as a user name cannot be. */

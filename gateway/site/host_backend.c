@@ -2612,6 +2612,67 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 	return 0;
 }
 
+/* Whoever may rename or remove the entries of a folder on the socket's
+ * path could move the gateway's socket aside and put their own in its
+ * place, and take the ranks' sessions (the library trusts the folder's
+ * owner), or a link, which the gateway's chmod would follow. So every
+ * folder from the socket's up to / (links resolved) must belong to root
+ * or the gateway's user, and let nobody else write in it, unless its
+ * sticky bit keeps them off entries not their own (as /tmp's). A folder
+ * not made yet is checked from the one it will be made in. Returns 0, or
+ * -EPERM with err. */
+static int check_socket_folders(const char *path, char *err, size_t err_size)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], *real = NULL;
+	const uid_t me = geteuid();
+	int rc = 0;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *slash; !real && (slash = strrchr(dir, '/'));) {
+		slash[slash == dir] = '\0'; /* keeps "/" */
+		real = realpath(dir, NULL);
+		if (!real && errno != ENOENT) {
+			snprintf(err, err_size, "control socket %s: folder %s: %s", path, dir, strerror(errno));
+			return -errno;
+		}
+		if (slash == dir)
+			break;
+	}
+	if (!real) {
+		snprintf(err, err_size, "control socket %s: none of its folders exists", path);
+		return -ENOENT;
+	}
+	for (size_t len = strlen(real);;) {
+		struct stat st;
+		real[len] = '\0';
+		if (stat(real, &st)) {
+			rc = -errno;
+			snprintf(err, err_size, "control socket %s: folder %s: %s", path, real, strerror(errno));
+			break;
+		}
+		if (st.st_uid != 0 && st.st_uid != me) {
+			rc = -EPERM;
+			snprintf(err, err_size, "control socket %s: folder %s belongs to uid %u, not to root or the "
+				 "gateway's user (uid %u): its owner could put another socket in the gateway's place",
+				 path, real, (unsigned)st.st_uid, (unsigned)me);
+			break;
+		}
+		if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+			rc = -EPERM;
+			snprintf(err, err_size, "control socket %s: folder %s (mode %04o) may be written by %s, without "
+				 "the sticky bit: they could put another socket in the gateway's place", path, real,
+				 (unsigned)(st.st_mode & 07777), (st.st_mode & S_IWOTH) ? "every user" : "its group");
+			break;
+		}
+		if (len == 1)
+			break;
+		char *slash = strrchr(real, '/');
+		len = slash == real ? 1 : (size_t)(slash - real);
+	}
+	free(real);
+	return rc;
+}
+
 static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
@@ -2619,6 +2680,8 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 	int rc;
 
 	memcpy(addr.sun_path, b->path, strlen(b->path) + 1);
+	if ((rc = check_socket_folders(b->path, err, err_size)))
+		return rc;
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		snprintf(err, err_size, "control socket %s: socket: %s", b->path, strerror(errno));

@@ -166,6 +166,15 @@ static void test_loading(void)
 	CHECK(chmod(path("a.key"), 0400) == 0);
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 	CHECK(chmod(path("a.key"), 0600) == 0);
+	/* Another user's key is theirs to read and replace (root may chown). */
+	if (geteuid() == 0) {
+		CHECK(chown(path("a.key"), 4242, 0) == 0);
+		expect_refused(-EPERM, "private key 'DIR/a.key' belongs to uid 4242: only the gateway's user (uid 0) "
+				       "or root may own it (run chown on it)", NULL, NULL);
+		CHECK_EQ_INT(gg_tls_check_key_permissions(path("a.key"), err, sizeof(err)), -EPERM);
+		CHECK(chown(path("a.key"), 0, 0) == 0);
+		CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+	}
 
 	CHECK(rename(path("ca.pem"), path("ca.moved")) == 0);
 	expect_refused(-ENOENT, "cannot read CA file 'DIR/ca.pem': No such file or directory", NULL, NULL);

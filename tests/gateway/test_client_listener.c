@@ -134,6 +134,11 @@ int main(void)
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "GRADGATE_GATEWAY_UID with a blank accepted: %s", msg);
 	setenv("GRADGATE_GATEWAY_UID", "+0", 1);
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "GRADGATE_GATEWAY_UID with a sign accepted: %s", msg);
+	/* Empty, as from GRADGATE_GATEWAY_UID=$VAR with VAR unset. */
+	setenv("GRADGATE_GATEWAY_UID", "", 1);
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_INVALID, "an empty GRADGATE_GATEWAY_UID accepted: %s", msg);
+	CHECK(!strcmp(msg, "GRADGATE_GATEWAY_UID is set but empty: unset it, or set it to a uid or a user name"),
+	      "got %s", msg);
 	stop(pid);
 	/* ... and a bad value fails the open whoever listens: nobody, here. */
 	setenv("GRADGATE_GATEWAY_UID", "no-such-user-gg", 1);

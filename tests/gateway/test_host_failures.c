@@ -697,6 +697,37 @@ static void test_control_socket(void)
 	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EADDRINUSE);
 	CHECK_CONTAINS(err, "the path exists and is not a socket");
 	CHECK(unlink(stale) == 0);
+
+	/* Nobody else may move the socket aside: a folder on its path that
+	 * another user owns, or that others may write in without the sticky
+	 * bit, is refused, however deep. */
+	char dir[96], sub[112];
+	snprintf(dir, sizeof(dir), "%s/shared", h.dir);
+	snprintf(sub, sizeof(sub), "%s/gw", dir);
+	snprintf(endpoint, sizeof(endpoint), "unix:%s/site.sock", sub);
+	CHECK(mkdir(dir, 0755) == 0 && mkdir(sub, 0755) == 0);
+	CHECK(chmod(dir, 0777) == 0);
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EPERM);
+	CHECK_CONTAINS(err, "folder ");
+	CHECK_CONTAINS(err, "/shared (mode 0777) may be written by every user, without the sticky bit");
+	CHECK(chmod(dir, 0775) == 0);
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EPERM);
+	CHECK_CONTAINS(err, "/shared (mode 0775) may be written by its group");
+	CHECK(chmod(dir, 01777) == 0); /* as /tmp */
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
+	/* A folder still to be made is judged by the one it goes in. */
+	CHECK(rmdir(sub) == 0 && chmod(dir, 0777) == 0);
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EPERM);
+	CHECK(access(sub, F_OK) != 0);
+	CHECK(chmod(dir, 0755) == 0);
+	if (geteuid() == 0) {
+		CHECK(mkdir(sub, 0755) == 0 && chown(sub, 4242, 4242) == 0);
+		CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EPERM);
+		CHECK_CONTAINS(err, "/shared/gw belongs to uid 4242, not to root or the gateway's user (uid 0)");
+		CHECK(rmdir(sub) == 0);
+	}
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
+	CHECK(rmdir(sub) == 0 && rmdir(dir) == 0);
 	harness_stop(&h);
 }
 

@@ -63,3 +63,24 @@ grep -q "loopback.sh: rank 0 failed" "$work/loopback.err" || fail "loopback.sh s
 ! pgrep -f "$work/tmp2/" >/dev/null || fail "loopback.sh left $(pgrep -af "$work/tmp2/")"
 [ -z "$(ls -A "$work/tmp2")" ] || fail "loopback.sh left $(ls -A "$work/tmp2")"
 echo "loopback.sh: a failing rank stops the run at once (exit 2), nothing left running or behind"
+
+# wan --cleanup: removes the folders its own runs left, and no other: not
+# one that another user owns (it could swap a folder in it for a link to
+# anything while root removes it), nor one that others may enter.
+t3=$work/tmp3 p=ggc$$
+mkdir "$t3" "$t3/gradgate-wan-$p.own" "$t3/gradgate-wan-$p.open" "$t3/gradgate-wan-$p.other"
+chmod 700 "$t3/gradgate-wan-$p.own" "$t3/gradgate-wan-$p.other"
+chmod 755 "$t3/gradgate-wan-$p.open"
+mkdir "$t3/gradgate-wan-$p.own/d" && touch "$t3/gradgate-wan-$p.own/d/f"
+owner=$(id -u)
+if [ "$owner" = 0 ]; then chown 4242 "$t3/gradgate-wan-$p.other"; owner=4242; fi
+TMPDIR=$t3 "$build/bench/gradgate-bench" wan --cleanup --prefix "$p" >"$work/wan-cleanup.out" 2>&1 ||
+	fail "wan --cleanup failed: $(cat "$work/wan-cleanup.out")"
+[ ! -e "$t3/gradgate-wan-$p.own" ] || fail "wan --cleanup left its own run's folder: $(cat "$work/wan-cleanup.out")"
+grep -q "^left $t3/gradgate-wan-$p.open alone: not a folder of this user's" "$work/wan-cleanup.out" &&
+	[ -d "$t3/gradgate-wan-$p.open" ] || fail "wan --cleanup on a folder others may enter: $(cat "$work/wan-cleanup.out")"
+if [ "$owner" = 4242 ]; then
+	grep -q "^left $t3/gradgate-wan-$p.other alone" "$work/wan-cleanup.out" && [ -d "$t3/gradgate-wan-$p.other" ] ||
+		fail "wan --cleanup on another user's folder: $(cat "$work/wan-cleanup.out")"
+fi
+echo "wan --cleanup: removes its own runs' folders, leaves those of other users or open to them"
