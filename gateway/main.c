@@ -10,6 +10,7 @@
 #include "daemon.h"
 #include "gg_build_config.h"
 #include "gg_common.h"
+#include "host_backend.h"
 #include "log.h"
 #include "node.h"
 #include "status.h"
@@ -58,7 +59,8 @@ static int check_configs(int count, char **paths)
 		 * it first): the files must be what they claim, not just
 		 * readable. */
 		char err[GG_NODE_ERROR_MAX];
-		if (gg_node_check_host(&cfg, err, sizeof(err))) {
+		if (gg_node_check_host(&cfg, err, sizeof(err)) ||
+		    gg_host_backend_check_control(cfg.site.control, err, sizeof(err))) {
 			fprintf(stderr, "%s: %s\n%s: 1 problem found\n", paths[i], err, paths[i]);
 			gg_config_free(&cfg);
 			bad++;

@@ -854,13 +854,14 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 
 /* While this rank joins the communicator: whether the gateway ended the
  * session (the job failed, or the gateway gave the communicator up, so it
- * will not come up) or the connection is gone. */
+ * will not come up), the connection is gone, or a DONE of a step in
+ * flight said the communicator was aborted. */
 static bool join_given_up(void *arg)
 {
 	struct gg_session *s = arg;
 
 	pump(s, 0);
-	return s->failed != 0;
+	return s->failed || s->nccl_state == NCCL_ABORTED;
 }
 
 /* The session's first NCCL step: NCCL_JOIN, the gateway's NCCL_ID, and
@@ -918,6 +919,10 @@ static int nccl_join(struct gg_session *s, uint64_t timeout, uint64_t deadline, 
 	if (s->failed) {
 		nccl_abort(s, s->failed, "%s", s->failed_msg);
 		return gg_ctrl_error(err, s->failed, "%s: %s", step, s->failed_msg);
+	}
+	if (s->nccl_state == NCCL_ABORTED) {
+		nccl_abort(s, s->nccl_code, "%s", s->nccl_why); /* what the join made, if it came up */
+		return gg_ctrl_error(err, s->nccl_code, "%s: %s", step, s->nccl_why);
 	}
 	if (rc == GG_ERR_TIMEOUT)
 		nccl_abort(s, rc, "the NCCL communicator of job '%s' did not come up within %llu ms: a rank of the job "

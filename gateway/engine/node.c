@@ -2794,10 +2794,13 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 			continue;
 		uint64_t last = done_here(j) ? j->step->seq : j->done_seq;
 		/* With no step done here, the job ran there only if its old run
-		 * was heard of (its data, or an ABORT): otherwise its ranks there
-		 * may still come, to the new gateway, for their first step. */
+		 * was heard of (its data, or an ABORT), and not a run of the name
+		 * over before this one began: otherwise its ranks there may still
+		 * come, to the new gateway, for their first step. */
 		const struct name_runs *r = name_runs(n, j->name, false);
-		if (!last && !(r && r->seen[peer]))
+		const bool ran_there = r && r->seen[peer] && !run_within(r->seen[peer], r->over[peer]) &&
+				       !run_within(r->seen[peer], r->left[peer]);
+		if (!last && !ran_there)
 			continue;
 		if (last)
 			snprintf(why, sizeof(why),

@@ -783,12 +783,19 @@ GG_PRINTF(4, 5) static void conn_gone_with(struct gg_host_backend *b, struct hb_
  * one ended: the job may be gone then. */
 static bool end_waiting_joiners(struct gg_host_backend *b, struct hb_job *j)
 {
-	const int code = j->broken ? j->broken : j->nccl_code;
 	char why[TEXT];
 	bool ended = false;
 
 	j->nccl_never_up = false;
-	gg_ctrl_set_text(why, sizeof(why), j->broken ? j->broken_msg : j->nccl_why);
+	/* A stopping gateway ends every session itself, with GG_ERR_CLOSED. */
+	if (b->stopping)
+		return false;
+	/* The job fails with the communicator's cause (its join failed or
+	 * timed out here), not with the ranks that are told of it. */
+	if (!j->broken)
+		job_break(b, j, j->nccl_code, j->nccl_why);
+	const int code = j->broken;
+	gg_ctrl_set_text(why, sizeof(why), j->broken_msg);
 	/* Each end settles the job, which the last one frees. */
 	for (unsigned r = 0; job_alive(b, j) && r < j->nranks; r++) {
 		struct hb_conn *c = j->ranks[r];
@@ -2526,6 +2533,14 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 	for (struct hb_job *j = b->jobs, *after; j; j = after) {
 		uint64_t poll = 0;
 		after = j->next;
+		/* A communicator given up while it came up, where nothing settled
+		 * the job since (a step failed before its reduce): its waiting
+		 * ranks are told now. */
+		if (j->nccl_never_up) {
+			job_settle(b, j); /* may free it */
+			next = min_deadline(next, now_us);
+			continue;
+		}
 		if (nccl_progress(b, j, now_us, &poll)) {
 			job_settle(b, j); /* may free it */
 			next = min_deadline(next, now_us);
@@ -2615,56 +2630,79 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 /* Whoever may rename or remove the entries of a folder on the socket's
  * path could move the gateway's socket aside and put their own in its
  * place, and take the ranks' sessions (the library trusts the folder's
- * owner), or a link, which the gateway's chmod would follow. So every
- * folder from the socket's up to / (links resolved) must belong to root
- * or the gateway's user, and let nobody else write in it, unless its
- * sticky bit keeps them off entries not their own (as /tmp's). A folder
- * not made yet is checked from the one it will be made in. Returns 0, or
- * -EPERM with err. */
+ * owner), or a link, which the gateway's chmod would follow; and whoever
+ * owns a link on it could point it elsewhere. So every folder from the
+ * socket's up to /, as the links lead, must belong to root or the
+ * gateway's user and let nobody else write in it, unless its sticky bit
+ * keeps them off entries not their own (as /tmp's), and every link on the
+ * path as written must belong to root or the gateway's user. A folder not
+ * made yet is judged by the one it will be made in (and the whole path
+ * again once the socket is there). Returns 0, or a negative errno with
+ * err. */
+static int judge_path_entry(const char *path, const char *entry, const struct stat *st, char *err, size_t err_size)
+{
+	const uid_t me = geteuid();
+	const char *what = S_ISLNK(st->st_mode) ? "link" : S_ISDIR(st->st_mode) ? "folder" : "path";
+
+	if (st->st_uid != 0 && st->st_uid != me) {
+		snprintf(err, err_size, "control socket %s: %s %s belongs to uid %u, not to root or the gateway's user "
+			 "(uid %u): its owner could put another socket in the gateway's place", path, what, entry,
+			 (unsigned)st->st_uid, (unsigned)me);
+		return -EPERM;
+	}
+	if (S_ISDIR(st->st_mode) && (st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
+		snprintf(err, err_size, "control socket %s: folder %s (mode %04o) may be written by %s, without the "
+			 "sticky bit: they could put another socket in the gateway's place", path, entry,
+			 (unsigned)(st->st_mode & 07777), (st->st_mode & S_IWOTH) ? "every user" : "its group");
+		return -EPERM;
+	}
+	return 0;
+}
+
 static int check_socket_folders(const char *path, char *err, size_t err_size)
 {
-	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], *real = NULL;
-	const uid_t me = geteuid();
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	const size_t folder_len = (size_t)(strrchr(path, '/') - path); /* 0: the socket is in / */
+	struct stat st;
 	int rc = 0;
 
-	snprintf(dir, sizeof(dir), "%s", path);
-	for (char *slash; !real && (slash = strrchr(dir, '/'));) {
-		slash[slash == dir] = '\0'; /* keeps "/" */
-		real = realpath(dir, NULL);
-		if (!real && errno != ENOENT) {
-			snprintf(err, err_size, "control socket %s: folder %s: %s", path, dir, strerror(errno));
-			return -errno;
+	/* The links on the path as written, as far as it exists. */
+	for (size_t i = 1; i <= folder_len; i++) {
+		if (i < folder_len && path[i] != '/')
+			continue;
+		snprintf(dir, sizeof(dir), "%.*s", (int)i, path);
+		if (lstat(dir, &st)) {
+			if (errno == ENOENT)
+				break;
+			rc = -errno;
+			snprintf(err, err_size, "control socket %s: %s: %s", path, dir, strerror(-rc));
+			return rc;
 		}
-		if (slash == dir)
+		if (S_ISLNK(st.st_mode) && (rc = judge_path_entry(path, dir, &st, err, err_size)))
+			return rc;
+	}
+	/* The folders, links resolved, from the deepest that exists up. */
+	char *real = NULL;
+	for (size_t len = folder_len ? folder_len : 1;;) {
+		snprintf(dir, sizeof(dir), "%.*s", (int)len, path);
+		if ((real = realpath(dir, NULL)) || errno != ENOENT || len == 1)
 			break;
+		len = (size_t)(strrchr(dir, '/') - dir);
+		len = len ? len : 1;
 	}
 	if (!real) {
-		snprintf(err, err_size, "control socket %s: none of its folders exists", path);
-		return -ENOENT;
+		rc = -errno;
+		snprintf(err, err_size, "control socket %s: folder %s: %s", path, dir, strerror(-rc));
+		return rc;
 	}
 	for (size_t len = strlen(real);;) {
-		struct stat st;
 		real[len] = '\0';
 		if (stat(real, &st)) {
 			rc = -errno;
-			snprintf(err, err_size, "control socket %s: folder %s: %s", path, real, strerror(errno));
+			snprintf(err, err_size, "control socket %s: folder %s: %s", path, real, strerror(-rc));
 			break;
 		}
-		if (st.st_uid != 0 && st.st_uid != me) {
-			rc = -EPERM;
-			snprintf(err, err_size, "control socket %s: folder %s belongs to uid %u, not to root or the "
-				 "gateway's user (uid %u): its owner could put another socket in the gateway's place",
-				 path, real, (unsigned)st.st_uid, (unsigned)me);
-			break;
-		}
-		if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
-			rc = -EPERM;
-			snprintf(err, err_size, "control socket %s: folder %s (mode %04o) may be written by %s, without "
-				 "the sticky bit: they could put another socket in the gateway's place", path, real,
-				 (unsigned)(st.st_mode & 07777), (st.st_mode & S_IWOTH) ? "every user" : "its group");
-			break;
-		}
-		if (len == 1)
+		if ((rc = judge_path_entry(path, real, &st, err, err_size)) || len == 1)
 			break;
 		char *slash = strrchr(real, '/');
 		len = slash == real ? 1 : (size_t)(slash - real);
@@ -2711,6 +2749,12 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 			return rc;
 		}
 		rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
+	}
+	/* Every folder is there now, some maybe made by another since they
+	 * were checked: checked again before the chmod follows the path. */
+	if (!rc && (rc = check_socket_folders(b->path, err, err_size))) {
+		close(fd);
+		return rc;
 	}
 	/* Whatever the umask: ranks of every user connect (what each may do
 	 * is the protocol's to decide: a job belongs to its first rank's user). */
@@ -2878,6 +2922,14 @@ void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_
 		.nccl = &gg_site_nccl_real,
 #endif
 	};
+}
+
+int gg_host_backend_check_control(const char *control, char *err, size_t err_size)
+{
+	/* The rest of the endpoint is the config's to check. */
+	if (!control || strncmp(control, "unix:/", 6))
+		return 0;
+	return check_socket_folders(control + 5, err, err_size);
 }
 
 int gg_host_backend_create(const struct gg_host_backend_options *opts, const struct gg_core_ops *core_ops,

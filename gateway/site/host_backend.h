@@ -111,6 +111,13 @@ struct gg_host_backend;
  * options. */
 void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_host_backend_options *opts);
 
+/* Whether a gateway may listen on `control` ("unix:/path", as [site]
+ * control says): every folder on the path must belong to root or the
+ * gateway's user (this process's) and let nobody else write in it but
+ * under the sticky bit. The gateway checks it again as it starts; this is
+ * for --check-config. Returns 0, or a negative errno with err. */
+GG_MUST_CHECK int gg_host_backend_check_control(const char *control, char *err, size_t err_size);
+
 /* Creates a backend (not yet listening) that hands steps to `core_ops`
  * with `core`, both of which must outlive it. Returns 0 with *out set, or
  * -EINVAL / -ENOMEM with `err` saying why. */

@@ -96,6 +96,15 @@ grep -qF "$tmp/missing.toml: cannot read config: No such file or directory" "$tm
 "$gradgate" --check-config "$tmp" >/dev/null 2>"$tmp/err"
 grep -qF "$tmp: cannot read config: Is a directory" "$tmp/err"; expect "a folder is refused" $?
 
+# A control socket folder others may write in: the gateway would refuse to
+# start, so the check fails too, naming the folder.
+mkdir -m 777 "$tmp/open" && chmod 777 "$tmp/open"
+sed "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/open/gw/a.sock\"#" "$tmp/good.toml" >"$tmp/open.toml"
+"$gradgate" --check-config "$tmp/open.toml" >"$tmp/out" 2>"$tmp/err"
+expect "a control socket folder others may write in fails the check (exit 1)" $(( $? != 1 ))
+grep -qF "control socket $tmp/open/gw/a.sock: folder $tmp/open (mode 0777) may be written by every user, without the sticky bit" "$tmp/err"
+expect "it names the folder and why" $?
+
 "$gradgate" --check-config >/dev/null 2>"$tmp/err"
 expect "no file is a usage error (exit 2)" $(( $? != 2 ))
 "$gradgate" --frobnicate >/dev/null 2>&1

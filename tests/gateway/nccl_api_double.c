@@ -39,7 +39,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ncclComm *comms;
 static enum nad_fault fault;
 static bool nonblocking;
-static unsigned aborts, finalizes;
+static unsigned aborts, finalizes, reduces;
 static char last_global[160];
 
 void nad_fail_next(enum nad_fault what)
@@ -66,6 +66,14 @@ bool nad_last_nonblocking(void)
 	bool nb = nonblocking;
 	pthread_mutex_unlock(&lock);
 	return nb;
+}
+
+unsigned nad_reduces(void)
+{
+	pthread_mutex_lock(&lock);
+	unsigned n = reduces;
+	pthread_mutex_unlock(&lock);
+	return n;
 }
 
 void nad_counts(unsigned *aborts_out, unsigned *finalizes_out)
@@ -124,7 +132,7 @@ static void *join_main(void *arg)
 	else
 		c->state = ncclSystemError;
 	if (!r && !c->failing)
-		snprintf(c->last, sizeof(c->last), "%s", c->cancel ? "aborted while joining" : "the other ranks never came");
+		snprintf(c->last, sizeof(c->last), "aborted while joining, or the other ranks never came");
 	pthread_mutex_unlock(&lock);
 	return NULL;
 }
@@ -187,6 +195,7 @@ API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, 
 	else if (drawn(NAD_REDUCE, comm))
 		rc = ncclUnhandledCudaError;
 	else {
+		reduces++;
 		comm->reduced = true;
 		comm->reduce_buf = recvbuff;
 		comm->reduce_count = count;

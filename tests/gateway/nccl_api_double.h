@@ -1,8 +1,9 @@
 /* NCCL's own API over the stand-in communicator (nccl_double.h), for the
- * ranks' side of gg_allreduce_nccl() in the client library. A test program
- * that links this defines ncclCommInitRankConfig() and the rest itself and
- * exports them (export_dynamic), so it links no libnccl.so.2, and the
- * library takes them as a process's statically linked NCCL. The calls keep
+ * ranks' side of gg_allreduce_nccl() in the client library. Built as a
+ * libnccl.so.2 of its own, with nccl_double.c, which the test program
+ * links and LD_LIBRARY_PATH puts in place of the real one (that the
+ * gateway's code in the program links too): the library's dlopen finds
+ * it loaded, and the gateway's side gets nccl_double_ops from it. The calls keep
  * NCCL's rules for a non-blocking communicator: joining goes on in the
  * background until every rank came or the rank aborts; a reduce to the
  * root must be followed by the broadcast from it (gg_allreduce_nccl's one
@@ -30,6 +31,8 @@ unsigned nad_live(void);
 /* Whether the last ncclCommInitRankConfig asked for a non-blocking
  * communicator, as the library must. */
 bool nad_last_nonblocking(void);
+/* Reduces enqueued so far, by every rank. */
+unsigned nad_reduces(void);
 /* Ranks' calls so far: ncclCommAbort(), ncclCommFinalize(). */
 void nad_counts(unsigned *aborts, unsigned *finalizes);
 

@@ -329,9 +329,12 @@ static void d_close(void *comm)
 
 	pthread_mutex_lock(&lock);
 	/* Its calls end; what it published goes with it: ranks that have not
-	 * taken it wait. */
+	 * taken it wait. One that never came up never will: ranks still
+	 * joining wait on. */
 	r->c->pending = NONE;
 	r->c->result = NULL;
+	if (r->c->joined < r->c->nranks)
+		r->c->joined--;
 	comm_put(r->c);
 	pthread_mutex_unlock(&lock);
 	free(r);

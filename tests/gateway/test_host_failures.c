@@ -723,8 +723,21 @@ static void test_control_socket(void)
 	if (geteuid() == 0) {
 		CHECK(mkdir(sub, 0755) == 0 && chown(sub, 4242, 4242) == 0);
 		CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EPERM);
+		CHECK_CONTAINS(err, "folder ");
 		CHECK_CONTAINS(err, "/shared/gw belongs to uid 4242, not to root or the gateway's user (uid 0)");
 		CHECK(rmdir(sub) == 0);
+		/* A link on the path is its owner's to point elsewhere later. */
+		char link[112];
+		snprintf(link, sizeof(link), "%s/link", h.dir);
+		snprintf(endpoint, sizeof(endpoint), "unix:%s/site.sock", link);
+		CHECK(symlink(dir, link) == 0 && lchown(link, 4242, 4242) == 0);
+		CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EPERM);
+		CHECK_CONTAINS(err, "link ");
+		CHECK_CONTAINS(err, "/link belongs to uid 4242");
+		CHECK(lchown(link, 0, 0) == 0);
+		CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
+		CHECK(unlink(link) == 0);
+		snprintf(endpoint, sizeof(endpoint), "unix:%s/site.sock", sub);
 	}
 	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
 	CHECK(rmdir(sub) == 0 && rmdir(dir) == 0);

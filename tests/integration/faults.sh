@@ -334,7 +334,9 @@ case_peer_restarted() {
 	# site 0's ABORTs, each as its ranks come.
 	if [ "$K" -ge 3 ]; then
 		start_job prf "1:1:--late 3000@1"
-		sleep 1
+		wait_running 0 prf
+		wait_running "$last" prf
+		sleep 0.3 # the last site's data of step 1 reaches site 0
 		restart_last prf 1 "before any step of job 'prf' completed"
 	fi
 	run_ok after 1000 1 2

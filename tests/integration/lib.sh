@@ -162,6 +162,18 @@ wait_for() {
 	done
 }
 
+# wait_running S JOB: waits up to 10 s until site S's gateway runs a step of
+# JOB (every rank there announced it and the step reached the core), as
+# `gradgate status` shows; fails the test otherwise.
+wait_running() {
+	local i sock="unix:$work/${SITES[$1]}.sock"
+	for ((i = 0; i < 200; i++)); do
+		"$GRADGATE" status --control "$sock" 2>/dev/null | grep -Eq "^$2 .* running " && return 0
+		sleep 0.05
+	done
+	fail "job $2 never ran at ${SITES[$1]}: $("$GRADGATE" status --control "$sock" 2>&1)"
+}
+
 # expect FILE REGEX WHAT: FILE has a line matching REGEX, or the test fails.
 expect() {
 	grep -Eq -- "$2" "$1" 2>/dev/null || fail "$3: no line of $(basename "$1") matches /$2/"

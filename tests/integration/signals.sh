@@ -29,11 +29,7 @@ ranks_start pending 1000 1 1 0
 wait_for "$(site_log 0)" "rank 0 of job 'pending' connected" 10 || fail "the rank did not connect"
 # Connected is not yet stepping: wait until the step reached the core, which
 # `gradgate status` shows as the job running.
-for ((i = 0; i < 200; i++)); do
-	"$GRADGATE" status --control "unix:$work/site-a.sock" 2>/dev/null | grep -Eq '^pending .* running ' && break
-	sleep 0.05
-done
-[ "$i" -lt 200 ] || fail "job pending never ran at site-a: $("$GRADGATE" status --control "unix:$work/site-a.sock" 2>&1)"
+wait_running 0 pending
 pid=${gw_pid[0]}
 stop_at=${EPOCHREALTIME/[.,]/}
 gw_stop 0 TERM
