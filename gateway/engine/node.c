@@ -424,6 +424,11 @@ struct gg_node {
 		uint64_t seen[GG_AR_MAX_SITES]; /* the latest run heard of (0: none) */
 		uint64_t over[GG_AR_MAX_SITES]; /* runs up to this one are over there: its END, or a later run came */
 		uint64_t left[GG_AR_MAX_SITES]; /* runs up to this one took part in a run that ended here */
+		/* Sites whose gateway restarted while their run of the name went
+		 * on, before a job of the name was here: the job, once made here,
+		 * is over there (lost_run: that run; a later one heard clears it). */
+		uint32_t lost_by;
+		uint64_t lost_run[GG_AR_MAX_SITES];
 	} name_runs[NAME_RUNS_KEPT];
 	uint64_t next_run; /* the run id the next job started here gets */
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
@@ -1956,6 +1961,12 @@ static uint64_t new_run(struct gg_node *n)
 	return n->next_run++;
 }
 
+static struct name_runs *name_runs(struct gg_node *n, const char *job, bool create);
+static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64_t last_done, uint64_t last, int code,
+			 const char *failed, const char *gone);
+static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
+			   size_t size);
+
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
 {
 	struct job *free_slot = NULL;
@@ -1991,6 +2002,18 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	free_slot->active_us = gg_node_loop(n)->now_us;
 	free_slot->used = true;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
+	/* A site restarted while its run of the name went on, before the job
+	 * was here: it is over there (on_peer_restart()). */
+	struct name_runs *r = name_runs(n, name, false);
+	for (unsigned p = 0; r && p < n->sites; p++) {
+		if (!(r->lost_by & (1u << p)))
+			continue;
+		char why[GG_NODE_ERROR_MAX];
+		restart_reason(n, p, name, 0, why, sizeof(why));
+		job_ended_at(n, free_slot, p, 0, UINT64_MAX, GG_ERR_SITE, why, why);
+	}
+	if (r)
+		r->lost_by = 0;
 	return free_slot;
 }
 
@@ -2475,6 +2498,10 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
 	const char *why;
 	int code;
 
+	/* Not here yet, but over at a site that restarted: made, it is ended. */
+	const struct name_runs *r = j ? NULL : name_runs(n, job, false);
+	if (r && r->lost_by)
+		j = find_job(n, job, true);
 	if (!j || j->step || seq <= j->last_seq || !(code = failed_elsewhere(j, seq, &why)))
 		return 0;
 	snprintf(reason, reason_size, "%s", why);
@@ -2624,6 +2651,9 @@ static void peer_run_heard(struct gg_node *n, const char *job, unsigned peer, ui
 		return;
 	run_raise(&r->seen[peer], run);
 	run_raise(&r->over[peer], run - 1);
+	/* A run of its new instance: the name starts afresh there. */
+	if ((r->lost_by & (1u << peer)) && run_is_later(run, r->lost_run[peer]))
+		r->lost_by &= ~(1u << peer);
 }
 
 /* Whether a word of run `run` of `job` from `peer` comes after that run is
@@ -2784,6 +2814,25 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
  * DONE only with the result whole, no site can complete without the
  * others' DONE). Failing it instead would split the sites when the old
  * gateway's DONE reached some of them before it died and not others. */
+static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
+			   size_t size)
+{
+	if (last)
+		snprintf(why, size, "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
+			 n->names[peer], (unsigned long long)last, job);
+	else
+		snprintf(why, size, "site %s restarted before any step of job '%s' completed: its ranks there lost "
+			 "their sessions", n->names[peer], job);
+}
+
+/* Whether the peer's run of the name was going on there: heard of (its
+ * data, or an ABORT), and not a run of the name over before. */
+static bool run_going_on(const struct name_runs *r, unsigned peer)
+{
+	return r && r->seen[peer] && !run_within(r->seen[peer], r->over[peer]) &&
+	       !run_within(r->seen[peer], r->left[peer]);
+}
+
 static void on_peer_restart(struct gg_node *n, unsigned peer)
 {
 	char why[GG_NODE_ERROR_MAX];
@@ -2794,22 +2843,21 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 			continue;
 		uint64_t last = done_here(j) ? j->step->seq : j->done_seq;
 		/* With no step done here, the job ran there only if its old run
-		 * was heard of (its data, or an ABORT), and not a run of the name
-		 * over before this one began: otherwise its ranks there may still
-		 * come, to the new gateway, for their first step. */
-		const struct name_runs *r = name_runs(n, j->name, false);
-		const bool ran_there = r && r->seen[peer] && !run_within(r->seen[peer], r->over[peer]) &&
-				       !run_within(r->seen[peer], r->left[peer]);
-		if (!last && !ran_there)
+		 * was going on: otherwise its ranks there may still come, to the
+		 * new gateway, for their first step. */
+		if (!last && !run_going_on(name_runs(n, j->name, false), peer))
 			continue;
-		if (last)
-			snprintf(why, sizeof(why),
-				 "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
-				 n->names[peer], (unsigned long long)last, j->name);
-		else
-			snprintf(why, sizeof(why), "site %s restarted before any step of job '%s' completed: its ranks "
-				 "there lost their sessions", n->names[peer], j->name);
+		restart_reason(n, peer, j->name, last, why, sizeof(why));
 		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
+	}
+	/* A name whose run went on there with no job of it here yet (its
+	 * ranks here still to come): the job is ended as it is made. */
+	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++) {
+		struct name_runs *r = &n->name_runs[i];
+		if (r->job[0] && run_going_on(r, peer) && !find_job(n, r->job, false)) {
+			r->lost_by |= 1u << peer;
+			r->lost_run[peer] = r->seen[peer];
+		}
 	}
 	/* A step with no result here (a first step, too) needed the old
 	 * gateway's part: lost with it. */

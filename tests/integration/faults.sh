@@ -39,8 +39,9 @@
 # peer-restarted  the last site's gateway is SIGKILLed and started again
 #                 while the others wait in step 2 of 5: its ranks lost their
 #                 sessions, so steps 2 to 5 fail at the others at once with
-#                 GG_ERR_SITE naming the restart; with 3 sites or more, the
-#                 same again in step 1, before any step completed
+#                 GG_ERR_SITE naming the restart; then the same in step 1,
+#                 before any step completed, while a rank of another site
+#                 is late to it
 # job-end         int8 jobs whose error-feedback residuals do not fit next to
 #                 each other in [limits] memory run one after another: the
 #                 end of a job frees them at every site
@@ -329,16 +330,17 @@ case_peer_restarted() {
 	restart_last pr 2 "after step 1 of job 'pr'"
 	expect_ok pr 1
 	# The same before any step completed: the last site's ranks began
-	# step 1 (its gateway sent their data) while site 1's second rank is
-	# 3 s late to it. Site 0 fails the steps at once, and site 1, told by
-	# site 0's ABORTs, each as its ranks come.
-	if [ "$K" -ge 3 ]; then
-		start_job prf "1:1:--late 3000@1"
-		wait_running 0 prf
-		wait_running "$last" prf
-		sleep 0.3 # the last site's data of step 1 reaches site 0
-		restart_last prf 1 "before any step of job 'prf' completed"
-	fi
+	# step 1 (its gateway sent their data) while another site's second
+	# rank is 3 s late to it. With 3 sites, site 1's: site 0 fails the
+	# steps at once, and site 1, told by site 0's ABORTs, each as its ranks
+	# come. With 2, site 0's: its job is not made yet when it hears of the
+	# restart, and is ended as it is.
+	local late=$((K >= 3 ? 1 : 0))
+	start_job prf "$late:1:--late 3000@1"
+	[ "$late" = 0 ] || wait_running 0 prf
+	wait_running "$last" prf
+	sleep 0.3 # the last site's data of step 1 reaches site 0
+	restart_last prf 1 "before any step of job 'prf' completed"
 	run_ok after 1000 1 2
 }
 
