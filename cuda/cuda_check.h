@@ -1,12 +1,17 @@
 /* CUDA runtime calls that return an error naming the call and its
  * file:line, never an assert that vanishes in a release build. For the
- * .cu files of this folder. */
+ * .cu files of this folder, and the C files that call the runtime
+ * themselves (gateway/site/site_nccl.c). */
 #ifndef GG_CUDA_CHECK_H
 #define GG_CUDA_CHECK_H
 
 #include <stddef.h>
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Writes "file:line: what: CUDA's message (its error name)" into err and
  * returns e as a negative errno: -ENOMEM, -ENODEV (no usable GPU or
@@ -29,5 +34,9 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
  * it) the calling thread's current device. Returns 0 or gg_cuda_fail()'s
  * code. */
 int gg_cuda_use_gpu(char *err, size_t err_size);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -2803,17 +2803,8 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	job_ended_at(n, j, from, m->u.end.first, m->u.end.last, -(int)m->u.end.code, failed, gone);
 }
 
-/* A restarted gateway closed its ranks' sessions: the jobs it took part in
- * are over there, and their later steps fail at once rather than each wait
- * out its deadline.
- *
- * The step in progress completes here if its result is whole here: the
- * old gateway is gone for good, so it can neither fail the step nor need
- * its result any more, and every other site that holds the result decides
- * the same (one that does not fails the step, and since this site said
- * DONE only with the result whole, no site can complete without the
- * others' DONE). Failing it instead would split the sites when the old
- * gateway's DONE reached some of them before it died and not others. */
+/* Why a peer's restart ended a job here: after `last` steps done here
+ * (0: none). */
 static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
 			   size_t size)
 {
@@ -2833,6 +2824,17 @@ static bool run_going_on(const struct name_runs *r, unsigned peer)
 	       !run_within(r->seen[peer], r->left[peer]);
 }
 
+/* A restarted gateway closed its ranks' sessions: the jobs it took part in
+ * are over there, and their later steps fail at once rather than each wait
+ * out its deadline.
+ *
+ * The step in progress completes here if its result is whole here: the
+ * old gateway is gone for good, so it can neither fail the step nor need
+ * its result any more, and every other site that holds the result decides
+ * the same (one that does not fails the step, and since this site said
+ * DONE only with the result whole, no site can complete without the
+ * others' DONE). Failing it instead would split the sites when the old
+ * gateway's DONE reached some of them before it died and not others. */
 static void on_peer_restart(struct gg_node *n, unsigned peer)
 {
 	char why[GG_NODE_ERROR_MAX];

@@ -305,7 +305,6 @@ unsigned gg_tls_stream_tick(struct gg_tls_stream *s, uint64_t now_us)
 
 	if (s->deadline_us && now_us >= s->deadline_us) {
 		s->deadline_us = 0;
-		uint64_t ms = s->opts.handshake_timeout_us / 1000;
 		switch (s->state) {
 		case GG_TLS_STREAM_CONNECTING:
 			snprintf(text, sizeof(text), "peer %s: connection not established within %llu ms",
@@ -313,7 +312,7 @@ unsigned gg_tls_stream_tick(struct gg_tls_stream *s, uint64_t now_us)
 			fail(s, -ETIMEDOUT, text, false);
 			break;
 		case GG_TLS_STREAM_HANDSHAKE:
-			gg_tls_engine_fail_timeout(s->tls, ms);
+			gg_tls_engine_fail_timeout(s->tls, s->opts.handshake_timeout_us / 1000);
 			fail(s, -ETIMEDOUT, gg_tls_engine_error(s->tls), false);
 			break;
 		case GG_TLS_STREAM_CLOSING:

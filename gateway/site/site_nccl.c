@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "cuda_check.h"
 #include "dev_mem.h"
 #include "site_cuda.h"
 
@@ -53,18 +54,6 @@ static int nccl_fail(ncclResult_t r, ncclComm_t nc, const char *what, const char
 		if (r_ != ncclSuccess && r_ != ncclInProgress)                                             \
 			return nccl_fail(r_, (nc), #call, __FILE__, __LINE__, (err), (err_size));          \
 	} while (0)
-
-/* As cuda/'s gg_cuda_fail: -ENODEV where the gateway has no usable GPU
- * (none, or no driver recent enough), which the rank is told is no GPU. */
-static int cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size)
-{
-	snprintf(err, err_size, "%s:%d: %s: %s (%s)", source_path(file), line, what, cudaGetErrorString(e),
-		 cudaGetErrorName(e));
-	(void)cudaGetLastError();
-	if (e == cudaErrorMemoryAllocation)
-		return -ENOMEM;
-	return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? -ENODEV : -EIO;
-}
 
 /* The communicator's state: 0, -EINPROGRESS (joining, or a call being
  * enqueued), or what failed it. */
@@ -136,7 +125,6 @@ static int real_open(void **comm, const unsigned char id[GG_SITE_NCCL_ID_SIZE], 
 	struct comm *c = calloc(1, sizeof(*c));
 	ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
 	ncclUniqueId u;
-	cudaError_t e;
 	int rc;
 
 	*comm = NULL;
@@ -144,11 +132,7 @@ static int real_open(void **comm, const unsigned char id[GG_SITE_NCCL_ID_SIZE], 
 		snprintf(err, err_size, "out of memory for an NCCL communicator");
 		return -ENOMEM;
 	}
-	if ((e = cudaSetDevice(0)) != cudaSuccess) {
-		free(c);
-		return cuda_fail(e, "cudaSetDevice(0) (the gateway's GPU)", __FILE__, __LINE__, err, err_size);
-	}
-	if ((rc = gg_dev_stream_new(&c->stream, err, err_size))) {
+	if ((rc = gg_cuda_use_gpu(err, err_size)) || (rc = gg_dev_stream_new(&c->stream, err, err_size))) {
 		free(c);
 		return rc;
 	}
@@ -180,7 +164,7 @@ static int real_poll(void *comm, char *err, size_t err_size)
 		return -EINPROGRESS;
 	}
 	if (e != cudaSuccess)
-		return cuda_fail(e, "cudaStreamQuery (the communicator's stream)", __FILE__, __LINE__, err, err_size);
+		return gg_cuda_fail(e, "cudaStreamQuery (the communicator's stream)", __FILE__, __LINE__, err, err_size);
 	return 0;
 }
 

@@ -740,7 +740,15 @@ static void test_control_socket(void)
 		snprintf(endpoint, sizeof(endpoint), "unix:%s/site.sock", sub);
 	}
 	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
-	CHECK(rmdir(sub) == 0 && rmdir(dir) == 0);
+	CHECK(rmdir(sub) == 0);
+	/* A file where a folder should be is named. */
+	fd = open(sub, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	CHECK(fd >= 0);
+	close(fd);
+	snprintf(endpoint, sizeof(endpoint), "unix:%s/x/site.sock", sub);
+	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -ENOTDIR);
+	CHECK_CONTAINS(err, "/shared/gw/x: Not a directory");
+	CHECK(unlink(sub) == 0 && rmdir(dir) == 0);
 	harness_stop(&h);
 }
 
