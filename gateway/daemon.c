@@ -203,7 +203,15 @@ static int core_fail_unstarted(void *core, const char *job, uint64_t seq, char *
 	return gg_node_fail_unstarted(d->node, job, seq, message, message_size);
 }
 
-static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job, core_fail_unstarted };
+static void core_job_opened(void *core, const char *job)
+{
+	struct daemon *d = core;
+
+	gg_node_job_opened(d->node, job);
+}
+
+static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job, core_fail_unstarted,
+					     core_job_opened };
 
 static void backend_log(void *arg, const char *line)
 {

@@ -424,11 +424,17 @@ struct gg_node {
 		uint64_t seen[GG_AR_MAX_SITES]; /* the latest run heard of (0: none) */
 		uint64_t over[GG_AR_MAX_SITES]; /* runs up to this one are over there: its END, or a later run came */
 		uint64_t left[GG_AR_MAX_SITES]; /* runs up to this one took part in a run that ended here */
-		/* Sites whose gateway restarted while their run of the name went
-		 * on, before a job of the name was here: the job, once made here,
-		 * is over there (lost_run: that run; a later one heard clears it). */
+		/* What ended a peer's run of the name while no job of it was in
+		 * the core here, though its ranks here may have been connected
+		 * (none had announced a step): the sites whose gateway restarted
+		 * during their run (lost_by), and the first END of a site's run
+		 * (end_from: that site + 1, 0: none). The job, once made here, is
+		 * over there as if they came after it was made; the first rank
+		 * of a new job of the name here clears them (gg_node_job_opened()):
+		 * its ranks came after that run ended. */
 		uint32_t lost_by;
-		uint64_t lost_run[GG_AR_MAX_SITES];
+		unsigned end_from;
+		struct gg_wire_steps end;
 	} name_runs[NAME_RUNS_KEPT];
 	uint64_t next_run; /* the run id the next job started here gets */
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
@@ -1966,6 +1972,7 @@ static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64
 			 const char *failed, const char *gone);
 static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
 			   size_t size);
+static void ended_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *end);
 
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
 {
@@ -2002,8 +2009,9 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	free_slot->active_us = gg_node_loop(n)->now_us;
 	free_slot->used = true;
 	snprintf(free_slot->name, sizeof(free_slot->name), "%s", name);
-	/* A site restarted while its run of the name went on, before the job
-	 * was here: it is over there (on_peer_restart()). */
+	/* A site restarted while its run of the name went on, or its ranks
+	 * of it went, before the job was here (on_peer_restart(), on_end()):
+	 * it is over there. */
 	struct name_runs *r = name_runs(n, name, false);
 	for (unsigned p = 0; r && p < n->sites; p++) {
 		if (!(r->lost_by & (1u << p)))
@@ -2012,8 +2020,12 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 		restart_reason(n, p, name, 0, why, sizeof(why));
 		job_ended_at(n, free_slot, p, 0, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
-	if (r)
+	if (r && r->end_from)
+		ended_there(n, free_slot, r->end_from - 1, &r->end);
+	if (r) {
 		r->lost_by = 0;
+		r->end_from = 0;
+	}
 	return free_slot;
 }
 
@@ -2498,9 +2510,10 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
 	const char *why;
 	int code;
 
-	/* Not here yet, but over at a site that restarted: made, it is ended. */
+	/* Not here yet, but over at a site that restarted or whose ranks of
+	 * it went: made, it is ended. */
 	const struct name_runs *r = j ? NULL : name_runs(n, job, false);
-	if (r && r->lost_by)
+	if (r && (r->lost_by || r->end_from))
 		j = find_job(n, job, true);
 	if (!j || j->step || seq <= j->last_seq || !(code = failed_elsewhere(j, seq, &why)))
 		return 0;
@@ -2651,9 +2664,16 @@ static void peer_run_heard(struct gg_node *n, const char *job, unsigned peer, ui
 		return;
 	run_raise(&r->seen[peer], run);
 	run_raise(&r->over[peer], run - 1);
-	/* A run of its new instance: the name starts afresh there. */
-	if ((r->lost_by & (1u << peer)) && run_is_later(run, r->lost_run[peer]))
-		r->lost_by &= ~(1u << peer);
+}
+
+void gg_node_job_opened(struct gg_node *n, const char *job)
+{
+	struct name_runs *r = name_runs(n, job, false);
+
+	if (r) {
+		r->lost_by = 0;
+		r->end_from = 0;
+	}
 }
 
 /* Whether a word of run `run` of `job` from `peer` comes after that run is
@@ -2769,9 +2789,9 @@ static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64
 static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
 {
 	/* A job unknown here has no step to fail: its ranks here are gone
-	 * (and this site forgot it), or not come yet. */
+	 * (and this site forgot it), not come yet, or yet to announce their
+	 * first step. */
 	struct job *j = find_job(n, m->u.end.job, false);
-	char failed[GG_NODE_ERROR_MAX], gone[GG_NODE_ERROR_MAX];
 
 	/* An END of a run that is over here already (its END came, or this
 	 * site's run it took part in ended) says nothing of the run here now,
@@ -2791,16 +2811,35 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 		struct mail f = { .base.type = M_FORGET_JOB, .sites = 1u << from, .run = m->u.end.run };
 		snprintf(f.u.job, sizeof(f.u.job), "%s", m->u.end.job);
 		post_lanes(n, &f, 0);
+		/* Its ranks here, connected but with no step announced, would
+		 * wait out their first step's deadline: kept, their step fails
+		 * at once. The END with the fewest steps done says most. */
+		if (r && !stale && (!r->end_from || m->u.end.first < r->end.first)) {
+			r->end_from = from + 1;
+			r->end = m->u.end;
+		}
 		return;
 	}
+	ended_there(n, j, from, &m->u.end);
+}
+
+/* Site `from`'s END of the job (`end`), as job_ended_at() takes it. */
+static void ended_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *end)
+{
+	char failed[GG_NODE_ERROR_MAX], gone[GG_NODE_ERROR_MAX];
+
 	snprintf(failed, sizeof(failed), "site %s failed it and ended job '%s': %s", n->names[from], j->name,
-		 m->u.end.reason);
+		 end->reason);
 	/* An END with no failed steps says why the ranks went (a gateway
-	 * shutting down), or just that they did. */
-	snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: %s", n->names[from], j->name,
-		 (unsigned long long)m->u.end.last,
-		 -(int)m->u.end.code == GG_ERR_RANK ? m->u.end.reason : "its ranks there are gone");
-	job_ended_at(n, j, from, m->u.end.first, m->u.end.last, -(int)m->u.end.code, failed, gone);
+	 * shutting down, a rank that left), or just that they did. */
+	const char *why = -(int)end->code == GG_ERR_RANK ? end->reason : "its ranks there are gone";
+	if (end->last)
+		snprintf(gone, sizeof(gone), "site %s ended job '%s' after step %llu: %s", n->names[from], j->name,
+			 (unsigned long long)end->last, why);
+	else
+		snprintf(gone, sizeof(gone), "site %s ended job '%s' before its first step: %s", n->names[from],
+			 j->name, why);
+	job_ended_at(n, j, from, end->first, end->last, -(int)end->code, failed, gone);
 }
 
 /* Why a peer's restart ended a job here: after `last` steps done here
@@ -2853,13 +2892,12 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
 	/* A name whose run went on there with no job of it here yet (its
-	 * ranks here still to come): the job is ended as it is made. */
+	 * ranks here yet to announce their first step): the job is ended as
+	 * it is made, unless its first rank here comes only after this. */
 	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++) {
 		struct name_runs *r = &n->name_runs[i];
-		if (r->job[0] && run_going_on(r, peer) && !find_job(n, r->job, false)) {
+		if (r->job[0] && run_going_on(r, peer) && !find_job(n, r->job, false))
 			r->lost_by |= 1u << peer;
-			r->lost_run[peer] = r->seen[peer];
-		}
 	}
 	/* A step with no result here (a first step, too) needed the old
 	 * gateway's part: lost with it. */

@@ -192,6 +192,11 @@ GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, c
  * while another step of the job is in progress here. */
 int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, char *reason, size_t reason_size);
 
+/* The first rank of `job` connected at this site: a peer's END of a run
+ * of the name, or its restart during one, heard before now ends a run the
+ * job's ranks here were not part of, and so not this job (once made). */
+void gg_node_job_opened(struct gg_node *n, const char *job);
+
 /* This site failed step `seq` of `job` (its ranks disagreed, missed their
  * deadline, or one left) with an enum gg_errc `code`: the step fails at
  * every other site too, with `reason` (in one line: control bytes become

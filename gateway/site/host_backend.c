@@ -493,10 +493,12 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 			break;
 		}
 	}
+	/* The other sites hear why its ranks went: the gateway stopping, or
+	 * what broke the job (a rank that left before the others). */
 	if (b->core_ops->end_job) {
 		char why[TEXT];
 		snprintf(why, sizeof(why), "the gateway of site %s is shutting down", b->site);
-		b->core_ops->end_job(b->core, j->name, b->stopping ? why : NULL);
+		b->core_ops->end_job(b->core, j->name, b->stopping ? why : j->broken ? j->broken_msg : NULL);
 	}
 	drop_spare(b, j);
 	/* Every rank is gone and no call of the gateway's is under way: what
@@ -1917,6 +1919,8 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 		j->next = b->jobs;
 		b->jobs = j;
 		b->stats.jobs++;
+		if (b->core_ops->job_opened)
+			b->core_ops->job_opened(b->core, j->name);
 	}
 	j->ranks[h->rank] = c;
 	j->connected++;

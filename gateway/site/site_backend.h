@@ -110,6 +110,11 @@ struct gg_core_ops {
 	 * waiting for the others, and does not submit it. Otherwise 0, and
 	 * nothing changes. NULL as for abort. */
 	int (*fail_unstarted)(void *core, const char *job, uint64_t seq, char *message, size_t message_size);
+	/* The first rank of `job` connected here (the job is new at this
+	 * site): what the other sites said of the name's runs before now (a
+	 * run whose ranks went, a gateway that restarted) is not of this job.
+	 * NULL as for abort. */
+	void (*job_opened)(void *core, const char *job);
 };
 
 struct gg_site_backend_ops {

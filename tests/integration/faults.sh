@@ -42,6 +42,16 @@
 #                 GG_ERR_SITE naming the restart; then the same in step 1,
 #                 before any step completed, while a rank of another site
 #                 is late to it
+# ranks-gone-first
+#                 the last site's ranks open their sessions and die before
+#                 step 1, while the other sites' ranks are 3 s late to it:
+#                 the END reaches those sites before the job is there; as
+#                 their ranks come, steps 1 to 3 fail at once with
+#                 GG_ERR_RANK naming the death, not at step_timeout; new
+#                 ranks of the last site that start the job again while
+#                 those others are still to come are refused with them;
+#                 where the others first connect after the END, it is a
+#                 new run and works
 # job-end         int8 jobs whose error-feedback residuals do not fit next to
 #                 each other in [limits] memory run one after another: the
 #                 end of a job frees them at every site
@@ -197,6 +207,82 @@ case_rank_killed() {
 	check_steps rk 0:1
 	expect_ok rk 1
 	expect_failed rk 2 -11 "rank 1 of job 'rk' (disconnected|lost its connection) during step 2" 0:1
+}
+
+case_ranks_gone_first() {
+	local s r t specs=() killed took
+	for ((s = 0; s < last; s++)); do
+		for ((r = 0; r < RANKS; r++)); do specs+=("$s:$r:--late 3000@1"); done
+	done
+	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 20000@1"); done
+	start_job rg "${specs[@]}"
+	wait_job "$last" rg "$RANKS/$RANKS +0 +idle " "had all its ranks"
+	[ "${rank_names[$((last * RANKS))]}" = "rg-s$last-r0" ] || fail "unexpected rank order: ${rank_names[*]}"
+	kill -KILL "${rank_pids[@]:$((last * RANKS)):RANKS}"
+	killed=$(now_us)
+	for ((s = 0; s < last; s++)); do
+		reported rg "$s" "$STEPS" 12 "the outcome of its last step"
+	done
+	took=$(ms_since "$killed")
+	log "  the other sites' ranks had every step's outcome ${took} ms after the last site's died"
+	within "$took" 8000 "the other sites failing their steps"
+	ranks_wait
+	local dead=()
+	for ((r = 0; r < RANKS; r++)); do dead+=("$last:$r"); done
+	check_steps rg "${dead[@]}"
+	for ((t = 1; t <= STEPS; t++)); do
+		expect_failed rg $t -11 "site ${SITES[$last]} ended job 'rg' before its first step: its ranks there are gone: rank [01] of job 'rg' (disconnected|lost its connection) before its first step at site ${SITES[$last]}" "${dead[@]}"
+	done
+	# The last site's ranks start the job again while the others' ranks
+	# of the old run are still to come: a new run under a name whose old
+	# one still has ranks is refused, at every site.
+	start_job rg2 "${specs[@]}"
+	wait_job "$last" rg2 "$RANKS/$RANKS +0 +idle " "had all its ranks"
+	kill -KILL "${rank_pids[@]:$((last * RANKS)):RANKS}"
+	restart_ranks rg2
+	ranks_wait
+	check_steps rg2
+	expect_failed rg2 1 -11 "site ${SITES[$last]} ended job 'rg2' before its first step"
+	# Ranks that connect only after the END are of a new run: the last
+	# site's ranks go and come again before the others' first connect,
+	# and the job works everywhere.
+	for ((r = 0; r < RANKS; r++)); do
+		rank_start rg3 "$COUNT" "$r" "$RANKS" "$last" "$STEPS" --per-step --check none --late 20000@1
+	done
+	wait_job "$last" rg3 "$RANKS/$RANKS +0 +idle " "had all its ranks"
+	kill -KILL "${rank_pids[@]}"
+	job_gone "$last" rg3
+	sleep 0.2 # its END reaches the other sites
+	restart_ranks rg3
+	for ((s = 0; s < last; s++)); do
+		for ((r = 0; r < RANKS; r++)); do
+			rank_start rg3 "$COUNT" "$r" "$RANKS" "$s" "$STEPS" --per-step --check none
+		done
+	done
+	ranks_wait
+	check_steps rg3
+	expect_ok rg3 1 2 3
+	run_ok after 1000 1 2
+}
+
+# job_gone S JOB: waits up to 10 s until site S's gateway no longer lists
+# JOB (its ranks are gone and it sent its END).
+job_gone() {
+	local i sock="unix:$work/${SITES[$1]}.sock"
+	for ((i = 0; i < 200; i++)); do
+		"$GRADGATE" status --control "$sock" 2>/dev/null | grep -Eq "^$2 " || return 0
+		sleep 0.05
+	done
+	fail "job $2 still listed at ${SITES[$1]}: $("$GRADGATE" status --control "$sock" 2>&1)"
+}
+
+# restart_ranks JOB: the last site's ranks of JOB start again (as new
+# processes, under the same names).
+restart_ranks() {
+	local r
+	for ((r = 0; r < RANKS; r++)); do
+		rank_start "$1" "$COUNT" "$r" "$RANKS" "$last" "$STEPS" --per-step --check none
+	done
 }
 
 case_deadline() {

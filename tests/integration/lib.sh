@@ -162,17 +162,21 @@ wait_for() {
 	done
 }
 
-# wait_running S JOB: waits up to 10 s until site S's gateway runs a step of
-# JOB (every rank there announced it and the step reached the core), as
-# `gradgate status` shows; fails the test otherwise.
-wait_running() {
+# wait_job S JOB REGEX WHAT: waits up to 10 s until `gradgate status` of site
+# S lists JOB with the rest of its line (ranks connected/all, last step,
+# state) matching REGEX; fails the test, saying JOB never WHAT, otherwise.
+wait_job() {
 	local i sock="unix:$work/${SITES[$1]}.sock"
 	for ((i = 0; i < 200; i++)); do
-		"$GRADGATE" status --control "$sock" 2>/dev/null | grep -Eq "^$2 .* running " && return 0
+		"$GRADGATE" status --control "$sock" 2>/dev/null | grep -Eq "^$2 +$3" && return 0
 		sleep 0.05
 	done
-	fail "job $2 never ran at ${SITES[$1]}: $("$GRADGATE" status --control "$sock" 2>&1)"
+	fail "job $2 never $4 at ${SITES[$1]}: $("$GRADGATE" status --control "$sock" 2>&1)"
 }
+
+# wait_running S JOB: until site S's gateway runs a step of JOB (every rank
+# there announced it and the step reached the core).
+wait_running() { wait_job "$1" "$2" ".* running " ran; }
 
 # expect FILE REGEX WHAT: FILE has a line matching REGEX, or the test fails.
 expect() {
