@@ -215,8 +215,8 @@ static void render_peers(const struct gg_metrics_input *in, struct gg_strbuf *ou
 	per_peer(out, in, "gradgate_raw_bytes_total", "counter",
 		 "Float32 bytes of the tensors the frames carry, to and from each peer.", fig_raw_bytes_out, fig_raw_bytes_in);
 	per_peer(out, in, "gradgate_encoded_bytes_total", "counter",
-		 "Bytes of the frames after codec and zstd, to and from each peer (received: frames taken, copies "
-		 "sent again left out).", fig_data_bytes_out, fig_data_bytes_in);
+		 "Bytes of the frames after codec and zstd, to and from each peer (sent: frames a stream took; "
+		 "received: frames taken; copies sent again left out).", fig_data_bytes_out, fig_data_bytes_in);
 	per_peer(out, in, "gradgate_wire_bytes_total", "counter",
 		 "Bytes the TCP streams to and from each peer carried: TLS records of every message, and handshakes.",
 		 fig_wire_bytes_out, fig_wire_bytes_in);

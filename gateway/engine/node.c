@@ -780,13 +780,8 @@ static int ar_send(void *ctx, unsigned to, const struct gg_ar_chunk_id *id, stru
 {
 	struct lane_job *lj = ctx;
 	struct lane *ln = lj->lane;
-	int rc = gg_mesh_send_data(ln->mesh, to, &lj->wstep, id, frame);
 
-	if (rc)
-		return rc;
-	count(&ln->stats.peers[to].data_out, frame->len);
-	count(&ln->stats.peers[to].raw_out, frame_elems(frame->data) * sizeof(float));
-	return 0;
+	return gg_mesh_send_data(ln->mesh, to, &lj->wstep, id, frame, frame_elems(frame->data) * sizeof(float));
 }
 
 /* A part may encode another chunk of its own while no peer has more than
@@ -1641,6 +1636,8 @@ static void publish_mesh_stats(struct lane *ln)
 		publish(&ln->rtt_min_us[p], ms->rtt_min_us[p]);
 		publish(&ln->heard_us[p], gg_mesh_last_heard(ln->mesh, p));
 		atomic_store_explicit(&ln->denied[p], gg_mesh_peer_denied(ln->mesh, p), memory_order_relaxed);
+		publish(&lp->data_out, mp->data_bytes_out);
+		publish(&lp->raw_out, mp->raw_bytes_out);
 		publish(&lp->wire_out, mp->wire_bytes_out);
 		publish(&lp->wire_in, mp->wire_bytes_in);
 		publish(&lp->stream_ups, mp->stream_ups);
@@ -3365,7 +3362,7 @@ int gg_node_test_send_data(struct gg_node *n, unsigned peer, const char *job, ui
 		return -ENOMEM;
 	memset(frame->data, 0x5a, bytes);
 	frame->len = bytes;
-	int rc = gg_mesh_send_data(n->lanes[0].mesh, peer, &ws, &id, frame);
+	int rc = gg_mesh_send_data(n->lanes[0].mesh, peer, &ws, &id, frame, 0);
 	gg_buf_put(frame);
 	return rc;
 }

@@ -53,6 +53,8 @@ struct out {
 	uint64_t run, seq;
 	struct gg_ar_chunk_id id;
 	int conn;             /* stream it was written to; -1: waiting */
+	uint64_t raw_bytes;   /* the float32 bytes the frame carries */
+	bool counted;         /* a stream took it once (gg_mesh_peer_stats) */
 };
 
 struct conn {
@@ -484,6 +486,11 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 			return;
 		pe->waiting = o->next;
 		pe->unacked_bytes += bytes;
+		if (!o->counted) {
+			o->counted = true;
+			m->stats.peers[p].data_bytes_out += o->frame->len;
+			m->stats.peers[p].raw_bytes_out += o->raw_bytes;
+		}
 		*keep = *o;
 		gg_buf_get(keep->frame);
 		keep->conn = ci;
@@ -499,7 +506,7 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 }
 
 int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_step *step,
-		      const struct gg_ar_chunk_id *id, struct gg_buf *frame)
+		      const struct gg_ar_chunk_id *id, struct gg_buf *frame, uint64_t raw_bytes)
 {
 	struct peer *pe = &m->peers[peer];
 	struct out *o = calloc(1, sizeof(*o));
@@ -519,6 +526,7 @@ int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_ste
 	o->seq = step->step;
 	o->id = *id;
 	o->conn = -1;
+	o->raw_bytes = raw_bytes;
 	struct out **tail = &pe->waiting;
 	while (*tail)
 		tail = &(*tail)->next;

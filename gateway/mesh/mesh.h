@@ -154,6 +154,10 @@ struct gg_mesh_peer_stats {
 	uint64_t stream_ups, stream_downs;      /* streams that became ready, and ready ones lost */
 	uint64_t acked_bytes;                   /* DATA frame bytes the peer acknowledged */
 	uint64_t hedged_frames;                 /* DATA sent once more on a faster stream (hedge()) */
+	/* DATA a stream took for the peer, each frame once (not its copies
+	 * sent again or hedged; not what waited for a stream that never came
+	 * up): frame bytes, and the float32 bytes they carry. */
+	uint64_t data_bytes_out, raw_bytes_out;
 	/* Frame bytes the peer acknowledged per second of time with DATA in
 	 * flight to it, over the last second of such time; 0 until then. */
 	uint64_t delivery_bytes_per_s;
@@ -207,9 +211,10 @@ void gg_mesh_take_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg
 
 /* DATA of step `step` for chunk `id` to `peer`: queued behind the peer's
  * window, sent and kept until acknowledged. Takes a reference to `frame`.
- * Returns 0 or -ENOMEM. */
+ * `raw_bytes`: the float32 bytes the frame carries, counted with it once
+ * a stream takes it (gg_mesh_peer_stats). Returns 0 or -ENOMEM. */
 GG_MUST_CHECK int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_step *step,
-				    const struct gg_ar_chunk_id *id, struct gg_buf *frame);
+				    const struct gg_ar_chunk_id *id, struct gg_buf *frame, uint64_t raw_bytes);
 /* A small message (ABORT, DONE: anything but DATA) to `peer`: on one ready
  * stream, or on every ready stream with `every_stream` (so one cut after
  * it was queued cannot lose it). Dropped when no stream is ready. */

@@ -358,8 +358,9 @@ static void flood_controls(struct site *s, unsigned peer)
 		gg_mesh_send_control(s->mesh, peer, msg, (size_t)len, false);
 }
 
-/* Queues DATA of job `job`'s chunks first.. first+chunks-1 (4 KiB each)
- * from site `from` to `to`. */
+/* Queues DATA of job `job`'s chunks first.. first+chunks-1 (4 KiB each,
+ * said to carry RAW_BYTES float32 bytes) from site `from` to `to`. */
+#define RAW_BYTES 12345
 static void send_job_chunks(struct mesh_set *ms, unsigned from, unsigned to, const char *job, unsigned first,
 			    unsigned chunks)
 {
@@ -374,7 +375,7 @@ static void send_job_chunks(struct mesh_set *ms, unsigned from, unsigned to, con
 		memset(frame->data, (int)c, 4096);
 		frame->len = 4096;
 		struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = from, .chunk = c };
-		CHECK(gg_mesh_send_data(ms->sites[from].mesh, to, &step, &id, frame) == 0, "send");
+		CHECK(gg_mesh_send_data(ms->sites[from].mesh, to, &step, &id, frame, RAW_BYTES) == 0, "send");
 		gg_buf_put(frame);
 	}
 	gg_mesh_flush(ms->sites[from].mesh);
@@ -597,10 +598,16 @@ static void dial_conflicts(void)
 		struct mesh_set ms;
 		CHECK(mesh_set_init_dial(&ms, 2, 2, "2s", dial, NULL) == 0, "set-up");
 		CHECK(site_start(&ms, 0) == 0 && site_start(&ms, 1) == 0, "start");
+		send_chunks(&ms, 0, 1, 4);
 		turn_for(&ms, 1);
 		CHECK(!gg_mesh_peer_up(ms.sites[0].mesh, 1) && !gg_mesh_peer_up(ms.sites[1].mesh, 0) &&
 			      ms.sites[0].ups + ms.sites[1].ups == 0,
 		      "%s/%s: a stream came up", settings[i], settings[i]);
+		/* What waits for a stream was not sent. */
+		const struct gg_mesh_peer_stats *ps = &gg_mesh_stats(ms.sites[0].mesh)->peers[1];
+		CHECK(ps->data_bytes_out == 0 && ps->raw_bytes_out == 0,
+		      "%s/%s: %llu frame bytes (%llu raw) counted as sent with no stream up", settings[i], settings[i],
+		      (unsigned long long)ps->data_bytes_out, (unsigned long long)ps->raw_bytes_out);
 		printf("  %s/%s: no stream in 1 s\n", settings[i], settings[i]);
 		mesh_set_fini(&ms);
 	}
@@ -713,6 +720,11 @@ static void forgotten_not_resent(void)
 	      (unsigned long long)ms.sites[1].got, gg_mesh_holds_job(ms.sites[0].mesh, "kept") ? "holds" : "let go");
 	turn_for(&ms, 0.3);
 	const uint64_t again = gg_mesh_stats(ms.sites[0].mesh)->resent_messages - resent;
+	/* Each frame counts as sent once, whatever went again. */
+	const struct gg_mesh_peer_stats *ps = &gg_mesh_stats(ms.sites[0].mesh)->peers[1];
+	CHECK(ps->data_bytes_out == 8 * 4096 && ps->raw_bytes_out == 8 * RAW_BYTES,
+	      "s0 counted %llu frame bytes (%llu raw) as sent, want %u (%u)", (unsigned long long)ps->data_bytes_out,
+	      (unsigned long long)ps->raw_bytes_out, 8 * 4096, 8 * RAW_BYTES);
 	/* Each cut sends "kept" again on the stream left: 4 or 8 in all. */
 	CHECK(ms.sites[1].got == 0xf0 && again >= 4 && again <= 8,
 	      "s1 got chunks %#llx again, s0 re-sent %llu (want 0xf0, 4-8)", (unsigned long long)ms.sites[1].got,
