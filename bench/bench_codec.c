@@ -50,7 +50,7 @@ static void usage(FILE *f)
 		"  --data LIST       synthetic kinds: gaussian,heavy,outliers (default all)\n"
 		"  --codec LIST      codecs, comma-separated or repeated (default all: %s)\n"
 		"  --level N         zstd level, 1 to 19 as the config's zstd_level (default %d); --no-zstd\n"
-		"                    turns the stage off\n"
+		"                    turns the stage off (the config's zstd_level = 0)\n"
 		"  --block N         int8/int4 block size in elements (default %u)\n"
 		"  --scale fp32|fp16 int8/int4 scale format (default fp32)\n"
 		"  --chunk SIZE      fp32 bytes per frame (default 1MiB)\n"
@@ -403,7 +403,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			long l = strtol(v, &end, 10);
 			if (*end || end == v || l < 1 || l > 19) {
 				fprintf(stderr, "gradgate-bench codec: --level wants 1 to 19, as [compression] zstd_level "
-					"(--no-zstd for none), got '%s'\n", v);
+					"(whose 0, no zstd stage, is --no-zstd here), got '%s'\n", v);
 				return -1;
 			}
 			o->level = (int)l;

@@ -1,6 +1,7 @@
 #include "units.h"
 
 #include <ctype.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,6 +40,12 @@ static int parse_number(const char **p, uint64_t *v)
 	*p = s;
 	*v = n;
 	return 0;
+}
+
+/* Whether a number's digits go on past a decimal point or comma: 1.5. */
+static bool fraction(const char *p)
+{
+	return (*p == '.' || *p == ',') && isdigit((unsigned char)p[1]);
 }
 
 static const struct unit *match_unit(const char **p, const struct unit *units, size_t n)
@@ -81,6 +88,10 @@ int gg_parse_size(const char *text, uint64_t *bytes, const char **why)
 		*why = "underscores go one at a time between digits, as in \"1_024KiB\"";
 		return -EINVAL;
 	}
+	if (fraction(p)) {
+		*why = "sizes are whole numbers: use a smaller unit, as in \"1536KiB\" for 1.5MiB";
+		return -EINVAL;
+	}
 	const struct unit *u = match_unit(&p, size_units, GG_ARRAY_LEN(size_units));
 	while (u && *p == ' ')
 		p++;
@@ -111,6 +122,11 @@ int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 			*why = rc == -ERANGE ? "duration too long"
 					     : "expected a duration like \"500ms\", \"2s\" or \"1m30s\"";
 			return rc;
+		}
+		if (fraction(p)) {
+			*why = "durations are whole numbers: use a smaller unit, as in \"500ms\" for 0.5s, or parts, "
+			       "as in \"1m30s\"";
+			return -EINVAL;
 		}
 		const struct unit *u = match_unit(&p, duration_units, GG_ARRAY_LEN(duration_units));
 		if (!u) {

@@ -171,7 +171,12 @@ int main(int argc, char **argv)
 		gg_config_free(&cfg);
 		return rc;
 	}
-	if (!check || config) {
+	if (check && config) {
+		fprintf(stderr, "gradgate: --check-config takes the files to check as its arguments, not --config "
+				"(gradgate --check-config FILE...)\n");
+		return EXIT_USAGE;
+	}
+	if (!check) {
 		usage(stderr);
 		return EXIT_USAGE;
 	}

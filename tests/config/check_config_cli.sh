@@ -116,5 +116,9 @@ grep -qF "gradgate: --version takes no other options or arguments" "$tmp/err"; e
 [ ! -s "$tmp/out" ]; expect "and prints no version" $?
 "$gradgate" --help extra >/dev/null 2>"$tmp/err"
 expect "--help with an argument is a usage error (exit 2)" $(( $? != 2 ))
+"$gradgate" --config "$tmp/good.toml" --check-config "$tmp/bad.toml" >/dev/null 2>"$tmp/err"
+expect "--config with --check-config is a usage error (exit 2)" $(( $? != 2 ))
+grep -qF "gradgate: --check-config takes the files to check as its arguments, not --config" "$tmp/err"
+expect "it says why" $?
 
 exit $fail
