@@ -20,7 +20,8 @@ demo|test) ;;
 *) echo "quickstart.sh: unknown mode '$mode' (use no argument, or 'test')" >&2; exit 2 ;;
 esac
 
-say() { printf '==> %s\n' "$*"; }
+# say WHAT: a step, with the seconds since the start (where the time goes).
+say() { printf '==> [%4ds] %s\n' "$SECONDS" "$*"; }
 
 # CUDA and NCCL live under the usual prefix; nvcc on PATH turns cuda/ on.
 for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
@@ -135,5 +136,5 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run
 	--no-suite timing
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests build-tsan --suite gateway --suite integration \
 	--no-suite bulk --no-suite one-thread --no-suite timing
-echo "quickstart: $passed passed, $failed failed, $skipped skipped"
+echo "quickstart: $passed passed, $failed failed, $skipped skipped, in $SECONDS s"
 [ "$failed" = 0 ]

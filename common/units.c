@@ -42,10 +42,21 @@ static int parse_number(const char **p, uint64_t *v)
 	return 0;
 }
 
-/* Whether a number's digits go on past a decimal point or comma: 1.5. */
-static bool fraction(const char *p)
+/* Why digits go on past a point or comma after a number (1.5, 1,024),
+ * which units do not allow; NULL when they do not. */
+static const char *digits_after_mark(const char *p, bool size)
 {
-	return (*p == '.' || *p == ',') && isdigit((unsigned char)p[1]);
+	if (!isdigit((unsigned char)p[1]))
+		return NULL;
+	if (*p == '.')
+		return size ? "sizes are whole numbers: use a smaller unit, as in \"1536KiB\" for 1.5MiB"
+			    : "durations are whole numbers: use a smaller unit, as in \"500ms\" for 0.5s, or parts, "
+			      "as in \"1m30s\"";
+	if (*p == ',')
+		return size ? "no commas in sizes: group digits with underscores, as in \"1_024KiB\" (and a fraction "
+			      "in a smaller unit, as in \"1536KiB\" for 1.5MiB)"
+			    : "no commas in durations: a fraction goes in a smaller unit, as in \"500ms\" for 0.5s";
+	return NULL;
 }
 
 static const struct unit *match_unit(const char **p, const struct unit *units, size_t n)
@@ -88,10 +99,8 @@ int gg_parse_size(const char *text, uint64_t *bytes, const char **why)
 		*why = "underscores go one at a time between digits, as in \"1_024KiB\"";
 		return -EINVAL;
 	}
-	if (fraction(p)) {
-		*why = "sizes are whole numbers: use a smaller unit, as in \"1536KiB\" for 1.5MiB";
+	if ((*why = digits_after_mark(p, true)))
 		return -EINVAL;
-	}
 	const struct unit *u = match_unit(&p, size_units, GG_ARRAY_LEN(size_units));
 	while (u && *p == ' ')
 		p++;
@@ -123,11 +132,8 @@ int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 					     : "expected a duration like \"500ms\", \"2s\" or \"1m30s\"";
 			return rc;
 		}
-		if (fraction(p)) {
-			*why = "durations are whole numbers: use a smaller unit, as in \"500ms\" for 0.5s, or parts, "
-			       "as in \"1m30s\"";
+		if ((*why = digits_after_mark(p, false)))
 			return -EINVAL;
-		}
 		const struct unit *u = match_unit(&p, duration_units, GG_ARRAY_LEN(duration_units));
 		if (!u) {
 			*why = "missing or unknown duration unit (use us, ms, s, m or h)";

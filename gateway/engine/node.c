@@ -424,14 +424,16 @@ struct gg_node {
 		uint64_t seen[GG_AR_MAX_SITES]; /* the latest run heard of (0: none) */
 		uint64_t over[GG_AR_MAX_SITES]; /* runs up to this one are over there: its END, or a later run came */
 		uint64_t left[GG_AR_MAX_SITES]; /* runs up to this one took part in a run that ended here */
-		/* What ended a peer's run of the name while no job of it was in
-		 * the core here, though its ranks here may have been connected
-		 * (none had announced a step): the sites whose gateway restarted
-		 * during their run (lost_by), and the first END of a site's run
-		 * (end_from: that site + 1, 0: none). The job, once made here, is
-		 * over there as if they came after it was made; the first rank
-		 * of a new job of the name here clears them (gg_node_job_opened()):
-		 * its ranks came after that run ended. */
+		/* Ranks of the name are connected here (gg_node_job_opened(),
+		 * until gg_node_end_job_why()). What ended a peer's run of it
+		 * meanwhile while no job of it was in the core (none of them had
+		 * announced a step): the sites whose gateway restarted during
+		 * their run (lost_by), and the END of a site's run with the
+		 * fewest steps done (end_from: that site + 1, 0: none). The job,
+		 * once made here, is over there as if they came after it was
+		 * made. Ranks that connect after such an END or restart are of a
+		 * new run: nothing is kept for them while the name is not open. */
+		bool open;
 		uint32_t lost_by;
 		unsigned end_from;
 		struct gg_wire_steps end;
@@ -2627,8 +2629,16 @@ static bool ended_here(const struct gg_node *n, const char *name)
 	return false;
 }
 
+/* How dear a record of name_runs is to keep: free, of a name with no
+ * ranks here, of one whose ranks are here. */
+static int name_runs_worth(const struct name_runs *e)
+{
+	return !e->job[0] ? 0 : e->open ? 2 : 1;
+}
+
 /* The coordinator's record of a job name's runs; made when `create`,
- * taking the free entry or the one used longest ago. */
+ * taking the free entry, or the one used longest ago of the names with no
+ * ranks here (of those with, when all have). */
 static struct name_runs *name_runs(struct gg_node *n, const char *job, bool create)
 {
 	struct name_runs *r = NULL;
@@ -2639,7 +2649,8 @@ static struct name_runs *name_runs(struct gg_node *n, const char *job, bool crea
 			e->used_us = gg_node_loop(n)->now_us;
 			return e;
 		}
-		if (!r || (r->job[0] && (!e->job[0] || e->used_us < r->used_us)))
+		if (!r || name_runs_worth(e) < name_runs_worth(r) ||
+		    (name_runs_worth(e) == name_runs_worth(r) && e->used_us < r->used_us))
 			r = e;
 	}
 	if (!create)
@@ -2663,14 +2674,22 @@ static void peer_run_heard(struct gg_node *n, const char *job, unsigned peer, ui
 	run_raise(&r->over[peer], run - 1);
 }
 
-void gg_node_job_opened(struct gg_node *n, const char *job)
+/* The name's ranks here are gone, or come: what was kept of the peers'
+ * runs that ended meanwhile is of no job here. */
+static void name_set_open(struct gg_node *n, const char *job, bool open)
 {
-	struct name_runs *r = name_runs(n, job, false);
+	struct name_runs *r = name_runs(n, job, open);
 
 	if (r) {
+		r->open = open;
 		r->lost_by = 0;
 		r->end_from = 0;
 	}
+}
+
+void gg_node_job_opened(struct gg_node *n, const char *job)
+{
+	name_set_open(n, job, true);
 }
 
 /* Whether a word of run `run` of `job` from `peer` comes after that run is
@@ -2802,6 +2821,10 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	}
 	if (stale && j)
 		return;
+	if (!stale)
+		gg_log(GG_LOG_INFO, "peer_job_ended", "site=%s job=%s steps_done=%llu last_step=%llu here=%s",
+		       n->names[from], m->u.end.job, (unsigned long long)m->u.end.first,
+		       (unsigned long long)m->u.end.last, j ? "running" : r && r->open ? "ranks" : "none");
 	if (!j) {
 		/* None of its steps can complete anywhere now: the frames peers
 		 * sent ahead for it are let go (and acknowledged). */
@@ -2811,7 +2834,7 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 		/* Its ranks here, connected but with no step announced, would
 		 * wait out their first step's deadline: kept, their step fails
 		 * at once. The END with the fewest steps done says most. */
-		if (r && !stale && (!r->end_from || m->u.end.first < r->end.first)) {
+		if (r && r->open && !stale && (!r->end_from || m->u.end.first < r->end.first)) {
 			r->end_from = from + 1;
 			r->end = m->u.end;
 		}
@@ -2888,12 +2911,12 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 		restart_reason(n, peer, j->name, last, why, sizeof(why));
 		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
-	/* A name whose run went on there with no job of it here yet (its
-	 * ranks here yet to announce their first step): the job is ended as
-	 * it is made, unless its first rank here comes only after this. */
+	/* A name whose run went on there with no job of it here yet, though
+	 * its ranks here are connected (yet to announce their first step):
+	 * the job is ended as it is made. */
 	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++) {
 		struct name_runs *r = &n->name_runs[i];
-		if (r->job[0] && run_going_on(r, peer) && !find_job(n, r->job, false))
+		if (r->job[0] && r->open && run_going_on(r, peer) && !find_job(n, r->job, false))
 			r->lost_by |= 1u << peer;
 	}
 	/* A step with no result here (a first step, too) needed the old
@@ -3517,6 +3540,7 @@ void gg_node_end_job_why(struct gg_node *n, const char *job, const char *why)
 	post_lanes(n, &f, 0);
 	if (j)
 		memset(j, 0, sizeof(*j));
+	name_set_open(n, job, false);
 	gg_log(GG_LOG_INFO, "job_ended", "job=%s", job);
 }
 

@@ -60,6 +60,12 @@
  * size alone (two builds whose auto rules differ): the step fails as a
  * mismatch that says the peer cuts it in other chunks.
  *
+ * And a peer's END, or its restart, while the job's ranks here had
+ * connected but announced no step (so no job of it was in the node): the
+ * job, once made, fails at once, naming it; but not where the ranks here
+ * connected only after it (a new run), nor for the job an ABORT of the
+ * peer's next run made before that, nor after the ranks here left.
+ *
  * And the steps a node refuses, each with its own errno and a message
  * that names the limit: a tensor past [limits] max_message as the ranks
  * hold it (bfloat16 counts 2 bytes an element, float32 4), a job past the
@@ -571,7 +577,125 @@ static void run_refusals(struct gg_node *node)
 	      err);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS };
+/* Submits step `seq` of `job` (COUNT zeros) and turns the loop up to 20
+ * times or until it ends: its outcome, done false while it waits (for
+ * s0's part, which never comes: the node's stop ends it). */
+static const struct outcome *step_outcome(struct gg_node *node, const char *job, uint64_t seq)
+{
+	enum { STEPS = 16 };
+	static float input[COUNT], result[STEPS][COUNT];
+	static struct gg_node_step st[STEPS];
+	static struct outcome outcome[STEPS];
+	static unsigned next;
+	char err[GG_NODE_ERROR_MAX];
+	const unsigned k = next++ % STEPS;
+
+	outcome[k] = (struct outcome){ 0 };
+	st[k] = (struct gg_node_step){ .seq = seq, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				       .result = result[k], .done = on_done, .arg = &outcome[k] };
+	snprintf(st[k].job, sizeof(st[k].job), "%s", job);
+	CHECK(gg_node_submit(node, &st[k], err, sizeof(err)) == 0, "step %llu of job %s: %s", (unsigned long long)seq,
+	      job, err);
+	for (int i = 0; i < 20 && !outcome[k].done; i++)
+		turns(node, 1);
+	return &outcome[k];
+}
+
+/* s0 says `msg` (len bytes) on stream 0. */
+static void from_s0(struct gg_node *node, const uint8_t *msg, ssize_t len, const char *what)
+{
+	CHECK(len > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)len) == 0, "%s", what);
+	turns(node, 3);
+}
+
+static void expect_waits(const struct outcome *o, const char *what)
+{
+	CHECK(!o->done, "%s: the step ended (%d: %s) where it should wait for s0's new run", what, o->status,
+	      o->message);
+}
+
+/* What ended s0's run of a job while this site's ranks of it had not
+ * announced a step: the job, once made, fails at once; unless its ranks
+ * here connected only after (gg_node_job_opened()), making it a new run. */
+static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	uint8_t msg[512];
+	const char *gone = "its ranks there are gone: rank 0 of job 'x' disconnected before its first step at site s0";
+	const struct outcome *o;
+
+	gg_node_job_opened(node, "mk-open");
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-open", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+		"END with this site's ranks connected");
+	o = step_outcome(node, "mk-open", 1);
+	CHECK(o->done && o->status == GG_ERR_RANK &&
+		      strstr(o->message, "site s0 ended job 'mk-open' before its first step: its ranks there are gone: "
+					 "rank 0 of job 'x' disconnected"),
+	      "step 1 after s0's END, ranks here connected: done %d, %d: %s", o->done, o->status, o->message);
+	o = step_outcome(node, "mk-open", 2);
+	CHECK(o->done && o->status == GG_ERR_RANK, "step 2 after s0's END: done %d, %d: %s", o->done, o->status,
+	      o->message);
+
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-later", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+		"END with no rank here");
+	gg_node_job_opened(node, "mk-later");
+	expect_waits(step_outcome(node, "mk-later", 1), "ranks connected after s0's END");
+
+	/* s0's next run failed its step 1 before any rank here connected:
+	 * the job that ABORT makes here is of that run, not of the one that
+	 * ended. */
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-abort", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+		"END with no rank here");
+	from_s0(node, msg,
+		gg_wire_encode_abort(msg, sizeof(msg), "mk-abort", 2, 1, 1, (uint8_t)-GG_ERR_MISMATCH, "ranks disagree"),
+		"ABORT of the next run's step 1");
+	gg_node_job_opened(node, "mk-abort");
+	o = step_outcome(node, "mk-abort", 1);
+	CHECK(o->done && o->status == GG_ERR_MISMATCH, "step 1 s0 aborted: done %d, %d: %s", o->done, o->status,
+	      o->message);
+	expect_waits(step_outcome(node, "mk-abort", 2), "step 2 of s0's next run");
+
+	/* Ranks here that came and went before s0's END: the ranks that
+	 * come next are of a new run. */
+	gg_node_job_opened(node, "mk-closed");
+	gg_node_end_job_why(node, "mk-closed", NULL);
+	turns(node, 3);
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-closed", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+		"END once this site's ranks left");
+	gg_node_job_opened(node, "mk-closed");
+	expect_waits(step_outcome(node, "mk-closed", 1), "ranks connected after s0's END, others before");
+
+	/* s0 restarts during its run of two jobs: one whose ranks here are
+	 * connected, one whose ranks come only after s0's new instance's run
+	 * of it failed its step 1. */
+	size_t l1 = 0, l2 = 0;
+	uint8_t *d1 = make_run_data(cfg, "mk-restart", 5, 1, 0, 1.0f, &l1);
+	uint8_t *d2 = make_run_data(cfg, "mk-restart-later", 5, 1, 0, 1.0f, &l2);
+	gg_node_job_opened(node, "mk-restart");
+	CHECK(d1 && gg_node_test_receive(node, 0, 1, d1, l1) == 0, "DATA of mk-restart");
+	CHECK(d2 && gg_node_test_receive(node, 0, 1, d2, l2) == 0, "DATA of mk-restart-later");
+	turns(node, 3);
+	CHECK(gg_node_test_open_stream(node, 0, 0, 43, on_sent, sent) == 0 &&
+		      gg_node_test_open_stream(node, 0, 1, 43, on_sent, sent) == 0,
+	      "streams of s0's new instance");
+	turns(node, 3);
+	from_s0(node, msg,
+		gg_wire_encode_abort(msg, sizeof(msg), "mk-restart-later", 7, 1, 1, (uint8_t)-GG_ERR_MISMATCH,
+				     "ranks disagree"),
+		"ABORT of the new instance's step 1");
+	gg_node_job_opened(node, "mk-restart-later");
+	o = step_outcome(node, "mk-restart", 1);
+	CHECK(o->done && o->status == GG_ERR_SITE &&
+		      strstr(o->message, "site s0 restarted before any step of job 'mk-restart' completed"),
+	      "step 1 after s0's restart, ranks here connected: done %d, %d: %s", o->done, o->status, o->message);
+	o = step_outcome(node, "mk-restart-later", 1);
+	CHECK(o->done && o->status == GG_ERR_MISMATCH, "mk-restart-later: step 1 s0 aborted: done %d, %d: %s", o->done,
+	      o->status, o->message);
+	expect_waits(step_outcome(node, "mk-restart-later", 2), "ranks connected after s0's restart");
+	free(d1);
+	free(d2);
+}
+
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -593,6 +717,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[DELAYED_END] = "the END of a peer's old run, sent again during a new run's step 1",
 		[CHUNKS] = "DATA of a site that cuts the step in other chunks",
 		[REFUSALS] = "steps refused, each saying why",
+		[MARKS] = "a peer's END or restart before this site's ranks announced a step",
 	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
@@ -626,6 +751,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == REFUSALS) {
 		run_refusals(node);
+		goto out;
+	}
+	if (what == MARKS) {
+		run_marks(node, &cfg, &sent);
 		goto out;
 	}
 	if (what == AFTER_END) {
@@ -703,6 +832,7 @@ int main(int argc, char **argv)
 	run(argv[1], DELAYED_END);
 	run(argv[1], CHUNKS);
 	run(argv[1], REFUSALS);
+	run(argv[1], MARKS);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }

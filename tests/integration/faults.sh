@@ -252,7 +252,10 @@ case_ranks_gone_first() {
 	wait_job "$last" rg3 "$RANKS/$RANKS +0 +idle " "had all its ranks"
 	kill -KILL "${rank_pids[@]}"
 	job_gone "$last" rg3
-	sleep 0.2 # its END reaches the other sites
+	for ((s = 0; s < last; s++)); do
+		wait_for "$(site_log "$s")" "event=peer_job_ended site=${SITES[$last]} job=rg3 .*here=none" 10 ||
+			fail "${SITES[$s]} did not hear that rg3 ended at ${SITES[$last]}"
+	done
 	restart_ranks rg3
 	for ((s = 0; s < last; s++)); do
 		for ((r = 0; r < RANKS; r++)); do
