@@ -12,11 +12,13 @@ int gg_read_small_file(const char *path, size_t max_bytes, char **text, size_t *
 	char *buf = NULL;
 	size_t used = 0;
 	int rc = 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* Opened without blocking, so a named pipe nobody writes to reads as
+	 * empty rather than holding the open for good; read blocking. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 
 	if (fd < 0)
 		return -errno;
-	if (fstat(fd, &st)) {
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) || fstat(fd, &st)) {
 		rc = -errno;
 		goto out;
 	}

@@ -46,7 +46,7 @@ static int parse_number(const char **p, uint64_t *v)
  * which units do not allow; NULL when they do not. */
 static const char *digits_after_mark(const char *p, bool size)
 {
-	if (!isdigit((unsigned char)p[1]))
+	if ((*p != '.' && *p != ',') || !isdigit((unsigned char)p[1]))
 		return NULL;
 	if (*p == '.')
 		return size ? "sizes are whole numbers: use a smaller unit, as in \"1536KiB\" for 1.5MiB"
@@ -122,9 +122,12 @@ int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 	uint64_t total = 0, last_mult = UINT64_MAX;
 	int parts = 0;
 
-	while (*p == ' ')
-		p++;
-	while (*p) {
+	for (;;) {
+		/* Blanks around each part, as sizes have around the unit. */
+		while (*p == ' ')
+			p++;
+		if (!*p)
+			break;
 		uint64_t n;
 		int rc = parse_number(&p, &n);
 		if (rc) {
@@ -134,6 +137,8 @@ int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 		}
 		if ((*why = digits_after_mark(p, false)))
 			return -EINVAL;
+		while (*p == ' ')
+			p++;
 		const struct unit *u = match_unit(&p, duration_units, GG_ARRAY_LEN(duration_units));
 		if (!u) {
 			*why = "missing or unknown duration unit (use us, ms, s, m or h)";

@@ -61,6 +61,9 @@ struct section {
 	size_t count;
 };
 
+/* The longest string value of any setting: a path's (PATH_MAX). */
+#define VALUE_MAX PATH_MAX
+
 #define CFG(member) offsetof(struct gg_config, member)
 #define PEER(member) offsetof(struct gg_peer_config, member)
 
@@ -289,30 +292,50 @@ static char *escape_controls(char *line)
 	return out;
 }
 
-static GG_PRINTF(2, 3) void diag_add(struct gg_diag *diag, const char *fmt, ...)
+static GG_PRINTF(2, 0) void diag_vadd(struct gg_diag *diag, const char *fmt, va_list ap)
 {
-	va_list ap;
 	char *line;
 
-	va_start(ap, fmt);
-	int n = vasprintf(&line, fmt, ap);
-	va_end(ap);
-	if (n < 0)
+	/* A problem that cannot be kept is not a clean config: it is lost. */
+	if (vasprintf(&line, fmt, ap) < 0) {
+		diag->lost = true;
 		return;
+	}
 	line = escape_controls(line);
-	if (!line)
+	if (!line) {
+		diag->lost = true;
 		return;
+	}
 	if (diag->count == diag->cap) {
 		size_t cap = diag->cap ? diag->cap * 2 : 8;
 		char **lines = realloc(diag->lines, cap * sizeof(*lines));
 		if (!lines) {
 			free(line);
+			diag->lost = true;
 			return;
 		}
 		diag->lines = lines;
 		diag->cap = cap;
 	}
 	diag->lines[diag->count++] = line;
+}
+
+static GG_PRINTF(2, 3) void diag_add(struct gg_diag *diag, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	diag_vadd(diag, fmt, ap);
+	va_end(ap);
+}
+
+void gg_diag_add(struct gg_diag *diag, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	diag_vadd(diag, fmt, ap);
+	va_end(ap);
 }
 
 void gg_diag_free(struct gg_diag *diag)
@@ -627,7 +650,8 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 	struct gg_toml_pos pos = v ? v->pos : (struct gg_toml_pos){ 0, 0 };
 	const char *text = f->def;
 	const char *why = NULL;
-	char buf[256];
+	/* A check's message repeats the value (at most VALUE_MAX bytes). */
+	char buf[VALUE_MAX + 512];
 
 	/* Every setting reads its string up to the first NUL: what follows
 	 * one would be dropped unseen. */
@@ -644,6 +668,11 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 			if (!want_kind(ld, f, where, v, GG_TOML_STRING, "a string"))
 				return;
 			text = v->u.str.ptr;
+		}
+		if (strlen(text) > VALUE_MAX) {
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %zu bytes long; no value of it is longer than %d",
+				 AT(ld, pos), f->key, where, strlen(text), VALUE_MAX);
+			return;
 		}
 		if (f->kind == F_CODEC) {
 			enum gg_codec codec;
@@ -870,9 +899,9 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 		if (cfg->site.name && !strcmp(p->site, cfg->site.name))
 			diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu is site '%s', which is this site itself",
 				 AT(ld, pos), i + 1, p->site);
-		if (cfg->site.listen && !strcmp(p->address, cfg->site.listen))
-			diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu address %s is this site's own listen address",
-				 AT(ld, pos), i + 1, p->address);
+		if (cfg->site.listen && gg_address_same_endpoint(cfg->site.listen, p->address, false))
+			diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu address %s is this site's own listen address (%s)",
+				 AT(ld, pos), i + 1, p->address, cfg->site.listen);
 		for (size_t j = 0; j < i; j++) {
 			const struct gg_peer_config *q = &cfg->peers[j];
 			if (q->site && !strcmp(p->site, q->site))
@@ -998,9 +1027,9 @@ static void check_combinations(struct loader *ld, const struct gg_config *cfg)
 				? UINT64_MAX
 				: cfg->limits.inflight_bytes_per_peer * peers;
 	if (inflight->valid && memory->valid && cfg->limits.memory_bytes < need)
-		diag_blame(ld, memory, inflight, "[limits] memory (%s) cannot hold inflight_per_peer for %zu peers (%s)",
+		diag_blame(ld, memory, inflight, "[limits] memory (%s) cannot hold inflight_per_peer for %zu peer%s (%s)",
 			   gg_format_size(cfg->limits.memory_bytes, a, sizeof(a)), cfg->peer_count,
-			   gg_format_size(need, b, sizeof(b)));
+			   cfg->peer_count == 1 ? "" : "s", gg_format_size(need, b, sizeof(b)));
 	if (block->valid && cfg->compression.block_size % GG_CODEC_BLOCK_ALIGN_ELEMS)
 		diag_blame(ld, block, NULL, "[compression] block_size %d must be a multiple of %u",
 			   cfg->compression.block_size, GG_CODEC_BLOCK_ALIGN_ELEMS);
@@ -1019,9 +1048,9 @@ static void check_metrics(struct loader *ld, const struct gg_config *cfg, const 
 	/* Unset, or refused already (a bad address, allow_remote not a bool). */
 	if (!v || !listen || (remote && remote->kind != GG_TOML_BOOL))
 		return;
-	if (cfg->site.listen && !strcmp(listen, cfg->site.listen))
-		diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, which [site] listen uses for the peers; "
-			 "give the metrics endpoint a port of its own", AT(ld, v->pos), listen);
+	if (cfg->site.listen && gg_address_same_endpoint(cfg->site.listen, listen, true))
+		diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, which [site] listen (%s) uses for the "
+			 "peers; give the metrics endpoint a port of its own", AT(ld, v->pos), listen, cfg->site.listen);
 	else if (!cfg->metrics.allow_remote && !gg_address_is_loopback(listen))
 		diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, not a loopback address; the endpoint "
 			 "answers whoever reaches it, without authentication: listen on 127.0.0.1 or [::1] (and let "
@@ -1048,9 +1077,11 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 		struct stat st;
 		if (!path)
 			continue;
-		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		/* Non-blocking: a named pipe with no writer would hold the open
+		 * for good; it is refused below as not a regular file. */
+		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 		if (fd < 0 && errno == ELOOP)
-			fd = open(path, O_RDONLY | O_CLOEXEC);
+			fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 		if (fd < 0) {
 			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' cannot be read: %s", files[i].key,
 				   path, strerror(errno));
@@ -1079,14 +1110,14 @@ static int load_text(const char *text, size_t len, const char *source, const cha
 {
 	struct loader ld = { .source = source, .base_dir = base_dir, .diag = diag, .settings_only = settings_only };
 	struct gg_toml_doc *doc = NULL;
-	char err[512];
+	char err[PATH_MAX + 512]; /* the file's name, where, and what */
 	int rc;
 
 	memset(cfg, 0, sizeof(*cfg));
 	rc = gg_toml_parse(text, len, source, &doc, err, sizeof(err));
 	if (rc) {
 		diag_add(diag, "%s", err);
-		return rc == -ENOMEM ? rc : -EINVAL;
+		return rc == -ENOMEM || diag->lost ? -ENOMEM : -EINVAL;
 	}
 	const struct gg_toml_table *root = gg_toml_root(doc);
 	size_t before = diag->count;
@@ -1119,9 +1150,9 @@ static int load_text(const char *text, size_t len, const char *source, const cha
 		check_files(&ld, cfg);
 
 	gg_toml_free(doc);
-	if (ld.oom || diag->count > before) {
+	if (ld.oom || diag->lost || diag->count > before) {
 		gg_config_free(cfg);
-		return ld.oom ? -ENOMEM : -EINVAL;
+		return ld.oom || diag->lost ? -ENOMEM : -EINVAL;
 	}
 	cfg->source = strdup(source);
 	if (!cfg->source) {
@@ -1135,6 +1166,12 @@ int gg_config_load_text(const char *text, size_t len, const char *source, const 
 			struct gg_config *cfg, struct gg_diag *diag)
 {
 	return load_text(text, len, source, base_dir, false, cfg, diag);
+}
+
+int gg_config_load_settings_text(const char *text, size_t len, const char *source, const char *base_dir,
+				 struct gg_config *cfg, struct gg_diag *diag)
+{
+	return load_text(text, len, source, base_dir, true, cfg, diag);
 }
 
 static int load_file(const char *path, bool settings_only, struct gg_config *cfg, struct gg_diag *diag)
@@ -1176,8 +1213,11 @@ static int load_report(const char *path, bool settings_only, struct gg_config *c
 	int rc = load_file(path, settings_only, cfg, &diag);
 
 	if (rc) {
+		/* The path as every line has it: control characters escaped. */
+		if (diag.lost || rc == -ENOMEM)
+			diag_add(&diag, "%s: out of memory: the check is not complete", path);
+		diag_add(&diag, "%s: %zu problem%s found", path, diag.count, diag.count == 1 ? "" : "s");
 		gg_diag_print(&diag, out);
-		fprintf(out, "%s: %zu problem%s found\n", path, diag.count, diag.count == 1 ? "" : "s");
 	}
 	gg_diag_free(&diag);
 	return rc;
@@ -1281,8 +1321,9 @@ static bool render_value(const struct field *f, const void *base, char *buf, siz
 	return false;
 }
 
-/* True when the field holds exactly what its default gives. */
-static bool is_default(const struct field *f, const void *base, const char *rendered)
+/* True when the field holds exactly what its default gives; *oom set when
+ * memory ran out to tell. */
+static bool is_default(const struct field *f, const void *base, const char *rendered, bool *oom)
 {
 	struct gg_config scratch;
 	struct gg_diag diag = { 0 };
@@ -1293,6 +1334,7 @@ static bool is_default(const struct field *f, const void *base, const char *rend
 		return false;
 	memset(&scratch, 0, sizeof(scratch));
 	set_field(&ld, f, "", NULL, &scratch);
+	*oom |= ld.oom;
 	bool same = render_value(f, &scratch, def, sizeof(def)) && !strcmp(def, rendered);
 	if (f->kind == F_LIST)
 		free(*(char **)((char *)&scratch + f->offset));
@@ -1322,9 +1364,12 @@ static bool is_derived_default(const struct gg_config *cfg, const struct section
 	return !strcmp(want, rendered);
 }
 
-static void print_fields(FILE *out, const struct gg_config *cfg, const struct section *sec, const void *base)
+static void print_fields(FILE *out, const struct gg_config *cfg, const struct section *sec, const void *base,
+			 bool *oom)
 {
-	char value[PATH_MAX + 64];
+	/* A path made absolute (the config's folder and the value, each up to
+	 * PATH_MAX), each byte escaped to at most 6 ("\u0001"). */
+	static char value[2 * PATH_MAX * 6 + 64];
 
 	for (size_t k = 0; k < sec->count; k++) {
 		const struct field *f = &sec->fields[k];
@@ -1332,24 +1377,28 @@ static void print_fields(FILE *out, const struct gg_config *cfg, const struct se
 			fprintf(out, "# %s: not set (%s)\n", f->key, f->help);
 		else
 			fprintf(out, "%s = %s  # %s%s\n", f->key, value,
-				is_default(f, base, value) || is_derived_default(cfg, sec, f, base, value) ? "default; "
-													   : "",
+				is_default(f, base, value, oom) || is_derived_default(cfg, sec, f, base, value)
+					? "default; "
+					: "",
 				f->help);
 	}
 }
 
-void gg_config_print(const struct gg_config *cfg, FILE *out)
+int gg_config_print(const struct gg_config *cfg, FILE *out)
 {
+	bool oom = false;
+
 	fprintf(out, "# resolved configuration of %s\n", cfg->source ? cfg->source : "<memory>");
 	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++) {
 		fprintf(out, "\n[%s]\n", sections[s].name);
-		print_fields(out, cfg, &sections[s], cfg);
+		print_fields(out, cfg, &sections[s], cfg, &oom);
 		if (sections[s].fields == tls_fields)
 			for (size_t i = 0; i < cfg->peer_count; i++) {
 				fprintf(out, "\n[[peers]]\n");
-				print_fields(out, cfg, &peers_section, &cfg->peers[i]);
+				print_fields(out, cfg, &peers_section, &cfg->peers[i], &oom);
 			}
 	}
+	return oom ? -ENOMEM : 0;
 }
 
 const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo)

@@ -107,9 +107,13 @@ struct gg_diag {
 	char **lines;
 	size_t count;
 	size_t cap;
+	bool lost; /* a problem could not be kept (out of memory) */
 };
 
 void gg_diag_free(struct gg_diag *diag);
+/* Adds a line, formatted, its control characters escaped as the loader's
+ * own (a file name may hold any byte). */
+GG_PRINTF(2, 3) void gg_diag_add(struct gg_diag *diag, const char *fmt, ...);
 void gg_diag_print(const struct gg_diag *diag, FILE *out);
 
 /* Reads, parses and validates `path`. Returns 0 with *cfg filled (free with
@@ -123,6 +127,10 @@ GG_MUST_CHECK int gg_config_load(const char *path, struct gg_config *cfg, struct
  * against the current directory. */
 GG_MUST_CHECK int gg_config_load_text(const char *text, size_t len, const char *source,
 				      const char *base_dir, struct gg_config *cfg, struct gg_diag *diag);
+/* The same without the checks of the files the config names (as
+ * gg_config_load_settings_report()). */
+GG_MUST_CHECK int gg_config_load_settings_text(const char *text, size_t len, const char *source,
+					       const char *base_dir, struct gg_config *cfg, struct gg_diag *diag);
 
 /* gg_config_load(), and when it fails every problem and their count
  * ("site.toml: 2 problems found") on `out`. */
@@ -135,8 +143,10 @@ GG_MUST_CHECK int gg_config_load_settings_report(const char *path, struct gg_con
 void gg_config_free(struct gg_config *cfg);
 
 /* Prints the resolved configuration as TOML that loads back to the same
- * struct; values left at their default are marked "# default". */
-void gg_config_print(const struct gg_config *cfg, FILE *out);
+ * struct; values left at their default are marked "# default". Returns
+ * 0, or -ENOMEM when memory ran out to tell the defaults (the marks may
+ * then be missing). */
+int gg_config_print(const struct gg_config *cfg, FILE *out);
 
 const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo);
 /* "both", "out", "in": the value as the config file writes it. */

@@ -27,6 +27,29 @@ int gg_check_site_name(const char *v, char *why, size_t size)
 	return 0;
 }
 
+/* Whether buf (len bytes, no address) is a host name: dot-separated
+ * labels of 1 to 63 letters, digits and '-', none at a label's ends; a
+ * final dot allowed. */
+static bool host_name_ok(const char *buf, size_t len)
+{
+	size_t label = 0;
+
+	for (size_t i = 0; i < len; i++) {
+		char c = buf[i];
+		if (c == '.') {
+			if (!label || buf[i - 1] == '-')
+				return false;
+			label = 0;
+			continue;
+		}
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-'))
+			return false;
+		if ((c == '-' && !label) || ++label > 63)
+			return false;
+	}
+	return len && buf[len - 1] != '-';
+}
+
 static int check_host(const char *host, size_t len, bool bracketed, char *why, size_t size)
 {
 	char buf[256];
@@ -52,6 +75,9 @@ static int check_host(const char *host, size_t len, bool bracketed, char *why, s
 			return gg_errf(why, size, -EINVAL, "\"%s\" is neither an IPv4 address nor a host name%s", buf,
 				    c == ':' ? " (write IPv6 addresses as [addr]:port)" : "");
 	}
+	if (!host_name_ok(buf, len))
+		return gg_errf(why, size, -EINVAL, "\"%s\" is not a host name: its dot-separated labels must each "
+			       "have 1 to 63 letters, digits or '-', and not start or end with '-'", buf);
 	return 0;
 }
 
@@ -80,11 +106,80 @@ int gg_check_address(const char *v, char *why, size_t size)
 	char *end;
 	errno = 0;
 	long p = strtol(port, &end, 10);
-	if (!*port || *end || errno || port[0] == '-' || port[0] == '+')
+	if (!*port || *end || errno || port[0] < '0' || port[0] > '9')
 		return gg_errf(why, size, -EINVAL, "port \"%s\" is not a number", port);
 	if (p < 1 || p > 65535)
 		return gg_errf(why, size, -EINVAL, "port %ld is out of range (1-65535)", p);
 	return 0;
+}
+
+/* The host of valid "host:port" v into host (without brackets), and its
+ * port. */
+static void split_address(const char *v, char *host, size_t size, long *port)
+{
+	const char *colon = strrchr(v, ':');
+	size_t len = (size_t)(colon - v);
+
+	if (v[0] == '[') {
+		v++;
+		len -= 2;
+	}
+	snprintf(host, size, "%.*s", (int)len, v);
+	*port = strtol(colon + 1, NULL, 10);
+}
+
+/* host's addresses as IPv6 (IPv4 mapped) into out[2]; how many (0: a
+ * name other than localhost). *any: the wildcard address. */
+static unsigned host_addresses(const char *host, unsigned char out[2][16], bool *any)
+{
+	static const unsigned char mapped[12] = { [10] = 0xff, [11] = 0xff };
+	unsigned char v4[4];
+
+	*any = false;
+	if (!strcasecmp(host, "localhost")) {
+		memcpy(out[0], mapped, 12);
+		memcpy(out[0] + 12, (const unsigned char[]){ 127, 0, 0, 1 }, 4);
+		memset(out[1], 0, 16);
+		out[1][15] = 1;
+		return 2;
+	}
+	if (inet_pton(AF_INET, host, v4) == 1) {
+		memcpy(out[0], mapped, 12);
+		memcpy(out[0] + 12, v4, 4);
+		*any = !memcmp(v4, "\0\0\0\0", 4);
+		return 1;
+	}
+	if (inet_pton(AF_INET6, host, out[0]) == 1) {
+		static const unsigned char zero[16];
+		*any = !memcmp(out[0], zero, 16);
+		return 1;
+	}
+	return 0;
+}
+
+bool gg_address_same_endpoint(const char *listen, const char *other, bool bind)
+{
+	char lh[256], oh[256];
+	unsigned char la[2][16], oa[2][16];
+	long lp, op;
+	bool l_any, o_any;
+
+	split_address(listen, lh, sizeof(lh), &lp);
+	split_address(other, oh, sizeof(oh), &op);
+	if (lp != op)
+		return false;
+	if (!strcasecmp(lh, oh))
+		return true;
+	unsigned ln = host_addresses(lh, la, &l_any), on = host_addresses(oh, oa, &o_any);
+	if (l_any)
+		return bind || gg_address_is_loopback(other);
+	if (bind && o_any)
+		return true;
+	for (unsigned i = 0; i < ln; i++)
+		for (unsigned k = 0; k < on; k++)
+			if (!memcmp(la[i], oa[k], 16))
+				return true;
+	return false;
 }
 
 bool gg_address_is_loopback(const char *v)

@@ -18,6 +18,14 @@ int gg_check_congestion(const char *value, char *why, size_t why_size);
 /* Whether a valid "host:port" names this host's loopback interface:
  * 127.0.0.0/8, ::1 (also as ::ffff:127.x.y.z), or the name localhost. */
 bool gg_address_is_loopback(const char *value);
+/* Whether valid "host:port" `other` is the endpoint a socket bound at
+ * valid `listen` holds: the same port, and the same host name or address
+ * (localhost as 127.0.0.1 and ::1), or a loopback address where `listen`
+ * is a wildcard (0.0.0.0, [::]). `bind`: whether binding `other` is what
+ * is asked, which clashes with a wildcard `listen` whatever its address.
+ * Host names other than localhost are compared as written: they are not
+ * resolved. */
+bool gg_address_same_endpoint(const char *listen, const char *other, bool bind);
 /* "unix:/absolute/path" (host mode shares memory with its ranks, so a
  * tcp: endpoint is refused with a message saying so). */
 int gg_check_control(const char *value, char *why, size_t why_size);

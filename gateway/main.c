@@ -61,14 +61,21 @@ static int check_configs(int count, char **paths)
 		char err[GG_NODE_ERROR_MAX];
 		if (gg_node_check_host(&cfg, err, sizeof(err)) ||
 		    gg_host_backend_check_control(cfg.site.control, err, sizeof(err))) {
-			fprintf(stderr, "%s: %s\n%s: 1 problem found\n", paths[i], err, paths[i]);
+			struct gg_diag diag = { 0 };
+			gg_diag_add(&diag, "%s: %s", paths[i], err);
+			gg_diag_add(&diag, "%s: 1 problem found", paths[i]);
+			gg_diag_print(&diag, stderr);
+			gg_diag_free(&diag);
 			gg_config_free(&cfg);
 			bad++;
 			continue;
 		}
 		if (i)
 			putchar('\n');
-		gg_config_print(&cfg, stdout);
+		if (gg_config_print(&cfg, stdout)) {
+			fprintf(stderr, "gradgate: out of memory printing the configuration of %s\n", paths[i]);
+			bad++;
+		}
 		gg_config_free(&cfg);
 	}
 	return bad ? EXIT_CONFIG : EXIT_OK;

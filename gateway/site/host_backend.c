@@ -2933,7 +2933,33 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 	/* The rest of the endpoint is the config's to check. */
 	if (!control || strncmp(control, "unix:/", 6))
 		return 0;
-	return check_socket_folders(control + 5, err, err_size);
+	const char *path = control + 5;
+	struct stat st;
+	int rc = check_socket_folders(path, err, err_size);
+	if (rc)
+		return rc;
+	/* What listen_on() would refuse: something else at the path (a
+	 * socket may be a stale one, or a running gateway's, told at start),
+	 * or a folder missing above the socket's own, which it makes. */
+	if (!lstat(path, &st) && !S_ISSOCK(st.st_mode)) {
+		snprintf(err, err_size, "control socket %s: the path exists and is not a socket", path);
+		return -EEXIST;
+	}
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = '\0';
+		if (stat(dir, &st) && errno == ENOENT && (slash = strrchr(dir, '/')) && slash != dir) {
+			*slash = '\0';
+			if (stat(dir, &st) && errno == ENOENT) {
+				snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes "
+					 "only the socket's own folder)", path, dir);
+				return -ENOENT;
+			}
+		}
+	}
+	return 0;
 }
 
 int gg_host_backend_create(const struct gg_host_backend_options *opts, const struct gg_core_ops *core_ops,

@@ -121,4 +121,41 @@ expect "--config with --check-config is a usage error (exit 2)" $(( $? != 2 ))
 grep -qF "gradgate: --check-config takes the files to check as its arguments, not --config" "$tmp/err"
 expect "it says why" $?
 
+# refused NAME SED WHAT TEXT: good.toml as sed expression SED changes it
+# fails the check (exit 1, within 10 s), saying TEXT.
+refused() {
+	sed "$2" "$tmp/good.toml" >"$tmp/$1.toml"
+	timeout 10 "$gradgate" --check-config "$tmp/$1.toml" >/dev/null 2>"$tmp/err"
+	expect "$3 fails the check (exit 1)" $(( $? != 1 ))
+	grep -qF -- "$4" "$tmp/err"; expect "  saying: $4" $?
+}
+
+# Named pipes with no writer, as a [tls] file or as the config itself,
+# must not hold the check: refused, or read as empty.
+mkfifo "$tmp/pipe.pem" "$tmp/pipe.toml"
+refused fifo 's#^ca = .*#ca = "pipe.pem"#' "a named pipe as [tls] ca" "[tls] ca file '$tmp/pipe.pem' is not a regular file"
+timeout 10 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
+expect "a named pipe nobody writes to as the config is read as empty (exit 1)" $(( $? != 1 ))
+# What the gateway would refuse at start, the check refuses too.
+refused ctl-dir 's#^name = "site-a"#&\ncontrol = "unix:/tmp/"#' "a control socket path that is a folder" \
+	"control socket /tmp/: the path exists and is not a socket"
+refused ctl-deep "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/no/such/a.sock\"#" \
+	"a control socket two folders deep in nothing" \
+	"control socket $tmp/no/such/a.sock: folder $tmp/no does not exist (the gateway makes only the socket's own folder)"
+# Long values keep their reason; control characters in file names are
+# escaped in every line, the count's too.
+long=$(head -c 3000 /dev/zero | tr '\0' a)
+refused long "s#^address = \"127.0.0.1:7102\"#&\nidentity = \"uri:$long\"#" "a 3000-byte identity" \
+	"aaaa\": a URI starts with a scheme"
+refused longer "s#^address = \"127.0.0.1:7102\"#&\nidentity = \"uri:$long$long\"#" "a 6004-byte identity" \
+	"'identity' in [[peers]] #1 is 6004 bytes long; no value of it is longer than 4096"
+deep=$tmp/$(head -c 200 /dev/zero | tr '\0' d)/$(head -c 200 /dev/zero | tr '\0' e)
+mkdir -p "$deep" && printf '[site]\nname = "a"\nname = "b"\n' >"$deep/dup.toml"
+"$gradgate" --check-config "$deep/dup.toml" >/dev/null 2>"$tmp/err"
+grep -qF "$deep/dup.toml:3:1: duplicate key 'name'" "$tmp/err"; expect "a long file name keeps the TOML error's place and words" $?
+printf '[site]\nname = 1\n' >"$tmp/two"$'\n'"lines.toml"
+"$gradgate" --check-config "$tmp/two"$'\n'"lines.toml" >/dev/null 2>"$tmp/err"
+[ "$(grep -c 'two\\x0alines.toml' "$tmp/err")" = "$(wc -l <"$tmp/err")" ]
+expect "a newline in the file name is escaped on every line" $?
+
 exit $fail

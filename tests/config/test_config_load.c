@@ -91,6 +91,13 @@ static void test_units(void)
 	CHECK(gg_parse_duration("1_000ms", &v, &why) == 0 && v == 1000000);
 	CHECK(gg_parse_duration("5", &v, &why) == -EINVAL);
 	CHECK(gg_parse_duration("1.5s", &v, &why) == -EINVAL);
+	CHECK_STR(why, "durations are whole numbers: use a smaller unit, as in \"500ms\" for 0.5s, or parts, as in "
+		       "\"1m30s\"");
+	CHECK(gg_parse_duration(" 1m 30 s ", &v, &why) == 0 && v == 90000000);
+	CHECK(gg_parse_duration("1s ", &v, &why) == 0 && v == 1000000);
+	CHECK(gg_parse_duration("  ", &v, &why) == -EINVAL);
+	CHECK(gg_parse_size("1.5MiB", &v, &why) == -EINVAL);
+	CHECK_STR(why, "sizes are whole numbers: use a smaller unit, as in \"1536KiB\" for 1.5MiB");
 	CHECK(gg_parse_duration("", &v, &why) == -EINVAL);
 	CHECK(gg_parse_duration("99999999999999999h", &v, &why) == -ERANGE);
 	CHECK_STR(gg_format_size(4u << 20, buf, sizeof(buf)), "4MiB");
@@ -168,7 +175,7 @@ static void test_defaults(void)
 	char *out = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&out, &len);
-	gg_config_print(&cfg, f);
+	CHECK(gg_config_print(&cfg, f) == 0);
 	fclose(f);
 	CHECK(strstr(out, "\nstreams_per_peer = 4  # default; ") != NULL);
 	CHECK(strstr(out, "\nchunk_size = \"1MiB\"  # default; ") != NULL);
@@ -243,7 +250,7 @@ static void test_full_and_round_trip(void)
 	char *first = NULL, *second = NULL;
 	size_t n1 = 0, n2 = 0;
 	FILE *f = open_memstream(&first, &n1);
-	gg_config_print(&cfg, f);
+	CHECK(gg_config_print(&cfg, f) == 0);
 	fclose(f);
 	int rc = gg_config_load_text(first, n1, path, NULL, &again, &diag);
 	gg_diag_print(&diag, stdout);
@@ -251,7 +258,7 @@ static void test_full_and_round_trip(void)
 	gg_diag_free(&diag);
 	if (rc == 0) {
 		f = open_memstream(&second, &n2);
-		gg_config_print(&again, f);
+		CHECK(gg_config_print(&again, f) == 0);
 		fclose(f);
 		CHECK(n1 == n2 && !strcmp(first, second));
 		gg_config_free(&again);
@@ -302,7 +309,7 @@ static void test_relative_paths_round_trip(void)
 		snprintf(want, sizeof(want), "%s/sub/../crl.pem", dir);
 		CHECK_STR(cfg.tls.crl, want);
 		FILE *f = open_memstream(&first, &n1);
-		gg_config_print(&cfg, f);
+		CHECK(gg_config_print(&cfg, f) == 0);
 		fclose(f);
 		put("sub/printed.toml", first, 0644);
 		gg_config_free(&cfg);
@@ -316,7 +323,7 @@ static void test_relative_paths_round_trip(void)
 	}
 	if (rc == 0) {
 		FILE *f = open_memstream(&second, &n2);
-		gg_config_print(&again, f);
+		CHECK(gg_config_print(&again, f) == 0);
 		fclose(f);
 		const char *body1 = strchr(first, '\n'), *body2 = strchr(second, '\n');
 		CHECK(body1 && body2 && !strcmp(body1, body2));
