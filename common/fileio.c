@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,18 +13,33 @@ int gg_read_small_file(const char *path, size_t max_bytes, char **text, size_t *
 	char *buf = NULL;
 	size_t used = 0;
 	int rc = 0;
-	/* Opened without blocking, so a named pipe nobody writes to reads as
-	 * empty rather than holding the open for good; read blocking. */
+	/* Opened without blocking: a named pipe nobody opens for writing
+	 * would hold the open for good. It gets GG_PIPE_WAIT_MS for its first
+	 * bytes (or its writer's end); then it is read blocking, as all is. */
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 
 	if (fd < 0)
 		return -errno;
-	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) || fstat(fd, &st)) {
+	if (fstat(fd, &st)) {
 		rc = -errno;
 		goto out;
 	}
 	if (S_ISDIR(st.st_mode)) {
 		rc = -EISDIR;
+		goto out;
+	}
+	if (S_ISFIFO(st.st_mode)) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int n;
+		while ((n = poll(&p, 1, GG_PIPE_WAIT_MS)) < 0 && errno == EINTR)
+			;
+		if (n <= 0) {
+			rc = n ? -errno : -ETIMEDOUT;
+			goto out;
+		}
+	}
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)) {
+		rc = -errno;
 		goto out;
 	}
 	/* Read to EOF rather than trusting st_size: /dev/stdin and pipes have none. */

@@ -670,7 +670,7 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 			text = v->u.str.ptr;
 		}
 		if (strlen(text) > VALUE_MAX) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %zu bytes long; no value of it is longer than %d",
+			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %zu bytes long; it may be at most %d bytes",
 				 AT(ld, pos), f->key, where, strlen(text), VALUE_MAX);
 			return;
 		}
@@ -1186,6 +1186,8 @@ static int load_file(const char *path, bool settings_only, struct gg_config *cfg
 		if (rc == -EFBIG)
 			diag_add(diag, "%s: file is larger than %u bytes; this is not a gateway config", path,
 				 GG_TOML_MAX_INPUT_BYTES);
+		else if (rc == -ETIMEDOUT)
+			diag_add(diag, "%s: a pipe nothing was written to within %d s", path, GG_PIPE_WAIT_MS / 1000);
 		else
 			diag_add(diag, "%s: cannot read config: %s", path, strerror(-rc));
 		return rc;
@@ -1214,9 +1216,10 @@ static int load_report(const char *path, bool settings_only, struct gg_config *c
 
 	if (rc) {
 		/* The path as every line has it: control characters escaped. */
+		const size_t problems = diag.count;
 		if (diag.lost || rc == -ENOMEM)
 			diag_add(&diag, "%s: out of memory: the check is not complete", path);
-		diag_add(&diag, "%s: %zu problem%s found", path, diag.count, diag.count == 1 ? "" : "s");
+		diag_add(&diag, "%s: %zu problem%s found", path, problems, problems == 1 ? "" : "s");
 		gg_diag_print(&diag, out);
 	}
 	gg_diag_free(&diag);
@@ -1387,8 +1390,14 @@ static void print_fields(FILE *out, const struct gg_config *cfg, const struct se
 int gg_config_print(const struct gg_config *cfg, FILE *out)
 {
 	bool oom = false;
+	/* A comment ends at a newline: the name's control characters are
+	 * escaped, as in the problems' lines. */
+	char *source = strdup(cfg->source ? cfg->source : "<memory>");
+	source = source ? escape_controls(source) : NULL;
 
-	fprintf(out, "# resolved configuration of %s\n", cfg->source ? cfg->source : "<memory>");
+	fprintf(out, "# resolved configuration of %s\n", source ? source : "(a name that memory ran out to print)");
+	oom |= !source;
+	free(source);
 	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++) {
 		fprintf(out, "\n[%s]\n", sections[s].name);
 		print_fields(out, cfg, &sections[s], cfg, &oom);

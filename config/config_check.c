@@ -122,39 +122,54 @@ static void split_address(const char *v, char *host, size_t size, long *port)
 
 	if (v[0] == '[') {
 		v++;
-		len -= 2;
+		len = len >= 2 ? len - 2 : 0;
 	}
-	snprintf(host, size, "%.*s", (int)len, v);
+	snprintf(host, size, "%.*s", (int)GG_MIN(len, size), v);
 	*port = strtol(colon + 1, NULL, 10);
 }
 
+static const unsigned char v4_mapped[12] = { [10] = 0xff, [11] = 0xff };
+
 /* host's addresses as IPv6 (IPv4 mapped) into out[2]; how many (0: a
- * name other than localhost). *any: the wildcard address. */
-static unsigned host_addresses(const char *host, unsigned char out[2][16], bool *any)
+ * name other than localhost). *any: 4 for 0.0.0.0, which holds the IPv4
+ * addresses, 6 for [::], which holds both families; else 0. */
+static unsigned host_addresses(const char *host, unsigned char out[2][16], int *any)
 {
-	static const unsigned char mapped[12] = { [10] = 0xff, [11] = 0xff };
+	static const unsigned char zero[16];
 	unsigned char v4[4];
 
-	*any = false;
+	*any = 0;
 	if (!strcasecmp(host, "localhost")) {
-		memcpy(out[0], mapped, 12);
+		memcpy(out[0], v4_mapped, 12);
 		memcpy(out[0] + 12, (const unsigned char[]){ 127, 0, 0, 1 }, 4);
 		memset(out[1], 0, 16);
 		out[1][15] = 1;
 		return 2;
 	}
 	if (inet_pton(AF_INET, host, v4) == 1) {
-		memcpy(out[0], mapped, 12);
+		memcpy(out[0], v4_mapped, 12);
 		memcpy(out[0] + 12, v4, 4);
-		*any = !memcmp(v4, "\0\0\0\0", 4);
+		*any = memcmp(v4, zero, 4) ? 0 : 4;
 		return 1;
 	}
 	if (inet_pton(AF_INET6, host, out[0]) == 1) {
-		static const unsigned char zero[16];
-		*any = !memcmp(out[0], zero, 16);
+		*any = memcmp(out[0], zero, 16) ? 0 : 6;
 		return 1;
 	}
 	return 0;
+}
+
+/* Whether a wildcard of family `any` holds address a (IPv6 form). */
+static bool held_by(int any, const unsigned char a[16])
+{
+	return any == 6 || (any == 4 && !memcmp(a, v4_mapped, 12));
+}
+
+static bool loopback_form(const unsigned char a[16])
+{
+	static const unsigned char loop6[16] = { [15] = 1 };
+
+	return !memcmp(a, loop6, 16) || (!memcmp(a, v4_mapped, 12) && a[12] == 127);
 }
 
 bool gg_address_same_endpoint(const char *listen, const char *other, bool bind)
@@ -162,7 +177,7 @@ bool gg_address_same_endpoint(const char *listen, const char *other, bool bind)
 	char lh[256], oh[256];
 	unsigned char la[2][16], oa[2][16];
 	long lp, op;
-	bool l_any, o_any;
+	int l_any, o_any;
 
 	split_address(listen, lh, sizeof(lh), &lp);
 	split_address(other, oh, sizeof(oh), &op);
@@ -171,10 +186,18 @@ bool gg_address_same_endpoint(const char *listen, const char *other, bool bind)
 	if (!strcasecmp(lh, oh))
 		return true;
 	unsigned ln = host_addresses(lh, la, &l_any), on = host_addresses(oh, oa, &o_any);
-	if (l_any)
-		return bind || gg_address_is_loopback(other);
-	if (bind && o_any)
+	if (l_any && o_any)
 		return true;
+	/* A wildcard takes the connections to this host's own addresses of
+	 * its family, and every bind of them. */
+	if (l_any || o_any) {
+		const int any = l_any ? l_any : o_any;
+		unsigned char(*addrs)[16] = l_any ? oa : la;
+		for (unsigned k = 0, n = l_any ? on : ln; k < n; k++)
+			if (held_by(any, addrs[k]) && (bind || loopback_form(addrs[k])))
+				return true;
+		return false;
+	}
 	for (unsigned i = 0; i < ln; i++)
 		for (unsigned k = 0; k < on; k++)
 			if (!memcmp(la[i], oa[k], 16))
@@ -184,34 +207,15 @@ bool gg_address_same_endpoint(const char *listen, const char *other, bool bind)
 
 bool gg_address_is_loopback(const char *v)
 {
-	const char *colon = strrchr(v, ':');
 	char host[256];
-	unsigned char addr[16];
-	size_t len;
+	unsigned char addrs[2][16];
+	long port;
+	int any;
 
-	if (!colon)
+	if (!strrchr(v, ':'))
 		return false;
-	if (v[0] == '[') {
-		len = (size_t)(colon - v) - 2;
-		if (colon - v < 2 || len >= sizeof(host))
-			return false;
-		memcpy(host, v + 1, len);
-	} else {
-		len = (size_t)(colon - v);
-		if (len >= sizeof(host))
-			return false;
-		memcpy(host, v, len);
-	}
-	host[len] = '\0';
-	if (!strcasecmp(host, "localhost"))
-		return true;
-	if (inet_pton(AF_INET, host, addr) == 1)
-		return addr[0] == 127;
-	if (inet_pton(AF_INET6, host, addr) != 1)
-		return false;
-	static const unsigned char loop6[16] = { [15] = 1 };
-	static const unsigned char mapped[12] = { [10] = 0xff, [11] = 0xff };
-	return !memcmp(addr, loop6, 16) || (!memcmp(addr, mapped, 12) && addr[12] == 127);
+	split_address(v, host, sizeof(host), &port);
+	return host_addresses(host, addrs, &any) && loopback_form(addrs[0]);
 }
 
 int gg_check_congestion(const char *v, char *why, size_t size)

@@ -20,11 +20,11 @@ int gg_check_congestion(const char *value, char *why, size_t why_size);
 bool gg_address_is_loopback(const char *value);
 /* Whether valid "host:port" `other` is the endpoint a socket bound at
  * valid `listen` holds: the same port, and the same host name or address
- * (localhost as 127.0.0.1 and ::1), or a loopback address where `listen`
- * is a wildcard (0.0.0.0, [::]). `bind`: whether binding `other` is what
- * is asked, which clashes with a wildcard `listen` whatever its address.
- * Host names other than localhost are compared as written: they are not
- * resolved. */
+ * (localhost as 127.0.0.1 and ::1), or a loopback address of the family a
+ * wildcard `listen` holds (0.0.0.0: IPv4; [::]: both). `bind`: whether
+ * binding `other` is what is asked, which clashes with a wildcard on
+ * either side for every address of the wildcard's family. Host names
+ * other than localhost are compared as written: they are not resolved. */
 bool gg_address_same_endpoint(const char *listen, const char *other, bool bind);
 /* "unix:/absolute/path" (host mode shares memory with its ranks, so a
  * tcp: endpoint is refused with a message saying so). */

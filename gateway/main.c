@@ -73,7 +73,10 @@ static int check_configs(int count, char **paths)
 		if (i)
 			putchar('\n');
 		if (gg_config_print(&cfg, stdout)) {
-			fprintf(stderr, "gradgate: out of memory printing the configuration of %s\n", paths[i]);
+			struct gg_diag diag = { 0 };
+			gg_diag_add(&diag, "%s: out of memory printing its configuration", paths[i]);
+			gg_diag_print(&diag, stderr);
+			gg_diag_free(&diag);
 			bad++;
 		}
 		gg_config_free(&cfg);

@@ -2947,19 +2947,26 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 	}
 	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	snprintf(dir, sizeof(dir), "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash && slash != dir) {
+	for (int level = 0; level < 2; level++) {
+		/* The folder above: "a//b" is a's. */
+		char *slash = strrchr(dir, '/');
+		while (slash && slash > dir && slash[-1] == '/')
+			slash--;
+		if (!slash || slash == dir)
+			return 0;
 		*slash = '\0';
-		if (stat(dir, &st) && errno == ENOENT && (slash = strrchr(dir, '/')) && slash != dir) {
-			*slash = '\0';
-			if (stat(dir, &st) && errno == ENOENT) {
-				snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes "
-					 "only the socket's own folder)", path, dir);
-				return -ENOENT;
-			}
+		if (!stat(dir, &st)) {
+			if (S_ISDIR(st.st_mode))
+				return 0;
+			snprintf(err, err_size, "control socket %s: %s is not a folder", path, dir);
+			return -ENOTDIR;
 		}
+		if (errno != ENOENT)
+			return 0; /* the socket check above said what it could */
 	}
-	return 0;
+	snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes only the socket's "
+		 "own folder)", path, dir);
+	return -ENOENT;
 }
 
 int gg_host_backend_create(const struct gg_host_backend_options *opts, const struct gg_core_ops *core_ops,

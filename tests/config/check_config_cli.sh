@@ -131,24 +131,38 @@ refused() {
 }
 
 # Named pipes with no writer, as a [tls] file or as the config itself,
-# must not hold the check: refused, or read as empty.
+# must not hold the check for good: refused at once as a [tls] file; as
+# the config, read once written to, refused when nothing is within 10 s.
 mkfifo "$tmp/pipe.pem" "$tmp/pipe.toml"
 refused fifo 's#^ca = .*#ca = "pipe.pem"#' "a named pipe as [tls] ca" "[tls] ca file '$tmp/pipe.pem' is not a regular file"
+(sleep 0.5; timeout 5 cp "$tmp/good.toml" "$tmp/pipe.toml") &
 timeout 10 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
-expect "a named pipe nobody writes to as the config is read as empty (exit 1)" $(( $? != 1 ))
+expect "a named pipe written to half a second late is read (exit 0): $(head -c 200 "$tmp/err")" $?
+wait
+timeout 20 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
+expect "a named pipe nobody writes to fails the check (exit 1)" $(( $? != 1 ))
+grep -qF "$tmp/pipe.toml: a pipe nothing was written to within 10 s" "$tmp/err"; expect "  saying so" $?
+"$gradgate" --check-config <(sed "s#^\(ca\|cert\|key\) = \"#&$tmp/#" "$tmp/good.toml") >/dev/null 2>"$tmp/err"
+expect "a config from a process substitution is read: $(head -c 200 "$tmp/err")" $?
 # What the gateway would refuse at start, the check refuses too.
 refused ctl-dir 's#^name = "site-a"#&\ncontrol = "unix:/tmp/"#' "a control socket path that is a folder" \
 	"control socket /tmp/: the path exists and is not a socket"
 refused ctl-deep "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/no/such/a.sock\"#" \
 	"a control socket two folders deep in nothing" \
 	"control socket $tmp/no/such/a.sock: folder $tmp/no does not exist (the gateway makes only the socket's own folder)"
+: >"$tmp/afile"
+refused ctl-file "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/afile/a.sock\"#" "a control socket under a file" \
+	"control socket $tmp/afile/a.sock: $tmp/afile is not a folder"
+sed "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/made//a.sock\"#" "$tmp/good.toml" >"$tmp/ctl-made.toml"
+"$gradgate" --check-config "$tmp/ctl-made.toml" >/dev/null 2>"$tmp/err"
+expect "a control socket in a folder the gateway makes passes, written with //: $(head -c 200 "$tmp/err")" $?
 # Long values keep their reason; control characters in file names are
 # escaped in every line, the count's too.
 long=$(head -c 3000 /dev/zero | tr '\0' a)
 refused long "s#^address = \"127.0.0.1:7102\"#&\nidentity = \"uri:$long\"#" "a 3000-byte identity" \
 	"aaaa\": a URI starts with a scheme"
 refused longer "s#^address = \"127.0.0.1:7102\"#&\nidentity = \"uri:$long$long\"#" "a 6004-byte identity" \
-	"'identity' in [[peers]] #1 is 6004 bytes long; no value of it is longer than 4096"
+	"'identity' in [[peers]] #1 is 6004 bytes long; it may be at most 4096 bytes"
 deep=$tmp/$(head -c 200 /dev/zero | tr '\0' d)/$(head -c 200 /dev/zero | tr '\0' e)
 mkdir -p "$deep" && printf '[site]\nname = "a"\nname = "b"\n' >"$deep/dup.toml"
 "$gradgate" --check-config "$deep/dup.toml" >/dev/null 2>"$tmp/err"
@@ -157,5 +171,9 @@ printf '[site]\nname = 1\n' >"$tmp/two"$'\n'"lines.toml"
 "$gradgate" --check-config "$tmp/two"$'\n'"lines.toml" >/dev/null 2>"$tmp/err"
 [ "$(grep -c 'two\\x0alines.toml' "$tmp/err")" = "$(wc -l <"$tmp/err")" ]
 expect "a newline in the file name is escaped on every line" $?
+cp "$tmp/good.toml" "$tmp/good"$'\n'"name = 1.toml"
+"$gradgate" --check-config "$tmp/good"$'\n'"name = 1.toml" >"$tmp/printed.toml" 2>"$tmp/err" &&
+	"$gradgate" --check-config "$tmp/printed.toml" >/dev/null 2>>"$tmp/err"
+expect "what it prints of a file with a newline in its name loads back: $(head -c 200 "$tmp/err")" $?
 
 exit $fail
