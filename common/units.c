@@ -52,11 +52,9 @@ static const char *digits_after_mark(const char *p, bool size)
 		return size ? "sizes are whole numbers: use a smaller unit, as in \"1536KiB\" for 1.5MiB"
 			    : "durations are whole numbers: use a smaller unit, as in \"500ms\" for 0.5s, or parts, "
 			      "as in \"1m30s\"";
-	if (*p == ',')
-		return size ? "no commas in sizes: group digits with underscores, as in \"1_024KiB\" (and a fraction "
-			      "in a smaller unit, as in \"1536KiB\" for 1.5MiB)"
-			    : "no commas in durations: a fraction goes in a smaller unit, as in \"500ms\" for 0.5s";
-	return NULL;
+	return size ? "no commas in sizes: group digits with underscores, as in \"1_024KiB\" (and a fraction "
+		      "in a smaller unit, as in \"1536KiB\" for 1.5MiB)"
+		    : "no commas in durations: a fraction goes in a smaller unit, as in \"500ms\" for 0.5s";
 }
 
 static const struct unit *match_unit(const char **p, const struct unit *units, size_t n)

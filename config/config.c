@@ -292,12 +292,16 @@ static char *escape_controls(char *line)
 	return out;
 }
 
-static GG_PRINTF(2, 0) void diag_vadd(struct gg_diag *diag, const char *fmt, va_list ap)
+void gg_diag_add(struct gg_diag *diag, const char *fmt, ...)
 {
+	va_list ap;
 	char *line;
 
 	/* A problem that cannot be kept is not a clean config: it is lost. */
-	if (vasprintf(&line, fmt, ap) < 0) {
+	va_start(ap, fmt);
+	int n = vasprintf(&line, fmt, ap);
+	va_end(ap);
+	if (n < 0) {
 		diag->lost = true;
 		return;
 	}
@@ -318,24 +322,6 @@ static GG_PRINTF(2, 0) void diag_vadd(struct gg_diag *diag, const char *fmt, va_
 		diag->cap = cap;
 	}
 	diag->lines[diag->count++] = line;
-}
-
-static GG_PRINTF(2, 3) void diag_add(struct gg_diag *diag, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	diag_vadd(diag, fmt, ap);
-	va_end(ap);
-}
-
-void gg_diag_add(struct gg_diag *diag, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	diag_vadd(diag, fmt, ap);
-	va_end(ap);
 }
 
 void gg_diag_free(struct gg_diag *diag)
@@ -408,10 +394,10 @@ static void report_unknown(struct loader *ld, struct gg_toml_pos pos, const char
 	const char *hint = closest(key, names, count);
 
 	if (hint)
-		diag_add(ld->diag, "%s:%u:%u: unknown key '%s' in %s (did you mean '%s'?)", AT(ld, pos),
+		gg_diag_add(ld->diag, "%s:%u:%u: unknown key '%s' in %s (did you mean '%s'?)", AT(ld, pos),
 			 key, where, hint);
 	else
-		diag_add(ld->diag, "%s:%u:%u: unknown key '%s' in %s", AT(ld, pos), key, where);
+		gg_diag_add(ld->diag, "%s:%u:%u: unknown key '%s' in %s", AT(ld, pos), key, where);
 }
 
 /* Reports the i-th key of `t` when it is none of `names`. */
@@ -425,7 +411,7 @@ static void check_known_key(struct loader *ld, const struct gg_toml_table *t, si
 		if (strlen(names[k]) == len && !memcmp(key, names[k], len))
 			return;
 	if (strlen(key) != len)
-		diag_add(ld->diag, "%s:%u:%u: key in %s contains a NUL character", AT(ld, gg_toml_table_key_pos(t, i)),
+		gg_diag_add(ld->diag, "%s:%u:%u: key in %s contains a NUL character", AT(ld, gg_toml_table_key_pos(t, i)),
 			 where);
 	else
 		report_unknown(ld, gg_toml_table_key_pos(t, i), key, where, names, count);
@@ -503,7 +489,7 @@ static bool want_kind(struct loader *ld, const struct field *f, const char *wher
 {
 	if (v->kind == kind)
 		return true;
-	diag_add(ld->diag, "%s:%u:%u: '%s' in %s must be %s, not %s %s", AT(ld, v->pos), f->key, where,
+	gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s must be %s, not %s %s", AT(ld, v->pos), f->key, where,
 		 what, article(v->kind), gg_toml_kind_name(v->kind));
 	return false;
 }
@@ -532,7 +518,7 @@ static void too_large(struct loader *ld, const struct field *f, const char *wher
 	char hi[32];
 
 	formatter(f)((uint64_t)f->max, hi, sizeof(hi));
-	diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s, too large; it must be at most %s", AT(ld, pos), f->key,
+	gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s, too large; it must be at most %s", AT(ld, pos), f->key,
 		 where, got, hi);
 }
 
@@ -552,10 +538,10 @@ static bool in_range(struct loader *ld, const struct field *f, const char *where
 	if (f->max == INT64_MAX && v > (uint64_t)f->max)
 		too_large(ld, f, where, pos, got);
 	else if (f->max == INT64_MAX)
-		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s; it must be at least %s", AT(ld, pos), f->key,
+		gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s; it must be at least %s", AT(ld, pos), f->key,
 			 where, got, lo);
 	else
-		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s; it must be between %s and %s", AT(ld, pos),
+		gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %s; it must be between %s and %s", AT(ld, pos),
 			 f->key, where, got, lo, hi);
 	return false;
 }
@@ -583,33 +569,33 @@ static void set_list(struct loader *ld, const struct field *f, const char *where
 	bool ok = true;
 
 	if (n == 0) {
-		diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; name at least one %s", AT(ld, v->pos), f->key,
+		gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; name at least one %s", AT(ld, v->pos), f->key,
 			 where, l->noun);
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {
 		const struct gg_toml_value *e = gg_toml_array_at(a, i);
 		if (e->kind != GG_TOML_STRING) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s must list strings, not %s %s", AT(ld, e->pos),
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s must list strings, not %s %s", AT(ld, e->pos),
 				 f->key, where, article(e->kind), gg_toml_kind_name(e->kind));
 			ok = false;
 			continue;
 		}
 		if (strlen(e->u.str.ptr) != e->u.str.len) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s lists a string that contains a NUL character",
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s lists a string that contains a NUL character",
 				 AT(ld, e->pos), f->key, where);
 			ok = false;
 			continue;
 		}
 		if (in_names(e->u.str.ptr, l->refused, l->refused_count)) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not supported: %s", AT(ld, e->pos), f->key,
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not supported: %s", AT(ld, e->pos), f->key,
 				 where, e->u.str.ptr, l->refused_why);
 			ok = false;
 			continue;
 		}
 		if (!in_names(e->u.str.ptr, l->names, l->count)) {
 			const char *hint = closest(e->u.str.ptr, l->names, l->count);
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not a %s%s%s%s", AT(ld, e->pos), f->key, where,
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not a %s%s%s%s", AT(ld, e->pos), f->key, where,
 				 e->u.str.ptr, l->noun, hint ? " (did you mean '" : "", hint ? hint : "",
 				 hint ? "'?)" : "");
 			ok = false;
@@ -618,7 +604,7 @@ static void set_list(struct loader *ld, const struct field *f, const char *where
 		for (size_t j = 0; j < i; j++) {
 			const struct gg_toml_value *p = gg_toml_array_at(a, j);
 			if (p->kind == GG_TOML_STRING && !strcmp(p->u.str.ptr, e->u.str.ptr)) {
-				diag_add(ld->diag, "%s:%u:%u: '%s' in %s lists '%s' twice", AT(ld, e->pos),
+				gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s lists '%s' twice", AT(ld, e->pos),
 					 f->key, where, e->u.str.ptr);
 				ok = false;
 			}
@@ -656,7 +642,7 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 	/* Every setting reads its string up to the first NUL: what follows
 	 * one would be dropped unseen. */
 	if (v && v->kind == GG_TOML_STRING && strlen(v->u.str.ptr) != v->u.str.len) {
-		diag_add(ld->diag, "%s:%u:%u: '%s' in %s contains a NUL character", AT(ld, pos), f->key, where);
+		gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s contains a NUL character", AT(ld, pos), f->key, where);
 		return;
 	}
 	switch (f->kind) {
@@ -670,7 +656,7 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 			text = v->u.str.ptr;
 		}
 		if (strlen(text) > VALUE_MAX) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %zu bytes long; it may be at most %d bytes",
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is %zu bytes long; it may be at most %d bytes",
 				 AT(ld, pos), f->key, where, strlen(text), VALUE_MAX);
 			return;
 		}
@@ -685,7 +671,7 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 			for (int i = GG_CODEC_FIRST; i <= GG_CODEC_LAST; i++)
 				names[n++] = gg_codec_name((enum gg_codec)i);
 			const char *hint = closest(text, names, (size_t)n);
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\"; expected one of %s%s%s%s", AT(ld, pos),
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\"; expected one of %s%s%s%s", AT(ld, pos),
 				 f->key, where, text, gg_codec_names(), hint ? " (did you mean '" : "",
 				 hint ? hint : "", hint ? "'?)" : "");
 			return;
@@ -703,17 +689,17 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 				snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", n ? ", " : "",
 					 f->choices[n]);
 			const char *hint = closest(text, f->choices, n);
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\"; expected one of %s%s%s%s", AT(ld, pos),
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\"; expected one of %s%s%s%s", AT(ld, pos),
 				 f->key, where, text, buf, hint ? " (did you mean '" : "", hint ? hint : "",
 				 hint ? "'?)" : "");
 			return;
 		}
 		if (f->check && f->check(text, buf, sizeof(buf))) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s: %s", AT(ld, pos), f->key, where, buf);
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s: %s", AT(ld, pos), f->key, where, buf);
 			return;
 		}
 		if (f->kind == F_PATH && !text[0]) {
-			diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; give a file path", AT(ld, pos),
+			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is empty; give a file path", AT(ld, pos),
 				 f->key, where);
 			return;
 		}
@@ -756,7 +742,7 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 		}
 		if (v && size && v->kind == GG_TOML_INTEGER) {
 			if (v->u.integer < 0) {
-				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is negative", AT(ld, pos), f->key, where);
+				gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is negative", AT(ld, pos), f->key, where);
 				return;
 			}
 			n = (uint64_t)v->u.integer;
@@ -775,7 +761,7 @@ static void set_field(struct loader *ld, const struct field *f, const char *wher
 				return;
 			}
 			if (rc) {
-				diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\": %s%s", AT(ld, pos), f->key, where,
+				gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s is \"%s\": %s%s", AT(ld, pos), f->key, where,
 					 text, why, f->kind == F_SIZE_AUTO ? " (or \"auto\")" : "");
 				return;
 			}
@@ -824,10 +810,10 @@ static void load_table(struct loader *ld, const struct section *sec, const char 
 			set_field(ld, f, where, v, base);
 		} else if (f->required) {
 			if (t)
-				diag_add(ld->diag, "%s:%u:%u: missing required key '%s' in %s", AT(ld, table_pos),
+				gg_diag_add(ld->diag, "%s:%u:%u: missing required key '%s' in %s", AT(ld, table_pos),
 					 f->key, where);
 			else
-				diag_add(ld->diag, "%s: missing required key '%s' in %s", ld->source, f->key, where);
+				gg_diag_add(ld->diag, "%s: missing required key '%s' in %s", ld->source, f->key, where);
 		} else if (f->def) {
 			set_field(ld, f, where, NULL, base);
 		}
@@ -839,14 +825,14 @@ static void load_table(struct loader *ld, const struct section *sec, const char 
 static void load_peers(struct loader *ld, const struct gg_toml_value *v, struct gg_config *cfg)
 {
 	if (v->kind != GG_TOML_ARRAY) {
-		diag_add(ld->diag, "%s:%u:%u: 'peers' must be an array of tables: write each peer as [[peers]]",
+		gg_diag_add(ld->diag, "%s:%u:%u: 'peers' must be an array of tables: write each peer as [[peers]]",
 			 AT(ld, v->pos));
 		return;
 	}
 	const struct gg_toml_array *a = v->u.array;
 	size_t n = gg_toml_array_len(a);
 	if (n > GG_MAX_PEERS) {
-		diag_add(ld->diag, "%s:%u:%u: %zu peers configured; at most %d are supported (%d sites in all)",
+		gg_diag_add(ld->diag, "%s:%u:%u: %zu peers configured; at most %d are supported (%d sites in all)",
 			 AT(ld, gg_toml_array_at(a, GG_MAX_PEERS)->pos), n, GG_MAX_PEERS, GG_MAX_PEERS + 1);
 		n = GG_MAX_PEERS;
 	}
@@ -861,7 +847,7 @@ static void load_peers(struct loader *ld, const struct gg_toml_value *v, struct 
 		char where[32];
 		snprintf(where, sizeof(where), "[[peers]] #%zu", i + 1);
 		if (e->kind != GG_TOML_TABLE) {
-			diag_add(ld->diag, "%s:%u:%u: %s must be a table, not %s %s", AT(ld, e->pos), where,
+			gg_diag_add(ld->diag, "%s:%u:%u: %s must be a table, not %s %s", AT(ld, e->pos), where,
 				 article(e->kind), gg_toml_kind_name(e->kind));
 			continue;
 		}
@@ -897,24 +883,24 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 		if (!p->site || !p->address)
 			continue;
 		if (cfg->site.name && !strcmp(p->site, cfg->site.name))
-			diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu is site '%s', which is this site itself",
+			gg_diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu is site '%s', which is this site itself",
 				 AT(ld, pos), i + 1, p->site);
 		if (cfg->site.listen && gg_address_same_endpoint(cfg->site.listen, p->address, false))
-			diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu address %s is this site's own listen address (%s)",
+			gg_diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu address %s is this site's own listen address (%s)",
 				 AT(ld, pos), i + 1, p->address, cfg->site.listen);
 		for (size_t j = 0; j < i; j++) {
 			const struct gg_peer_config *q = &cfg->peers[j];
 			if (q->site && !strcmp(p->site, q->site))
-				diag_add(ld->diag, "%s:%u:%u: duplicate peer: site '%s' is already [[peers]] #%zu",
+				gg_diag_add(ld->diag, "%s:%u:%u: duplicate peer: site '%s' is already [[peers]] #%zu",
 					 AT(ld, pos), p->site, j + 1);
 			else if (q->address && !strcmp(p->address, q->address))
-				diag_add(ld->diag, "%s:%u:%u: duplicate peer address %s: [[peers]] #%zu uses it too",
+				gg_diag_add(ld->diag, "%s:%u:%u: duplicate peer address %s: [[peers]] #%zu uses it too",
 					 AT(ld, pos), p->address, j + 1);
 			else if (q->site) {
 				char a[GG_SITE_NAME_MAX + 8], b[GG_SITE_NAME_MAX + 8];
 				const char *pid = peer_identity(p, a, sizeof(a)), *qid = peer_identity(q, b, sizeof(b));
 				if (same_identity(pid, qid))
-					diag_add(ld->diag,
+					gg_diag_add(ld->diag,
 						 "%s:%u:%u: duplicate peer identity %s: [[peers]] #%zu (site '%s') has it "
 						 "too, so either site's certificate would pass for the other",
 						 AT(ld, pos), pid, j + 1, q->site);
@@ -984,9 +970,9 @@ static GG_PRINTF(4, 5) void diag_blame(struct loader *ld, const struct setting *
 		return;
 	}
 	if (v)
-		diag_add(ld->diag, "%s:%u:%u: %s", AT(ld, v->pos), msg);
+		gg_diag_add(ld->diag, "%s:%u:%u: %s", AT(ld, v->pos), msg);
 	else
-		diag_add(ld->diag, "%s: %s", ld->source, msg);
+		gg_diag_add(ld->diag, "%s: %s", ld->source, msg);
 	free(msg);
 }
 
@@ -1049,10 +1035,10 @@ static void check_metrics(struct loader *ld, const struct gg_config *cfg, const 
 	if (!v || !listen || (remote && remote->kind != GG_TOML_BOOL))
 		return;
 	if (cfg->site.listen && gg_address_same_endpoint(cfg->site.listen, listen, true))
-		diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, which [site] listen (%s) uses for the "
+		gg_diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, which [site] listen (%s) uses for the "
 			 "peers; give the metrics endpoint a port of its own", AT(ld, v->pos), listen, cfg->site.listen);
 	else if (!cfg->metrics.allow_remote && !gg_address_is_loopback(listen))
-		diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, not a loopback address; the endpoint "
+		gg_diag_add(ld->diag, "%s:%u:%u: 'listen' in [metrics] is %s, not a loopback address; the endpoint "
 			 "answers whoever reaches it, without authentication: listen on 127.0.0.1 or [::1] (and let "
 			 "a local agent scrape it), or set allow_remote = true in [metrics]", AT(ld, v->pos), listen);
 }
@@ -1116,7 +1102,7 @@ static int load_text(const char *text, size_t len, const char *source, const cha
 	memset(cfg, 0, sizeof(*cfg));
 	rc = gg_toml_parse(text, len, source, &doc, err, sizeof(err));
 	if (rc) {
-		diag_add(diag, "%s", err);
+		gg_diag_add(diag, "%s", err);
 		return rc == -ENOMEM || diag->lost ? -ENOMEM : -EINVAL;
 	}
 	const struct gg_toml_table *root = gg_toml_root(doc);
@@ -1130,7 +1116,7 @@ static int load_text(const char *text, size_t len, const char *source, const cha
 		char where[32];
 		snprintf(where, sizeof(where), "[%s]", sec->name);
 		if (v && v->kind != GG_TOML_TABLE) {
-			diag_add(diag, "%s:%u:%u: '%s' must be a table ([%s]), not %s %s", AT(&ld, v->pos),
+			gg_diag_add(diag, "%s:%u:%u: '%s' must be a table ([%s]), not %s %s", AT(&ld, v->pos),
 				 sec->name, sec->name, article(v->kind), gg_toml_kind_name(v->kind));
 			continue;
 		}
@@ -1140,7 +1126,7 @@ static int load_text(const char *text, size_t len, const char *source, const cha
 	if (pv)
 		load_peers(&ld, pv, cfg);
 	if (cfg->peer_count == 0 && (!pv || pv->kind == GG_TOML_ARRAY))
-		diag_add(diag, "%s: no peers configured; add at least one [[peers]] table", source);
+		gg_diag_add(diag, "%s: no peers configured; add at least one [[peers]] table", source);
 	else
 		check_peers(&ld, cfg, pv);
 	fill_derived(&ld, cfg);
@@ -1184,12 +1170,12 @@ static int load_file(const char *path, bool settings_only, struct gg_config *cfg
 	rc = gg_read_small_file(path, GG_TOML_MAX_INPUT_BYTES, &text, &len);
 	if (rc) {
 		if (rc == -EFBIG)
-			diag_add(diag, "%s: file is larger than %u bytes; this is not a gateway config", path,
+			gg_diag_add(diag, "%s: file is larger than %u bytes; this is not a gateway config", path,
 				 GG_TOML_MAX_INPUT_BYTES);
 		else if (rc == -ETIMEDOUT)
-			diag_add(diag, "%s: a pipe nothing was written to within %d s", path, GG_PIPE_WAIT_MS / 1000);
+			gg_diag_add(diag, "%s: a pipe nothing was written to within %d s", path, GG_PIPE_WAIT_MS / 1000);
 		else
-			diag_add(diag, "%s: cannot read config: %s", path, strerror(-rc));
+			gg_diag_add(diag, "%s: cannot read config: %s", path, strerror(-rc));
 		return rc;
 	}
 	const char *slash = strrchr(path, '/');
@@ -1218,8 +1204,8 @@ static int load_report(const char *path, bool settings_only, struct gg_config *c
 		/* The path as every line has it: control characters escaped. */
 		const size_t problems = diag.count;
 		if (diag.lost || rc == -ENOMEM)
-			diag_add(&diag, "%s: out of memory: the check is not complete", path);
-		diag_add(&diag, "%s: %zu problem%s found", path, problems, problems == 1 ? "" : "s");
+			gg_diag_add(&diag, "%s: out of memory: the check is not complete", path);
+		gg_diag_add(&diag, "%s: %zu problem%s found", path, problems, problems == 1 ? "" : "s");
 		gg_diag_print(&diag, out);
 	}
 	gg_diag_free(&diag);
@@ -1367,16 +1353,17 @@ static bool is_derived_default(const struct gg_config *cfg, const struct section
 	return !strcmp(want, rendered);
 }
 
-static void print_fields(FILE *out, const struct gg_config *cfg, const struct section *sec, const void *base,
-			 bool *oom)
-{
-	/* A path made absolute (the config's folder and the value, each up to
-	 * PATH_MAX), each byte escaped to at most 6 ("\u0001"). */
-	static char value[2 * PATH_MAX * 6 + 64];
+/* A value as printed: a path made absolute (the config's folder and the
+ * value, each up to PATH_MAX), each byte escaped to at most 6 ("\u0001"). */
+#define PRINTED_MAX (2 * PATH_MAX * 6 + 64)
 
+/* Prints a section's fields, each rendered into value[PRINTED_MAX]. */
+static void print_fields(FILE *out, const struct gg_config *cfg, const struct section *sec, const void *base,
+			 char *value, bool *oom)
+{
 	for (size_t k = 0; k < sec->count; k++) {
 		const struct field *f = &sec->fields[k];
-		if (!render_value(f, base, value, sizeof(value)))
+		if (!render_value(f, base, value, PRINTED_MAX))
 			fprintf(out, "# %s: not set (%s)\n", f->key, f->help);
 		else
 			fprintf(out, "%s = %s  # %s%s\n", f->key, value,
@@ -1393,20 +1380,26 @@ int gg_config_print(const struct gg_config *cfg, FILE *out)
 	/* A comment ends at a newline: the name's control characters are
 	 * escaped, as in the problems' lines. */
 	char *source = strdup(cfg->source ? cfg->source : "<memory>");
-	source = source ? escape_controls(source) : NULL;
+	char *value = malloc(PRINTED_MAX);
 
-	fprintf(out, "# resolved configuration of %s\n", source ? source : "(a name that memory ran out to print)");
-	oom |= !source;
+	source = source ? escape_controls(source) : NULL;
+	if (!source || !value) {
+		free(source);
+		free(value);
+		return -ENOMEM;
+	}
+	fprintf(out, "# resolved configuration of %s\n", source);
 	free(source);
 	for (size_t s = 0; s < GG_ARRAY_LEN(sections); s++) {
 		fprintf(out, "\n[%s]\n", sections[s].name);
-		print_fields(out, cfg, &sections[s], cfg, &oom);
+		print_fields(out, cfg, &sections[s], cfg, value, &oom);
 		if (sections[s].fields == tls_fields)
 			for (size_t i = 0; i < cfg->peer_count; i++) {
 				fprintf(out, "\n[[peers]]\n");
-				print_fields(out, cfg, &peers_section, &cfg->peers[i], &oom);
+				print_fields(out, cfg, &peers_section, &cfg->peers[i], value, &oom);
 			}
 	}
+	free(value);
 	return oom ? -ENOMEM : 0;
 }
 

@@ -144,8 +144,8 @@ void gg_config_free(struct gg_config *cfg);
 
 /* Prints the resolved configuration as TOML that loads back to the same
  * struct; values left at their default are marked "# default". Returns
- * 0, or -ENOMEM when memory ran out to tell the defaults (the marks may
- * then be missing). */
+ * 0, or -ENOMEM when memory ran out: to print at all (nothing is), or
+ * to tell the defaults (the marks may then be missing). */
 int gg_config_print(const struct gg_config *cfg, FILE *out);
 
 const char *gg_allreduce_algo_name(enum gg_allreduce_algo algo);

@@ -45,6 +45,18 @@ static void usage(FILE *out)
 		"  --help                  show this help\n");
 }
 
+/* One problem of `path` that the loader did not report, and the count,
+ * as the loader says them (control characters escaped). */
+static void report(const char *path, const char *problem)
+{
+	struct gg_diag diag = { 0 };
+
+	gg_diag_add(&diag, "%s: %s", path, problem);
+	gg_diag_add(&diag, "%s: 1 problem found", path);
+	gg_diag_print(&diag, stderr);
+	gg_diag_free(&diag);
+}
+
 static int check_configs(int count, char **paths)
 {
 	int bad = 0;
@@ -61,11 +73,7 @@ static int check_configs(int count, char **paths)
 		char err[GG_NODE_ERROR_MAX];
 		if (gg_node_check_host(&cfg, err, sizeof(err)) ||
 		    gg_host_backend_check_control(cfg.site.control, err, sizeof(err))) {
-			struct gg_diag diag = { 0 };
-			gg_diag_add(&diag, "%s: %s", paths[i], err);
-			gg_diag_add(&diag, "%s: 1 problem found", paths[i]);
-			gg_diag_print(&diag, stderr);
-			gg_diag_free(&diag);
+			report(paths[i], err);
 			gg_config_free(&cfg);
 			bad++;
 			continue;
@@ -73,10 +81,7 @@ static int check_configs(int count, char **paths)
 		if (i)
 			putchar('\n');
 		if (gg_config_print(&cfg, stdout)) {
-			struct gg_diag diag = { 0 };
-			gg_diag_add(&diag, "%s: out of memory printing its configuration", paths[i]);
-			gg_diag_print(&diag, stderr);
-			gg_diag_free(&diag);
+			report(paths[i], "out of memory printing its configuration");
 			bad++;
 		}
 		gg_config_free(&cfg);

@@ -2012,19 +2012,19 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	 * of it went, before the job was here (on_peer_restart(), on_end()):
 	 * it is over there. */
 	struct name_runs *r = name_runs(n, name, false);
-	for (unsigned p = 0; r && p < n->sites; p++) {
+	if (!r)
+		return free_slot;
+	for (unsigned p = 0; p < n->sites; p++) {
 		if (!(r->lost_by & (1u << p)))
 			continue;
 		char why[GG_NODE_ERROR_MAX];
 		restart_reason(n, p, name, 0, why, sizeof(why));
 		job_ended_at(n, free_slot, p, 0, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
-	if (r && r->end_from)
+	if (r->end_from)
 		ended_there(n, free_slot, r->end_from - 1, &r->end);
-	if (r) {
-		r->lost_by = 0;
-		r->end_from = 0;
-	}
+	r->lost_by = 0;
+	r->end_from = 0;
 	return free_slot;
 }
 
