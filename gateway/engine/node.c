@@ -434,6 +434,7 @@ struct gg_node {
 		 * made. Ranks that connect after such an END or restart are of a
 		 * new run: nothing is kept for them while the name is not open. */
 		bool open;
+		uint64_t opened_us; /* since when */
 		uint32_t lost_by;
 		unsigned end_from;
 		struct gg_wire_steps end;
@@ -1793,10 +1794,11 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 static void send_end(struct gg_node *n, int only, const struct ended_job *e)
 {
 	uint8_t buf[CTRL_MSG_MAX];
+	const uint64_t age_ms = (gg_node_loop(n)->now_us - e->us) / 1000;
 
 	send_to_peers(n, only, buf,
 		      gg_wire_encode_end(buf, sizeof(buf), e->name, e->run, e->last_done, e->last_step,
-					 wire_code(e->code), e->reason),
+					 wire_code(e->code), e->reason, (uint32_t)GG_MIN(age_ms, UINT32_MAX)),
 		      false);
 }
 
@@ -2681,6 +2683,8 @@ static void name_set_open(struct gg_node *n, const char *job, bool open)
 	struct name_runs *r = name_runs(n, job, open);
 
 	if (r) {
+		if (open && !r->open)
+			r->opened_us = gg_node_loop(n)->now_us;
 		r->open = open;
 		r->lost_by = 0;
 		r->end_from = 0;
@@ -2815,16 +2819,24 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	 * must not end it, nor stand for its DONE. */
 	const bool stale = peer_run_stale(n, m->u.end.job, from, m->u.end.run, false);
 	struct name_runs *r = name_runs(n, m->u.end.job, true);
+	/* Nor may an END of a run never heard of here that ended before this
+	 * site's ranks of the name came (by its age, which leaves out its
+	 * time on the way, so it is never taken for older than it is): one
+	 * sent again once a stream came back, of the run before theirs. */
+	const bool before_ranks =
+		r && r->open && r->seen[from] < m->u.end.run &&
+		m->u.end.age_ms > (gg_node_loop(n)->now_us - r->opened_us) / 1000 + 1;
 	if (r) {
 		run_raise(&r->seen[from], m->u.end.run);
 		run_raise(&r->over[from], m->u.end.run);
 	}
-	if (stale && j)
-		return;
 	if (!stale)
-		gg_log(GG_LOG_INFO, "peer_job_ended", "site=%s job=%s steps_done=%llu last_step=%llu here=%s",
+		gg_log(GG_LOG_INFO, "peer_job_ended", "site=%s job=%s steps_done=%llu last_step=%llu age_ms=%u here=%s",
 		       n->names[from], m->u.end.job, (unsigned long long)m->u.end.first,
-		       (unsigned long long)m->u.end.last, j ? "running" : r && r->open ? "ranks" : "none");
+		       (unsigned long long)m->u.end.last, m->u.end.age_ms,
+		       before_ranks ? "later_ranks" : j ? "running" : r && r->open ? "ranks" : "none");
+	if ((stale || before_ranks) && j)
+		return;
 	if (!j) {
 		/* None of its steps can complete anywhere now: the frames peers
 		 * sent ahead for it are let go (and acknowledged). */
@@ -2834,7 +2846,7 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 		/* Its ranks here, connected but with no step announced, would
 		 * wait out their first step's deadline: kept, their step fails
 		 * at once. The END with the fewest steps done says most. */
-		if (r && r->open && !stale && (!r->end_from || m->u.end.first < r->end.first)) {
+		if (r && r->open && !stale && !before_ranks && (!r->end_from || m->u.end.first < r->end.first)) {
 			r->end_from = from + 1;
 			r->end = m->u.end;
 		}

@@ -182,8 +182,9 @@ ssize_t gg_wire_encode_ping(uint8_t *buf, size_t cap, enum gg_wire_type type, ui
 	ENCODE(buf, cap, type, { put_le(&w, value, 8); });
 }
 
+/* ABORT, and END, which adds its age. */
 static ssize_t encode_steps(uint8_t *buf, size_t cap, enum gg_wire_type type, const char *job, uint64_t run,
-			    uint64_t first, uint64_t last, uint8_t code, const char *reason)
+			    uint64_t first, uint64_t last, uint8_t code, const char *reason, uint32_t age_ms)
 {
 	size_t extra_ = 0;
 	ENCODE(buf, cap, type, {
@@ -193,13 +194,15 @@ static ssize_t encode_steps(uint8_t *buf, size_t cap, enum gg_wire_type type, co
 		put_le(&w, last, 8);
 		put_le(&w, code, 1);
 		put_str(&w, reason);
+		if (type == GG_WIRE_END)
+			put_le(&w, age_ms, 4);
 	});
 }
 
 ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 			     uint64_t last_step, uint8_t code, const char *reason)
 {
-	return encode_steps(buf, cap, GG_WIRE_ABORT, job, run, step, last_step, code, reason);
+	return encode_steps(buf, cap, GG_WIRE_ABORT, job, run, step, last_step, code, reason, 0);
 }
 
 static void put_links(struct writer *w, const struct gg_wire_links *l)
@@ -225,9 +228,9 @@ ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t 
 }
 
 ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t last_done,
-			   uint64_t last_step, uint8_t code, const char *reason)
+			   uint64_t last_step, uint8_t code, const char *reason, uint32_t age_ms)
 {
-	return encode_steps(buf, cap, GG_WIRE_END, job, run, last_done, last_step, code, reason);
+	return encode_steps(buf, cap, GG_WIRE_END, job, run, last_done, last_step, code, reason, age_ms);
 }
 
 /* ---- decoding ----------------------------------------------------------- */
@@ -395,6 +398,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 	case GG_WIRE_END:
 		if (decode_steps(&r, &msg->u.end, "end", "last done step", "last step", err, err_size))
 			return -EBADMSG;
+		msg->u.end.age_ms = (uint32_t)get_le(&r, 4, "age");
 		break;
 	default:
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", (unsigned)type);

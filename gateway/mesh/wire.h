@@ -42,10 +42,12 @@
  *           elements, u64 uplink bytes/s and u32 round trip us the plan
  *           was made with
  *   END     str job, run, u64 last done step (0: none), u64 last step (>= last
- *           done), u8 code, str reason (the job is over at the sender: its
- *           ranks there are gone after the last step; the steps after the
- *           last done one failed there, the first of them with that code
- *           and reason)
+ *           done), u8 code, str reason, u32 age (the job is over at the
+ *           sender: its ranks there are gone after the last step; the steps
+ *           after the last done one failed there, the first of them with
+ *           that code and reason; age: milliseconds from the job's end at
+ *           the sender to this message, as its clock counts, so that a
+ *           receiver can tell an END sent again from before its ranks came)
  *
  * A receiver treats every field as hostile: lengths are checked against
  * the message and the limits before anything is read, names are checked
@@ -61,7 +63,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 6
+#define GG_WIRE_VERSION 7
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
@@ -157,6 +159,7 @@ struct gg_wire_steps {
 	uint64_t first, last; /* first <= last */
 	uint8_t code;         /* 1..GG_WIRE_CODE_MAX */
 	char reason[GG_WIRE_REASON_MAX + 1];
+	uint32_t age_ms;      /* END only: ms since the job ended at the sender */
 };
 
 struct gg_wire_msg {
@@ -219,7 +222,8 @@ GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char 
 GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 					  const struct gg_wire_links *links, const struct gg_wire_plan *plan);
 GG_MUST_CHECK ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run,
-					 uint64_t last_done, uint64_t last_step, uint8_t code, const char *reason);
+					 uint64_t last_done, uint64_t last_step, uint8_t code, const char *reason,
+					 uint32_t age_ms);
 
 /* Compares a peer's HELLO with ours; 0, or -EPROTO with err naming the
  * first setting that differs and both values ("peer site-b uses codec

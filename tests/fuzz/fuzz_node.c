@@ -502,8 +502,9 @@ static void op_steps_message(struct run *r, struct script *s, enum node_op op)
 						   reason);
 		} else {
 			/* The peers' next words of the job are of a new run. */
+			uint32_t age_ms = script_u8(s) * 100u;
 			len = gg_wire_encode_end(buf, sizeof(buf), job_names[job], 1 + r->ends[job]++, seq, last, code,
-						 reason);
+						 reason, age_ms);
 		}
 	}
 	if (len > 0)
@@ -607,6 +608,9 @@ static void op(struct run *r, struct script *s)
 		break;
 	case NODE_STOP:
 		gg_node_stop_steps(r->node);
+		break;
+	case NODE_LOCAL_OPEN:
+		gg_node_job_opened(r->node, job_names[pick_job(s)]);
 		break;
 	case NODE_OPS:
 		break;

@@ -90,7 +90,8 @@ enum node_op {
 	NODE_ACK,         /* peer, stream, u8 index of a DATA the node sent; flags, [job, seq, phase, origin, chunk] */
 	NODE_DONE,        /* peer, stream, job, seq */
 	NODE_ABORT,       /* peer, stream, job, seq, u8 more steps, u8 code, text reason */
-	NODE_END,         /* peer, stream, job, seq (last done), u8 more steps, u8 code, text reason */
+	NODE_END,         /* peer, stream, job, seq (last done), u8 more steps, u8 code, text reason,
+			   * u8 age (tenths of a second) */
 	NODE_PING,        /* peer, stream, u8 pong, u64 value (pong: 0 echoes the node's last ping) */
 	NODE_HELLO,       /* peer, stream, u16 stream index */
 	NODE_CLOSE,       /* peer, stream: the peer closes it */
@@ -99,6 +100,7 @@ enum node_op {
 	NODE_LOCAL_ABORT, /* job, seq, u8 code, text reason: gg_node_abort() */
 	NODE_LOCAL_END,   /* job: gg_node_end_job() */
 	NODE_STOP,        /* gg_node_stop_steps() */
+	NODE_LOCAL_OPEN,  /* job: gg_node_job_opened(), as its first rank connects */
 	NODE_OPS
 };
 

@@ -131,8 +131,9 @@ static void run(uint8_t turns)
 	script_put(&o, turns, 1);
 }
 
+/* ABORT or END; an END's age in tenths of a second. */
 static void steps_message(enum node_op what, unsigned peer, unsigned job, uint8_t more, uint8_t code,
-			  const char *reason)
+			  const char *reason, uint8_t age)
 {
 	op(what);
 	script_put(&o, peer, 1);
@@ -142,6 +143,8 @@ static void steps_message(enum node_op what, unsigned peer, unsigned job, uint8_
 	script_put(&o, more, 1);
 	script_put(&o, code, 1);
 	script_put_text(&o, reason);
+	if (what == NODE_END)
+		script_put(&o, age, 1);
 }
 
 int main(int argc, char **argv)
@@ -166,10 +169,10 @@ int main(int argc, char **argv)
 		begin(v);
 		submit(1, 3000);
 		all_data(v, 1);
-		steps_message(NODE_ABORT, 0, 1, 0, 11, "rank 3 of job 'j1' disconnected during step 1");
+		steps_message(NODE_ABORT, 0, 1, 0, 11, "rank 3 of job 'j1' disconnected during step 1", 0);
 		run(2);
 		submit(1, 3000);
-		steps_message(NODE_END, 0, 1, 2, 11, "its ranks at site s0 are gone");
+		steps_message(NODE_END, 0, 1, 2, 11, "its ranks at site s0 are gone", 0);
 		run(2);
 		save("peer-abort", v);
 
@@ -207,6 +210,25 @@ int main(int argc, char **argv)
 		on_stream(NODE_CLOSE, 0, 0);
 		run(2);
 		save("restart", v);
+
+		/* Ranks of job 0 connect; a peer's END of a run that ended 20 s
+		 * before comes (sent again once a stream came back), then one
+		 * of their run; job 1's ranks hear only the latter kind. */
+		begin(v);
+		op(NODE_LOCAL_OPEN);
+		script_put(&o, 0, 1);
+		op(NODE_LOCAL_OPEN);
+		script_put(&o, 1, 1);
+		run(1);
+		steps_message(NODE_END, 0, 0, 0, 11, "its ranks at site s0 are gone", 200);
+		submit(0, 1000);
+		run(2);
+		steps_message(NODE_END, 0, 1, 0, 11, "its ranks at site s0 are gone", 0);
+		submit(1, 1000);
+		run(2);
+		steps_message(NODE_END, 0, 0, 0, 11, "rank 1 of job 'j0' disconnected before its first step", 0);
+		run(2);
+		save("ended-before", v);
 	}
 
 	/* Messages the node must refuse: a second HELLO, garbage, a cut header. */

@@ -260,7 +260,7 @@ static void receive_expect(struct gg_node *node, const struct sent *sent, unsign
 /* The END of run `run` of `job` as s0 sends it, into buf; its length. */
 static size_t end_of(const char *job, uint64_t run, uint8_t *buf, size_t cap)
 {
-	ssize_t l = gg_wire_encode_end(buf, cap, job, run, 1, 1, (uint8_t)-GG_ERR_RANK, "its ranks at site s0 are gone");
+	ssize_t l = gg_wire_encode_end(buf, cap, job, run, 1, 1, (uint8_t)-GG_ERR_RANK, "its ranks at site s0 are gone", 0);
 	CHECK(l > 0, "cannot make the END of %s", job);
 	return l > 0 ? (size_t)l : 0;
 }
@@ -624,7 +624,7 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 	const struct outcome *o;
 
 	gg_node_job_opened(node, "mk-open");
-	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-open", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-open", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 0),
 		"END with this site's ranks connected");
 	o = step_outcome(node, "mk-open", 1);
 	CHECK(o->done && o->status == GG_ERR_RANK &&
@@ -635,7 +635,7 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 	CHECK(o->done && o->status == GG_ERR_RANK, "step 2 after s0's END: done %d, %d: %s", o->done, o->status,
 	      o->message);
 
-	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-later", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-later", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 0),
 		"END with no rank here");
 	gg_node_job_opened(node, "mk-later");
 	expect_waits(step_outcome(node, "mk-later", 1), "ranks connected after s0's END");
@@ -643,7 +643,7 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 	/* s0's next run failed its step 1 before any rank here connected:
 	 * the job that ABORT makes here is of that run, not of the one that
 	 * ended. */
-	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-abort", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-abort", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 0),
 		"END with no rank here");
 	from_s0(node, msg,
 		gg_wire_encode_abort(msg, sizeof(msg), "mk-abort", 2, 1, 1, (uint8_t)-GG_ERR_MISMATCH, "ranks disagree"),
@@ -659,10 +659,32 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 	gg_node_job_opened(node, "mk-closed");
 	gg_node_end_job_why(node, "mk-closed", NULL);
 	turns(node, 3);
-	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-closed", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone),
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-closed", 1, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 0),
 		"END once this site's ranks left");
 	gg_node_job_opened(node, "mk-closed");
 	expect_waits(step_outcome(node, "mk-closed", 1), "ranks connected after s0's END, others before");
+
+	/* Ranks here connect while a stream to s0 is down; it comes back, and
+	 * s0 sends again the END of its run that ended 60 s before (which no
+	 * job here heard of): not of the run of the ranks here, whether they
+	 * announced a step or not. The END of their run ends it. */
+	gg_node_job_opened(node, "mk-old");
+	gg_node_job_opened(node, "mk-old-step");
+	turns(node, 1);
+	const struct outcome *waiting = step_outcome(node, "mk-old-step", 1);
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-old", 3, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 60000),
+		"END, 60 s old, of a run before the ranks here");
+	from_s0(node, msg,
+		gg_wire_encode_end(msg, sizeof(msg), "mk-old-step", 3, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 60000),
+		"END, 60 s old, of a run before the ranks here, which announced a step");
+	expect_waits(step_outcome(node, "mk-old", 1), "an END sent before this site's ranks came");
+	expect_waits(waiting, "an END sent before this site's ranks came, step in progress");
+	from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), "mk-old-step", 4, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 0),
+		"END of the run of the ranks here");
+	CHECK(waiting->done && waiting->status == GG_ERR_RANK &&
+		      strstr(waiting->message, "site s0 ended job 'mk-old-step' before its first step"),
+	      "step 1 after the END of s0's run: done %d, %d: %s", waiting->done, waiting->status,
+	      waiting->message);
 
 	/* s0 restarts during its run of two jobs: one whose ranks here are
 	 * connected, one whose ranks come only after s0's new instance's run

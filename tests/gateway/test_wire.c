@@ -131,7 +131,7 @@ int main(void)
 		CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, want),
 		      "abort code %u: %s", code, err);
 		snprintf(want, sizeof(want), "end: code %u, which no step fails with between sites", code);
-		n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, (uint8_t)code, "x");
+		n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, (uint8_t)code, "x", 0);
 		CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, want),
 		      "end code %u: %s", code, err);
 	}
@@ -175,14 +175,15 @@ int main(void)
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "done: plan flags 0x05 (bit 0 plan, bit 1 probe)"),
 	      "done plan flags 5: %s", err);
-	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, 12, "site ap-east is unreachable");
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, 12, "site ap-east is unreachable", 4000000123u);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
 		      msg.u.end.run == 8 &&
 		      !strcmp(msg.u.end.job, "train-7b") && msg.u.end.first == 37 && msg.u.end.last == 40 &&
-		      msg.u.end.code == 12 && !strcmp(msg.u.end.reason, "site ap-east is unreachable"),
+		      msg.u.end.code == 12 && !strcmp(msg.u.end.reason, "site ap-east is unreachable") &&
+		      msg.u.end.age_ms == 4000000123u,
 	      "end: %s", err);
 	check_truncations(buf, (size_t)n, "end");
-	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 41, 40, 12, "x");
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 41, 40, 12, "x", 0);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "end: last done step 41 after the last step 40"),
 	      "end order: %s", err);
@@ -200,7 +201,7 @@ int main(void)
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "message type 3: run 0"),
 	      "ack of run 0: %s", err);
-	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 0, 1, 1, 12, "x");
+	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 0, 1, 1, 12, "x", 0);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "message type 8: run 0"),
 	      "end of run 0: %s", err);
@@ -216,7 +217,7 @@ int main(void)
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 6"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 7"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;

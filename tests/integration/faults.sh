@@ -52,6 +52,13 @@
 #                 those others are still to come are refused with them;
 #                 where the others first connect after the END, it is a
 #                 new run and works
+# ranks-gone-unheard
+#                 the links between the sites stand still (linkem stopped)
+#                 while the last site's ranks of a job die before step 1,
+#                 until the other sites' ranks of it have connected: the
+#                 END, sent again once streams are back, is of a run that
+#                 ended before those ranks came, and ends nothing; the last
+#                 site's new ranks run the job with them
 # job-end         int8 jobs whose error-feedback residuals do not fit next to
 #                 each other in [limits] memory run one after another: the
 #                 end of a job frees them at every site
@@ -266,6 +273,34 @@ case_ranks_gone_first() {
 	check_steps rg3
 	expect_ok rg3 1 2 3
 	run_ok after 1000 1 2
+}
+
+case_ranks_gone_unheard() {
+	local s r
+	for ((r = 0; r < RANKS; r++)); do
+		rank_start ru "$COUNT" "$r" "$RANKS" "$last" "$STEPS" --per-step --check none --late 20000@1
+	done
+	wait_job "$last" ru "$RANKS/$RANKS +0 +idle " "had all its ranks"
+	kill -STOP "${link_pid[@]}"
+	kill -KILL "${rank_pids[@]}"
+	job_gone "$last" ru
+	for ((s = 0; s < last; s++)); do
+		wait_for "$(site_log "$s")" "event=stream_down site=${SITES[$last]} .*heartbeat" 10 ||
+			fail "${SITES[$s]} did not lose its streams to ${SITES[$last]}"
+		for ((r = 0; r < RANKS; r++)); do
+			rank_start ru "$COUNT" "$r" "$RANKS" "$s" "$STEPS" --per-step --check none --late 6000@1
+		done
+		wait_job "$s" ru "$RANKS/$RANKS +0 +idle " "had all its ranks"
+	done
+	kill -CONT "${link_pid[@]}"
+	for ((s = 0; s < last; s++)); do
+		wait_for "$(site_log "$s")" "event=peer_job_ended site=${SITES[$last]} job=ru .*here=later_ranks" 10 ||
+			fail "${SITES[$s]} did not hear the END of ${SITES[$last]}'s old run of ru, or took it for its ranks' run"
+	done
+	restart_ranks ru
+	ranks_wait
+	check_steps ru
+	expect_ok ru 1 2 3
 }
 
 # job_gone S JOB: waits up to 10 s until site S's gateway no longer lists
@@ -552,6 +587,8 @@ for config in "$@"; do
 		CODEC=int8
 		MEMORY=64MiB
 	fi
+	# Links that can be stopped, for an outage that leaves the gateways up.
+	[ "$fault" = ranks-gone-unheard ] && LINK_ARGS=(--delay-ms 0)
 	if [ "$fault" = peer-stopped-fast ]; then
 		HEARTBEAT_INTERVAL=50ms HEARTBEAT_TIMEOUT=200ms LOST_WITHIN_MS=1500
 	fi
