@@ -30,6 +30,7 @@ soname, never another version's.
 import ctypes
 import operator
 import os
+import sys
 import threading
 
 __all__ = ["Error", "Session", "Request", "version", "DTYPE_F32", "DTYPE_BF16"]
@@ -182,6 +183,19 @@ def _timeout(timeout_ms):
 
 # ---- what an all-reduce takes: a pointer, a count and a dtype --------------
 
+def _is_tensor(x):
+    """Whether x is a torch tensor (subclasses too). torch is imported
+    here only where a caller already did, for x to be one."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _is_ndarray(x):
+    """Whether x is a numpy array (subclasses too)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
 def _torch_dtype(t):
     """The gradgate dtype of torch tensor t, which must be one gradgate can
     all-reduce in place."""
@@ -214,10 +228,9 @@ class _Target:
     def __init__(self, array):
         self.array = array
         self.host = None  # torch: the contiguous host tensor used, when not `array` itself
-        mod = type(array).__module__
-        if mod.startswith("torch"):
+        if _is_tensor(array):
             self._torch(array)
-        elif mod.startswith("numpy"):
+        elif _is_ndarray(array):
             self._numpy(array)
         else:
             raise TypeError(f"gradgate all-reduces numpy arrays and torch tensors, not {type(array).__name__}")
@@ -234,6 +247,8 @@ class _Target:
 
     def _torch(self, t):
         dtype = _torch_dtype(t)
+        if t.device.type == "meta":
+            raise ValueError("the tensor is on the meta device, which holds no data")
         host = t
         if t.device.type != "cpu" or not t.is_contiguous():
             host = t.detach().to("cpu", copy=True).contiguous()
@@ -266,12 +281,13 @@ class Request:
         is then in the array; raises Error when the step failed, and
         returns False when it is still in flight after timeout_ms, True
         when it finished."""
+        timeout_ms = _timeout(timeout_ms)  # refused alike whether or not the request finished
         if self._outcome is None:
             if self._handle is None:
                 raise Error(ERR_INVALID, "the request was freed")
             err = _Error()
             with self._session._lock:
-                rc = _load().gg_wait(self._handle, _timeout(timeout_ms), ctypes.byref(err))
+                rc = _load().gg_wait(self._handle, timeout_ms, ctypes.byref(err))
             if rc == ERR_AGAIN:
                 return False
             if rc == 0:
@@ -349,6 +365,13 @@ class Session:
             raise TypeError(f"job must be a str, not {type(job).__name__}")
         if endpoint is not None and not isinstance(endpoint, str):
             raise TypeError(f"endpoint must be a str or None, not {type(endpoint).__name__}")
+        # The library reads C strings: a NUL would end them early, into
+        # another job's name or another socket's path.
+        if "\0" in job:
+            raise Error(ERR_INVALID, f"job name has character 0x00 at {job.index(chr(0))}; "
+                        "allowed are A-Z a-z 0-9 . _ -")
+        if endpoint is not None and "\0" in endpoint:
+            raise Error(ERR_INVALID, f"endpoint {endpoint!r} has a NUL character at {endpoint.index(chr(0))}")
         rank, nranks = _integer(rank, "rank"), _integer(nranks, "nranks")
         # The library's int takes them only within its range; past it they
         # would wrap into another rank. Out there, the library's own refusal.
@@ -359,7 +382,7 @@ class Session:
         lib = _load()
         err = _Error()
         handle = ctypes.c_void_p()
-        rc = lib.gg_session_open(endpoint.encode() if endpoint else None, job.encode(), rank, nranks,
+        rc = lib.gg_session_open(None if endpoint is None else endpoint.encode(), job.encode(), rank, nranks,
                                  ctypes.byref(handle), ctypes.byref(err))
         _check(rc, err)
         self._handle = handle
@@ -432,7 +455,7 @@ class Session:
         with the tensor's device current (the library takes the calling
         thread's current device as the rank's)."""
         name = call[3:]
-        if not type(tensor).__module__.startswith("torch") or not getattr(tensor, "is_cuda", False):
+        if not _is_tensor(tensor) or not tensor.is_cuda:
             raise TypeError(f"{name} takes CUDA torch tensors, not {_describe(tensor)}; "
                             "host memory goes through allreduce")
         dtype = _torch_dtype(tensor)

@@ -26,6 +26,8 @@ import subprocess
 import tempfile
 import time
 
+from . import _integer
+
 _TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -65,6 +67,7 @@ class LocalSites:
 
     def __init__(self, sites=3, codec="fp32", algorithm="ring", threads=1, streams=2, step_timeout="30s",
                  zstd_level=0, gradgate=None, make_certs=None, keep=False):
+        sites = _integer(sites, "sites")
         if not 2 <= sites <= 8:
             raise ValueError("sites must be 2 to 8")
         self.names = [f"site-{i}" for i in range(sites)]

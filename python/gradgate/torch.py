@@ -36,7 +36,7 @@ import threading
 
 import torch
 
-from . import Error, ERR_CLOSED, _integer
+from . import Error, ERR_CLOSED, Session, _integer
 
 __all__ = ["HookState", "allreduce_hook"]
 
@@ -70,6 +70,10 @@ class HookState:
     session stays open."""
 
     def __init__(self, session, world_size, timeout_ms=0, cuda=False, nccl=False):
+        # Its worker reads the session from the start: anything else would
+        # stop it with every bucket's Future left waiting.
+        if not isinstance(session, Session):
+            raise TypeError(f"session must be a gradgate.Session, not {type(session).__name__}")
         world_size, timeout_ms = _integer(world_size, "world_size"), _integer(timeout_ms, "timeout_ms")
         if world_size < 1:
             raise ValueError("world_size must be at least 1")

@@ -6,7 +6,9 @@ results bit for bit, errors by code and message, the DDP hook.
 """
 
 import gc
+import os
 import pickle
+import re
 import sys
 import threading
 import unittest
@@ -84,6 +86,30 @@ class Library(unittest.TestCase):
                               ((None, 0, 1), "job must be a str, not NoneType")):
             with self.assertRaisesRegex(TypeError, message):
                 gradgate.Session(*args, endpoint="unix:/nonexistent/gradgate.sock")
+        # The library reads C strings: a NUL would cut the name or path
+        # short, into another job or socket.
+        for job, endpoint, message in (("nul\0alpha", "unix:/nonexistent/gradgate.sock",
+                                        "job name has character 0x00 at 3; allowed are A-Z a-z 0-9 . _ -"),
+                                       ("job", "unix:/nonexistent/gradgate.sock\0x",
+                                        "endpoint 'unix:/nonexistent/gradgate.sock\\x00x' has a NUL character at 31")):
+            with self.assertRaises(gradgate.Error) as cm:
+                gradgate.Session(job, 0, 1, endpoint=endpoint)
+            self.assertEqual((cm.exception.code, cm.exception.message), (gradgate.ERR_INVALID, message))
+        # An empty endpoint is one, refused, not None's $GRADGATE_ENDPOINT.
+        os.environ["GRADGATE_ENDPOINT"] = "unix:/nonexistent/env.sock"
+        try:
+            with self.assertRaisesRegex(gradgate.Error, "no gateway endpoint"):
+                gradgate.Session("job", 0, 1, endpoint="")
+            with self.assertRaisesRegex(gradgate.Error, "unix:/nonexistent/env.sock"):
+                gradgate.Session("job", 0, 1)
+        finally:
+            del os.environ["GRADGATE_ENDPOINT"]
+        with self.assertRaisesRegex(TypeError, "sites must be an integer, not float"):
+            LocalSites(sites=2.5)
+        # The hook's worker needs a session: anything else is refused at
+        # once, not left to hang every bucket.
+        with self.assertRaisesRegex(TypeError, "session must be a gradgate.Session, not NoneType"):
+            gradgate.torch.HookState(None, world_size=2)
 
 
 class WithGateways(unittest.TestCase):
@@ -205,8 +231,13 @@ class WithGateways(unittest.TestCase):
                 s.allreduce(np.zeros(8, np.float32)[::2], tensor_id=1)
             with self.assertRaisesRegex(ValueError, "empty"):
                 s.allreduce(np.zeros(0, np.float32), tensor_id=1)
-            with self.assertRaisesRegex(TypeError, "numpy arrays and torch tensors"):
-                s.allreduce([1.0, 2.0], tensor_id=1)
+            # Objects of numpy's and torch's that are no arrays.
+            for other in ([1.0, 2.0], np.dtype("f4"), torch.Size([3]), torch.nn.Linear(2, 2),
+                          torch.ones(3).storage()):
+                with self.assertRaisesRegex(TypeError, "numpy arrays and torch tensors, not " + re.escape(type(other).__name__)):
+                    s.allreduce(other, tensor_id=1)
+            with self.assertRaisesRegex(ValueError, "the meta device, which holds no data"):
+                s.allreduce(torch.ones(4, device="meta"), tensor_id=1)
             with self.assertRaisesRegex(TypeError, "allreduce_cuda takes CUDA torch tensors, not a Tensor on cpu"):
                 s.allreduce_cuda(torch.zeros(4), tensor_id=1)
             with self.assertRaisesRegex(TypeError, "allreduce_cuda takes CUDA torch tensors, not a ndarray"):
@@ -250,13 +281,27 @@ class WithGateways(unittest.TestCase):
                 s.free_buffer([1.0])
             s.free_buffer(buf)
             s.free_buffer(None)
-            # Nothing was sent: the ranks are still in step.
-            a = np.ones(10, np.float32)
-            s.allreduce(a, tensor_id=9)
-            return a
+            # Nothing was sent: the ranks are still in step. Subclasses of
+            # numpy's array and torch's tensor are arrays and tensors.
+            class Array(np.ndarray):
+                pass
 
-        for key, a in on_every_rank(self.mesh, "refused", fn).items():
+            class Tensor(torch.Tensor):
+                pass
+
+            a = np.ones(10, np.float32).view(Array)
+            self.assertIs(s.allreduce(a, tensor_id=9), a)
+            t = torch.ones(10).as_subclass(Tensor)
+            req = s.allreduce_async(t, tensor_id=10)
+            self.assertTrue(req.wait())
+            # A finished request's wait checks its timeout all the same.
+            with self.assertRaisesRegex(TypeError, "timeout_ms must be an integer, not str"):
+                req.wait("x")
+            return a, t
+
+        for key, (a, t) in on_every_rank(self.mesh, "refused", fn).items():
             self.assertEqual(a.tolist(), [SITES * RANKS] * 10, key)
+            self.assertEqual(t.tolist(), [SITES * RANKS] * 10, key)
 
     def test_mismatch_and_timeout(self):
         done = threading.Barrier(SITES * RANKS)
