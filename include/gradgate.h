@@ -202,10 +202,13 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  *            for. A site that already holds the result may answer later,
  *            by its answer grace (the peers' heartbeat_timeout): the other
  *            sites may have completed the step, and it completes here too
- *            rather than split the outcome. A timed-out step leaves the
- *            session usable. Should the gateway itself not answer within
- *            the deadline, its grace and 2 seconds more, the session fails
- *            (GG_ERR_TIMEOUT) and must be closed.
+ *            rather than split the outcome. Steps end in order: one behind
+ *            earlier steps of the session still in flight
+ *            (gg_allreduce_start) ends no sooner than they do: when its
+ *            deadline passed meanwhile, it fails with GG_ERR_TIMEOUT as
+ *            its turn comes. A timed-out step leaves the session usable. Should the gateway itself not
+ *            answer within the deadline, its grace and 2 seconds more, the
+ *            session fails (GG_ERR_TIMEOUT) and must be closed.
  *
  * Steps are numbered per session from 1 in call order; a call refused
  * before anything is sent (GG_ERR_INVALID, GG_ERR_TOO_LARGE, GG_ERR_BUSY)

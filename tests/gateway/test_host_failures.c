@@ -206,6 +206,53 @@ static void test_step_timeout(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* Rank 0 starts step 1, and gives step 2 a deadline of 200 ms; rank 1
+ * comes to step 1 only after 600 ms. Steps end in order: step 2 fails
+ * once step 1 completed, not before, for its deadline, which passed
+ * while rank 1 had not announced it. */
+struct queued_case {
+	struct gg_session *s[2];
+	struct gg_error err[2];
+	uint64_t step2_ms;
+};
+
+static void queued_rank(unsigned rank, void *arg)
+{
+	struct queued_case *c = arg;
+	float one = 1, two = 2;
+	struct gg_request *req = NULL;
+	struct gg_error err;
+
+	if (rank == 1) {
+		usleep(600 * 1000);
+		CHECK_EQ_INT(gg_allreduce(c->s[1], &one, 1, GG_DTYPE_F32, 1, 0, &err), GG_OK);
+		gg_allreduce(c->s[1], &two, 1, GG_DTYPE_F32, 2, 0, &c->err[1]);
+		return;
+	}
+	CHECK_EQ_INT(gg_allreduce_start(c->s[0], &one, 1, GG_DTYPE_F32, 1, 0, &req, &err), GG_OK);
+	uint64_t t0 = now_ms();
+	gg_allreduce(c->s[0], &two, 1, GG_DTYPE_F32, 2, 200, &c->err[0]);
+	c->step2_ms = now_ms() - t0;
+	CHECK_EQ_INT(gg_wait(req, -1, &err), GG_OK);
+	CHECK(one == 2);
+	gg_request_free(req);
+}
+
+static void test_deadline_behind_steps(void)
+{
+	struct queued_case c = { .s = { open_rank(h.endpoint, "queued", 0, 2), open_rank(h.endpoint, "queued", 1, 2) } };
+
+	run_ranks(2, queued_rank, &c);
+	for (unsigned r = 0; r < 2; r++)
+		CHECK_ERR(c.err[r], GG_ERR_TIMEOUT,
+			  "step 2 (tensor 2): timed out after 200 ms waiting for rank 1 of job 'queued'");
+	CHECK(c.step2_ms >= 500 && c.step2_ms < STEP_TIMEOUT_MS);
+	printf("a step behind a late one, 200 ms deadline: failed after %llu ms\n", (unsigned long long)c.step2_ms);
+	for (unsigned r = 0; r < 2; r++)
+		gg_session_close(c.s[r]);
+	harness_wait_connections(&h, 0);
+}
+
 /* A step that failed at another site (so the core says) fails at once at
  * the rank that announced it and waits for a late one, with the outcome
  * the core would give; the late rank gets the same when it comes. The
@@ -881,6 +928,7 @@ int main(int argc, char **argv)
 	test_late_wait();
 	test_mismatch();
 	test_step_timeout();
+	test_deadline_behind_steps();
 	test_failed_elsewhere();
 	test_rank_dies();
 	test_close_in_flight();
