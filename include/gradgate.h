@@ -59,7 +59,8 @@ enum gg_errc {
 	GG_ERR_NOMEM = -2,     /* out of memory, here or at the gateway */
 	GG_ERR_SYSTEM = -3,    /* an operating system call failed; the message names it */
 	GG_ERR_CONNECT = -4,   /* the gateway's endpoint cannot be reached */
-	GG_ERR_REFUSED = -5,   /* the gateway refused the session; the message says why */
+	GG_ERR_REFUSED = -5,   /* the gateway refused the session, or a new run of a job name whose
+	                        * old run still has ranks at a site; the message says why */
 	GG_ERR_PROTOCOL = -6,  /* a control message broke the protocol */
 	GG_ERR_CLOSED = -7,    /* the connection to the gateway is lost, or the session closed */
 	GG_ERR_TIMEOUT = -8,   /* the step missed its deadline */
@@ -210,9 +211,11 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  *            answer within the deadline, its grace and 2 seconds more, the
  *            session fails (GG_ERR_TIMEOUT) and must be closed.
  *
- * Steps are numbered per session from 1 in call order; a call refused
- * before anything is sent (GG_ERR_INVALID, GG_ERR_TOO_LARGE, GG_ERR_BUSY)
- * uses no number, so the ranks stay in step. A failed step does not break
+ * Steps are numbered per session from 1 in call order; a call the library
+ * refuses before anything is sent (GG_ERR_INVALID for its arguments,
+ * GG_ERR_TOO_LARGE, GG_ERR_BUSY) uses no number, so the ranks stay in
+ * step; a step the gateways refuse or fail has its number, at every rank
+ * of the job. A failed step does not break
  * the session unless the connection is lost (GG_ERR_CLOSED,
  * GG_ERR_PROTOCOL, or the timeout above) or the gateway ends the session
  * (it could not map a buffer: GG_ERR_NOMEM): later calls then return that

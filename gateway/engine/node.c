@@ -1975,6 +1975,20 @@ static void restart_reason(const struct gg_node *n, unsigned peer, const char *j
 			   size_t size);
 static void ended_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *end);
 
+/* Whether ranks of the job name are connected here (gg_node_job_opened()). */
+static bool name_open(const struct gg_node *n, const char *job)
+{
+	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++)
+		if (n->name_runs[i].open && !strcmp(n->name_runs[i].job, job))
+			return true;
+	return false;
+}
+
+/* The job's entry; made when `create` and missing, in a free slot or the
+ * one of the job idle longest of those whose ranks are not here (made by
+ * peers' words, or by steps of a core whose site tells it of no ranks):
+ * the entry of a job whose ranks are connected holds its residuals and
+ * plan, which they count on between steps. NULL when there is none. */
 static struct job *find_job(struct gg_node *n, const char *name, bool create)
 {
 	struct job *free_slot = NULL;
@@ -1988,10 +2002,9 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	if (!create)
 		return NULL;
 	if (!free_slot) {
-		/* Nothing tells the node that a job ended, so a slot is taken
-		 * back when needed: from the job idle longest. */
 		for (unsigned i = 0; i < MAX_JOBS; i++)
-			if (!n->jobs[i].step && (!free_slot || n->jobs[i].active_us < free_slot->active_us))
+			if (!n->jobs[i].step && (!free_slot || n->jobs[i].active_us < free_slot->active_us) &&
+			    !name_open(n, n->jobs[i].name))
 				free_slot = &n->jobs[i];
 		if (!free_slot)
 			return NULL;
@@ -2549,7 +2562,9 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 			       (unsigned long long)st->count);
 	j = find_job(n, st->job, true);
 	if (!j)
-		return gg_errf(err, err_size, -ENOSPC, "too many jobs (at most %d)", MAX_JOBS);
+		return gg_errf(err, err_size, -ENOSPC,
+			       "too many jobs (at most %d): each has ranks connected here or a step in progress",
+			       MAX_JOBS);
 	if (j->step) {
 		gg_errf(err, err_size, -EINVAL, "job '%s' already has step %llu in progress", j->name,
 		     (unsigned long long)j->step->seq);
@@ -3014,11 +3029,11 @@ static void rerun_seen(struct gg_node *n, unsigned peer, const char *name)
 		return;
 	j->rerun_refused = true;
 	snprintf(reason, sizeof(reason),
-		 "site %s still runs job '%s' (its ranks there are at step %llu): a job name is one training run; "
-		 "start a new run under a new name, or once every rank of the old one closed its session at every "
-		 "site", n->names[n->self], j->name, (unsigned long long)j->last_seq);
+		 "site %s still runs job '%s' (at step %llu): a job name is one training run; use a new name, or "
+		 "wait until every rank of the old run closed its session", n->names[n->self], j->name,
+		 (unsigned long long)j->last_seq);
 	gg_log(GG_LOG_WARN, "rerun_refused", "site=%s job=%s reason=\"%s\"", n->names[peer], j->name, reason);
-	send_abort(n, -1, j->name, j->run, 1, 1, GG_ERR_INVALID, reason);
+	send_abort(n, -1, j->name, j->run, 1, 1, GG_ERR_REFUSED, reason);
 }
 
 static void coordinator_mail(struct gg_node *n)

@@ -577,6 +577,49 @@ static void run_refusals(struct gg_node *node)
 	      err);
 }
 
+/* The job table holds 32 jobs. An idle job whose ranks are connected
+ * keeps its entry (and with it its residuals and plan): a step of a 33rd
+ * job is refused rather than take it; an idle one with no ranks here
+ * gives its entry up. */
+static void run_job_table(struct gg_node *node)
+{
+	enum { JOBS = 34 };
+	static struct gg_node_step steps[JOBS];
+	static float mem[JOBS];
+	char err[GG_NODE_ERROR_MAX], job[16];
+	int rc;
+
+	for (unsigned i = 0; i < 32; i++) {
+		snprintf(job, sizeof(job), i < 31 ? "open%u" : "gone", i);
+		if (i < 31)
+			gg_node_job_opened(node, job);
+		rc = submit(node, &steps[i], job, 1, GG_WIRE_F32, &mem[i], err, sizeof(err));
+		CHECK(rc == 0, "step 1 of %s: %d %s", job, rc, err);
+		turns(node, 1);
+		rc = gg_node_abort(node, job, 1, GG_ERR_MISMATCH, "the ranks disagree");
+		CHECK(rc == 0, "abort of %s's step 1: %d", job, rc);
+		turns(node, 1);
+	}
+	/* "gone" was made by steps of ranks the node was not told of. */
+	gg_node_job_opened(node, "late");
+	rc = submit(node, &steps[32], "late", 1, GG_WIRE_F32, &mem[32], err, sizeof(err));
+	CHECK(rc == 0, "a 33rd job, with a job of no ranks idle: %d %s", rc, err);
+	turns(node, 1);
+	CHECK(gg_node_abort(node, "late", 1, GG_ERR_MISMATCH, "the ranks disagree") == 0, "abort of late's step 1");
+	turns(node, 1);
+	gg_node_job_opened(node, "crowd");
+	rc = submit(node, &steps[33], "crowd", 1, GG_WIRE_F32, &mem[33], err, sizeof(err));
+	CHECK(rc == -ENOSPC &&
+		      strstr(err, "too many jobs (at most 32): each has ranks connected here or a step in progress"),
+	      "a 33rd job while 32 idle ones have ranks here: %d %s", rc, err);
+	/* The ranks of one leave: its entry is free. */
+	gg_node_end_job(node, "open0");
+	turns(node, 1);
+	rc = submit(node, &steps[33], "crowd", 1, GG_WIRE_F32, &mem[33], err, sizeof(err));
+	CHECK(rc == 0, "a 33rd job once a job's ranks left: %d %s", rc, err);
+	turns(node, 1);
+}
+
 /* Submits step `seq` of `job` (COUNT zeros) and turns the loop up to 20
  * times or until it ends: its outcome, done false while it waits (for
  * s0's part, which never comes: the node's stop ends it). */
@@ -717,7 +760,8 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 	free(d2);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS };
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS,
+		JOB_TABLE };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -740,6 +784,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[CHUNKS] = "DATA of a site that cuts the step in other chunks",
 		[REFUSALS] = "steps refused, each saying why",
 		[MARKS] = "a peer's END or restart before this site's ranks announced a step",
+		[JOB_TABLE] = "a full job table: idle jobs with ranks here keep their entries",
 	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
@@ -777,6 +822,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == MARKS) {
 		run_marks(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == JOB_TABLE) {
+		run_job_table(node);
 		goto out;
 	}
 	if (what == AFTER_END) {
@@ -855,6 +904,7 @@ int main(int argc, char **argv)
 	run(argv[1], CHUNKS);
 	run(argv[1], REFUSALS);
 	run(argv[1], MARKS);
+	run(argv[1], JOB_TABLE);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }
