@@ -154,6 +154,10 @@ class WithGateways(unittest.TestCase):
         def fn(s, site, rank):
             buf = s.buffer(n)
             buf[:] = values(site, rank, n)
+            # A view of it off its elements' alignment is refused, and
+            # uses no step.
+            with self.assertRaisesRegex(gradgate.Error, "not aligned to the 4-byte"):
+                s.allreduce(buf.view(np.uint8)[2:18].view(np.float32), tensor_id=3)
             s.allreduce(buf, tensor_id=3)
             shared = buf.copy()
             s.free_buffer(buf)
