@@ -90,14 +90,16 @@ static int parse(int argc, char **argv, struct opts *o)
 		switch (c) {
 		case 'c':
 			if (gg_codec_from_name(optarg, &o->codec)) {
-				fprintf(stderr, "datapath: --codec is one of %s, not '%s'\n", gg_codec_names(), optarg);
+				fprintf(stderr, "gradgate-bench datapath: --codec is one of %s, not '%s'\n",
+					gg_codec_names(), optarg);
 				return 2;
 			}
 			break;
 		case 'n':
 			o->count = strtoull(optarg, &end, 10);
 			if (*end || o->count < 1 || o->count > (1ull << 30)) {
-				fprintf(stderr, "datapath: --count is 1 to 1073741824 elements, not '%s'\n", optarg);
+				fprintf(stderr, "gradgate-bench datapath: --count is 1 to 1073741824 elements, not '%s'\n",
+					optarg);
 				return 2;
 			}
 			break;
@@ -106,8 +108,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			long v = strtol(optarg, &end, 10);
 			bool ranks = c == 'r';
 			if (*end || v < (ranks ? 1 : 2) || v > 8) {
-				fprintf(stderr, "datapath: --%s is %d to 8, not '%s'\n", ranks ? "ranks" : "sites",
-					ranks ? 1 : 2, optarg);
+				fprintf(stderr, "gradgate-bench datapath: --%s is %d to 8, not '%s'\n",
+					ranks ? "ranks" : "sites", ranks ? 1 : 2, optarg);
 				return 2;
 			}
 			*(ranks ? &o->ranks : &o->sites) = (unsigned)v;
@@ -115,7 +117,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		}
 		case 'C':
 			if (gg_parse_size(optarg, &bytes, &why) || bytes < 4096 || bytes > (64u << 20) || bytes % 4) {
-				fprintf(stderr, "datapath: --chunk is 4KiB to 64MiB, not '%s'\n", optarg);
+				fprintf(stderr, "gradgate-bench datapath: --chunk is 4KiB to 64MiB, not '%s'\n", optarg);
 				return 2;
 			}
 			o->chunk_elems = bytes / 4;
@@ -123,7 +125,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'p':
 			o->reps = (int)strtol(optarg, &end, 10);
 			if (*end || o->reps < 1 || o->reps > 100) {
-				fprintf(stderr, "datapath: --reps is 1 to 100, not '%s'\n", optarg);
+				fprintf(stderr, "gradgate-bench datapath: --reps is 1 to 100, not '%s'\n", optarg);
 				return 2;
 			}
 			break;
@@ -223,8 +225,8 @@ static int tls_pass(struct ctx *c, bool seal)
 				     EVP_DecryptFinal_ex(x, tag, &len);
 			}
 			if (!ok) {
-				fprintf(stderr, "datapath: TLS %s of record %llu failed\n", seal ? "seal" : "open",
-					(unsigned long long)seq);
+				fprintf(stderr, "gradgate-bench datapath: TLS %s of record %llu failed\n",
+					seal ? "seal" : "open", (unsigned long long)seq);
 				return -EIO;
 			}
 			at += n + TLS_TAG;
@@ -250,7 +252,7 @@ static int decode_pass(struct ctx *c, enum gg_frame_op op)
 		int rc = gg_frame_decode(&c->dec, c->frames + k * c->frame_cap, c->frame_len[k],
 					 c->result + k * c->o->chunk_elems, chunk_n(c, k), op, NULL, err, sizeof(err));
 		if (rc) {
-			fprintf(stderr, "datapath: decoding chunk %zu: %s\n", k, err);
+			fprintf(stderr, "gradgate-bench datapath: decoding chunk %zu: %s\n", k, err);
 			return rc;
 		}
 	}
@@ -366,8 +368,8 @@ int gg_bench_datapath_main(int argc, char **argv)
 	const size_t npasses = sizeof(passes) / sizeof(passes[0]);
 
 	if ((rc = setup(&c, &o))) {
-		fprintf(stderr, "datapath: cannot set up %llu elements: %s\n", (unsigned long long)o.count,
-			strerror(-rc));
+		fprintf(stderr, "gradgate-bench datapath: cannot set up %llu elements: %s\n",
+			(unsigned long long)o.count, strerror(-rc));
 		teardown(&c);
 		return 1;
 	}
@@ -383,7 +385,7 @@ int gg_bench_datapath_main(int argc, char **argv)
 				continue;
 			double t0 = now_s();
 			if ((rc = p->run(&c))) {
-				fprintf(stderr, "datapath: %s failed: %s\n", p->name, strerror(-rc));
+				fprintf(stderr, "gradgate-bench datapath: %s failed: %s\n", p->name, strerror(-rc));
 				teardown(&c);
 				return 1;
 			}
