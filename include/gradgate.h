@@ -207,9 +207,10 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  *            earlier steps of the session still in flight
  *            (gg_allreduce_start) ends no sooner than they do: when its
  *            deadline passed meanwhile, it fails with GG_ERR_TIMEOUT as
- *            its turn comes. A timed-out step leaves the session usable. Should the gateway itself not
- *            answer within the deadline, its grace and 2 seconds more, the
- *            session fails (GG_ERR_TIMEOUT) and must be closed.
+ *            its turn comes. A timed-out step leaves the session usable.
+ *            Should the gateway itself not answer within the deadline,
+ *            its grace and 2 seconds more, the session fails
+ *            (GG_ERR_TIMEOUT) and must be closed.
  *
  * Steps are numbered per session from 1 in call order; a call the library
  * refuses before anything is sent (GG_ERR_INVALID for its arguments,

@@ -30,7 +30,7 @@
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
 #define TICK_US 100000       /* lanes look at their timers at least this often */
 #define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */
-#define NAME_RUNS_KEPT 64    /* job names whose peers' runs the coordinator keeps track of */
+#define NAME_RUNS_KEPT 64    /* job names with no ranks here whose peers' runs the coordinator tracks */
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
 #define FAILURES_KEPT 16     /* recent step failures, for the status */
 #define RERUN_TELL_US 100000 /* a lane tells of step-1 DATA of a job that ran there at most this often */
@@ -360,6 +360,7 @@ struct ended_job {
 	char name[GG_WIRE_NAME_MAX + 1]; /* "": free */
 	uint64_t run;
 	uint64_t last_step, last_done, us;
+	uint64_t ended_us; /* the clock's time at the end itself (us is the loop's turn's), for END's age */
 	int code;
 	char reason[GG_NODE_ERROR_MAX]; /* the wire carries its first GG_WIRE_REASON_MAX bytes */
 };
@@ -434,11 +435,14 @@ struct gg_node {
 		 * made. Ranks that connect after such an END or restart are of a
 		 * new run: nothing is kept for them while the name is not open. */
 		bool open;
-		uint64_t opened_us; /* since when */
+		uint64_t opened_us; /* since when, by the clock (not a loop's turn's time) */
 		uint32_t lost_by;
 		unsigned end_from;
 		struct gg_wire_steps end;
-	} name_runs[NAME_RUNS_KEPT];
+	} *name_runs;
+	/* NAME_RUNS_KEPT, and one for each name whose ranks may be here (at
+	 * most max_clients): a record of those is never taken for another. */
+	unsigned name_runs_cap;
 	uint64_t next_run; /* the run id the next job started here gets */
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
 	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
@@ -1794,7 +1798,7 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 static void send_end(struct gg_node *n, int only, const struct ended_job *e)
 {
 	uint8_t buf[CTRL_MSG_MAX];
-	const uint64_t age_ms = (gg_node_loop(n)->now_us - e->us) / 1000;
+	const uint64_t age_ms = (gg_monotonic_us() - e->ended_us) / 1000;
 
 	send_to_peers(n, only, buf,
 		      gg_wire_encode_end(buf, sizeof(buf), e->name, e->run, e->last_done, e->last_step,
@@ -1978,7 +1982,7 @@ static void ended_there(struct gg_node *n, struct job *j, unsigned from, const s
 /* Whether ranks of the job name are connected here (gg_node_job_opened()). */
 static bool name_open(const struct gg_node *n, const char *job)
 {
-	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++)
+	for (unsigned i = 0; i < n->name_runs_cap; i++)
 		if (n->name_runs[i].open && !strcmp(n->name_runs[i].job, job))
 			return true;
 	return false;
@@ -2655,12 +2659,13 @@ static int name_runs_worth(const struct name_runs *e)
 
 /* The coordinator's record of a job name's runs; made when `create`,
  * taking the free entry, or the one used longest ago of the names with no
- * ranks here (of those with, when all have). */
+ * ranks here (never one of a name with ranks here: there is room for all
+ * of those besides NAME_RUNS_KEPT others). */
 static struct name_runs *name_runs(struct gg_node *n, const char *job, bool create)
 {
 	struct name_runs *r = NULL;
 
-	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++) {
+	for (unsigned i = 0; i < n->name_runs_cap; i++) {
 		struct name_runs *e = &n->name_runs[i];
 		if (e->job[0] && !strcmp(e->job, job)) {
 			e->used_us = gg_node_loop(n)->now_us;
@@ -2670,7 +2675,7 @@ static struct name_runs *name_runs(struct gg_node *n, const char *job, bool crea
 		    (name_runs_worth(e) == name_runs_worth(r) && e->used_us < r->used_us))
 			r = e;
 	}
-	if (!create)
+	if (!create || r->open)
 		return NULL;
 	memset(r, 0, sizeof(*r));
 	snprintf(r->job, sizeof(r->job), "%s", job);
@@ -2699,7 +2704,7 @@ static void name_set_open(struct gg_node *n, const char *job, bool open)
 
 	if (r) {
 		if (open && !r->open)
-			r->opened_us = gg_node_loop(n)->now_us;
+			r->opened_us = gg_monotonic_us();
 		r->open = open;
 		r->lost_by = 0;
 		r->end_from = 0;
@@ -2728,7 +2733,7 @@ static bool peer_run_stale(struct gg_node *n, const char *job, unsigned peer, ui
  * clock, and what was known of the old one's says nothing of them. */
 static void forget_peer_runs(struct gg_node *n, unsigned peer)
 {
-	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++)
+	for (unsigned i = 0; i < n->name_runs_cap; i++)
 		n->name_runs[i].seen[peer] = n->name_runs[i].over[peer] = n->name_runs[i].left[peer] = 0;
 	struct mail f = { .base.type = M_PEER_RESET, .peer = peer };
 	post_lanes(n, &f, 0);
@@ -2839,8 +2844,8 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 	 * time on the way, so it is never taken for older than it is): one
 	 * sent again once a stream came back, of the run before theirs. */
 	const bool before_ranks =
-		r && r->open && r->seen[from] < m->u.end.run &&
-		m->u.end.age_ms > (gg_node_loop(n)->now_us - r->opened_us) / 1000 + 1;
+		r && r->open && !run_within(m->u.end.run, r->seen[from]) &&
+		m->u.end.age_ms > (gg_monotonic_us() - r->opened_us) / 1000 + 1;
 	if (r) {
 		run_raise(&r->seen[from], m->u.end.run);
 		run_raise(&r->over[from], m->u.end.run);
@@ -2941,7 +2946,7 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 	/* A name whose run went on there with no job of it here yet, though
 	 * its ranks here are connected (yet to announce their first step):
 	 * the job is ended as it is made. */
-	for (unsigned i = 0; i < NAME_RUNS_KEPT; i++) {
+	for (unsigned i = 0; i < n->name_runs_cap; i++) {
 		struct name_runs *r = &n->name_runs[i];
 		if (r->job[0] && r->open && run_going_on(r, peer) && !find_job(n, r->job, false))
 			r->lost_by |= 1u << peer;
@@ -3028,10 +3033,11 @@ static void rerun_seen(struct gg_node *n, unsigned peer, const char *name)
 	if (!j || !(j->ended_by & (1u << peer)) || j->rerun_refused || !j->last_seq)
 		return;
 	j->rerun_refused = true;
+	/* Its peers name the job as they pass it on: the advice at the end
+	 * must fit the ranks' 256 bytes with long names too. */
 	snprintf(reason, sizeof(reason),
-		 "site %s still runs job '%s' (at step %llu): a job name is one training run; use a new name, or "
-		 "wait until every rank of the old run closed its session", n->names[n->self], j->name,
-		 (unsigned long long)j->last_seq);
+		 "site %s still runs it (at step %llu): a job name is one training run; use a new name, or wait "
+		 "until the old run's ranks are all gone", n->names[n->self], (unsigned long long)j->last_seq);
 	gg_log(GG_LOG_WARN, "rerun_refused", "site=%s job=%s reason=\"%s\"", n->names[peer], j->name, reason);
 	send_abort(n, -1, j->name, j->run, 1, 1, GG_ERR_REFUSED, reason);
 }
@@ -3541,6 +3547,7 @@ void gg_node_end_job_why(struct gg_node *n, const char *job, const char *why)
 	e->last_step = j ? GG_MAX(j->last_seq, j->done_seq) : 0;
 	e->last_done = j ? j->done_seq : 0;
 	e->us = gg_node_loop(n)->now_us;
+	e->ended_us = gg_monotonic_us();
 	if (j && j->failed_lo && j->failed_lo <= e->last_done + 1 && e->last_done < j->failed_hi) {
 		e->code = j->failed_code;
 		snprintf(e->reason, sizeof(e->reason), "%s", j->failed_reason);
@@ -3775,6 +3782,11 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	for (unsigned i = 0; i < n->sites; i++)
 		if (!strcmp(n->names[i], cfg->site.name))
 			n->self = i;
+	n->name_runs_cap = NAME_RUNS_KEPT + (unsigned)GG_MAX(cfg->limits.max_clients, 0);
+	if (!(n->name_runs = calloc(n->name_runs_cap, sizeof(*n->name_runs)))) {
+		rc = gg_errf(err, err_size, -ENOMEM, "out of memory for the job names' records");
+		goto fail;
+	}
 	n->all_streams = cfg->transport.streams_per_peer >= 64 ? UINT64_MAX
 							      : ((uint64_t)1 << cfg->transport.streams_per_peer) - 1;
 
@@ -3952,6 +3964,7 @@ void gg_node_free(struct gg_node *n)
 	while (n->feedback_count)
 		feedback_drop(n, n->feedback_count - 1);
 	free(n->feedback);
+	free(n->name_runs);
 	gg_buf_pool_fini(&n->frames);
 	gg_tls_context_free(n->tls);
 	pthread_mutex_destroy(&n->start_lock);

@@ -607,7 +607,23 @@ static void run_job_table(struct gg_node *node)
 	turns(node, 1);
 	CHECK(gg_node_abort(node, "late", 1, GG_ERR_MISMATCH, "the ranks disagree") == 0, "abort of late's step 1");
 	turns(node, 1);
+	/* As many names as max_clients (64) have ranks here, and peers speak
+	 * of many more: none of that makes the node forget whose ranks are
+	 * here. */
+	for (unsigned i = 0; i < 31; i++) {
+		snprintf(job, sizeof(job), "waiting%u", i);
+		gg_node_job_opened(node, job);
+	}
 	gg_node_job_opened(node, "crowd");
+	for (unsigned i = 0; i < 200; i++) {
+		uint8_t msg[512];
+		snprintf(job, sizeof(job), "elsewhere%u", i);
+		ssize_t l = gg_wire_encode_end(msg, sizeof(msg), job, 1, 0, 0, (uint8_t)-GG_ERR_RANK, "gone", 0);
+		CHECK(l > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)l) == 0, "END of %s", job);
+		if (i % 20 == 0)
+			turns(node, 1);
+	}
+	turns(node, 3);
 	rc = submit(node, &steps[33], "crowd", 1, GG_WIRE_F32, &mem[33], err, sizeof(err));
 	CHECK(rc == -ENOSPC &&
 		      strstr(err, "too many jobs (at most 32): each has ranks connected here or a step in progress"),
@@ -728,6 +744,22 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 		      strstr(waiting->message, "site s0 ended job 'mk-old-step' before its first step"),
 	      "step 1 after the END of s0's run: done %d, %d: %s", waiting->done, waiting->status,
 	      waiting->message);
+
+	/* The same END, of a run whose frame came here: a job here may have
+	 * taken it, so the END counts whatever its age. */
+	size_t l3 = 0;
+	uint8_t *d3 = make_run_data(cfg, "mk-old-heard", 5, 1, 0, 1.0f, &l3);
+	gg_node_job_opened(node, "mk-old-heard");
+	CHECK(d3 && gg_node_test_receive(node, 0, 1, d3, l3) == 0, "DATA of mk-old-heard");
+	turns(node, 3);
+	from_s0(node, msg,
+		gg_wire_encode_end(msg, sizeof(msg), "mk-old-heard", 5, 0, 0, (uint8_t)-GG_ERR_RANK, gone, 60000),
+		"END, 60 s old, of a run whose frame came here");
+	o = step_outcome(node, "mk-old-heard", 1);
+	CHECK(o->done && o->status == GG_ERR_RANK &&
+		      strstr(o->message, "site s0 ended job 'mk-old-heard' before its first step"),
+	      "step 1 after an old END of a run heard here: done %d, %d: %s", o->done, o->status, o->message);
+	free(d3);
 
 	/* s0 restarts during its run of two jobs: one whose ranks here are
 	 * connected, one whose ranks come only after s0's new instance's run

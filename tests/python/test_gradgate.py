@@ -96,6 +96,7 @@ class Library(unittest.TestCase):
                 gradgate.Session(job, 0, 1, endpoint=endpoint)
             self.assertEqual((cm.exception.code, cm.exception.message), (gradgate.ERR_INVALID, message))
         # An empty endpoint is one, refused, not None's $GRADGATE_ENDPOINT.
+        before = os.environ.get("GRADGATE_ENDPOINT")
         os.environ["GRADGATE_ENDPOINT"] = "unix:/nonexistent/env.sock"
         try:
             with self.assertRaisesRegex(gradgate.Error, "no gateway endpoint"):
@@ -103,7 +104,10 @@ class Library(unittest.TestCase):
             with self.assertRaisesRegex(gradgate.Error, "unix:/nonexistent/env.sock"):
                 gradgate.Session("job", 0, 1)
         finally:
-            del os.environ["GRADGATE_ENDPOINT"]
+            if before is None:
+                del os.environ["GRADGATE_ENDPOINT"]
+            else:
+                os.environ["GRADGATE_ENDPOINT"] = before
         with self.assertRaisesRegex(TypeError, "sites must be an integer, not float"):
             LocalSites(sites=2.5)
         # The hook's worker needs a session: anything else is refused at
