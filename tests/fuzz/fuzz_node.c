@@ -494,6 +494,7 @@ static void op_steps_message(struct run *r, struct script *s, enum node_op op)
 		len = gg_wire_encode_done(buf, sizeof(buf), job_names[job], 1 + r->ends[job], seq, &links, &plan);
 	} else {
 		uint64_t last = seq + script_u8(s);
+		const uint8_t code_byte = script_peek(s);
 		uint8_t code = pick_code(s);
 		char reason[256];
 		script_text(s, reason, sizeof(reason));
@@ -502,9 +503,8 @@ static void op_steps_message(struct run *r, struct script *s, enum node_op op)
 						   reason);
 		} else {
 			/* The peers' next words of the job are of a new run. */
-			uint32_t age_ms = script_u8(s) * 100u;
 			len = gg_wire_encode_end(buf, sizeof(buf), job_names[job], 1 + r->ends[job]++, seq, last, code,
-						 reason, age_ms);
+						 reason, (code_byte >> 4) * 1500u);
 		}
 	}
 	if (len > 0)
@@ -603,14 +603,19 @@ static void op(struct run *r, struct script *s)
 			(void)!gg_node_abort(r->node, job_names[job], seq, code, reason);
 		}
 		break;
-	case NODE_LOCAL_END:
-		gg_node_end_job(r->node, job_names[pick_job(s)]);
+	case NODE_LOCAL_END: {
+		/* Opening shares the op, so that inputs from before it keep
+		 * their meaning (as NODE_END's age shares the code's byte). */
+		const bool open = script_peek(s) >= 0xe0;
+		job = pick_job(s);
+		if (open)
+			gg_node_job_opened(r->node, job_names[job]);
+		else
+			gg_node_end_job(r->node, job_names[job]);
 		break;
+	}
 	case NODE_STOP:
 		gg_node_stop_steps(r->node);
-		break;
-	case NODE_LOCAL_OPEN:
-		gg_node_job_opened(r->node, job_names[pick_job(s)]);
 		break;
 	case NODE_OPS:
 		break;

@@ -31,6 +31,12 @@ static inline uint64_t script_uint(struct script *s, unsigned bytes)
 	return v;
 }
 
+/* The next byte, left for the next read (0 at the end). */
+static inline uint8_t script_peek(const struct script *s)
+{
+	return s->left ? *s->p : 0;
+}
+
 static inline uint8_t script_u8(struct script *s)
 {
 	return (uint8_t)script_uint(s, 1);
@@ -90,17 +96,17 @@ enum node_op {
 	NODE_ACK,         /* peer, stream, u8 index of a DATA the node sent; flags, [job, seq, phase, origin, chunk] */
 	NODE_DONE,        /* peer, stream, job, seq */
 	NODE_ABORT,       /* peer, stream, job, seq, u8 more steps, u8 code, text reason */
-	NODE_END,         /* peer, stream, job, seq (last done), u8 more steps, u8 code, text reason,
-			   * u8 age (tenths of a second) */
+	NODE_END,         /* peer, stream, job, seq (last done), u8 more steps, u8 code (its high
+			   * four bits also the END's age: 1.5 s each), text reason */
 	NODE_PING,        /* peer, stream, u8 pong, u64 value (pong: 0 echoes the node's last ping) */
 	NODE_HELLO,       /* peer, stream, u16 stream index */
 	NODE_CLOSE,       /* peer, stream: the peer closes it */
 	NODE_RUN,         /* u8 turns */
 	NODE_TIME,        /* u16 milliseconds the clock jumps ahead */
 	NODE_LOCAL_ABORT, /* job, seq, u8 code, text reason: gg_node_abort() */
-	NODE_LOCAL_END,   /* job: gg_node_end_job() */
+	NODE_LOCAL_END,   /* job: gg_node_end_job(); a job byte of 0xe0 or more: gg_node_job_opened(),
+			   * as the job's first rank connects */
 	NODE_STOP,        /* gg_node_stop_steps() */
-	NODE_LOCAL_OPEN,  /* job: gg_node_job_opened(), as its first rank connects */
 	NODE_OPS
 };
 

@@ -131,9 +131,9 @@ static void run(uint8_t turns)
 	script_put(&o, turns, 1);
 }
 
-/* ABORT or END; an END's age in tenths of a second. */
+/* ABORT or END (the code's byte: its high four bits are an END's age). */
 static void steps_message(enum node_op what, unsigned peer, unsigned job, uint8_t more, uint8_t code,
-			  const char *reason, uint8_t age)
+			  const char *reason)
 {
 	op(what);
 	script_put(&o, peer, 1);
@@ -143,8 +143,6 @@ static void steps_message(enum node_op what, unsigned peer, unsigned job, uint8_
 	script_put(&o, more, 1);
 	script_put(&o, code, 1);
 	script_put_text(&o, reason);
-	if (what == NODE_END)
-		script_put(&o, age, 1);
 }
 
 int main(int argc, char **argv)
@@ -169,10 +167,10 @@ int main(int argc, char **argv)
 		begin(v);
 		submit(1, 3000);
 		all_data(v, 1);
-		steps_message(NODE_ABORT, 0, 1, 0, 11, "rank 3 of job 'j1' disconnected during step 1", 0);
+		steps_message(NODE_ABORT, 0, 1, 0, 11, "rank 3 of job 'j1' disconnected during step 1");
 		run(2);
 		submit(1, 3000);
-		steps_message(NODE_END, 0, 1, 2, 11, "its ranks at site s0 are gone", 0);
+		steps_message(NODE_END, 0, 1, 2, 11, "its ranks at site s0 are gone");
 		run(2);
 		save("peer-abort", v);
 
@@ -215,18 +213,18 @@ int main(int argc, char **argv)
 		 * before comes (sent again once a stream came back), then one
 		 * of their run; job 1's ranks hear only the latter kind. */
 		begin(v);
-		op(NODE_LOCAL_OPEN);
-		script_put(&o, 0, 1);
-		op(NODE_LOCAL_OPEN);
-		script_put(&o, 1, 1);
+		op(NODE_LOCAL_END); /* 0xe1, 0xe2: open j0 and j1 */
+		script_put(&o, 0xe1, 1);
+		op(NODE_LOCAL_END);
+		script_put(&o, 0xe2, 1);
 		run(1);
-		steps_message(NODE_END, 0, 0, 0, 11, "its ranks at site s0 are gone", 200);
+		steps_message(NODE_END, 0, 0, 0, 0xdc, "its ranks at site s0 are gone"); /* code 11, 19.5 s old */
 		submit(0, 1000);
 		run(2);
-		steps_message(NODE_END, 0, 1, 0, 11, "its ranks at site s0 are gone", 0);
+		steps_message(NODE_END, 0, 1, 0, 11, "its ranks at site s0 are gone");
 		submit(1, 1000);
 		run(2);
-		steps_message(NODE_END, 0, 0, 0, 11, "rank 1 of job 'j0' disconnected before its first step", 0);
+		steps_message(NODE_END, 0, 0, 0, 11, "rank 1 of job 'j0' disconnected before its first step");
 		run(2);
 		save("ended-before", v);
 	}
