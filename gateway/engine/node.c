@@ -1980,12 +1980,11 @@ static void restart_reason(const struct gg_node *n, unsigned peer, const char *j
 static void ended_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *end);
 
 /* Whether ranks of the job name are connected here (gg_node_job_opened()). */
-static bool name_open(const struct gg_node *n, const char *job)
+static bool name_open(struct gg_node *n, const char *job)
 {
-	for (unsigned i = 0; i < n->name_runs_cap; i++)
-		if (n->name_runs[i].open && !strcmp(n->name_runs[i].job, job))
-			return true;
-	return false;
+	const struct name_runs *r = name_runs(n, job, false);
+
+	return r && r->open;
 }
 
 /* The job's entry; made when `create` and missing, in a free slot or the
