@@ -135,6 +135,6 @@ run_tests build
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run_tests build-asan --no-suite bulk \
 	--no-suite timing
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests build-tsan --suite gateway --suite integration \
-	--no-suite bulk --no-suite one-thread --no-suite timing
+	--no-suite bulk --no-suite one-thread --no-suite timing --no-suite same-threads
 echo "quickstart: $passed passed, $failed failed, $skipped skipped, in $SECONDS s"
 [ "$failed" = 0 ]

@@ -3,9 +3,9 @@
 # stack (crypto/ engine, gateway/ io_uring streams); `openssl s_client` and
 # `openssl s_server` are the independent peers. Each case asserts the exact
 # message on our side and the alert the other side received.
-# Usage: tls_handshake.sh PROBE MAKE_CERTS OPENSSL CASE
+# Usage: tls_handshake.sh PROBE MAKE_CERTS OPENSSL CASE CERT_CACHE
 set -u
-probe=$(realpath "$1") make_certs=$(realpath "$2") openssl=$3 case=$4
+probe=$(realpath "$1") make_certs=$(realpath "$2") openssl=$3 case=$4 cache=$5
 work=$(mktemp -d)
 pids=()
 port=
@@ -34,7 +34,19 @@ fail() {
 	exit 1
 }
 
-OPENSSL=$openssl "$make_certs" "$work/certs" >/dev/null 2>&1 || fail "cannot make certificates"
+# The cases share one set of certificates, made by the first case of a
+# test run (a second of openssl per case otherwise), and made again once
+# it is a day old, the CAs being valid for 30 days, or older than the
+# script; each case works on a copy of its own.
+(
+	flock 9 || exit 1
+	if [ ! -f "$cache/made" ] || [ "$make_certs" -nt "$cache/made" ] ||
+		[ -n "$(find "$cache/made" -mmin +1440)" ]; then
+		rm -rf "$cache" "$cache.new"
+		OPENSSL=$openssl "$make_certs" "$cache.new" >/dev/null 2>&1 && touch "$cache.new/made" &&
+			mv "$cache.new" "$cache"
+	fi
+) 9>"$cache.lock" && cp -a "$cache" "$work/certs" || fail "cannot make certificates"
 cd "$work/certs" || exit 1
 
 # Ephemeral ports differ from run to run: compare with them as PORT.
