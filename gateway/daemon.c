@@ -210,8 +210,15 @@ static void core_job_opened(void *core, const char *job)
 	gg_node_job_opened(d->node, job);
 }
 
+static void core_gpu_frees(void *core, bool allowed)
+{
+	struct daemon *d = core;
+
+	gg_node_gpu_frees(d->node, allowed);
+}
+
 static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job, core_fail_unstarted,
-					     core_job_opened };
+					     core_job_opened, core_gpu_frees };
 
 static void backend_log(void *arg, const char *line)
 {

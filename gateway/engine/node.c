@@ -376,6 +376,7 @@ struct feedback_slot {
 #if HAVE_CUDA
 	struct gg_feedback_cuda gpu;
 #endif
+	struct feedback_slot *held_next; /* in gg_node.gpu_held */
 };
 
 struct gg_node {
@@ -451,7 +452,13 @@ struct gg_node {
 	 * (steps hold pointers to them); residuals bounded by [limits] memory. */
 	struct feedback_slot **feedback;
 	unsigned feedback_count, feedback_cap;
-	uint64_t feedback_bytes;
+	uint64_t feedback_bytes; /* those of gpu_held too */
+	/* Slots with residuals on the GPU, dropped while the backend holds GPU
+	 * frees back (an NCCL call of the gateway's may run there): freed once
+	 * it lets them go (gg_node_gpu_frees()). */
+	struct feedback_slot *gpu_held;
+	unsigned gpu_held_count;
+	bool gpu_frees_held;
 	struct gg_node_stats stats;
 	/* The coordinator's figures: completed steps' durations and the
 	 * failures, counted and the last FAILURES_KEPT kept. */
@@ -1949,11 +1956,8 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 	finish_step(n, j, code, msg);
 }
 
-/* Frees feedback slot i; the last slot takes its place. */
-static void feedback_drop(struct gg_node *n, unsigned i)
+static void feedback_free(struct gg_node *n, struct feedback_slot *f)
 {
-	struct feedback_slot *f = n->feedback[i];
-
 	n->feedback_bytes -= f->elems * sizeof(float);
 #if HAVE_CUDA
 	if (f->device)
@@ -1961,7 +1965,33 @@ static void feedback_drop(struct gg_node *n, unsigned i)
 #endif
 	gg_feedback_fini(&f->fb);
 	free(f);
+}
+
+/* Frees feedback slot i (one on the GPU later, while GPU frees are held);
+ * the last slot takes its place. */
+static void feedback_drop(struct gg_node *n, unsigned i)
+{
+	struct feedback_slot *f = n->feedback[i];
+
 	n->feedback[i] = n->feedback[--n->feedback_count];
+	if (f->device && n->gpu_frees_held) {
+		f->held_next = n->gpu_held;
+		n->gpu_held = f;
+		n->gpu_held_count++;
+		return;
+	}
+	feedback_free(n, f);
+}
+
+void gg_node_gpu_frees(struct gg_node *n, bool allowed)
+{
+	n->gpu_frees_held = !allowed;
+	while (allowed && n->gpu_held) {
+		struct feedback_slot *f = n->gpu_held;
+		n->gpu_held = f->held_next;
+		n->gpu_held_count--;
+		feedback_free(n, f);
+	}
 }
 
 /* A run id for a job starting here: never 0, and each larger than the
@@ -2066,12 +2096,15 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 		break;
 	}
 	if (count * sizeof(float) > limit - n->feedback_bytes) {
-		char a[32], b[32];
+		char a[32], b[32], held[96] = "";
+		if (n->gpu_held_count)
+			snprintf(held, sizeof(held), " (%u of them given up, on the GPU, freed once no NCCL call of the "
+				 "gateway's runs)", n->gpu_held_count);
 		return gg_errf(err, err_size, -ENOSPC,
 			       "error feedback for tensor %u (%llu elements) does not fit: residuals of %u "
-			       "tensors take %s of [limits] memory = %s; raise it, or set [compression] "
+			       "tensors%s take %s of [limits] memory = %s; raise it, or set [compression] "
 			       "error_feedback = false",
-			       tensor, (unsigned long long)count, n->feedback_count,
+			       tensor, (unsigned long long)count, n->feedback_count + n->gpu_held_count, held,
 			       gg_format_size(n->feedback_bytes, a, sizeof(a)), gg_format_size(limit, b, sizeof(b)));
 	}
 	if (n->feedback_count == n->feedback_cap) {
@@ -3962,6 +3995,7 @@ void gg_node_free(struct gg_node *n)
 	gg_mailbox_fini(&n->inbox);
 	while (n->feedback_count)
 		feedback_drop(n, n->feedback_count - 1);
+	gg_node_gpu_frees(n, true);
 	free(n->feedback);
 	free(n->name_runs);
 	gg_buf_pool_fini(&n->frames);

@@ -219,6 +219,7 @@ struct gg_host_backend {
 	} *deferred;
 	unsigned deferred_count, deferred_cap;
 	uint64_t deferred_bytes; /* still taken: counted against opts.memory_bytes */
+	bool core_frees_held;    /* the core was told not to free GPU memory (gpu_frees) */
 	struct gg_host_backend_stats stats;
 };
 
@@ -451,9 +452,29 @@ static void sum_free(struct gg_host_backend *b, float *sum, uint64_t bytes, bool
 	sum_free_now(b, sum, on_gpu, nccl);
 }
 
+/* Tells the core whether it may free GPU memory, when that changed. */
+static void core_gpu_frees(struct gg_host_backend *b)
+{
+	bool held = nccl_running(b);
+
+	if (held == b->core_frees_held)
+		return;
+	b->core_frees_held = held;
+	if (b->core_ops->gpu_frees)
+		b->core_ops->gpu_frees(b->core, !held);
+}
+
+/* Sets the NCCL call of job j under way (PHASE_NONE: none any more). */
+static void nccl_phase_set(struct gg_host_backend *b, struct hb_job *j, int phase)
+{
+	j->nccl_phase = phase;
+	core_gpu_frees(b);
+}
+
 /* What waited for the gateway's NCCL calls, once none runs. */
 static void deferred_free(struct gg_host_backend *b)
 {
+	core_gpu_frees(b);
 	if (!b->deferred_count || nccl_running(b))
 		return;
 	for (unsigned i = 0; i < b->deferred_count; i++)
@@ -1404,7 +1425,7 @@ static void finish_step(struct gg_host_backend *b, struct hb_job *j, int status,
 	/* The core is done with it: only the broadcast holds the step now. */
 	j->with_core = false;
 	b->stats.core_steps--;
-	j->nccl_phase = PHASE_BROADCAST;
+	nccl_phase_set(b, j, PHASE_BROADCAST);
 	j->nccl_since_us = b->loop->now_us;
 	j->nccl_until_us = GG_MAX(j->step.deadline_us, b->loop->now_us) + b->opts.answer_grace_us;
 	j->nccl_outcome = status;
@@ -1603,7 +1624,7 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		fail_step(b, j, GG_ERR_SYSTEM, "%s", text);
 		return false;
 	}
-	j->nccl_phase = PHASE_REDUCE;
+	nccl_phase_set(b, j, PHASE_REDUCE);
 	j->nccl_since_us = b->loop->now_us;
 	j->nccl_until_us = j->deadline_us;
 	return true;
@@ -2317,7 +2338,7 @@ static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t 
 				 why);
 	}
 	const int phase = j->nccl_phase;
-	j->nccl_phase = PHASE_NONE;
+	nccl_phase_set(b, j, PHASE_NONE);
 	if (phase == PHASE_REDUCE) {
 		if (!rc) {
 			step_submit(b, j);

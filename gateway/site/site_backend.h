@@ -115,6 +115,14 @@ struct gg_core_ops {
 	 * run whose ranks went, a gateway that restarted) is not of this job.
 	 * NULL as for abort. */
 	void (*job_opened)(void *core, const char *job);
+	/* Whether the core may free GPU memory on this thread: false from the
+	 * moment an NCCL call of the gateway's may run on its GPU until none
+	 * does (cudaFree waits for every kernel on the GPU, and a reduce that
+	 * waits for a rank that left ends only by this thread's abort). The
+	 * core keeps what it gives up meanwhile and frees it once told true.
+	 * Told on each change only; true until told otherwise. NULL as for
+	 * abort. */
+	void (*gpu_frees)(void *core, bool allowed);
 };
 
 struct gg_site_backend_ops {

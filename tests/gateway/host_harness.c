@@ -89,6 +89,16 @@ static int core_fail_unstarted(void *core, const char *job, uint64_t seq, char *
 	return GG_ERR_SITE;
 }
 
+static void core_gpu_frees(void *core, bool allowed)
+{
+	struct loop_ctx *x = core;
+
+	/* Told on each change only. */
+	CHECK(atomic_exchange(&x->h->gpu_frees_held, !allowed) == allowed);
+	if (!allowed)
+		atomic_fetch_add(&x->h->gpu_holds, 1);
+}
+
 /* The fake core's own turn of the loop: completes what is due. */
 static void core_tick(struct loop_ctx *x, uint64_t now_us, bool stopping)
 {
@@ -139,7 +149,8 @@ static void *gateway_thread(void *arg)
 	struct harness *h = arg;
 	struct loop_ctx x = { .h = h };
 	static const struct gg_core_ops core_ops = { .submit = core_submit, .abort = core_abort,
-						     .fail_unstarted = core_fail_unstarted };
+						     .fail_unstarted = core_fail_unstarted,
+						     .gpu_frees = core_gpu_frees };
 	struct gg_host_backend_options o = {
 		.control = h->endpoint,
 		.site = "test-site",

@@ -441,6 +441,25 @@ static void *run_site(void *arg)
 	/* The flooder's frames for steps that never come stay unacknowledged. */
 	CHECK(gg_node_flushed(node) || (sc->flood && s->index == 1), "site %u: frames still unacknowledged after 10 s",
 	      s->index);
+#ifdef GG_NODE_GPU
+	struct gg_node_metrics nm;
+	gg_node_get_metrics(node, &nm);
+	if (s->device && !sc->alternate && nm.feedback_bytes) {
+		/* Every site is done with the job. While an NCCL call of the
+		 * gateway's may run, the residuals of the job, on the GPU, stay
+		 * when it ends, and go once the backend lets them. */
+		uint64_t held = nm.feedback_bytes;
+		gg_node_gpu_frees(node, false);
+		gg_node_end_job(node, "mesh");
+		gg_node_get_metrics(node, &nm);
+		CHECK(nm.feedback_bytes == held, "site %u: residuals freed while GPU frees were held (%llu of %llu bytes)",
+		      s->index, (unsigned long long)nm.feedback_bytes, (unsigned long long)held);
+		gg_node_gpu_frees(node, true);
+		gg_node_get_metrics(node, &nm);
+		CHECK(nm.feedback_bytes == 0, "site %u: %llu bytes of residuals left once GPU frees were let go", s->index,
+		      (unsigned long long)nm.feedback_bytes);
+	}
+#endif
 	gg_node_shutdown(node);
 	for (int spins = 0; spins < 100 && !gg_node_idle(node); spins++)
 		if (gg_node_run_once(node, 10000, NULL, NULL))
