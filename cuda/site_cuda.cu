@@ -144,6 +144,16 @@ extern "C" void gg_site_cuda_close(void *dev)
 		(void)cudaIpcCloseMemHandle(dev);
 }
 
+/* A <<<>>> launch's error is read from cudaGetLastError(), which also
+ * holds the error of an earlier call on this thread whose outcome was
+ * ignored (closing an IPC handle, freeing): cleared before a launch, so
+ * that a launch is not failed for it. A sticky error (a kernel that
+ * faulted) stays, and fails the launch as it should. */
+static void clear_last_error(void)
+{
+	(void)cudaGetLastError();
+}
+
 /* Runs the sum (store false) or the result kernel over ranks' pointers,
  * RANKS_PER_LAUNCH at a time in rank order, on `sum` (device memory) and
  * waits for them. */
@@ -159,6 +169,7 @@ static int over_ranks(bool store, void *const *ptrs, unsigned n, bool bf16, cons
 	if ((rc = use_gpu(err, err_size)))
 		return rc;
 	unsigned blocks = blocks_for(count);
+	clear_last_error();
 	for (unsigned r0 = 0; r0 < n; r0 += RANKS_PER_LAUNCH) {
 		rank_ptrs p = {};
 		unsigned m = n - r0 < RANKS_PER_LAUNCH ? n - r0 : RANKS_PER_LAUNCH;
@@ -207,6 +218,7 @@ extern "C" int gg_site_cuda_fill_async(uint32_t *dst, uint32_t bits, uint64_t co
 
 	if (rc || !count)
 		return rc;
+	clear_last_error();
 	fill_kernel<<<blocks_for(count), THREADS, 0, (cudaStream_t)on>>>(dst, bits, count);
 	GG_CUDA_CHECK_AS(cudaGetLastError(), "launching the fill kernel", err, err_size);
 	return 0;

@@ -177,7 +177,7 @@ static void check_codecs(struct dev *d, struct host *h)
 			if (n > BIG_N && kind != DATA_SPECIAL && kind != DATA_GAUSSIAN)
 				continue;
 			fill_data(x, n, (enum data_kind)kind, &r);
-			CUDA_OK(cudaMemcpy(d->x + 1, x, n * sizeof(float), cudaMemcpyHostToDevice));
+			CUDA_OK(cudaMemcpyAsync(d->x + 1, x, n * sizeof(float), cudaMemcpyHostToDevice, d->stream));
 			for (size_t pi = 0; pi < np; pi++)
 				check_case(d, h, &params[pi], x, n, data_kind_name((enum data_kind)kind), &r);
 		}
@@ -204,7 +204,7 @@ static void check_feedback(struct dev *d, struct host *h, const struct gg_codec_
 	must(gg_feedback_init_cuda(&gfb, ELEMS, err, sizeof(err)), err, "feedback init", "");
 	for (int t = 0; t < STEPS; t++) {
 		fill_data(x, ELEMS, step_data[t], &r);
-		CUDA_OK(cudaMemcpy(d->x, x, ELEMS * sizeof(float), cudaMemcpyHostToDevice));
+		CUDA_OK(cudaMemcpyAsync(d->x, x, ELEMS * sizeof(float), cudaMemcpyHostToDevice, d->stream));
 		for (size_t off = 0; off < ELEMS; off += CHUNK) {
 			size_t n = GG_MIN((size_t)CHUNK, ELEMS - off);
 			uint64_t bytes;

@@ -112,7 +112,7 @@ static void check_bytes(struct bench *b, const struct gg_codec_params *p, const 
 
 	for (int acc = 0; acc < 2; acc++) {
 		memcpy(out_ref, x, N * sizeof(float));
-		CUDA_OK(cudaMemcpy(b->out, x, N * sizeof(float), cudaMemcpyHostToDevice));
+		CUDA_OK(cudaMemcpyAsync(b->out, x, N * sizeof(float), cudaMemcpyHostToDevice, b->stream));
 		(acc ? ref->decode_acc : ref->decode)[p->codec](want, N, p->block_elems, p->scale, out_ref);
 		CHECK(run_op(b, p, acc ? OP_DECODE_ACC : OP_DECODE, bytes, err, sizeof(err)) == 0, "%s", err);
 		CUDA_OK(cudaMemcpyAsync(out_got, b->out, N * sizeof(float), cudaMemcpyDeviceToHost, b->stream));
@@ -156,7 +156,8 @@ int main(void)
 	b.out = device_alloc(N * sizeof(float));
 	b.enc = device_alloc(N * sizeof(float));
 	CHECK(gg_feedback_init_cuda(&b.fb, N, err, sizeof(err)) == 0, "%s", err);
-	CUDA_OK(cudaMemcpy(b.x, x, N * sizeof(float), cudaMemcpyHostToDevice));
+	CUDA_OK(cudaMemcpyAsync(b.x, x, N * sizeof(float), cudaMemcpyHostToDevice, b.stream));
+	CUDA_OK(cudaStreamSynchronize(b.stream));
 
 	double copy = copy_bandwidth(&b);
 	printf("device-to-device cudaMemcpy of 256 MiB: %.0f GB/s (read + write)\n", copy / 1e9);

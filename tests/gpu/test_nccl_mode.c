@@ -60,8 +60,10 @@ static void nccl_case(unsigned c, size_t count, cudaStream_t stream)
 	CHECK(in && out && again && back, "out of memory");
 	for (size_t i = 0; i < count; i++)
 		in[i] = grid_input(site_index, rank_index, c, i);
-	CUDA_OK(cudaMemset(dev, GUARD_BYTE, bytes + 2 * GUARD));
-	CUDA_OK(cudaMemcpy(dev + GUARD, in, bytes, cudaMemcpyHostToDevice));
+	/* On `stream`, which the calls synchronize first (it does not wait for
+	 * the legacy stream's copies). */
+	CUDA_OK(cudaMemsetAsync(dev, GUARD_BYTE, bytes + 2 * GUARD, stream));
+	CUDA_OK(cudaMemcpyAsync(dev + GUARD, in, bytes, cudaMemcpyHostToDevice, stream));
 	double t0 = now_ms();
 	GG_OK(gg_allreduce_nccl(sess, dev + GUARD, count, GG_DTYPE_F32, 2 * c, stream, 0, &err), &err,
 	      "gg_allreduce_nccl(%zu floats)", count);
@@ -81,7 +83,7 @@ static void nccl_case(unsigned c, size_t count, cudaStream_t stream)
 		      i, (double)out[i], sum);
 	}
 
-	CUDA_OK(cudaMemcpy(dev + GUARD, in, bytes, cudaMemcpyHostToDevice));
+	CUDA_OK(cudaMemcpyAsync(dev + GUARD, in, bytes, cudaMemcpyHostToDevice, stream));
 	GG_OK(gg_allreduce_cuda(sess, dev + GUARD, count, GG_DTYPE_F32, 2 * c + 1, stream, 0, &err), &err,
 	      "gg_allreduce_cuda(%zu floats)", count);
 	CUDA_OK(cudaMemcpy(again, dev + GUARD, bytes, cudaMemcpyDeviceToHost));
