@@ -112,8 +112,11 @@ struct gg_request;
  * Before it sends anything, it checks who listens on the socket
  * (SO_PEERCRED): a process running as root, as this process's user, as the
  * owner of the socket's folder (when that folder is not writable by group
- * or others) or as the user GRADGATE_GATEWAY_UID names. Any other listener
- * may have taken the path before the gateway (a shared /tmp), and is
+ * or others, and nobody else can have made it: the folders above it belong
+ * to that user up to one of root's, and none is writable by group or
+ * others, the sticky bit not excepted, as /run/gradgate in /run) or as the
+ * user GRADGATE_GATEWAY_UID names. Any other listener may have taken the
+ * path before the gateway (a folder of its own in a shared /tmp), and is
  * refused with GG_ERR_CONNECT naming its uid.
  *
  * The call itself refuses (GG_ERR_INVALID) a bad job name, nranks outside

@@ -1,9 +1,11 @@
 #include "control_conn.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <pwd.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,11 +182,34 @@ static long trusted_env_uid(struct gg_error *err, int *rc)
 	return -1;
 }
 
+/* Whether only root or `uid` can have made folder `dir` (absolute), which
+ * belongs to uid: the folders above it belong to uid up to one of root's,
+ * and none of them lets others write, the sticky bit not excepted (in /tmp
+ * anyone may make a folder of their own). */
+static bool made_by_root_or(const char *dir, uid_t uid)
+{
+	char real[PATH_MAX];
+	struct stat st;
+
+	if (!realpath(dir, real))
+		return false;
+	while (strcmp(real, "/")) {
+		char *slash = strrchr(real, '/');
+		slash[slash == real ? 1 : 0] = '\0';
+		if (stat(real, &st) || (st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_uid != 0 && st.st_uid != uid))
+			return false;
+		if (st.st_uid == 0)
+			return true;
+	}
+	return true;
+}
+
 /* Hands nothing to a process that may not be the gateway: whoever could
  * bind the path first (a shared /tmp) would get the job's name and every
  * shared buffer of the session. The listener must run as root, as this
  * process's user, as the owner of the socket's folder (only it can create
- * the socket there, unless the folder lets others write) or as the user
+ * the socket there, unless the folder lets others write, and only it or
+ * root can have made the folder: made_by_root_or()) or as the user
  * GRADGATE_GATEWAY_UID names. */
 static int check_listener(int fd, const char *path, long env_uid, struct gg_error *err)
 {
@@ -203,15 +228,19 @@ static int check_listener(int fd, const char *path, long env_uid, struct gg_erro
 	slash[slash == dir ? 1 : 0] = '\0';
 	bool dir_ok = !stat(dir, &st);
 	const bool owner = dir_ok && st.st_uid == cred.uid, shared = dir_ok && (st.st_mode & (S_IWGRP | S_IWOTH));
-	if (owner && !shared)
+	const bool made_freely = owner && !shared && !made_by_root_or(dir, cred.uid);
+	if (owner && !shared && !made_freely)
 		return 0;
-	/* The owner of a folder others may write to vouches for nothing. */
+	/* The owner of a folder others may write to, or may have made, vouches
+	 * for nothing. */
 	return gg_ctrl_error(err, GG_ERR_CONNECT,
 		       "unix:%s is held by uid %u: not root, not us (uid %u)%s%.100s%s; nothing sent to it (set "
 		       GG_GATEWAY_UID_ENV " to trust the gateway's user)",
 		       path, (unsigned)cred.uid, (unsigned)geteuid(),
 		       !dir_ok ? "" : owner ? ", the owner of " : ", not the owner of ", dir_ok ? dir : "",
-		       shared ? ", which others may write to" : "");
+		       shared        ? ", which others may write to"
+		       : made_freely ? ", which others may have made"
+				     : "");
 }
 
 int gg_ctrl_connect(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err)

@@ -24,9 +24,9 @@ int gg_ctrl_parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struc
 
 /* Connects (SOCK_SEQPACKET, non-blocking) and checks who listens: root,
  * this process's user, the owner of the socket's folder when nobody else
- * may write there, or the user GRADGATE_GATEWAY_UID names. Returns the
- * descriptor, or a negative enum gg_errc with err: GG_ERR_CONNECT when no
- * gateway listens there or another user does. */
+ * may write there or can have made it, or the user GRADGATE_GATEWAY_UID
+ * names. Returns the descriptor, or a negative enum gg_errc with err:
+ * GG_ERR_CONNECT when no gateway listens there or another user does. */
 int gg_ctrl_connect(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err);
 
 /* Sends one message (and at most one fd: -1 for none) before

@@ -1,10 +1,12 @@
 /* gg_session_open() sends nothing to a control socket that another user may
  * have bound before the gateway. A child running as `nobody` listens where
  * a rank looks for its gateway; the library must refuse it unless that user
- * owns the socket's folder (and nobody else may write there) or
- * GRADGATE_GATEWAY_UID names it. Needs root (to become nobody); skips (77)
- * without. And a message that quotes the caller's endpoint is one line
- * whatever bytes the endpoint held. */
+ * owns the socket's folder (nobody else may write there, and nobody else
+ * can have made it: the folders above it are that user's up to one of
+ * root's, and none lets others write) or GRADGATE_GATEWAY_UID names it.
+ * Needs root (to become nobody); skips (77) without. And a message that
+ * quotes the caller's endpoint is one line whatever bytes the endpoint
+ * held. */
 #include <errno.h>
 #include <pwd.h>
 #include <signal.h>
@@ -20,7 +22,7 @@
 #include "gg_check.h"
 #include "gradgate.h"
 
-static char dir[64], sock[96];
+static char base[48], dir[64], sock[96];
 static uid_t nobody;
 
 /* A listener as `nobody` at `sock` that accepts and closes each
@@ -91,8 +93,12 @@ int main(void)
 		return 77;
 	}
 	nobody = pw->pw_uid;
-	snprintf(dir, sizeof(dir), "/tmp/gg-listener-XXXXXX");
-	CHECK(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+	/* The socket's folder sits in one of root's, as /run/gradgate in /run. */
+	snprintf(base, sizeof(base), "/tmp/gg-listener-XXXXXX");
+	CHECK(mkdtemp(base), "mkdtemp: %s", strerror(errno));
+	CHECK(chmod(base, 0755) == 0, "chmod");
+	snprintf(dir, sizeof(dir), "%s/run", base);
+	CHECK(mkdir(dir, 0700) == 0, "mkdir: %s", strerror(errno));
 	snprintf(sock, sizeof(sock), "%s/site.sock", dir);
 	unsetenv("GRADGATE_GATEWAY_UID");
 
@@ -153,6 +159,41 @@ int main(void)
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CLOSED, "folder owner not trusted: %s", msg);
 	stop(pid);
 
+	/* The same folder made in one others may write to, as /tmp, sticky
+	 * or not: anyone could have made it, and the socket in it. */
+	for (int i = 0; i < 2; i++) {
+		CHECK(chmod(base, i ? 0777 : 01777) == 0, "chmod");
+		pid = squat();
+		CHECK(pid > 0, "cannot start the listener");
+		CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter in its own folder in %o accepted: %s",
+		      i ? 0777 : 01777, msg);
+		snprintf(want, sizeof(want),
+			 "unix:%s is held by uid %u: not root, not us (uid 0), the owner of %s, which others may have "
+			 "made; nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
+			 sock, (unsigned)nobody, dir);
+		CHECK(!strcmp(msg, want), "got:  %s\nwant: %s", msg, want);
+		stop(pid);
+	}
+	/* ... and in a folder of its own user's in one of root's: trusted. */
+	char mid[sizeof(base) + 8];
+	snprintf(mid, sizeof(mid), "%s/mid", base);
+	CHECK(chmod(base, 0755) == 0 && mkdir(mid, 0755) == 0 && chown(mid, nobody, 65534) == 0, "mkdir");
+	char moved[sizeof(dir)];
+	snprintf(moved, sizeof(moved), "%s/run", mid);
+	CHECK(rename(dir, moved) == 0, "rename: %s", strerror(errno));
+	snprintf(sock, sizeof(sock), "%s/site.sock", moved);
+	pid = squat();
+	CHECK(pid > 0, "cannot start the listener");
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CLOSED, "folder owner under its own folder not trusted: %s", msg);
+	stop(pid);
+	CHECK(chmod(mid, 0775) == 0, "chmod");
+	pid = squat();
+	CHECK(pid > 0, "cannot start the listener");
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "folder owner under a group-writable folder trusted: %s", msg);
+	stop(pid);
+	CHECK(rename(moved, dir) == 0 && rmdir(mid) == 0, "rename back");
+	snprintf(sock, sizeof(sock), "%s/site.sock", dir);
+
 	/* Same folder, but others may write to it: refused again. */
 	CHECK(chmod(dir, 0777) == 0, "chmod");
 	pid = squat();
@@ -166,6 +207,7 @@ int main(void)
 	stop(pid);
 
 	rmdir(dir);
+	rmdir(base);
 	if (!failures)
 		printf("test_client_listener: ok\n");
 	return failures ? 1 : 0;
