@@ -83,6 +83,24 @@ static int open_at(char *msg, size_t size)
 	return rc;
 }
 
+/* A squatter at `sock` is refused, the message saying whose folder `dir`
+ * is ("the owner of" or "not the owner of") and why it vouches for
+ * nothing. */
+static void expect_refused(const char *what, const char *owner, const char *why)
+{
+	char msg[512], want[512];
+	pid_t pid = squat();
+
+	CHECK(pid > 0, "cannot start the listener");
+	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "%s: squatter accepted: %s", what, msg);
+	snprintf(want, sizeof(want),
+		 "unix:%s is held by uid %u: not root, not us (uid 0), %s %s, which others may %s; nothing sent to "
+		 "it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
+		 sock, (unsigned)nobody, owner, dir, why);
+	CHECK(!strcmp(msg, want), "%s: got:  %s\nwant: %s", what, msg, want);
+	stop(pid);
+}
+
 int main(void)
 {
 	struct passwd *pw = getpwnam("nobody");
@@ -114,14 +132,9 @@ int main(void)
 
 	/* A folder anyone may write to, as /tmp: the squatter is refused. */
 	CHECK(chmod(dir, 01777) == 0, "chmod");
+	expect_refused("a shared folder", "not the owner of", "write to");
 	pid_t pid = squat();
 	CHECK(pid > 0, "cannot start the listener");
-	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter accepted: %s", msg);
-	snprintf(want, sizeof(want),
-		 "unix:%s is held by uid %u: not root, not us (uid 0), not the owner of %s, which others may "
-		 "write to; nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
-		 sock, (unsigned)nobody, dir);
-	CHECK(!strcmp(msg, want), "got:  %s\nwant: %s", msg, want);
 
 	/* Named as the gateway's user, by name or number: the session goes on
 	 * (and this listener closes at once). */
@@ -163,16 +176,8 @@ int main(void)
 	 * or not: anyone could have made it, and the socket in it. */
 	for (int i = 0; i < 2; i++) {
 		CHECK(chmod(base, i ? 0777 : 01777) == 0, "chmod");
-		pid = squat();
-		CHECK(pid > 0, "cannot start the listener");
-		CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter in its own folder in %o accepted: %s",
-		      i ? 0777 : 01777, msg);
-		snprintf(want, sizeof(want),
-			 "unix:%s is held by uid %u: not root, not us (uid 0), the owner of %s, which others may have "
-			 "made; nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
-			 sock, (unsigned)nobody, dir);
-		CHECK(!strcmp(msg, want), "got:  %s\nwant: %s", msg, want);
-		stop(pid);
+		expect_refused(i ? "its own folder in a 0777 one" : "its own folder in a 01777 one", "the owner of",
+			       "have made");
 	}
 	/* ... and in a folder of its own user's in one of root's: trusted. */
 	char mid[sizeof(base) + 8];
@@ -196,15 +201,7 @@ int main(void)
 
 	/* Same folder, but others may write to it: refused again. */
 	CHECK(chmod(dir, 0777) == 0, "chmod");
-	pid = squat();
-	CHECK(pid > 0, "cannot start the listener");
-	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "squatter in a shared folder accepted: %s", msg);
-	snprintf(want, sizeof(want),
-		 "unix:%s is held by uid %u: not root, not us (uid 0), the owner of %s, which others may write to; "
-		 "nothing sent to it (set GRADGATE_GATEWAY_UID to trust the gateway's user)",
-		 sock, (unsigned)nobody, dir);
-	CHECK(!strcmp(msg, want), "got:  %s\nwant: %s", msg, want);
-	stop(pid);
+	expect_refused("its own folder, shared", "the owner of", "write to");
 
 	rmdir(dir);
 	rmdir(base);
