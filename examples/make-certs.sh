@@ -25,8 +25,12 @@
 # either way in its config
 # (identity = "dns:site-b.gradgate.test" or "uri:spiffe://gradgate.test/site-b").
 # The certificates are for serverAuth and clientAuth: a gateway both accepts
-# and opens connections. Existing files are kept unless --force is given.
-# Every argument is checked before anything is made: a refused command (exit
+# and opens connections. Existing files are kept unless --force is given;
+# a key kept must be this user's alone (mode 600), or nothing is made (exit
+# status 1): others may have read it. Every file made is a new one, never
+# written into one that was there, whose owner and mode would stay. Every
+# argument is checked before anything is made, DIR too (it must belong to
+# this user or root and let nobody else write): a refused command (exit
 # status 2) leaves no file behind.
 set -euo pipefail
 
@@ -93,11 +97,18 @@ for site in "${sites[@]}"; do
 		bad "'$site' with --domain '$domain'" "makes a DNS name of more than 253 characters ($site.$domain)"
 done
 [ -n "$out" ] || bad "--out ''" "is not a folder (an empty path)"
+uid=$(id -u)
 if [ -e "$out" ] || [ -L "$out" ]; then
 	[ -d "$out" ] || bad "--out '$out'" "is not a folder (it exists and is not a directory)"
 	if ! [ -w "$out" ] || ! [ -x "$out" ]; then
 		bad "--out '$out'" "is not a folder this user may write in"
 	fi
+	# Whoever else may write in it could read or replace the keys.
+	read -r owner mode < <(stat -L -c '%u %a' "$out")
+	[ "$owner" = "$uid" ] || [ "$owner" = 0 ] ||
+		bad "--out '$out'" "belongs to uid $owner, not to this user (uid $uid) or root: its owner could replace the keys in it"
+	[ $((8#$mode & 8#022)) = 0 ] ||
+		bad "--out '$out'" "may be written by others (mode $mode): they could replace the keys in it (chmod go-w)"
 fi
 command -v openssl >/dev/null || { echo "$me: openssl is not installed" >&2; exit 1; }
 
@@ -108,16 +119,47 @@ command -v openssl >/dev/null || { echo "$me: openssl is not installed" >&2; exi
 umask 077
 mkdir -p "$out"
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" "$out"/.new.??????' EXIT
+
+# new FILE MODE COMMAND...: runs COMMAND with its output file as the last
+# argument, a new file of this user's (never an existing one, whose owner
+# and mode would stay), and puts it in place of FILE with MODE.
+new() {
+	local file=$1 mode=$2 t
+	shift 2
+	t=$(mktemp "$out/.new.XXXXXX")
+	"$@" "$t"
+	chmod "$mode" "$t"
+	mv -f "$t" "$file"
+}
+
+# kept FILE: a key kept as it is must be this user's alone.
+kept() {
+	local owner mode
+	read -r owner mode < <(stat -L -c '%u %a' "$1")
+	if [ "$owner" != "$uid" ] || [ $((8#$mode & 8#077)) != 0 ]; then
+		echo "$me: $1 exists and is kept, but it belongs to uid $owner with mode $mode: a key must be this" \
+			"user's alone (mode 600); others may have read it, so make it anew with --force" >&2
+		exit 1
+	fi
+}
+
+# The keys kept, checked before anything is made.
+if [ $force = 0 ] && [ -f "$out/ca.pem" ] && [ -f "$out/ca.key" ]; then
+	kept "$out/ca.key"
+	for site in "${sites[@]}"; do
+		if [ -f "$out/$site.pem" ] && [ -f "$out/$site.key" ]; then
+			kept "$out/$site.key"
+		fi
+	done
+fi
 
 if [ $force = 1 ] || [ ! -f "$out/ca.pem" ] || [ ! -f "$out/ca.key" ]; then
-	openssl ecparam -name prime256v1 -genkey -noout -out "$out/ca.key"
-	openssl req -x509 -new -key "$out/ca.key" -sha256 -days "$days" \
+	new "$out/ca.key" 600 openssl ecparam -name prime256v1 -genkey -noout -out
+	new "$out/ca.pem" 644 openssl req -x509 -new -key "$out/ca.key" -sha256 -days "$days" \
 		-subj "/O=gradgate/CN=gradgate demo CA $(date -u +%Y-%m-%dT%H:%M:%SZ)" \
 		-addext "basicConstraints=critical,CA:TRUE,pathlen:0" \
-		-addext "keyUsage=critical,keyCertSign,cRLSign" \
-		-out "$out/ca.pem" 2>/dev/null
-	chmod 644 "$out/ca.pem"
+		-addext "keyUsage=critical,keyCertSign,cRLSign" -out 2>/dev/null
 	force=1 # a new CA invalidates every site certificate
 	echo "made CA $out/ca.pem"
 	# Certificates of sites not named here stay signed by the old CA.
@@ -136,7 +178,7 @@ for site in "${sites[@]}"; do
 	if [ $force = 0 ] && [ -f "$out/$site.pem" ] && [ -f "$out/$site.key" ]; then
 		continue
 	fi
-	openssl ecparam -name prime256v1 -genkey -noout -out "$out/$site.key"
+	new "$out/$site.key" 600 openssl ecparam -name prime256v1 -genkey -noout -out
 	cat > "$tmp/$site.ext" <<EXT
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature
@@ -144,10 +186,8 @@ extendedKeyUsage=serverAuth,clientAuth
 subjectAltName=DNS:$site.$domain,URI:spiffe://$domain/$site
 EXT
 	openssl req -new -key "$out/$site.key" -subj "/O=gradgate/CN=$site" -out "$tmp/$site.csr"
-	openssl x509 -req -in "$tmp/$site.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" \
+	new "$out/$site.pem" 644 openssl x509 -req -in "$tmp/$site.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" \
 		-CAcreateserial -CAserial "$tmp/ca.srl" -days "$days" -sha256 \
-		-extfile "$tmp/$site.ext" -out "$out/$site.pem" 2>/dev/null
-	chmod 600 "$out/$site.key"
-	chmod 644 "$out/$site.pem"
+		-extfile "$tmp/$site.ext" -out 2>/dev/null
 	echo "made $out/$site.pem (DNS:$site.$domain, URI:spiffe://$domain/$site)"
 done

@@ -2,7 +2,9 @@
 # make_certs_args.sh MAKE_CERTS: examples/make-certs.sh checks every
 # argument before it makes anything, so a refused command (exit 2) leaves
 # no folder, and an earlier CA untouched even with --force; --help is the
-# usage text alone and names every option.
+# usage text alone and names every option. Keys are new files of mode 600,
+# a kept one others may read is refused, and so is a folder others may
+# write in.
 set -u
 mc=$1 work=$(mktemp -d) bad=0
 trap 'rm -rf "$work"' EXIT
@@ -36,6 +38,41 @@ warn=$("$mc" --force --out "$work/old" site-a 2>&1 >/dev/null)
 	{ echo "a new CA for site-a did not name site-b's certificate: '$warn'"; bad=1; }
 warn=$("$mc" --force --out "$work/old" site-a site-b 2>&1 >/dev/null)
 [ -z "$warn" ] || { echo "a new CA for every site warned: '$warn'"; bad=1; }
+# Keys are new files of this user's, mode 600: never written into a file
+# that was there, whose mode and owner would stay.
+mkdir "$work/loose"
+touch "$work/loose/ca.key" "$work/loose/site-a.key"
+chmod 644 "$work/loose/ca.key" "$work/loose/site-a.key"
+"$mc" --force --out "$work/loose" site-a >/dev/null || { echo "--force over loose keys failed"; bad=1; }
+for k in ca site-a; do
+	[ "$(stat -c '%u %a' "$work/loose/$k.key")" = "$(id -u) 600" ] ||
+		{ echo "$k.key written into the file that was there: $(stat -c '%u %a' "$work/loose/$k.key")"; bad=1; }
+done
+[ -z "$(find "$work/loose" -name '.new.*')" ] || { echo "make-certs left temporary files"; bad=1; }
+# A key kept (no --force) that others may read is refused, saying so.
+chmod 644 "$work/loose/ca.key"
+err=$("$mc" --out "$work/loose" site-a 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ $err == *"loose/ca.key exists and is kept, but it belongs to uid $(id -u) with mode 644"* ]] ||
+	{ echo "a kept CA key of mode 644 was not refused (exit $rc): '$err'"; bad=1; }
+chmod 600 "$work/loose/ca.key"
+chmod 640 "$work/loose/site-a.key"
+err=$("$mc" --out "$work/loose" site-b site-a 2>&1 >/dev/null); rc=$?
+[ $rc = 1 ] && [[ $err == *"loose/site-a.key exists and is kept"* ]] && [ ! -e "$work/loose/site-b.key" ] ||
+	{ echo "a kept site key of mode 640 was not refused before site-b's was made (exit $rc): '$err'"; bad=1; }
+# A folder others may write in, or another user's, is refused before
+# anything is made.
+mkdir -m 777 "$work/shared"
+chmod 777 "$work/shared" # past the umask
+err=$("$mc" --out "$work/shared" site-a 2>&1 >/dev/null); rc=$?
+[ $rc = 2 ] && [[ $err == *"may be written by others (mode 777)"* ]] && [ -z "$(ls -A "$work/shared")" ] ||
+	{ echo "a folder of mode 777 was not refused (exit $rc): '$err'"; bad=1; }
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
+	mkdir -m 700 "$work/theirs"
+	chown nobody "$work/theirs"
+	err=$("$mc" --out "$work/theirs" site-a 2>&1 >/dev/null); rc=$?
+	[ $rc = 2 ] && [[ $err == *"belongs to uid $(id -u nobody), not to this user (uid 0) or root"* ]] &&
+		[ -z "$(ls -A "$work/theirs")" ] || { echo "another user's folder was not refused (exit $rc): '$err'"; bad=1; }
+fi
 # The installed copy (gradgate-make-certs) makes ./certs, never a folder
 # next to the binaries.
 mkdir "$work/bin" "$work/cwd"
