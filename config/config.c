@@ -1044,7 +1044,8 @@ static void check_metrics(struct loader *ld, const struct gg_config *cfg, const 
 }
 
 /* The certificate files must be readable now, not at the first handshake;
- * the key must not be accessible to anyone but its owner. */
+ * the key must not be accessible to anyone but its owner, nor the CA and
+ * CRL files writable by anyone else. */
 static void check_files(struct loader *ld, const struct gg_config *cfg)
 {
 	const struct {
@@ -1084,6 +1085,12 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 			diag_blame(ld, files[i].setting, NULL,
 				   "[tls] key file '%s' is accessible by group or others (mode %04o); run: chmod 600 '%s'",
 				   path, (unsigned)(st.st_mode & 07777), path);
+		else if ((!strcmp(files[i].key, "ca") || !strcmp(files[i].key, "crl")) && (st.st_mode & 022))
+			/* Whoever may write it chooses whom the gateway trusts. */
+			diag_blame(ld, files[i].setting, NULL,
+				   "[tls] %s file '%s' may be written by group or others (mode %04o), who could so "
+				   "choose whom this gateway trusts; run: chmod go-w '%s'",
+				   files[i].key, path, (unsigned)(st.st_mode & 07777), path);
 		close(fd);
 	}
 }

@@ -71,7 +71,29 @@ int gg_tls_check_key_permissions(const char *path, char *err, size_t err_size)
 	return check_key_mode(&st, path, err, err_size);
 }
 
-/* A BIO over the in-memory PEM when given, else over the file. */
+/* The CA and CRL files say whom the gateway trusts: whoever may write one
+ * could add a CA of their own, or take a revocation back. */
+static int check_trust_mode(FILE *f, const char *path, const char *what, char *err, size_t size)
+{
+	struct stat st;
+
+	if (fstat(fileno(f), &st))
+		return fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
+	if (st.st_mode & 022)
+		return fail(err, size, -EPERM,
+			    "%s '%s' has permissions %04o: group or others may write it, and so choose whom this "
+			    "gateway trusts (run chmod go-w on it)",
+			    what, path, (unsigned)(st.st_mode & 07777));
+	if (st.st_uid != geteuid() && st.st_uid != 0)
+		return fail(err, size, -EPERM,
+			    "%s '%s' belongs to uid %u: only the gateway's user (uid %u) or root may own it (run "
+			    "chown on it)",
+			    what, path, (unsigned)st.st_uid, (unsigned)geteuid());
+	return 0;
+}
+
+/* A BIO over the in-memory PEM when given, else over the file (a CA or
+ * CRL file only where nobody else may write it). */
 static BIO *open_source(const char *path, const char *pem, const char *what, int *rc, char *err, size_t size)
 {
 	BIO *bio;
@@ -89,6 +111,11 @@ static BIO *open_source(const char *path, const char *pem, const char *what, int
 	FILE *f = fopen(path, "r");
 	if (!f) {
 		*rc = fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
+		return NULL;
+	}
+	if ((!strcmp(what, "CA file") || !strcmp(what, "CRL file")) &&
+	    (*rc = check_trust_mode(f, path, what, err, size))) {
+		fclose(f);
 		return NULL;
 	}
 	bio = BIO_new_fp(f, BIO_CLOSE);

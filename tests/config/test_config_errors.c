@@ -155,13 +155,15 @@ int main(int argc, char **argv)
 	    write_file(scratch, "cert.pem", "not parsed by the config loader\n", 0644) ||
 	    write_file(scratch, "key.pem", "not parsed by the config loader\n", 0600) ||
 	    write_file(scratch, "key-open.pem", "not parsed by the config loader\n", 0644) ||
-	    write_file(scratch, "key-group-writable.pem", "not parsed by the config loader\n", 0620))
+	    write_file(scratch, "key-group-writable.pem", "not parsed by the config loader\n", 0620) ||
+	    write_file(scratch, "ca-writable.pem", "not parsed by the config loader\n", 0664))
 		return 1;
 	for (size_t i = 0; i < count; i++) {
 		passed += (size_t)run_case(argv[1], names[i]);
 		free(names[i]);
 	}
-	const char *files[] = { "ca.pem", "cert.pem", "key.pem", "key-open.pem", "key-group-writable.pem" };
+	const char *files[] = { "ca.pem", "cert.pem", "key.pem", "key-open.pem", "key-group-writable.pem",
+				"ca-writable.pem" };
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
 		char path[512];
 		snprintf(path, sizeof(path), "%s/%s", scratch, files[i]);

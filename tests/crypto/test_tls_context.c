@@ -176,6 +176,22 @@ static void test_loading(void)
 		CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 	}
 
+	/* Whoever may write the CA file chooses whom the gateway trusts. */
+	CHECK(chmod(path("ca.pem"), 0664) == 0);
+	expect_refused(-EPERM, "CA file 'DIR/ca.pem' has permissions 0664: group or others may write it, and so "
+			       "choose whom this gateway trusts (run chmod go-w on it)", NULL, NULL);
+	CHECK(chmod(path("ca.pem"), 0646) == 0);
+	expect_refused(-EPERM, "CA file 'DIR/ca.pem' has permissions 0646: group or others may write it, and so "
+			       "choose whom this gateway trusts (run chmod go-w on it)", NULL, NULL);
+	CHECK(chmod(path("ca.pem"), 0644) == 0);
+	if (geteuid() == 0) {
+		CHECK(chown(path("ca.pem"), 4242, 0) == 0);
+		expect_refused(-EPERM, "CA file 'DIR/ca.pem' belongs to uid 4242: only the gateway's user (uid 0) or "
+				       "root may own it (run chown on it)", NULL, NULL);
+		CHECK(chown(path("ca.pem"), 0, 0) == 0);
+	}
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+
 	CHECK(rename(path("ca.pem"), path("ca.moved")) == 0);
 	expect_refused(-ENOENT, "cannot read CA file 'DIR/ca.pem': No such file or directory", NULL, NULL);
 	CHECK(rename(path("ca.moved"), path("ca.pem")) == 0);
@@ -239,6 +255,9 @@ static void test_loading(void)
 	write_file("empty.pem", "", 0644);
 	expect_refused(-EINVAL, "CRL file 'DIR/empty.pem' holds no PEM CRL", path("empty.pem"), NULL);
 	expect_refused(-ENOENT, "cannot read CRL file 'DIR/none.pem': No such file or directory", path("none.pem"), NULL);
+	CHECK(chmod(path("empty.pem"), 0666) == 0); /* checked before it is read */
+	expect_refused(-EPERM, "CRL file 'DIR/empty.pem' has permissions 0666: group or others may write it, and so "
+			       "choose whom this gateway trusts (run chmod go-w on it)", path("empty.pem"), NULL);
 
 	struct gg_tls_cert_request old = { .identity = "dns:site-a.gradgate.test", .valid_from_s = -7200, .valid_until_s = -3600 };
 	char *cert, *k;
