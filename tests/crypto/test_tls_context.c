@@ -144,6 +144,33 @@ static void expect_refused(int want_rc, const char *want_err, const char *crl, c
 	CHECK_STR(err, want);
 }
 
+/* With `name` (a file `what` of the context) at `mode`, the context is
+ * refused: its permissions let group or others do `why`. */
+static void expect_mode_refused(const char *name, const char *what, mode_t mode, const char *why)
+{
+	char want[512];
+
+	CHECK(chmod(path(name), mode) == 0);
+	snprintf(want, sizeof(want), "%s 'DIR/%s' has permissions %04o: %s", what, name, (unsigned)mode, why);
+	expect_refused(-EPERM, want, NULL, NULL);
+}
+
+/* With `name` another user's, the context is refused (as root only, who
+ * may chown). */
+static void expect_owner_refused(const char *name, const char *what)
+{
+	char want[512];
+
+	if (geteuid() != 0)
+		return;
+	CHECK(chown(path(name), 4242, 0) == 0);
+	snprintf(want, sizeof(want),
+		 "%s 'DIR/%s' belongs to uid 4242: only the gateway's user (uid 0) or root may own it (run chown on it)",
+		 what, name);
+	expect_refused(-EPERM, want, NULL, NULL);
+	CHECK(chown(path(name), 0, 0) == 0);
+}
+
 static void test_loading(void)
 {
 	write_file("ca.pem", gg_tls_pki_ca_pem(ca), 0644);
@@ -153,43 +180,30 @@ static void test_loading(void)
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 	CHECK_EQ_INT(gg_tls_check_key_permissions(path("a.key"), err, sizeof(err)), 0);
 
-	CHECK(chmod(path("a.key"), 0644) == 0);
-	expect_refused(-EPERM, "private key 'DIR/a.key' has permissions 0644: group or others may access it "
-			       "(run chmod 600 on it)", NULL, NULL);
+	static const char key_why[] = "group or others may access it (run chmod 600 on it)";
+	expect_mode_refused("a.key", "private key", 0644, key_why);
 	CHECK_EQ_INT(gg_tls_check_key_permissions(path("a.key"), err, sizeof(err)), -EPERM);
-	CHECK(chmod(path("a.key"), 0640) == 0);
-	expect_refused(-EPERM, "private key 'DIR/a.key' has permissions 0640: group or others may access it "
-			       "(run chmod 600 on it)", NULL, NULL);
-	CHECK(chmod(path("a.key"), 0602) == 0);
-	expect_refused(-EPERM, "private key 'DIR/a.key' has permissions 0602: group or others may access it "
-			       "(run chmod 600 on it)", NULL, NULL);
+	expect_mode_refused("a.key", "private key", 0640, key_why);
+	expect_mode_refused("a.key", "private key", 0602, key_why);
 	CHECK(chmod(path("a.key"), 0400) == 0);
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 	CHECK(chmod(path("a.key"), 0600) == 0);
-	/* Another user's key is theirs to read and replace (root may chown). */
+	/* Another user's key is theirs to read and replace. */
+	expect_owner_refused("a.key", "private key");
 	if (geteuid() == 0) {
 		CHECK(chown(path("a.key"), 4242, 0) == 0);
-		expect_refused(-EPERM, "private key 'DIR/a.key' belongs to uid 4242: only the gateway's user (uid 0) "
-				       "or root may own it (run chown on it)", NULL, NULL);
 		CHECK_EQ_INT(gg_tls_check_key_permissions(path("a.key"), err, sizeof(err)), -EPERM);
 		CHECK(chown(path("a.key"), 0, 0) == 0);
-		CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 	}
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 
 	/* Whoever may write the CA file chooses whom the gateway trusts. */
-	CHECK(chmod(path("ca.pem"), 0664) == 0);
-	expect_refused(-EPERM, "CA file 'DIR/ca.pem' has permissions 0664: group or others may write it, and so "
-			       "choose whom this gateway trusts (run chmod go-w on it)", NULL, NULL);
-	CHECK(chmod(path("ca.pem"), 0646) == 0);
-	expect_refused(-EPERM, "CA file 'DIR/ca.pem' has permissions 0646: group or others may write it, and so "
-			       "choose whom this gateway trusts (run chmod go-w on it)", NULL, NULL);
+	static const char ca_why[] = "group or others may write it, and so choose whom this gateway trusts (run "
+				     "chmod go-w on it)";
+	expect_mode_refused("ca.pem", "CA file", 0664, ca_why);
+	expect_mode_refused("ca.pem", "CA file", 0646, ca_why);
 	CHECK(chmod(path("ca.pem"), 0644) == 0);
-	if (geteuid() == 0) {
-		CHECK(chown(path("ca.pem"), 4242, 0) == 0);
-		expect_refused(-EPERM, "CA file 'DIR/ca.pem' belongs to uid 4242: only the gateway's user (uid 0) or "
-				       "root may own it (run chown on it)", NULL, NULL);
-		CHECK(chown(path("ca.pem"), 0, 0) == 0);
-	}
+	expect_owner_refused("ca.pem", "CA file");
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 
 	CHECK(rename(path("ca.pem"), path("ca.moved")) == 0);
