@@ -87,3 +87,17 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 	/* One write per line keeps lines whole when several processes share stderr. */
 	fprintf(stderr, "%s\n", safe);
 }
+
+bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_second)
+{
+	if (now_us >= l->window_end_us) {
+		l->window_end_us = now_us + 1000000;
+		l->lines = 0;
+	}
+	if (l->lines < per_second) {
+		l->lines++;
+		return true;
+	}
+	l->held++;
+	return false;
+}

@@ -4,6 +4,9 @@
 #ifndef GG_LOG_H
 #define GG_LOG_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "gg_common.h"
 
 /* GG_LOG_NONE is for gg_log_set_level() only: nothing is logged. */
@@ -29,5 +32,16 @@ void gg_log_set_tags(bool on);
 /* Any control character that reaches a line (a caller that forgot
  * gg_escape) is written as \xNN: one event is always one line. */
 GG_PRINTF(3, 4) void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...);
+
+/* Lines of one kind that others can cause at will (refused connections):
+ * at most `per_second` of them a second. */
+struct gg_log_limit {
+	uint64_t window_end_us;
+	unsigned lines; /* logged in the window */
+	unsigned held;  /* left out since the last line logged; the caller says so there and zeroes it */
+};
+/* Whether a line may go out now (now_us: a monotonic clock); if not, it
+ * counts in `held`. */
+bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_second);
 
 #endif

@@ -103,12 +103,6 @@ struct conn {
 	bool test_eof;
 };
 
-/* A warning that can come in floods: one line a second at most. */
-struct warn_limit {
-	uint64_t next_us;
-	unsigned held; /* left out since the last line */
-};
-
 /* Bytes acknowledged over time with DATA in flight (rate_window_turn()). */
 struct rate_window {
 	uint64_t since_us; /* 0: nothing in flight */
@@ -136,7 +130,7 @@ struct peer {
 	char address[GG_NET_ADDR_TEXT_MAX + 256];
 	enum gg_peer_dial dial; /* [[peers]] dial: who opens the streams */
 	bool denied;            /* it refused a dial of ours with access_denied (its dial for us is "out") */
-	struct warn_limit dial_warn, accept_warn; /* our dials it refused, its connections we refused */
+	struct gg_log_limit dial_warn, accept_warn; /* our dials it refused, its connections we refused */
 };
 
 struct gg_mesh {
@@ -168,7 +162,7 @@ struct gg_mesh {
 	int admit_fd;
 	uint8_t admit_ip[16];
 	uint64_t admit_until_us;
-	struct warn_limit slot_warn, refusal_warn, evict_warn;
+	struct gg_log_limit slot_warn, refusal_warn, evict_warn;
 	struct gg_wire_hello hello;
 	struct gg_net_buffer_limits buffer_limits;
 	bool buffer_warned[2]; /* socket_buffer_capped logged: receive, send */
@@ -186,15 +180,11 @@ struct gg_mesh {
 	bool shutting_down;
 };
 
-/* Whether to log now; counts what it holds back in w->held. */
-static bool warn_now(struct warn_limit *w, uint64_t now_us)
+/* Whether to log now a warning that can come in floods: one line a second
+ * at most; counts what it holds back in w->held. */
+static bool warn_now(struct gg_log_limit *w, uint64_t now_us)
 {
-	if (now_us < w->next_us) {
-		w->held++;
-		return false;
-	}
-	w->next_us = now_us + 1000000;
-	return true;
+	return gg_log_limit_now(w, now_us, 1);
 }
 
 static double now_s(void)
@@ -1329,7 +1319,7 @@ static void note_refusal(struct gg_mesh *m, int ci)
 			 "the other's streams: set dial = \"in\" or \"both\" for the other at one of them",
 			 them, them, them, us);
 	}
-	struct warn_limit *w = c->dialer ? &pe->dial_warn : &pe->accept_warn;
+	struct gg_log_limit *w = c->dialer ? &pe->dial_warn : &pe->accept_warn;
 	if (!warn_now(w, m->loop->now_us))
 		return;
 	gg_log(conflict ? c->dialer ? GG_LOG_ERROR : GG_LOG_WARN : GG_LOG_INFO, c->dialer ? "dial_refused" : "stream_refused",

@@ -19,6 +19,7 @@
 #include "control_proto.h"
 #include "gg_build_config.h"
 #include "host_sum.h"
+#include "log.h"
 #include "site_nccl.h"
 #if HAVE_CUDA
 #include "dev_mem.h"
@@ -196,6 +197,7 @@ struct gg_host_backend {
 
 	struct hb_conn *conns; /* slots(): opts.max_clients + STATUS_SLOTS */
 	struct hb_job *jobs;
+	struct gg_log_limit refusal_log; /* REFUSALS_LOGGED a second */
 	/* New connections that found every slot taken while an idle job's
 	 * sessions close: they get the first slots that free, in order, or
 	 * are refused at their deadline. */
@@ -714,6 +716,26 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 	conn_settle(b, c, b->loop->now_us);
 }
 
+/* Any local user may connect at will: of their refusals, the log gets at
+ * most this many lines a second, the next line saying how many it left
+ * out. */
+#define REFUSALS_LOGGED 10
+
+/* Logs the refusal of control connection `index` (-1: one with no slot). */
+static void log_refusal(struct gg_host_backend *b, int index, const char *text)
+{
+	char conn[24] = "", more[64] = "";
+
+	if (!gg_log_limit_now(&b->refusal_log, b->loop->now_us, REFUSALS_LOGGED))
+		return;
+	if (index >= 0)
+		snprintf(conn, sizeof(conn), " %d", index);
+	if (b->refusal_log.held)
+		snprintf(more, sizeof(more), " (and %u refused before, not logged)", b->refusal_log.held);
+	b->refusal_log.held = 0;
+	hb_log(b, "control connection%s refused: %s%s", conn, text, more);
+}
+
 /* Refuses a connection that has not been accepted: REFUSE, then close. */
 GG_PRINTF(4, 5) static void conn_refuse(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt, ...)
 {
@@ -726,7 +748,7 @@ GG_PRINTF(4, 5) static void conn_refuse(struct gg_host_backend *b, struct hb_con
 	va_end(ap);
 	m->error.code = code;
 	gg_ctrl_set_text(m->error.message, sizeof(m->error.message), text);
-	hb_log(b, "control connection %u refused: %s", c->index, text);
+	log_refusal(b, (int)c->index, text);
 	b->stats.refused++;
 	conn_closing(b, c);
 	out_kick(b, c);
@@ -1057,7 +1079,7 @@ static void refuse_unslotted(struct gg_host_backend *b, int fd, int code, const 
 	/* Nothing was ever sent on the socket: this cannot block. */
 	(void)send(fd, &m, len, MSG_DONTWAIT | MSG_NOSIGNAL);
 	close(fd);
-	hb_log(b, "control connection refused: %s", text);
+	log_refusal(b, -1, text);
 	b->stats.refused++;
 }
 

@@ -24,9 +24,17 @@ struct loop_ctx {
 
 static void on_log(void *arg, const char *line)
 {
-	(void)arg;
+	struct harness *h = arg;
+	const char *more;
+	unsigned held;
+
 	if (getenv("GG_TEST_VERBOSE"))
 		fprintf(stderr, "gateway: %s\n", line);
+	if (!strncmp(line, "control connection", 18) && strstr(line, " refused: ")) {
+		atomic_fetch_add(&h->refusal_lines, 1);
+		if ((more = strstr(line, " (and ")) && sscanf(more, " (and %u refused before, not logged)", &held) == 1)
+			atomic_fetch_add(&h->refusals_unlogged, held);
+	}
 }
 
 /* What a core does with a step's memory: forms the site sum and hands the
@@ -162,6 +170,7 @@ static void *gateway_thread(void *arg)
 		.session_idle_us = h->opts.session_idle_us,
 		.kind_base = GG_OP_USER,
 		.log = on_log,
+		.log_arg = h,
 		.nccl = h->opts.nccl,
 	};
 	struct gg_host_backend *b = NULL;

@@ -77,6 +77,8 @@ struct harness {
 	atomic_uint aborts_told;   /* abort() calls of the backend on the core */
 	atomic_bool gpu_frees_held; /* the backend told the core not to free GPU memory */
 	atomic_uint gpu_holds;      /* how often */
+	atomic_uint refusal_lines;  /* "control connection ... refused" lines logged */
+	atomic_uint refusals_unlogged; /* refusals those lines say were left out */
 	/* Steps from this one on failed at another site, as the core says
 	 * (fail_unstarted) and fails them when submitted; 0: none. */
 	atomic_ullong failed_from;

@@ -50,6 +50,33 @@ static void refused(const void *msg, size_t len, int pass_fd, int code, const ch
 	raw_expect_close(fd, GG_CTRL_REFUSE, code, text);
 }
 
+/* A local user may connect at will: the log gets at most 10 refusal lines
+ * a second, and the next line says how many it left out, so that every
+ * refusal is accounted for. */
+static void test_refusal_flood(void)
+{
+	union gg_ctrl_msg m;
+	enum { FLOOD = 40 };
+
+	hello_msg(&m, "bad/job", 0, 1);
+	usleep(1100000); /* a window of its own, whose first line reports those held before */
+	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "job name has character 0x2f at 3");
+	unsigned lines0 = atomic_load(&h.refusal_lines), unlogged0 = atomic_load(&h.refusals_unlogged);
+	uint64_t t0 = gg_ctrl_now_ms();
+	for (int i = 0; i < FLOOD; i++)
+		refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "job name has character 0x2f at 3");
+	uint64_t flood_ms = gg_ctrl_now_ms() - t0;
+	unsigned lines = atomic_load(&h.refusal_lines) - lines0;
+	CHECK(lines <= 10 * (flood_ms / 1000 + 2));
+	usleep(1100000);
+	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "job name has character 0x2f at 3");
+	lines = atomic_load(&h.refusal_lines) - lines0;
+	unsigned unlogged = atomic_load(&h.refusals_unlogged) - unlogged0;
+	CHECK_EQ_INT(lines + unlogged, FLOOD + 1);
+	printf("%d refused connections in %llu ms: %u lines logged, the last saying %u were left out\n", FLOOD + 1,
+	       (unsigned long long)flood_ms, lines, unlogged);
+}
+
 static void test_hello_refusals(void)
 {
 	union gg_ctrl_msg m;
@@ -1180,6 +1207,7 @@ int main(int argc, char **argv)
 
 	harness_start(&h, &o);
 	test_hello_refusals();
+	test_refusal_flood();
 	test_job_refusals();
 	test_close_reopen();
 	test_other_user();
