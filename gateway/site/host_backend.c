@@ -466,11 +466,15 @@ static void core_gpu_frees(struct gg_host_backend *b)
 		b->core_ops->gpu_frees(b->core, !held);
 }
 
-/* Sets the NCCL call of job j under way (PHASE_NONE: none any more). */
+/* Sets the NCCL call of job j under way (PHASE_NONE: none any more). The
+ * core is told at once that it may not free GPU memory; that it may again
+ * only at the end of the loop's turn (deferred_free()), when a call that
+ * failed has been aborted: one past its deadline still runs until then. */
 static void nccl_phase_set(struct gg_host_backend *b, struct hb_job *j, int phase)
 {
 	j->nccl_phase = phase;
-	core_gpu_frees(b);
+	if (phase != PHASE_NONE)
+		core_gpu_frees(b);
 }
 
 /* What waited for the gateway's NCCL calls, once none runs. */
@@ -2606,6 +2610,14 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 		 * as they come): a past one would spin the loop. */
 		next = min_deadline(next, j->with_core || j->nccl_phase || j->broken ? 0 : j->deadline_us);
 	}
+	/* Refusals left out of the log are told once their second is over,
+	 * should no refusal come to tell of them. */
+	if (b->refusal_log.held && now_us >= b->refusal_log.window_end_us) {
+		hb_log(b, "control connections: %u more refused, not logged", b->refusal_log.held);
+		b->refusal_log.held = 0;
+	}
+	if (b->refusal_log.held)
+		next = min_deadline(next, b->refusal_log.window_end_us);
 	deferred_free(b);
 	return next;
 }

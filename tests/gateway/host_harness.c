@@ -34,6 +34,8 @@ static void on_log(void *arg, const char *line)
 		atomic_fetch_add(&h->refusal_lines, 1);
 		if ((more = strstr(line, " (and ")) && sscanf(more, " (and %u refused before, not logged)", &held) == 1)
 			atomic_fetch_add(&h->refusals_unlogged, held);
+	} else if (sscanf(line, "control connections: %u more refused, not logged", &held) == 1) {
+		atomic_fetch_add(&h->refusals_unlogged, held);
 	}
 }
 
@@ -101,8 +103,10 @@ static void core_gpu_frees(void *core, bool allowed)
 {
 	struct loop_ctx *x = core;
 
-	/* Told on each change only. */
+	/* Told on each change only, and let free only once no call runs. */
 	CHECK(atomic_exchange(&x->h->gpu_frees_held, !allowed) == allowed);
+	if (allowed && x->h->opts.nccl_busy)
+		CHECK(!x->h->opts.nccl_busy());
 	if (!allowed)
 		atomic_fetch_add(&x->h->gpu_holds, 1);
 }

@@ -62,6 +62,9 @@ struct harness_options {
 	uint64_t hello_timeout_us;  /* 0: 5 s */
 	uint64_t session_idle_us;   /* 0: jobs never give their sessions up */
 	const struct gg_site_nccl_ops *nccl; /* NULL: a gateway built without NCCL */
+	/* Whether a call of `nccl` is under way (cudaFree would wait for it):
+	 * the core must not be let free GPU memory then. NULL: not checked. */
+	bool (*nccl_busy)(void);
 };
 
 struct harness {

@@ -193,6 +193,22 @@ static int d_alloc(float **sum, uint64_t count, char *err, size_t err_size)
 	return 0;
 }
 
+static bool busy_locked(void)
+{
+	for (const struct comm *c = comms; c; c = c->next)
+		if (c->pending != NONE)
+			return true;
+	return false;
+}
+
+bool nd_busy(void)
+{
+	pthread_mutex_lock(&lock);
+	bool busy = busy_locked();
+	pthread_mutex_unlock(&lock);
+	return busy;
+}
+
 /* As cudaFree(), which waits for every kernel on the GPU: a free while a
  * root call is enqueued and not done would wait for it (for ever, for a
  * reduce whose rank never comes). Counted, to be checked. */
@@ -202,11 +218,7 @@ static void d_free(float *sum)
 		return;
 	pthread_mutex_lock(&lock);
 	frees++;
-	for (const struct comm *c = comms; c; c = c->next)
-		if (c->pending != NONE) {
-			busy_frees++;
-			break;
-		}
+	busy_frees += busy_locked();
 	pthread_mutex_unlock(&lock);
 	free(sum);
 }

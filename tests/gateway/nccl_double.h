@@ -56,5 +56,7 @@ unsigned nd_finishes(void);
 /* Buffers the gateway freed, and those of them freed while a reduce or
  * broadcast it enqueued was not done (as cudaFree would wait for it). */
 void nd_frees(unsigned *all, unsigned *busy);
+/* Whether a root call is enqueued and not done (a free would wait for it). */
+bool nd_busy(void);
 
 #endif

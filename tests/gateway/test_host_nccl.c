@@ -747,7 +747,8 @@ static void test_without_nccl(void)
 
 int main(void)
 {
-	struct harness_options o = { .step_timeout_us = STEP_TIMEOUT_MS * 1000, .nccl = &nccl_double_ops };
+	struct harness_options o = { .step_timeout_us = STEP_TIMEOUT_MS * 1000, .nccl = &nccl_double_ops,
+				     .nccl_busy = nd_busy };
 	struct harness_options small = o;
 
 	small.memory_bytes = 1u << 20;
