@@ -66,29 +66,60 @@ static int cuda_copy(void *ctx, float *dst, const float *src, uint64_t n, char *
 	return rc ? rc : gg_dev_sync(m->stream, err, err_size);
 }
 
-/* A spare of at least n floats when the lane has one (the smallest that
- * fits), else new device memory. */
+static bool frees_held(const struct gg_ar_mem_cuda *lane)
+{
+	return lane->frees_held && atomic_load_explicit(lane->frees_held, memory_order_acquire);
+}
+
+/* Frees what waited for frees to be let go, once they are. */
+static void free_held(struct gg_ar_mem_cuda *lane)
+{
+	if (frees_held(lane))
+		return;
+	for (int i = 0; i < GG_MEM_CUDA_HELD; i++)
+		if (lane->held[i].p) {
+			gg_dev_free(lane->held[i].p);
+			lane->held[i].p = NULL;
+		}
+}
+
+/* The index in `slots` of the smallest buffer of at least n floats, or -1. */
+static int smallest_fit(const struct gg_mem_cuda_buf *slots, int count, uint64_t n)
+{
+	int best = -1;
+
+	for (int i = 0; i < count; i++)
+		if (slots[i].p && slots[i].n >= n && (best < 0 || slots[i].n < slots[best].n))
+			best = i;
+	return best;
+}
+
+/* A spare (or held scratch) of at least n floats when the lane has one
+ * (the smallest that fits), else new device memory. */
 static int cuda_alloc(void *ctx, uint64_t n, float **out, char *err, size_t err_size)
 {
 	struct gg_ar_mem_cuda *lane = ((struct gg_ar_mem_cuda *)ctx)->lane;
-	int best = -1;
+	int best = smallest_fit(lane->spares, GG_MEM_CUDA_SPARES, n);
 
-	for (int i = 0; i < GG_MEM_CUDA_SPARES; i++)
-		if (lane->spares[i].p && lane->spares[i].n >= n &&
-		    (best < 0 || lane->spares[i].n < lane->spares[best].n))
-			best = i;
 	if (best >= 0) {
 		*out = lane->spares[best].p;
 		lane->spares[best].p = NULL;
 		return 0;
 	}
+	if ((best = smallest_fit(lane->held, GG_MEM_CUDA_HELD, n)) >= 0) {
+		*out = lane->held[best].p;
+		lane->held[best].p = NULL;
+		return 0;
+	}
+	free_held(lane);
 	void *p = NULL;
 	int rc = gg_dev_alloc(&p, n * sizeof(float), err, err_size);
 	*out = p;
 	return rc;
 }
 
-/* Kept as a spare, or freed when the lane holds enough. */
+/* Kept as a spare; else, while frees are held, kept until they are not;
+ * else freed. */
 static void cuda_free(void *ctx, float *p, uint64_t n)
 {
 	struct gg_ar_mem_cuda *lane = ((struct gg_ar_mem_cuda *)ctx)->lane;
@@ -101,6 +132,14 @@ static void cuda_free(void *ctx, float *p, uint64_t n)
 			lane->spares[i].n = n;
 			return;
 		}
+	if (frees_held(lane))
+		for (int i = 0; i < GG_MEM_CUDA_HELD; i++)
+			if (!lane->held[i].p) {
+				lane->held[i].p = p;
+				lane->held[i].n = n;
+				return;
+			}
+	free_held(lane);
 	gg_dev_free(p);
 }
 
@@ -137,6 +176,8 @@ void gg_ar_mem_cuda_fini(struct gg_ar_mem_cuda *m)
 {
 	for (int i = 0; i < GG_MEM_CUDA_SPARES; i++)
 		gg_dev_free(m->spares[i].p);
+	for (int i = 0; i < GG_MEM_CUDA_HELD; i++)
+		gg_dev_free(m->held[i].p);
 	gg_dev_host_free(m->staging);
 	gg_dev_stream_free(m->stream);
 	m->staging = NULL;

@@ -18,7 +18,17 @@
 #include "allreduce.h"
 #include "codec_cuda.h"
 
+#include <stdatomic.h>
+
 #define GG_MEM_CUDA_SPARES 4
+/* Ring scratch given back beyond the spares while frees are held. */
+#define GG_MEM_CUDA_HELD 32
+
+/* A buffer of device memory kept for later (n floats). */
+struct gg_mem_cuda_buf {
+	float *p;
+	uint64_t n;
+};
 
 struct gg_ar_mem_cuda {
 	struct gg_ar_mem mem; /* what a step's config points at */
@@ -29,10 +39,14 @@ struct gg_ar_mem_cuda {
 	struct gg_feedback_cuda *fb;
 	/* Ring scratch that finished steps gave back, kept for the next ones
 	 * (freeing device memory waits for the whole GPU); the lane's only. */
-	struct {
-		float *p;
-		uint64_t n;
-	} spares[GG_MEM_CUDA_SPARES];
+	struct gg_mem_cuda_buf spares[GG_MEM_CUDA_SPARES];
+	/* While *frees_held (NULL: never), device memory is not freed: an NCCL
+	 * call of the gateway's may run, which cudaFree would wait for, on
+	 * this thread too (the node's loop is a lane's). Scratch given back
+	 * then, beyond the spares, waits in `held`, up to GG_MEM_CUDA_HELD
+	 * (more is freed anyway), and is freed once frees are let go. */
+	const atomic_bool *frees_held;
+	struct gg_mem_cuda_buf held[GG_MEM_CUDA_HELD];
 };
 
 /* Sets up `m` for frames whose codec bytes are at most max_raw_bytes (the

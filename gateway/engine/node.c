@@ -458,7 +458,7 @@ struct gg_node {
 	 * it lets them go (gg_node_gpu_frees()). */
 	struct feedback_slot *gpu_held;
 	unsigned gpu_held_count;
-	bool gpu_frees_held;
+	atomic_bool gpu_frees_held; /* the lanes' ring scratch waits too (gg_ar_mem_cuda.frees_held) */
 	struct gg_node_stats stats;
 	/* The coordinator's figures: completed steps' durations and the
 	 * failures, counted and the last FAILURES_KEPT kept. */
@@ -1228,8 +1228,10 @@ static void lane_start(struct lane *ln, const struct mail *m)
 #if HAVE_CUDA
 	if (m->u.start.device) {
 		if (!ln->gpu_ready && !(rc = gg_ar_mem_cuda_init(&ln->gpu, n->frame_limits.max_raw_bytes, NULL, why,
-								  sizeof(why))))
+								  sizeof(why)))) {
+			ln->gpu.frees_held = &n->gpu_frees_held;
 			ln->gpu_ready = true;
+		}
 		if (rc) {
 			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SYSTEM,
 				  "step %llu of job '%s': the GPU of the gateway of site %s: %s", (unsigned long long)m->seq,
@@ -1974,7 +1976,7 @@ static void feedback_drop(struct gg_node *n, unsigned i)
 	struct feedback_slot *f = n->feedback[i];
 
 	n->feedback[i] = n->feedback[--n->feedback_count];
-	if (f->device && n->gpu_frees_held) {
+	if (f->device && atomic_load(&n->gpu_frees_held)) {
 		f->held_next = n->gpu_held;
 		n->gpu_held = f;
 		n->gpu_held_count++;
@@ -1985,7 +1987,7 @@ static void feedback_drop(struct gg_node *n, unsigned i)
 
 void gg_node_gpu_frees(struct gg_node *n, bool allowed)
 {
-	n->gpu_frees_held = !allowed;
+	atomic_store_explicit(&n->gpu_frees_held, !allowed, memory_order_release);
 	while (allowed && n->gpu_held) {
 		struct feedback_slot *f = n->gpu_held;
 		n->gpu_held = f->held_next;

@@ -197,11 +197,13 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
  * job's ranks here were not part of, and so not this job (once made). */
 void gg_node_job_opened(struct gg_node *n, const char *job);
 
-/* Whether the node may free GPU memory (error-feedback residuals) on this
- * thread: not while an NCCL call of the gateway's may run on its GPU
- * (cudaFree would wait for it, and a reduce that waits for a rank that
- * left ends only by this thread's abort). What it gives up meanwhile it
- * frees when allowed again, or at gg_node_free(). Allowed at the start. */
+/* Whether the node may free GPU memory (error-feedback residuals, and the
+ * lanes' ring scratch beyond their spares) on this thread and the lanes':
+ * not while an NCCL call of the gateway's may run on its GPU (cudaFree
+ * would wait for it, and a reduce that waits for a rank that left ends
+ * only by this thread's abort). What it gives up meanwhile it frees when
+ * allowed again (a lane at its next step), or at gg_node_free(). Allowed
+ * at the start. */
 void gg_node_gpu_frees(struct gg_node *n, bool allowed);
 
 /* This site failed step `seq` of `job` (its ranks disagreed, missed their

@@ -16,12 +16,14 @@
  * thread at a time, as CUDA's rules allow. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codec.h"
 #include "codec_cuda.h"
+#include "cuda_double.h"
 #include "dev_mem.h"
 #include "feedback.h"
 #include "fence_map.h"
@@ -169,12 +171,21 @@ int gg_dev_alloc(void **p, size_t bytes, char *err, size_t err_size)
 	return *p ? 0 : gg_errf(err, err_size, -ENOMEM, "no memory");
 }
 
+static atomic_uint device_frees;
+
 void gg_dev_free(void *p)
 {
 	struct alloc a;
 
-	if (untrack(p, &a))
+	if (untrack(p, &a)) {
 		fence_unmap(a.p, a.view, a.size);
+		atomic_fetch_add(&device_frees, 1);
+	}
+}
+
+unsigned cuda_double_device_frees(void)
+{
+	return atomic_load(&device_frees);
 }
 
 int gg_dev_host_alloc(void **p, size_t bytes, char *err, size_t err_size)

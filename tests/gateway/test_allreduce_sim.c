@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "fence_map.h"
@@ -894,6 +895,45 @@ static void check_auto_chunk(void)
 		}
 }
 
+#ifdef GG_SIM_CUDA_DOUBLE
+#include "cuda_double.h"
+
+/* Ring scratch a lane gives back while frees are held (an NCCL call of
+ * the gateway's may run, which cudaFree would wait for) is kept beyond the
+ * spares, and freed once they are let go. */
+static void check_scratch_hold(void)
+{
+	enum { N = GG_MEM_CUDA_SPARES + 3 };
+	struct gg_ar_mem_cuda m;
+	atomic_bool held = true;
+	char err[256];
+	float *p[N], *big;
+
+	CHECK(gg_ar_mem_cuda_init(&m, 4096, NULL, err, sizeof(err)) == 0, "%s", err);
+	m.frees_held = &held;
+	for (int i = 0; i < N; i++)
+		CHECK(m.mem.ops->alloc(m.mem.ctx, 100 + i, &p[i], err, sizeof(err)) == 0, "%s", err);
+	unsigned before = cuda_double_device_frees();
+	for (int i = 0; i < N; i++)
+		m.mem.ops->free(m.mem.ctx, p[i], 100 + i);
+	CHECK(cuda_double_device_frees() == before, "%u buffers freed while frees were held",
+	      cuda_double_device_frees() - before);
+	/* Held scratch serves the next steps as the spares do. */
+	CHECK(m.mem.ops->alloc(m.mem.ctx, 100, &p[0], err, sizeof(err)) == 0, "%s", err);
+	CHECK(m.mem.ops->alloc(m.mem.ctx, 106, &p[1], err, sizeof(err)) == 0, "%s", err);
+	m.mem.ops->free(m.mem.ctx, p[0], 100);
+	m.mem.ops->free(m.mem.ctx, p[1], 106);
+	CHECK(cuda_double_device_frees() == before, "a buffer freed while frees were held");
+	atomic_store(&held, false);
+	CHECK(m.mem.ops->alloc(m.mem.ctx, 1000, &big, err, sizeof(err)) == 0, "%s", err);
+	CHECK(cuda_double_device_frees() == before + N - GG_MEM_CUDA_SPARES,
+	      "%u of the %d held buffers freed once frees were let go", cuda_double_device_frees() - before,
+	      N - GG_MEM_CUDA_SPARES);
+	m.mem.ops->free(m.mem.ctx, big, 1000);
+	gg_ar_mem_cuda_fini(&m);
+}
+#endif
+
 int main(void)
 {
 	const enum gg_codec codecs[] = { GG_CODEC_FP32, GG_CODEC_BF16, GG_CODEC_BF16_SPLIT, GG_CODEC_INT8,
@@ -926,6 +966,9 @@ int main(void)
 	check_refusals(true);
 	check_model();
 	check_auto_chunk();
+#ifdef GG_SIM_CUDA_DOUBLE
+	check_scratch_hold();
+#endif
 	printf("%u all-reduce cases; %d failure(s)\n", cases, failures);
 	return failures ? 1 : 0;
 }
