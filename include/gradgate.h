@@ -87,7 +87,8 @@ struct gg_request;
 #define GG_ENDPOINT_ENV "GRADGATE_ENDPOINT"
 
 /* The user, besides root, this process's own user and the owner of the
- * control socket's folder, whose process gg_session_open() accepts as the
+ * control socket's folder (where nobody else can have made it, see
+ * gg_session_open()), whose process gg_session_open() accepts as the
  * gateway: a number or a user name. A value that is neither (an empty
  * one too) fails gg_session_open() with GG_ERR_INVALID whoever listens: a
  * typo there is not taken for "trust nobody more". */
@@ -112,10 +113,11 @@ struct gg_request;
  * Before it sends anything, it checks who listens on the socket
  * (SO_PEERCRED): a process running as root, as this process's user, as the
  * owner of the socket's folder (when that folder is not writable by group
- * or others, and nobody else can have made it: the folders above it belong
- * to that user up to one of root's, and none is writable by group or
- * others, the sticky bit not excepted, as /run/gradgate in /run) or as the
- * user GRADGATE_GATEWAY_UID names. Any other listener may have taken the
+ * or others, and nobody else can have put it there: every folder and link
+ * on its path belongs to root, or to that user and sits in a folder of
+ * root's or that user's that is not writable by group or others, the
+ * sticky bit not excepted, as /run/gradgate in /run) or as the user
+ * GRADGATE_GATEWAY_UID names. Any other listener may have taken the
  * path before the gateway (a folder of its own in a shared /tmp), and is
  * refused with GG_ERR_CONNECT naming its uid.
  *

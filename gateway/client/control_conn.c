@@ -182,24 +182,61 @@ static long trusted_env_uid(struct gg_error *err, int *rc)
 	return -1;
 }
 
-/* Whether only root or `uid` can have made folder `dir` (absolute), which
- * belongs to uid: the folders above it belong to uid up to one of root's,
- * and none of them lets others write, the sticky bit not excepted (in /tmp
- * anyone may make a folder of their own). */
+/* Whether only root or `uid` can have put folder `dir` (absolute) where it
+ * is: resolving its path from / crosses only entries (folders and links)
+ * that root owns, or that uid owns in folders that root or uid owns and
+ * nobody else may write in, the sticky bit not excepted (in /tmp anyone
+ * may make a folder, or a link to one, of their own). */
 static bool made_by_root_or(const char *dir, uid_t uid)
 {
-	char real[PATH_MAX];
-	struct stat st;
+	char cur[PATH_MAX] = "/", rest[PATH_MAX], next[PATH_MAX], target[PATH_MAX], joined[2 * PATH_MAX];
+	struct stat in, st; /* the folder cur; its entry looked at */
+	unsigned links = 0;
+	const char *p = rest;
 
-	if (!realpath(dir, real))
+	if (snprintf(rest, sizeof(rest), "%s", dir) >= (int)sizeof(rest) || lstat("/", &in))
 		return false;
-	while (strcmp(real, "/")) {
-		char *slash = strrchr(real, '/');
-		slash[slash == real ? 1 : 0] = '\0';
-		if (stat(real, &st) || (st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_uid != 0 && st.st_uid != uid))
+	while (*p) {
+		size_t len = strcspn(p, "/");
+		if (len == 0 || (len == 1 && p[0] == '.')) {
+			p += len + (p[len] == '/');
+			continue;
+		}
+		if (len == 2 && p[0] == '.' && p[1] == '.') {
+			char *slash = strrchr(cur, '/');
+			slash[slash == cur ? 1 : 0] = '\0';
+			if (lstat(cur, &in))
+				return false;
+			p += len + (p[len] == '/');
+			continue;
+		}
+		if (snprintf(next, sizeof(next), "%s/%.*s", strcmp(cur, "/") ? cur : "", (int)len, p) >= (int)sizeof(next) ||
+		    lstat(next, &st))
 			return false;
-		if (st.st_uid == 0)
-			return true;
+		p += len + (p[len] == '/');
+		const bool in_safe = !(in.st_mode & (S_IWGRP | S_IWOTH)) && (in.st_uid == 0 || in.st_uid == uid);
+		if (st.st_uid != 0 && !(st.st_uid == uid && in_safe))
+			return false;
+		if (S_ISLNK(st.st_mode)) {
+			ssize_t n = readlink(next, target, sizeof(target) - 1);
+			if (++links > 16 || n <= 0)
+				return false;
+			target[n] = '\0';
+			if (snprintf(joined, sizeof(joined), "%s/%s", target, p) >= (int)sizeof(rest))
+				return false;
+			memcpy(rest, joined, strlen(joined) + 1);
+			p = rest;
+			if (target[0] == '/') {
+				strcpy(cur, "/");
+				if (lstat(cur, &in))
+					return false;
+			}
+			continue;
+		}
+		if (!S_ISDIR(st.st_mode))
+			return false;
+		memcpy(cur, next, strlen(next) + 1);
+		in = st;
 	}
 	return true;
 }
@@ -209,7 +246,7 @@ static bool made_by_root_or(const char *dir, uid_t uid)
  * shared buffer of the session. The listener must run as root, as this
  * process's user, as the owner of the socket's folder (only it can create
  * the socket there, unless the folder lets others write, and only it or
- * root can have made the folder: made_by_root_or()) or as the user
+ * root can have put the folder there: made_by_root_or()) or as the user
  * GRADGATE_GATEWAY_UID names. */
 static int check_listener(int fd, const char *path, long env_uid, struct gg_error *err)
 {

@@ -2,8 +2,9 @@
  * have bound before the gateway. A child running as `nobody` listens where
  * a rank looks for its gateway; the library must refuse it unless that user
  * owns the socket's folder (nobody else may write there, and nobody else
- * can have made it: the folders above it are that user's up to one of
- * root's, and none lets others write) or GRADGATE_GATEWAY_UID names it.
+ * can have put it there: every folder and link on its path is root's, or
+ * that user's in a folder nobody else may write in) or
+ * GRADGATE_GATEWAY_UID names it.
  * Needs root (to become nobody); skips (77) without. And a message that
  * quotes the caller's endpoint is one line whatever bytes the endpoint
  * held. */
@@ -196,6 +197,29 @@ int main(void)
 	CHECK(pid > 0, "cannot start the listener");
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "folder owner under a group-writable folder trusted: %s", msg);
 	stop(pid);
+	/* A link to that folder, put in a folder anyone may write in by the
+	 * squatter, vouches for nothing; one of root's is root's word. */
+	char shared[sizeof(base) + 8], link_path[sizeof(base) + 16], real_sock[sizeof(sock)];
+	snprintf(shared, sizeof(shared), "%s/shared", base);
+	snprintf(link_path, sizeof(link_path), "%s/gg", shared);
+	CHECK(chmod(mid, 0755) == 0 && mkdir(shared, 0777) == 0 && chmod(shared, 0777) == 0 &&
+		      symlink(moved, link_path) == 0,
+	      "symlink");
+	snprintf(real_sock, sizeof(real_sock), "%s", sock);
+	for (int root_link = 0; root_link < 2; root_link++) {
+		CHECK(lchown(link_path, root_link ? 0 : nobody, 0) == 0, "lchown");
+		pid = squat();
+		CHECK(pid > 0, "cannot start the listener");
+		snprintf(sock, sizeof(sock), "%s/site.sock", link_path);
+		int rc = open_at(msg, sizeof(msg));
+		CHECK(rc == (root_link ? GG_ERR_CLOSED : GG_ERR_CONNECT), "%s link in a shared folder: %s",
+		      root_link ? "root's" : "the squatter's", msg);
+		CHECK(root_link || strstr(msg, "which others may have made"), "got %s", msg);
+		snprintf(sock, sizeof(sock), "%s", real_sock);
+		stop(pid);
+	}
+	CHECK(unlink(link_path) == 0 && rmdir(shared) == 0, "unlink");
+
 	CHECK(rename(moved, dir) == 0 && rmdir(mid) == 0, "rename back");
 	snprintf(sock, sizeof(sock), "%s/site.sock", dir);
 
