@@ -98,18 +98,22 @@ for site in "${sites[@]}"; do
 done
 [ -n "$out" ] || bad "--out ''" "is not a folder (an empty path)"
 uid=$(id -u)
-if [ -e "$out" ] || [ -L "$out" ]; then
+# check_out: --out, when it exists, is a folder this user may write in and
+# nobody else may (they could read or replace the keys in it).
+check_out() {
+	local owner mode
+	[ -e "$out" ] || [ -L "$out" ] || return 0
 	[ -d "$out" ] || bad "--out '$out'" "is not a folder (it exists and is not a directory)"
 	if ! [ -w "$out" ] || ! [ -x "$out" ]; then
 		bad "--out '$out'" "is not a folder this user may write in"
 	fi
-	# Whoever else may write in it could read or replace the keys.
 	read -r owner mode < <(stat -L -c '%u %a' "$out")
 	[ "$owner" = "$uid" ] || [ "$owner" = 0 ] ||
 		bad "--out '$out'" "belongs to uid $owner, not to this user (uid $uid) or root: its owner could replace the keys in it"
 	[ $((8#$mode & 8#022)) = 0 ] ||
 		bad "--out '$out'" "may be written by others (mode $mode): they could replace the keys in it (chmod go-w)"
-fi
+}
+check_out
 command -v openssl >/dev/null || { echo "$me: openssl is not installed" >&2; exit 1; }
 
 # Folders made on the way (/etc/gradgate for /etc/gradgate/certs) are
@@ -118,6 +122,7 @@ command -v openssl >/dev/null || { echo "$me: openssl is not installed" >&2; exi
 (umask 022 && mkdir -p "$(dirname "$out")")
 umask 077
 mkdir -p "$out"
+check_out # again: another user may have made it meanwhile
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp" "$out"/.new.??????' EXIT
 

@@ -37,7 +37,9 @@ fail() {
 # The cases share one set of certificates, made by the first case of a
 # test run (a second of openssl per case otherwise), and made again once
 # it is a day old, the CAs being valid for 30 days, or older than the
-# script; each case works on a copy of its own.
+# script; each case works on a copy of its own, taken under the lock, so
+# that no case renews the set while another copies it. (The copy's CA
+# configs name the set's first folder: no case signs anything.)
 (
 	flock 9 || exit 1
 	if [ ! -f "$cache/made" ] || [ "$make_certs" -nt "$cache/made" ] ||
@@ -46,7 +48,8 @@ fail() {
 		OPENSSL=$openssl "$make_certs" "$cache.new" >/dev/null 2>&1 && touch "$cache.new/made" &&
 			mv "$cache.new" "$cache"
 	fi
-) 9>"$cache.lock" && cp -a "$cache" "$work/certs" || fail "cannot make certificates"
+	cp -a "$cache" "$work/certs"
+) 9>"$cache.lock" || fail "cannot make certificates"
 cd "$work/certs" || exit 1
 
 # Ephemeral ports differ from run to run: compare with them as PORT.
