@@ -71,75 +71,62 @@ static bool frees_held(const struct gg_ar_mem_cuda *lane)
 	return lane->frees_held && atomic_load_explicit(lane->frees_held, memory_order_acquire);
 }
 
-/* Frees what waited for frees to be let go, once they are. */
-static void free_held(struct gg_ar_mem_cuda *lane)
+/* Frees what the lane kept beyond its spares, unless frees are held; returns
+ * how many buffers it keeps. */
+static int trim_kept(struct gg_ar_mem_cuda *lane)
 {
-	if (frees_held(lane))
-		return;
-	for (int i = 0; i < GG_MEM_CUDA_HELD; i++)
-		if (lane->held[i].p) {
-			gg_dev_free(lane->held[i].p);
-			lane->held[i].p = NULL;
+	const bool held = frees_held(lane);
+	int count = 0;
+
+	for (int i = 0; i < GG_MEM_CUDA_KEPT; i++) {
+		if (!lane->kept[i].p)
+			continue;
+		if (count < GG_MEM_CUDA_SPARES || held) {
+			count++;
+			continue;
 		}
+		gg_dev_free(lane->kept[i].p);
+		lane->kept[i].p = NULL;
+	}
+	return count;
 }
 
-/* The index in `slots` of the smallest buffer of at least n floats, or -1. */
-static int smallest_fit(const struct gg_mem_cuda_buf *slots, int count, uint64_t n)
-{
-	int best = -1;
-
-	for (int i = 0; i < count; i++)
-		if (slots[i].p && slots[i].n >= n && (best < 0 || slots[i].n < slots[best].n))
-			best = i;
-	return best;
-}
-
-/* A spare (or held scratch) of at least n floats when the lane has one
- * (the smallest that fits), else new device memory. */
+/* The smallest buffer the lane keeps of at least n floats when it has
+ * one, else new device memory. */
 static int cuda_alloc(void *ctx, uint64_t n, float **out, char *err, size_t err_size)
 {
 	struct gg_ar_mem_cuda *lane = ((struct gg_ar_mem_cuda *)ctx)->lane;
-	int best = smallest_fit(lane->spares, GG_MEM_CUDA_SPARES, n);
+	int best = -1;
 
+	for (int i = 0; i < GG_MEM_CUDA_KEPT; i++)
+		if (lane->kept[i].p && lane->kept[i].n >= n && (best < 0 || lane->kept[i].n < lane->kept[best].n))
+			best = i;
 	if (best >= 0) {
-		*out = lane->spares[best].p;
-		lane->spares[best].p = NULL;
+		*out = lane->kept[best].p;
+		lane->kept[best].p = NULL;
 		return 0;
 	}
-	if ((best = smallest_fit(lane->held, GG_MEM_CUDA_HELD, n)) >= 0) {
-		*out = lane->held[best].p;
-		lane->held[best].p = NULL;
-		return 0;
-	}
-	free_held(lane);
+	trim_kept(lane);
 	void *p = NULL;
 	int rc = gg_dev_alloc(&p, n * sizeof(float), err, err_size);
 	*out = p;
 	return rc;
 }
 
-/* Kept as a spare; else, while frees are held, kept until they are not;
- * else freed. */
+/* Kept as a spare, or beyond the spares while frees are held; else freed. */
 static void cuda_free(void *ctx, float *p, uint64_t n)
 {
 	struct gg_ar_mem_cuda *lane = ((struct gg_ar_mem_cuda *)ctx)->lane;
 
 	if (!p)
 		return;
-	for (int i = 0; i < GG_MEM_CUDA_SPARES; i++)
-		if (!lane->spares[i].p) {
-			lane->spares[i].p = p;
-			lane->spares[i].n = n;
-			return;
-		}
-	if (frees_held(lane))
-		for (int i = 0; i < GG_MEM_CUDA_HELD; i++)
-			if (!lane->held[i].p) {
-				lane->held[i].p = p;
-				lane->held[i].n = n;
+	if (trim_kept(lane) < GG_MEM_CUDA_SPARES || frees_held(lane))
+		for (int i = 0; i < GG_MEM_CUDA_KEPT; i++)
+			if (!lane->kept[i].p) {
+				lane->kept[i].p = p;
+				lane->kept[i].n = n;
 				return;
 			}
-	free_held(lane);
 	gg_dev_free(p);
 }
 
@@ -174,10 +161,8 @@ void gg_ar_mem_cuda_view(struct gg_ar_mem_cuda *view, const struct gg_ar_mem_cud
 
 void gg_ar_mem_cuda_fini(struct gg_ar_mem_cuda *m)
 {
-	for (int i = 0; i < GG_MEM_CUDA_SPARES; i++)
-		gg_dev_free(m->spares[i].p);
-	for (int i = 0; i < GG_MEM_CUDA_HELD; i++)
-		gg_dev_free(m->held[i].p);
+	for (int i = 0; i < GG_MEM_CUDA_KEPT; i++)
+		gg_dev_free(m->kept[i].p);
 	gg_dev_host_free(m->staging);
 	gg_dev_stream_free(m->stream);
 	m->staging = NULL;

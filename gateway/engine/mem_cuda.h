@@ -21,14 +21,9 @@
 #include <stdatomic.h>
 
 #define GG_MEM_CUDA_SPARES 4
-/* Ring scratch given back beyond the spares while frees are held. */
-#define GG_MEM_CUDA_HELD 32
-
-/* A buffer of device memory kept for later (n floats). */
-struct gg_mem_cuda_buf {
-	float *p;
-	uint64_t n;
-};
+/* Ring scratch a lane keeps at most: its spares, and more while frees are
+ * held (beyond that, it is freed anyway). */
+#define GG_MEM_CUDA_KEPT 36
 
 struct gg_ar_mem_cuda {
 	struct gg_ar_mem mem; /* what a step's config points at */
@@ -38,15 +33,17 @@ struct gg_ar_mem_cuda {
 	size_t staging_bytes;
 	struct gg_feedback_cuda *fb;
 	/* Ring scratch that finished steps gave back, kept for the next ones
-	 * (freeing device memory waits for the whole GPU); the lane's only. */
-	struct gg_mem_cuda_buf spares[GG_MEM_CUDA_SPARES];
-	/* While *frees_held (NULL: never), device memory is not freed: an NCCL
-	 * call of the gateway's may run, which cudaFree would wait for, on
-	 * this thread too (the node's loop is a lane's). Scratch given back
-	 * then, beyond the spares, waits in `held`, up to GG_MEM_CUDA_HELD
-	 * (more is freed anyway), and is freed once frees are let go. */
+	 * (freeing device memory waits for the whole GPU); the lane's only:
+	 * GG_MEM_CUDA_SPARES buffers, and while *frees_held (NULL: never) up
+	 * to GG_MEM_CUDA_KEPT, since an NCCL call of the gateway's may then
+	 * run, which cudaFree would wait for, on this thread too (the node's
+	 * loop is a lane's). Those beyond the spares are freed once frees are
+	 * let go, at the lane's next step. */
+	struct {
+		float *p;
+		uint64_t n;
+	} kept[GG_MEM_CUDA_KEPT];
 	const atomic_bool *frees_held;
-	struct gg_mem_cuda_buf held[GG_MEM_CUDA_HELD];
 };
 
 /* Sets up `m` for frames whose codec bytes are at most max_raw_bytes (the

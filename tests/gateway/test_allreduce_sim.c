@@ -930,6 +930,18 @@ static void check_scratch_hold(void)
 	      "%u of the %d held buffers freed once frees were let go", cuda_double_device_frees() - before,
 	      N - GG_MEM_CUDA_SPARES);
 	m.mem.ops->free(m.mem.ctx, big, 1000);
+	/* What is kept while frees are held is bounded: past that, freed. */
+	enum { MORE = GG_MEM_CUDA_KEPT + 1 };
+	float *q[MORE];
+	atomic_store(&held, true);
+	for (int i = 0; i < MORE; i++)
+		CHECK(m.mem.ops->alloc(m.mem.ctx, 2000 + i, &q[i], err, sizeof(err)) == 0, "%s", err);
+	before = cuda_double_device_frees();
+	for (int i = 0; i < MORE; i++)
+		m.mem.ops->free(m.mem.ctx, q[i], 2000 + i);
+	CHECK(cuda_double_device_frees() == before + MORE - (GG_MEM_CUDA_KEPT - GG_MEM_CUDA_SPARES),
+	      "%u of %d buffers freed while held, past the %d kept", cuda_double_device_frees() - before, MORE,
+	      GG_MEM_CUDA_KEPT);
 	gg_ar_mem_cuda_fini(&m);
 }
 #endif
