@@ -457,7 +457,6 @@ struct gg_node {
 	 * frees back (an NCCL call of the gateway's may run there): freed once
 	 * it lets them go (gg_node_gpu_frees()). */
 	struct feedback_slot *gpu_held;
-	unsigned gpu_held_count;
 	atomic_bool gpu_frees_held; /* the lanes' ring scratch waits too (gg_ar_mem_cuda.frees_held) */
 	struct gg_node_stats stats;
 	/* The coordinator's figures: completed steps' durations and the
@@ -1979,7 +1978,6 @@ static void feedback_drop(struct gg_node *n, unsigned i)
 	if (f->device && atomic_load(&n->gpu_frees_held)) {
 		f->held_next = n->gpu_held;
 		n->gpu_held = f;
-		n->gpu_held_count++;
 		return;
 	}
 	feedback_free(n, f);
@@ -1991,7 +1989,6 @@ void gg_node_gpu_frees(struct gg_node *n, bool allowed)
 	while (allowed && n->gpu_held) {
 		struct feedback_slot *f = n->gpu_held;
 		n->gpu_held = f->held_next;
-		n->gpu_held_count--;
 		feedback_free(n, f);
 	}
 }
@@ -2099,14 +2096,17 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 	}
 	if (count * sizeof(float) > limit - n->feedback_bytes) {
 		char a[32], b[32], held[96] = "";
-		if (n->gpu_held_count)
+		unsigned nheld = 0;
+		for (const struct feedback_slot *f = n->gpu_held; f; f = f->held_next)
+			nheld++;
+		if (nheld)
 			snprintf(held, sizeof(held), " (%u of them given up, on the GPU, freed once no NCCL call of the "
-				 "gateway's runs)", n->gpu_held_count);
+				 "gateway's runs)", nheld);
 		return gg_errf(err, err_size, -ENOSPC,
 			       "error feedback for tensor %u (%llu elements) does not fit: residuals of %u "
 			       "tensors%s take %s of [limits] memory = %s; raise it, or set [compression] "
 			       "error_feedback = false",
-			       tensor, (unsigned long long)count, n->feedback_count + n->gpu_held_count, held,
+			       tensor, (unsigned long long)count, n->feedback_count + nheld, held,
 			       gg_format_size(n->feedback_bytes, a, sizeof(a)), gg_format_size(limit, b, sizeof(b)));
 	}
 	if (n->feedback_count == n->feedback_cap) {

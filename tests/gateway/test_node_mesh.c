@@ -454,6 +454,13 @@ static void *run_site(void *arg)
 		gg_node_get_metrics(node, &nm);
 		CHECK(nm.feedback_bytes == held, "site %u: residuals freed while GPU frees were held (%llu of %llu bytes)",
 		      s->index, (unsigned long long)nm.feedback_bytes, (unsigned long long)held);
+		/* They still take their share of [limits] memory, and say so. */
+		struct gg_node_step big = { .seq = 1, .tensor_id = 1, .count = 17u << 20, .dtype = 1,
+					    .input = s->input, .result = s->result, .done = on_done, .arg = s };
+		snprintf(big.job, sizeof(big.job), "big");
+		CHECK(gg_node_submit(node, &big, err, sizeof(err)) == -ENOSPC &&
+			      strstr(err, "residuals of 1 tensors (1 of them given up, on the GPU, freed once no NCCL call"),
+		      "site %u: a tensor past the memory left beside held residuals: %s", s->index, err);
 		gg_node_gpu_frees(node, true);
 		gg_node_get_metrics(node, &nm);
 		CHECK(nm.feedback_bytes == 0, "site %u: %llu bytes of residuals left once GPU frees were let go", s->index,
