@@ -44,6 +44,18 @@ static const char *openssl_reason(void)
 	return r ? r : "unknown OpenSSL error";
 }
 
+/* The owner of the key, CA or CRL file may read or replace it: only the
+ * gateway's user or root may be. */
+static int check_owner(const struct stat *st, const char *what, const char *path, char *err, size_t size)
+{
+	if (st->st_uid != geteuid() && st->st_uid != 0)
+		return fail(err, size, -EPERM,
+			    "%s '%s' belongs to uid %u: only the gateway's user (uid %u) or root may own it (run "
+			    "chown on it)",
+			    what, path, (unsigned)st->st_uid, (unsigned)geteuid());
+	return 0;
+}
+
 static int check_key_mode(const struct stat *st, const char *path, char *err, size_t size)
 {
 	if (!S_ISREG(st->st_mode))
@@ -53,13 +65,7 @@ static int check_key_mode(const struct stat *st, const char *path, char *err, si
 			    "private key '%s' has permissions %04o: group or others may access it "
 			    "(run chmod 600 on it)",
 			    path, (unsigned)(st->st_mode & 07777));
-	/* Its owner may read and replace it: the site's identity is theirs. */
-	if (st->st_uid != geteuid() && st->st_uid != 0)
-		return fail(err, size, -EPERM,
-			    "private key '%s' belongs to uid %u: only the gateway's user (uid %u) or root may own it "
-			    "(run chown on it)",
-			    path, (unsigned)st->st_uid, (unsigned)geteuid());
-	return 0;
+	return check_owner(st, "private key", path, err, size);
 }
 
 int gg_tls_check_key_permissions(const char *path, char *err, size_t err_size)
@@ -84,17 +90,13 @@ static int check_trust_mode(FILE *f, const char *path, const char *what, char *e
 			    "%s '%s' has permissions %04o: group or others may write it, and so choose whom this "
 			    "gateway trusts (run chmod go-w on it)",
 			    what, path, (unsigned)(st.st_mode & 07777));
-	if (st.st_uid != geteuid() && st.st_uid != 0)
-		return fail(err, size, -EPERM,
-			    "%s '%s' belongs to uid %u: only the gateway's user (uid %u) or root may own it (run "
-			    "chown on it)",
-			    what, path, (unsigned)st.st_uid, (unsigned)geteuid());
-	return 0;
+	return check_owner(&st, what, path, err, size);
 }
 
-/* A BIO over the in-memory PEM when given, else over the file (a CA or
- * CRL file only where nobody else may write it). */
-static BIO *open_source(const char *path, const char *pem, const char *what, int *rc, char *err, size_t size)
+/* A BIO over the in-memory PEM when given, else over the file (when
+ * `trust`, a CA or CRL file, only where nobody else may write it). */
+static BIO *open_source(const char *path, const char *pem, const char *what, bool trust, int *rc, char *err,
+			size_t size)
 {
 	BIO *bio;
 
@@ -113,8 +115,7 @@ static BIO *open_source(const char *path, const char *pem, const char *what, int
 		*rc = fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
 		return NULL;
 	}
-	if ((!strcmp(what, "CA file") || !strcmp(what, "CRL file")) &&
-	    (*rc = check_trust_mode(f, path, what, err, size))) {
+	if (trust && (*rc = check_trust_mode(f, path, what, err, size))) {
 		fclose(f);
 		return NULL;
 	}
@@ -157,7 +158,7 @@ static int load_ca(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_
 	X509_STORE *store = SSL_CTX_get_cert_store(sc);
 	STACK_OF(X509_INFO) *infos = NULL;
 	int rc = 0, count = 0;
-	BIO *bio = open_source(o->ca_file, o->ca_pem, "CA file", &rc, err, size);
+	BIO *bio = open_source(o->ca_file, o->ca_pem, "CA file", true, &rc, err, size);
 
 	if (!bio)
 		goto out;
@@ -190,7 +191,7 @@ static int load_cert(const struct gg_tls_options *o, SSL_CTX *sc, char *err, siz
 	const char *name = source_name(o->cert_file, o->cert_pem);
 	X509 *cert = NULL, *extra = NULL;
 	int rc = 0;
-	BIO *bio = open_source(o->cert_file, o->cert_pem, "certificate", &rc, err, size);
+	BIO *bio = open_source(o->cert_file, o->cert_pem, "certificate", false, &rc, err, size);
 
 	if (!bio)
 		goto out;
@@ -311,7 +312,7 @@ static int load_key(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size
 	int rc = 0;
 
 	if (o->key_pem) {
-		bio = open_source(NULL, o->key_pem, "private key", &rc, err, size);
+		bio = open_source(NULL, o->key_pem, "private key", false, &rc, err, size);
 	} else {
 		struct stat st;
 		int fd = o->key_file ? open(o->key_file, O_RDONLY | O_CLOEXEC) : -1;
@@ -360,7 +361,7 @@ static int load_crl(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size
 	X509_STORE *store = SSL_CTX_get_cert_store(sc);
 	X509_CRL *crl = NULL;
 	int rc = 0, count = 0;
-	BIO *bio = open_source(o->crl_file, NULL, "CRL file", &rc, err, size);
+	BIO *bio = open_source(o->crl_file, NULL, "CRL file", true, &rc, err, size);
 
 	if (!bio)
 		goto out;
