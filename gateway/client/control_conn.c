@@ -189,7 +189,7 @@ static long trusted_env_uid(struct gg_error *err, int *rc)
  * may make a folder, or a link to one, of their own). */
 static bool made_by_root_or(const char *dir, uid_t uid)
 {
-	char cur[PATH_MAX] = "/", rest[PATH_MAX], next[PATH_MAX], target[PATH_MAX], joined[2 * PATH_MAX];
+	char cur[PATH_MAX] = "/", rest[PATH_MAX], next[PATH_MAX], target[PATH_MAX];
 	struct stat in, st; /* the folder cur; its entry looked at */
 	unsigned links = 0;
 	const char *p = rest;
@@ -197,36 +197,34 @@ static bool made_by_root_or(const char *dir, uid_t uid)
 	if (snprintf(rest, sizeof(rest), "%s", dir) >= (int)sizeof(rest) || lstat("/", &in))
 		return false;
 	while (*p) {
-		size_t len = strcspn(p, "/");
-		if (len == 0 || (len == 1 && p[0] == '.')) {
-			p += len + (p[len] == '/');
+		const char *name = p;
+		const size_t len = strcspn(p, "/");
+		p += len + (p[len] == '/');
+		if (len == 0 || (len == 1 && name[0] == '.'))
 			continue;
-		}
-		if (len == 2 && p[0] == '.' && p[1] == '.') {
+		if (len == 2 && name[0] == '.' && name[1] == '.') {
 			char *slash = strrchr(cur, '/');
 			slash[slash == cur ? 1 : 0] = '\0';
 			if (lstat(cur, &in))
 				return false;
-			p += len + (p[len] == '/');
 			continue;
 		}
-		if (snprintf(next, sizeof(next), "%s/%.*s", strcmp(cur, "/") ? cur : "", (int)len, p) >= (int)sizeof(next) ||
+		if (snprintf(next, sizeof(next), "%s/%.*s", strcmp(cur, "/") ? cur : "", (int)len, name) >=
+			    (int)sizeof(next) ||
 		    lstat(next, &st))
 			return false;
-		p += len + (p[len] == '/');
 		const bool in_safe = !(in.st_mode & (S_IWGRP | S_IWOTH)) && (in.st_uid == 0 || in.st_uid == uid);
 		if (st.st_uid != 0 && !(st.st_uid == uid && in_safe))
 			return false;
 		if (S_ISLNK(st.st_mode)) {
+			/* The rest of the path now goes from the link's target. */
 			ssize_t n = readlink(next, target, sizeof(target) - 1);
-			if (++links > 16 || n <= 0)
+			if (++links > 16 || n <= 0 ||
+			    snprintf(target + n, sizeof(target) - (size_t)n, "/%s", p) >= (int)(sizeof(target) - (size_t)n))
 				return false;
-			target[n] = '\0';
-			if (snprintf(joined, sizeof(joined), "%s/%s", target, p) >= (int)sizeof(rest))
-				return false;
-			memcpy(rest, joined, strlen(joined) + 1);
+			memcpy(rest, target, strlen(target) + 1);
 			p = rest;
-			if (target[0] == '/') {
+			if (rest[0] == '/') {
 				strcpy(cur, "/");
 				if (lstat(cur, &in))
 					return false;
@@ -265,8 +263,7 @@ static int check_listener(int fd, const char *path, long env_uid, struct gg_erro
 	slash[slash == dir ? 1 : 0] = '\0';
 	bool dir_ok = !stat(dir, &st);
 	const bool owner = dir_ok && st.st_uid == cred.uid, shared = dir_ok && (st.st_mode & (S_IWGRP | S_IWOTH));
-	const bool made_freely = owner && !shared && !made_by_root_or(dir, cred.uid);
-	if (owner && !shared && !made_freely)
+	if (owner && !shared && made_by_root_or(dir, cred.uid))
 		return 0;
 	/* The owner of a folder others may write to, or may have made, vouches
 	 * for nothing. */
@@ -275,9 +272,7 @@ static int check_listener(int fd, const char *path, long env_uid, struct gg_erro
 		       GG_GATEWAY_UID_ENV " to trust the gateway's user)",
 		       path, (unsigned)cred.uid, (unsigned)geteuid(),
 		       !dir_ok ? "" : owner ? ", the owner of " : ", not the owner of ", dir_ok ? dir : "",
-		       shared        ? ", which others may write to"
-		       : made_freely ? ", which others may have made"
-				     : "");
+		       shared ? ", which others may write to" : owner ? ", which others may have made" : "");
 }
 
 int gg_ctrl_connect(const struct sockaddr_un *addr, uint64_t deadline_ms, struct gg_error *err)

@@ -197,13 +197,14 @@ int main(void)
 	CHECK(pid > 0, "cannot start the listener");
 	CHECK(open_at(msg, sizeof(msg)) == GG_ERR_CONNECT, "folder owner under a group-writable folder trusted: %s", msg);
 	stop(pid);
-	/* A link to that folder, put in a folder anyone may write in by the
-	 * squatter, vouches for nothing; one of root's is root's word. */
+	/* A link to that folder (../mid/run), put in a folder anyone may write
+	 * in by the squatter, vouches for nothing; one of root's is root's
+	 * word. */
 	char shared[sizeof(base) + 8], link_path[sizeof(base) + 16], real_sock[sizeof(sock)];
 	snprintf(shared, sizeof(shared), "%s/shared", base);
 	snprintf(link_path, sizeof(link_path), "%s/gg", shared);
 	CHECK(chmod(mid, 0755) == 0 && mkdir(shared, 0777) == 0 && chmod(shared, 0777) == 0 &&
-		      symlink(moved, link_path) == 0,
+		      symlink("../mid/run", link_path) == 0,
 	      "symlink");
 	snprintf(real_sock, sizeof(real_sock), "%s", sock);
 	for (int root_link = 0; root_link < 2; root_link++) {
