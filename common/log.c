@@ -101,3 +101,15 @@ bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_seco
 	l->held++;
 	return false;
 }
+
+uint64_t gg_log_limit_flush(struct gg_log_limit *l, uint64_t now_us, enum gg_log_level level, const char *event,
+			    const char *about)
+{
+	if (!l->held)
+		return UINT64_MAX;
+	if (now_us < l->window_end_us)
+		return l->window_end_us;
+	gg_log(level, "lines_unlogged", "of=%s%s%s count=%u", event, *about ? " " : "", about, l->held);
+	l->held = 0;
+	return UINT64_MAX;
+}

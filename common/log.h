@@ -33,15 +33,24 @@ void gg_log_set_tags(bool on);
  * gg_escape) is written as \xNN: one event is always one line. */
 GG_PRINTF(3, 4) void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...);
 
-/* Lines of one kind that others can cause at will (refused connections):
- * at most `per_second` of them a second. */
+/* Lines of one kind that others can cause at will (refused connections,
+ * failed handshakes, a peer's aborts): at most `per_second` of them a
+ * second. */
 struct gg_log_limit {
 	uint64_t window_end_us;
 	unsigned lines; /* logged in the window */
-	unsigned held;  /* left out since the last line logged; the caller says so there and zeroes it */
+	unsigned held;  /* left out since the last line logged or flushed (the caller may say so there and zero it) */
 };
 /* Whether a line may go out now (now_us: a monotonic clock); if not, it
  * counts in `held`. */
 bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_second);
+/* For a tick: once the second in which lines were held back is over, says
+ * how many in one line at `level`,
+ *   event=lines_unlogged of=EVENT ABOUT count=N
+ * (`about`: the caller's key=value pairs, "" for none) and zeroes `held`.
+ * Returns when to call again: the window's end while lines are held,
+ * otherwise UINT64_MAX. */
+uint64_t gg_log_limit_flush(struct gg_log_limit *l, uint64_t now_us, enum gg_log_level level, const char *event,
+			    const char *about);
 
 #endif

@@ -38,6 +38,20 @@
  * peer's words, quotes included. */
 #define LOG_VALUE_MAX GG_ESCAPED_SIZE(GG_NODE_ERROR_MAX)
 
+/* Lines a peer can cause at will with its messages once it holds a site's
+ * key (an ABORT or END for each of many names, DATA for many jobs): per
+ * peer and kind, twice what the jobs a gateway runs make in a second (an
+ * abort and an end each); the rest are counted and said at the second's
+ * end (peer_logs_flush()). The coordinator logs the first three kinds,
+ * the lanes the others, each in a table of its own; a lane's slot of its
+ * own site counts what its ranks caused. */
+enum peer_log { LOG_ABORT_RECORDED, LOG_PEER_JOB_ENDED, LOG_RERUN_REFUSED, LOG_JOB_FORGOTTEN, LOG_EARLY_DATA_DROPPED,
+		LOG_DATA_DROPPED, PEER_LOGS };
+static const char *const peer_log_events[PEER_LOGS] = { "abort_recorded", "peer_job_ended",     "rerun_refused",
+							"job_forgotten",  "early_data_dropped", "data_dropped" };
+#define PEER_LINES (2 * MAX_JOBS)
+typedef struct gg_log_limit peer_logs[GG_AR_MAX_SITES][PEER_LOGS];
+
 /* user_data kinds of the two mailboxes a lane's loop reads: below
  * GG_OP_USER, above the mesh's kinds. */
 #define KIND_LANE_MAIL 16
@@ -267,6 +281,7 @@ struct lane {
 	 * the lane only), and frames it let go past its budget. */
 	atomic_uint_fast64_t early_bytes[GG_AR_MAX_SITES], early_refused;
 	atomic_bool denied[GG_AR_MAX_SITES]; /* the peer refused this lane's dial */
+	peer_logs logs;
 	/* start-up of lanes 1..: made on their own thread */
 	int start_rc;
 	char start_err[GG_NODE_ERROR_MAX];
@@ -466,6 +481,7 @@ struct gg_node {
 	uint64_t failures_by_code[GG_NODE_CODES];
 	struct gg_node_failure failures[FAILURES_KEPT];
 	uint64_t failures_total;
+	peer_logs logs;            /* the coordinator's */
 	uint64_t coord_next_us;    /* the coordinator's next deadline */
 	uint64_t coord_last_us;    /* when the coordinator last ran */
 	uint64_t stall_grace_us;   /* after this site itself stood still: no site counts as lost before this */
@@ -616,6 +632,27 @@ static bool tombstone_young(const struct lane_job *lj)
 /* The entry of job `name`, or with `create` a new one for it. `from` is the
  * peer whose DATA asks for it, -1 for a step that starts here, or
  * LANE_JOB_NO_EVICT or LANE_JOB_FREE_ONLY. */
+static bool peer_log_now(peer_logs logs, unsigned site, enum peer_log kind, uint64_t now_us)
+{
+	return gg_log_limit_now(&logs[site][kind], now_us, PEER_LINES);
+}
+
+/* Says what a table held back, once its second is over; returns when to
+ * look again. */
+static uint64_t peer_logs_flush(const struct gg_node *n, peer_logs logs, uint64_t now_us)
+{
+	uint64_t next = UINT64_MAX;
+
+	for (unsigned p = 0; p < n->sites; p++) {
+		char about[GG_WIRE_NAME_MAX + 8] = "";
+		if (p != n->self)
+			snprintf(about, sizeof(about), "site=%s", n->names[p]);
+		for (unsigned k = 0; k < PEER_LOGS; k++)
+			next = GG_MIN(next, gg_log_limit_flush(&logs[p][k], now_us, GG_LOG_WARN, peer_log_events[k], about));
+	}
+	return next;
+}
+
 static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create, int from)
 {
 	struct lane_job *free_slot = NULL;
@@ -667,7 +704,8 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		}
 		if (!free_slot)
 			return NULL;
-		if (free_slot->early)
+		if (free_slot->early && peer_log_now(ln->logs, from >= 0 ? (unsigned)from : ln->node->self,
+						     LOG_EARLY_DATA_DROPPED, ln->loop.now_us))
 			gg_log(GG_LOG_WARN, "early_data_dropped", "job=%s reason=\"its slot went to job %s: it never "
 			       "started here\"", free_slot->name, name);
 		lane_job_clear(free_slot);
@@ -1101,8 +1139,9 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	struct lane_job *lj = lane_job_find(ln, ws->job, true, (int)from);
 
 	if (!lj) {
-		gg_log(GG_LOG_WARN, "data_dropped", "site=%s job=%s reason=\"too many jobs\"", ln->node->names[from],
-		       ws->job);
+		if (peer_log_now(ln->logs, from, LOG_DATA_DROPPED, ln->loop.now_us))
+			gg_log(GG_LOG_WARN, "data_dropped", "site=%s job=%s reason=\"too many jobs\"",
+			       ln->node->names[from], ws->job);
 		return 0;
 	}
 	/* Of a run over at its sender: nobody needs it, and kept it would hold
@@ -1670,7 +1709,7 @@ static void publish_mesh_stats(struct lane *ln)
 static uint64_t lane_timers(struct lane *ln)
 {
 	char why[GG_AR_ERROR_MAX];
-	uint64_t next = gg_mesh_tick(ln->mesh);
+	uint64_t next = GG_MIN(gg_mesh_tick(ln->mesh), peer_logs_flush(ln->node, ln->logs, ln->loop.now_us));
 
 	for (unsigned slot = 0; slot < MAX_JOBS; slot++) {
 		if (ln->ended_owed[slot] && tell_slot(ln, M_ENDED, slot, ln->ended_owed[slot], 0, NULL))
@@ -2040,8 +2079,9 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 				free_slot = &n->jobs[i];
 		if (!free_slot)
 			return NULL;
-		gg_log(GG_LOG_INFO, "job_forgotten", "job=%s last_step=%llu reason=\"its slot went to job %s\"",
-		       free_slot->name, (unsigned long long)free_slot->last_seq, name);
+		if (peer_log_now(n->logs, n->self, LOG_JOB_FORGOTTEN, gg_node_loop(n)->now_us))
+			gg_log(GG_LOG_INFO, "job_forgotten", "job=%s last_step=%llu reason=\"its slot went to job %s\"",
+			       free_slot->name, (unsigned long long)free_slot->last_seq, name);
 		for (unsigned i = 0; i < n->feedback_count; i++)
 			if (!strcmp(n->feedback[i]->job, free_slot->name))
 				feedback_drop(n, i--);
@@ -2816,8 +2856,10 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	for (uint64_t seq = from_seq; seq <= hi && seq < from_seq + 64; seq++)
 		forget_step(n, j->name, seq);
 	char safe[LOG_VALUE_MAX];
-	gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
-	       (unsigned long long)from_seq, (unsigned long long)hi, gg_escape(safe, sizeof(safe), msg, strlen(msg)));
+	if (peer_log_now(n->logs, from, LOG_ABORT_RECORDED, gg_node_loop(n)->now_us))
+		gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
+		       (unsigned long long)from_seq, (unsigned long long)hi,
+		       gg_escape(safe, sizeof(safe), msg, strlen(msg)));
 }
 
 /* The job is over at site `from`: steps up to last_done completed there,
@@ -2884,7 +2926,7 @@ static void on_end(struct gg_node *n, unsigned from, const struct gg_wire_msg *m
 		run_raise(&r->seen[from], m->u.end.run);
 		run_raise(&r->over[from], m->u.end.run);
 	}
-	if (!stale)
+	if (!stale && peer_log_now(n->logs, from, LOG_PEER_JOB_ENDED, gg_node_loop(n)->now_us))
 		gg_log(GG_LOG_INFO, "peer_job_ended", "site=%s job=%s steps_done=%llu last_step=%llu age_ms=%u here=%s",
 		       n->names[from], m->u.end.job, (unsigned long long)m->u.end.first,
 		       (unsigned long long)m->u.end.last, m->u.end.age_ms,
@@ -3072,7 +3114,8 @@ static void rerun_seen(struct gg_node *n, unsigned peer, const char *name)
 	snprintf(reason, sizeof(reason),
 		 "site %s still runs it (at step %llu): a job name is one training run; use a new name, or wait "
 		 "until the old run's ranks are all gone", n->names[n->self], (unsigned long long)j->last_seq);
-	gg_log(GG_LOG_WARN, "rerun_refused", "site=%s job=%s reason=\"%s\"", n->names[peer], j->name, reason);
+	if (peer_log_now(n->logs, peer, LOG_RERUN_REFUSED, gg_node_loop(n)->now_us))
+		gg_log(GG_LOG_WARN, "rerun_refused", "site=%s job=%s reason=\"%s\"", n->names[peer], j->name, reason);
 	send_abort(n, -1, j->name, j->run, 1, 1, GG_ERR_REFUSED, reason);
 }
 
@@ -3227,6 +3270,7 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	if (n->coord_last_us && now - n->coord_last_us > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us))
 		n->stall_grace_us = now + n->cfg->transport.heartbeat_timeout_us;
 	n->coord_last_us = now;
+	next = GG_MIN(next, peer_logs_flush(n, n->logs, now));
 
 	/* Mail that memory ran out for, again. */
 	if (n->closing && (n->close_told != all_lanes(n) || !n->acceptor_told))

@@ -109,6 +109,17 @@ struct rate_window {
 	uint64_t busy_us, bytes;
 };
 
+/* Lines about a peer's streams, which it can cause at will by connecting
+ * again and again once it holds a site's key: each kind has a second's
+ * worth of every stream coming and going twice, and the rest are counted
+ * (gg_mesh_tick() says how many). */
+enum peer_log { PEER_LOG_UP, PEER_LOG_DOWN, PEER_LOG_RESTARTED, PEER_LOG_MISMATCH, PEER_LOGS };
+static const char *const peer_log_events[PEER_LOGS] = { "stream_up", "stream_down", "peer_restarted",
+							"peer_mismatch" };
+/* Connections that never proved a site's identity, which anyone who
+ * reaches the port can make: this many lines a second. */
+#define UNAUTH_LINES 10
+
 struct peer {
 	int conn[GG_MESH_MAX_STREAMS]; /* per stream number: conn index or -1 */
 	/* Per stream number: a dial of ours still being set up while conn[]
@@ -131,6 +142,7 @@ struct peer {
 	enum gg_peer_dial dial; /* [[peers]] dial: who opens the streams */
 	bool denied;            /* it refused a dial of ours with access_denied (its dial for us is "out") */
 	struct gg_log_limit dial_warn, accept_warn; /* our dials it refused, its connections we refused */
+	struct gg_log_limit log[PEER_LOGS];         /* lines a peer causes by reconnecting (peer_log_now()) */
 };
 
 struct gg_mesh {
@@ -163,6 +175,7 @@ struct gg_mesh {
 	uint8_t admit_ip[16];
 	uint64_t admit_until_us;
 	struct gg_log_limit slot_warn, refusal_warn, evict_warn;
+	struct gg_log_limit unauth_log; /* stream_down of connections no site's identity was proved on */
 	struct gg_wire_hello hello;
 	struct gg_net_buffer_limits buffer_limits;
 	bool buffer_warned[2]; /* socket_buffer_capped logged: receive, send */
@@ -185,6 +198,41 @@ struct gg_mesh {
 static bool warn_now(struct gg_log_limit *w, uint64_t now_us)
 {
 	return gg_log_limit_now(w, now_us, 1);
+}
+
+/* Whether to log now a line of `kind` about `peer` (-1: a connection whose
+ * peer never proved who it is, whose lines are stream_down). */
+static bool peer_log_now(struct gg_mesh *m, int peer, enum peer_log kind)
+{
+	if (peer < 0)
+		return gg_log_limit_now(&m->unauth_log, m->loop->now_us, UNAUTH_LINES);
+	return gg_log_limit_now(&m->peers[peer].log[kind], m->loop->now_us,
+				4 * (unsigned)m->cfg->transport.streams_per_peer + 8);
+}
+
+/* Says what the limits held back, once their second is over; returns when
+ * to look again. */
+static uint64_t log_limits_flush(struct gg_mesh *m)
+{
+	const uint64_t now = m->loop->now_us;
+	uint64_t next = gg_log_limit_flush(&m->unauth_log, now, GG_LOG_INFO, "stream_down", "site=?");
+
+	next = GG_MIN(next, gg_log_limit_flush(&m->slot_warn, now, GG_LOG_WARN, "dial_deferred", ""));
+	next = GG_MIN(next, gg_log_limit_flush(&m->refusal_warn, now, GG_LOG_WARN, "handshake_refused", ""));
+	next = GG_MIN(next, gg_log_limit_flush(&m->evict_warn, now, GG_LOG_INFO, "handshake_evicted", ""));
+	for (unsigned p = 0; p < m->sites; p++) {
+		struct peer *pe = &m->peers[p];
+		char about[GG_WIRE_NAME_MAX + 8];
+		if (p == m->self)
+			continue;
+		snprintf(about, sizeof(about), "site=%s", m->names[p]);
+		next = GG_MIN(next, gg_log_limit_flush(&pe->dial_warn, now, GG_LOG_WARN, "dial_refused", about));
+		next = GG_MIN(next, gg_log_limit_flush(&pe->accept_warn, now, GG_LOG_WARN, "stream_refused", about));
+		for (unsigned k = 0; k < PEER_LOGS; k++)
+			next = GG_MIN(next, gg_log_limit_flush(&pe->log[k], now, GG_LOG_WARN, peer_log_events[k],
+							       about));
+	}
+	return next;
 }
 
 static double now_s(void)
@@ -859,7 +907,8 @@ static void stream_ready(struct gg_mesh *m, int ci)
 	m->stats.peers[c->peer].stream_ups++;
 	if (c->dialer)
 		m->peers[c->peer].denied = false;
-	gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d dialed_by=%s cipher=%s", m->names[c->peer], c->stream,
+	if (peer_log_now(m, c->peer, PEER_LOG_UP))
+		gg_log(GG_LOG_INFO, "stream_up", "site=%s stream=%d dialed_by=%s cipher=%s", m->names[c->peer], c->stream,
 	       m->names[c->dialer ? m->self : (unsigned)c->peer], c->ts.tls ? gg_tls_engine_cipher(c->ts.tls) : "none");
 	resend_lost(m, (unsigned)c->peer);
 	m->ops->on_stream_change(m->owner, (unsigned)c->peer, (unsigned)c->stream, true, NULL);
@@ -952,7 +1001,8 @@ static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hell
 				      "stream, the one the site whose name sorts first dialed is kept)", true);
 	}
 	if (pe->instance_id && pe->instance_id != h->instance_id) {
-		gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", m->names[c->peer]);
+		if (peer_log_now(m, c->peer, PEER_LOG_RESTARTED))
+			gg_log(GG_LOG_WARN, "peer_restarted", "site=%s", m->names[c->peer]);
 		pe->instance_id = h->instance_id;
 		pe->denied = false; /* it may have come back with other settings */
 		peer_lost_state(m, (unsigned)c->peer);
@@ -972,7 +1022,8 @@ static void on_hello(struct gg_mesh *m, int ci, const struct gg_wire_msg *msg)
 		return;
 	}
 	if (gg_wire_hello_check(&m->hello, h, m->names[c->peer], err, sizeof(err))) {
-		gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", m->names[c->peer], err);
+		if (peer_log_now(m, c->peer, PEER_LOG_MISMATCH))
+			gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", m->names[c->peer], err);
 		m->stats.stream_failures[GG_MESH_FAIL_MISMATCH]++;
 		/* Our HELLO lets the dialer see the mismatch too, rather than
 		 * only a closed stream; the close flushes it. */
@@ -1211,8 +1262,9 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		c->duplicate = true;
 		m->stats.duplicate_streams++;
 	}
-	gg_log(c->ready && !c->duplicate ? GG_LOG_WARN : GG_LOG_INFO, "stream_down", "site=%s stream=%d reason=\"%s\"",
-	       c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
+	if (peer_log_now(m, c->peer, PEER_LOG_DOWN))
+		gg_log(c->ready && !c->duplicate ? GG_LOG_WARN : GG_LOG_INFO, "stream_down",
+		       "site=%s stream=%d reason=\"%s\"", c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
 	bool was_ready = c->ready;
 	c->ready = false;
 	if (was_ready && c->peer >= 0)
@@ -1705,6 +1757,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		m->stall_grace_us = now + cfg->transport.heartbeat_timeout_us;
 	m->tick_last_us = now;
 	admit_waiting(m);
+	next = GG_MIN(next, log_limits_flush(m));
 	for (int ci = 0; ci < m->conn_cap; ci++) {
 		struct conn *c = &m->conns[ci];
 		if (!c->used)

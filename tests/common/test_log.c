@@ -96,11 +96,48 @@ static void test_tags(void)
 	CHECK(strstr(text, " event=three k=v\n"), "a tag once the thread's site was cleared: %s", text);
 }
 
+/* Three lines a second of a kind: 10 tried at t=0 log 3; the flush says
+ * nothing before the second is over, then the 7 left out, once. */
+static struct gg_log_limit limit;
+static uint64_t flush_next[3];
+static unsigned limited_logged;
+
+static void emit_limited(void)
+{
+	for (unsigned i = 0; i < 10; i++)
+		if (gg_log_limit_now(&limit, 5000000, 3)) {
+			gg_log(GG_LOG_INFO, "refused", "n=%u", i);
+			limited_logged++;
+		}
+	flush_next[0] = gg_log_limit_flush(&limit, 5999999, GG_LOG_WARN, "refused", "site=b");
+	flush_next[1] = gg_log_limit_flush(&limit, 6000000, GG_LOG_WARN, "refused", "site=b");
+	flush_next[2] = gg_log_limit_flush(&limit, 6000001, GG_LOG_WARN, "refused", "");
+}
+
+static void test_limit(void)
+{
+	char text[4096];
+
+	if (!logged(emit_limited, text, sizeof(text)))
+		return;
+	CHECK(limited_logged == 3 && strstr(text, " event=refused n=2\n") && !strstr(text, " n=3"),
+	      "%u lines let out of 10 at 3 a second: %s", limited_logged, text);
+	CHECK(flush_next[0] == 6000000, "a flush within the second said to come back at %llu, not at its end (6000000)",
+	      (unsigned long long)flush_next[0]);
+	CHECK(flush_next[1] == UINT64_MAX && flush_next[2] == UINT64_MAX, "flushes after the second: %llu %llu",
+	      (unsigned long long)flush_next[1], (unsigned long long)flush_next[2]);
+	static const char line[] = " level=warn event=lines_unlogged of=refused site=b count=7\n";
+	const char *held = strstr(text, line);
+	CHECK(held && !strstr(held + sizeof(line) - 1, "lines_unlogged"), "not one line saying 7 were left out: %s", text);
+	CHECK(limit.held == 0, "%u still held after the flush", limit.held);
+}
+
 int main(void)
 {
 	test_escape();
 	test_log_line();
 	test_tags();
+	test_limit();
 	if (!failures)
 		printf("test_log: ok\n");
 	return failures ? 1 : 0;

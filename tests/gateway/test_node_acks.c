@@ -71,11 +71,22 @@
  * hold it (bfloat16 counts 2 bytes an element, float32 4), a job past the
  * job table, a step once the node stops.
  *
+ * And a peer that holds a site's key, sending what makes a log line each
+ * far faster than jobs do: DATA of 200 jobs that never start here, ENDs
+ * of 1000 jobs never seen here, ABORTs of 1000 steps of one job and of
+ * 200 jobs (past the job table, each takes an idle job's entry), and 200
+ * reconnections of a stream, each as a new instance. Each kind logs at
+ * most its limit in a second (64 lines; 16 for a stream's ups and downs
+ * with two streams a peer), and once the second is over one line says how
+ * many it left out: what was logged and what was left out add up to what
+ * was sent.
+ *
  *   test_node_acks CERT_DIR  (certificates from examples/make-certs.sh) */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -198,6 +209,43 @@ static void turns(struct gg_node *node, int n)
 		CHECK(gg_node_run_once(node, 0, NULL, NULL) == 0, "the node's loop failed");
 }
 
+/* The node's log lines at info and above, from capture_start() to
+ * capture_end(). */
+struct capture {
+	FILE *log;
+	int saved;
+};
+
+static bool capture_start(struct capture *c)
+{
+	c->log = tmpfile();
+	c->saved = dup(STDERR_FILENO);
+	CHECK(c->log && c->saved >= 0, "cannot capture the log");
+	if (!c->log || c->saved < 0) {
+		if (c->log)
+			fclose(c->log);
+		if (c->saved >= 0)
+			close(c->saved);
+		return false;
+	}
+	fflush(stderr);
+	dup2(fileno(c->log), STDERR_FILENO);
+	gg_log_set_level(GG_LOG_INFO);
+	return true;
+}
+
+/* Ends the capture and leaves what it holds in text (cut short to size). */
+static void capture_end(struct capture *c, char *text, size_t size)
+{
+	gg_log_set_level(GG_LOG_ERROR);
+	fflush(stderr);
+	dup2(c->saved, STDERR_FILENO);
+	close(c->saved);
+	rewind(c->log);
+	text[fread(text, 1, size - 1, c->log)] = '\0';
+	fclose(c->log);
+}
+
 /* s0 aborted step 1 of job "acks" before s1 started it; its DATA comes
  * after the ABORT. */
 static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
@@ -207,29 +255,17 @@ static void run_after_abort(struct gg_node *node, const struct gg_config *cfg, s
 	uint8_t *data = make_data(cfg, 1, 0, &len);
 	ssize_t al = gg_wire_encode_abort(abort_msg, sizeof(abort_msg), "acks", 1, 1, 1, (uint8_t)-GG_ERR_SITE,
 					  "the gateway of site s0 is \"shutting down\" event=forged site=s9");
-	FILE *log = tmpfile();
-	int saved = dup(STDERR_FILENO);
+	struct capture cap;
 	char text[4096] = "";
 
-	CHECK(data && al > 0 && log && saved >= 0, "cannot make DATA and ABORT, or capture the log");
-	if (!data || al <= 0 || !log || saved < 0) {
+	CHECK(data && al > 0, "cannot make DATA and ABORT");
+	if (!data || al <= 0 || !capture_start(&cap)) {
 		free(data);
-		if (log)
-			fclose(log);
 		return;
 	}
-	fflush(stderr);
-	dup2(fileno(log), STDERR_FILENO);
-	gg_log_set_level(GG_LOG_INFO);
 	CHECK(gg_node_test_receive(node, 0, 0, abort_msg, (size_t)al) == 0, "ABORT on stream 0");
 	turns(node, 3);
-	gg_log_set_level(GG_LOG_ERROR);
-	fflush(stderr);
-	dup2(saved, STDERR_FILENO);
-	close(saved);
-	rewind(log);
-	text[fread(text, 1, sizeof(text) - 1, log)] = '\0';
-	fclose(log);
+	capture_end(&cap, text, sizeof(text));
 	CHECK(strstr(text, "event=abort_recorded job=acks step=1 last_step=1 reason=\"site s0 aborted step 1 of job "
 			   "'acks': the gateway of site s0 is \\\"shutting down\\\" event=forged site=s9\"\n"),
 	      "the ABORT's reason was not logged escaped inside its value:\n%s", text);
@@ -792,8 +828,110 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 	free(d2);
 }
 
+/* Lines of `event` in the log, and what the lines_unlogged lines of it
+ * (with `about`, "" for none) say were left out. */
+static unsigned count_lines(const char *text, const char *event, const char *about, unsigned *unlogged)
+{
+	char key[96], held[160];
+	unsigned lines = 0, n;
+
+	snprintf(key, sizeof(key), " event=%s ", event);
+	snprintf(held, sizeof(held), " event=lines_unlogged of=%s %s%scount=", event, about, *about ? " " : "");
+	*unlogged = 0;
+	for (const char *p = text; (p = strstr(p, key)); p++)
+		lines++;
+	for (const char *p = text; (p = strstr(p, held)); p++)
+		if (sscanf(p + strlen(held), "%u", &n) == 1)
+			*unlogged += n;
+	return lines;
+}
+
+/* Turns the node until `us` microseconds passed. */
+static void turns_for(struct gg_node *node, uint64_t us)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	const uint64_t until = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000 + us;
+
+	for (;;) {
+		turns(node, 1);
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		if ((uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000 >= until)
+			return;
+		usleep(10000);
+	}
+}
+
+static void run_log_flood(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	enum { NAMES = 200, REPEATS = 1000, RECONNECTS = 200, TEXT = 1 << 20 };
+	static const struct {
+		const char *event, *about;
+		unsigned limit, sent; /* sent: 0 where the node decides how many (evictions) */
+	} kinds[] = {
+		{ "early_data_dropped", "site=s0", 64, 0 },
+		{ "peer_job_ended", "site=s0", 64, REPEATS },
+		{ "abort_recorded", "site=s0", 64, REPEATS + NAMES },
+		{ "job_forgotten", "", 64, 0 },
+		{ "stream_up", "site=s0", 16, RECONNECTS },
+		{ "peer_restarted", "site=s0", 16, RECONNECTS },
+	};
+	uint8_t msg[512];
+	char job[16];
+	char *text = malloc(TEXT);
+	struct capture cap;
+
+	CHECK(text, "no memory for the log");
+	if (!text || !capture_start(&cap)) {
+		free(text);
+		return;
+	}
+	for (unsigned i = 0; i < NAMES; i++) {
+		size_t len = 0;
+		snprintf(job, sizeof(job), "d%u", i);
+		uint8_t *data = make_job_data(cfg, job, 1, 0, &len);
+		CHECK(data && gg_node_test_receive(node, 0, 1, data, len) == 0, "DATA of job %s", job);
+		free(data);
+		turns(node, 1);
+	}
+	for (unsigned i = 0; i < REPEATS; i++) {
+		snprintf(job, sizeof(job), "e%u", i);
+		from_s0(node, msg, gg_wire_encode_end(msg, sizeof(msg), job, 1, 1, 1, (uint8_t)-GG_ERR_RANK, "gone", 0),
+			"END of a job never seen here");
+	}
+	for (unsigned i = 0; i < REPEATS + NAMES; i++) {
+		snprintf(job, sizeof(job), i < REPEATS ? "flood" : "a%u", i);
+		from_s0(node, msg,
+			gg_wire_encode_abort(msg, sizeof(msg), job, 1, i < REPEATS ? i + 1 : 1, i < REPEATS ? i + 1 : 1,
+					     (uint8_t)-GG_ERR_SITE, "flood"),
+			"ABORT");
+	}
+	for (unsigned i = 0; i < RECONNECTS; i++) {
+		CHECK(gg_node_test_open_stream(node, 0, 0, 1000 + i, on_sent, sent) == 0, "stream 0 again");
+		turns(node, 1);
+	}
+	/* The seconds the floods began in end, and the node says what they left out. */
+	turns_for(node, 1300000);
+	capture_end(&cap, text, TEXT);
+	for (unsigned k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+		unsigned unlogged, lines = count_lines(text, kinds[k].event, kinds[k].about, &unlogged);
+		printf("  %s: %u logged, %u left out\n", kinds[k].event, lines, unlogged);
+		/* Each flood takes well under a second, but may straddle two. */
+		CHECK(lines <= 2 * kinds[k].limit, "%u lines of %s, more than %u in a second or two", lines,
+		      kinds[k].event, kinds[k].limit);
+		CHECK(unlogged > 0, "no lines_unlogged line of %s said what the limit left out", kinds[k].event);
+		if (kinds[k].sent)
+			CHECK(lines + unlogged == kinds[k].sent, "%s: %u logged and %u left out, not the %u sent",
+			      kinds[k].event, lines, unlogged, kinds[k].sent);
+		else
+			CHECK(lines + unlogged >= NAMES - 64, "%s: %u logged and %u left out, of %u names",
+			      kinds[k].event, lines, unlogged, NAMES);
+	}
+	free(text);
+}
+
 enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS,
-		JOB_TABLE };
+		JOB_TABLE, LOG_FLOOD };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -817,6 +955,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[REFUSALS] = "steps refused, each saying why",
 		[MARKS] = "a peer's END or restart before this site's ranks announced a step",
 		[JOB_TABLE] = "a full job table: idle jobs with ranks here keep their entries",
+		[LOG_FLOOD] = "a peer's messages that make a log line each, far faster than jobs do",
 	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
@@ -858,6 +997,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == JOB_TABLE) {
 		run_job_table(node);
+		goto out;
+	}
+	if (what == LOG_FLOOD) {
+		run_log_flood(node, &cfg, &sent);
 		goto out;
 	}
 	if (what == AFTER_END) {
@@ -937,6 +1080,7 @@ int main(int argc, char **argv)
 	run(argv[1], REFUSALS);
 	run(argv[1], MARKS);
 	run(argv[1], JOB_TABLE);
+	run(argv[1], LOG_FLOOD);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }

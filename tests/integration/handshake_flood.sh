@@ -7,7 +7,8 @@
 # site-b refuses the flood at once, saying why. Then two addresses flood,
 # which fill the pool between them, and site-a only dials in: it takes the
 # slot of a flooding handshake. A connection that authenticates but never
-# says HELLO is not kept either.
+# says HELLO is not kept either. Handshakes that fail at once fill the log
+# with no more than 10 lines a second.
 . "$(dirname "$0")/lib.sh"
 
 K=2
@@ -112,4 +113,36 @@ timeout 10 openssl s_client -connect "127.0.0.1:${gw_port[1]}" -CAfile "$certs/c
 	-servername site-b.gradgate.test -ign_eof </dev/null >"$work/silent.out" 2>&1 || true
 expect "$(site_log 1)" 'event=stream_down site=site-a stream=-1 reason="no HELLO within the handshake timeout"' \
 	"site-b closed the silent connection"
+
+# Handshakes that fail at once (no certificate, no ALPN), one after another
+# for a second from 127.0.0.2: anyone who reaches the port can make them, so
+# site-b logs at most 10 of them a second, then how many it left out.
+from=$(($(wc -l <"$(site_log 1)") + 1))
+python3 - "${gw_port[1]}" >"$work/fail-flood.out" 2>&1 <<'PY'
+import socket, ssl, sys, time
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+n, until = 0, time.monotonic() + 1
+while time.monotonic() < until:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.2", 0))
+        s.settimeout(2)
+        s.connect(("127.0.0.1", int(sys.argv[1])))
+        ctx.wrap_socket(s).recv(1)
+    except (OSError, ssl.SSLError):
+        pass
+    s.close()
+    n += 1
+print(n)
+PY
+wait_for "$(site_log 1)" 'event=lines_unlogged of=stream_down site=\? count=[0-9]+' 5 ||
+	fail "site-b did not say how many failed handshakes it left out of its log"
+failed=$(tail -n "+$from" "$(site_log 1)" | grep -c 'event=stream_down site=?' || true)
+left=$(tail -n "+$from" "$(site_log 1)" | sed -n 's/.*event=lines_unlogged of=stream_down site=? count=\([0-9]*\).*/\1/p' |
+	awk '{ n += $1 } END { print n + 0 }')
+log "$(cat "$work/fail-flood.out") failed handshakes in a second: site-b logged $failed, left out $left"
+[ "$failed" -le 20 ] || fail "site-b logged $failed failed handshakes of one flooding second, more than 10 a second"
+[ $((failed + left)) -ge "$(cat "$work/fail-flood.out")" ] ||
+	fail "site-b logged $failed and left out $left failed handshakes, fewer than the $(cat "$work/fail-flood.out") made"
 mesh_stop
