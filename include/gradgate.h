@@ -290,8 +290,10 @@ GRADGATE_API int gg_wait(struct gg_request *req, int timeout_ms, struct gg_error
  *
  * The library reaches CUDA through the driver (libcuda.so.1, loaded on
  * first use), so it needs no CUDA library to link or load. Errors besides
- * gg_allreduce()'s: GG_ERR_SYSTEM when no CUDA driver can be loaded or a
- * CUDA call fails (the message names the call and CUDA's error). A gateway
+ * gg_allreduce()'s: GG_ERR_SYSTEM when no CUDA driver can be loaded (the
+ * kind of memory `devbuf` is cannot be told without one, so host memory
+ * too gets this answer then) or a CUDA call fails (the message names the
+ * call and CUDA's error). A gateway
  * built without CUDA, or without a GPU, fails the session (GG_ERR_INVALID)
  * when it is first handed device memory; a CUDA error while it opens the
  * memory fails it with GG_ERR_SYSTEM, and one while it writes the result
@@ -355,8 +357,10 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
  * differ (the message names both); when the gateway cannot serve the
  * first call (that, or the job's communicator was aborted or the job
  * failed before it), the session ends, with the gateway's reason;
- * GG_ERR_SYSTEM when NCCL cannot be loaded or an NCCL call fails, here or
- * at the gateway (the message names the call and NCCL's error);
+ * GG_ERR_SYSTEM when no CUDA driver or no NCCL can be loaded (without a
+ * driver, host memory too gets this answer, as for gg_allreduce_cuda) or
+ * an NCCL call fails, here or at the gateway (the message names the call
+ * and NCCL's error);
  * GG_ERR_TIMEOUT as above.
  *
  * An NCCL error at this rank (joining, or enqueueing the reduce and
