@@ -42,9 +42,10 @@
  * key (an ABORT or END for each of many names, DATA for many jobs): per
  * peer and kind, twice what the jobs a gateway runs make in a second (an
  * abort and an end each); the rest are counted and said at the second's
- * end (peer_logs_flush()). The coordinator logs the first three kinds,
- * the lanes the others, each in a table of its own; a lane's slot of its
- * own site counts what its ranks caused. */
+ * end (peer_logs_flush()). The coordinator logs the first four kinds,
+ * the lanes the other two, each in a table of its own. The slot of this
+ * site counts what no peer caused: job_forgotten whatever made the new
+ * job, early_data_dropped for a step that starts here. */
 enum peer_log { LOG_ABORT_RECORDED, LOG_PEER_JOB_ENDED, LOG_RERUN_REFUSED, LOG_JOB_FORGOTTEN, LOG_EARLY_DATA_DROPPED,
 		LOG_DATA_DROPPED, PEER_LOGS };
 static const char *const peer_log_events[PEER_LOGS] = { "abort_recorded", "peer_job_ended",     "rerun_refused",
@@ -629,9 +630,6 @@ static bool tombstone_young(const struct lane_job *lj)
 	return tombstone(lj) && lj->lane->loop.now_us - lj->ended_us < lj->lane->node->cfg->transport.heartbeat_timeout_us;
 }
 
-/* The entry of job `name`, or with `create` a new one for it. `from` is the
- * peer whose DATA asks for it, -1 for a step that starts here, or
- * LANE_JOB_NO_EVICT or LANE_JOB_FREE_ONLY. */
 static bool peer_log_now(peer_logs logs, unsigned site, enum peer_log kind, uint64_t now_us)
 {
 	return gg_log_limit_now(&logs[site][kind], now_us, PEER_LINES);
@@ -653,6 +651,9 @@ static uint64_t peer_logs_flush(const struct gg_node *n, peer_logs logs, uint64_
 	return next;
 }
 
+/* The entry of job `name`, or with `create` a new one for it. `from` is the
+ * peer whose DATA asks for it, -1 for a step that starts here, or
+ * LANE_JOB_NO_EVICT or LANE_JOB_FREE_ONLY. */
 static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool create, int from)
 {
 	struct lane_job *free_slot = NULL;
