@@ -3,7 +3,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -86,4 +89,51 @@ out:
 	free(buf);
 	close(fd);
 	return rc;
+}
+
+bool gg_user_name(uid_t uid, char *buf, size_t size)
+{
+	struct passwd pw, *found = NULL;
+	char store[1024];
+
+	if (!getpwuid_r(uid, &pw, store, sizeof(store), &found) && found) {
+		snprintf(buf, size, "%s", pw.pw_name);
+		return true;
+	}
+	snprintf(buf, size, "%u", (unsigned)uid);
+	return false;
+}
+
+/* "user NAME (uid N)", or "uid N" for a uid with no name; the bare name
+ * (or number) in `name`. */
+static void describe_user(uid_t uid, char *who, size_t who_size, char *name, size_t name_size)
+{
+	if (gg_user_name(uid, name, name_size))
+		snprintf(who, who_size, "user %s (uid %u)", name, (unsigned)uid);
+	else
+		snprintf(who, who_size, "uid %u", (unsigned)uid);
+}
+
+const char *gg_owner_refusal(uid_t owner, const char *path, char *buf, size_t size)
+{
+	const uid_t me = geteuid();
+	char them[320], their_name[256], us[320], our_name[256], run_as[340] = "";
+
+	if (owner == me || owner == 0)
+		return NULL;
+	describe_user(owner, them, sizeof(them), their_name, sizeof(their_name));
+	if (me == 0) {
+		if (strncmp(them, "uid ", 4))
+			snprintf(run_as, sizeof(run_as),
+				 "run the gateway as that user (runuser -u %s -- gradgate ...), or ", their_name);
+		snprintf(buf, size,
+			 "belongs to %s, who could replace it, and the gateway runs as root: %srun: chown root: '%s'",
+			 them, run_as, path);
+	} else {
+		describe_user(me, us, sizeof(us), our_name, sizeof(our_name));
+		snprintf(buf, size,
+			 "belongs to %s, who could replace it, not to the gateway's %s or root; run: chown %s: '%s'",
+			 them, us, our_name, path);
+	}
+	return buf;
 }

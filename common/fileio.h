@@ -1,7 +1,9 @@
 #ifndef GG_FILEIO_H
 #define GG_FILEIO_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "gg_common.h"
 
@@ -14,5 +16,16 @@
  * was written to within GG_PIPE_WAIT_MS, or the negative errno of the
  * failure. */
 GG_MUST_CHECK int gg_read_small_file(const char *path, size_t max_bytes, char **text, size_t *len);
+
+/* The name of user `uid` in buf, true; or where it has none, its number,
+ * false. */
+bool gg_user_name(uid_t uid, char *buf, size_t size);
+
+/* A file of the gateway's key, CA or CRL says how it proves itself or whom
+ * it trusts, and whoever owns it may replace it: only root or the user the
+ * process runs as may. For one that `owner` owns, NULL where that may be;
+ * else why not and what to do, as the rest of a sentence that starts with
+ * the file ("... belongs to user gradgate (uid 999), ..."), in buf. */
+const char *gg_owner_refusal(uid_t owner, const char *path, char *buf, size_t size);
 
 #endif

@@ -1045,7 +1045,8 @@ static void check_metrics(struct loader *ld, const struct gg_config *cfg, const 
 
 /* The certificate files must be readable now, not at the first handshake;
  * the key must not be accessible to anyone but its owner, nor the CA and
- * CRL files writable by anyone else. */
+ * CRL files writable by anyone else, and those three must belong to root
+ * or the gateway's user. */
 static void check_files(struct loader *ld, const struct gg_config *cfg)
 {
 	const struct {
@@ -1061,6 +1062,7 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 
 	for (size_t i = 0; i < GG_ARRAY_LEN(files); i++) {
 		const char *path = files[i].path;
+		char why[PATH_MAX + 256];
 		struct stat st;
 		if (!path)
 			continue;
@@ -1091,6 +1093,8 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 				   "[tls] %s file '%s' may be written by group or others (mode %04o), who could so "
 				   "choose whom this gateway trusts; run: chmod go-w '%s'",
 				   files[i].key, path, (unsigned)(st.st_mode & 07777), path);
+		else if (strcmp(files[i].key, "cert") && gg_owner_refusal(st.st_uid, path, why, sizeof(why)))
+			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' %s", files[i].key, path, why);
 		close(fd);
 	}
 }

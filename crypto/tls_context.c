@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -16,6 +17,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "fileio.h"
 #include "tls_internal.h"
 
 struct gg_tls_context {
@@ -48,11 +50,10 @@ static const char *openssl_reason(void)
  * gateway's user or root may be. */
 static int check_owner(const struct stat *st, const char *what, const char *path, char *err, size_t size)
 {
-	if (st->st_uid != geteuid() && st->st_uid != 0)
-		return fail(err, size, -EPERM,
-			    "%s '%s' belongs to uid %u: only the gateway's user (uid %u) or root may own it (run "
-			    "chown on it)",
-			    what, path, (unsigned)st->st_uid, (unsigned)geteuid());
+	char why[PATH_MAX + 256];
+
+	if (gg_owner_refusal(st->st_uid, path, why, sizeof(why)))
+		return fail(err, size, -EPERM, "%s '%s' %s", what, path, why);
 	return 0;
 }
 

@@ -17,6 +17,7 @@
 
 #include "acceptor.h"
 #include "control_proto.h"
+#include "fileio.h"
 #include "gg_build_config.h"
 #include "host_sum.h"
 #include "log.h"
@@ -2770,6 +2771,19 @@ static int check_socket_folders(const char *path, char *err, size_t err_size)
 	return rc;
 }
 
+/* The socket's folder `dir` does not exist and the gateway's user cannot
+ * make it (`why`): as /run/gradgate, which only root may make in /run. */
+static int folder_unmakeable(const char *path, const char *dir, const char *why, char *err, size_t err_size)
+{
+	char who[256];
+
+	gg_user_name(geteuid(), who, sizeof(who));
+	snprintf(err, err_size, "control socket %s: folder %s does not exist, and the gateway's user cannot make it "
+		 "(%s): the systemd unit makes it at each start (RuntimeDirectory); to run the gateway otherwise, "
+		 "make it first: install -d -m 0755 -o %s '%s'", path, dir, why, who, dir);
+	return -EACCES;
+}
+
 static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
@@ -2798,8 +2812,13 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 			bool made = !mkdir(dir, 0755);
 			if (made)
 				(void)!chmod(dir, 0755); /* whatever the umask: ranks of every user reach it */
-			if (made || errno == EEXIST)
+			if (made || errno == EEXIST) {
 				rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
+			} else if (errno != ENOENT) {
+				rc = folder_unmakeable(b->path, dir, strerror(errno), err, err_size);
+				close(fd);
+				return rc;
+			}
 		}
 	}
 	if (rc == -EADDRINUSE) {
@@ -3011,6 +3030,14 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 			return 0;
 		*slash = '\0';
 		if (!stat(dir, &st)) {
+			/* The socket's folder is missing: listen_on() makes it
+			 * where the gateway's user may. */
+			if (S_ISDIR(st.st_mode) && level == 1 && faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS)) {
+				char missing[sizeof(dir)];
+				snprintf(missing, sizeof(missing), "%.*s", (int)(strrchr(path, '/') - path), path);
+				return folder_unmakeable(path, missing, "no write access to its parent folder", err,
+							 err_size);
+			}
 			if (S_ISDIR(st.st_mode))
 				return 0;
 			snprintf(err, err_size, "control socket %s: %s is not a folder", path, dir);

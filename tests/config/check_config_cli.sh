@@ -137,13 +137,13 @@ mkfifo "$tmp/pipe.pem" "$tmp/pipe.toml"
 refused fifo 's#^ca = .*#ca = "pipe.pem"#' "a named pipe as [tls] ca" "[tls] ca file '$tmp/pipe.pem' is not a regular file"
 (sleep 0.5; timeout 5 cp "$tmp/good.toml" "$tmp/pipe.toml") &
 timeout 10 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
-expect "a named pipe written to half a second late is read (exit 0): $(head -c 200 "$tmp/err")" $?
+rc=$?; expect "a named pipe written to half a second late is read (exit 0): $(head -c 200 "$tmp/err")" $rc
 wait
 timeout 20 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
 expect "a named pipe nobody writes to fails the check (exit 1)" $(( $? != 1 ))
 grep -qF "$tmp/pipe.toml: a pipe nothing was written to within 10 s" "$tmp/err"; expect "  saying so" $?
 "$gradgate" --check-config <(sed "s#^\(ca\|cert\|key\) = \"#&$tmp/#" "$tmp/good.toml") >/dev/null 2>"$tmp/err"
-expect "a config from a process substitution is read: $(head -c 200 "$tmp/err")" $?
+rc=$?; expect "a config from a process substitution is read: $(head -c 200 "$tmp/err")" $rc
 # What the gateway would refuse at start, the check refuses too.
 refused ctl-dir 's#^name = "site-a"#&\ncontrol = "unix:/tmp/"#' "a control socket path that is a folder" \
 	"control socket /tmp/: the path exists and is not a socket"
@@ -155,7 +155,7 @@ refused ctl-file "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/afile/a.sock\"#"
 	"control socket $tmp/afile/a.sock: $tmp/afile is not a folder"
 sed "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/made//a.sock\"#" "$tmp/good.toml" >"$tmp/ctl-made.toml"
 "$gradgate" --check-config "$tmp/ctl-made.toml" >/dev/null 2>"$tmp/err"
-expect "a control socket in a folder the gateway makes passes, written with //: $(head -c 200 "$tmp/err")" $?
+rc=$?; expect "a control socket in a folder the gateway makes passes, written with //: $(head -c 200 "$tmp/err")" $rc
 # Long values keep their reason; control characters in file names are
 # escaped in every line, the count's too.
 long=$(head -c 3000 /dev/zero | tr '\0' a)
@@ -174,6 +174,43 @@ expect "a newline in the file name is escaped on every line" $?
 cp "$tmp/good.toml" "$tmp/good"$'\n'"name = 1.toml"
 "$gradgate" --check-config "$tmp/good"$'\n'"name = 1.toml" >"$tmp/printed.toml" 2>"$tmp/err" &&
 	"$gradgate" --check-config "$tmp/printed.toml" >/dev/null 2>>"$tmp/err"
-expect "what it prints of a file with a newline in its name loads back: $(head -c 200 "$tmp/err")" $?
+rc=$?; expect "what it prints of a file with a newline in its name loads back: $(head -c 200 "$tmp/err")" $rc
+
+# Files and folders of another user (as root, who may chown): a CA file
+# whoever owns may replace is refused at its place in the file, saying to
+# run the gateway as its owner or give it to root; and a gateway user who
+# may not make the socket's folder (as /run/gradgate in /run) is told to
+# make it, by the check and at start.
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1; then
+	cp "$tmp/ca.pem" "$tmp/ca-nobody.pem"
+	chown nobody "$tmp/ca-nobody.pem"
+	refused owner 's#^ca = .*#ca = "ca-nobody.pem"#' "a CA file of user nobody, the gateway root" \
+		"$tmp/owner.toml:5:6: [tls] ca file '$tmp/ca-nobody.pem' belongs to user nobody (uid 65534), who could replace it, and the gateway runs as root: run the gateway as that user (runuser -u nobody -- gradgate ...), or run: chown root: '$tmp/ca-nobody.pem'"
+	nb=$tmp/nb
+	mkdir -m 0755 "$nb" "$nb/run"
+	chmod 0711 "$tmp"
+	cp "$tmp/ca.pem" "$tmp/cert.pem" "$tmp/key.pem" "$nb/"
+	chown nobody "$nb/cert.pem" "$nb/key.pem"
+	chown daemon "$nb/ca.pem"
+	sed "s#^name = \"site-a\"#&\ncontrol = \"unix:$nb/run/gw/a.sock\"#" "$tmp/good.toml" >"$nb/a.toml"
+	runuser -u nobody -- "$gradgate" --check-config "$nb/a.toml" >/dev/null 2>"$tmp/err"
+	grep -qF "$nb/a.toml:6:6: [tls] ca file '$nb/ca.pem' belongs to user daemon (uid 1), who could replace it, not to the gateway's user nobody (uid 65534) or root; run: chown nobody: '$nb/ca.pem'" "$tmp/err"
+	rc=$?; expect "a CA file of user daemon, the gateway nobody: $(head -c 300 "$tmp/err")" $rc
+	chown nobody "$nb/ca.pem"
+	made="control socket $nb/run/gw/a.sock: folder $nb/run/gw does not exist, and the gateway's user cannot make it"
+	runuser -u nobody -- "$gradgate" --check-config "$nb/a.toml" >/dev/null 2>"$tmp/err"
+	expect "a socket folder the gateway's user cannot make fails the check (exit 1)" $(( $? != 1 ))
+	grep -qF "$made (no write access to its parent folder): the systemd unit makes it at each start (RuntimeDirectory); to run the gateway otherwise, make it first: install -d -m 0755 -o nobody '$nb/run/gw'" "$tmp/err"
+	rc=$?; expect "  saying how to make it: $(head -c 300 "$tmp/err")" $rc
+	runuser -u nobody -- timeout 10 "$gradgate" --config "$nb/a.toml" >/dev/null 2>"$tmp/err"
+	expect "the gateway does not start either (exit 3)" $(( $? != 3 ))
+	grep -qF "$made (Permission denied)" "$tmp/err"; rc=$?; expect "  saying why: $(grep -o 'reason=.*' "$tmp/err" | head -c 300)" $rc
+	install -d -m 0755 -o nobody "$nb/run/gw"
+	runuser -u nobody -- "$gradgate" --check-config "$nb/a.toml" >/dev/null 2>"$tmp/err"
+	rc=$?; expect "made as it says, the check passes: $(head -c 300 "$tmp/err")" $rc
+	chmod 0700 "$tmp"
+else
+	echo "skip files of other users: not root, or no users nobody and daemon"
+fi
 
 exit $fail

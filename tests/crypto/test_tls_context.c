@@ -165,8 +165,9 @@ static void expect_owner_refused(const char *name, const char *what)
 		return;
 	CHECK(chown(path(name), 4242, 0) == 0);
 	snprintf(want, sizeof(want),
-		 "%s 'DIR/%s' belongs to uid 4242: only the gateway's user (uid 0) or root may own it (run chown on it)",
-		 what, name);
+		 "%s 'DIR/%s' belongs to uid 4242, who could replace it, and the gateway runs as root: run: chown "
+		 "root: 'DIR/%s'",
+		 what, name, name);
 	expect_refused(-EPERM, want, NULL, NULL);
 	CHECK(chown(path(name), 0, 0) == 0);
 }
