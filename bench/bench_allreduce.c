@@ -24,6 +24,7 @@
 
 #include "bench.h"
 #include "codec.h"
+#include "control_proto.h"
 #include "gg_common.h"
 #include "gradgate.h"
 
@@ -473,7 +474,9 @@ int gg_bench_allreduce_main(int argc, char **argv)
 		}
 		if (rc) {
 			failed++;
-			fprintf(stderr, "gradgate-bench allreduce: rank %d step %d: error %d: %s\n", o.rank, t, rc, err.message);
+			const char *name = gg_errc_name(rc);
+			fprintf(stderr, "gradgate-bench allreduce: rank %d step %d: error %d (%s): %s\n", o.rank, t, rc,
+				name ? name : "unknown", err.message);
 			if (o.per_step)
 				printf("step %d rc=%d\n", t, rc);
 			if (rc == GG_ERR_CLOSED || rc == GG_ERR_PROTOCOL)

@@ -151,7 +151,7 @@ expect_failed() {
 			for spec in "$@"; do [ "$spec" != "$s:$r" ] || skip=1; done
 			[ -z "$skip" ] || continue
 			name=$job-s$s-r$r
-			expect "$work/$name.err" "step $step: error $code: .*$re" "$name's error of step $step"
+			expect "$work/$name.err" "step $step: error $code \(GG_ERR_[A-Z_]+\): .*$re" "$name's error of step $step"
 			heard=$s
 		done
 	done
@@ -401,7 +401,7 @@ peer_lost() {
 	log "  every other site failed step 2 ${took} ms after SIG$sig (heartbeat_timeout $HEARTBEAT_TIMEOUT)"
 	within "$took" "${LOST_WITHIN_MS:-6000}" "failing step 2 after the site was lost"
 	for ((s = 0; s < last; s++)); do
-		expect "$work/pl-s$s-r0.err" "step 2: error -12: .*site ${SITES[$last]} is unreachable" \
+		expect "$work/pl-s$s-r0.err" "step 2: error -12 \(GG_ERR_SITE\): .*site ${SITES[$last]} is unreachable" \
 			"pl-s$s-r0's error names ${SITES[$last]}"
 	done
 	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pl-s0-r0.err" | cut -c1-300)"
@@ -525,7 +525,7 @@ case_peer_gone_after_data() {
 	took=$(ms_since "$lost")
 	log "  site-a failed step 2 ${took} ms after SIGKILL (heartbeat_timeout 2 s, step_timeout 30 s)"
 	within "$took" 6000 "failing step 2 with the result held and the DONE undelivered"
-	expect "$work/pg-s0-r0.err" "step 2: error -12: .*site ${SITES[$last]} is unreachable.*no stream carried its DONE" \
+	expect "$work/pg-s0-r0.err" "step 2: error -12 \(GG_ERR_SITE\): .*site ${SITES[$last]} is unreachable.*no stream carried its DONE" \
 		"pg-s0-r0's error names ${SITES[$last]} and the undelivered DONE"
 	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pg-s0-r0.err" | cut -c1-300)"
 	back_after_kill
@@ -548,7 +548,7 @@ case_peer_terminated() {
 	within "$took" 1000 "failing step 2 after the site said it stops"
 	for ((s = 0; s < last; s++)); do
 		expect "$work/pt-s$s-r0.err" \
-			"step 2: error -11: .*site ${SITES[$last]} ended job 'pt' .*: its ranks there are gone: the gateway of site ${SITES[$last]} is shutting down" \
+			"step 2: error -11 \(GG_ERR_RANK\): .*site ${SITES[$last]} ended job 'pt' .*: its ranks there are gone: the gateway of site ${SITES[$last]} is shutting down" \
 			"pt-s$s-r0's error names ${SITES[$last]} shutting down"
 	done
 	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pt-s0-r0.err" | cut -c1-300)"

@@ -29,7 +29,7 @@ wait_exit "$new" 10 || fail "step 1 of the new run at site-a was not refused wit
 ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 reap "$new"
 [ "$reaped" != 0 ] || fail "step 1 of a new run of 'train' completed while site-b still runs the old one"
-expect "$work/train-s0-r0.err" "step 1: error -5: .*site site-b aborted step 1 of job 'train': site site-b still runs it \(at step 3\): a job name is one training run; use a new name, or wait until the old run's ranks are all gone$" \
+expect "$work/train-s0-r0.err" "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b aborted step 1 of job 'train': site site-b still runs it \(at step 3\): a job name is one training run; use a new name, or wait until the old run's ranks are all gone$" \
 	"the new run's error at site-a"
 expect "$(site_log 1)" "event=rerun_refused site=site-a job=train" "site-b's log"
 log "new run refused after $ms ms: $(cat "$work/train-s0-r0.err")"
