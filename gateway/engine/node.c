@@ -646,7 +646,8 @@ static uint64_t peer_logs_flush(const struct gg_node *n, peer_logs logs, uint64_
 		if (p != n->self)
 			snprintf(about, sizeof(about), "site=%s", n->names[p]);
 		for (unsigned k = 0; k < PEER_LOGS; k++)
-			next = GG_MIN(next, gg_log_limit_flush(&logs[p][k], now_us, GG_LOG_WARN, peer_log_events[k], about));
+			next = GG_MIN(next,
+				      gg_log_limit_flush(&logs[p][k], now_us, GG_LOG_WARN, peer_log_events[k], about));
 	}
 	return next;
 }

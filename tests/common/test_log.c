@@ -122,7 +122,8 @@ static void test_limit(void)
 		return;
 	CHECK(limited_logged == 3 && strstr(text, " event=refused n=2\n") && !strstr(text, " n=3"),
 	      "%u lines let out of 10 at 3 a second: %s", limited_logged, text);
-	CHECK(flush_next[0] == 6000000, "a flush within the second said to come back at %llu, not at its end (6000000)",
+	CHECK(flush_next[0] == 6000000,
+	      "a flush within the second said to come back at %llu, not at its end (6000000)",
 	      (unsigned long long)flush_next[0]);
 	CHECK(flush_next[1] == UINT64_MAX && flush_next[2] == UINT64_MAX, "flushes after the second: %llu %llu",
 	      (unsigned long long)flush_next[1], (unsigned long long)flush_next[2]);
