@@ -6,8 +6,9 @@
 #    libgradgate.so.MAJOR;
 # 2. `meson install --destdir` puts the header, both libraries, the
 #    pkg-config file, the binaries, the systemd unit (paths filled in),
-#    the example configs and the Python package where they belong, and the
-#    installed package loads the installed library;
+#    the example configs and the Python package where they belong (where a
+#    python3 of the host reads it), and the installed package loads the
+#    installed library;
 # 3. a program built with `pkg-config --cflags --libs gradgate` against
 #    that tree links libgradgate.so, and reports its version; one that
 #    calls an internal function does not link.
@@ -68,6 +69,21 @@ elif [[ " ${cc[*]} " != *" -fsanitize="* ]] && command -v python3 >/dev/null; th
 		LD_LIBRARY_PATH="$root/$libdir" python3 -c 'import gradgate; print(gradgate.version())' 2>&1) ||
 		true
 	[ "$got" = "$version" ] || bad "the installed Python package reports '$got', not version $version"
+fi
+# Where a python3 on this host reads packages under the prefix (Debian's
+# does for /usr/local and /usr), the package is in one such folder, even
+# with one of its own (pyenv) first on PATH: no PYTHONPATH once installed.
+if [ -n "$pkg" ]; then
+	folder=$(dirname "$(dirname "${pkg#"$dest"}")") readers= any=
+	for py in python3 /usr/bin/python3; do
+		command -v "$py" >/dev/null || continue
+		sites=$("$py" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null) || continue
+		grep -q "^$prefix/" <<<"$sites" && any=1
+		grep -qx -- "$folder" <<<"$sites" && readers+=" $py"
+	done
+	[ -z "$any" ] || [ -n "$readers" ] ||
+		bad "the Python package went to $folder, which no python3 here reads (python3, /usr/bin/python3)"
+	echo "python package: $folder, read by:${readers:- none}"
 fi
 for b in gradgate gradgate-make-certs; do
 	[ -x "$root/$bindir/$b" ] || bad "$bindir/$b is not executable"
