@@ -90,7 +90,10 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 
 bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_second)
 {
-	if (now_us >= l->window_end_us) {
+	/* A window that held lines back lasts until the flush said so: under
+	 * a flood that comes before every tick, a new window would otherwise
+	 * start each time and the flush never find one over. */
+	if (now_us >= l->window_end_us && !l->held) {
 		l->window_end_us = now_us + 1000000;
 		l->lines = 0;
 	}

@@ -42,7 +42,8 @@ struct gg_log_limit {
 	unsigned held;  /* left out since the last line logged or flushed (the caller may say so there and zero it) */
 };
 /* Whether a line may go out now (now_us: a monotonic clock); if not, it
- * counts in `held`. */
+ * counts in `held`. A second that held lines back lasts until they are
+ * told (gg_log_limit_flush(), or the caller's next line). */
 bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_second);
 /* For a tick: once the second in which lines were held back is over, says
  * how many in one line at `level`,

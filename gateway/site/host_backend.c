@@ -2771,16 +2771,18 @@ static int check_socket_folders(const char *path, char *err, size_t err_size)
 	return rc;
 }
 
-/* The socket's folder `dir` does not exist and the gateway's user cannot
- * make it (`why`): as /run/gradgate, which only root may make in /run. */
+/* The socket's folder `dir` does not exist and the gateway's user may not
+ * make it (`why`): as /run/gradgate, which only root may make in /run,
+ * and the systemd unit makes at each start. */
 static int folder_unmakeable(const char *path, const char *dir, const char *why, char *err, size_t err_size)
 {
 	char who[256];
 
 	gg_user_name(geteuid(), who, sizeof(who));
-	snprintf(err, err_size, "control socket %s: folder %s does not exist, and the gateway's user cannot make it "
-		 "(%s): the systemd unit makes it at each start (RuntimeDirectory); to run the gateway otherwise, "
-		 "make it first: install -d -m 0755 -o %s '%s'", path, dir, why, who, dir);
+	snprintf(err, err_size, "control socket %s: folder %s does not exist, and the gateway's user may not make it "
+		 "(%s)%s make it first: install -d -m 0755 -o %s '%s'", path, dir, why,
+		 strcmp(dir, "/run/gradgate") ? ";" : ": the systemd unit makes it at each start (RuntimeDirectory); "
+						     "to run the gateway otherwise,", who, dir);
 	return -EACCES;
 }
 
@@ -2814,8 +2816,13 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 				(void)!chmod(dir, 0755); /* whatever the umask: ranks of every user reach it */
 			if (made || errno == EEXIST) {
 				rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
-			} else if (errno != ENOENT) {
+			} else if (errno == EACCES || errno == EPERM || errno == EROFS) {
 				rc = folder_unmakeable(b->path, dir, strerror(errno), err, err_size);
+				close(fd);
+				return rc;
+			} else if (errno != ENOENT) {
+				rc = -errno;
+				snprintf(err, err_size, "control socket %s: folder %s: %s", b->path, dir, strerror(-rc));
 				close(fd);
 				return rc;
 			}
@@ -3032,7 +3039,8 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 		if (!stat(dir, &st)) {
 			/* The socket's folder is missing: listen_on() makes it
 			 * where the gateway's user may. */
-			if (S_ISDIR(st.st_mode) && level == 1 && faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS)) {
+			if (S_ISDIR(st.st_mode) && level == 1 && faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) &&
+			    (errno == EACCES || errno == EROFS)) {
 				char missing[sizeof(dir)];
 				snprintf(missing, sizeof(missing), "%.*s", (int)(strrchr(path, '/') - path), path);
 				return folder_unmakeable(path, missing, "no write access to its parent folder", err,

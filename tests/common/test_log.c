@@ -97,10 +97,12 @@ static void test_tags(void)
 }
 
 /* Three lines a second of a kind: 10 tried at t=0 log 3; the flush says
- * nothing before the second is over, then the 7 left out, once. */
+ * nothing before the second is over, then the 7 left out, once. And a
+ * flood that comes before each flush: the second that held lines lasts
+ * until the flush tells them, and the next starts after it. */
 static struct gg_log_limit limit;
 static uint64_t flush_next[3];
-static unsigned limited_logged;
+static unsigned limited_logged, flooded_logged;
 
 static void emit_limited(void)
 {
@@ -112,6 +114,14 @@ static void emit_limited(void)
 	flush_next[0] = gg_log_limit_flush(&limit, 5999999, GG_LOG_WARN, "refused", "site=b");
 	flush_next[1] = gg_log_limit_flush(&limit, 6000000, GG_LOG_WARN, "refused", "site=b");
 	flush_next[2] = gg_log_limit_flush(&limit, 6000001, GG_LOG_WARN, "refused", "");
+	/* Turns of a loop every half second, each with 10 lines and then the
+	 * tick's flush, from t=7 s to t=10 s. */
+	for (uint64_t t = 7000000; t <= 10000000; t += 500000) {
+		for (unsigned i = 0; i < 10; i++)
+			flooded_logged += gg_log_limit_now(&limit, t, 3);
+		(void)gg_log_limit_flush(&limit, t, GG_LOG_WARN, "flooded", "");
+	}
+	(void)gg_log_limit_flush(&limit, 11000000, GG_LOG_WARN, "flooded", "");
 }
 
 static void test_limit(void)
@@ -122,6 +132,13 @@ static void test_limit(void)
 		return;
 	CHECK(limited_logged == 3 && strstr(text, " event=refused n=2\n") && !strstr(text, " n=3"),
 	      "%u lines let out of 10 at 3 a second: %s", limited_logged, text);
+	/* The second from 7 s holds 27 lines by its end at 8 s, told then; the
+	 * next starts at 8.5 s and tells 27 at 9.5 s; the last, from 10 s,
+	 * tells its 7 at the end: 9 logged and 61 told of 70. */
+	const char *first = strstr(text, " event=lines_unlogged of=flooded count=27\n");
+	CHECK(flooded_logged == 9 && first && strstr(first + 1, " event=lines_unlogged of=flooded count=27\n") &&
+		      strstr(text, " event=lines_unlogged of=flooded count=7\n"),
+	      "a flood before each flush: %u logged (not 9), and not told as 27, 27 and 7: %s", flooded_logged, text);
 	CHECK(flush_next[0] == 6000000,
 	      "a flush within the second said to come back at %llu, not at its end (6000000)",
 	      (unsigned long long)flush_next[0]);
@@ -129,7 +146,7 @@ static void test_limit(void)
 	      (unsigned long long)flush_next[1], (unsigned long long)flush_next[2]);
 	static const char line[] = " level=warn event=lines_unlogged of=refused site=b count=7\n";
 	const char *held = strstr(text, line);
-	CHECK(held && !strstr(held + sizeof(line) - 1, "lines_unlogged"), "not one line saying 7 were left out: %s", text);
+	CHECK(held && !strstr(held + sizeof(line) - 1, "of=refused"), "not one line saying 7 were left out: %s", text);
 	CHECK(limit.held == 0, "%u still held after the flush", limit.held);
 }
 
