@@ -387,7 +387,7 @@ wait_for_since() {
 # K gateways, and waits until they connected to each other.
 mesh_start() {
 	make_certs
-	local attempt i j ports
+	local attempt i j k ports
 	for attempt in 1 2 3; do
 		read -r -a ports <<<"$(free_ports $((2 * K)))"
 		for ((i = 0; i < K; i++)); do
@@ -400,6 +400,17 @@ mesh_start() {
 					link_start "$i" "$j" "${gw_port[$j]}"
 				done
 			done
+			# The ports picked were let go before the links listened: the
+			# system may have given one of them to a link.
+			local clash=
+			for k in "${!link_addr[@]}"; do
+				[[ " ${ports[*]} " != *" ${link_addr[$k]##*:} "* ]] || clash=${link_addr[$k]}
+			done
+			if [ -n "$clash" ]; then
+				log "a link got port ${clash##*:}, picked for a gateway; trying other ports"
+				mesh_stop
+				continue
+			fi
 		fi
 		for ((i = 0; i < K; i++)); do
 			write_config "$i"
