@@ -42,14 +42,16 @@
  * key (an ABORT or END for each of many names, DATA for many jobs): per
  * peer and kind, twice what the jobs a gateway runs make in a second (an
  * abort and an end each); the rest are counted and said at the second's
- * end (peer_logs_flush()). The coordinator logs the first four kinds,
+ * end (peer_logs_flush()). The coordinator logs the first five kinds,
  * the lanes the other two, each in a table of its own. The slot of this
  * site counts what no peer caused: job_forgotten whatever made the new
- * job, early_data_dropped for a step that starts here. */
-enum peer_log { LOG_ABORT_RECORDED, LOG_PEER_JOB_ENDED, LOG_RERUN_REFUSED, LOG_JOB_FORGOTTEN, LOG_EARLY_DATA_DROPPED,
-		LOG_DATA_DROPPED, PEER_LOGS };
+ * job, job_ended (local users may open and close sessions at will),
+ * early_data_dropped for a step that starts here. */
+enum peer_log { LOG_ABORT_RECORDED, LOG_PEER_JOB_ENDED, LOG_RERUN_REFUSED, LOG_JOB_FORGOTTEN, LOG_JOB_ENDED,
+		LOG_EARLY_DATA_DROPPED, LOG_DATA_DROPPED, PEER_LOGS };
 static const char *const peer_log_events[PEER_LOGS] = { "abort_recorded", "peer_job_ended",     "rerun_refused",
-							"job_forgotten",  "early_data_dropped", "data_dropped" };
+							"job_forgotten",  "job_ended",          "early_data_dropped",
+							"data_dropped" };
 #define PEER_LINES (2 * MAX_JOBS)
 typedef struct gg_log_limit peer_logs[GG_AR_MAX_SITES][PEER_LOGS];
 
@@ -3655,7 +3657,8 @@ void gg_node_end_job_why(struct gg_node *n, const char *job, const char *why)
 	if (j)
 		memset(j, 0, sizeof(*j));
 	name_set_open(n, job, false);
-	gg_log(GG_LOG_INFO, "job_ended", "job=%s", job);
+	if (peer_log_now(n->logs, n->self, LOG_JOB_ENDED, gg_node_loop(n)->now_us))
+		gg_log(GG_LOG_INFO, "job_ended", "job=%s", job);
 }
 
 void gg_node_shutdown(struct gg_node *n)

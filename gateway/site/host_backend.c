@@ -199,6 +199,7 @@ struct gg_host_backend {
 	struct hb_conn *conns; /* slots(): opts.max_clients + STATUS_SLOTS */
 	struct hb_job *jobs;
 	struct gg_log_limit refusal_log; /* REFUSALS_LOGGED a second */
+	struct gg_log_limit session_log; /* ranks coming and going: session_log_now() */
 	/* New connections that found every slot taken while an idle job's
 	 * sessions close: they get the first slots that free, in order, or
 	 * are refused at their deadline. */
@@ -640,6 +641,27 @@ static bool keep_for_core(struct hb_conn *c, unsigned id)
 	return true;
 }
 
+/* Any local user may open and close sessions at will (one process, 4000
+ * a second): of the lines that ranks came or left, the log gets twice
+ * max_clients and 16 a second, room for every rank of every job to leave
+ * and come back, and the rest are counted and told once their second is
+ * over (tell_held()). */
+static bool session_log_now(struct gg_host_backend *b)
+{
+	return gg_log_limit_now(&b->session_log, b->loop->now_us, 2 * b->opts.max_clients + 16);
+}
+
+/* Says, once its second is over, how many lines a limit held back; returns
+ * the earlier of `next` and when to look again. */
+static uint64_t tell_held(struct gg_host_backend *b, struct gg_log_limit *l, const char *what, uint64_t next)
+{
+	if (l->held && b->loop->now_us >= l->window_end_us) {
+		hb_log(b, "control connections: %u more %s, not logged", l->held, what);
+		l->held = 0;
+	}
+	return l->held ? min_deadline(next, l->window_end_us) : next;
+}
+
 /* Takes the connection out of its job; with `why`, the job cannot go on. */
 static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char *why)
 {
@@ -648,7 +670,8 @@ static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char
 	if (!j)
 		return;
 	if (why) {
-		hb_log(b, "%s", why);
+		if (session_log_now(b))
+			hb_log(b, "%s", why);
 		job_break(b, j, GG_ERR_RANK, why);
 	}
 	while (c->req_count)
@@ -1976,7 +1999,9 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	c->rank = h->rank;
 	c->next_seq = 1;
 	c->state = C_ACTIVE;
-	hb_log(b, "rank %u of job '%s' connected (pid %d, uid %u)", c->rank, j->name, (int)c->pid, (unsigned)c->uid);
+	if (session_log_now(b))
+		hb_log(b, "rank %u of job '%s' connected (pid %d, uid %u)", c->rank, j->name, (int)c->pid,
+		       (unsigned)c->uid);
 
 	union gg_ctrl_msg *m = out_push(c, GG_CTRL_ACCEPT);
 	m->accept.version = GG_CTRL_VERSION;
@@ -2613,12 +2638,8 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 	}
 	/* Refusals left out of the log are told once their second is over,
 	 * should no refusal come to tell of them. */
-	if (b->refusal_log.held && now_us >= b->refusal_log.window_end_us) {
-		hb_log(b, "control connections: %u more refused, not logged", b->refusal_log.held);
-		b->refusal_log.held = 0;
-	}
-	if (b->refusal_log.held)
-		next = min_deadline(next, b->refusal_log.window_end_us);
+	next = tell_held(b, &b->refusal_log, "refused", next);
+	next = tell_held(b, &b->session_log, "ranks came or left", next);
 	deferred_free(b);
 	return next;
 }

@@ -34,8 +34,14 @@ static void on_log(void *arg, const char *line)
 		atomic_fetch_add(&h->refusal_lines, 1);
 		if ((more = strstr(line, " (and ")) && sscanf(more, " (and %u refused before, not logged)", &held) == 1)
 			atomic_fetch_add(&h->refusals_unlogged, held);
-	} else if (sscanf(line, "control connections: %u more refused, not logged", &held) == 1) {
-		atomic_fetch_add(&h->refusals_unlogged, held);
+	} else if (!strncmp(line, "rank ", 5) && strstr(line, " of job '")) {
+		atomic_fetch_add(&h->session_lines, 1);
+	} else if (sscanf(line, "control connections: %u more", &held) == 1) {
+		/* sscanf stops at the first word that differs, and says 1 all the same. */
+		if (strstr(line, " more refused, not logged"))
+			atomic_fetch_add(&h->refusals_unlogged, held);
+		else if (strstr(line, " more ranks came or left, not logged"))
+			atomic_fetch_add(&h->sessions_unlogged, held);
 	}
 }
 

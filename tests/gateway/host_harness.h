@@ -82,6 +82,8 @@ struct harness {
 	atomic_uint gpu_holds;      /* how often */
 	atomic_uint refusal_lines;  /* "control connection ... refused" lines logged */
 	atomic_uint refusals_unlogged; /* refusals those lines say were left out */
+	atomic_uint session_lines;     /* "rank R of job 'J' ..." lines: a rank came or left */
+	atomic_uint sessions_unlogged; /* such lines the backend says it left out */
 	/* Steps from this one on failed at another site, as the core says
 	 * (fail_unstarted) and fails them when submitted; 0: none. */
 	atomic_ullong failed_from;

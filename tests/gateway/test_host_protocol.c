@@ -80,6 +80,35 @@ static void test_refusal_flood(void)
 	       (unsigned long long)flood_ms, lines, unlogged);
 }
 
+/* Sessions opened and closed in a loop, as any local user may: of the
+ * lines that a rank came or left, the log gets 2 x max_clients + 16 a
+ * second, and then says how many it left out. */
+static void test_session_flood(void)
+{
+	enum { FLOOD = 150, LIMIT = 2 * MAX_CLIENTS + 16 };
+	struct gg_session *s;
+
+	usleep(1100000); /* the second of earlier tests' lines is over */
+	unsigned lines0 = atomic_load(&h.session_lines), unlogged0 = atomic_load(&h.sessions_unlogged);
+	uint64_t t0 = gg_ctrl_now_ms();
+	for (int i = 0; i < FLOOD; i++) {
+		open_ok("churn", 0, 1, &s);
+		gg_session_close(s);
+	}
+	uint64_t flood_ms = gg_ctrl_now_ms() - t0;
+	unsigned lines = atomic_load(&h.session_lines) - lines0, unlogged = 0;
+	CHECK(lines <= LIMIT * (flood_ms / 1000 + 2));
+	/* Each session: its rank connected, then left before its first step. */
+	for (int i = 0; i < 300 && lines + unlogged < 2 * FLOOD; i++) {
+		usleep(10000);
+		lines = atomic_load(&h.session_lines) - lines0;
+		unlogged = atomic_load(&h.sessions_unlogged) - unlogged0;
+	}
+	CHECK_EQ_INT(lines + unlogged, 2 * FLOOD);
+	printf("%d sessions opened and closed in %llu ms: %u lines logged, and %u counted as left out\n", FLOOD,
+	       (unsigned long long)flood_ms, lines, unlogged);
+}
+
 static void test_hello_refusals(void)
 {
 	union gg_ctrl_msg m;
@@ -1211,6 +1240,7 @@ int main(int argc, char **argv)
 	harness_start(&h, &o);
 	test_hello_refusals();
 	test_refusal_flood();
+	test_session_flood();
 	test_job_refusals();
 	test_close_reopen();
 	test_other_user();

@@ -75,7 +75,8 @@
  * far faster than jobs do: DATA of 200 jobs that never start here, ENDs
  * of 1000 jobs never seen here, ABORTs of 1000 steps of one job and of
  * 200 jobs (past the job table, each takes an idle job's entry), and 200
- * reconnections of a stream, each as a new instance. Each kind logs at
+ * reconnections of a stream, each as a new instance; and 200 jobs whose
+ * ranks came and left here, as any local user may make. Each kind logs at
  * most its limit in a second (64 lines; 16 for a stream's ups and downs
  * with two streams a peer), and once the second is over one line says how
  * many it left out: what was logged and what was left out add up to what
@@ -877,6 +878,7 @@ static void run_log_flood(struct gg_node *node, const struct gg_config *cfg, str
 		{ "peer_job_ended", "site=s0", 64, REPEATS },
 		{ "abort_recorded", "site=s0", 64, REPEATS + NAMES },
 		{ "job_forgotten", "", 64, 0 },
+		{ "job_ended", "", 64, NAMES },
 		{ "stream_up", "site=s0", 16, RECONNECTS },
 		{ "peer_restarted", "site=s0", 16, RECONNECTS },
 	};
@@ -913,6 +915,14 @@ static void run_log_flood(struct gg_node *node, const struct gg_config *cfg, str
 	}
 	for (unsigned i = 0; i < RECONNECTS; i++) {
 		CHECK(gg_node_test_open_stream(node, 0, 0, 1000 + i, on_sent, sent) == 0, "stream 0 again");
+		turns(node, 1);
+	}
+	/* And this site's own ranks, as a local user may: 200 jobs whose ranks
+	 * came and left. */
+	for (unsigned i = 0; i < NAMES; i++) {
+		snprintf(job, sizeof(job), "l%u", i);
+		gg_node_job_opened(node, job);
+		gg_node_end_job(node, job);
 		turns(node, 1);
 	}
 	/* The seconds the floods began in end, and the node says what they left
