@@ -105,14 +105,27 @@ bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_seco
 	return false;
 }
 
+unsigned gg_log_limit_take(struct gg_log_limit *l, uint64_t now_us, uint64_t *next)
+{
+	unsigned held = l->held;
+
+	if (!held)
+		return 0;
+	if (now_us < l->window_end_us) {
+		*next = GG_MIN(*next, l->window_end_us);
+		return 0;
+	}
+	l->held = 0;
+	return held;
+}
+
 uint64_t gg_log_limit_flush(struct gg_log_limit *l, uint64_t now_us, enum gg_log_level level, const char *event,
 			    const char *about)
 {
-	if (!l->held)
-		return UINT64_MAX;
-	if (now_us < l->window_end_us)
-		return l->window_end_us;
-	gg_log(level, "lines_unlogged", "of=%s%s%s count=%u", event, *about ? " " : "", about, l->held);
-	l->held = 0;
-	return UINT64_MAX;
+	uint64_t next = UINT64_MAX;
+	unsigned held = gg_log_limit_take(l, now_us, &next);
+
+	if (held)
+		gg_log(level, "lines_unlogged", "of=%s%s%s count=%u", event, *about ? " " : "", about, held);
+	return next;
 }

@@ -39,18 +39,21 @@ GG_PRINTF(3, 4) void gg_log(enum gg_log_level level, const char *event, const ch
 struct gg_log_limit {
 	uint64_t window_end_us;
 	unsigned lines; /* logged in the window */
-	unsigned held;  /* left out since the last line logged or flushed (the caller may say so there and zero it) */
+	unsigned held;  /* left out, not told yet */
 };
 /* Whether a line may go out now (now_us: a monotonic clock); if not, it
  * counts in `held`. A second that held lines back lasts until they are
- * told (gg_log_limit_flush(), or the caller's next line). */
+ * told (gg_log_limit_take()), so a line that goes out never follows
+ * untold ones. */
 bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_second);
-/* For a tick: once the second in which lines were held back is over, says
- * how many in one line at `level`,
+/* For a tick: once the second in which lines were held back is over, how
+ * many (`held`, then zeroed), for the caller to tell; else 0, and *next
+ * lowered to when that second ends while lines are held. */
+unsigned gg_log_limit_take(struct gg_log_limit *l, uint64_t now_us, uint64_t *next);
+/* gg_log_limit_take(), told in one line at `level`,
  *   event=lines_unlogged of=EVENT ABOUT count=N
- * (`about`: the caller's key=value pairs, "" for none) and zeroes `held`.
- * Returns when to call again: the window's end while lines are held,
- * otherwise UINT64_MAX. */
+ * (`about`: the caller's key=value pairs, "" for none). Returns when to
+ * call again: the second's end while lines are held, else UINT64_MAX. */
 uint64_t gg_log_limit_flush(struct gg_log_limit *l, uint64_t now_us, enum gg_log_level level, const char *event,
 			    const char *about);
 

@@ -194,7 +194,7 @@ struct gg_mesh {
 };
 
 /* Whether to log now a warning that can come in floods: one line a second
- * at most; counts what it holds back in w->held. */
+ * at most; log_limits_flush() tells what it held back. */
 static bool warn_now(struct gg_log_limit *w, uint64_t now_us)
 {
 	return gg_log_limit_now(w, now_us, 1);
@@ -1375,9 +1375,8 @@ static void note_refusal(struct gg_mesh *m, int ci)
 	if (!warn_now(w, m->loop->now_us))
 		return;
 	gg_log(conflict ? c->dialer ? GG_LOG_ERROR : GG_LOG_WARN : GG_LOG_INFO, c->dialer ? "dial_refused" : "stream_refused",
-	       "site=%s dial=%s reason=\"%s\" refused_unlogged=%u", them, gg_peer_dial_name(pe->dial),
-	       gg_escape(safe, sizeof(safe), why, strlen(why)), w->held);
-	w->held = 0;
+	       "site=%s dial=%s reason=\"%s\"", them, gg_peer_dial_name(pe->dial),
+	       gg_escape(safe, sizeof(safe), why, strlen(why)));
 }
 
 static void on_stream_events(struct gg_mesh *m, int ci, unsigned ev)
@@ -1586,9 +1585,8 @@ static bool evict_for(struct gg_mesh *m, const uint8_t ip[16])
 	if (warn_now(&m->evict_warn, m->loop->now_us)) {
 		char addr[GG_NET_ADDR_TEXT_MAX];
 		gg_log(GG_LOG_INFO, "handshake_evicted", "addr=%s held=%d reason=\"the handshake pool is full: its slot "
-		       "goes to an address that holds %d\" evicted_unlogged=%u", ip_text(addrs[best].ip, addr, sizeof(addr)),
-		       addrs[best].count, mine, m->evict_warn.held);
-		m->evict_warn.held = 0;
+		       "goes to an address that holds %d\"", ip_text(addrs[best].ip, addr, sizeof(addr)),
+		       addrs[best].count, mine);
 	}
 	conn_close(m, addrs[best].oldest, "handshake slot given to an address that holds fewer");
 	return true;
@@ -1616,9 +1614,8 @@ static void accept_conn(struct gg_mesh *m, int fd)
 			return;
 		}
 		if (warn_now(&m->refusal_warn, m->loop->now_us)) {
-			gg_log(GG_LOG_WARN, "handshake_refused", "addr=%s reason=\"%s\" refused_unlogged=%u",
-			       ip_text(ip, addr, sizeof(addr)), why, m->refusal_warn.held);
-			m->refusal_warn.held = 0;
+			gg_log(GG_LOG_WARN, "handshake_refused", "addr=%s reason=\"%s\"", ip_text(ip, addr, sizeof(addr)),
+			       why);
 		}
 		close(fd);
 		return;

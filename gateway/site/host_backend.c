@@ -655,11 +655,12 @@ static bool session_log_now(struct gg_host_backend *b)
  * the earlier of `next` and when to look again. */
 static uint64_t tell_held(struct gg_host_backend *b, struct gg_log_limit *l, const char *what, uint64_t next)
 {
-	if (l->held && b->loop->now_us >= l->window_end_us) {
-		hb_log(b, "control connections: %u more %s, not logged", l->held, what);
-		l->held = 0;
-	}
-	return l->held ? min_deadline(next, l->window_end_us) : next;
+	uint64_t again = UINT64_MAX;
+	unsigned held = gg_log_limit_take(l, b->loop->now_us, &again);
+
+	if (held)
+		hb_log(b, "control connections: %u more %s, not logged", held, what);
+	return again == UINT64_MAX ? next : min_deadline(next, again);
 }
 
 /* Takes the connection out of its job; with `why`, the job cannot go on. */
@@ -745,23 +746,20 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 }
 
 /* Any local user may connect at will: of their refusals, the log gets at
- * most this many lines a second, the next line saying how many it left
- * out. */
+ * most this many lines a second, and a line once the second is over says
+ * how many it left out (tell_held()). */
 #define REFUSALS_LOGGED 10
 
 /* Logs the refusal of control connection `index` (-1: one with no slot). */
 static void log_refusal(struct gg_host_backend *b, int index, const char *text)
 {
-	char conn[24] = "", more[64] = "";
+	char conn[24] = "";
 
 	if (!gg_log_limit_now(&b->refusal_log, b->loop->now_us, REFUSALS_LOGGED))
 		return;
 	if (index >= 0)
 		snprintf(conn, sizeof(conn), " %d", index);
-	if (b->refusal_log.held)
-		snprintf(more, sizeof(more), " (and %u refused before, not logged)", b->refusal_log.held);
-	b->refusal_log.held = 0;
-	hb_log(b, "control connection%s refused: %s%s", conn, text, more);
+	hb_log(b, "control connection%s refused: %s", conn, text);
 }
 
 /* Refuses a connection that has not been accepted: REFUSE, then close. */
@@ -2636,8 +2634,7 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 		 * as they come): a past one would spin the loop. */
 		next = min_deadline(next, j->with_core || j->nccl_phase || j->broken ? 0 : j->deadline_us);
 	}
-	/* Refusals left out of the log are told once their second is over,
-	 * should no refusal come to tell of them. */
+	/* Lines left out of the log are told once their second is over. */
 	next = tell_held(b, &b->refusal_log, "refused", next);
 	next = tell_held(b, &b->session_log, "ranks came or left", next);
 	deferred_free(b);

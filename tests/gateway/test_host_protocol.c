@@ -51,15 +51,15 @@ static void refused(const void *msg, size_t len, int pass_fd, int code, const ch
 }
 
 /* A local user may connect at will: the log gets at most 10 refusal lines
- * a second, and says how many it left out, with the next refusal logged or
- * once the second is over, so that every refusal is accounted for. */
+ * a second, and says how many it left out once the second is over, so
+ * that every refusal is accounted for. */
 static void test_refusal_flood(void)
 {
 	union gg_ctrl_msg m;
 	enum { FLOOD = 40 };
 
 	hello_msg(&m, "bad/job", 0, 1);
-	usleep(1100000); /* a window of its own, whose first line reports those held before */
+	usleep(1100000); /* a second of its own: what earlier tests held back is told by then */
 	refused(&m, sizeof(m.hello), -1, GG_ERR_REFUSED, "job name has character 0x2f at 3");
 	unsigned lines0 = atomic_load(&h.refusal_lines), unlogged0 = atomic_load(&h.refusals_unlogged);
 	uint64_t t0 = gg_ctrl_now_ms();
