@@ -213,13 +213,14 @@ struct gg_host_backend {
 	int spare_wait_fd;
 	uint64_t spare_wait_until_us;
 	/* GPU memory given back while an NCCL call of the gateway's may run:
-	 * freeing it waits for every kernel on the GPU (cudaFree), and a
-	 * reduce waiting for a rank ends only by this loop's own abort. It is
-	 * freed once no such call runs. */
+	 * freeing it waits for every kernel on the GPU (cudaFree), as does
+	 * unmapping a rank's allocation (cudaIpcCloseMemHandle), and a reduce
+	 * waiting for a rank ends only by this loop's own abort. It is freed
+	 * or unmapped once no such call runs. */
 	struct hb_deferred {
-		float *sum;
-		uint64_t bytes;
-		bool nccl;
+		void *ptr;
+		uint64_t bytes; /* of a sum, counted in deferred_bytes; 0 for a rank's allocation */
+		enum { DEFER_DEV_SUM, DEFER_NCCL_SUM, DEFER_IPC } kind;
 	} *deferred;
 	unsigned deferred_count, deferred_cap;
 	uint64_t deferred_bytes; /* still taken: counted against opts.memory_bytes */
@@ -228,6 +229,7 @@ struct gg_host_backend {
 };
 
 static void job_advance(struct gg_host_backend *b, struct hb_job *j);
+static bool defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind);
 static bool step_submit(struct gg_host_backend *b, struct hb_job *j);
 static bool step_uses_nccl(struct hb_job *j);
 static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t now_us, uint64_t *next);
@@ -341,9 +343,9 @@ static void region_unmap(struct gg_host_backend *b, struct hb_region *r)
 	if (!r->base)
 		return;
 #if HAVE_CUDA
-	if (r->device)
+	if (r->device && !defer(b, r->base, 0, DEFER_IPC))
 		gg_site_cuda_close(r->base);
-	else
+	else if (!r->device)
 #endif
 		munmap(r->base, r->size);
 	*r = (struct hb_region){ 0 };
@@ -435,24 +437,31 @@ static void sum_free_now(const struct gg_host_backend *b, float *sum, bool on_gp
 	free(sum);
 }
 
+/* Keeps GPU memory to free or unmap (`ptr`, `bytes` of it counted as
+ * taken) until no NCCL call of the gateway's runs: true if kept, false if
+ * it may go now (or no room was left to keep it). */
+static bool defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind)
+{
+	if (!nccl_running(b))
+		return false;
+	if (b->deferred_count == b->deferred_cap) {
+		unsigned cap = b->deferred_cap ? 2 * b->deferred_cap : 8;
+		struct hb_deferred *d = realloc(b->deferred, cap * sizeof(*d));
+		if (!d)
+			return false;
+		b->deferred = d;
+		b->deferred_cap = cap;
+	}
+	b->deferred[b->deferred_count++] = (struct hb_deferred){ ptr, bytes, kind };
+	b->deferred_bytes += bytes;
+	return true;
+}
+
 /* Gives back `bytes` of sum buffer. */
 static void sum_free(struct gg_host_backend *b, float *sum, uint64_t bytes, bool on_gpu, bool nccl)
 {
-	if (sum && (on_gpu || nccl) && nccl_running(b)) {
-		if (b->deferred_count == b->deferred_cap) {
-			unsigned cap = b->deferred_cap ? 2 * b->deferred_cap : 8;
-			struct hb_deferred *d = realloc(b->deferred, cap * sizeof(*d));
-			if (d) {
-				b->deferred = d;
-				b->deferred_cap = cap;
-			}
-		}
-		if (b->deferred_count < b->deferred_cap) {
-			b->deferred[b->deferred_count++] = (struct hb_deferred){ sum, bytes, nccl };
-			b->deferred_bytes += bytes;
-			return;
-		}
-	}
+	if (sum && (on_gpu || nccl) && defer(b, sum, bytes, nccl ? DEFER_NCCL_SUM : DEFER_DEV_SUM))
+		return;
 	sum_free_now(b, sum, on_gpu, nccl);
 }
 
@@ -485,8 +494,16 @@ static void deferred_free(struct gg_host_backend *b)
 	core_gpu_frees(b);
 	if (!b->deferred_count || nccl_running(b))
 		return;
-	for (unsigned i = 0; i < b->deferred_count; i++)
-		sum_free_now(b, b->deferred[i].sum, true, b->deferred[i].nccl);
+	for (unsigned i = 0; i < b->deferred_count; i++) {
+		const struct hb_deferred *d = &b->deferred[i];
+#if HAVE_CUDA
+		if (d->kind == DEFER_IPC) {
+			gg_site_cuda_close(d->ptr);
+			continue;
+		}
+#endif
+		sum_free_now(b, d->ptr, true, d->kind == DEFER_NCCL_SUM);
+	}
 	b->deferred_count = 0;
 	b->deferred_bytes = 0;
 }
@@ -3047,13 +3064,13 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	snprintf(dir, sizeof(dir), "%s", path);
 	for (int level = 0; level < 2; level++) {
-		/* The folder above: "a//b" is a's. */
+		/* The folder above: "a//b" is a's, "/a" is "/". */
 		char *slash = strrchr(dir, '/');
 		while (slash && slash > dir && slash[-1] == '/')
 			slash--;
-		if (!slash || slash == dir)
+		if (!slash || !strcmp(dir, "/"))
 			return 0;
-		*slash = '\0';
+		slash[slash == dir] = '\0';
 		if (!stat(dir, &st)) {
 			/* The socket's folder is missing: listen_on() makes it
 			 * where the gateway's user may. */

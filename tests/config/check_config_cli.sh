@@ -212,6 +212,13 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1 
 	install -d -m 0755 -o nobody "$nb/run/gw"
 	runuser -u nobody -- "$gradgate" --check-config "$nb/a.toml" >/dev/null 2>"$tmp/err"
 	rc=$?; expect "made as it says, the check passes: $(head -c 300 "$tmp/err")" $rc
+	# The same for a folder to make in /.
+	top=/gradgate-check-$$
+	sed "s#^control = .*#control = \"unix:$top/a.sock\"#" "$nb/a.toml" >"$nb/top.toml"
+	runuser -u nobody -- "$gradgate" --check-config "$nb/top.toml" >/dev/null 2>"$tmp/err"
+	expect "a socket folder in / the gateway's user cannot make fails the check (exit 1)" $(( $? != 1 ))
+	grep -qF "control socket $top/a.sock: folder $top does not exist, and the gateway's user may not make it (no write access to its parent folder); make it first: install -d -m 0755 -o nobody '$top'" "$tmp/err"
+	rc=$?; expect "  saying how to make it: $(head -c 300 "$tmp/err")" $rc
 	chmod 0700 "$tmp"
 else
 	echo "skip files of other users: not root, no users nobody and daemon, no runuser, or nobody may not run $gradgate"
