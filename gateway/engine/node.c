@@ -2663,8 +2663,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	struct gg_wire_step ws = { .run = j->run, .step = st->seq, .count = st->count, .tensor_id = st->tensor_id,
 				   .dtype = st->dtype };
 	snprintf(ws.job, sizeof(ws.job), "%s", st->job);
-	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)n->cfg->compression.codec,
-					     (uint32_t)n->cfg->compression.block_size, (uint8_t)algo, chunk);
+	ws.fingerprint = gg_node_fingerprint(n->cfg, &ws, (uint8_t)algo, chunk);
 	struct feedback_slot *fb = NULL;
 	if (n->cfg->compression.error_feedback && gg_codec_is_lossy(n->cfg->compression.codec)) {
 		/* Its message does not say "step N of job J": what the ranks read
@@ -3828,6 +3827,15 @@ static struct gg_tls_options tls_options(const struct gg_config *cfg)
 	return (struct gg_tls_options){ .ca_file = cfg->tls.ca, .cert_file = cfg->tls.cert, .key_file = cfg->tls.key,
 					.crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites,
 					.groups = cfg->tls.groups };
+}
+
+uint64_t gg_node_fingerprint(const struct gg_config *cfg, const struct gg_wire_step *ws, uint8_t algorithm,
+			     uint32_t chunk_elems)
+{
+	const enum gg_codec codec = cfg->compression.codec;
+	const uint32_t block = gg_codec_has_blocks(codec) ? (uint32_t)cfg->compression.block_size : 0;
+
+	return gg_wire_fingerprint(ws, (uint8_t)codec, block, algorithm, chunk_elems);
 }
 
 int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size)

@@ -166,6 +166,13 @@ GG_MUST_CHECK int gg_node_new(const struct gg_config *cfg, struct gg_node **out,
 GG_MUST_CHECK int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size);
 void gg_node_free(struct gg_node *n);
 
+/* The fingerprint that a step's DATA carries (gg_wire_fingerprint()) for
+ * ws's identity under cfg's codec settings, sent by `algorithm` in chunks
+ * of `chunk_elems`: the block size only of a codec that has blocks, as
+ * HELLO and the frames carry it. */
+uint64_t gg_node_fingerprint(const struct gg_config *cfg, const struct gg_wire_step *ws, uint8_t algorithm,
+			     uint32_t chunk_elems);
+
 /* The node's loop, for other users of it (the site backend). */
 struct gg_loop *gg_node_loop(struct gg_node *n);
 

@@ -336,6 +336,9 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		h->zstd = (uint8_t)get_le(&r, 1, "zstd");
 		if (!r.field && (h->streams == 0 || h->stream_index >= h->streams))
 			return gg_errf(err, err_size, -EBADMSG, "hello: stream %u of %u", h->stream_index, h->streams);
+		/* 0 stands for "no HELLO seen yet", and would hide a restart. */
+		if (!r.field && !h->instance_id)
+			return gg_errf(err, err_size, -EBADMSG, "hello: instance id 0");
 		break;
 	}
 	case GG_WIRE_DATA: {

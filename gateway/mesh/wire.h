@@ -63,7 +63,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 7
+#define GG_WIRE_VERSION 8
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255

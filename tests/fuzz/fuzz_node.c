@@ -405,8 +405,7 @@ static void op_data(struct run *r, struct script *s)
 	snprintf(ws.job, sizeof(ws.job), "%s", job_names[job]);
 	if (flags & NODE_DATA_COUNT)
 		ws.count = 1 + script_u16(s) % MAX_COUNT;
-	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size,
-					     (uint8_t)cfg->allreduce.algorithm, r->vs->chunk_elems);
+	ws.fingerprint = gg_node_fingerprint(cfg, &ws, (uint8_t)cfg->allreduce.algorithm, r->vs->chunk_elems);
 	if (flags & NODE_DATA_FINGERPRINT)
 		ws.fingerprint = script_u64(s);
 

@@ -171,8 +171,7 @@ static uint8_t *make_run_data(const struct gg_config *cfg, const char *job, uint
 	if (!chunk_elems)
 		chunk_elems = (uint32_t)(cfg->transport.chunk_bytes / sizeof(float)) / GG_CODEC_BLOCK_ALIGN_ELEMS *
 			      GG_CODEC_BLOCK_ALIGN_ELEMS;
-	ws.fingerprint = gg_wire_fingerprint(&ws, (uint8_t)cfg->compression.codec, (uint32_t)cfg->compression.block_size,
-					     (uint8_t)cfg->allreduce.algorithm, chunk_elems);
+	ws.fingerprint = gg_node_fingerprint(cfg, &ws, (uint8_t)cfg->allreduce.algorithm, chunk_elems);
 	for (unsigned i = 0; i < COUNT; i++)
 		x[i] = scale * (float)i;
 	if (!msg || gg_frame_encoder_init(&enc, &fc)) {

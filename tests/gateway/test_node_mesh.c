@@ -70,6 +70,7 @@ struct scenario {
 	const char *chunk;    /* chunk_size; NULL: 256KiB. Set: each step's chunk at every site is checked */
 	bool device;          /* sites 1 (in place), 3: tensors on the gateway's GPU (GG_NODE_GPU builds only) */
 	bool alternate;       /* and site 1's move between GPU (odd steps) and host memory (even ones) */
+	bool own_blocks;      /* site k's block_size is 64 << k, which a codec without blocks does not use */
 };
 
 struct site {
@@ -131,10 +132,10 @@ static int write_config(const struct scenario *sc, unsigned k, char *path, size_
 			      "[transport]\nstreams_per_peer = 4\nchunk_size = \"%s\"\nstep_timeout = \"%s\"\n"
 			      "heartbeat_interval = \"%s\"\nheartbeat_timeout = \"%s\"\n"
 			      "reconnect_min = \"20ms\"\nreconnect_max = \"200ms\"\n"
-			      "[compression]\ncodec = \"%s\"\n[allreduce]\nalgorithm = \"%s\"\n"
+			      "[compression]\ncodec = \"%s\"\nblock_size = %u\n[allreduce]\nalgorithm = \"%s\"\n"
 			      "[limits]\nmax_message = \"1GiB\"\ninflight_per_peer = \"%s\"\nmemory = \"%s\"\n",
 			      sc->chunk ? sc->chunk : "256KiB", sc->freeze_site >= 0 ? "1s" : "20s", sc->freeze_site >= 0 ? "250ms" : "1s",
-			      sc->freeze_site >= 0 ? "3s" : "10s", sc->codec, sc->algo,
+			      sc->freeze_site >= 0 ? "3s" : "10s", sc->codec, sc->own_blocks ? 64u << k : 256u, sc->algo,
 			      sc->flood && k == 1 ? "1GiB" : "8MiB", sc->flood && k == 1 ? "4GiB" : "64MiB");
 	snprintf(path, size, "%s/s%u-%d.toml", cert_dir, k, ports[0]);
 	FILE *f = fopen(path, "w");
@@ -527,8 +528,9 @@ static void run(const struct scenario *sc)
 	char path[512];
 	int failures_before = failures;
 
-	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
+	printf("%u sites, %s, %s, %llu elements, %u steps%s%s%s%s%s%s%s%s%s\n", sc->K, sc->codec, sc->algo,
 	       (unsigned long long)sc->count, sc->steps, sc->cut_at_step ? ", stream cut" : "",
+	       sc->own_blocks ? ", each site's own block_size" : "",
 	       sc->mismatch ? ", mismatched announcement" : "",
 	       sc->freeze_site >= 0 ? ", a site dies holding the result" : "",
 	       sc->done_lost_step ? ", a DONE lost with its streams" : "", sc->end_after_lost ? ", then the job ends" : "",
@@ -695,6 +697,8 @@ int main(int argc, char **argv)
 		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 4000000, .steps = 2, .cut_at_step = 2, .freeze_site = -1 },
 		  
 		{ .K = 3, .codec = "fp32", .algo = "direct", .count = 1000, .steps = 1, .mismatch = true, .freeze_site = -1 },
+		/* Block sizes that differ, of a codec that has none, agree. */
+		{ .K = 3, .codec = "bf16", .algo = "ring", .count = 1000, .steps = 1, .own_blocks = true, .freeze_site = -1 },
 		  
 		/* More tensors than a fixed table of feedback states once held. */
 		{ .K = 2, .codec = "int8", .algo = "direct", .count = 1000, .steps = 70, .tensor_per_step = true, .freeze_site = -1 },

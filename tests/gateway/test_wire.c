@@ -217,7 +217,7 @@ int main(void)
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 7"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 8"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;
@@ -245,6 +245,11 @@ int main(void)
 	h.stream_index = 4;
 	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "hello: stream 4 of 4"),
+	      "%s", err);
+	h = hello();
+	h.instance_id = 0;
+	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "hello: instance id 0"),
 	      "%s", err);
 	h = hello();
 	h.sites = 1;
