@@ -25,6 +25,10 @@
 #endif
 
 #define MAX_JOBS 32
+/* A lane's entries: room for MAX_JOBS jobs that run or are about to
+ * (their peers' frames came first), besides as many of jobs that ended
+ * here, kept while their frames may still come (lane_job_find()). */
+#define LANE_JOBS (2 * MAX_JOBS)
 #define TIMED_KEPT 4 /* algorithm auto: the latest steps of each algorithm timed */
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
@@ -263,7 +267,7 @@ struct lane {
 	struct gg_ar_mem_cuda gpu;
 	bool gpu_ready;
 #endif
-	struct lane_job jobs[MAX_JOBS];
+	struct lane_job jobs[LANE_JOBS];
 	uint64_t touches;       /* lane_job.touched so far */
 	/* Per coordinator slot, mail the coordinator waits for that no memory
 	 * was left to send (lane_timers tries again): the end of step
@@ -661,7 +665,7 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 {
 	struct lane_job *free_slot = NULL;
 
-	for (unsigned i = 0; i < MAX_JOBS; i++) {
+	for (unsigned i = 0; i < LANE_JOBS; i++) {
 		struct lane_job *lj = &ln->jobs[i];
 		if (lj->used && !strcmp(lj->name, name))
 			return lj;
@@ -674,7 +678,7 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		/* An ended job's entry first, the oldest, once the frames still
 		 * on the way had heartbeat_timeout to come (a stream that holds
 		 * them longer is lost, and they with it). */
-		for (unsigned i = 0; i < MAX_JOBS; i++) {
+		for (unsigned i = 0; i < LANE_JOBS; i++) {
 			struct lane_job *lj = &ln->jobs[i];
 			if (tombstone(lj) && !tombstone_young(lj) && (!free_slot || lj->touched < free_slot->touched))
 				free_slot = lj;
@@ -687,10 +691,16 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		 * longest, which holds no part and no early frames; an ended
 		 * job's whose frames may still come only for a step starting
 		 * here, not for a peer's DATA (a burst of other jobs' frames
-		 * would otherwise make room for the ended job's). */
-		for (unsigned i = 0; i < MAX_JOBS; i++) {
+		 * would otherwise make room for the ended job's), unless ended
+		 * jobs hold more than their half of the entries: a peer's DATA
+		 * of a job about to start here must not be dropped for them. */
+		unsigned ended = 0;
+		for (unsigned i = 0; i < LANE_JOBS && from >= 0; i++)
+			ended += tombstone(&ln->jobs[i]);
+		const bool take_young = from == -1 || ended > LANE_JOBS - MAX_JOBS;
+		for (unsigned i = 0; i < LANE_JOBS; i++) {
 			struct lane_job *lj = &ln->jobs[i];
-			if (!lj->ar && !lj->early && (from == -1 || !tombstone_young(lj)) &&
+			if (!lj->ar && !lj->early && (take_young || !tombstone_young(lj)) &&
 			    (!free_slot || lj->touched < free_slot->touched))
 				free_slot = lj;
 		}
@@ -699,7 +709,7 @@ static struct lane_job *lane_job_find(struct lane *ln, const char *name, bool cr
 		 * never come, and lock every real one out. A step starting here
 		 * takes the one whose DATA stopped longest ago; a peer's DATA
 		 * only such a one of its own. */
-		for (unsigned i = 0; i < MAX_JOBS && !free_slot && from != LANE_JOB_NO_EVICT; i++) {
+		for (unsigned i = 0; i < LANE_JOBS && !free_slot && from != LANE_JOB_NO_EVICT; i++) {
 			struct lane_job *lj = &ln->jobs[i];
 			if (lj->ar || lj->last_seq || (from >= 0 && !early_only_from(lj, (unsigned)from)))
 				continue;
@@ -774,7 +784,7 @@ static void lane_refuse(struct lane *ln, unsigned slot, uint64_t seq, const char
 	if (job != ln->refused_job[slot])
 		snprintf(ln->refused_job[slot], sizeof(ln->refused_job[slot]), "%s", job);
 	snprintf(text, sizeof(text), "step %llu of job '%s': lane %u holds %d jobs already", (unsigned long long)seq,
-		 job, ln->index, MAX_JOBS);
+		 job, ln->index, LANE_JOBS);
 	ln->refused_owed[slot] = tell_slot(ln, M_PART_FAILED, slot, seq, GG_ERR_LIMIT, text) ? 0 : seq;
 }
 
@@ -1054,7 +1064,7 @@ static bool run_raise(uint64_t *known, uint64_t run)
  * one's frames. */
 static void forget_runs_of(struct lane *ln, unsigned peer)
 {
-	for (unsigned i = 0; i < MAX_JOBS; i++)
+	for (unsigned i = 0; i < LANE_JOBS; i++)
 		ln->jobs[i].run_seen[peer] = ln->jobs[i].run_over[peer] = 0;
 }
 
@@ -1107,7 +1117,7 @@ static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint
 	uint64_t held = atomic_load_explicit(&ln->early_bytes[from], memory_order_relaxed);
 	unsigned dropped = 0;
 
-	for (unsigned i = 0; i < MAX_JOBS && held + len > limit && early_expected(lj, seq); i++) {
+	for (unsigned i = 0; i < LANE_JOBS && held + len > limit && early_expected(lj, seq); i++) {
 		struct lane_job *o = &ln->jobs[i];
 		for (struct early **pp = &o->early; *pp && held + len > limit;) {
 			struct early *e = *pp;
@@ -1311,7 +1321,7 @@ static void lane_end(struct lane *ln, const struct mail *m)
 {
 	struct lane_job *lj = NULL;
 
-	for (unsigned i = 0; i < MAX_JOBS && !lj; i++)
+	for (unsigned i = 0; i < LANE_JOBS && !lj; i++)
 		if (ln->jobs[i].used && ln->jobs[i].ar && ln->jobs[i].slot == m->slot && ln->jobs[i].seq == m->seq)
 			lj = &ln->jobs[i];
 	if (!lj)
@@ -1721,7 +1731,7 @@ static uint64_t lane_timers(struct lane *ln)
 		if (ln->refused_owed[slot])
 			lane_refuse(ln, slot, ln->refused_owed[slot], ln->refused_job[slot]);
 	}
-	for (unsigned i = 0; i < MAX_JOBS; i++) {
+	for (unsigned i = 0; i < LANE_JOBS; i++) {
 		struct lane_job *lj = &ln->jobs[i];
 		if (lj->used && lj->ar && lj->owed)
 			part_report(lj, lj->owed_type, 0, NULL);
@@ -3741,7 +3751,7 @@ static int lane_init(struct lane *ln)
 
 static void lane_fini(struct lane *ln)
 {
-	for (unsigned i = 0; i < MAX_JOBS; i++) {
+	for (unsigned i = 0; i < LANE_JOBS; i++) {
 		struct lane_job *lj = &ln->jobs[i];
 		gg_ar_step_free(lj->ar);
 		lj->ar = NULL;

@@ -946,8 +946,73 @@ static void run_log_flood(struct gg_node *node, const struct gg_config *cfg, str
 	free(text);
 }
 
+/* Jobs come and go in batches, as a sweep's do: 32 ran a step here and
+ * ended, so their entries stay while their frames may still come (a
+ * heartbeat_timeout); then, twice, s0's DATA of 32 new jobs comes before
+ * their ranks here announce the steps, and those jobs end too (the second
+ * time, 64 ended jobs' entries are there). Every new job's frame is kept,
+ * none dropped for another's, and each step completes with it. */
+static void run_churn(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	enum { JOBS = 32, BATCHES = 2 };
+	static float result[COUNT];
+	char job[16];
+	uint8_t msg[512];
+
+	for (unsigned i = 0; i < JOBS; i++) {
+		snprintf(job, sizeof(job), "old%u", i);
+		struct outcome o = step_with(node, cfg, sent, job, 1, 1.0f, result);
+		CHECK(o.done && o.status == 0, "step 1 of %s: done %d, status %d: %s", job, o.done, o.status,
+		      o.message);
+		gg_node_end_job(node, job);
+		turns(node, 2);
+	}
+	for (unsigned b = 0; b < BATCHES; b++) {
+		const unsigned acks = sent->acks;
+		for (unsigned i = 0; i < JOBS; i++) {
+			size_t len = 0;
+			snprintf(job, sizeof(job), "new%u-%u", b, i);
+			uint8_t *data = make_job_data(cfg, job, 1, 0, &len);
+			CHECK(data && gg_node_test_receive(node, 0, 1, data, len) == 0, "DATA of %s", job);
+			free(data);
+			turns(node, 1);
+		}
+		CHECK(sent->acks == acks, "%u of the new jobs' frames acknowledged before their steps started here",
+		      sent->acks - acks);
+		unsigned completed = 0;
+		for (unsigned i = 0; i < JOBS; i++) {
+			struct outcome o;
+			struct gg_node_step st;
+			snprintf(job, sizeof(job), "new%u-%u", b, i);
+			submit_step1(node, &st, job, &o, result);
+			turns(node, 3);
+			ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), job, 1, 1, NULL, NULL);
+			CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "DONE of %s", job);
+			for (int t = 0; t < 20 && !o.done; t++)
+				turns(node, 1);
+			unsigned bad = 0;
+			for (unsigned k = 0; k < COUNT && o.done && !o.status; k++)
+				bad += result[k] != (float)k;
+			completed += o.done && !o.status && !bad;
+			if (!o.done) {
+				/* Its frame is gone: it would wait for its deadline. */
+				CHECK(gg_node_abort(node, job, 1, GG_ERR_TIMEOUT, "the frame never came") == 0,
+				      "abort %s", job);
+				for (int t = 0; t < 20 && !o.done; t++)
+					turns(node, 1);
+			}
+			gg_node_end_job(node, job);
+			turns(node, 2);
+		}
+		printf("  batch %u: %u of %u new jobs completed with the frame that came before their step\n", b + 1,
+		       completed, JOBS);
+		CHECK(completed == JOBS, "batch %u: %u of %u new jobs lost their peer's frame to ended jobs' entries",
+		      b + 1, JOBS - completed, JOBS);
+	}
+}
+
 enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS,
-		JOB_TABLE, LOG_FLOOD };
+		JOB_TABLE, LOG_FLOOD, CHURN };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -972,6 +1037,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[MARKS] = "a peer's END or restart before this site's ranks announced a step",
 		[JOB_TABLE] = "a full job table: idle jobs with ranks here keep their entries",
 		[LOG_FLOOD] = "a peer's messages that make a log line each, far faster than jobs do",
+		[CHURN] = "32 jobs ended here, then a peer's DATA of 32 new ones before their steps start here",
 	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
@@ -1017,6 +1083,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == LOG_FLOOD) {
 		run_log_flood(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == CHURN) {
+		run_churn(node, &cfg, &sent);
 		goto out;
 	}
 	if (what == AFTER_END) {
@@ -1097,6 +1167,7 @@ int main(int argc, char **argv)
 	run(argv[1], MARKS);
 	run(argv[1], JOB_TABLE);
 	run(argv[1], LOG_FLOOD);
+	run(argv[1], CHURN);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }
