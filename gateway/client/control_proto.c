@@ -183,7 +183,8 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 		return GG_ERR_PROTOCOL;
 	}
 	if (h->flags || h->reserved) {
-		snprintf(why, why_size, "%s with nonzero reserved header fields", ctrl_types[type].name);
+		snprintf(why, why_size, "%s: header %s is %u, must be 0", ctrl_types[type].name,
+			 h->flags ? "flags field" : "reserved field", h->flags ? (unsigned)h->flags : (unsigned)h->reserved);
 		return GG_ERR_PROTOCOL;
 	}
 

@@ -161,7 +161,10 @@ static void test_hello_refusals(void)
 	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO: reserved field is 2, must be 0");
 	hello_msg(&m, "job", 0, 1);
 	m.hdr.reserved = 1;
-	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO with nonzero reserved header fields");
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO: header reserved field is 1, must be 0");
+	hello_msg(&m, "job", 0, 1);
+	m.hdr.flags = 4;
+	refused(&m, sizeof(m.hello), -1, GG_ERR_PROTOCOL, "HELLO: header flags field is 4, must be 0");
 
 	gg_ctrl_init(&m, GG_CTRL_ALLREDUCE);
 	refused(&m, sizeof(m.allreduce), -1, GG_ERR_PROTOCOL, "expected HELLO or STATUS, got ALLREDUCE");
