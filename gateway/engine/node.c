@@ -3468,11 +3468,21 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 		return rc;
 	if (x.coord_mail && (rc = gg_mailbox_arm(&n->inbox, &ln->loop, gg_loop_ud(KIND_COORD_MAIL, 0, 0))))
 		return rc;
-	coordinator_mail(n);
-	/* What the coordinator posted to lane 0 itself is handled in this
-	 * turn, not the next. */
-	lane_mail(ln);
+	/* What the coordinator and lane 0, both on this thread, post each
+	 * other wakes neither: it is handled in this turn, not the next, which
+	 * may be a tick away (the end of a step that failed at its deadline
+	 * with no stream up to wake the loop waited 100 ms). */
+	for (unsigned round = 0; round < 4; round++) {
+		coordinator_mail(n);
+		lane_mail(ln);
+		if (gg_mailbox_empty(&n->inbox))
+			break;
+	}
 	n->coord_next_us = coordinator_timers(n);
+	/* Mail still there (a step's done() started the next, and so on):
+	 * the next turn does not wait. */
+	if (!gg_mailbox_empty(&n->inbox) || !gg_mailbox_empty(&ln->inbox))
+		n->coord_next_us = ln->loop.now_us;
 	gather_stats(n);
 	return 0;
 }

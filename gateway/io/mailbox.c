@@ -62,6 +62,14 @@ void gg_mailbox_post(struct gg_mailbox *m, struct gg_mail *mail)
 		gg_mailbox_wake(m);
 }
 
+bool gg_mailbox_empty(struct gg_mailbox *m)
+{
+	pthread_mutex_lock(&m->lock);
+	bool empty = !m->head;
+	pthread_mutex_unlock(&m->lock);
+	return empty;
+}
+
 struct gg_mail *gg_mailbox_take(struct gg_mailbox *m)
 {
 	pthread_mutex_lock(&m->lock);

@@ -11,6 +11,7 @@
 #define GG_MAILBOX_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gg_common.h"
@@ -45,5 +46,8 @@ void gg_mailbox_post(struct gg_mailbox *m, struct gg_mail *mail);
 void gg_mailbox_wake(struct gg_mailbox *m);
 /* Everything posted so far, oldest first, or NULL. */
 struct gg_mail *gg_mailbox_take(struct gg_mailbox *m);
+/* Whether nothing waits to be taken: what its owner posted to itself
+ * wakes nobody, so the owner asks before it waits. */
+bool gg_mailbox_empty(struct gg_mailbox *m);
 
 #endif

@@ -1011,8 +1011,35 @@ static void run_churn(struct gg_node *node, const struct gg_config *cfg, struct 
 	}
 }
 
+/* A step whose deadline passed ends in the loop's next turn: the
+ * coordinator and lane 0 share a thread, and what they post each other
+ * wakes neither, so what they said is heard in the same turn (the step's
+ * end waited for the next turn, up to a tick away, when nothing else woke
+ * the loop). */
+static void run_deadline(struct gg_node *node)
+{
+	static float input[COUNT], result[COUNT];
+	struct outcome o = { 0 };
+	char err[GG_NODE_ERROR_MAX];
+	struct gg_node_step st = { .seq = 1, .tensor_id = 7, .count = COUNT, .dtype = GG_WIRE_F32, .input = input,
+				   .result = result, .done = on_done, .arg = &o,
+				   .deadline_us = gg_monotonic_us() + 50000, .timeout_us = 50000 };
+
+	snprintf(st.job, sizeof(st.job), "late");
+	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
+	turns(node, 3);
+	CHECK(!o.done, "the step ended before its deadline: %d %s", o.status, o.message);
+	while (gg_monotonic_us() < st.deadline_us + 5000)
+		usleep(5000);
+	turns(node, 1);
+	CHECK(o.done && o.status == GG_ERR_TIMEOUT, "one turn past its deadline, the step: done %d, status %d: %s",
+	      o.done, o.status, o.message);
+	for (int t = 0; t < 20 && !o.done; t++)
+		turns(node, 1);
+}
+
 enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS,
-		JOB_TABLE, LOG_FLOOD, CHURN };
+		JOB_TABLE, LOG_FLOOD, CHURN, DEADLINE };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -1038,6 +1065,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[JOB_TABLE] = "a full job table: idle jobs with ranks here keep their entries",
 		[LOG_FLOOD] = "a peer's messages that make a log line each, far faster than jobs do",
 		[CHURN] = "32 jobs ended here, then a peer's DATA of 32 new ones before their steps start here",
+		[DEADLINE] = "a step past its deadline ends in the loop's next turn",
 	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
@@ -1087,6 +1115,10 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == CHURN) {
 		run_churn(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == DEADLINE) {
+		run_deadline(node);
 		goto out;
 	}
 	if (what == AFTER_END) {
@@ -1168,6 +1200,7 @@ int main(int argc, char **argv)
 	run(argv[1], JOB_TABLE);
 	run(argv[1], LOG_FLOOD);
 	run(argv[1], CHURN);
+	run(argv[1], DEADLINE);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }
