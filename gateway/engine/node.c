@@ -25,10 +25,8 @@
 #endif
 
 #define MAX_JOBS 32
-/* A lane's entries: room for MAX_JOBS jobs that run or are about to
- * (their peers' frames came first), besides as many of jobs that ended
- * here, kept while their frames may still come (lane_job_find()). */
-#define LANE_JOBS (2 * MAX_JOBS)
+#define LANE_JOBS GG_NODE_LANE_JOBS
+_Static_assert(LANE_JOBS >= 2 * MAX_JOBS, "a lane holds the jobs that run and as many that ended");
 #define TIMED_KEPT 4 /* algorithm auto: the latest steps of each algorithm timed */
 #define CTRL_MSG_MAX 1024    /* every message but DATA fits */
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
@@ -110,7 +108,8 @@ struct mail {
 	uint64_t run;         /* M_FORGET_JOB: the run that ended at the one site in `sites`; 0: it ended
 			       * here, and runs[] says which run of each site took part (0: none heard of);
 			       * M_PEER_RUN: the peer's run */
-	uint64_t runs[GG_AR_MAX_SITES];
+	uint64_t runs[GG_AR_MAX_SITES]; /* M_START: each site's runs known over, whose frames the part
+					 * never takes (the lane's entry of an ended job may be gone) */
 	union {
 		struct {      /* M_START */
 			struct gg_wire_step wstep;
@@ -783,8 +782,8 @@ static void lane_refuse(struct lane *ln, unsigned slot, uint64_t seq, const char
 
 	if (job != ln->refused_job[slot])
 		snprintf(ln->refused_job[slot], sizeof(ln->refused_job[slot]), "%s", job);
-	snprintf(text, sizeof(text), "step %llu of job '%s': lane %u holds %d jobs already", (unsigned long long)seq,
-		 job, ln->index, LANE_JOBS);
+	snprintf(text, sizeof(text), "step %llu of job '%s': lane %u holds %d jobs already (running, or with frames "
+		 "of their next step)", (unsigned long long)seq, job, ln->index, LANE_JOBS);
 	ln->refused_owed[slot] = tell_slot(ln, M_PART_FAILED, slot, seq, GG_ERR_LIMIT, text) ? 0 : seq;
 }
 
@@ -1270,6 +1269,14 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	lj->times = lj->times_counted = (struct gg_ar_times){ 0 };
 	lj->gather_ns = lj->deliver_ns = 0;
 	lj->start_ns = now_ns();
+	/* What the coordinator knows of runs over, which this entry may not
+	 * (made anew once an ended job's entry went to another job). */
+	uint32_t raised = 0;
+	for (unsigned p = 0; p < n->sites; p++)
+		if (p != n->self && run_raise(&lj->run_over[p], m->runs[p]))
+			raised |= 1u << p;
+	if (raised)
+		drop_runs_over(lj, raised, ~0u);
 
 	struct feedback_slot *fb = m->u.start.feedback;
 	struct gg_ar_config ac = { .sites = n->sites, .self = n->self, .algo = m->u.start.algo,
@@ -2254,7 +2261,7 @@ static void measure_links(struct gg_node *n)
  * (zstd included, like the uplink figure), else the codec's own. */
 static double elem_bytes(const struct gg_node *n)
 {
-	struct gg_codec_params cp = gg_codec_defaults(n->cfg->compression.codec);
+	const struct gg_codec_params cp = n->frame_cfg.codec;
 	uint64_t bytes = 0, raw = 0;
 	const uint64_t elems = 1u << 20;
 
@@ -2265,8 +2272,6 @@ static double elem_bytes(const struct gg_node *n)
 		}
 	if (raw >= elems * sizeof(float))
 		return (double)bytes * sizeof(float) / (double)raw;
-	cp.block_elems = (uint32_t)n->cfg->compression.block_size;
-	cp.scale = n->cfg->compression.scale;
 	if (gg_codec_encoded_bytes(&cp, elems, &bytes))
 		return 4;
 	return (double)bytes / (double)elems;
@@ -2712,6 +2717,13 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 				       .feedback = fb, .algo = algo,
 				       .chunk_elems = chunk, .deadline_us = j->deadline_us, .timeout_us = j->timeout_us,
 				       .gather = st->gather, .deliver = st->deliver, .arg = st->arg } };
+	/* The peers' runs over, or that took part in a run of the name that
+	 * ended here: a frame of theirs that comes late is of no step here. */
+	const struct name_runs *r = name_runs(n, j->name, false);
+	for (unsigned p = 0; r && p < n->sites; p++) {
+		m.runs[p] = r->over[p];
+		run_raise(&m.runs[p], r->left[p]);
+	}
 	/* A lane that never starts its part would leave the step without a
 	 * deadline: without memory for every start, the step fails now. */
 	if (post_lanes(n, &m, 0) != all_lanes(n))

@@ -154,6 +154,12 @@ struct gg_node_failure {
 	char message[GG_NODE_ERROR_MAX];
 };
 
+/* The jobs a lane keeps entries of: room for the 32 a gateway runs, or
+ * that are about to start (a peer's frames came first), and as many that
+ * ended here, kept while their frames may still come; beyond those, an
+ * ended job's entry goes to a peer's DATA of a new one (lane_job_find()). */
+#define GG_NODE_LANE_JOBS 64
+
 /* Builds the node from a validated config: TLS context, listening socket,
  * the loop. Returns 0, or a negative errno with a message in err. */
 GG_MUST_CHECK int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size);

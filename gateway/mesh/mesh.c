@@ -1090,7 +1090,7 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		break;
 	}
 	case GG_WIRE_PONG:
-		if (msg.u.ping_us == c->ping_sent_us) {
+		if (c->ping_sent_us && msg.u.ping_us == c->ping_sent_us) {
 			note_rtt(m, (unsigned)c->peer, m->loop->now_us - c->ping_sent_us);
 			c->ping_sent_us = 0;
 		}

@@ -216,13 +216,15 @@ struct gg_host_backend {
 	 * freeing it waits for every kernel on the GPU (cudaFree), as does
 	 * unmapping a rank's allocation (cudaIpcCloseMemHandle), and a reduce
 	 * waiting for a rank ends only by this loop's own abort. It is freed
-	 * or unmapped once no such call runs. */
+	 * or unmapped once no such call runs. (A rank may map an allocation
+	 * again meanwhile: CUDA counts the opens of a handle, each close
+	 * takes one back, and the pointer stays the same.) */
 	struct hb_deferred {
 		void *ptr;
 		uint64_t bytes; /* of a sum, counted in deferred_bytes; 0 for a rank's allocation */
 		enum { DEFER_DEV_SUM, DEFER_NCCL_SUM, DEFER_IPC } kind;
 	} *deferred;
-	unsigned deferred_count, deferred_cap;
+	unsigned deferred_count, deferred_cap, deferred_sums;
 	uint64_t deferred_bytes; /* still taken: counted against opts.memory_bytes */
 	bool core_frees_held;    /* the core was told not to free GPU memory (gpu_frees) */
 	struct gg_host_backend_stats stats;
@@ -230,6 +232,7 @@ struct gg_host_backend {
 
 static void job_advance(struct gg_host_backend *b, struct hb_job *j);
 static bool defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind);
+static unsigned slots(const struct gg_host_backend *b);
 static bool step_submit(struct gg_host_backend *b, struct hb_job *j);
 static bool step_uses_nccl(struct hb_job *j);
 static bool nccl_progress(struct gg_host_backend *b, struct hb_job *j, uint64_t now_us, uint64_t *next);
@@ -442,7 +445,12 @@ static void sum_free_now(const struct gg_host_backend *b, float *sum, bool on_gp
  * it may go now (or no room was left to keep it). */
 static bool defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind)
 {
-	if (!nccl_running(b))
+	/* Sums are bounded by the memory limit, which counts them; the ranks'
+	 * allocations by as many as every connection's regions at once (a
+	 * rank that maps and unmaps in a loop has its unmaps done at once
+	 * past that). */
+	if (!nccl_running(b) ||
+	    (kind == DEFER_IPC && b->deferred_count - b->deferred_sums >= slots(b) * GG_CTRL_MAX_REGIONS))
 		return false;
 	if (b->deferred_count == b->deferred_cap) {
 		unsigned cap = b->deferred_cap ? 2 * b->deferred_cap : 8;
@@ -454,6 +462,7 @@ static bool defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind
 	}
 	b->deferred[b->deferred_count++] = (struct hb_deferred){ ptr, bytes, kind };
 	b->deferred_bytes += bytes;
+	b->deferred_sums += kind != DEFER_IPC;
 	return true;
 }
 
@@ -505,6 +514,7 @@ static void deferred_free(struct gg_host_backend *b)
 		sum_free_now(b, d->ptr, true, d->kind == DEFER_NCCL_SUM);
 	}
 	b->deferred_count = 0;
+	b->deferred_sums = 0;
 	b->deferred_bytes = 0;
 }
 
@@ -523,8 +533,6 @@ static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 
 	sum_free(b, take_spare(b, j), bytes, on_gpu, nccl);
 }
-
-static unsigned slots(const struct gg_host_backend *b);
 
 static void job_free(struct gg_host_backend *b, struct hb_job *j)
 {

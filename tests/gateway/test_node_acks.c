@@ -39,8 +39,8 @@
  *   4. DATA for step 1 of the next run on stream 1: kept
  *   5. DATA for step 1 of the run that ended: acknowledged at once
  *   6. END of the next run: its frame is let go too
- *   7. ENDs of 40 jobs never seen here, more than a lane's job table
- *      holds, at once: the entry that lets go of the job's frames still
+ *   7. ENDs of 72 jobs never seen here, more than a lane's job table
+ *      holds (GG_NODE_LANE_JOBS), at once: the entry that lets go of the job's frames still
  *      on the way stays, and DATA of step 5 is acknowledged at once
  *   8. once heartbeat_timeout (300 ms here) passed, the END of one more
  *      job and its DATA: acknowledged at once too, the entries of ended
@@ -102,6 +102,8 @@
 #define MAX_ACKS 16
 
 struct sent {
+	unsigned pings;
+	uint64_t ping_us; /* the last PING's value, on stream 0 */
 	unsigned acks;
 	struct {
 		unsigned stream;
@@ -123,6 +125,11 @@ static void on_sent(void *arg, unsigned peer, unsigned stream, const uint8_t *he
 	(void)frame;
 	CHECK(head_len >= GG_WIRE_HEADER_BYTES && !gg_wire_parse_header(head, SIZE_MAX, &type, &payload, err, sizeof(err)),
 	      "the node wrote a message with a bad header");
+	if (head_len >= GG_WIRE_HEADER_BYTES && type == GG_WIRE_PING && stream == 0 &&
+	    !gg_wire_decode(type, head + GG_WIRE_HEADER_BYTES, payload, &m, err, sizeof(err))) {
+		s->ping_us = m.u.ping_us;
+		s->pings++;
+	}
 	if (head_len < GG_WIRE_HEADER_BYTES || type != GG_WIRE_ACK || frame_len)
 		return;
 	CHECK(!gg_wire_decode(type, head + GG_WIRE_HEADER_BYTES, payload, &m, err, sizeof(err)), "bad ACK: %s", err);
@@ -322,14 +329,14 @@ static void run_after_end(struct gg_node *node, const struct gg_config *cfg, str
 	receive_expect(node, sent, 1, data[2], len[2], 2, true, "step 1 of a new run of the job");
 	receive_expect(node, sent, 1, data[5], len[5], 3, true, "step 1 of the run that ended, read late");
 	receive_expect(node, sent, 0, end2_msg, el2, 4, false, "the END of the new run");
-	for (unsigned j = 0; j < 40; j++) {
+	for (unsigned j = 0; j < GG_NODE_LANE_JOBS + 8; j++) {
 		char job[16];
 		snprintf(job, sizeof(job), "gone-%u", j);
 		size_t l = end_of(job, 1, end_msg, sizeof(end_msg));
 		CHECK(l && gg_node_test_receive(node, 0, j % 2, end_msg, l) == 0, "END of %s", job);
 		turns(node, 2);
 	}
-	receive_expect(node, sent, 1, data[3], len[3], 5, false, "DATA after its job's END, past 40 other ENDs at once");
+	receive_expect(node, sent, 1, data[3], len[3], 5, false, "DATA after its job's END, past 72 other ENDs at once");
 	/* The test's streams send no heartbeats: past the timeout the node
 	 * drops them, and they come back. */
 	usleep(350000);
@@ -339,7 +346,7 @@ static void run_after_end(struct gg_node *node, const struct gg_config *cfg, str
 	      "streams again");
 	turns(node, 3);
 	receive_expect(node, sent, 0, end_msg, end_of("late", 1, end_msg, sizeof(end_msg)), 5, false,
-		       "the END of one more job, once the 40 before settled");
+		       "the END of one more job, once the 72 before settled");
 	receive_expect(node, sent, 1, data[4], len[4], 6, false, "DATA of that job after its END");
 	for (int i = 0; i < 6; i++)
 		free(data[i]);
@@ -1011,6 +1018,77 @@ static void run_churn(struct gg_node *node, const struct gg_config *cfg, struct 
 	}
 }
 
+/* More jobs end than a lane keeps entries of ended jobs for: 40 ran a
+ * step here and ended, then s0's DATA of 32 new jobs came, which took the
+ * entries of the oldest. A frame of s0's run 1 of the first of them comes
+ * late, and a new run of that job starts here: the frame is of no step of
+ * the new run (the coordinator knows s0's run 1 took part in a run that
+ * ended here), and the step completes with s0's run 2, exact. */
+static void run_late_after_churn(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
+{
+	enum { ENDED = 40, NEW = 32 };
+	static float result[COUNT];
+	struct outcome o;
+	struct gg_node_step st;
+	char job[16];
+	size_t len = 0;
+
+	for (unsigned i = 0; i < ENDED; i++) {
+		snprintf(job, sizeof(job), "old%u", i);
+		o = step_with(node, cfg, sent, job, 1, 1.0f, result);
+		CHECK(o.done && o.status == 0, "step 1 of %s: done %d, status %d: %s", job, o.done, o.status,
+		      o.message);
+		gg_node_end_job(node, job);
+		turns(node, 2);
+	}
+	for (unsigned i = 0; i < NEW; i++) {
+		snprintf(job, sizeof(job), "new%u", i);
+		uint8_t *data = make_job_data(cfg, job, 1, 0, &len);
+		CHECK(data && gg_node_test_receive(node, 0, 1, data, len) == 0, "DATA of %s", job);
+		free(data);
+		turns(node, 1);
+	}
+	uint8_t *late = make_run_data(cfg, "old0", 1, 1, 0, 1.0f, &len);
+	CHECK(late && gg_node_test_receive(node, 0, 1, late, len) == 0, "the late frame of old0's run 1");
+	free(late);
+	turns(node, 2);
+	submit_step1(node, &st, "old0", &o, result);
+	turns(node, 3);
+	CHECK(!o.done, "the new run's step 1 ended on the late frame of the old run: status %d: %s", o.status,
+	      o.message);
+	uint8_t *data = make_run_data(cfg, "old0", 2, 1, 0, 2.0f, &len);
+	CHECK(data && gg_node_test_receive(node, 0, 1, data, len) == 0, "run 2's DATA of step 1");
+	free(data);
+	turns(node, 5);
+	complete_new_run(node, "old0", &o, result);
+}
+
+/* A PONG counts only as the answer to this site's PING: once s0
+ * answered the node's PING, PONGs that answer none (value 0, or another)
+ * make no round trip. */
+static void run_pong(struct gg_node *node, struct sent *sent)
+{
+	uint8_t msg[64];
+	ssize_t l;
+
+	for (const uint64_t until = now_us() + 3000000; !sent->pings && now_us() < until;)
+		turns_for(node, 50000);
+	CHECK(sent->pings, "no PING on stream 0 in 3 s");
+	l = gg_wire_encode_ping(msg, sizeof(msg), GG_WIRE_PONG, sent->ping_us);
+	CHECK(l > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)l) == 0, "the PONG");
+	turns(node, 3);
+	const uint64_t rtt = gg_node_stats(node)->rtt_us[0];
+	CHECK(rtt > 0 && rtt < 3000000, "the PONG made a round trip of %llu us", (unsigned long long)rtt);
+	for (uint64_t v = 0; v < 2; v++) {
+		l = gg_wire_encode_ping(msg, sizeof(msg), GG_WIRE_PONG, v * 12345);
+		CHECK(l > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)l) == 0, "PONG %llu",
+		      (unsigned long long)(v * 12345));
+		turns(node, 3);
+	}
+	CHECK(gg_node_stats(node)->rtt_us[0] == rtt, "unasked PONGs made a round trip of %llu us, not %llu",
+	      (unsigned long long)gg_node_stats(node)->rtt_us[0], (unsigned long long)rtt);
+}
+
 /* A step whose deadline passed ends in the loop's next turn: the
  * coordinator and lane 0 share a thread, and what they post each other
  * wakes neither, so what they said is heard in the same turn (the step's
@@ -1039,7 +1117,7 @@ static void run_deadline(struct gg_node *node)
 }
 
 enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS,
-		JOB_TABLE, LOG_FLOOD, CHURN, DEADLINE };
+		JOB_TABLE, LOG_FLOOD, CHURN, LATE_AFTER_CHURN, DEADLINE, PONG };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -1065,7 +1143,9 @@ static void run(const char *cert_dir, enum scenario what)
 		[JOB_TABLE] = "a full job table: idle jobs with ranks here keep their entries",
 		[LOG_FLOOD] = "a peer's messages that make a log line each, far faster than jobs do",
 		[CHURN] = "32 jobs ended here, then a peer's DATA of 32 new ones before their steps start here",
+		[LATE_AFTER_CHURN] = "40 jobs ended, 32 came, then a late frame of an ended run and a new run of its job",
 		[DEADLINE] = "a step past its deadline ends in the loop's next turn",
+		[PONG] = "PONGs that answer no PING",
 	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
@@ -1115,6 +1195,14 @@ static void run(const char *cert_dir, enum scenario what)
 	}
 	if (what == CHURN) {
 		run_churn(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == LATE_AFTER_CHURN) {
+		run_late_after_churn(node, &cfg, &sent);
+		goto out;
+	}
+	if (what == PONG) {
+		run_pong(node, &sent);
 		goto out;
 	}
 	if (what == DEADLINE) {
@@ -1200,7 +1288,9 @@ int main(int argc, char **argv)
 	run(argv[1], JOB_TABLE);
 	run(argv[1], LOG_FLOOD);
 	run(argv[1], CHURN);
+	run(argv[1], LATE_AFTER_CHURN);
 	run(argv[1], DEADLINE);
+	run(argv[1], PONG);
 	printf("node acks: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }

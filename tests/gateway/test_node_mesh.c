@@ -155,9 +155,9 @@ static void on_fresh(void *arg, struct gg_node_step *st, int status, const char 
 	snprintf(fresh_message, sizeof(fresh_message), "%s", message ? message : "");
 }
 
-/* Site 1 sends one frame for each of 31 jobs that never start, then 64
- * frames of 200 KiB for steps 2..65 of another: the 32 jobs fill lane 0's
- * job table. Site 0 must hold no more than inflight_per_peer (8 MiB) plus
+/* Site 1 sends one frame for each of 63 jobs that never start, then 64
+ * frames of 200 KiB for steps 2..65 of another: the 64 jobs fill lane 0's
+ * job table (GG_NODE_LANE_JOBS). Site 0 must hold no more than inflight_per_peer (8 MiB) plus
  * one frame per stream, refuse the rest, and still start a job of its own.
  * Then site 1 sends a frame for each of 9 more jobs, more than the table
  * holds: they take the entries of jobs that never started. (Were they
@@ -173,7 +173,7 @@ static void flood(struct gg_node *node, unsigned index)
 	uint64_t most = 0;
 
 	if (index == 1) {
-		for (unsigned j = 0; j < 31; j++) {
+		for (unsigned j = 0; j < GG_NODE_LANE_JOBS - 1; j++) {
 			char job[16];
 			snprintf(job, sizeof(job), "never-%u", j);
 			CHECK(gg_node_test_send_data(node, 0, job, 1, 0, 1024) == 0, "flood");
@@ -217,14 +217,14 @@ static void flood(struct gg_node *node, unsigned index)
 		CHECK(fresh_status == GG_ERR_TIMEOUT && strstr(fresh_message, "missed its 300ms deadline"),
 		      "fresh job: %d: %s", fresh_status, fresh_message);
 	} else {
-		for (unsigned j = 31; j < 40; j++) {
+		for (unsigned j = GG_NODE_LANE_JOBS - 1; j < GG_NODE_LANE_JOBS + 8; j++) {
 			char job[16];
 			snprintf(job, sizeof(job), "never-%u", j);
 			CHECK(gg_node_test_send_data(node, 0, job, 1, 0, 1024) == 0, "more jobs");
 		}
 		/* The flooder ends its jobs: site 0 lets their frames go. */
 		gg_node_end_job(node, "flood");
-		for (unsigned j = 0; j < 40; j++) {
+		for (unsigned j = 0; j < GG_NODE_LANE_JOBS + 8; j++) {
 			char job[16];
 			snprintf(job, sizeof(job), "never-%u", j);
 			gg_node_end_job(node, job);
