@@ -944,7 +944,7 @@ static void usage(FILE *f)
 		"Streams data for --time seconds per mode, then runs 64 KiB round trips, and reports\n"
 		"throughput, CPU seconds per GB on each side, round-trip p50/p99 and the TLS/plain ratio.\n"
 		"\n"
-		"  --modes LIST           TLS 1.3 ciphersuites, comma-separated (default: %s)\n"
+		"  --modes LIST           TLS 1.3 ciphersuites, separated by commas or colons (default: %s)\n"
 		"  --plain                also measure unencrypted transport, the baseline for the ratio.\n"
 		"                         INSECURE: data crosses the network in clear; benchmark only\n"
 		"  --allow-plain          (serve) accept unencrypted benchmark connections\n"

@@ -1347,7 +1347,8 @@ static int to_integer(struct parser *P, const char *tok, const char *s, const ch
 			continue;
 		d = (unsigned)digit_value((unsigned char)*s, base);
 		if (v > (limit - d) / (unsigned)base)
-			return fail(P, pos_at(P, tok), "integer out of range");
+			return fail(P, pos_at(P, tok), "integer out of range: TOML integers are 64-bit, "
+				    "-9223372036854775808 to 9223372036854775807");
 		v = v * (unsigned)base + d;
 	}
 	if (!neg)

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -3870,6 +3871,34 @@ uint64_t gg_node_fingerprint(const struct gg_config *cfg, const struct gg_wire_s
 	return gg_wire_fingerprint(ws, (uint8_t)codec, block, algorithm, chunk_elems);
 }
 
+/* The listen address resolves and is one of this host's: a bind to it
+ * with port 0 tells, without the port, which a running gateway holds. */
+static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	const char *why;
+
+	if (gg_net_addr_parse(cfg->site.listen, &ss, &len, &why))
+		return gg_errf(err, err_size, -EINVAL, "[site] listen \"%s\": %s", cfg->site.listen, why);
+	if (ss.ss_family == AF_INET)
+		((struct sockaddr_in *)&ss)->sin_port = 0;
+	else
+		((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return gg_errf(err, err_size, -errno, "[site] listen \"%s\": socket: %s", cfg->site.listen,
+			       strerror(errno));
+	int rc = bind(fd, (struct sockaddr *)&ss, len) ? -errno : 0;
+	close(fd);
+	if (rc == -EADDRNOTAVAIL)
+		return gg_errf(err, err_size, rc, "[site] listen \"%s\": no interface of this host has that address",
+			       cfg->site.listen);
+	if (rc)
+		return gg_errf(err, err_size, rc, "[site] listen \"%s\": %s", cfg->site.listen, strerror(-rc));
+	return 0;
+}
+
 int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size)
 {
 	struct gg_tls_options to = tls_options(cfg);
@@ -3879,9 +3908,10 @@ int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size)
 	if (rc)
 		return rc;
 	gg_tls_context_free(tls);
-	if (cfg->transport.congestion_control)
-		return gg_net_check_congestion(cfg->transport.congestion_control, err, err_size);
-	return 0;
+	if (cfg->transport.congestion_control &&
+	    (rc = gg_net_check_congestion(cfg->transport.congestion_control, err, err_size)))
+		return rc;
+	return check_listen(cfg, err, err_size);
 }
 
 int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size)

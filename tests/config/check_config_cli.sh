@@ -135,6 +135,11 @@ refused() {
 # the config, read once written to, refused when nothing is within 10 s.
 mkfifo "$tmp/pipe.pem" "$tmp/pipe.toml"
 refused fifo 's#^ca = .*#ca = "pipe.pem"#' "a named pipe as [tls] ca" "[tls] ca file '$tmp/pipe.pem' is not a regular file"
+# A listen address the gateway could not listen on fails the check too.
+refused listen-name 's#^listen = .*#listen = "nonexistent.invalid:7101"#' "a listen host that does not resolve" \
+	'[site] listen "nonexistent.invalid:7101": the host does not resolve to an address'
+refused listen-foreign 's#^listen = .*#listen = "192.0.2.1:7101"#' "a listen address no interface has" \
+	'[site] listen "192.0.2.1:7101": no interface of this host has that address'
 (sleep 0.5; timeout 5 cp "$tmp/good.toml" "$tmp/pipe.toml") &
 timeout 10 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
 rc=$?; expect "a named pipe written to half a second late is read (exit 0): $(head -c 200 "$tmp/err")" $rc
