@@ -124,6 +124,10 @@ struct mail {
 			void (*gather)(void *arg, uint64_t offset, uint64_t n);
 			void (*deliver)(void *arg, uint64_t offset, uint64_t n);
 			void *arg;
+			/* Sites, by bit, whose run of the name was never heard of here
+			 * when a run of it ended here: their frames of a new run's step
+			 * 1 may be of that old run (lane_job.guess). */
+			uint32_t guess;
 		} start;
 		char job[GG_WIRE_NAME_MAX + 1]; /* M_END, M_FORGET, M_FORGET_JOB, M_RERUN */
 		struct {      /* M_SEND */
@@ -205,6 +209,7 @@ struct lane_job {
 	uint64_t run_seen[GG_AR_MAX_SITES], run_over[GG_AR_MAX_SITES];
 	uint64_t part_run[GG_AR_MAX_SITES]; /* the run each site's frames of the part in progress came from */
 	uint64_t guessed_run[GG_AR_MAX_SITES]; /* a run taken for a new one on the step-1 guess (lane_data()) */
+	uint32_t guess; /* sites whose first frame of the part is such a guess (the step's start says) */
 	uint64_t ended_us;   /* when ended_by was last set (the lane's loop clock) */
 	uint64_t rerun_us;   /* when the coordinator last heard of a step 1 again (M_RERUN) */
 	/* When a step last started or ended here, or early DATA last came:
@@ -448,6 +453,7 @@ struct gg_node {
 		uint64_t seen[GG_AR_MAX_SITES]; /* the latest run heard of (0: none) */
 		uint64_t over[GG_AR_MAX_SITES]; /* runs up to this one are over there: its END, or a later run came */
 		uint64_t left[GG_AR_MAX_SITES]; /* runs up to this one took part in a run that ended here */
+		bool ended_here; /* a run of the name ended here (left[] says which peers' runs were known) */
 		/* Ranks of the name are connected here (gg_node_job_opened(),
 		 * until gg_node_end_job_why()). What ended a peer's run of it
 		 * meanwhile while no job of it was in the core (none of them had
@@ -954,6 +960,8 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 			part_fail(lj, GG_ERR_SITE, "%s", text);
 		return;
 	}
+	if (!lj->part_run[from] && (lj->guess & (1u << from)) && !lj->guessed_run[from])
+		lj->guessed_run[from] = ws->run;
 	lj->part_run[from] = ws->run;
 	if (ws->fingerprint != lj->wstep.fingerprint && ws->tensor_id == lj->wstep.tensor_id &&
 	    ws->count == lj->wstep.count && ws->dtype == lj->wstep.dtype) {
@@ -1254,6 +1262,10 @@ static void lane_start(struct lane *ln, const struct mail *m)
 	part_free(lj);
 	lj->ended_by = lj->rerun_by = 0;
 	memset(lj->part_run, 0, sizeof(lj->part_run));
+	lj->guess = m->u.start.guess;
+	for (unsigned p = 0; p < GG_AR_MAX_SITES; p++)
+		if (lj->guess & (1u << p))
+			lj->guessed_run[p] = 0; /* the part's first frame from p says (part_feed()) */
 	lj->slot = m->slot;
 	lj->seq = m->seq;
 	lj->wstep = m->u.start.wstep;
@@ -2724,6 +2736,8 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	for (unsigned p = 0; r && p < n->sites; p++) {
 		m.runs[p] = r->over[p];
 		run_raise(&m.runs[p], r->left[p]);
+		if (st->seq == 1 && r->ended_here && !m.runs[p] && p != n->self)
+			m.u.start.guess |= 1u << p;
 	}
 	/* A lane that never starts its part would leave the step without a
 	 * deadline: without memory for every start, the step fails now. */
@@ -3681,6 +3695,8 @@ void gg_node_end_job_why(struct gg_node *n, const char *job, const char *why)
 		run_raise(&r->left[p], r->seen[p]);
 		f.runs[p] = r->seen[p];
 	}
+	if (r)
+		r->ended_here = true;
 	for (unsigned i = 0; i < n->feedback_count; i++)
 		if (!strcmp(n->feedback[i]->job, job))
 			feedback_drop(n, i--);

@@ -1018,12 +1018,17 @@ static void run_churn(struct gg_node *node, const struct gg_config *cfg, struct 
 	}
 }
 
-/* More jobs end than a lane keeps entries of ended jobs for: 40 ran a
- * step here and ended, then s0's DATA of 32 new jobs came, which took the
- * entries of the oldest. A frame of s0's run 1 of the first of them comes
- * late, and a new run of that job starts here: the frame is of no step of
- * the new run (the coordinator knows s0's run 1 took part in a run that
- * ended here), and the step completes with s0's run 2, exact. */
+/* More jobs end than a lane keeps entries of ended jobs for: "ghost"
+ * ended here before its first step, 40 ran a step here and ended, then
+ * s0's DATA of 32 new jobs came, which took the entries of the oldest.
+ * - A frame of s0's run 1 of the first of the 40 comes late, and a new run
+ *   of that job starts here: the frame is of no step of the new run (the
+ *   coordinator knows s0's run 1 took part in a run that ended here), and
+ *   the step completes with s0's run 2, exact.
+ * - A frame of s0's run 1 of "ghost", of which nothing came before it
+ *   ended here, comes late, and a new run of it starts here: the frame
+ *   passes for the new run's, but once s0's run 2 frame comes, the step
+ *   fails rather than complete with the old run's numbers. */
 static void run_late_after_churn(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
 	enum { ENDED = 40, NEW = 32 };
@@ -1033,6 +1038,9 @@ static void run_late_after_churn(struct gg_node *node, const struct gg_config *c
 	char job[16];
 	size_t len = 0;
 
+	gg_node_job_opened(node, "ghost");
+	gg_node_end_job(node, "ghost");
+	turns(node, 2);
 	for (unsigned i = 0; i < ENDED; i++) {
 		snprintf(job, sizeof(job), "old%u", i);
 		o = step_with(node, cfg, sent, job, 1, 1.0f, result);
@@ -1061,6 +1069,24 @@ static void run_late_after_churn(struct gg_node *node, const struct gg_config *c
 	free(data);
 	turns(node, 5);
 	complete_new_run(node, "old0", &o, result);
+
+	late = make_run_data(cfg, "ghost", 1, 1, 0, 1.0f, &len);
+	CHECK(late && gg_node_test_receive(node, 0, 1, late, len) == 0, "the late frame of ghost's run 1");
+	free(late);
+	turns(node, 2);
+	submit_step1(node, &st, "ghost", &o, result);
+	turns(node, 3);
+	data = make_run_data(cfg, "ghost", 2, 1, 0, 2.0f, &len);
+	CHECK(data && gg_node_test_receive(node, 0, 1, data, len) == 0, "ghost's run 2 DATA of step 1");
+	free(data);
+	uint8_t msg[512];
+	ssize_t dl = gg_wire_encode_done(msg, sizeof(msg), "ghost", 2, 1, NULL, NULL);
+	CHECK(dl > 0 && gg_node_test_receive(node, 0, 0, msg, (size_t)dl) == 0, "ghost's run 2 DONE of step 1");
+	for (int t = 0; t < 50 && !o.done; t++)
+		turns(node, 1);
+	printf("  ghost: %s\n", o.message);
+	CHECK(o.done && o.status == GG_ERR_SITE && strstr(o.message, "came from two of its runs"),
+	      "a new run's step 1 with frames of two runs of s0: done %d, status %d: %s", o.done, o.status, o.message);
 }
 
 /* A PONG counts only as the answer to this site's PING: once s0
