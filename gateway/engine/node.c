@@ -960,7 +960,7 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 			part_fail(lj, GG_ERR_SITE, "%s", text);
 		return;
 	}
-	if (!lj->part_run[from] && (lj->guess & (1u << from)) && !lj->guessed_run[from])
+	if (!lj->part_run[from] && (lj->guess & (1u << from)))
 		lj->guessed_run[from] = ws->run;
 	lj->part_run[from] = ws->run;
 	if (ws->fingerprint != lj->wstep.fingerprint && ws->tensor_id == lj->wstep.tensor_id &&
@@ -3887,8 +3887,8 @@ uint64_t gg_node_fingerprint(const struct gg_config *cfg, const struct gg_wire_s
 	return gg_wire_fingerprint(ws, (uint8_t)codec, block, algorithm, chunk_elems);
 }
 
-/* The listen address resolves and is one of this host's: a bind to it
- * with port 0 tells, without the port, which a running gateway holds. */
+/* The listen address resolves and is one of this host's: listening on
+ * it with port 0 tells, without the port, which a running gateway holds. */
 static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
 {
 	struct sockaddr_storage ss;
@@ -3901,18 +3901,15 @@ static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
 		((struct sockaddr_in *)&ss)->sin_port = 0;
 	else
 		((struct sockaddr_in6 *)&ss)->sin6_port = 0;
-	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return gg_errf(err, err_size, -errno, "[site] listen \"%s\": socket: %s", cfg->site.listen,
-			       strerror(errno));
-	int rc = bind(fd, (struct sockaddr *)&ss, len) ? -errno : 0;
-	close(fd);
+	int rc = gg_net_listen((struct sockaddr *)&ss, len, 1);
+	if (rc >= 0) {
+		close(rc);
+		return 0;
+	}
 	if (rc == -EADDRNOTAVAIL)
 		return gg_errf(err, err_size, rc, "[site] listen \"%s\": no interface of this host has that address",
 			       cfg->site.listen);
-	if (rc)
-		return gg_errf(err, err_size, rc, "[site] listen \"%s\": %s", cfg->site.listen, strerror(-rc));
-	return 0;
+	return gg_errf(err, err_size, rc, "[site] listen \"%s\": %s", cfg->site.listen, strerror(-rc));
 }
 
 int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size)

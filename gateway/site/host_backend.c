@@ -224,7 +224,7 @@ struct gg_host_backend {
 		uint64_t bytes; /* of a sum, counted in deferred_bytes; 0 for a rank's allocation */
 		enum { DEFER_DEV_SUM, DEFER_NCCL_SUM, DEFER_IPC } kind;
 	} *deferred;
-	unsigned deferred_count, deferred_cap, deferred_sums;
+	unsigned deferred_count, deferred_cap, deferred_ipc; /* of them, ranks' allocations */
 	uint64_t deferred_bytes; /* still taken: counted against opts.memory_bytes */
 	bool core_frees_held;    /* the core was told not to free GPU memory (gpu_frees) */
 	struct gg_host_backend_stats stats;
@@ -346,9 +346,10 @@ static void region_unmap(struct gg_host_backend *b, struct hb_region *r)
 	if (!r->base)
 		return;
 #if HAVE_CUDA
-	if (r->device && !defer(b, r->base, 0, DEFER_IPC))
-		gg_site_cuda_close(r->base);
-	else if (!r->device)
+	if (r->device) {
+		if (!defer(b, r->base, 0, DEFER_IPC))
+			gg_site_cuda_close(r->base);
+	} else
 #endif
 		munmap(r->base, r->size);
 	*r = (struct hb_region){ 0 };
@@ -450,7 +451,7 @@ static bool defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind
 	 * rank that maps and unmaps in a loop has its unmaps done at once
 	 * past that). */
 	if (!nccl_running(b) ||
-	    (kind == DEFER_IPC && b->deferred_count - b->deferred_sums >= slots(b) * GG_CTRL_MAX_REGIONS))
+	    (kind == DEFER_IPC && b->deferred_ipc >= slots(b) * GG_CTRL_MAX_REGIONS))
 		return false;
 	if (b->deferred_count == b->deferred_cap) {
 		unsigned cap = b->deferred_cap ? 2 * b->deferred_cap : 8;
@@ -462,7 +463,7 @@ static bool defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind
 	}
 	b->deferred[b->deferred_count++] = (struct hb_deferred){ ptr, bytes, kind };
 	b->deferred_bytes += bytes;
-	b->deferred_sums += kind != DEFER_IPC;
+	b->deferred_ipc += kind == DEFER_IPC;
 	return true;
 }
 
@@ -514,7 +515,7 @@ static void deferred_free(struct gg_host_backend *b)
 		sum_free_now(b, d->ptr, true, d->kind == DEFER_NCCL_SUM);
 	}
 	b->deferred_count = 0;
-	b->deferred_sums = 0;
+	b->deferred_ipc = 0;
 	b->deferred_bytes = 0;
 }
 

@@ -585,7 +585,7 @@ static int submit(struct gg_node *node, struct gg_node_step *st, const char *job
 }
 
 /* max_message is 1 MiB here. */
-static void run_refusals(struct gg_node *node)
+static void run_refusals(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
 	enum { JOBS_TRIED = 64, BF16_MAX = 1 << 19 };
 	static struct gg_node_step steps[JOBS_TRIED];
@@ -593,6 +593,8 @@ static void run_refusals(struct gg_node *node)
 	char err[GG_NODE_ERROR_MAX], job[16];
 	int rc;
 
+	(void)cfg;
+	(void)sent;
 	rc = submit(node, &steps[0], "big", BF16_MAX + 1, GG_WIRE_BF16, mem[0], err, sizeof(err));
 	CHECK(rc == -E2BIG && strstr(err, "524289 elements of 2 bytes exceed [limits] max_message (1048576 bytes)"),
 	      "bfloat16, 1 element past max_message: %d %s", rc, err);
@@ -624,7 +626,7 @@ static void run_refusals(struct gg_node *node)
  * keeps its entry (and with it its residuals and plan): a step of a 33rd
  * job is refused rather than take it; an idle one with no ranks here
  * gives its entry up. */
-static void run_job_table(struct gg_node *node)
+static void run_job_table(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
 	enum { JOBS = 34 };
 	static struct gg_node_step steps[JOBS];
@@ -632,6 +634,8 @@ static void run_job_table(struct gg_node *node)
 	char err[GG_NODE_ERROR_MAX], job[16];
 	int rc;
 
+	(void)cfg;
+	(void)sent;
 	for (unsigned i = 0; i < 32; i++) {
 		snprintf(job, sizeof(job), i < 31 ? "open%u" : "gone", i);
 		if (i < 31)
@@ -1092,11 +1096,12 @@ static void run_late_after_churn(struct gg_node *node, const struct gg_config *c
 /* A PONG counts only as the answer to this site's PING: once s0
  * answered the node's PING, PONGs that answer none (value 0, or another)
  * make no round trip. */
-static void run_pong(struct gg_node *node, struct sent *sent)
+static void run_pong(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
 	uint8_t msg[64];
 	ssize_t l;
 
+	(void)cfg;
 	for (const uint64_t until = now_us() + 3000000; !sent->pings && now_us() < until;)
 		turns_for(node, 50000);
 	CHECK(sent->pings, "no PING on stream 0 in 3 s");
@@ -1120,7 +1125,7 @@ static void run_pong(struct gg_node *node, struct sent *sent)
  * wakes neither, so what they said is heard in the same turn (the step's
  * end waited for the next turn, up to a tick away, when nothing else woke
  * the loop). */
-static void run_deadline(struct gg_node *node)
+static void run_deadline(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
 	static float input[COUNT], result[COUNT];
 	struct outcome o = { 0 };
@@ -1129,6 +1134,8 @@ static void run_deadline(struct gg_node *node)
 				   .result = result, .done = on_done, .arg = &o,
 				   .deadline_us = gg_monotonic_us() + 50000, .timeout_us = 50000 };
 
+	(void)cfg;
+	(void)sent;
 	snprintf(st.job, sizeof(st.job), "late");
 	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
 	turns(node, 3);
@@ -1143,7 +1150,7 @@ static void run_deadline(struct gg_node *node)
 }
 
 enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS,
-		JOB_TABLE, LOG_FLOOD, CHURN, LATE_AFTER_CHURN, DEADLINE, PONG };
+		JOB_TABLE, LOG_FLOOD, CHURN, LATE_AFTER_CHURN, DEADLINE, PONG, SCENARIOS };
 
 /* Runs one of the sequences above. */
 static void run(const char *cert_dir, enum scenario what)
@@ -1173,6 +1180,21 @@ static void run(const char *cert_dir, enum scenario what)
 		[DEADLINE] = "a step past its deadline ends in the loop's next turn",
 		[PONG] = "PONGs that answer no PING",
 	};
+	/* The scenarios with a sequence of their own; the others run below. */
+	static void (*const sequences[SCENARIOS])(struct gg_node *, const struct gg_config *, struct sent *) = {
+		[AFTER_ABORT] = run_after_abort,
+		[REFUSALS] = run_refusals,
+		[MARKS] = run_marks,
+		[JOB_TABLE] = run_job_table,
+		[LOG_FLOOD] = run_log_flood,
+		[CHURN] = run_churn,
+		[LATE_AFTER_CHURN] = run_late_after_churn,
+		[PONG] = run_pong,
+		[DEADLINE] = run_deadline,
+		[AFTER_END] = run_after_end,
+		[STALE_RUN] = run_stale_run,
+		[DELAYED_END] = run_delayed_end,
+	};
 	printf("%s\n", title[what]);
 	CHECK(gg_net_free_loopback_ports(ports, 2) == 0, "no free loopback ports");
 	size_t n = gg_test_site_toml(text, sizeof(text), 1, 2, ports, 1, cert_dir);
@@ -1199,52 +1221,8 @@ static void run(const char *cert_dir, enum scenario what)
 	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, &sent) == 0, "open stream 0");
 	CHECK(gg_node_test_open_stream(node, 0, 1, 42, on_sent, &sent) == 0, "open stream 1");
 	turns(node, 3);
-	if (what == AFTER_ABORT) {
-		run_after_abort(node, &cfg, &sent);
-		goto out;
-	}
-	if (what == REFUSALS) {
-		run_refusals(node);
-		goto out;
-	}
-	if (what == MARKS) {
-		run_marks(node, &cfg, &sent);
-		goto out;
-	}
-	if (what == JOB_TABLE) {
-		run_job_table(node);
-		goto out;
-	}
-	if (what == LOG_FLOOD) {
-		run_log_flood(node, &cfg, &sent);
-		goto out;
-	}
-	if (what == CHURN) {
-		run_churn(node, &cfg, &sent);
-		goto out;
-	}
-	if (what == LATE_AFTER_CHURN) {
-		run_late_after_churn(node, &cfg, &sent);
-		goto out;
-	}
-	if (what == PONG) {
-		run_pong(node, &sent);
-		goto out;
-	}
-	if (what == DEADLINE) {
-		run_deadline(node);
-		goto out;
-	}
-	if (what == AFTER_END) {
-		run_after_end(node, &cfg, &sent);
-		goto out;
-	}
-	if (what == STALE_RUN) {
-		run_stale_run(node, &cfg, &sent);
-		goto out;
-	}
-	if (what == DELAYED_END) {
-		run_delayed_end(node, &cfg, &sent);
+	if (sequences[what]) {
+		sequences[what](node, &cfg, &sent);
 		goto out;
 	}
 	if (data) {
