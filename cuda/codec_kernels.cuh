@@ -282,7 +282,9 @@ __global__ static void __launch_bounds__(THREADS)
 		float *o = out + off;
 
 		if (len <= WARP * REG_ELEMS) {
-			float v[REG_ELEMS], a[REG_ELEMS];
+			/* Zeroed only so that -O3 hosts (the emulation) see no
+			 * read of a lane past len: none is read. */
+			float v[REG_ELEMS] = {}, a[REG_ELEMS] = {};
 #pragma unroll
 			for (uint32_t u = 0; u < REG_ELEMS; u++) {
 				uint32_t e = lane + WARP * u;

@@ -716,22 +716,29 @@ static void conn_closing(struct gg_host_backend *b, struct hb_conn *c)
 	c->deadline_us = b->loop->now_us + CLOSE_TIMEOUT_US;
 }
 
+/* Ends a text that snprintf() cut (`len` is what it returned) with "...". */
+static void mark_cut(char *text, size_t size, int len)
+{
+	if (len >= 0 && (size_t)len >= size && size >= 4)
+		memcpy(text + size - 4, "...", 4);
+}
+
 /* What to tell the job when rank `c` leaves: which rank, when, and at
- * which site (the other sites' ranks hear it too). */
-static void leave_reason(const struct gg_host_backend *b, const struct hb_conn *c, const char *what, char *why,
-			 size_t size)
+ * which site (the other sites' ranks hear it too). Returns the length
+ * uncut, as snprintf(). */
+static int leave_reason(const struct gg_host_backend *b, const struct hb_conn *c, const char *what, char *why,
+			size_t size)
 {
 	const struct hb_job *j = c->job;
 
 	if (step_in_progress(j))
-		snprintf(why, size, "rank %u of job '%s' %s during step %llu at site %s", c->rank, j->name, what,
-			 (unsigned long long)j->seq, b->site);
-	else if (j->seq > 1)
-		snprintf(why, size, "rank %u of job '%s' %s after step %llu at site %s", c->rank, j->name, what,
-			 (unsigned long long)j->seq - 1, b->site);
-	else
-		snprintf(why, size, "rank %u of job '%s' %s before its first step at site %s", c->rank, j->name, what,
-			 b->site);
+		return snprintf(why, size, "rank %u of job '%s' %s during step %llu at site %s", c->rank, j->name,
+				what, (unsigned long long)j->seq, b->site);
+	if (j->seq > 1)
+		return snprintf(why, size, "rank %u of job '%s' %s after step %llu at site %s", c->rank, j->name,
+				what, (unsigned long long)j->seq - 1, b->site);
+	return snprintf(why, size, "rank %u of job '%s' %s before its first step at site %s", c->rank, j->name,
+			what, b->site);
 }
 
 static bool job_alive(const struct gg_host_backend *b, const struct hb_job *j)
@@ -754,7 +761,7 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 			snprintf(what, sizeof(what), "lost its connection (%s)", strerror(-err));
 		else
 			snprintf(what, sizeof(what), "disconnected");
-		leave_reason(b, c, what, why, sizeof(why));
+		mark_cut(why, sizeof(why), leave_reason(b, c, what, why, sizeof(why)));
 		/* The last rank leaves a job whose step the core still holds:
 		 * the job outlives it, failed, until the core lets go. */
 		if (c->job->connected == 1 && (c->job->with_core || c->job->nccl_phase))
@@ -830,7 +837,7 @@ GG_PRINTF(5, 0) static void conn_end_with(struct gg_host_backend *b, struct hb_c
 
 	vsnprintf(text, sizeof(text), fmt, ap);
 	snprintf(what, sizeof(what), "%s (%s)", how, text);
-	leave_reason(b, c, what, why, sizeof(why));
+	mark_cut(why, sizeof(why), leave_reason(b, c, what, why, sizeof(why)));
 	snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
 	conn_end(b, c, code, msg, why);
 }
