@@ -30,6 +30,13 @@ JOB=ncclmode
 # NCCL's own sockets on loopback, whatever network plugin the machine has;
 # its warnings (why a communicator did not come up) go to each .err file.
 export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_NET=Socket NCCL_DEBUG=WARN NCCL_HOSTID=gradgate-gateway
+# The ranks load libnccl.so.2 by name: the gateway's, which a communicator
+# needs (one NCCL version), though the loader's cache may not know its folder.
+nccl_so=$(ldd "$GRADGATE" | awk '$1 == "libnccl.so.2" && $3 ~ /^\// { print $3 }')
+if [ -n "$nccl_so" ]; then
+	LD_LIBRARY_PATH=$(dirname "$nccl_so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	export LD_LIBRARY_PATH
+fi
 
 mesh_start
 mesh_up 15
