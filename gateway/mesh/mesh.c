@@ -426,11 +426,10 @@ static bool owned(const struct gg_mesh *m, unsigned stream)
 	return stream % m->lanes == m->lane;
 }
 
-/* The ready stream to `peer` other than `except` that holds the fewest
- * unwritten frames, and fewer than `limit`; of equals the first from
- * chunk % streams on, which spreads the chunks when every stream keeps up.
- * -1: none. */
-static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk, unsigned limit, int except)
+/* The ready stream to `peer` that holds the fewest unwritten frames, and
+ * fewer than STREAM_FRAMES; of equals the first from chunk % streams on,
+ * which spreads the chunks when every stream keeps up. -1: none. */
+static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk)
 {
 	const int S = m->cfg->transport.streams_per_peer;
 	int best = -1;
@@ -438,8 +437,8 @@ static int pick_stream(const struct gg_mesh *m, unsigned peer, uint32_t chunk, u
 	for (int k = 0; k < S; k++) {
 		uint32_t s = (chunk + (uint32_t)k) % (uint32_t)S;
 		int ci = m->peers[peer].conn[s];
-		if (ci == except || !owned(m, s) || !conn_ready(m, ci) || m->conns[ci].txq_count >= CONN_TXQ ||
-		    m->conns[ci].txq_frames >= limit)
+		if (!owned(m, s) || !conn_ready(m, ci) || m->conns[ci].txq_count >= CONN_TXQ ||
+		    m->conns[ci].txq_frames >= STREAM_FRAMES)
 			continue;
 		if (best < 0 || m->conns[ci].txq_frames < m->conns[best].txq_frames)
 			best = ci;
@@ -456,32 +455,78 @@ static const struct out *unwritten(const struct conn *c, const struct gg_buf *f)
 	return NULL;
 }
 
+/* Bytes each stream to a peer holds unacknowledged in its socket
+ * (SIOCOUTQ), read once per hedge() call: system calls for every frame at
+ * every ACK would add up at a step's end. -1: unreadable; -2: not read. */
+struct stream_unacked {
+	int bytes[GG_MESH_MAX_STREAMS];
+};
+
+static int unacked_bytes(const struct gg_mesh *m, struct stream_unacked *u, uint32_t s, int ci)
+{
+	int q = 0;
+
+	if (u->bytes[s] == -2)
+		u->bytes[s] = m->conns[ci].ts.fd >= 0 && !ioctl(m->conns[ci].ts.fd, SIOCOUTQ, &q) && q >= 0 ? q : -1;
+	return u->bytes[s];
+}
+
+/* A stream to `p` other than `except` that is idle on the wire: nothing
+ * to write, and its socket holds at most `bytes` unacknowledged (room for
+ * the ACKs and other small messages it carries). -1: none. */
+static int idle_stream(const struct gg_mesh *m, struct stream_unacked *u, unsigned p, uint32_t chunk, int except,
+		       uint64_t bytes)
+{
+	const int S = m->cfg->transport.streams_per_peer;
+
+	for (int k = 0; k < S; k++) {
+		uint32_t s = (chunk + (uint32_t)k) % (uint32_t)S;
+		int ci = m->peers[p].conn[s];
+		if (ci == except || !owned(m, s) || !conn_ready(m, ci) || m->conns[ci].txq_frames ||
+		    m->conns[ci].txq_count >= CONN_TXQ)
+			continue;
+		int q = unacked_bytes(m, u, s, ci);
+		if (q >= 0 && (uint64_t)q <= bytes)
+			return ci;
+	}
+	return -1;
+}
+
 /* Once `p` has no frame waiting (a step's last ones are on their way), a
  * frame whose stream is slow (its path, a loss) goes once more on a
- * stream with nothing to write that moved much faster lately
- * (tune_stream()), where it would arrive well before its own stream
- * delivered what it holds ahead of it: the bytes its socket holds
- * unacknowledged (SIOCOUTQ), its TLS records and the frame if unwritten.
- * Streams alike never hedge: where they share one bottleneck a copy would
- * only take its place. The peer takes whichever copy comes first and
- * acknowledges both, so the step waits for the faster stream. */
+ * stream idle on the wire that moved much faster lately (tune_stream()),
+ * where it would arrive well before its own stream delivered what it
+ * holds ahead of it: the bytes its socket holds unacknowledged
+ * (SIOCOUTQ), its TLS records and the frame if unwritten. Streams alike
+ * never hedge: where they share one bottleneck a copy would only take its
+ * place. Streams that share one but moved unequally (TCP shares a queue
+ * unevenly) seldom do: the copy waits until another stream has delivered
+ * nearly all it held, and by then the slow one has had the bottleneck to
+ * itself and holds too little to be worth a copy. The peer takes
+ * whichever copy comes first and acknowledges both, so the step waits for
+ * the faster stream. */
 static void hedge(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
+	struct stream_unacked u;
 
 	if (pe->waiting)
 		return;
+	for (int s = 0; s < m->cfg->transport.streams_per_peer; s++)
+		u.bytes[s] = -2;
 	for (struct out *k = pe->unacked; k; k = k->next) {
 		if (k->hedged || k->forgotten || !conn_ready(m, k->conn))
 			continue;
 		const struct conn *c = &m->conns[k->conn];
-		int ci = pick_stream(m, p, k->id.chunk, 1, k->conn);
+		const uint64_t len = k->head_len + k->frame->len;
+		int ci = idle_stream(m, &u, p, k->id.chunk, k->conn, len / 8);
 		if (ci < 0)
 			return; /* none is free */
-		const uint64_t len = k->head_len + k->frame->len, fast = m->conns[ci].rate;
-		int queued = 0;
-		if (c->ts.fd < 0 || !c->rate || fast < HEDGE_FACTOR * c->rate || ioctl(c->ts.fd, SIOCOUTQ, &queued) ||
-		    queued <= 0)
+		const uint64_t fast = m->conns[ci].rate;
+		if (c->stream < 0 || !c->rate || fast < HEDGE_FACTOR * c->rate)
+			continue;
+		int queued = unacked_bytes(m, &u, (uint32_t)c->stream, k->conn);
+		if (queued <= 0)
 			continue;
 		const struct out *o = unwritten(c, k->frame);
 		uint64_t ahead = (uint64_t)queued + GG_TLS_RING_DEFAULT_BYTES + (o ? len - o->off : 0);
@@ -515,7 +560,7 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		size_t bytes = o->head_len + o->frame->len;
 		if (pe->unacked_bytes && pe->unacked_bytes + bytes > window)
 			return;
-		int ci = pick_stream(m, p, o->id.chunk, STREAM_FRAMES, -1);
+		int ci = pick_stream(m, p, o->id.chunk);
 		if (ci < 0)
 			return;
 		/* Written and kept: the unacked list owns a second reference. */

@@ -9,7 +9,9 @@
 # while the others move the rest, so the slower the machine runs the steps
 # (a sanitizer's build on a busy host), the more it carries: under half its
 # share, or under three quarters in steps that took less than half the time
-# pinned chunks would need.
+# pinned chunks would need. And the frames the slow stream still holds at
+# a step's end go once more on a fast one (hedged): at least one in the
+# four steps, counted in the gateways' 'stopped' lines.
 . "$(dirname "$0")/lib.sh"
 
 K=2
@@ -54,3 +56,10 @@ if [ "$slow" -ge $((share / 2)) ]; then
 		"$ms ms of the $pinned_ms ms pinned chunks would need"
 fi
 mesh_stop
+hedged=0
+for i in 0 1; do
+	n=$(grep -o 'event=stopped .*' "$(site_log $i)" | tail -1 | grep -o ' hedged_frames=[0-9]*' | cut -d= -f2)
+	hedged=$((hedged + ${n:-0}))
+done
+log "frames hedged off the slow stream: $hedged"
+[ "$hedged" -gt 0 ] || fail "no frame was hedged off the slow stream (the 'stopped' lines' hedged_frames)"
