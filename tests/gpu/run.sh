@@ -124,7 +124,10 @@ for cand in /usr/bin/python3 python3; do
 done
 nccl_dir= nccl_opt=
 if [ -n "$py" ]; then
-	say "PyTorch: $("$py" -c 'import torch; print(torch.__version__, "NCCL", ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "(no GPU)")' 2>&1 | tail -1)"
+	say "PyTorch: $("$py" -c 'import torch
+gpu = torch.cuda.is_available()
+print(torch.__version__, "NCCL " + ".".join(map(str, torch.cuda.nccl.version())) if gpu else "(no GPU)")' 2>&1 |
+		tail -1)"
 	wheel=$("$py" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
 	if [ -n "$wheel" ] && [ -f "$wheel/include/nccl.h" ] && [ -f "$wheel/lib/libnccl.so.2" ]; then
 		# meson links libnccl.so, which the wheel leaves out.
@@ -159,7 +162,8 @@ rm -f "$log"
 # or openssl at set-up would leave some out without a word.
 expected="gpu-selftest codec-cuda codec-cuda-speed allreduce-cuda node-cuda nccl-smoke gpu-mode nccl-mode gpu-torch
 gpu-train-ddp gpu-train-ddp-nccl"
-defined=$(meson test -C "$dir" --list --suite gpu --no-rebuild 2>/dev/null | sed -E 's#.* / ##; s#^gpu - ##; s#^gradgate:##')
+defined=$(meson test -C "$dir" --list --suite gpu --no-rebuild 2>/dev/null |
+	sed -E 's#.* / ##; s#^gpu - ##; s#^gradgate:##')
 not_built=()
 for t in $expected; do
 	grep -qx "$t" <<<"$defined" || not_built+=("$t")
@@ -190,7 +194,8 @@ for r in res:
         print(r["stdout"].rstrip())
     if name in ("gpu-train-ddp", "gpu-train-ddp-nccl") and r["result"] != "SKIP":
         print(f"DDP training on the GPU ({name}):")
-        print("\n".join(l for l in r["stdout"].splitlines() if l.startswith(("parameters", "max |", "train_ddp", "buckets"))))
+        keep = ("parameters", "max |", "train_ddp", "buckets")
+        print("\n".join(l for l in r["stdout"].splitlines() if l.startswith(keep)))
     if name == "gpu-torch" and r["result"] != "SKIP":
         print("GPU mode from PyTorch (gpu-torch):")
         print("\n".join(l for l in r["stdout"].splitlines() if l.startswith("torch cuda:")))
