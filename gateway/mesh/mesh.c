@@ -471,7 +471,7 @@ static int unacked_bytes(const struct gg_mesh *m, struct stream_unacked *u, uint
 	return u->bytes[s];
 }
 
-/* A stream to `p` other than `except` that is idle on the wire: nothing
+/* A stream to `p` other than `except` that is idle on the wire: no frame
  * to write, and its socket holds at most `bytes` unacknowledged (room for
  * the ACKs and other small messages it carries). -1: none. */
 static int idle_stream(const struct gg_mesh *m, struct stream_unacked *u, unsigned p, uint32_t chunk, int except,
@@ -521,7 +521,7 @@ static void hedge(struct gg_mesh *m, unsigned p)
 		const uint64_t len = k->head_len + k->frame->len;
 		int ci = idle_stream(m, &u, p, k->id.chunk, k->conn, len / 8);
 		if (ci < 0)
-			return; /* none is free */
+			continue; /* none but its own, or none for a frame this small */
 		const uint64_t fast = m->conns[ci].rate;
 		if (c->stream < 0 || !c->rate || fast < HEDGE_FACTOR * c->rate)
 			continue;

@@ -96,12 +96,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 	export PKG_CONFIG_PATH=$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 	# Their headers count as the system's, as in /usr/include: -isystem
 	# outranks pkg-config's -I, so -Wpedantic leaves them alone.
-	export CFLAGS="${CFLAGS:+$CFLAGS }-isystem $deps/usr/include"
+	# Debian keeps some (openssl/opensslconf.h) in the multiarch folder,
+	# which the compiler looks for only under /usr/include.
+	export CFLAGS="${CFLAGS:+$CFLAGS }-isystem $deps/usr/include/x86_64-linux-gnu -isystem $deps/usr/include"
 	# Their programs run with their own libraries; nothing else does.
 	for tool in pkg-config:pkgconf openssl:openssl; do
 		if ! have "${tool%%:*}"; then
-			printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libdir" "$deps/usr/bin/${tool#*:}" \
-				>"$deps/bin/${tool%%:*}"
+			printf '#!/bin/sh\nLD_LIBRARY_PATH=%s OPENSSL_CONF=%s exec %s "$@"\n' "$libdir" \
+				"$deps/etc/ssl/openssl.cnf" "$deps/usr/bin/${tool#*:}" >"$deps/bin/${tool%%:*}"
 			chmod +x "$deps/bin/${tool%%:*}"
 		fi
 	done
