@@ -32,7 +32,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 src=$PWD
-debs= logs= budget=420
+debs= logs= budget=420 tee_pid=
 usage() {
 	echo "usage: tests/gpu/run.sh [--debs DIR] [--logs DIR] [--budget SECONDS]" >&2
 	exit 2
@@ -50,6 +50,7 @@ while [ $# -gt 0 ]; do
 done
 if [ -n "$logs" ]; then
 	exec > >(tee "$logs/run.log") 2>&1
+	tee_pid=$!
 fi
 say() { echo "run.sh: $*"; }
 # bash's command -v names a file on PATH that cannot run when no other is found.
@@ -177,7 +178,7 @@ done
 rm -f "$dir"/meson-logs/testlog.json
 timeout -k 30 "$budget" meson test -C "$dir" --suite gpu --verbose --num-processes 1
 rc=$?
-[ $rc = 124 ] && say "stopped at the budget of $budget s"
+case $rc in 124 | 137) say "stopped at the budget of $budget s (the build counts too)" ;; esac
 "$dir/gateway/gradgate" --version 2>/dev/null | sed 's/^/run.sh: /'
 [ -n "$logs" ] && cp "$dir"/meson-logs/testlog.json "$dir"/meson-logs/testlog.txt "$logs"/ 2>/dev/null
 python3 - "$dir/meson-logs/testlog.json" "$expected" "${not_built[*]}" <<'PY'
@@ -219,4 +220,11 @@ f += len(not_built) + len(unrun)
 print(f"gpu: {p} passed, {f} failed, {s} skipped")
 sys.exit(1 if f or p == 0 else 0)
 PY
-[ $? = 0 ] && [ $rc = 0 ]
+summary=$?
+# With --logs, the last lines (the summary) reach the output and run.log
+# before this script ends.
+if [ -n "$logs" ]; then
+	exec >&- 2>&-
+	wait "$tee_pid"
+fi
+[ $summary = 0 ] && [ $rc = 0 ]
