@@ -724,21 +724,24 @@ static void mark_cut(char *text, size_t size, int len)
 }
 
 /* What to tell the job when rank `c` leaves: which rank, when, and at
- * which site (the other sites' ranks hear it too). Returns the length
- * uncut, as snprintf(). */
-static int leave_reason(const struct gg_host_backend *b, const struct hb_conn *c, const char *what, char *why,
-			size_t size)
+ * which site (the other sites' ranks hear it too); a text too long for
+ * `why` ends with "...". */
+static void leave_reason(const struct gg_host_backend *b, const struct hb_conn *c, const char *what, char *why,
+			 size_t size)
 {
 	const struct hb_job *j = c->job;
+	int len;
 
 	if (step_in_progress(j))
-		return snprintf(why, size, "rank %u of job '%s' %s during step %llu at site %s", c->rank, j->name,
-				what, (unsigned long long)j->seq, b->site);
-	if (j->seq > 1)
-		return snprintf(why, size, "rank %u of job '%s' %s after step %llu at site %s", c->rank, j->name,
-				what, (unsigned long long)j->seq - 1, b->site);
-	return snprintf(why, size, "rank %u of job '%s' %s before its first step at site %s", c->rank, j->name,
-			what, b->site);
+		len = snprintf(why, size, "rank %u of job '%s' %s during step %llu at site %s", c->rank, j->name, what,
+			       (unsigned long long)j->seq, b->site);
+	else if (j->seq > 1)
+		len = snprintf(why, size, "rank %u of job '%s' %s after step %llu at site %s", c->rank, j->name, what,
+			       (unsigned long long)j->seq - 1, b->site);
+	else
+		len = snprintf(why, size, "rank %u of job '%s' %s before its first step at site %s", c->rank, j->name,
+			       what, b->site);
+	mark_cut(why, size, len);
 }
 
 static bool job_alive(const struct gg_host_backend *b, const struct hb_job *j)
@@ -761,7 +764,7 @@ static void conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err)
 			snprintf(what, sizeof(what), "lost its connection (%s)", strerror(-err));
 		else
 			snprintf(what, sizeof(what), "disconnected");
-		mark_cut(why, sizeof(why), leave_reason(b, c, what, why, sizeof(why)));
+		leave_reason(b, c, what, why, sizeof(why));
 		/* The last rank leaves a job whose step the core still holds:
 		 * the job outlives it, failed, until the core lets go. */
 		if (c->job->connected == 1 && (c->job->with_core || c->job->nccl_phase))
@@ -837,7 +840,7 @@ GG_PRINTF(5, 0) static void conn_end_with(struct gg_host_backend *b, struct hb_c
 
 	vsnprintf(text, sizeof(text), fmt, ap);
 	snprintf(what, sizeof(what), "%s (%s)", how, text);
-	mark_cut(why, sizeof(why), leave_reason(b, c, what, why, sizeof(why)));
+	leave_reason(b, c, what, why, sizeof(why));
 	snprintf(msg, sizeof(msg), "gateway of site %s: %s", b->site, text);
 	conn_end(b, c, code, msg, why);
 }
