@@ -12,8 +12,8 @@ ctypes), with the semantics of include/gradgate.h:
 
 Arrays are C-contiguous, writeable float32 numpy arrays, or float32 /
 bfloat16 dense torch tensors (non-contiguous ones go through a contiguous
-copy; sparse tensors, expanded views and tensors that require grad are
-refused); tensor_id is an integer 0 to 2**32 - 1, and timeout_ms, rank
+copy; sparse tensors, views whose elements share memory and tensors that
+require grad are refused); tensor_id is an integer 0 to 2**32 - 1, and timeout_ms, rank
 and nranks are integers too (floats are refused, never truncated);
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
 them where they are, on the GPU (gg_allreduce_cuda), and allreduce_nccl()
@@ -32,6 +32,7 @@ import operator
 import os
 import sys
 import threading
+import weakref
 
 __all__ = ["Error", "Session", "Request", "version", "DTYPE_F32", "DTYPE_BF16"]
 
@@ -181,6 +182,86 @@ def _timeout(timeout_ms):
     return max(-_INT_MAX - 1, min(_INT_MAX, _integer(timeout_ms, "timeout_ms")))
 
 
+# ---- shared buffers given back while arrays still view them ----------------
+#
+# free_buffer() and close() unmap a shared buffer, but numpy cannot be told
+# that the arrays viewing it are gone: one read of them would crash the
+# process. So where nothing else took its addresses, private zero pages are
+# mapped in its place, kept until the last such array is collected, and
+# all-reduces of them are refused. A buffer freed while a request in flight
+# uses it stays the library's until that request ends; its pages are put in
+# place at a later call.
+
+_retired = {}  # address -> [bytes, mapped here]
+_retired_lock = threading.Lock()
+_libc = None
+_PROT_READ, _PROT_WRITE = 1, 2
+_MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_FIXED_NOREPLACE = 0x02, 0x20, 0x100000
+
+
+def _mm():
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = libc
+    return _libc
+
+
+def _map_in_place(address, size):
+    """Maps zero pages at [address, address + size) unless anything is
+    mapped there; whether it did."""
+    libc = _mm()
+    got = libc.mmap(address, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED_NOREPLACE,
+                    -1, 0)
+    if got == address:
+        return True
+    if got is not None and got != ctypes.c_void_p(-1).value:
+        libc.munmap(got, size)  # a kernel before 4.17, which took the flag for a hint
+    return False
+
+
+def _retire(address, size, owner):
+    """The shared buffer at `address` was given back while `owner` (the
+    _SharedMemory its arrays view) lives."""
+    with _retired_lock:
+        _retired[address] = [size, _map_in_place(address, size)]
+    weakref.finalize(owner, _unretire, address)
+
+
+def _unretire(address):
+    with _retired_lock:
+        size, mapped = _retired.pop(address, (0, False))
+        if mapped:
+            _mm().munmap(address, size)
+
+
+def _settle():
+    """Maps pages in place of the retired buffers the library has let go
+    of since they were retired."""
+    with _retired_lock:
+        for address, entry in _retired.items():
+            if not entry[1]:
+                entry[1] = _map_in_place(address, entry[0])
+
+
+def _page_round(nbytes):
+    """The bytes the library maps for a shared buffer of nbytes."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return (nbytes + page - 1) // page * page
+
+
+def _check_live(ptr, nbytes):
+    with _retired_lock:
+        for address, (size, _) in _retired.items():
+            if ptr < address + size and address < ptr + nbytes:
+                raise Error(ERR_INVALID, "the array is in a shared buffer that free_buffer() or close() gave "
+                            "back: it must not be used after")
+
+
 # ---- what an all-reduce takes: a pointer, a count and a dtype --------------
 
 def _is_tensor(x):
@@ -210,14 +291,33 @@ def _torch_dtype(t):
         raise TypeError(f"torch tensors must be dense (torch.strided), not {t.layout}")
     if t.numel() == 0:
         raise ValueError("the tensor is empty")
-    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
-        raise ValueError("the tensor's elements share memory (an expanded view): the result cannot be written "
-                         "back into it")
+    if not t.is_contiguous() and _overlaps(t):
+        raise ValueError("the tensor's elements share memory (an expanded or overlapping view): the result "
+                         "cannot be written back into it")
     if t.requires_grad:
         # Written in place behind autograd's back, its gradients would be
         # silently wrong.
         raise ValueError("the tensor requires grad: all-reduce its .data or a detached tensor")
     return dtype
+
+
+def _overlaps(t):
+    """Whether two elements of strided tensor t lie at the same place."""
+    dims = sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1)
+    reach = 0  # the furthest offset the dimensions of smaller strides reach
+    for stride, size in dims:
+        if stride <= reach:
+            break
+        reach += stride * (size - 1)
+    else:
+        return False
+    # Interleaved dimensions (strides 3 and 2 over sizes 2 and 3, say) may
+    # still miss each other: count the distinct offsets.
+    import torch
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return torch.unique(offsets).numel() < t.numel()
 
 
 class _Target:
@@ -234,6 +334,8 @@ class _Target:
             self._numpy(array)
         else:
             raise TypeError(f"gradgate all-reduces numpy arrays and torch tensors, not {type(array).__name__}")
+        if self.host is None:
+            _check_live(self.ptr, self.count * (4 if self.dtype == DTYPE_F32 else 2))
 
     def _numpy(self, a):
         import numpy as np
@@ -250,7 +352,9 @@ class _Target:
         if t.device.type == "meta":
             raise ValueError("the tensor is on the meta device, which holds no data")
         host = t
-        if t.device.type != "cpu" or not t.is_contiguous():
+        # A negative view's memory holds its elements negated: summed in the
+        # copy, which holds them as they are.
+        if t.device.type != "cpu" or not t.is_contiguous() or t.is_neg():
             host = t.detach().to("cpu", copy=True).contiguous()
             self.host = host
         self.ptr, self.count, self.dtype = host.data_ptr(), host.numel(), dtype
@@ -258,7 +362,9 @@ class _Target:
     def finish(self):
         if self.host is not None:
             import torch
-            with torch.no_grad():
+            # An inference tensor takes in-place writes in inference mode
+            # only; any other tensor takes it there as under no_grad.
+            with torch.inference_mode() if self.array.is_inference() else torch.no_grad():
                 self.array.copy_(self.host)
 
 
@@ -288,6 +394,7 @@ class Request:
             err = _Error()
             with self._session._lock:
                 rc = _load().gg_wait(self._handle, timeout_ms, ctypes.byref(err))
+                _settle()  # the request may have let go of a freed buffer
             if rc == ERR_AGAIN:
                 return False
             if rc == 0:
@@ -410,6 +517,7 @@ class Session:
         if self._handle is None:
             raise Error(ERR_CLOSED, "the session is closed")
         self._free_orphans()
+        _settle()
         return self._handle
 
     def allreduce(self, array, tensor_id, timeout_ms=0):
@@ -488,7 +596,8 @@ class Session:
     def buffer(self, count):
         """A float32 numpy array of `count` elements in memory the gateway
         maps too (gg_buffer_alloc): all-reduces on it copy nothing. It
-        stays valid until free_buffer() or close(); the array keeps its
+        stays valid until free_buffer() or close(), after which it reads
+        zeros and all-reduces of it are refused; the array keeps its
         session from being collected meanwhile."""
         import numpy as np
         count = _integer(count, "count")
@@ -509,7 +618,7 @@ class Session:
             except BaseException:
                 _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
                 raise
-            self._buffers[arr.ctypes.data] = (ptr, count)
+            self._buffers[arr.ctypes.data] = (ptr, count, weakref.ref(arr.base))
         return arr
 
     def free_buffer(self, array):
@@ -523,13 +632,15 @@ class Session:
             raise TypeError(f"free_buffer takes an array from buffer(), not {type(array).__name__}")
         with self._lock:
             handle = self._h()
-            ptr, count = self._buffers.get(data, (None, 0))
+            ptr, count, memory = self._buffers.get(data, (None, 0, None))
             # A slice that starts where the buffer does is not the buffer.
             if ptr is None or array.size != count:
                 raise Error(ERR_INVALID, "not a shared buffer of this session (an array buffer() returned, "
                             "whole)")
             del self._buffers[data]
             rc = _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
+            if not rc and memory() is not None:
+                _retire(data, _page_round(count * 4), memory())
         _check(rc, err)
 
     def close(self):
@@ -539,7 +650,11 @@ class Session:
                 self._free_orphans()
                 _load().gg_session_close(self._handle)
                 self._handle = None
+                for data, (_, count, memory) in self._buffers.items():
+                    if memory() is not None:
+                        _retire(data, _page_round(count * 4), memory())
                 self._buffers.clear()
+                _settle()
 
     def __enter__(self):
         return self

@@ -171,18 +171,34 @@ class WithGateways(unittest.TestCase):
             s.allreduce(t, tensor_id=4)
             strided = torch.from_numpy(values(site, rank, 2 * n, 3))[::2]  # not contiguous: through a copy
             s.allreduce(strided, tensor_id=5)
-            return shared, t, strided
+            # Strides 3 and 2 over sizes 2 and 3 interleave without
+            # overlapping: taken, through a copy.
+            woven = torch.from_numpy(values(site, rank, 8, 4)).as_strided((2, 3), (3, 2))
+            s.allreduce(woven, tensor_id=6)
+            # A negative view's memory holds its elements negated.
+            negated = torch._neg_view(torch.from_numpy(values(site, rank, n, 5)))
+            s.allreduce(negated, tensor_id=7)
+            # An inference tensor takes the copy's result back.
+            with torch.inference_mode():
+                inferred = torch.from_numpy(values(site, rank, 2 * n, 6)).clone()[::2]
+            s.allreduce(inferred, tensor_id=8)
+            return shared, t, strided, woven, negated, inferred
 
         out = on_every_rank(self.mesh, "torch", fn)
         want = sum(values(st, r, n) for st in range(SITES) for r in range(RANKS))
         # bf16 inputs are widened exactly, summed in float32, rounded back once.
         want_bf = sum(torch.from_numpy(values(st, r, n, 2)).to(torch.bfloat16).float()
                       for st in range(SITES) for r in range(RANKS)).to(torch.bfloat16)
-        want_strided = sum(values(st, r, 2 * n, 3)[::2] for st in range(SITES) for r in range(RANKS))
-        for key, (shared, t, strided) in out.items():
+        def want_of(step, n, view=lambda a: a):
+            return sum(view(torch.from_numpy(values(st, r, n, step))) for st in range(SITES) for r in range(RANKS))
+
+        for key, (shared, t, strided, woven, negated, inferred) in out.items():
             self.assertEqual(shared.tobytes(), want.tobytes(), key)
             self.assertTrue(torch.equal(t, want_bf), key)
-            self.assertEqual(strided.numpy().tobytes(), want_strided.tobytes(), key)
+            self.assertTrue(torch.equal(strided, want_of(3, 2 * n, lambda a: a[::2])), key)
+            self.assertTrue(torch.equal(woven, want_of(4, 8, lambda a: a.as_strided((2, 3), (3, 2)))), key)
+            self.assertTrue(torch.equal(negated, -want_of(5, n)), key)
+            self.assertTrue(torch.equal(inferred, want_of(6, 2 * n, lambda a: a[::2])), key)
 
     def test_buffer_keeps_its_session(self):
         s = gradgate.Session("keep", 0, 1, endpoint=self.mesh.endpoint(0))
@@ -196,6 +212,47 @@ class WithGateways(unittest.TestCase):
         del buf
         gc.collect()
         self.assertIsNone(session(), "the session outlived the last array of its buffers")
+
+    def test_freed_buffer(self):
+        """An array of a buffer given back reads zeros, not unmapped memory,
+        and is refused until it is collected."""
+        s = gradgate.Session("freed", 0, 1, endpoint=self.mesh.endpoint(0))
+        buf = s.buffer(1024)
+        buf[:] = 1.0
+        view, tensor, address = buf[8:16], torch.from_numpy(buf), buf.ctypes.data
+        s.free_buffer(buf)
+        for call in (lambda: s.allreduce(buf, tensor_id=1), lambda: s.allreduce(view, tensor_id=1),
+                     lambda: s.allreduce_async(tensor, tensor_id=1)):
+            with self.assertRaises(gradgate.Error) as cm:
+                call()
+            self.assertEqual((cm.exception.code, cm.exception.message),
+                             (gradgate.ERR_INVALID, "the array is in a shared buffer that free_buffer() or close() "
+                                                    "gave back: it must not be used after"))
+        self.assertEqual((float(buf.sum()), float(tensor.sum())), (0.0, 0.0))
+        # Freed while a request uses it: the library keeps it until the
+        # request ends, then the pages go in its place.
+        busy = s.buffer(64)
+        busy[:] = 1.0
+        req = s.allreduce_async(busy, tensor_id=2, timeout_ms=200)  # no other site takes part
+        s.free_buffer(busy)
+        with self.assertRaisesRegex(gradgate.Error, "free_buffer\(\) or close\(\) gave back"):
+            s.allreduce(busy, tensor_id=3)
+        with self.assertRaises(gradgate.Error) as cm:
+            req.wait()
+        self.assertEqual(cm.exception.code, gradgate.ERR_TIMEOUT)
+        self.assertEqual(float(busy.sum()), 0.0)
+        # close() gives back every buffer.
+        last = s.buffer(16)
+        last[:] = 1.0
+        s.close()
+        self.assertEqual(float(last.sum()), 0.0)
+        with gradgate.Session("freed-2", 0, 1, endpoint=self.mesh.endpoint(0)) as other:
+            with self.assertRaisesRegex(gradgate.Error, "gave back: it must not be used after"):
+                other.allreduce(last, tensor_id=1)
+        self.assertIn(address, gradgate._retired)
+        del buf, view, tensor, busy, last
+        gc.collect()
+        self.assertNotIn(address, gradgate._retired)
 
     def test_closed_session(self):
         s = gradgate.Session("closed", 0, 1, endpoint=self.mesh.endpoint(0))
@@ -256,8 +313,12 @@ class WithGateways(unittest.TestCase):
                 s.allreduce_nccl(np.zeros(4, np.float32), tensor_id=1)
             with self.assertRaisesRegex(TypeError, "dense"):
                 s.allreduce(torch.ones(4).to_sparse(), tensor_id=1)
-            with self.assertRaisesRegex(ValueError, "expanded view"):
+            with self.assertRaisesRegex(ValueError, "expanded or overlapping view"):
                 s.allreduce(torch.ones(1).expand(4), tensor_id=1)
+            # Elements [0, 1] and [1, 0] are one: each site would write back
+            # one of two sums, and the sites would disagree.
+            with self.assertRaisesRegex(ValueError, "elements share memory"):
+                s.allreduce(torch.arange(10.).as_strided((2, 2), (1, 1)), tensor_id=1)
             # A tensor id past 32 bits would wrap into another rank's id.
             with self.assertRaisesRegex(ValueError, "tensor_id must be 0 to 4294967295"):
                 s.allreduce(np.ones(4, np.float32), tensor_id=(1 << 32) + 1)
