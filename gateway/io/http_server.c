@@ -313,7 +313,21 @@ static void respond(struct gg_http_server *s, struct http_conn *c, int status, b
 	arm_send(s, c);
 }
 
-/* The request so far: answered once its head is whole or too large. */
+/* Whether the bytes from `from` on hold a line end that is not CRLF: a
+ * bare LF, or a CR before anything but LF. Such a head never ends with
+ * CRLF CRLF, and the parser would refuse it anyway. */
+static bool bare_line_end(const char *in, size_t len, size_t from)
+{
+	for (size_t i = from; i < len; i++) {
+		bool after_cr = i > 0 && in[i - 1] == '\r';
+		if ((in[i] == '\n' && !after_cr) || (after_cr && in[i] != '\n'))
+			return true;
+	}
+	return false;
+}
+
+/* The request so far: answered once its head is whole, too large or
+ * broken by a line end that is not CRLF. */
 static void on_request_bytes(struct gg_http_server *s, struct http_conn *c, size_t before)
 {
 	size_t from = before > 3 ? before - 3 : 0;
@@ -322,7 +336,9 @@ static void on_request_bytes(struct gg_http_server *s, struct http_conn *c, size
 	for (size_t i = from; i + 4 <= c->in_len && !blank; i++)
 		if (!memcmp(c->in + i, "\r\n\r\n", 4))
 			blank = c->in + i;
-	if (blank) {
+	if (!blank && bare_line_end(c->in, c->in_len, before)) {
+		respond(s, c, 400, starts_head(c));
+	} else if (blank) {
 		bool head_only;
 		int st = gg_http_check_request(c->in, (size_t)(blank + 4 - c->in), s->path, &head_only);
 		respond(s, c, st ? st : 200, head_only);

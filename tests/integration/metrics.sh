@@ -230,6 +230,8 @@ cases = [
     (b"GET /metrics HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n", "400"),
     (b"GET /metrics HTTP/1.1\r\nHost: a\x01\r\n\r\n", "400"),
     (b"GET /metrics HTTP/1.1\nHost: a\r\n\r\n", "400"),
+    (b"GET /metrics HTTP/1.0\n\n", "400"),                               # never CRLF CRLF: at once
+    (b"GET /metrics HTTP/1.0\r\nHost: a\rb", "400"),
     (b"GET metrics HTTP/1.1\r\nHost: a\r\n\r\n", "400"),
     (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n", "400"),  # TLS where HTTP is expected
     (b"GET /metrics HTTP/2.0\r\nHost: a\r\n\r\n", "505"),
