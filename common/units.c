@@ -22,6 +22,12 @@ static const struct unit duration_units[] = {
 	{ "us", 1 }, { "ms", 1000 }, { "s", 1000000 }, { "m", 60000000 }, { "h", 3600000000ull },
 };
 
+/* Blanks, as TOML has them: spaces and tabs. */
+static bool blank(char c)
+{
+	return c == ' ' || c == '\t';
+}
+
 static int parse_number(const char **p, uint64_t *v)
 {
 	const char *s = *p;
@@ -80,14 +86,14 @@ int gg_parse_size(const char *text, uint64_t *bytes, const char **why)
 	uint64_t n;
 	int rc;
 
-	while (*p == ' ')
+	while (blank(*p))
 		p++;
 	rc = parse_number(&p, &n);
 	if (rc) {
 		*why = rc == -ERANGE ? "size too large" : "expected a size like \"4MiB\", \"64KiB\" or \"1500B\"";
 		return rc;
 	}
-	while (*p == ' ')
+	while (blank(*p))
 		p++;
 	if (*p == '\0') {
 		*bytes = n;
@@ -100,7 +106,7 @@ int gg_parse_size(const char *text, uint64_t *bytes, const char **why)
 	if ((*why = digits_after_mark(p, true)))
 		return -EINVAL;
 	const struct unit *u = match_unit(&p, size_units, GG_ARRAY_LEN(size_units));
-	while (u && *p == ' ')
+	while (u && blank(*p))
 		p++;
 	if (!u || *p != '\0') {
 		*why = "unknown size unit (use B, KiB, MiB, GiB, TiB, kB or KB, MB, GB or TB)";
@@ -122,7 +128,7 @@ int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 
 	for (;;) {
 		/* Blanks around each part, as sizes have around the unit. */
-		while (*p == ' ')
+		while (blank(*p))
 			p++;
 		if (!*p)
 			break;
@@ -135,7 +141,7 @@ int gg_parse_duration(const char *text, uint64_t *usec, const char **why)
 		}
 		if ((*why = digits_after_mark(p, false)))
 			return -EINVAL;
-		while (*p == ' ')
+		while (blank(*p))
 			p++;
 		const struct unit *u = match_unit(&p, duration_units, GG_ARRAY_LEN(duration_units));
 		if (!u) {

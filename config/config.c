@@ -342,26 +342,31 @@ void gg_diag_print(const struct gg_diag *diag, FILE *out)
 
 /* ---- suggestions -------------------------------------------------------- */
 
+/* Edits from a to b: insertions, deletions, substitutions and swaps of
+ * two neighbours ("nmae" for "name"), letters compared without regard to
+ * case ("CHUNK_SIZE", "[TLS]"). */
 static size_t edit_distance(const char *a, const char *b)
 {
 	size_t la = strlen(a), lb = strlen(b);
-	size_t row[64];
+	size_t rows[3][64]; /* distances from a's first i - 2, i - 1 and i characters */
 
-	if (la >= GG_ARRAY_LEN(row) || lb >= GG_ARRAY_LEN(row))
+	if (la >= GG_ARRAY_LEN(rows[0]) || lb >= GG_ARRAY_LEN(rows[0]))
 		return SIZE_MAX;
 	for (size_t j = 0; j <= lb; j++)
-		row[j] = j;
+		rows[1][j] = j;
 	for (size_t i = 1; i <= la; i++) {
-		size_t diag = row[0];
+		size_t *two = rows[(i + 2) % 3], *up = rows[i % 3], *row = rows[(i + 1) % 3];
 		row[0] = i;
 		for (size_t j = 1; j <= lb; j++) {
-			size_t up = row[j];
-			size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-			row[j] = GG_MIN(GG_MIN(row[j] + 1, row[j - 1] + 1), diag + cost);
-			diag = up;
+			int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+			size_t d = GG_MIN(GG_MIN(up[j] + 1, row[j - 1] + 1), up[j - 1] + (ca != cb));
+			if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+			    tolower((unsigned char)a[i - 2]) == cb)
+				d = GG_MIN(d, two[j - 2] + 1);
+			row[j] = d;
 		}
 	}
-	return row[lb];
+	return rows[(la + 1) % 3][lb];
 }
 
 /* The closest of `names` to `key`, or NULL when none is close enough to be
@@ -1012,10 +1017,14 @@ static void check_combinations(struct loader *ld, const struct gg_config *cfg)
 	uint64_t need = cfg->limits.inflight_bytes_per_peer > UINT64_MAX / peers
 				? UINT64_MAX
 				: cfg->limits.inflight_bytes_per_peer * peers;
-	if (inflight->valid && memory->valid && cfg->limits.memory_bytes < need)
-		diag_blame(ld, memory, inflight, "[limits] memory (%s) cannot hold inflight_per_peer for %zu peer%s (%s)",
-			   gg_format_size(cfg->limits.memory_bytes, a, sizeof(a)), cfg->peer_count,
-			   cfg->peer_count == 1 ? "" : "s", gg_format_size(need, b, sizeof(b)));
+	if (inflight->valid && memory->valid && cfg->limits.memory_bytes < need) {
+		char each[48] = "";
+		if (peers > 1)
+			snprintf(each, sizeof(each), "each of %zu peers (%s)", peers, gg_format_size(need, b, sizeof(b)));
+		diag_blame(ld, memory, inflight, "[limits] memory (%s) cannot hold inflight_per_peer (%s) for %s",
+			   gg_format_size(cfg->limits.memory_bytes, a, sizeof(a)),
+			   gg_format_size(cfg->limits.inflight_bytes_per_peer, b, sizeof(b)), peers > 1 ? each : "1 peer");
+	}
 	if (block->valid && cfg->compression.block_size % GG_CODEC_BLOCK_ALIGN_ELEMS)
 		diag_blame(ld, block, NULL, "[compression] block_size %d must be a multiple of %u",
 			   cfg->compression.block_size, GG_CODEC_BLOCK_ALIGN_ELEMS);

@@ -1295,8 +1295,13 @@ static int bad_value(struct parser *P)
 
 static int bad_number(struct parser *P, const char *s, const char *why)
 {
-	return fail(P, pos_at(P, s), "invalid number '%.*s'%s%s", scalar_len(P, s), s,
-		    why ? ": " : "", why ? why : "");
+	int len = scalar_len(P, s);
+
+	/* Digits and then a unit ("1MiB", "500ms") are meant as a string. */
+	if (!why && len && is_digit((unsigned char)s[0]) && is_alpha((unsigned char)s[len - 1]))
+		return fail(P, pos_at(P, s), "invalid number '%.*s' (strings must be quoted: \"%.*s\")", len, s,
+			    len, s);
+	return fail(P, pos_at(P, s), "invalid number '%.*s'%s%s", len, s, why ? ": " : "", why ? why : "");
 }
 
 static int parse_bool(struct parser *P, struct gg_toml_value *v)

@@ -95,6 +95,10 @@ static void test_units(void)
 		       "\"1m30s\"");
 	CHECK(gg_parse_duration(" 1m 30 s ", &v, &why) == 0 && v == 90000000);
 	CHECK(gg_parse_duration("1s ", &v, &why) == 0 && v == 1000000);
+	/* Blanks are TOML's: tabs too. */
+	CHECK(gg_parse_duration("\t1m\t30s", &v, &why) == 0 && v == 90000000);
+	CHECK(gg_parse_size("4\tKiB\t", &v, &why) == 0 && v == 4u << 10);
+	CHECK(gg_parse_size("4\nKiB", &v, &why) == -EINVAL);
 	CHECK(gg_parse_duration("  ", &v, &why) == -EINVAL);
 	CHECK(gg_parse_size("1.5MiB", &v, &why) == -EINVAL);
 	CHECK_STR(why, "sizes are whole numbers: use a smaller unit, as in \"1536KiB\" for 1.5MiB");
