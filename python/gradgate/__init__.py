@@ -27,7 +27,9 @@ libgradgate.so.0 on the loader's path (meson install puts it there): that
 soname, never another version's.
 """
 
+import contextlib
 import ctypes
+import itertools
 import operator
 import os
 import sys
@@ -189,11 +191,12 @@ def _timeout(timeout_ms):
 # process. So where nothing else took its addresses, private zero pages are
 # mapped in its place, kept until the last such array is collected, and
 # all-reduces of them are refused. A buffer freed while a request in flight
-# uses it stays the library's until that request ends; its pages are put in
-# place at a later call.
+# uses it stays the library's until that request ends; its pages go in
+# place right after the call in which the library lets go of it.
 
-_retired = {}  # address -> [bytes, mapped here]
+_retired = {}  # address -> [bytes, mapped here, token of this retirement]
 _retired_lock = threading.Lock()
+_retirements = itertools.count()
 _libc = None
 _PROT_READ, _PROT_WRITE = 1, 2
 _MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_FIXED_NOREPLACE = 0x02, 0x20, 0x100000
@@ -227,16 +230,20 @@ def _map_in_place(address, size):
 def _retire(address, size, owner):
     """The shared buffer at `address` was given back while `owner` (the
     _SharedMemory its arrays view) lives."""
+    token = next(_retirements)
     with _retired_lock:
-        _retired[address] = [size, _map_in_place(address, size)]
-    weakref.finalize(owner, _unretire, address)
+        _retired[address] = [size, _map_in_place(address, size), token]
+    weakref.finalize(owner, _unretire, address, token)
 
 
-def _unretire(address):
+def _unretire(address, token):
     with _retired_lock:
-        size, mapped = _retired.pop(address, (0, False))
-        if mapped:
-            _mm().munmap(address, size)
+        entry = _retired.get(address)
+        if entry is None or entry[2] != token:
+            return  # superseded by a new buffer there
+        del _retired[address]
+        if entry[1]:
+            _mm().munmap(address, entry[0])
 
 
 def _settle():
@@ -254,9 +261,18 @@ def _page_round(nbytes):
     return (nbytes + page - 1) // page * page
 
 
+def _supersede(address, size):
+    """A new shared buffer took addresses of retired ones the library let
+    go of within the same call: they are the new one's now."""
+    with _retired_lock:
+        for old, (n, mapped, _) in list(_retired.items()):
+            if not mapped and old < address + size and address < old + n:
+                del _retired[old]
+
+
 def _check_live(ptr, nbytes):
     with _retired_lock:
-        for address, (size, _) in _retired.items():
+        for address, (size, _, _) in _retired.items():
             if ptr < address + size and address < ptr + nbytes:
                 raise Error(ERR_INVALID, "the array is in a shared buffer that free_buffer() or close() gave "
                             "back: it must not be used after")
@@ -426,6 +442,7 @@ class Request:
             if self._handle is not None:
                 _load().gg_request_free(self._handle)
                 self._handle = None
+                _settle()
 
     def __del__(self):
         # A finalizer must not wait for a call another thread is in (a
@@ -517,16 +534,26 @@ class Session:
         if self._handle is None:
             raise Error(ERR_CLOSED, "the session is closed")
         self._free_orphans()
-        _settle()
         return self._handle
+
+    @contextlib.contextmanager
+    def _calling(self):
+        """The lock held for calls of the library on the open session's
+        handle; the freed buffers the calls let go of get their pages at
+        once, before another allocation could take their addresses."""
+        with self._lock:
+            try:
+                yield self._h()
+            finally:
+                _settle()
 
     def allreduce(self, array, tensor_id, timeout_ms=0):
         """Sums `array` over every rank of every site, in place, and
         returns it. timeout_ms <= 0: the gateway's step_timeout."""
         t = _Target(array)
         err = _Error()
-        with self._lock:
-            rc = _load().gg_allreduce(self._h(), t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
+        with self._calling() as handle:
+            rc = _load().gg_allreduce(handle, t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
                                       _timeout(timeout_ms), ctypes.byref(err))
         _check(rc, err)
         t.finish()
@@ -573,8 +600,8 @@ class Session:
         if stream is None:
             stream = torch.cuda.current_stream(tensor.device)
         err = _Error()
-        with self._lock, torch.cuda.device(tensor.device):
-            rc = getattr(_load(), call)(self._h(), tensor.data_ptr(), tensor.numel(), dtype,
+        with self._calling() as handle, torch.cuda.device(tensor.device):
+            rc = getattr(_load(), call)(handle, tensor.data_ptr(), tensor.numel(), dtype,
                                         _tensor_id(tensor_id), ctypes.c_void_p(stream.cuda_stream),
                                         _timeout(timeout_ms), ctypes.byref(err))
         _check(rc, err)
@@ -587,8 +614,8 @@ class Session:
         t = _Target(array)
         err = _Error()
         req = ctypes.c_void_p()
-        with self._lock:
-            rc = _load().gg_allreduce_start(self._h(), t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
+        with self._calling() as handle:
+            rc = _load().gg_allreduce_start(handle, t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
                                             _timeout(timeout_ms), ctypes.byref(req), ctypes.byref(err))
         _check(rc, err)
         return Request(self, req, t)
@@ -605,14 +632,14 @@ class Session:
             raise ValueError(f"a buffer holds at least 1 element, not {count}")
         err = _Error()
         ptr = ctypes.c_void_p()
-        with self._lock:
-            handle = self._h()
+        with self._calling() as handle:
             if count * 4 > self.max_message_bytes:
                 # The library's size_t would wrap a larger count.
                 raise Error(ERR_TOO_LARGE, f"gg_buffer_alloc: {count * 4} bytes exceed the max_message of "
                             f"{self.max_message_bytes} bytes of the gateway of site {self.site}")
             rc = _load().gg_buffer_alloc(handle, count * 4, ctypes.byref(ptr), ctypes.byref(err))
             _check(rc, err)
+            _supersede(ptr.value, _page_round(count * 4))
             try:
                 arr = np.asarray(_SharedMemory(self, ptr.value, count))
             except BaseException:
@@ -630,8 +657,7 @@ class Session:
         data = getattr(getattr(array, "ctypes", None), "data", None)
         if data is None:
             raise TypeError(f"free_buffer takes an array from buffer(), not {type(array).__name__}")
-        with self._lock:
-            handle = self._h()
+        with self._calling() as handle:
             ptr, count, memory = self._buffers.get(data, (None, 0, None))
             # A slice that starts where the buffer does is not the buffer.
             if ptr is None or array.size != count:
@@ -639,8 +665,9 @@ class Session:
                             "whole)")
             del self._buffers[data]
             rc = _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
-            if not rc and memory() is not None:
-                _retire(data, _page_round(count * 4), memory())
+            memory = memory()
+            if not rc and memory is not None:
+                _retire(data, _page_round(count * 4), memory)
         _check(rc, err)
 
     def close(self):

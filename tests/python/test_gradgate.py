@@ -11,6 +11,7 @@ import pickle
 import re
 import sys
 import threading
+import time
 import unittest
 import weakref
 
@@ -241,6 +242,20 @@ class WithGateways(unittest.TestCase):
             req.wait()
         self.assertEqual(cm.exception.code, gradgate.ERR_TIMEOUT)
         self.assertEqual(float(busy.sum()), 0.0)
+        # Let go of within a call that maps a new buffer, which may take
+        # its addresses: the new one is not refused.
+        again = s.buffer(64)
+        req = s.allreduce_async(again, tensor_id=4, timeout_ms=100)
+        s.free_buffer(again)
+        time.sleep(0.5)  # the step failed at the gateway; the library learns it in the next call
+        fresh = s.buffer(64)
+        with self.assertRaises(gradgate.Error) as cm:
+            s.allreduce(fresh, tensor_id=5, timeout_ms=100)
+        self.assertEqual(cm.exception.code, gradgate.ERR_TIMEOUT)
+        with self.assertRaises(gradgate.Error) as cm:
+            req.wait()
+        self.assertEqual(cm.exception.code, gradgate.ERR_TIMEOUT)
+        s.free_buffer(fresh)
         # close() gives back every buffer.
         last = s.buffer(16)
         last[:] = 1.0
@@ -250,7 +265,7 @@ class WithGateways(unittest.TestCase):
             with self.assertRaisesRegex(gradgate.Error, "gave back: it must not be used after"):
                 other.allreduce(last, tensor_id=1)
         self.assertIn(address, gradgate._retired)
-        del buf, view, tensor, busy, last
+        del buf, view, tensor, busy, last, again, fresh
         gc.collect()
         self.assertNotIn(address, gradgate._retired)
 
