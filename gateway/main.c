@@ -134,6 +134,10 @@ int main(int argc, char **argv)
 			check = true;
 			break;
 		case 'f':
+			if (config) { /* one gateway, one file: the last would win unseen */
+				fprintf(stderr, "gradgate: --config is given twice ('%s', then '%s')\n", config, optarg);
+				return EXIT_USAGE;
+			}
 			config = optarg;
 			break;
 		case 'l':

@@ -120,6 +120,10 @@ expect "--help with an argument is a usage error (exit 2)" $(( $? != 2 ))
 expect "--config with --check-config is a usage error (exit 2)" $(( $? != 2 ))
 grep -qF "gradgate: --check-config takes the files to check as its arguments, not --config" "$tmp/err"
 expect "it says why" $?
+"$gradgate" --config "$tmp/good.toml" --config "$tmp/bad.toml" >/dev/null 2>"$tmp/err"
+expect "--config twice is a usage error (exit 2), not the last one run" $(( $? != 2 ))
+grep -qF "gradgate: --config is given twice ('$tmp/good.toml', then '$tmp/bad.toml')" "$tmp/err"
+expect "it names both" $?
 
 # refused NAME SED WHAT TEXT: good.toml as sed expression SED changes it
 # fails the check (exit 1, within 10 s), saying TEXT.
