@@ -529,6 +529,10 @@ int gg_bench_codec_main(int argc, char **argv)
 
 	if (parse_opts(argc, argv, &o))
 		return 2;
+	float *x = NULL;
+	size_t n = 0;
+	if (o.file && load_file(o.file, &x, &n)) /* before the banner, which would promise figures */
+		return 1;
 	if (!o.json) {
 		char sz[32], ch[32], lv[16] = "off";
 		if (o.zstd)
@@ -541,10 +545,6 @@ int gg_bench_codec_main(int argc, char **argv)
 		print_header();
 	}
 	if (o.file) {
-		float *x;
-		size_t n;
-		if (load_file(o.file, &x, &n))
-			return 1;
 		const char *base = strrchr(o.file, '/');
 		rc = run_data(&o, x, n, base ? base + 1 : o.file);
 		if (!rc)
@@ -552,8 +552,8 @@ int gg_bench_codec_main(int argc, char **argv)
 		free(x);
 		return rc ? 1 : 0;
 	}
-	size_t n = (size_t)(o.size_bytes / sizeof(float));
-	float *x = malloc(n * sizeof(float));
+	n = (size_t)(o.size_bytes / sizeof(float));
+	x = malloc(n * sizeof(float));
 	if (!x) {
 		fprintf(stderr, "gradgate-bench codec: out of memory for %zu elements\n", n);
 		return 1;

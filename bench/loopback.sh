@@ -55,6 +55,8 @@ done
 [[ $threads =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--threads takes a number or a list like 1,2,4, not '$threads'"
 IFS=, read -r -a lane_counts <<<"$threads"
 [ "$runs" -ge 1 ] && [ "$steps" -ge 1 ] && [ "$count" -ge 1 ] || die "--runs, --steps and --count must be at least 1"
+streams=$((10#$streams))
+[ "$streams" -ge 1 ] && [ "$streams" -le 64 ] || die "--streams $streams: a gateway takes 1 to 64 streams per peer"
 gradgate=$build/gateway/gradgate bench=$build/bench/gradgate-bench
 [ -x "$gradgate" ] && [ -x "$bench" ] || die "no gradgate and gradgate-bench in $build (build first, or pass --build)"
 declare -A seen_lanes
