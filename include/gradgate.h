@@ -46,7 +46,12 @@ extern "C" {
  * lost between sites, and the result is the float32 sum of the site sums
  * (in an order the all-reduce algorithm sets); the default,
  * "bf16-split", and the other codecs carry fewer bits of each site sum, so
- * results may differ from it within the codec's bound (docs/codecs.md).
+ * results may differ from it by the codec's bound for each encoding
+ * (docs/codecs.md: the site sums, and with the ring algorithm the partial
+ * sums at each hop). With [compression] error_feedback (the default) what
+ * one step's encoding dropped is added to the next step's input, so one
+ * step's result may differ by more than that, while the sum of a tensor's
+ * results over the steps stays within one step's error of the exact sum.
  * Every rank of every site gets the same bytes whatever the codec. */
 enum gg_dtype {
 	GG_DTYPE_F32 = 1,
