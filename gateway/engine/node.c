@@ -3052,9 +3052,13 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 			continue;
 		uint64_t last = done_here(j) ? j->step->seq : j->done_seq;
 		/* With no step done here, the job ran there only if its old run
-		 * was going on: otherwise its ranks there may still come, to the
-		 * new gateway, for their first step. */
-		if (!last && !run_going_on(name_runs(n, j->name, false), peer))
+		 * was going on, as this site heard (ring frames of a site go to
+		 * the next one only), or if a step of it is under way here
+		 * without its result, which fails for the restart below (the old
+		 * gateway's part of it is lost, and with it the run there).
+		 * Otherwise its ranks there may still come, to the new gateway,
+		 * for their first step. */
+		if (!last && !(j->step && !j->has_result) && !run_going_on(name_runs(n, j->name, false), peer))
 			continue;
 		restart_reason(n, peer, j->name, last, why, sizeof(why));
 		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
