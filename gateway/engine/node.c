@@ -498,6 +498,8 @@ struct gg_node {
 	uint64_t coord_next_us;    /* the coordinator's next deadline */
 	uint64_t coord_last_us;    /* when the coordinator last ran */
 	uint64_t stall_grace_us;   /* after this site itself stood still: no site counts as lost before this */
+	uint64_t stall_end_us;     /* when it last found it had stood still, */
+	uint64_t stall_us;         /* and for how long */
 	bool shutting_down;
 	bool closing;               /* gg_node_shutdown(): lanes close their streams */
 	uint64_t close_told;        /* lanes posted M_SHUTDOWN, by bit */
@@ -2573,11 +2575,36 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 	       gg_ar_model_seconds(GG_ALLREDUCE_RING, n->sites, st->count, eb, up, one_way) * 1e3, factors);
 }
 
+/* How long this site stood still (a frozen process, a suspended host)
+ * since the step started here, or stands still now, its coordinator
+ * not run for over GG_STALL_US; 0 when it did not. */
+static uint64_t stood_still_in_step(const struct gg_node *n, const struct job *j, uint64_t now)
+{
+	if (n->coord_last_us && now - n->coord_last_us > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us))
+		return now - n->coord_last_us; /* found in this turn, before the timers */
+	return n->stall_end_us > j->submit_us ? n->stall_us : 0;
+}
+
 static void step_has_result(struct gg_node *n, struct job *j)
 {
 	if (n->test_freeze_at_result)
 		return;
 	if (!j->has_result) {
+		/* The others may have taken a site that stood still for lost
+		 * and failed the step meanwhile: a DONE now, or a result
+		 * completed on DONEs that waited for it to run again, could
+		 * split the sites. Failed instead, the step fails everywhere:
+		 * no site can complete it without this site's DONE. */
+		uint64_t still = stood_still_in_step(n, j, gg_node_loop(n)->now_us);
+		if (still) {
+			char hb[32];
+			fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s stood still for %.1f s "
+				       "(heartbeat_timeout %s) before it had the result: the other sites may have "
+				       "taken it for lost and failed the step", (unsigned long long)j->step->seq,
+				       j->name, n->names[n->self], (double)still / 1e6,
+				       gg_format_duration(n->cfg->transport.heartbeat_timeout_us, hb, sizeof(hb)));
+			return;
+		}
 		j->has_result = true;
 		j->has_result_us = gg_node_loop(n)->now_us;
 		if (n->cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO) {
@@ -3311,8 +3338,11 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	const uint64_t now = gg_node_loop(n)->now_us;
 	uint64_t next = now + TICK_US;
 
-	if (n->coord_last_us && now - n->coord_last_us > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us))
+	if (n->coord_last_us && now - n->coord_last_us > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us)) {
 		n->stall_grace_us = now + n->cfg->transport.heartbeat_timeout_us;
+		n->stall_end_us = now;
+		n->stall_us = now - n->coord_last_us;
+	}
 	n->coord_last_us = now;
 	next = GG_MIN(next, peer_logs_flush(n, n->logs, now));
 

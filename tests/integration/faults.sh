@@ -36,6 +36,14 @@
 #                 result, but its DONE reaches no site, so none can have
 #                 completed: GG_ERR_SITE naming the lost site within
 #                 heartbeat_timeout, not after step_timeout (2 sites, direct)
+# peer-stopped-after-data
+#                 the same, but the last site's gateway stands still
+#                 (SIGSTOP) instead of dying, and site-a's ranks give step 2
+#                 600 ms: site-a fails it at its deadline and
+#                 heartbeat_timeout more; resumed 3.5 s after it stopped,
+#                 the last site holds the whole result and site-a's DONE,
+#                 which waited in its sockets, but must fail the step too,
+#                 not complete it (2 sites, direct)
 # peer-restarted  the last site's gateway is SIGKILLed and started again
 #                 while the others wait in step 2 of 5: its ranks lost their
 #                 sessions, so steps 2 to 5 fail at the others at once with
@@ -543,7 +551,10 @@ case_peer_resumed() {
 	ranks_wait
 	check_steps ps
 	expect_ok ps 1
-	for ((t = 2; t <= STEPS; t++)); do
+	# Step 2: the resumed site may hold its result from frames that waited
+	# in its sockets; it fails it then for having stood still.
+	expect_failed ps 2 -12 "site ${SITES[$last]} (is unreachable|stood still for)"
+	for ((t = 3; t <= STEPS; t++)); do
 		expect_failed ps $t -12 "site ${SITES[$last]} is unreachable"
 	done
 	mesh_up 15
@@ -564,6 +575,33 @@ case_peer_gone_after_data() {
 		"pg-s0-r0's error names ${SITES[$last]} and the undelivered DONE"
 	log "  site-a's rank hears: $(grep -m1 "step 2: error" "$work/pg-s0-r0.err" | cut -c1-300)"
 	back_after_kill
+}
+
+case_peer_stopped_after_data() {
+	local r specs=() stopped resumed took
+	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2 --timeout-ms 600@2"); done
+	start_job psd "${specs[@]}"
+	wait_for "$work/psd-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
+	sleep 0.4 # the last site's ranks are in step 2 and its data went out; site-a's come a second late
+	kill -STOP "${gw_pid[$last]}"
+	stopped=$(now_us)
+	reported psd 0 2 12 "the outcome of step 2"
+	log "  site-a had step 2's outcome $(ms_since "$stopped") ms after the last site stopped"
+	while [ "$(ms_since "$stopped")" -lt 3500 ]; do sleep 0.1; done
+	kill -CONT "${gw_pid[$last]}"
+	resumed=$(now_us)
+	reported psd "$last" "$STEPS" 12 "the outcome of its last step"
+	took=$(ms_since "$resumed")
+	log "  ${SITES[$last]}'s ranks had every step's outcome ${took} ms after it resumed"
+	within "$took" 6000 "the resumed site's steps"
+	ranks_wait
+	check_steps psd
+	expect_ok psd 1
+	expect_failed psd 2 -12 "site (site-a had the result, but site ${SITES[$last]} never said so too|${SITES[$last]} stood still for [0-9.]+ s)"
+	expect "$work/psd-s$last-r0.err" "step 2: error -12 .*site ${SITES[$last]} stood still for [0-9.]+ s \(heartbeat_timeout 2s\) before it had the result" \
+		"the resumed site's rank hears that its gateway stood still"
+	mesh_up 15
+	run_ok after 1000 1 2
 }
 
 case_peer_terminated() {
