@@ -525,8 +525,22 @@ start_a_late() {
 	wait_for "$work/$1-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
 }
 
+# resume_last JOB STOPPED: the last site's gateway, stopped at STOPPED
+# (now_us), runs again 3.5 s after; its ranks must then have every step's
+# outcome within 6 s.
+resume_last() {
+	local resumed took
+	while [ "$(ms_since "$2")" -lt 3500 ]; do sleep 0.1; done
+	kill -CONT "${gw_pid[$last]}"
+	resumed=$(now_us)
+	reported "$1" "$last" "$STEPS" 25 "the outcome of its last step"
+	took=$(ms_since "$resumed")
+	log "  ${SITES[$last]}'s ranks had every step's outcome ${took} ms after it resumed"
+	within "$took" 6000 "the resumed site's steps"
+}
+
 case_peer_resumed() {
-	local s t stopped resumed took
+	local s t stopped
 	STEPS=5
 	start_a_late ps
 	sleep 0.2 # the last site's ranks are in step 2, site-a's come a second late
@@ -535,13 +549,7 @@ case_peer_resumed() {
 	for ((s = 0; s < last; s++)); do
 		reported ps "$s" "$STEPS" 12 "the outcome of its last step"
 	done
-	while [ "$(ms_since "$stopped")" -lt 3500 ]; do sleep 0.1; done
-	kill -CONT "${gw_pid[$last]}"
-	resumed=$(now_us)
-	reported ps "$last" "$STEPS" 25 "the outcome of its last step"
-	took=$(ms_since "$resumed")
-	log "  ${SITES[$last]}'s ranks had every step's outcome ${took} ms after it resumed"
-	within "$took" 6000 "the resumed site failing its steps"
+	resume_last ps "$stopped"
 	# It heard nothing while it stood still, which says nothing of its
 	# peers: it does not call their streams silent.
 	if grep -q 'event=stream_down .*reason="heartbeat timeout"' "$(site_log "$last")"; then
@@ -578,7 +586,7 @@ case_peer_gone_after_data() {
 }
 
 case_peer_stopped_after_data() {
-	local r specs=() stopped resumed took
+	local r specs=() stopped
 	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2 --timeout-ms 600@2"); done
 	start_job psd "${specs[@]}"
 	wait_for "$work/psd-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
@@ -587,13 +595,7 @@ case_peer_stopped_after_data() {
 	stopped=$(now_us)
 	reported psd 0 2 12 "the outcome of step 2"
 	log "  site-a had step 2's outcome $(ms_since "$stopped") ms after the last site stopped"
-	while [ "$(ms_since "$stopped")" -lt 3500 ]; do sleep 0.1; done
-	kill -CONT "${gw_pid[$last]}"
-	resumed=$(now_us)
-	reported psd "$last" "$STEPS" 12 "the outcome of its last step"
-	took=$(ms_since "$resumed")
-	log "  ${SITES[$last]}'s ranks had every step's outcome ${took} ms after it resumed"
-	within "$took" 6000 "the resumed site's steps"
+	resume_last psd "$stopped"
 	ranks_wait
 	check_steps psd
 	expect_ok psd 1
