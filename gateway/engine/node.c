@@ -468,6 +468,12 @@ struct gg_node {
 		uint32_t lost_by;
 		unsigned end_from;
 		struct gg_wire_steps end;
+		/* The same for an ABORT of a peer's run of the name not over
+		 * here, while the name's job here is over and its new ranks are
+		 * yet to announce their first step (the site that sent it + 1,
+		 * 0: none): the job, once made, fails those steps. */
+		unsigned abort_from;
+		struct gg_wire_steps abort;
 	} *name_runs;
 	/* NAME_RUNS_KEPT, and one for each name whose ranks may be here (at
 	 * most max_clients): a record of those is never taken for another. */
@@ -2082,6 +2088,7 @@ static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64
 static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
 			   size_t size);
 static void ended_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *end);
+static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *abort);
 
 /* Whether ranks of the job name are connected here (gg_node_job_opened()). */
 static bool name_open(struct gg_node *n, const char *job)
@@ -2146,8 +2153,11 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	}
 	if (r->end_from)
 		ended_there(n, free_slot, r->end_from - 1, &r->end);
+	if (r->abort_from)
+		aborted_there(n, free_slot, r->abort_from - 1, &r->abort);
 	r->lost_by = 0;
 	r->end_from = 0;
+	r->abort_from = 0;
 	return free_slot;
 }
 
@@ -2678,6 +2688,24 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
 	return code;
 }
 
+/* A new run of a name whose run ended here: a peer that still runs the
+ * old one refuses it once the new run's step-1 frames reach it
+ * (rerun_seen()), but by ring only the next site gets this site's. A peer
+ * this site sends none to, whose run that took part in the one that ended
+ * here is not known over there (no END from it), is returned (-1: none),
+ * so that the step is refused here. */
+static int old_run_unheard(struct gg_node *n, const struct job *j, enum gg_allreduce_algo algo)
+{
+	const struct name_runs *r = name_runs(n, j->name, false);
+
+	if (!r || !r->ended_here || algo != GG_ALLREDUCE_RING)
+		return -1;
+	for (unsigned p = 0; p < n->sites; p++)
+		if (p != n->self && p != (n->self + 1) % n->sites && r->left[p] && !run_within(r->left[p], r->over[p]))
+			return (int)p;
+	return -1;
+}
+
 int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t err_size)
 {
 	struct job *j;
@@ -2750,6 +2778,14 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	int code = failed_elsewhere(j, st->seq, &reason);
 	if (code) {
 		finish_step(n, j, code, reason);
+		return 0;
+	}
+	int old = st->seq == 1 ? old_run_unheard(n, j, algo) : -1;
+	if (old >= 0) {
+		fail_step_code(n, j, GG_ERR_REFUSED, "step 1 of job '%s': site %s still runs it, as far as site %s "
+			       "heard (the END of its run that took part in the one that ended here has not come): a job "
+			       "name is one training run; use a new name, or wait until the old run's ranks are all gone",
+			       j->name, n->names[old], n->names[n->self]);
 		return 0;
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
@@ -2882,27 +2918,47 @@ static void forget_peer_runs(struct gg_node *n, unsigned peer)
 
 static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg *m)
 {
-	const char *site = n->names[from];
-	const uint64_t lo = m->u.abort.first, hi = m->u.abort.last;
 	struct job *j = find_job(n, m->u.abort.job, false);
-	char msg[GG_NODE_ERROR_MAX];
 
-	/* A job over here stays over: recording the abort would make it anew
-	 * and drop the END that a peer cut off while it ended still needs. A
-	 * run over at the peer said how its steps ended in its END. */
-	if ((!j && ended_here(n, m->u.abort.job)) || peer_run_stale(n, m->u.abort.job, from, m->u.abort.run, true))
+	/* A run over at the peer said how its steps ended in its END. */
+	if (peer_run_stale(n, m->u.abort.job, from, m->u.abort.run, true))
 		return;
+	/* A job over here stays over: recording the abort would make it anew
+	 * and drop the END that a peer cut off while it ended still needs.
+	 * But where new ranks of the name are connected, yet to announce
+	 * their first step, the ABORT is of the run they take part in (a new
+	 * run at the peer, whose step 1 another site refused): kept for
+	 * their job, which fails its steps when it is made. */
+	if (!j && ended_here(n, m->u.abort.job)) {
+		struct name_runs *r = name_runs(n, m->u.abort.job, false);
+		if (r && r->open) {
+			r->abort_from = from + 1;
+			r->abort = m->u.abort;
+			run_raise(&r->seen[from], m->u.abort.run);
+		}
+		return;
+	}
 	if (!j && !(j = find_job(n, m->u.abort.job, true)))
 		return;
-	peer_run_heard(n, j->name, from, m->u.abort.run);
+	aborted_there(n, j, from, &m->u.abort);
+}
+
+/* Site `from`'s ABORT (`abort`) of steps of job j. */
+static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *abort)
+{
+	const char *site = n->names[from];
+	const uint64_t lo = abort->first, hi = abort->last;
+	char msg[GG_NODE_ERROR_MAX];
+
+	peer_run_heard(n, j->name, from, abort->run);
 	if (lo == hi)
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,
-			 j->name, m->u.abort.reason);
+			 j->name, abort->reason);
 	else
 		snprintf(msg, sizeof(msg), "site %s aborted steps %llu to %llu of job '%s': %s", site,
-			 (unsigned long long)lo, (unsigned long long)hi, j->name, m->u.abort.reason);
+			 (unsigned long long)lo, (unsigned long long)hi, j->name, abort->reason);
 	if (j->step && !j->ending && lo <= j->step->seq && j->step->seq <= hi)
-		finish_step(n, j, -(int)m->u.abort.code, msg);
+		finish_step(n, j, -(int)abort->code, msg);
 	/* Steps of the run that have not started here fail when they do. The
 	 * frames the lanes hold for them would pin the peer's window for
 	 * good: they go now. */
@@ -2918,7 +2974,7 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	}
 	j->aborted[a].lo = from_seq;
 	j->aborted[a].hi = hi;
-	j->aborted[a].code = -(int)m->u.abort.code;
+	j->aborted[a].code = -(int)abort->code;
 	snprintf(j->aborted[a].reason, sizeof(j->aborted[a].reason), "%s", msg);
 	for (uint64_t seq = from_seq; seq <= hi && seq < from_seq + 64; seq++)
 		forget_step(n, j->name, seq);
@@ -2950,8 +3006,14 @@ static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64
 		j->rerun_refused = false;
 		return;
 	}
-	if (j->ended_by && last_done >= j->ended_done)
-		return; /* a copy, or a site that ended later than one before */
+	if (j->ended_by && last_done >= j->ended_done) {
+		/* A copy, or a site that ended later than one before: how the
+		 * steps ended stays, but its run is over there too, so that
+		 * its step 1 of a new run is refused (rerun_seen()) whichever
+		 * site's END came first. */
+		j->ended_by |= 1u << from;
+		return;
+	}
 	j->ended_by |= 1u << from;
 	j->ended_done = last_done;
 	j->ended_last = GG_MAX(last, last_done);

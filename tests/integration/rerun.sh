@@ -42,3 +42,40 @@ log "old run at site-b: $(cat "$work/train-s1-r0.err")"
 # Every rank of the old run is gone: the name is free for a new run.
 run_ok train 1000 1 2
 mesh_stop
+
+# Three sites by ring, where site-b hears only site-a's frames: site-c's
+# rank leaves after step 2, so site-a's step 3 fails and its rank leaves
+# after, and site-c's END reaches site-b before site-a's. A new run at
+# site-a and site-c must be refused all the same (site-b once took only
+# the site of the first END for over, and let the new run wait out its
+# deadline).
+K=3
+mesh_start
+mesh_up 15
+rank_start rerun3 1000 0 1 0 3
+old_a=${rank_pids[-1]}
+rank_start rerun3 1000 0 1 1 3 --late 3000@3
+rank_start rerun3 1000 0 1 2 2
+wait_exit "$old_a" 15 || fail "site-a's rank of the first run did not end"
+reap "$old_a"
+expect "$work/rerun3-s0-r0.err" "step 3 .*site site-c ended job 'rerun3' after step 2" "site-a's old rank's error"
+sleep 0.3
+t0=${EPOCHREALTIME/[.,]/}
+news=()
+for s in 0 2; do
+	rank_start rerun3 1000 0 1 "$s" 1 --timeout-ms 15000
+	news+=("${rank_pids[-1]}")
+done
+for pid in "${news[@]}"; do
+	wait_exit "$pid" 10 || fail "step 1 of the new run was not refused within 10 s (step_timeout is $STEP_TIMEOUT)"
+	reap "$pid"
+	[ "$reaped" != 0 ] || fail "step 1 of a new run of 'rerun3' completed while site-b still runs the old one"
+done
+ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
+for s in 0 2; do
+	expect "$work/rerun3-s$s-r0.err" "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b still runs it" \
+		"the new run's error at ${SITES[$s]}"
+done
+log "3 sites: new run refused after $ms ms: $(cat "$work/rerun3-s0-r0.err")"
+ranks_wait
+mesh_stop
