@@ -1853,9 +1853,14 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	for (unsigned p = 0; p < m->sites && !m->shutting_down && !m->acceptor; p++) {
 		if (p == m->self || m->peers[p].dial == GG_DIAL_IN)
 			continue;
-		for (int s = (int)m->lane; s < cfg->transport.streams_per_peer; s += (int)m->lanes)
-			if (now >= m->peers[p].next_dial_us[s] && (m->peers[p].conn[s] < 0 || wants_own_dial(m, p, s)))
+		for (int s = (int)m->lane; s < cfg->transport.streams_per_peer; s += (int)m->lanes) {
+			if (m->peers[p].conn[s] >= 0 && !wants_own_dial(m, p, s))
+				continue;
+			if (now >= m->peers[p].next_dial_us[s])
 				dial(m, p, s);
+			else /* on time, not at the next tick: who redials first decides which connection stays */
+				next = GG_MIN(next, m->peers[p].next_dial_us[s]);
+		}
 	}
 	gg_mesh_flush(m);
 	return next;
