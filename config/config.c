@@ -592,7 +592,11 @@ static void set_list(struct loader *ld, const struct field *f, const char *where
 			ok = false;
 			continue;
 		}
-		if (in_names(e->u.str.ptr, l->refused, l->refused_count)) {
+		/* Refused in any case: "FFDHE2048" is no typo of a group taken. */
+		bool refused = false;
+		for (size_t k = 0; k < l->refused_count && !refused; k++)
+			refused = !strcasecmp(e->u.str.ptr, l->refused[k]);
+		if (refused) {
 			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not supported: %s", AT(ld, e->pos), f->key,
 				 where, e->u.str.ptr, l->refused_why);
 			ok = false;
