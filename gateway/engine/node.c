@@ -502,7 +502,8 @@ struct gg_node {
 	uint64_t failures_total;
 	peer_logs logs;            /* the coordinator's */
 	uint64_t coord_next_us;    /* the coordinator's next deadline */
-	uint64_t coord_last_us;    /* when the coordinator last ran */
+	uint64_t coord_done_boot_us; /* when it last finished a turn, by CLOCK_BOOTTIME, */
+	uint64_t coord_done_cpu_us;  /* and its thread's CPU time then */
 	uint64_t stall_grace_us;   /* after this site itself stood still: no site counts as lost before this */
 	uint64_t stall_end_us;     /* when it last found it had stood still, */
 	uint64_t stall_us;         /* and for how long */
@@ -2586,13 +2587,29 @@ static void note_algo(struct gg_node *n, struct job *j, const struct gg_node_ste
 }
 
 /* How long this site stood still (a frozen process, a suspended host)
- * since the step started here, or stands still now, its coordinator
- * not run for over GG_STALL_US; 0 when it did not. */
-static uint64_t stood_still_in_step(const struct gg_node *n, const struct job *j, uint64_t now)
+ * since the coordinator's last turn ended, when that is over GG_STALL_US;
+ * else 0. That is the time passed (CLOCK_BOOTTIME, which counts a
+ * suspended host's sleep) less what the coordinator's thread worked
+ * meanwhile: a long turn is not standing still, a wait for the loop is at
+ * most a tick. Called on the coordinator's thread. */
+static uint64_t stood_still_now(const struct gg_node *n)
 {
-	if (n->coord_last_us && now - n->coord_last_us > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us))
-		return now - n->coord_last_us; /* found in this turn, before the timers */
-	return n->stall_end_us > j->submit_us ? n->stall_us : 0;
+	if (!n->coord_done_boot_us)
+		return 0;
+	uint64_t passed = gg_boottime_us() - n->coord_done_boot_us, worked = gg_thread_cpu_us() - n->coord_done_cpu_us;
+	uint64_t still = passed > worked ? passed - worked : 0;
+
+	return still > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us) ? still : 0;
+}
+
+/* How long this site stood still since the step started here (this turn
+ * included: its timers, which note it, run after the mail); 0 when it
+ * did not. */
+static uint64_t stood_still_in_step(const struct gg_node *n, const struct job *j)
+{
+	uint64_t still = stood_still_now(n);
+
+	return still ? still : n->stall_end_us > j->submit_us ? n->stall_us : 0;
 }
 
 static void step_has_result(struct gg_node *n, struct job *j)
@@ -2605,7 +2622,7 @@ static void step_has_result(struct gg_node *n, struct job *j)
 		 * completed on DONEs that waited for it to run again, could
 		 * split the sites. Failed instead, the step fails everywhere:
 		 * no site can complete it without this site's DONE. */
-		uint64_t still = stood_still_in_step(n, j, gg_node_loop(n)->now_us);
+		uint64_t still = stood_still_in_step(n, j);
 		if (still) {
 			char hb[32];
 			fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s stood still for %.1f s "
@@ -2674,7 +2691,7 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
 	/* Not here yet, but over at a site that restarted or whose ranks of
 	 * it went: made, it is ended. */
 	const struct name_runs *r = j ? NULL : name_runs(n, job, false);
-	if (r && (r->lost_by || r->end_from))
+	if (r && (r->lost_by || r->end_from || r->abort_from))
 		j = find_job(n, job, true);
 	if (!j || j->step || seq <= j->last_seq || !(code = failed_elsewhere(j, seq, &why)))
 		return 0;
@@ -2885,6 +2902,7 @@ static void name_set_open(struct gg_node *n, const char *job, bool open)
 		r->open = open;
 		r->lost_by = 0;
 		r->end_from = 0;
+		r->abort_from = 0;
 	}
 }
 
@@ -2926,12 +2944,13 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	/* A job over here stays over: recording the abort would make it anew
 	 * and drop the END that a peer cut off while it ended still needs.
 	 * But where new ranks of the name are connected, yet to announce
-	 * their first step, the ABORT is of the run they take part in (a new
-	 * run at the peer, whose step 1 another site refused): kept for
-	 * their job, which fails its steps when it is made. */
+	 * their first step, a refusal of step 1 is of the new run they take
+	 * part in (a site still runs the old one): kept for their job while
+	 * they are connected, which fails its step 1 when it is made. An
+	 * old run's ABORTs, sent again once a stream came back, are not. */
 	if (!j && ended_here(n, m->u.abort.job)) {
 		struct name_runs *r = name_runs(n, m->u.abort.job, false);
-		if (r && r->open) {
+		if (r && r->open && m->u.abort.first == 1 && -(int)m->u.abort.code == GG_ERR_REFUSED) {
 			r->abort_from = from + 1;
 			r->abort = m->u.abort;
 			run_raise(&r->seen[from], m->u.abort.run);
@@ -3141,13 +3160,12 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 			continue;
 		uint64_t last = done_here(j) ? j->step->seq : j->done_seq;
 		/* With no step done here, the job ran there only if its old run
-		 * was going on, as this site heard (ring frames of a site go to
-		 * the next one only), or if a step of it is under way here
-		 * without its result, which fails for the restart below (the old
-		 * gateway's part of it is lost, and with it the run there).
-		 * Otherwise its ranks there may still come, to the new gateway,
-		 * for their first step. */
-		if (!last && !(j->step && !j->has_result) && !run_going_on(name_runs(n, j->name, false), peer))
+		 * was going on: otherwise its ranks there may still come, to the
+		 * new gateway, for their first step. (By ring a site hears only
+		 * the one before it: where that one's ranks are late, nothing of
+		 * the run there came here, and the job goes on; its step in
+		 * progress fails below.) */
+		if (!last && !run_going_on(name_runs(n, j->name, false), peer))
 			continue;
 		restart_reason(n, peer, j->name, last, why, sizeof(why));
 		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
@@ -3400,12 +3418,12 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	const uint64_t now = gg_node_loop(n)->now_us;
 	uint64_t next = now + TICK_US;
 
-	if (n->coord_last_us && now - n->coord_last_us > GG_STALL_US(n->cfg->transport.heartbeat_timeout_us)) {
+	uint64_t still = stood_still_now(n);
+	if (still) {
 		n->stall_grace_us = now + n->cfg->transport.heartbeat_timeout_us;
 		n->stall_end_us = now;
-		n->stall_us = now - n->coord_last_us;
+		n->stall_us = still;
 	}
-	n->coord_last_us = now;
 	next = GG_MIN(next, peer_logs_flush(n, n->logs, now));
 
 	/* Mail that memory ran out for, again. */
@@ -3602,6 +3620,8 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 			break;
 	}
 	n->coord_next_us = coordinator_timers(n);
+	n->coord_done_boot_us = gg_boottime_us();
+	n->coord_done_cpu_us = gg_thread_cpu_us();
 	/* Mail still there (a step's done() started the next, and so on):
 	 * the next turn does not wait. */
 	if (!gg_mailbox_empty(&n->inbox) || !gg_mailbox_empty(&ln->inbox))

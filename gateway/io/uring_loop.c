@@ -4,12 +4,27 @@
 #include <string.h>
 #include <time.h>
 
-uint64_t gg_monotonic_us(void)
+static uint64_t clock_us(clockid_t clock)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(clock, &ts);
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+uint64_t gg_monotonic_us(void)
+{
+	return clock_us(CLOCK_MONOTONIC);
+}
+
+uint64_t gg_boottime_us(void)
+{
+	return clock_us(CLOCK_BOOTTIME);
+}
+
+uint64_t gg_thread_cpu_us(void)
+{
+	return clock_us(CLOCK_THREAD_CPUTIME_ID);
 }
 
 int gg_loop_init(struct gg_loop *loop, unsigned entries)

@@ -88,6 +88,11 @@ void gg_loop_fini(struct gg_loop *loop);
 
 /* CLOCK_MONOTONIC in microseconds. */
 uint64_t gg_monotonic_us(void);
+/* CLOCK_BOOTTIME in microseconds: as monotonic, but it goes on while the
+ * host is suspended. */
+uint64_t gg_boottime_us(void);
+/* The calling thread's CPU time in microseconds. */
+uint64_t gg_thread_cpu_us(void);
 
 /* Microseconds from the loop's clock until `deadline_us` (0 when it has
  * passed); UINT64_MAX when deadline_us is 0, meaning no deadline. */
