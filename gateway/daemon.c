@@ -217,8 +217,15 @@ static void core_gpu_frees(void *core, bool allowed)
 	gg_node_gpu_frees(d->node, allowed);
 }
 
+static bool core_lost_site(void *core, char *why, size_t why_size)
+{
+	struct daemon *d = core;
+
+	return gg_node_lost_site(d->node, why, why_size);
+}
+
 static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job, core_fail_unstarted,
-					     core_job_opened, core_gpu_frees };
+					     core_job_opened, core_gpu_frees, core_lost_site };
 
 static void backend_log(void *arg, const char *line)
 {

@@ -3369,34 +3369,49 @@ static uint64_t last_heard(const struct gg_node *n, unsigned peer)
 	return t;
 }
 
-/* A step needs every site: one not heard from for heartbeat_timeout fails
- * it now, rather than at its deadline. Returns true when it did. */
-static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
+/* A site not heard from for heartbeat_timeout, unless this site itself
+ * stood still meanwhile (it heard nothing from anyone, which says nothing
+ * about them): true with `why` naming it. */
+static bool lost_site(struct gg_node *n, uint64_t now, char *why, size_t why_size)
 {
 	const uint64_t limit = n->cfg->transport.heartbeat_timeout_us;
 
-	/* A site that said DONE waits for the others' word instead (they may
-	 * have completed on it), unless its DONE reached nobody: then no site
-	 * can have. And a site that stood still itself hears nothing from
-	 * anyone meanwhile, which says nothing about them. */
-	if ((j->has_result && j->done_may_reach) || now < n->stall_grace_us)
+	if (now < n->stall_grace_us)
 		return false;
 	for (unsigned p = 0; p < n->sites; p++) {
 		uint64_t heard = last_heard(n, p); /* by a lane's clock, which may be ahead of this one */
 		if (p == n->self || heard >= now || now - heard <= limit)
 			continue;
 		bool up = atomic_load(&n->ready[p]) != 0;
-		char why[GG_NODE_ERROR_MAX];
-		fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s is unreachable: nothing heard from it "
-			       "for %.1f s%s%s%s (%s%s)", (unsigned long long)j->step->seq, j->name, n->names[p],
-			       (double)(now - heard) / 1e6, j->has_result ? "; site " : "",
-			       j->has_result ? n->names[n->self] : "",
-			       j->has_result ? " had the result, but no stream carried its DONE to any site" : "",
-			       up ? "its streams are up but silent" : "its streams are down: ",
-			       up ? "" : down_reason(n, p, why, sizeof(why)));
+		char down[GG_NODE_ERROR_MAX];
+		snprintf(why, why_size, "site %s is unreachable: nothing heard from it for %.1f s (%s%s)", n->names[p],
+			 (double)(now - heard) / 1e6, up ? "its streams are up but silent" : "its streams are down: ",
+			 up ? "" : down_reason(n, p, down, sizeof(down)));
 		return true;
 	}
 	return false;
+}
+
+bool gg_node_lost_site(struct gg_node *n, char *why, size_t why_size)
+{
+	return lost_site(n, gg_node_loop(n)->now_us, why, why_size);
+}
+
+/* A step needs every site: one not heard from for heartbeat_timeout fails
+ * it now, rather than at its deadline. Returns true when it did. */
+static bool fail_if_peer_lost(struct gg_node *n, struct job *j, uint64_t now)
+{
+	char why[GG_NODE_ERROR_MAX];
+
+	/* A site that said DONE waits for the others' word instead (they may
+	 * have completed on it), unless its DONE reached nobody: then no site
+	 * can have. */
+	if ((j->has_result && j->done_may_reach) || !lost_site(n, now, why, sizeof(why)))
+		return false;
+	fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': %s%s%s%s", (unsigned long long)j->step->seq, j->name,
+		       why, j->has_result ? "; site " : "", j->has_result ? n->names[n->self] : "",
+		       j->has_result ? " had the result, but no stream carried its DONE to any site" : "");
+	return true;
 }
 
 static void post_shutdown(struct gg_node *n)

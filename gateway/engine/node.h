@@ -204,6 +204,10 @@ GG_MUST_CHECK int gg_node_submit(struct gg_node *n, struct gg_node_step *step, c
  * step fails with in `reason`. Otherwise 0, and nothing changes; also
  * while another step of the job is in progress here. */
 int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, char *reason, size_t reason_size);
+/* Whether a site is lost (nothing heard from it for heartbeat_timeout,
+ * this site not just back from standing still): true with `why` saying
+ * "site X is unreachable: nothing heard from it for N s (...)". */
+bool gg_node_lost_site(struct gg_node *n, char *why, size_t why_size);
 
 /* The first rank of `job` connected at this site: a peer's END of a run
  * of the name, or its restart during one, heard before now ends a run the

@@ -1880,9 +1880,13 @@ static void job_advance(struct gg_host_backend *b, struct hb_job *j)
 			return;
 		}
 		if (b->loop->now_us >= deadline) {
-			fail_step(b, j, GG_ERR_TIMEOUT,
+			/* Where the earlier steps waited for a site that is lost,
+			 * that is the cause, as the sites that find it say. */
+			char lost[TEXT];
+			bool site = b->core_ops->lost_site && b->core_ops->lost_site(b->core, lost, sizeof(lost));
+			fail_step(b, j, site ? GG_ERR_SITE : GG_ERR_TIMEOUT,
 				  "the deadline of %u ms passed before the step could start (earlier steps of job '%s' "
-				  "were still running)", j->deadline_ms, j->name);
+				  "were still running)%s%s", j->deadline_ms, j->name, site ? ": " : "", site ? lost : "");
 			continue;
 		}
 		/* The tick starts it once the communicator is up. */

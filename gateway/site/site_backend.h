@@ -123,6 +123,12 @@ struct gg_core_ops {
 	 * Told on each change only; true until told otherwise. NULL as for
 	 * abort. */
 	void (*gpu_frees)(void *core, bool allowed);
+	/* Whether another site is lost now: nothing heard from it for
+	 * heartbeat_timeout. True with `why` naming it and why ("site X is
+	 * unreachable: ..."), so that a step that fails here for want of it
+	 * fails with GG_ERR_SITE, as at the sites that find it the cause.
+	 * NULL as for abort. */
+	bool (*lost_site)(void *core, char *why, size_t why_size);
 };
 
 struct gg_site_backend_ops {

@@ -38,12 +38,14 @@
 #                 heartbeat_timeout, not after step_timeout (2 sites, direct)
 # peer-stopped-after-data
 #                 the same, but the last site's gateway stands still
-#                 (SIGSTOP) instead of dying, and site-a's ranks give step 2
-#                 600 ms: site-a fails it at its deadline and
-#                 heartbeat_timeout more; resumed 3.5 s after it stopped,
-#                 the last site holds the whole result and site-a's DONE,
-#                 which waited in its sockets, but must fail the step too,
-#                 not complete it (2 sites, direct)
+#                 (SIGSTOP) instead of dying, and site-a's ranks give each
+#                 step 600 ms, two in flight: site-a fails step 2 at its
+#                 deadline and heartbeat_timeout more; resumed 3.5 s after
+#                 it stopped, the last site holds the whole result and
+#                 site-a's DONE, which waited in its sockets, but must fail
+#                 the step too, not complete it; step 3, which waited at
+#                 site-a behind step 2 past its deadline, fails everywhere
+#                 with GG_ERR_SITE naming the lost site (2 sites, direct)
 # peer-restarted  the last site's gateway is SIGKILLed and started again
 #                 while the others wait in step 2 of 5: its ranks lost their
 #                 sessions, so steps 2 to 5 fail at the others at once with
@@ -557,7 +559,7 @@ case_peer_gone_after_data() {
 
 case_peer_stopped_after_data() {
 	local r specs=() stopped
-	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2 --timeout-ms 600@2"); done
+	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 1000@2 --timeout-ms 600 --inflight 2"); done
 	start_job psd "${specs[@]}"
 	wait_for "$work/psd-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
 	sleep 0.4 # the last site's ranks are in step 2 and its data went out; site-a's come a second late
@@ -572,6 +574,11 @@ case_peer_stopped_after_data() {
 	expect_failed psd 2 -12 "site (site-a had the result, but site ${SITES[$last]} never said so too|${SITES[$last]} stood still for [0-9.]+ s)"
 	expect "$work/psd-s$last-r0.err" "step 2: error -12 .*site ${SITES[$last]} stood still for [0-9.]+ s \(heartbeat_timeout 2s\) before it had the result" \
 		"the resumed site's rank hears that its gateway stood still"
+	# Site-a's step 3, announced with step 2, waited behind it past its
+	# deadline, for the lost site: that is its cause, at every site.
+	expect_failed psd 3 -12 "site ${SITES[$last]} is unreachable"
+	expect "$work/psd-s0-r0.err" "step 3: error -12 .*the deadline of 600 ms passed before the step could start .*: site ${SITES[$last]} is unreachable" \
+		"site-a's rank hears why step 3 could not start"
 	mesh_up 15
 	run_ok after 1000 1 2
 }
