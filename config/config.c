@@ -557,10 +557,10 @@ static const struct name_list *list_of(const struct field *f)
 	return f->offset == CFG(tls.groups) ? &group_list : &suite_list;
 }
 
-static bool in_names(const char *s, const char *const *names, size_t count)
+static bool in_names(const char *s, const char *const *names, size_t count, bool any_case)
 {
 	for (size_t i = 0; i < count; i++)
-		if (!strcmp(s, names[i]))
+		if (!(any_case ? strcasecmp : strcmp)(s, names[i]))
 			return true;
 	return false;
 }
@@ -593,16 +593,13 @@ static void set_list(struct loader *ld, const struct field *f, const char *where
 			continue;
 		}
 		/* Refused in any case: "FFDHE2048" is no typo of a group taken. */
-		bool refused = false;
-		for (size_t k = 0; k < l->refused_count && !refused; k++)
-			refused = !strcasecmp(e->u.str.ptr, l->refused[k]);
-		if (refused) {
+		if (in_names(e->u.str.ptr, l->refused, l->refused_count, true)) {
 			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not supported: %s", AT(ld, e->pos), f->key,
 				 where, e->u.str.ptr, l->refused_why);
 			ok = false;
 			continue;
 		}
-		if (!in_names(e->u.str.ptr, l->names, l->count)) {
+		if (!in_names(e->u.str.ptr, l->names, l->count, false)) {
 			const char *hint = closest(e->u.str.ptr, l->names, l->count);
 			gg_diag_add(ld->diag, "%s:%u:%u: '%s' in %s: '%s' is not a %s%s%s%s", AT(ld, e->pos), f->key, where,
 				 e->u.str.ptr, l->noun, hint ? " (did you mean '" : "", hint ? hint : "",

@@ -47,7 +47,7 @@ struct gg_ar_step {
 
 static unsigned ring_next(const struct gg_ar_step *s)
 {
-	return (s->cfg.self + 1) % s->cfg.sites;
+	return gg_ar_ring_next(s->cfg.self, s->cfg.sites);
 }
 
 static unsigned ring_prev(const struct gg_ar_step *s)

@@ -130,6 +130,12 @@ struct gg_ar_config {
 
 struct gg_ar_step;
 
+/* The site `self` sends its ring frames to: the next one, in site order. */
+static inline unsigned gg_ar_ring_next(unsigned self, unsigned sites)
+{
+	return (self + 1) % sites;
+}
+
 /* Starts a step: `input` (count elements, this site's contribution) must
  * stay valid and unchanged but for the step's own writes, and `result`
  * (count elements) untouched by others, until the step is freed. They may

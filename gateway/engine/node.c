@@ -504,9 +504,9 @@ struct gg_node {
 	uint64_t coord_next_us;    /* the coordinator's next deadline */
 	uint64_t coord_done_boot_us; /* when it last finished a turn, by CLOCK_BOOTTIME, */
 	uint64_t coord_done_cpu_us;  /* and its thread's CPU time then */
-	uint64_t stall_grace_us;   /* after this site itself stood still: no site counts as lost before this */
-	uint64_t stall_end_us;     /* when it last found it had stood still, */
-	uint64_t stall_us;         /* and for how long */
+	/* When this site last found it had stood still, and for how long: no
+	 * site counts as lost for heartbeat_timeout after. */
+	uint64_t stall_end_us, stall_us;
 	bool shutting_down;
 	bool closing;               /* gg_node_shutdown(): lanes close their streams */
 	uint64_t close_told;        /* lanes posted M_SHUTDOWN, by bit */
@@ -2718,7 +2718,8 @@ static int old_run_unheard(struct gg_node *n, const struct job *j, enum gg_allre
 	if (!r || !r->ended_here || algo != GG_ALLREDUCE_RING)
 		return -1;
 	for (unsigned p = 0; p < n->sites; p++)
-		if (p != n->self && p != (n->self + 1) % n->sites && r->left[p] && !run_within(r->left[p], r->over[p]))
+		if (p != n->self && p != gg_ar_ring_next(n->self, n->sites) && r->left[p] &&
+		    !run_within(r->left[p], r->over[p]))
 			return (int)p;
 	return -1;
 }
@@ -3376,7 +3377,7 @@ static bool lost_site(struct gg_node *n, uint64_t now, char *why, size_t why_siz
 {
 	const uint64_t limit = n->cfg->transport.heartbeat_timeout_us;
 
-	if (now < n->stall_grace_us)
+	if (n->stall_end_us && now < n->stall_end_us + limit)
 		return false;
 	for (unsigned p = 0; p < n->sites; p++) {
 		uint64_t heard = last_heard(n, p); /* by a lane's clock, which may be ahead of this one */
@@ -3435,7 +3436,6 @@ static uint64_t coordinator_timers(struct gg_node *n)
 
 	uint64_t still = stood_still_now(n);
 	if (still) {
-		n->stall_grace_us = now + n->cfg->transport.heartbeat_timeout_us;
 		n->stall_end_us = now;
 		n->stall_us = still;
 	}

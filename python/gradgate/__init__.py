@@ -13,8 +13,9 @@ ctypes), with the semantics of include/gradgate.h:
 Arrays are C-contiguous, writeable float32 numpy arrays, or float32 /
 bfloat16 dense torch tensors (non-contiguous ones go through a contiguous
 copy; sparse tensors, views whose elements share memory and tensors that
-require grad are refused); tensor_id is an integer 0 to 2**32 - 1, and timeout_ms, rank
-and nranks are integers too (floats are refused, never truncated);
+require grad are refused); tensor_id is an integer 0 to 2**32 - 1, and
+timeout_ms, rank and nranks are integers too (floats are refused, never
+truncated);
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
 them where they are, on the GPU (gg_allreduce_cuda), and allreduce_nccl()
 through the site's NCCL communicator, which the gateway is a rank of
