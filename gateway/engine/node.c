@@ -20,6 +20,7 @@
 #include "mailbox.h"
 #include "mesh.h"
 #include "net_addr.h"
+#include "resolver.h"
 #include "units.h"
 #if HAVE_CUDA
 #include "mem_cuda.h"
@@ -412,6 +413,7 @@ struct gg_node {
 	char names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
 	struct gg_wire_hello hello;
 	struct gg_tls_context *tls;
+	struct gg_resolver *resolver; /* the lanes' dials look up host names here */
 	uint32_t chunk_elems;
 	struct gg_frame_config frame_cfg;
 	struct gg_frame_limits frame_limits;
@@ -3907,7 +3909,8 @@ static int lane_init(struct lane *ln)
 		return gg_errf(ln->start_err, sizeof(ln->start_err), rc, "codec %s for %s: %s",
 			       gg_codec_name(n->cfg->compression.codec), name, strerror(-rc));
 	struct gg_mesh_config mc = { .cfg = n->cfg, .sites = n->sites, .self = n->self, .names = n->names,
-				     .hello = &n->hello, .tls = n->tls, .loop = &ln->loop, .pool = &n->frames,
+				     .hello = &n->hello, .tls = n->tls, .resolver = n->resolver, .loop = &ln->loop,
+				     .pool = &n->frames,
 				     .max_payload_bytes = n->max_payload, .ops = &mesh_ops, .owner = ln,
 				     .lane = ln->index, .lanes = n->nlanes, .listen = ln->index == n->nlanes };
 	if ((rc = gg_mesh_new(&mc, &ln->mesh, ln->start_err, sizeof(ln->start_err))))
@@ -4161,6 +4164,10 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	struct gg_tls_options to = tls_options(cfg);
 	if ((rc = gg_tls_context_new(&to, &n->tls, err, err_size)))
 		goto fail;
+	if ((rc = gg_resolver_new(&n->resolver))) {
+		gg_errf(err, err_size, rc, "out of memory for the host name resolver");
+		goto fail;
+	}
 	if (cfg->transport.congestion_control &&
 	    (rc = gg_net_check_congestion(cfg->transport.congestion_control, err, err_size)))
 		goto fail;
@@ -4265,6 +4272,7 @@ void gg_node_free(struct gg_node *n)
 	free(n->name_runs);
 	gg_buf_pool_fini(&n->frames);
 	gg_tls_context_free(n->tls);
+	gg_resolver_free(n->resolver);
 	pthread_mutex_destroy(&n->start_lock);
 	pthread_cond_destroy(&n->started);
 	free(n);

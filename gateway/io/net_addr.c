@@ -11,11 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t *len, const char **why)
+int gg_net_addr_split(const char *text, char *host, size_t host_size, char port[6], const char **why)
 {
-	char host[256];
-	const char *port;
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
+	const char *p;
+	size_t host_len;
 
 	if (text[0] == '[') {
 		const char *end = strchr(text, ']');
@@ -23,23 +22,42 @@ int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t 
 			*why = "expected \"[v6address]:port\"";
 			return -EINVAL;
 		}
-		snprintf(host, sizeof(host), "%.*s", (int)(end - text - 1), text + 1);
-		port = end + 2;
+		host_len = (size_t)(end - text - 1);
+		text++;
+		p = end + 2;
 	} else {
 		const char *colon = strrchr(text, ':');
-		if (!colon || colon == text || (size_t)(colon - text) >= sizeof(host)) {
+		if (!colon || colon == text) {
 			*why = "expected \"host:port\"";
 			return -EINVAL;
 		}
-		snprintf(host, sizeof(host), "%.*s", (int)(colon - text), text);
-		port = colon + 1;
+		host_len = (size_t)(colon - text);
+		p = colon + 1;
+	}
+	if (host_len >= host_size) {
+		*why = "the host is too long";
+		return -EINVAL;
 	}
 	char *end;
-	long p = strtol(port, &end, 10);
-	if (!*port || *end || p < 0 || p > 65535) {
+	long v = strtol(p, &end, 10);
+	if (!*p || *end || v < 0 || v > 65535 || end - p > 5) {
 		*why = "the port is a number from 0 to 65535";
 		return -EINVAL;
 	}
+	memcpy(host, text, host_len);
+	host[host_len] = '\0';
+	memcpy(port, p, (size_t)(end - p) + 1);
+	return 0;
+}
+
+int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t *len, const char **why)
+{
+	char host[256], port[6];
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
+	int rc = gg_net_addr_split(text, host, sizeof(host), port, why);
+
+	if (rc)
+		return rc;
 	if (getaddrinfo(host, port, &hints, &res) || !res) {
 		*why = "the host does not resolve to an address";
 		return -EINVAL;

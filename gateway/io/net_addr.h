@@ -12,8 +12,14 @@
 
 #define GG_NET_ADDR_TEXT_MAX 64 /* "[ffff:...]:65535" fits */
 
+/* Splits "host:port" or "[v6addr]:port" into the host (without brackets,
+ * a name or an address) and the port's digits (0-65535). Returns 0, or
+ * -EINVAL with `why`. */
+GG_MUST_CHECK int gg_net_addr_split(const char *text, char *host, size_t host_size, char port[6], const char **why);
+
 /* Parses "host:port" or "[v6addr]:port"; host may be a name, resolved
- * here (startup only: this may block). Returns 0, or -EINVAL with `why`. */
+ * here (startup only: this may block; a dial asks resolver.h). Returns 0,
+ * or -EINVAL with `why`. */
 GG_MUST_CHECK int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t *len,
 				    const char **why);
 

@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "net_addr.h"
+#include "resolver.h"
 #include "tls_stream.h"
 #include "units.h"
 
@@ -142,6 +143,7 @@ struct peer {
 	enum gg_peer_dial dial; /* [[peers]] dial: who opens the streams */
 	bool denied;            /* it refused a dial of ours with access_denied (its dial for us is "out") */
 	struct gg_log_limit dial_warn, accept_warn; /* our dials it refused, its connections we refused */
+	struct gg_log_limit resolve_warn;           /* its address not found */
 	struct gg_log_limit log[PEER_LOGS];         /* lines a peer causes by reconnecting (peer_log_now()) */
 };
 
@@ -157,6 +159,8 @@ struct gg_mesh {
 	int accept_map[GG_AR_MAX_SITES];                  /* accept_sites index -> site */
 	size_t accept_count;
 	struct gg_tls_context *tls;
+	struct gg_resolver *resolver;
+	bool own_resolver;
 	struct gg_tls_stream_options sopts;
 	struct gg_loop *loop;
 	struct gg_buf_pool *pool;
@@ -227,6 +231,7 @@ static uint64_t log_limits_flush(struct gg_mesh *m)
 			continue;
 		snprintf(about, sizeof(about), "site=%s", m->names[p]);
 		next = GG_MIN(next, gg_log_limit_flush(&pe->dial_warn, now, GG_LOG_WARN, "dial_refused", about));
+		next = GG_MIN(next, gg_log_limit_flush(&pe->resolve_warn, now, GG_LOG_WARN, "dial_failed", about));
 		next = GG_MIN(next, gg_log_limit_flush(&pe->accept_warn, now, GG_LOG_WARN, "stream_refused", about));
 		for (unsigned k = 0; k < PEER_LOGS; k++)
 			next = GG_MIN(next, gg_log_limit_flush(&pe->log[k], now, GG_LOG_WARN, peer_log_events[k],
@@ -986,7 +991,7 @@ static bool take_stream(struct gg_mesh *m, int ci, const struct gg_wire_hello *h
 	struct conn *c = &m->conns[ci];
 	struct peer *pe = &m->peers[c->peer];
 	int old = pe->conn[c->stream];
-	char why[200];
+	char why[360];
 
 	if (old >= 0 && old != ci && m->conns[old].dialer && m->conns[old].ready &&
 	    pe->instance_id == h->instance_id && m->self < (unsigned)c->peer) {
@@ -1499,7 +1504,7 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 	struct peer *pe = &m->peers[p];
 	struct sockaddr_storage ss;
 	socklen_t len;
-	const char *why;
+	char why[360];
 	struct gg_tls_engine *e;
 	int ci = m->streams < m->stream_slots ? free_conn_slot(m) : -1;
 
@@ -1511,9 +1516,17 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 			       m->names[p], s, m->stream_slots);
 		return;
 	}
-	if (gg_net_addr_parse(pe->address, &ss, &len, &why)) {
-		gg_log(GG_LOG_WARN, "dial_failed", "site=%s address=%s reason=\"%s\"", m->names[p], pe->address, why);
-		pe->next_dial_us[s] = m->loop->now_us + m->cfg->transport.reconnect_max_us;
+	bool first;
+	int rc = gg_resolver_get(m->resolver, pe->address, &ss, &len, why, sizeof(why), &first);
+	if (rc == -EAGAIN) { /* its host name is being looked up */
+		pe->next_dial_us[s] = m->loop->now_us + GG_RESOLVE_POLL_US;
+		return;
+	}
+	if (rc) {
+		if (first && warn_now(&pe->resolve_warn, m->loop->now_us))
+			gg_log(GG_LOG_WARN, "dial_failed", "site=%s address=%s reason=\"%s\"", m->names[p],
+			       pe->address, why);
+		retry_later(m, p, s);
 		return;
 	}
 	struct gg_tls_engine_config ec = { .role = GG_TLS_CLIENT, .peer_addr = pe->address, .sites = &pe->tls_site,
@@ -2059,6 +2072,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	m->sites = mc->sites;
 	m->self = mc->self;
 	m->tls = mc->tls;
+	m->resolver = mc->resolver;
 	m->loop = mc->loop;
 	m->pool = mc->pool;
 	m->max_payload = mc->max_payload_bytes;
@@ -2093,6 +2107,13 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		m->accept_sites[m->accept_count] = m->peers[i].tls_site;
 		m->accept_sites[m->accept_count].denied = pc->dial == GG_DIAL_OUT;
 		m->accept_map[m->accept_count++] = (int)i;
+	}
+	if (!m->resolver && !m->acceptor) {
+		if ((rc = gg_resolver_new(&m->resolver))) {
+			rc = gg_errf(err, err_size, rc, "no memory for the peer mesh's resolver");
+			goto fail;
+		}
+		m->own_resolver = true;
 	}
 	size_table(m);
 	int cap = GG_MAX(1, m->stream_slots + m->handshake_slots);
@@ -2214,6 +2235,8 @@ void gg_mesh_free(struct gg_mesh *m)
 		close(m->listen_fd);
 	if (m->admit_fd >= 0)
 		close(m->admit_fd);
+	if (m->own_resolver)
+		gg_resolver_free(m->resolver);
 	free(m->conns);
 	free(m);
 }

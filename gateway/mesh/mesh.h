@@ -71,6 +71,7 @@
 
 struct gg_mesh;
 struct gg_mesh_handoff;
+struct gg_resolver;
 
 /* The stream a message arrived on, as long as it lives. An ACK goes back
  * on the stream its DATA came on: when that stream dies, the sender sends
@@ -129,6 +130,9 @@ struct gg_mesh_config {
 	char (*names)[GG_WIRE_NAME_MAX + 1]; /* site names by index; copied */
 	const struct gg_wire_hello *hello;         /* ours, without stream_index; copied */
 	struct gg_tls_context *tls;     /* shared; must outlive the mesh */
+	/* Looks up the peers' host names off this loop: shared by a gateway's
+	 * lanes, and must outlive the mesh; NULL: the mesh makes its own. */
+	struct gg_resolver *resolver;
 	struct gg_loop *loop;           /* the thread's loop; must outlive the mesh */
 	struct gg_buf_pool *pool;       /* for received DATA; may be NULL */
 	size_t max_payload_bytes;       /* largest message payload accepted */

@@ -46,7 +46,7 @@ declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refu
 declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
 declare -A DIAL=()        # "i-j": site i's [[peers]] dial for site j (unset: out/in across a link, else both)
-declare -A PEER_ADDR=()   # "i-j": the address site i dials site j on (unset: j's listen address or link)
+declare -A PEER_ADDR=()   # "i-j": the address site i dials site j on (unset: j's listen address or link; @PORT@: j's port)
 
 declare -a gw_pid gw_port metrics_port
 declare -A link_pid link_addr # "IJ": the link from site I to site J
@@ -251,6 +251,7 @@ EOF
 				addr=${link_addr[$i$j]}
 			fi
 			addr=${PEER_ADDR["$i-$j"]:-$addr}
+			addr=${addr//@PORT@/${gw_port[$j]}}
 			printf '[[peers]]\nsite = "%s"\naddress = "%s"\nidentity = "dns:%s.gradgate.test"\n' \
 				"${SITES[$j]}" "$addr" "${SITES[$j]}"
 			dial=${DIAL["$i-$j"]:-}
