@@ -248,6 +248,16 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 	}
 	if (X509_STORE_CTX_get_error_depth(store) != 0 || !leaf)
 		return 1;
+	/* TLS 1.3 proves the peer's key by a signature (RFC 8446, 4.4.2.2),
+	 * whichever end it is: a key usage must allow signing. OpenSSL's
+	 * purpose checks also let a server's keyEncipherment (RSA key
+	 * transport, TLS 1.2) or a client's keyAgreement pass. */
+	if ((X509_get_extension_flags(leaf) & EXFLAG_KUSAGE) && !(X509_get_key_usage(leaf) & KU_DIGITAL_SIGNATURE)) {
+		chk->verify_error = X509_V_ERR_INVALID_PURPOSE;
+		note_cert_detail(chk, leaf, 0, chk->verify_error);
+		X509_STORE_CTX_set_error(store, chk->verify_error);
+		return 0;
+	}
 	for (size_t i = 0; i < chk->site_count; i++) {
 		if (names_identity(leaf, &chk->sites[i].identity)) {
 			chk->matched_site = i;

@@ -373,6 +373,17 @@ static void test_usage(void)
 	CHECK_CONTAINS(gg_tls_engine_error(p.c), "certificate is not issued for TLS server authentication");
 	CHECK_CONTAINS(gg_tls_engine_error(p.c), "; extended key usage lacks serverAuth;");
 	pair_free(&p);
+
+	/* A server whose key usage allows key transport but not signing,
+	 * which OpenSSL's server purpose takes: TLS 1.3 has it sign. */
+	struct gg_tls_cert_request server_no_sign = { .identity = "dns:site-b.gradgate.test", .no_signature = true };
+	p = setup(ca, site_a_cert, server_no_sign, site("site-b", "dns:site-b.gradgate.test"), site_a_only, 1);
+	o = handshake(p.c, p.s);
+	CHECK_EQ_INT(o.client_rc, -EPROTO);
+	CHECK_EQ_INT(gg_tls_engine_failure(p.c), GG_TLS_FAIL_USAGE);
+	CHECK_CONTAINS(gg_tls_engine_error(p.c), "certificate is not issued for TLS server authentication");
+	CHECK_CONTAINS(gg_tls_engine_error(p.c), "; key usage lacks digitalSignature;");
+	pair_free(&p);
 }
 
 /* Key exchange is pinned to elliptic curves: a client that offers only
