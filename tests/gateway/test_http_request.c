@@ -32,6 +32,10 @@ static const struct {
 	{ "get /metrics HTTP/1.1\r\nHost: a\r\n\r\n", 405, false },
 	{ "GET /metrics HTTP/2.0\r\nHost: a\r\n\r\n", 505, false },
 	{ "GET /metrics HTTP/0.9\r\nHost: a\r\n\r\n", 505, false },
+	/* A later minor version is served as the highest known (RFC 9110,
+	 * 2.5): as HTTP/1.1, Host and all. */
+	{ "GET /metrics HTTP/1.9\r\nHost: a\r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.2\r\n\r\n", 400, false },
 	{ "GET /metrics HTTP/1.1\r\n\r\n", 400, false },                        /* no Host */
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nHOST: b\r\n\r\n", 400, false },  /* two */
 	{ "GET /metrics HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400, false },
