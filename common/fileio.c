@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pwd.h>
 #include <stdio.h>
@@ -136,4 +137,85 @@ const char *gg_owner_refusal(uid_t owner, const char *path, char *buf, size_t si
 			 them, us, our_name, path);
 	}
 	return buf;
+}
+
+/* A link or folder on a guarded path (gg_path_guarded()). */
+static int judge_path_entry(const char *entry, const struct stat *st, const char *consequence, char *why,
+			    size_t why_size)
+{
+	const uid_t me = geteuid();
+	const char *what = S_ISLNK(st->st_mode) ? "link" : S_ISDIR(st->st_mode) ? "folder" : "path";
+
+	if (st->st_uid != 0 && st->st_uid != me)
+		return gg_errf(why, why_size, -EPERM,
+			       "%s %s belongs to uid %u, not to root or the gateway's user (uid %u): its owner %s", what,
+			       entry, (unsigned)st->st_uid, (unsigned)me, consequence);
+	if (S_ISDIR(st->st_mode) && (st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX))
+		return gg_errf(why, why_size, -EPERM,
+			       "folder %s (mode %04o) may be written by %s, without the sticky bit: they %s (run chmod "
+			       "go-w on it)",
+			       entry, (unsigned)(st->st_mode & 07777), (st->st_mode & S_IWOTH) ? "every user" : "its group",
+			       consequence);
+	return 0;
+}
+
+int gg_path_guarded(const char *path, const char *consequence, char *why, size_t why_size)
+{
+	char dir[PATH_MAX], abs[PATH_MAX];
+	struct stat st;
+	int rc = 0;
+
+	if (path[0] != '/') { /* relative: to the working folder, as the process opens it */
+		if (!getcwd(dir, sizeof(dir)) || snprintf(abs, sizeof(abs), "%s/%s", dir, path) >= (int)sizeof(abs))
+			return gg_errf(why, why_size, -ENAMETOOLONG, "%s: the path is too long", path);
+		path = abs;
+	}
+	if (strlen(path) >= sizeof(dir))
+		return gg_errf(why, why_size, -ENAMETOOLONG, "%s: the path is too long", path);
+	const char *slash = strrchr(path, '/');
+	const size_t folder_len = (size_t)(slash - path); /* 0: the entry is in / */
+	/* The links on the path as written, as far as it exists. */
+	for (size_t i = 1; i <= folder_len; i++) {
+		if (i < folder_len && path[i] != '/')
+			continue;
+		snprintf(dir, sizeof(dir), "%.*s", (int)i, path);
+		if (lstat(dir, &st)) {
+			if (errno == ENOENT)
+				break;
+			return gg_errf(why, why_size, -errno, "%s: %s", dir, strerror(errno));
+		}
+		if (S_ISLNK(st.st_mode) && (rc = judge_path_entry(dir, &st, consequence, why, why_size)))
+			return rc;
+	}
+	if (!lstat(path, &st) && S_ISLNK(st.st_mode) && (rc = judge_path_entry(path, &st, consequence, why, why_size)))
+		return rc;
+	/* The folders, links resolved, from the deepest that exists up: the
+	 * one of the entry a link leads to, where it exists. */
+	char *real = realpath(path, NULL);
+	if (real) {
+		char *up = strrchr(real, '/');
+		*(up == real ? up + 1 : up) = '\0';
+	}
+	for (size_t len = folder_len ? folder_len : 1; !real;) {
+		snprintf(dir, sizeof(dir), "%.*s", (int)len, path);
+		if ((real = realpath(dir, NULL)) || errno != ENOENT || len == 1)
+			break;
+		len = (size_t)(strrchr(dir, '/') - dir);
+		len = len ? len : 1;
+	}
+	if (!real)
+		return gg_errf(why, why_size, -errno, "folder %s: %s", dir, strerror(errno));
+	for (size_t len = strlen(real);;) {
+		real[len] = '\0';
+		if (stat(real, &st)) {
+			rc = gg_errf(why, why_size, -errno, "folder %s: %s", real, strerror(errno));
+			break;
+		}
+		if ((rc = judge_path_entry(real, &st, consequence, why, why_size)) || len == 1)
+			break;
+		char *up = strrchr(real, '/');
+		len = up == real ? 1 : (size_t)(up - real);
+	}
+	free(real);
+	return rc;
 }

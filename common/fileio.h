@@ -28,4 +28,19 @@ bool gg_user_name(uid_t uid, char *buf, size_t size);
  * the file ("... belongs to user gradgate (uid 999), ..."), in buf. */
 const char *gg_owner_refusal(uid_t owner, const char *path, char *buf, size_t size);
 
+/* Whether only root and the user the process runs as can put something
+ * else where `path` leads (a relative one from the working folder): every link on the path as written
+ * must belong to one of them (its owner could point it elsewhere), and
+ * every folder the path's entry is in, links resolved, up to /, must too,
+ * and let nobody else write in it unless its sticky bit keeps them off
+ * entries not their own (as /tmp's). The entry itself is the caller's to
+ * judge; where the path does not exist yet, the deepest folder on it that
+ * does stands for the rest. `consequence` ends the sentence ("could put
+ * another socket in the gateway's place"). Returns 0, or a negative errno
+ * (-EPERM: someone else could) with a sentence in `why` that names the
+ * folder or link, and what to do. */
+/* The consequence for a CA or CRL file: both its checks say it. */
+#define GG_TRUST_PATH_CONSEQUENCE "could put another file in its place, and so choose whom this gateway trusts"
+GG_MUST_CHECK int gg_path_guarded(const char *path, const char *consequence, char *why, size_t why_size);
+
 #endif

@@ -1055,8 +1055,9 @@ static void check_metrics(struct loader *ld, const struct gg_config *cfg, const 
 
 /* The certificate files must be readable now, not at the first handshake;
  * the key must not be accessible to anyone but its owner, nor the CA and
- * CRL files writable by anyone else, and those three must belong to root
- * or the gateway's user. */
+ * CRL files writable by anyone else, nor replaceable by anyone else
+ * (gg_path_guarded()), and those three must belong to root or the
+ * gateway's user. */
 static void check_files(struct loader *ld, const struct gg_config *cfg)
 {
 	const struct {
@@ -1105,6 +1106,9 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 				   files[i].key, path, (unsigned)(st.st_mode & 07777), path);
 		else if (strcmp(files[i].key, "cert") && gg_owner_refusal(st.st_uid, path, why, sizeof(why)))
 			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' %s", files[i].key, path, why);
+		else if ((!strcmp(files[i].key, "ca") || !strcmp(files[i].key, "crl")) &&
+			 gg_path_guarded(path, GG_TRUST_PATH_CONSEQUENCE, why, sizeof(why)))
+			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s': %s", files[i].key, path, why);
 		close(fd);
 	}
 }

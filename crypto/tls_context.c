@@ -91,7 +91,11 @@ static int check_trust_mode(FILE *f, const char *path, const char *what, char *e
 			    "%s '%s' has permissions %04o: group or others may write it, and so choose whom this "
 			    "gateway trusts (run chmod go-w on it)",
 			    what, path, (unsigned)(st.st_mode & 07777));
-	return check_owner(&st, what, path, err, size);
+	int rc = check_owner(&st, what, path, err, size);
+	char why[PATH_MAX + 256];
+	if (!rc && (rc = gg_path_guarded(path, GG_TRUST_PATH_CONSEQUENCE, why, sizeof(why))))
+		fail(err, size, rc, "%s '%s': %s", what, path, why);
+	return rc;
 }
 
 /* A BIO over the in-memory PEM when given, else over the file (when

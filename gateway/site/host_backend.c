@@ -2749,83 +2749,17 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
  * path could move the gateway's socket aside and put their own in its
  * place, and take the ranks' sessions (the library trusts the folder's
  * owner), or a link, which the gateway's chmod would follow; and whoever
- * owns a link on it could point it elsewhere. So every folder from the
- * socket's up to /, as the links lead, must belong to root or the
- * gateway's user and let nobody else write in it, unless its sticky bit
- * keeps them off entries not their own (as /tmp's), and every link on the
- * path as written must belong to root or the gateway's user. A folder not
- * made yet is judged by the one it will be made in (and the whole path
+ * owns a link on it could point it elsewhere (gg_path_guarded()). A folder
+ * not made yet is judged by the one it will be made in (and the whole path
  * again once the socket is there). Returns 0, or a negative errno with
  * err. */
-static int judge_path_entry(const char *path, const char *entry, const struct stat *st, char *err, size_t err_size)
-{
-	const uid_t me = geteuid();
-	const char *what = S_ISLNK(st->st_mode) ? "link" : S_ISDIR(st->st_mode) ? "folder" : "path";
-
-	if (st->st_uid != 0 && st->st_uid != me) {
-		snprintf(err, err_size, "control socket %s: %s %s belongs to uid %u, not to root or the gateway's user "
-			 "(uid %u): its owner could put another socket in the gateway's place", path, what, entry,
-			 (unsigned)st->st_uid, (unsigned)me);
-		return -EPERM;
-	}
-	if (S_ISDIR(st->st_mode) && (st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
-		snprintf(err, err_size, "control socket %s: folder %s (mode %04o) may be written by %s, without the "
-			 "sticky bit: they could put another socket in the gateway's place", path, entry,
-			 (unsigned)(st->st_mode & 07777), (st->st_mode & S_IWOTH) ? "every user" : "its group");
-		return -EPERM;
-	}
-	return 0;
-}
-
 static int check_socket_folders(const char *path, char *err, size_t err_size)
 {
-	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	const size_t folder_len = (size_t)(strrchr(path, '/') - path); /* 0: the socket is in / */
-	struct stat st;
-	int rc = 0;
+	char why[PATH_MAX + 256];
+	int rc = gg_path_guarded(path, "could put another socket in the gateway's place", why, sizeof(why));
 
-	/* The links on the path as written, as far as it exists. */
-	for (size_t i = 1; i <= folder_len; i++) {
-		if (i < folder_len && path[i] != '/')
-			continue;
-		snprintf(dir, sizeof(dir), "%.*s", (int)i, path);
-		if (lstat(dir, &st)) {
-			if (errno == ENOENT)
-				break;
-			rc = -errno;
-			snprintf(err, err_size, "control socket %s: %s: %s", path, dir, strerror(-rc));
-			return rc;
-		}
-		if (S_ISLNK(st.st_mode) && (rc = judge_path_entry(path, dir, &st, err, err_size)))
-			return rc;
-	}
-	/* The folders, links resolved, from the deepest that exists up. */
-	char *real = NULL;
-	for (size_t len = folder_len ? folder_len : 1;;) {
-		snprintf(dir, sizeof(dir), "%.*s", (int)len, path);
-		if ((real = realpath(dir, NULL)) || errno != ENOENT || len == 1)
-			break;
-		len = (size_t)(strrchr(dir, '/') - dir);
-		len = len ? len : 1;
-	}
-	if (!real) {
-		rc = -errno;
-		snprintf(err, err_size, "control socket %s: folder %s: %s", path, dir, strerror(-rc));
-		return rc;
-	}
-	for (size_t len = strlen(real);;) {
-		real[len] = '\0';
-		if (stat(real, &st)) {
-			rc = -errno;
-			snprintf(err, err_size, "control socket %s: folder %s: %s", path, real, strerror(-rc));
-			break;
-		}
-		if ((rc = judge_path_entry(path, real, &st, err, err_size)) || len == 1)
-			break;
-		char *slash = strrchr(real, '/');
-		len = slash == real ? 1 : (size_t)(slash - real);
-	}
-	free(real);
+	if (rc)
+		snprintf(err, err_size, "control socket %s: %s", path, why);
 	return rc;
 }
 

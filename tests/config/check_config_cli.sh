@@ -105,6 +105,19 @@ expect "a control socket folder others may write in fails the check (exit 1)" $(
 grep -qF "control socket $tmp/open/gw/a.sock: folder $tmp/open (mode 0777) may be written by every user, without the sticky bit" "$tmp/err"
 expect "it names the folder and why" $?
 
+# The same for the CA's folder: whoever may write in it could put a CA
+# of their own in its place; the sticky bit keeps them off it (as /tmp's).
+mkdir -m 777 "$tmp/open/certs" && chmod 777 "$tmp/open/certs" && cp "$tmp/ca.pem" "$tmp/open/certs/ca.pem"
+sed "s#^ca = .*#ca = \"open/certs/ca.pem\"#" "$tmp/good.toml" >"$tmp/openca.toml"
+"$gradgate" --check-config "$tmp/openca.toml" >"$tmp/out" 2>"$tmp/err"
+expect "a CA file in a folder others may write in fails the check (exit 1)" $(( $? != 1 ))
+grep -qF "$tmp/openca.toml:5:6: [tls] ca file '$tmp/open/certs/ca.pem': folder $tmp/open/certs (mode 0777) may be written by every user, without the sticky bit: they could put another file in its place, and so choose whom this gateway trusts (run chmod go-w on it)" "$tmp/err"
+rc=$?; expect "  naming the folder and why: $(head -c 300 "$tmp/err")" $rc
+chmod 1777 "$tmp/open/certs" "$tmp/open"
+"$gradgate" --check-config "$tmp/openca.toml" >/dev/null 2>"$tmp/err"
+rc=$?; expect "with the sticky bit on it and above, it passes: $(head -c 300 "$tmp/err")" $rc
+chmod 777 "$tmp/open"
+
 "$gradgate" --check-config >/dev/null 2>"$tmp/err"
 expect "no file is a usage error (exit 2)" $(( $? != 2 ))
 "$gradgate" --frobnicate >/dev/null 2>&1
@@ -197,6 +210,12 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1 
 	chown nobody "$tmp/ca-nobody.pem"
 	refused owner 's#^ca = .*#ca = "ca-nobody.pem"#' "a CA file of user nobody, the gateway root" \
 		"$tmp/owner.toml:5:6: [tls] ca file '$tmp/ca-nobody.pem' belongs to user nobody (uid $nobody), who could replace it, and the gateway runs as root: run the gateway as that user (runuser -u nobody -- gradgate ...), or run: chown root: '$tmp/ca-nobody.pem'"
+	# A link of another user's on the way to the CA: it could point
+	# anywhere, a bundle of other CAs of root's as well.
+	ln -s "$tmp/ca.pem" "$tmp/ca-link.pem"
+	chown -h nobody "$tmp/ca-link.pem"
+	refused linked 's#^ca = .*#ca = "ca-link.pem"#' "a CA file reached by a link of user nobody's" \
+		"$tmp/linked.toml:5:6: [tls] ca file '$tmp/ca-link.pem': link $tmp/ca-link.pem belongs to uid $nobody, not to root or the gateway's user (uid 0): its owner could put another file in its place, and so choose whom this gateway trusts"
 	nb=$tmp/nb
 	mkdir -m 0755 "$nb" "$nb/run"
 	chmod 0711 "$tmp"

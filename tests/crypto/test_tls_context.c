@@ -206,6 +206,17 @@ static void test_loading(void)
 	CHECK(chmod(path("ca.pem"), 0644) == 0);
 	expect_owner_refused("ca.pem", "CA file");
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+	/* Nor may anyone else write in its folder, which would let them put
+	 * another file in its place: a reload (SIGHUP) checks this too. */
+	char open_want[512];
+	CHECK(chmod(dir, 0777) == 0);
+	snprintf(open_want, sizeof(open_want),
+		 "CA file 'DIR/ca.pem': folder DIR (mode 0777) may be written by every user, without the sticky "
+		 "bit: they could put another file in its place, and so choose whom this gateway trusts (run chmod "
+		 "go-w on it)");
+	expect_refused(-EPERM, open_want, NULL, NULL);
+	CHECK(chmod(dir, 0700) == 0);
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 
 	CHECK(rename(path("ca.pem"), path("ca.moved")) == 0);
 	expect_refused(-ENOENT, "cannot read CA file 'DIR/ca.pem': No such file or directory", NULL, NULL);
