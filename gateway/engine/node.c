@@ -1886,6 +1886,34 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 		      true);
 }
 
+/* Word to every peer that the job's step completed here: with three or
+ * more sites, one that holds the result but missed a DONE (a link that
+ * lost it, one way) learns that every site said DONE, and completes too
+ * rather than fail a step the others completed. With two, the word would
+ * go the way of the DONE it stands for. One stream per peer: a cut one
+ * has resend_done() say it again. */
+static void send_completed(struct gg_node *n, const struct job *j)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+
+	if (n->sites < 3)
+		return;
+	send_to_peers(n, -1, buf,
+		      gg_wire_encode_completed(buf, sizeof(buf), j->name, j->run, j->step->seq, &n->links[n->self],
+					       &j->plan),
+		      false);
+}
+
+/* Every site said DONE for the job's step: a site told so by one that
+ * completed it (its word, or its END) needs no DONE of its own from the
+ * others. */
+static void all_done(struct gg_node *n, struct job *j)
+{
+	for (unsigned p = 0; p < n->sites; p++)
+		if (p != n->self)
+			j->done_from |= 1u << p;
+}
+
 /* END of a job ended here, to peer `only` or all (-1). */
 static void send_end(struct gg_node *n, int only, const struct ended_job *e)
 {
@@ -1989,6 +2017,7 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	} else {
 		n->stats.steps_done++;
 		time_step(n, j);
+		send_completed(n, j);
 		/* The plan for the steps after this one: every site that
 		 * completes the step heard the first site's DONE. */
 		if (j->plan.has_plan)
@@ -3013,10 +3042,10 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64_t last_done, uint64_t last, int code,
 			 const char *failed, const char *gone)
 {
-	/* It completed the step in progress here: its DONE, lost or not sent
-	 * again once it forgot the job, is implied. */
+	/* It completed the step in progress here: it held every site's DONE
+	 * (its own lost, or not sent again once it forgot the job). */
 	if (j->step && !j->ending && j->step->seq <= last_done) {
-		j->done_from |= 1u << from;
+		all_done(n, j);
 		maybe_complete(n, j);
 	}
 	/* A second END from a site whose run ended there already, with fewer
@@ -3209,7 +3238,11 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 	if (!j || !j->step || j->step->seq != m->u.done.step)
 		return;
 	j->done_from |= 1u << from;
-	if (from == 0 && n->cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO)
+	if (m->u.done.completed)
+		all_done(n, j);
+	/* The first site's plan, from its DONE, or as a site that completed
+	 * the step (and so heard that DONE) passes it on. */
+	if ((from == 0 || m->u.done.completed) && n->self != 0 && n->cfg->allreduce.algorithm == GG_ALLREDUCE_AUTO)
 		j->plan = m->u.done.plan;
 	maybe_complete(n, j);
 }
@@ -3230,8 +3263,8 @@ static void resend_done(struct gg_node *n, unsigned peer)
 		 * even with a later one in progress here. */
 		if (j->done_seq && now - j->done_us < n->cfg->transport.step_timeout_us)
 			send_to_peers(n, (int)peer, buf,
-				      gg_wire_encode_done(buf, sizeof(buf), j->name, j->run, j->done_seq,
-							  &n->links[n->self], &j->done_plan),
+				      gg_wire_encode_completed(buf, sizeof(buf), j->name, j->run, j->done_seq,
+							       &n->links[n->self], &j->done_plan),
 				      true);
 		/* Also while a step completed here ends (its lanes letting go):
 		 * done_seq says so only once they have, and a stream that came

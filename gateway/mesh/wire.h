@@ -37,8 +37,9 @@
  *           sender's links and, from the first site under algorithm auto,
  *           the plan for the job's next steps (struct gg_wire_plan):
  *           u64 uplink bytes/s, u32 round trip us (0: not measured yet),
- *           u8 plan flags (bit 0: has a plan, bit 1: the next step is a
- *           probe of the other algorithm), u64 direct up to this many
+ *           u8 flags (bit 0: has a plan, bit 1: the next step is a
+ *           probe of the other algorithm, bit 2: the sender completed the
+ *           step, so every site said DONE for it), u64 direct up to this many
  *           elements, u64 uplink bytes/s and u32 round trip us the plan
  *           was made with
  *   END     str job, run, u64 last done step (0: none), u64 last step (>= last
@@ -63,7 +64,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 8
+#define GG_WIRE_VERSION 9
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
@@ -186,6 +187,7 @@ struct gg_wire_msg {
 			uint64_t step;
 			struct gg_wire_links links;
 			struct gg_wire_plan plan;
+			bool completed; /* the sender holds every site's DONE */
 		} done;
 		struct gg_wire_steps end; /* steps up to first done, first+1..last failed */
 	} u;
@@ -221,6 +223,11 @@ GG_MUST_CHECK ssize_t gg_wire_encode_abort(uint8_t *buf, size_t cap, const char 
 					   uint64_t last_step, uint8_t code, const char *reason);
 GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 					  const struct gg_wire_links *links, const struct gg_wire_plan *plan);
+/* DONE of a step the sender completed: it held every site's DONE, so a
+ * site that holds the result may complete without the ones it missed. */
+GG_MUST_CHECK ssize_t gg_wire_encode_completed(uint8_t *buf, size_t cap, const char *job, uint64_t run,
+					       uint64_t step, const struct gg_wire_links *links,
+					       const struct gg_wire_plan *plan);
 GG_MUST_CHECK ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run,
 					 uint64_t last_done, uint64_t last_step, uint8_t code, const char *reason,
 					 uint32_t age_ms);

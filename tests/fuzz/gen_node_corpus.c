@@ -163,6 +163,25 @@ int main(int argc, char **argv)
 		}
 		save("complete", v);
 
+		/* With three sites: one peer's DONE never comes, the other
+		 * says it completed the step (the DONE's flag bit 2). */
+		if (variants[v].sites == 3) {
+			begin(v);
+			submit(0, 1000);
+			run(2);
+			all_data(v, 0);
+			run(2);
+			acks(v, 6);
+			on_stream(NODE_DONE, 1, 0);
+			script_put(&o, 0, 1);                /* job */
+			script_put(&o, 0, 1);                /* step */
+			script_put(&o, 0, 2);                /* links */
+			script_put(&o, 4, 1);                /* flags: completed */
+			script_put(&o, 0, 1);                /* direct up to */
+			run(3);
+			save("completed-word", v);
+		}
+
 		/* A peer aborts the step, then ends the job. */
 		begin(v);
 		submit(1, 3000);

@@ -161,20 +161,32 @@ int main(void)
 		      msg.u.done.plan.links.uplink_bytes_per_s == 90000000 && msg.u.done.plan.links.rtt_us == 80000,
 	      "done with links and plan: %s", err);
 	check_truncations(buf, (size_t)n, "done");
-	/* The plan flags sit 8 + 8 + 8 + 4 bytes after the job: a probe needs
-	 * a plan, other bits are refused. */
+	CHECK(!msg.u.done.completed, "a DONE is no word of completion");
+	/* The flags sit 8 + 8 + 8 + 4 bytes after the job: a probe needs a
+	 * plan, other bits than the three are refused. */
 	const size_t flags_at = GG_WIRE_HEADER_BYTES + 1 + strlen("train-7b") + 8 + 8 + 8 + 4;
 	buf[flags_at] = 3;
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.plan.has_plan && msg.u.done.plan.probe,
 	      "done plan probe: %s", err);
-	buf[flags_at] = 2;
-	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "done: plan flags 0x02 (bit 0 plan, bit 1 probe)"),
-	      "done plan flags 2: %s", err);
-	buf[flags_at] = 5;
-	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "done: plan flags 0x05 (bit 0 plan, bit 1 probe)"),
-	      "done plan flags 5: %s", err);
+	static const uint8_t refused[] = { 2, 6, 8, 0x80 };
+	for (size_t i = 0; i < sizeof(refused); i++) {
+		char want[96];
+		buf[flags_at] = refused[i];
+		snprintf(want, sizeof(want),
+			 "done: flags 0x%02x (bit 0 plan, bit 1 probe, which needs a plan, bit 2 completed)", refused[i]);
+		CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, want),
+		      "done flags %u: %s", refused[i], err);
+	}
+	/* A step completed at the sender: DONE with bit 2, the plan as is. */
+	n = gg_wire_encode_completed(buf, sizeof(buf), "train-7b", 7, 13, &links, &plan);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_DONE &&
+		      msg.u.done.completed && msg.u.done.step == 13 && msg.u.done.plan.has_plan &&
+		      msg.u.done.plan.direct_max == 5000000 && buf[flags_at] == 5,
+	      "completed: %s", err);
+	n = gg_wire_encode_completed(buf, sizeof(buf), "train-7b", 7, 14, NULL, NULL);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.completed &&
+		      !msg.u.done.plan.has_plan && buf[flags_at] == 4,
+	      "completed without a plan: %s", err);
 	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, 12, "site ap-east is unreachable", 4000000123u);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
 		      msg.u.end.run == 8 &&
@@ -217,7 +229,7 @@ int main(void)
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 8"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 9"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;

@@ -69,6 +69,12 @@
 #                 END, sent again once streams are back, is of a run that
 #                 ended before those ranks came, and ends nothing; the last
 #                 site's new ranks run the job with them
+# link-one-way    while steps run one after another, the link between
+#                 site-a and site-b starts to lose everything site-b sends,
+#                 silently (linkem holds it): site-a misses site-b's DONE
+#                 of the step in flight, while site-c, which completed it,
+#                 says so; no step splits, and once the two lose each other
+#                 the steps fail at every site with GG_ERR_SITE (3 sites)
 # job-end         int8 jobs whose error-feedback residuals do not fit next to
 #                 each other in [limits] memory run one after another: the
 #                 end of a job frees them at every site
@@ -316,6 +322,26 @@ case_ranks_gone_unheard() {
 	ranks_wait
 	check_steps ru
 	expect_ok ru 1 2 3
+}
+
+case_link_one_way() {
+	local STEPS=100 RANKS=1 t first_failed=
+	start_job ow
+	wait_for "$work/ow-s0-r0.out" '^step 40 rc=' 20 || fail "site-a's rank did not get to step 40 within 20 s"
+	kill -USR2 "${link_pid[01]}"
+	log "holding what site-b sends site-a"
+	ranks_wait
+	check_steps ow
+	for ((t = 1; t <= STEPS; t++)); do
+		[ "${outcome_of[$t]%% *}" = ok ] || { first_failed=$t; break; }
+	done
+	[ -n "$first_failed" ] || fail "every step completed, though site-a and site-b lost each other"
+	[ "$first_failed" -gt 40 ] || fail "step $first_failed failed before the link lost anything"
+	for ((t = first_failed; t <= STEPS; t++)); do
+		[ "${outcome_of[$t]}" = rc=-12 ] || fail "step $t after the first failed one: '${outcome_of[$t]}'"
+	done
+	log "  steps 1-$((first_failed - 1)) completed at every site, $first_failed-$STEPS failed at every site with GG_ERR_SITE"
+	log "  site-a: $(grep -m1 -o 'event=step_failed.*' "$(site_log 0)" | cut -c1-240)"
 }
 
 # job_gone S JOB: waits up to 10 s until site S's gateway no longer lists
@@ -640,7 +666,7 @@ for config in "$@"; do
 		MEMORY=64MiB
 	fi
 	# Links that can be stopped, for an outage that leaves the gateways up.
-	[ "$fault" = ranks-gone-unheard ] && LINK_ARGS=(--delay-ms 0)
+	[ "$fault" = ranks-gone-unheard ] || [ "$fault" = link-one-way ] && LINK_ARGS=(--delay-ms 0)
 	if [ "$fault" = peer-stopped-fast ]; then
 		HEARTBEAT_INTERVAL=50ms HEARTBEAT_TIMEOUT=200ms LOST_WITHIN_MS=1500
 	fi

@@ -3,7 +3,11 @@
  * connection to --target and forwards both directions, each with a fixed
  * one-way delay and an optional token-bucket rate limit, through bounded
  * buffers. Faults for tests: SIGUSR1 resets (RST, via SO_LINGER 0) every
- * connection open at that moment; --cut-after-bytes resets a connection
+ * connection open at that moment; SIGUSR2 holds the "down" direction of
+ * every connection, open or to come, from then on (a link that loses
+ * everything one way, silently: what was read is kept, and the rest waits
+ * in the sender's socket), and a second SIGUSR2 lets it go again;
+ * --cut-after-bytes resets a connection
  * once it has forwarded that many bytes (both directions together).
  * --slow-every N --slow-rate RATE gives every Nth connection accepted
  * that rate instead: with N streams dialed together, one slow stream among
@@ -93,6 +97,7 @@ static struct {
 	int epfd;
 	struct link *links;
 	unsigned next_id;
+	bool hold_down; /* SIGUSR2: nothing moves from the target to the dialer */
 } L;
 
 static int64_t now_ns(void)
@@ -400,6 +405,8 @@ static void link_pump(struct link *k, int64_t now)
 			link_reset(k, "connection broken");
 			return;
 		}
+		if (dirs[i] == &k->down && L.hold_down)
+			continue;
 		int rc = dir_write(k, dirs[i], now);
 		if (rc) {
 			link_reset(k, rc > 0 ? "cut after bytes" : "connection broken");
@@ -529,7 +536,8 @@ static void usage(FILE *f)
 		   "                        bounds what a sender may push beyond --buffer\n"
 		   "  --slow-every N        connections N, 2N, ... get --slow-rate instead of --rate\n"
 		   "  --slow-rate RATE      (both needed together)\n"
-		   "  SIGUSR1 resets every open connection; SIGTERM exits.\n");
+		   "  SIGUSR1 resets every open connection; SIGUSR2 holds (again: lets go) what the\n"
+		   "  target sends, on every connection; SIGTERM exits.\n");
 }
 
 int main(int argc, char **argv)
@@ -645,6 +653,7 @@ int main(int argc, char **argv)
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGUSR1);
+	sigaddset(&mask, SIGUSR2);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -677,7 +686,7 @@ int main(int argc, char **argv)
 			struct link *k = &L.links[i];
 			if (!k->used || k->connecting)
 				continue;
-			next = min_i64(next, min_i64(dir_next(&k->up), dir_next(&k->down)));
+			next = min_i64(next, min_i64(dir_next(&k->up), L.hold_down ? INT64_MAX : dir_next(&k->down)));
 		}
 		int timeout_ms = next == INT64_MAX ? 1000 : next <= now ? 0 : (int)((next - now + 999999) / 1000000);
 		struct epoll_event evs[64];
@@ -694,10 +703,15 @@ int main(int argc, char **argv)
 			} else if (tag == TAG_SIGNAL) {
 				struct signalfd_siginfo si;
 				while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
-					if (si.ssi_signo == SIGUSR1)
+					if (si.ssi_signo == SIGUSR1) {
 						reset_all();
-					else
+					} else if (si.ssi_signo == SIGUSR2) {
+						L.hold_down = !L.hold_down;
+						fprintf(stderr, "linkem: %s what the target sends\n",
+							L.hold_down ? "holding" : "letting go");
+					} else {
 						stop = true;
+					}
 				}
 			} else if (tag / 2 < L.max_conns) {
 				on_link_event(&L.links[tag / 2], tag & 1, evs[i].events, now);
