@@ -93,6 +93,7 @@ struct gg_tls_engine {
 	int fail_rc;
 	struct gg_tls_check chk;
 	struct gg_tls_site sites[GG_TLS_MAX_SITES];
+	struct gg_tls_site others[GG_TLS_MAX_SITES];
 	char peer_addr[64];
 	char error[GG_TLS_ERROR_MAX];
 };
@@ -687,6 +688,7 @@ int gg_tls_engine_new(struct gg_tls_context *ctx, const struct gg_tls_engine_con
 
 	*out = NULL;
 	if (!cfg->sites || !cfg->site_count || cfg->site_count > GG_TLS_MAX_SITES ||
+	    cfg->other_count > GG_TLS_MAX_SITES || (cfg->other_count && !cfg->others) ||
 	    cfg->key_update_records > GG_TLS_KEY_UPDATE_RECORDS_DEFAULT)
 		goto out;
 	rc = -ENOMEM;
@@ -696,11 +698,15 @@ int gg_tls_engine_new(struct gg_tls_context *ctx, const struct gg_tls_engine_con
 	    !(e->stage = malloc(REC_INNER_MAX)))
 		goto out;
 	memcpy(e->sites, cfg->sites, cfg->site_count * sizeof(*cfg->sites));
+	if (cfg->other_count)
+		memcpy(e->others, cfg->others, cfg->other_count * sizeof(*cfg->others));
 	snprintf(e->peer_addr, sizeof(e->peer_addr), "%s", cfg->peer_addr ? cfg->peer_addr : "?");
 	e->key_update_records = cfg->key_update_records ? cfg->key_update_records : GG_TLS_KEY_UPDATE_RECORDS_DEFAULT;
 	e->chk = (struct gg_tls_check){
 		.sites = e->sites,
 		.site_count = cfg->site_count,
+		.others = e->others,
+		.other_count = cfg->other_count,
 		.peer_addr = e->peer_addr,
 		.is_server = cfg->role == GG_TLS_SERVER,
 		.matched_site = SIZE_MAX,

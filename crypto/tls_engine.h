@@ -65,6 +65,12 @@ struct gg_tls_engine_config {
 	 * site allowed to connect. 1..GG_TLS_MAX_SITES entries. */
 	const struct gg_tls_site *sites;
 	size_t site_count;
+	/* Other sites' identities, which the certificate must not name as
+	 * well (copied; a site of `sites` by name is left out): one that names
+	 * two sites would pass for either. A client passes every peer; a
+	 * server's `sites` serve for this already. 0..GG_TLS_MAX_SITES. */
+	const struct gg_tls_site *others;
+	size_t other_count;
 	size_t rx_ring_bytes; /* 0: GG_TLS_RING_DEFAULT_BYTES; rounded up to a power of */
 	size_t tx_ring_bytes; /* two, at least GG_TLS_RING_MIN_BYTES */
 	/* Application records one write key protects before the engine sends

@@ -27,6 +27,8 @@ struct gg_tls_secrets {
 struct gg_tls_check {
 	const struct gg_tls_site *sites;
 	size_t site_count;
+	const struct gg_tls_site *others; /* gg_tls_engine_config's */
+	size_t other_count;
 	const char *peer_addr;
 	bool is_server;
 
@@ -34,6 +36,9 @@ struct gg_tls_check {
 	bool denied;          /* server: that site is denied, and was refused with access_denied */
 	int verify_error;     /* the X509_V_ERR_* that refused the peer; 0: none */
 	char cert_detail[160]; /* dates or issuer of the certificate at fault */
+	/* A certificate refused for naming two sites: the one looked for,
+	 * and the other whose identity it names too. */
+	char named_site[64], also_site[64];
 	char presented[GG_TLS_NAMES_MAX]; /* the SAN names the peer's certificate carries */
 	int alert_sent;       /* fatal alert descriptions; -1: none */
 	int alert_received;

@@ -45,25 +45,33 @@ static int add_ext(X509 *cert, X509 *issuer, int nid, const char *value)
 	return ok ? 0 : -ENOMEM;
 }
 
-static int add_san(X509 *cert, const struct gg_tls_identity *id)
+/* Appends identity `id` to `names`. Returns 0 or -ENOMEM. */
+static int push_name(GENERAL_NAMES *names, const struct gg_tls_identity *id)
 {
-	GENERAL_NAMES *names = sk_GENERAL_NAME_new_null();
 	GENERAL_NAME *gn = GENERAL_NAME_new();
 	ASN1_IA5STRING *s = ASN1_IA5STRING_new();
+
+	if (!gn || !s || !ASN1_STRING_set(s, id->name, (int)strlen(id->name))) {
+		ASN1_IA5STRING_free(s);
+		GENERAL_NAME_free(gn);
+		return -ENOMEM;
+	}
+	GENERAL_NAME_set0_value(gn, id->kind == GG_TLS_IDENTITY_DNS ? GEN_DNS : GEN_URI, s);
+	if (!sk_GENERAL_NAME_push(names, gn)) {
+		GENERAL_NAME_free(gn);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int add_san(X509 *cert, const struct gg_tls_identity *id, const struct gg_tls_identity *also)
+{
+	GENERAL_NAMES *names = sk_GENERAL_NAME_new_null();
 	int rc = -ENOMEM;
 
-	if (!names || !gn || !s || !ASN1_STRING_set(s, id->name, (int)strlen(id->name)))
-		goto out;
-	GENERAL_NAME_set0_value(gn, id->kind == GG_TLS_IDENTITY_DNS ? GEN_DNS : GEN_URI, s);
-	s = NULL;
-	if (!sk_GENERAL_NAME_push(names, gn))
-		goto out;
-	gn = NULL;
-	if (X509_add1_ext_i2d(cert, NID_subject_alt_name, names, 0, X509V3_ADD_DEFAULT) == 1)
+	if (names && !push_name(names, id) && (!also || !push_name(names, also)) &&
+	    X509_add1_ext_i2d(cert, NID_subject_alt_name, names, 0, X509V3_ADD_DEFAULT) == 1)
 		rc = 0;
-out:
-	ASN1_IA5STRING_free(s);
-	GENERAL_NAME_free(gn);
 	GENERAL_NAMES_free(names);
 	return rc;
 }
@@ -135,7 +143,7 @@ const char *gg_tls_pki_ca_pem(const struct gg_tls_pki *pki)
 
 int gg_tls_pki_issue(struct gg_tls_pki *pki, const struct gg_tls_cert_request *req, char **cert_pem, char **key_pem)
 {
-	struct gg_tls_identity id;
+	struct gg_tls_identity id, also;
 	const char *why;
 	char eku[32] = "";
 	EVP_PKEY *key = NULL;
@@ -144,7 +152,8 @@ int gg_tls_pki_issue(struct gg_tls_pki *pki, const struct gg_tls_cert_request *r
 	int rc = -EINVAL;
 
 	*cert_pem = *key_pem = NULL;
-	if (gg_tls_identity_parse(req->identity, &id, &why))
+	if (gg_tls_identity_parse(req->identity, &id, &why) ||
+	    (req->also && gg_tls_identity_parse(req->also, &also, &why)))
 		goto out;
 	strcat(eku, req->no_server_auth ? "" : "serverAuth");
 	if (!req->no_client_auth)
@@ -159,7 +168,7 @@ int gg_tls_pki_issue(struct gg_tls_pki *pki, const struct gg_tls_cert_request *r
 	    add_ext(cert, pki->cert, NID_key_usage,
 		    req->no_signature ? "critical,keyEncipherment" : "critical,digitalSignature") ||
 	    (eku[0] && add_ext(cert, pki->cert, NID_ext_key_usage, eku)) ||
-	    add_ext(cert, pki->cert, NID_authority_key_identifier, "keyid") || add_san(cert, &id) ||
+	    add_ext(cert, pki->cert, NID_authority_key_identifier, "keyid") || add_san(cert, &id, req->also ? &also : NULL) ||
 	    !X509_sign(cert, pki->key, EVP_sha256()) || !PEM_write_bio_X509(cbio, cert) ||
 	    !PEM_write_bio_PrivateKey(kbio, key, NULL, NULL, 0, NULL, NULL))
 		goto out;

@@ -21,7 +21,8 @@ void gg_tls_pki_free(struct gg_tls_pki *pki);
 const char *gg_tls_pki_ca_pem(const struct gg_tls_pki *pki);
 
 struct gg_tls_cert_request {
-	const char *identity;   /* "dns:NAME" or "uri:URI": the certificate's only SAN */
+	const char *identity;   /* "dns:NAME" or "uri:URI": the certificate's SAN */
+	const char *also;       /* a second SAN of the same forms; NULL: none */
 	const char *common_name; /* subject CN; NULL: the identity's name (never trusted) */
 	long valid_from_s;      /* notBefore, seconds from now (negative: in the past) */
 	long valid_until_s;     /* notAfter, seconds from now; 0: one day */

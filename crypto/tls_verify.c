@@ -259,10 +259,23 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 		return 0;
 	}
 	for (size_t i = 0; i < chk->site_count; i++) {
-		if (names_identity(leaf, &chk->sites[i].identity)) {
+		if (!names_identity(leaf, &chk->sites[i].identity))
+			continue;
+		/* One that names another site's identity too would pass for
+		 * that site as well: it proves neither. */
+		const char *also = NULL;
+		for (size_t k = 0; k < chk->site_count + chk->other_count && !also; k++) {
+			const struct gg_tls_site *o = k < chk->site_count ? &chk->sites[k] : &chk->others[k - chk->site_count];
+			if (strcmp(o->name, chk->sites[i].name) && names_identity(leaf, &o->identity))
+				also = o->name;
+		}
+		if (!also) {
 			chk->matched_site = i;
 			return 1;
 		}
+		snprintf(chk->named_site, sizeof(chk->named_site), "%s", chk->sites[i].name);
+		snprintf(chk->also_site, sizeof(chk->also_site), "%s", also);
+		break;
 	}
 	chk->verify_error = X509_V_ERR_HOSTNAME_MISMATCH;
 	X509_STORE_CTX_set_error(store, X509_V_ERR_HOSTNAME_MISMATCH);
@@ -517,7 +530,11 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 		r = verify_reason(chk);
 		show_names = true;
 		if (r.failure == GG_TLS_FAIL_IDENTITY) {
-			if (allowed == 1 && chk->sites[first_allowed].name[0])
+			if (chk->also_site[0])
+				snprintf(text, sizeof(text),
+					 "certificate names site '%s' and site '%s' too, so it could pass for either",
+					 chk->named_site, chk->also_site);
+			else if (allowed == 1 && chk->sites[first_allowed].name[0])
 				snprintf(text, sizeof(text), "certificate does not name site '%s'", chk->sites[first_allowed].name);
 			else if (allowed == 1)
 				snprintf(text, sizeof(text), "certificate does not name the expected site");

@@ -1530,7 +1530,7 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 		return;
 	}
 	struct gg_tls_engine_config ec = { .role = GG_TLS_CLIENT, .peer_addr = pe->address, .sites = &pe->tls_site,
-					   .site_count = 1 };
+					   .site_count = 1, .others = m->accept_sites, .other_count = m->accept_count };
 	if (gg_tls_engine_new(m->tls, &ec, &e))
 		return;
 	if (conn_init(m, ci, true, (int)p, s, false)) {

@@ -351,6 +351,52 @@ static struct pair refused_for_client_use(struct gg_tls_cert_request req, const 
 	return p;
 }
 
+/* A certificate that names two peers' identities (here a DNS name and a
+ * URI) would pass for either: refused at both ends, naming both. */
+static void test_two_identities(void)
+{
+	const struct gg_tls_site peers[] = { site("site-a", "dns:site-a.gradgate.test"),
+					     site("site-c", "uri:spiffe://gradgate.test/site-c") };
+	struct gg_tls_cert_request a_and_c = { .identity = "dns:site-a.gradgate.test",
+					       .also = "uri:spiffe://gradgate.test/site-c" };
+	struct pair p = setup(ca, a_and_c, site_b_cert, site("site-b", "dns:site-b.gradgate.test"), peers, 2);
+	struct outcome o = handshake(p.c, p.s);
+	CHECK_EQ_INT(o.server_rc, -EPROTO);
+	CHECK_EQ_INT(gg_tls_engine_failure(p.s), GG_TLS_FAIL_IDENTITY);
+	CHECK_CONTAINS(gg_tls_engine_error(p.s),
+		       "peer 10.0.0.1:40000: certificate names site 'site-a' and site 'site-c' too, so it could pass "
+		       "for either (");
+	pair_free(&p);
+
+	/* The same when this site dials: the one it dials, and another. */
+	const struct gg_tls_site want = site("site-b", "dns:site-b.gradgate.test");
+	const struct gg_tls_site others[] = { want, site("site-c", "uri:spiffe://gradgate.test/site-c") };
+	struct gg_tls_cert_request b_and_c = { .identity = "dns:site-b.gradgate.test",
+					       .also = "uri:spiffe://gradgate.test/site-c" };
+	p.cctx = make_ctx(ca, site_a_cert, NULL);
+	p.sctx = make_ctx(ca, b_and_c, NULL);
+	struct gg_tls_engine_config cfg = { .role = GG_TLS_CLIENT, .peer_addr = "10.0.0.2:7001", .sites = &want,
+					    .site_count = 1, .others = others, .other_count = 2 };
+	CHECK(gg_tls_engine_new(p.cctx, &cfg, &p.c) == 0);
+	p.s = make_engine(p.sctx, GG_TLS_SERVER, "10.0.0.1:40000", site_a_only, 1, 0);
+	o = handshake(p.c, p.s);
+	CHECK_EQ_INT(o.client_rc, -EPROTO);
+	CHECK_EQ_INT(gg_tls_engine_failure(p.c), GG_TLS_FAIL_IDENTITY);
+	CHECK_CONTAINS(gg_tls_engine_error(p.c), "certificate names site 'site-b' and site 'site-c' too, so it could "
+						 "pass for either");
+	pair_free(&p);
+
+	/* Without the other's name it passes, others or not. */
+	p.cctx = make_ctx(ca, site_a_cert, NULL);
+	p.sctx = make_ctx(ca, site_b_cert, NULL);
+	CHECK(gg_tls_engine_new(p.cctx, &cfg, &p.c) == 0);
+	p.s = make_engine(p.sctx, GG_TLS_SERVER, "10.0.0.1:40000", site_a_only, 1, 0);
+	o = handshake(p.c, p.s);
+	CHECK_EQ_INT(o.client_rc, 0);
+	CHECK_EQ_INT(o.server_rc, 0);
+	pair_free(&p);
+}
+
 static void test_usage(void)
 {
 	struct gg_tls_cert_request server_only = { .identity = "dns:site-a.gradgate.test", .no_client_auth = true };
@@ -628,6 +674,7 @@ int main(void)
 	test_unknown_ca();
 	test_not_yet_valid();
 	test_usage();
+	test_two_identities();
 	test_no_common_suite();
 	test_no_common_group();
 	test_garbage_and_eof();
