@@ -299,6 +299,13 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 		}
 		X509_STORE_CTX_free(v);
 	}
+	/* What peers check beyond OpenSSL's purposes (tls_verify.c). */
+	if (!rc && (X509_get_extension_flags(cert) & EXFLAG_KUSAGE) && !(X509_get_key_usage(cert) & KU_DIGITAL_SIGNATURE))
+		rc = fail(err, size, -EINVAL, "certificate '%s': its key usage lacks digitalSignature, which TLS 1.3 "
+			  "signs with: every peer would refuse it", name);
+	if (!rc && (X509_get_extension_flags(cert) & EXFLAG_CA))
+		rc = fail(err, size, -EINVAL, "certificate '%s' is a CA's (basicConstraints CA:TRUE), which no site's "
+			  "may be: every peer would refuse it", name);
 	return rc;
 }
 

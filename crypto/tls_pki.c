@@ -164,7 +164,7 @@ int gg_tls_pki_issue(struct gg_tls_pki *pki, const struct gg_tls_cert_request *r
 			       req->valid_until_s ? req->valid_until_s : 86400)))
 		goto out;
 	rc = -EINVAL;
-	if (add_ext(cert, pki->cert, NID_basic_constraints, "critical,CA:FALSE") ||
+	if (add_ext(cert, pki->cert, NID_basic_constraints, req->ca ? "critical,CA:TRUE" : "critical,CA:FALSE") ||
 	    add_ext(cert, pki->cert, NID_key_usage,
 		    req->no_signature ? "critical,keyEncipherment" : "critical,digitalSignature") ||
 	    (eku[0] && add_ext(cert, pki->cert, NID_ext_key_usage, eku)) ||

@@ -29,6 +29,7 @@ struct gg_tls_cert_request {
 	bool no_client_auth;    /* leave clientAuth out of the extended key usage */
 	bool no_server_auth;    /* leave serverAuth out */
 	bool no_signature;      /* key usage keyEncipherment only, not digitalSignature */
+	bool ca;                /* basicConstraints CA:TRUE, as no site's should be */
 };
 
 /* Issues a certificate and its new key. Returns 0 with *cert_pem and

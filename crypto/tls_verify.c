@@ -258,6 +258,15 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 		X509_STORE_CTX_set_error(store, chk->verify_error);
 		return 0;
 	}
+	/* A site's certificate that may issue others could issue one that
+	 * names another site, which would chain to the configured CA. */
+	if (X509_get_extension_flags(leaf) & EXFLAG_CA) {
+		chk->verify_error = X509_V_ERR_INVALID_PURPOSE;
+		snprintf(chk->cert_detail, sizeof(chk->cert_detail),
+			 "it is a CA's (basicConstraints CA:TRUE), which no site's may be");
+		X509_STORE_CTX_set_error(store, chk->verify_error);
+		return 0;
+	}
 	for (size_t i = 0; i < chk->site_count; i++) {
 		if (!names_identity(leaf, &chk->sites[i].identity))
 			continue;

@@ -172,6 +172,18 @@ static void expect_owner_refused(const char *name, const char *what)
 	CHECK(chown(path(name), 0, 0) == 0);
 }
 
+/* This site's certificate and key become one `issuer` issued for `req`. */
+static void install_own(struct gg_tls_pki *issuer, const struct gg_tls_cert_request *req)
+{
+	char *own_pem, *own_key;
+
+	CHECK(gg_tls_pki_issue(issuer, req, &own_pem, &own_key) == 0);
+	write_file("a.pem", own_pem, 0644);
+	write_file("a.key", own_key, 0600);
+	free(own_pem);
+	free(own_key);
+}
+
 static void test_loading(void)
 {
 	write_file("ca.pem", gg_tls_pki_ca_pem(ca), 0644);
@@ -248,27 +260,23 @@ static void test_loading(void)
 	/* This site's certificate is checked as its peers will check it: one
 	 * from another CA, or without both TLS uses, is refused at load. */
 	struct gg_tls_pki *other;
-	char *own_pem, *own_key;
 	CHECK(gg_tls_pki_new("other CA", &other) == 0);
 	struct gg_tls_cert_request foreign = { .identity = "dns:site-a.gradgate.test", .valid_until_s = 3600 };
-	CHECK(gg_tls_pki_issue(other, &foreign, &own_pem, &own_key) == 0);
 	CHECK(rename(path("a.pem"), path("a.pem.saved")) == 0 && rename(path("a.key"), path("a.saved")) == 0);
-	write_file("a.pem", own_pem, 0644);
-	write_file("a.key", own_key, 0600);
-	free(own_pem);
-	free(own_key);
+	install_own(other, &foreign);
 	gg_tls_pki_free(other);
 	expect_refused(-EINVAL, "certificate 'DIR/a.pem' does not pass the checks peers make with CA 'DIR/ca.pem': "
 				"unable to get local issuer certificate: every peer would refuse it", NULL, NULL);
 	struct gg_tls_cert_request server_only = { .identity = "dns:site-a.gradgate.test", .valid_until_s = 3600,
 						   .no_client_auth = true };
-	CHECK(gg_tls_pki_issue(ca, &server_only, &own_pem, &own_key) == 0);
-	write_file("a.pem", own_pem, 0644);
-	write_file("a.key", own_key, 0600);
-	free(own_pem);
-	free(own_key);
+	install_own(ca, &server_only);
 	expect_refused(-EINVAL, "certificate 'DIR/a.pem' is not issued for TLS client authentication (its key usage "
 				"or extended key usage), which a gateway needs: every peer would refuse it", NULL, NULL);
+	/* Beyond OpenSSL's purposes, peers refuse a CA's certificate. */
+	struct gg_tls_cert_request ca_leaf = { .identity = "dns:site-a.gradgate.test", .valid_until_s = 3600, .ca = true };
+	install_own(ca, &ca_leaf);
+	expect_refused(-EINVAL, "certificate 'DIR/a.pem' is a CA's (basicConstraints CA:TRUE), which no site's may be: "
+				"every peer would refuse it", NULL, NULL);
 	CHECK(rename(path("a.pem.saved"), path("a.pem")) == 0 && rename(path("a.saved"), path("a.key")) == 0);
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 

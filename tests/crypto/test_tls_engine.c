@@ -27,7 +27,7 @@ static struct gg_tls_context *make_ctx_groups(struct gg_tls_pki *issuer, struct 
 	struct gg_tls_options o = {
 		.ca_pem = gg_tls_pki_ca_pem(ca), .cert_pem = cert, .key_pem = key, .ciphersuites = suites,
 		.groups = groups, .unchecked_own_cert = issuer != ca || req.no_client_auth || req.no_server_auth ||
-							 req.no_signature,
+							 req.no_signature || req.ca,
 	};
 	if (gg_tls_context_new(&o, &ctx, err, sizeof(err))) {
 		fprintf(stderr, "context: %s\n", err);
@@ -418,6 +418,11 @@ static void test_usage(void)
 	CHECK_EQ_INT(gg_tls_engine_failure(p.c), GG_TLS_FAIL_USAGE);
 	CHECK_CONTAINS(gg_tls_engine_error(p.c), "certificate is not issued for TLS server authentication");
 	CHECK_CONTAINS(gg_tls_engine_error(p.c), "; extended key usage lacks serverAuth;");
+	pair_free(&p);
+
+	/* A site's certificate that is a CA's could issue others. */
+	struct gg_tls_cert_request ca_leaf = { .identity = "dns:site-a.gradgate.test", .ca = true };
+	p = refused_for_client_use(ca_leaf, "it is a CA's (basicConstraints CA:TRUE), which no site's may be");
 	pair_free(&p);
 
 	/* A server whose key usage allows key transport but not signing,
