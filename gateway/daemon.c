@@ -464,6 +464,23 @@ static unsigned status_answer(void *arg, union gg_ctrl_msg *out, unsigned max)
 	return n;
 }
 
+int gg_daemon_metrics_address(const struct gg_config *cfg, struct sockaddr_storage *ss, socklen_t *len, char *err,
+			       size_t err_size)
+{
+	const char *why;
+
+	if (gg_net_addr_parse(cfg->metrics.listen, ss, len, &why))
+		return gg_errf(err, err_size, -EINVAL, "[metrics] listen %s: %s", cfg->metrics.listen, why);
+	/* The config allowed the name; what it resolves to must be loopback too. */
+	if (!cfg->metrics.allow_remote && !gg_net_addr_is_loopback((struct sockaddr *)ss)) {
+		char addr[GG_NET_ADDR_TEXT_MAX];
+		return gg_errf(err, err_size, -EINVAL, "[metrics] listen %s resolves to %s, not a loopback address "
+			       "(set allow_remote = true to serve it there)", cfg->metrics.listen,
+			       gg_net_addr_format((struct sockaddr *)ss, addr, sizeof(addr)));
+	}
+	return 0;
+}
+
 /* Starts the metrics endpoint when [metrics] listen is set. Returns 0, or
  * a negative errno with err saying why. */
 static int start_metrics(struct daemon *d, char *err, size_t err_size)
@@ -471,19 +488,12 @@ static int start_metrics(struct daemon *d, char *err, size_t err_size)
 	const struct gg_config *cfg = d->cfg;
 	struct sockaddr_storage ss;
 	socklen_t len;
-	const char *why;
+	int rc;
 
 	if (!cfg->metrics.listen)
 		return 0;
-	if (gg_net_addr_parse(cfg->metrics.listen, &ss, &len, &why))
-		return gg_errf(err, err_size, -EINVAL, "[metrics] listen %s: %s", cfg->metrics.listen, why);
-	/* The config allowed the name; what it resolves to must be loopback too. */
-	if (!cfg->metrics.allow_remote && !gg_net_addr_is_loopback((struct sockaddr *)&ss)) {
-		char addr[GG_NET_ADDR_TEXT_MAX];
-		return gg_errf(err, err_size, -EINVAL, "[metrics] listen %s resolves to %s, not a loopback address "
-			       "(set allow_remote = true to serve it there)", cfg->metrics.listen,
-			       gg_net_addr_format((struct sockaddr *)&ss, addr, sizeof(addr)));
-	}
+	if ((rc = gg_daemon_metrics_address(cfg, &ss, &len, err, err_size)))
+		return rc;
 	struct gg_http_options o = {
 		.addr = (struct sockaddr *)&ss, .addr_len = len, .path = "/metrics",
 		.content_type = GG_METRICS_CONTENT_TYPE, .render = render_metrics, .arg = d,

@@ -3,7 +3,10 @@
 #ifndef GG_DAEMON_H
 #define GG_DAEMON_H
 
+#include <sys/socket.h>
+
 #include "config.h"
+#include "gg_common.h"
 
 enum gg_daemon_exit {
 	GG_EXIT_OK = 0,
@@ -16,5 +19,11 @@ enum gg_daemon_exit {
 /* Runs until SIGTERM or SIGINT (then drains and exits GG_EXIT_OK); SIGHUP
  * reloads the certificates and key. Returns an enum gg_daemon_exit. */
 int gg_daemon_run(const struct gg_config *cfg);
+
+/* The address [metrics] listen (set) resolves to, which must be a loopback
+ * one unless allow_remote: 0, or -EINVAL with err saying why (start and
+ * --check-config alike). */
+GG_MUST_CHECK int gg_daemon_metrics_address(const struct gg_config *cfg, struct sockaddr_storage *ss, socklen_t *len,
+					    char *err, size_t err_size);
 
 #endif

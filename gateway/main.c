@@ -71,8 +71,11 @@ static int check_configs(int count, char **paths)
 		 * it first): the files must be what they claim, not just
 		 * readable. */
 		char err[GG_NODE_ERROR_MAX];
+		struct sockaddr_storage metrics;
+		socklen_t metrics_len;
 		if (gg_node_check_host(&cfg, err, sizeof(err)) ||
-		    gg_host_backend_check_control(cfg.site.control, err, sizeof(err))) {
+		    gg_host_backend_check_control(cfg.site.control, err, sizeof(err)) ||
+		    (cfg.metrics.listen && gg_daemon_metrics_address(&cfg, &metrics, &metrics_len, err, sizeof(err)))) {
 			report(paths[i], err);
 			gg_config_free(&cfg);
 			bad++;

@@ -210,6 +210,17 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1 
 	chown nobody "$tmp/ca-nobody.pem"
 	refused owner 's#^ca = .*#ca = "ca-nobody.pem"#' "a CA file of user nobody, the gateway root" \
 		"$tmp/owner.toml:5:6: [tls] ca file '$tmp/ca-nobody.pem' belongs to user nobody (uid $nobody), who could replace it, and the gateway runs as root: run the gateway as that user (runuser -u nobody -- gradgate ...), or run: chown root: '$tmp/ca-nobody.pem'"
+	# localhost that resolves elsewhere (a hosts file of a mount
+	# namespace of the test's own): the check refuses what the start would.
+	if command -v unshare >/dev/null && unshare -m true 2>/dev/null; then
+		printf '192.0.2.2 localhost\n' >"$tmp/hosts"
+		sed "\$a [metrics]\nlisten = \"localhost:9464\"" "$tmp/good.toml" >"$tmp/metrics.toml"
+		unshare -m sh -c 'mount --bind "$1" /etc/hosts && exec "$2" --check-config "$3"' sh "$tmp/hosts" "$gradgate" \
+			"$tmp/metrics.toml" >/dev/null 2>"$tmp/err"
+		expect "[metrics] listen on a localhost that is not loopback fails the check (exit 1)" $(( $? != 1 ))
+		grep -qF "$tmp/metrics.toml: [metrics] listen localhost:9464 resolves to 192.0.2.2:9464, not a loopback address (set allow_remote = true to serve it there)" "$tmp/err"
+		rc=$?; expect "  saying where it resolves: $(head -c 300 "$tmp/err")" $rc
+	fi
 	# A link of another user's on the way to the CA: it could point
 	# anywhere, a bundle of other CAs of root's as well.
 	ln -s "$tmp/ca.pem" "$tmp/ca-link.pem"
