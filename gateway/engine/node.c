@@ -317,6 +317,7 @@ struct job {
 	bool has_result;        /* the step's result is whole here (DONE sent) */
 	uint32_t done_from;     /* sites that said DONE for the step, by bit */
 	uint64_t has_result_us; /* when it did */
+	uint64_t asked_us;      /* when it last asked whether the others completed (ask_completed()) */
 	/* Peers this site's DONE of the step may have reached: a stream to
 	 * them was up when it went out, or came up (and carried it again)
 	 * since. While none is, no other site can have completed the step. */
@@ -1886,22 +1887,48 @@ static void send_done(struct gg_node *n, const struct job *j, int only)
 		      true);
 }
 
-/* Word to every peer that the job's step completed here: with three or
- * more sites, one that holds the result but missed a DONE (a link that
- * lost it, one way) learns that every site said DONE, and completes too
- * rather than fail a step the others completed. With two, the word would
- * go the way of the DONE it stands for. One stream per peer: a cut one
- * has resend_done() say it again. */
-static void send_completed(struct gg_node *n, const struct job *j)
+/* A site that holds the job's step's result and has waited a heartbeat
+ * interval for the others' DONEs asks every peer whether it completed the
+ * step (its DONE again, flagged), and again each interval after: with
+ * three or more sites, a DONE that a link lost (one way, say) is so
+ * replaced by the word of a site that held it, before this site would
+ * give the silent one up and fail a step the others completed. With two,
+ * the answer would go the way of the DONE it stands for. Returns when to
+ * look again. */
+static uint64_t ask_completed(struct gg_node *n, struct job *j, uint64_t now)
 {
+	const uint64_t every = n->cfg->transport.heartbeat_interval_us;
+	uint64_t due = GG_MAX(j->has_result_us, j->asked_us) + every;
 	uint8_t buf[CTRL_MSG_MAX];
 
 	if (n->sites < 3)
-		return;
+		return UINT64_MAX;
+	if (now < due)
+		return due;
 	send_to_peers(n, -1, buf,
-		      gg_wire_encode_completed(buf, sizeof(buf), j->name, j->run, j->step->seq, &n->links[n->self],
-					       &j->plan),
+		      gg_wire_encode_done_asking(buf, sizeof(buf), j->name, j->run, j->step->seq, &n->links[n->self],
+						 &j->plan),
 		      false);
+	j->asked_us = now;
+	return now + every;
+}
+
+/* Answers a peer's ask (ask_completed()) for step `seq` of the job, if it
+ * completed here: the last step completed, or the one ending as
+ * completed. */
+static void answer_completed(struct gg_node *n, const struct job *j, unsigned peer, uint64_t seq)
+{
+	uint8_t buf[CTRL_MSG_MAX];
+	const struct gg_wire_plan *plan;
+
+	if (j->step && j->step->seq == seq && j->ending && !j->end_status)
+		plan = &j->plan;
+	else if (j->done_seq == seq)
+		plan = &j->done_plan;
+	else
+		return;
+	send_to_peers(n, (int)peer, buf,
+		      gg_wire_encode_completed(buf, sizeof(buf), j->name, j->run, seq, &n->links[n->self], plan), false);
 }
 
 /* Every site said DONE for the job's step: a site told so by one that
@@ -2017,7 +2044,6 @@ static void finish_step(struct gg_node *n, struct job *j, int status, const char
 	} else {
 		n->stats.steps_done++;
 		time_step(n, j);
-		send_completed(n, j);
 		/* The plan for the steps after this one: every site that
 		 * completes the step heard the first site's DONE. */
 		if (j->plan.has_plan)
@@ -2115,8 +2141,8 @@ static uint64_t new_run(struct gg_node *n)
 }
 
 static struct name_runs *name_runs(struct gg_node *n, const char *job, bool create);
-static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64_t last_done, uint64_t last, int code,
-			 const char *failed, const char *gone);
+static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, bool said, uint64_t last_done,
+			 uint64_t last, int code, const char *failed, const char *gone);
 static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
 			   size_t size);
 static void ended_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *end);
@@ -2181,7 +2207,7 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 			continue;
 		char why[GG_NODE_ERROR_MAX];
 		restart_reason(n, p, name, 0, why, sizeof(why));
-		job_ended_at(n, free_slot, p, 0, UINT64_MAX, GG_ERR_SITE, why, why);
+		job_ended_at(n, free_slot, p, false, 0, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
 	if (r->end_from)
 		ended_there(n, free_slot, r->end_from - 1, &r->end);
@@ -2813,6 +2839,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	j->plan = (struct gg_wire_plan){ 0 };
 	j->parts_done = 0;
 	j->done_from = 0;
+	j->asked_us = 0;
 	j->wstep = ws;
 	j->last_seq = st->seq;
 	j->active_us = now;
@@ -3038,14 +3065,21 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 
 /* The job is over at site `from`: steps up to last_done completed there,
  * so they complete here too; those after it up to `last` failed there with
- * `code` and `failed`; later ones cannot complete (GG_ERR_RANK, `gone`). */
-static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, uint64_t last_done, uint64_t last, int code,
-			 const char *failed, const char *gone)
+ * `code` and `failed`; later ones cannot complete (GG_ERR_RANK, `gone`).
+ * `said`: the site said so (its END), rather than this site judging so
+ * (a restart, with this site's own progress as last_done). */
+static void job_ended_at(struct gg_node *n, struct job *j, unsigned from, bool said, uint64_t last_done,
+			 uint64_t last, int code, const char *failed, const char *gone)
 {
-	/* It completed the step in progress here: it held every site's DONE
-	 * (its own lost, or not sent again once it forgot the job). */
+	/* By its END it completed the step in progress here, so it held
+	 * every site's DONE (its own may be lost, or not sent again once it
+	 * forgot the job). A restarted site's old gateway is gone for good:
+	 * its DONE is taken as given, but no other site's (on_peer_restart()). */
 	if (j->step && !j->ending && j->step->seq <= last_done) {
-		all_done(n, j);
+		if (said)
+			all_done(n, j);
+		else
+			j->done_from |= 1u << from;
 		maybe_complete(n, j);
 	}
 	/* A second END from a site whose run ended there already, with fewer
@@ -3147,7 +3181,7 @@ static void ended_there(struct gg_node *n, struct job *j, unsigned from, const s
 	else
 		snprintf(gone, sizeof(gone), "site %s ended job '%s' before its first step: %s", n->names[from],
 			 j->name, why);
-	job_ended_at(n, j, from, end->first, end->last, -(int)end->code, failed, gone);
+	job_ended_at(n, j, from, true, end->first, end->last, -(int)end->code, failed, gone);
 }
 
 /* Why a peer's restart ended a job here: after `last` steps done here
@@ -3200,7 +3234,7 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 		if (!last && !run_going_on(name_runs(n, j->name, false), peer))
 			continue;
 		restart_reason(n, peer, j->name, last, why, sizeof(why));
-		job_ended_at(n, j, peer, last, UINT64_MAX, GG_ERR_SITE, why, why);
+		job_ended_at(n, j, peer, false, last, UINT64_MAX, GG_ERR_SITE, why, why);
 	}
 	/* A name whose run went on there with no job of it here yet, though
 	 * its ranks here are connected (yet to announce their first step):
@@ -3233,6 +3267,8 @@ static void on_done(struct gg_node *n, unsigned from, const struct gg_wire_msg *
 	if (m->u.done.links.rtt_us)
 		n->links[from].rtt_us = m->u.done.links.rtt_us;
 
+	if (j && m->u.done.asks)
+		answer_completed(n, j, from, m->u.done.step);
 	/* A DONE for a step not in progress here is stale: this site failed
 	 * or completed it (which needed this DONE, so it was a copy). */
 	if (!j || !j->step || j->step->seq != m->u.done.step)
@@ -3270,7 +3306,10 @@ static void resend_done(struct gg_node *n, unsigned peer)
 		 * done_seq says so only once they have, and a stream that came
 		 * back meanwhile may have lost the DONE, with no other chance. */
 		if (done_here(j)) {
-			send_done(n, j, (int)peer);
+			if (j->ending) /* completed, its lanes letting go: say so */
+				answer_completed(n, j, peer, j->step->seq);
+			else
+				send_done(n, j, (int)peer);
 			j->done_may_reach |= 1u << peer;
 		}
 		if (j->failed_lo && now - j->failed_us < n->cfg->transport.step_timeout_us)
@@ -3492,6 +3531,8 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	}
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
+		if (j->used && j->step && !j->ending && j->has_result)
+			next = GG_MIN(next, ask_completed(n, j, now));
 		if (!j->used || !j->step || j->ending || fail_if_peer_lost(n, j, now) || !j->has_result)
 			continue;
 		/* Said DONE: the others may complete on it, so this site waits

@@ -212,7 +212,7 @@ static void put_links(struct writer *w, const struct gg_wire_links *l)
 }
 
 static ssize_t encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
-			   const struct gg_wire_links *links, const struct gg_wire_plan *plan, bool completed)
+			   const struct gg_wire_links *links, const struct gg_wire_plan *plan, uint8_t more_flags)
 {
 	size_t extra_ = 0;
 	const bool has_plan = plan && plan->has_plan;
@@ -221,7 +221,7 @@ static ssize_t encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t r
 		put_le(&w, run, 8);
 		put_le(&w, step, 8);
 		put_links(&w, links);
-		put_u8(&w, (uint8_t)(has_plan | (has_plan && plan->probe) << 1 | completed << 2));
+		put_u8(&w, (uint8_t)(has_plan | (has_plan && plan->probe) << 1 | more_flags));
 		put_le(&w, has_plan ? plan->direct_max : 0, 8);
 		put_links(&w, has_plan ? &plan->links : NULL);
 	});
@@ -230,13 +230,19 @@ static ssize_t encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t r
 ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 			    const struct gg_wire_links *links, const struct gg_wire_plan *plan)
 {
-	return encode_done(buf, cap, job, run, step, links, plan, false);
+	return encode_done(buf, cap, job, run, step, links, plan, 0);
 }
 
 ssize_t gg_wire_encode_completed(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 				 const struct gg_wire_links *links, const struct gg_wire_plan *plan)
 {
-	return encode_done(buf, cap, job, run, step, links, plan, true);
+	return encode_done(buf, cap, job, run, step, links, plan, 4);
+}
+
+ssize_t gg_wire_encode_done_asking(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
+				   const struct gg_wire_links *links, const struct gg_wire_plan *plan)
+{
+	return encode_done(buf, cap, job, run, step, links, plan, 8);
 }
 
 ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t last_done,
@@ -404,12 +410,14 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		msg->u.done.plan.has_plan = flags & 1;
 		msg->u.done.plan.probe = flags >> 1 & 1;
 		msg->u.done.completed = flags >> 2 & 1;
+		msg->u.done.asks = flags >> 3 & 1;
 		msg->u.done.plan.direct_max = get_le(&r, 8, "direct up to");
 		msg->u.done.plan.links.uplink_bytes_per_s = get_le(&r, 8, "plan's uplink rate");
 		msg->u.done.plan.links.rtt_us = (uint32_t)get_le(&r, 4, "plan's round trip");
-		if (!r.field && (flags > 7 || (flags & 3) == 2))
+		if (!r.field && (flags > 15 || (flags & 3) == 2 || (flags & 12) == 12))
 			return gg_errf(err, err_size, -EBADMSG,
-				       "done: flags 0x%02llx (bit 0 plan, bit 1 probe, which needs a plan, bit 2 completed)",
+				       "done: flags 0x%02llx (bit 0 plan, bit 1 probe, which needs a plan, bit 2 completed, "
+				       "bit 3 asks, not both)",
 				       (unsigned long long)flags);
 		break;
 	case GG_WIRE_END:

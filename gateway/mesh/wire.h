@@ -39,7 +39,9 @@
  *           u64 uplink bytes/s, u32 round trip us (0: not measured yet),
  *           u8 flags (bit 0: has a plan, bit 1: the next step is a
  *           probe of the other algorithm, bit 2: the sender completed the
- *           step, so every site said DONE for it), u64 direct up to this many
+ *           step, so every site said DONE for it, bit 3: the sender still
+ *           waits for DONEs and asks a peer that completed to say so), u64
+ *           direct up to this many
  *           elements, u64 uplink bytes/s and u32 round trip us the plan
  *           was made with
  *   END     str job, run, u64 last done step (0: none), u64 last step (>= last
@@ -188,6 +190,7 @@ struct gg_wire_msg {
 			struct gg_wire_links links;
 			struct gg_wire_plan plan;
 			bool completed; /* the sender holds every site's DONE */
+			bool asks;      /* it waits for DONEs: a site that completed, say so */
 		} done;
 		struct gg_wire_steps end; /* steps up to first done, first+1..last failed */
 	} u;
@@ -228,6 +231,11 @@ GG_MUST_CHECK ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *
 GG_MUST_CHECK ssize_t gg_wire_encode_completed(uint8_t *buf, size_t cap, const char *job, uint64_t run,
 					       uint64_t step, const struct gg_wire_links *links,
 					       const struct gg_wire_plan *plan);
+/* DONE again, from a site that has waited a while for others' DONEs: a
+ * peer that completed the step answers with its completed DONE. */
+GG_MUST_CHECK ssize_t gg_wire_encode_done_asking(uint8_t *buf, size_t cap, const char *job, uint64_t run,
+						 uint64_t step, const struct gg_wire_links *links,
+						 const struct gg_wire_plan *plan);
 GG_MUST_CHECK ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run,
 					 uint64_t last_done, uint64_t last_step, uint8_t code, const char *reason,
 					 uint32_t age_ms);

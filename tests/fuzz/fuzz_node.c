@@ -490,9 +490,12 @@ static void op_steps_message(struct run *r, struct script *s, enum node_op op)
 		plan.probe = flags >> 1 & 1;
 		plan.direct_max = (uint64_t)script_u8(s) << 12;
 		plan.links = links;
-		/* Bit 2: the word of a site that completed the step. */
-		len = (flags & 4 ? gg_wire_encode_completed : gg_wire_encode_done)(buf, sizeof(buf), job_names[job],
-										  1 + r->ends[job], seq, &links, &plan);
+		/* Bit 2: the word of a site that completed the step; bit 3: a
+		 * site that asks for it. */
+		len = (flags & 4 ? gg_wire_encode_completed
+			: flags & 8 ? gg_wire_encode_done_asking
+				    : gg_wire_encode_done)(buf, sizeof(buf), job_names[job], 1 + r->ends[job], seq, &links,
+							   &plan);
 	} else {
 		uint64_t last = seq + script_u8(s);
 		const uint8_t code_byte = script_peek(s);

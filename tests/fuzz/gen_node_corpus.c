@@ -164,7 +164,8 @@ int main(int argc, char **argv)
 		save("complete", v);
 
 		/* With three sites: one peer's DONE never comes, the other
-		 * says it completed the step (the DONE's flag bit 2). */
+		 * says it completed the step (the DONE's flag bit 2); then the
+		 * same peer asks whether this site completed it (bit 3). */
 		if (variants[v].sites == 3) {
 			begin(v);
 			submit(0, 1000);
@@ -179,6 +180,13 @@ int main(int argc, char **argv)
 			script_put(&o, 4, 1);                /* flags: completed */
 			script_put(&o, 0, 1);                /* direct up to */
 			run(3);
+			on_stream(NODE_DONE, 1, 0);
+			script_put(&o, 0, 1);
+			script_put(&o, 0, 1);
+			script_put(&o, 0, 2);
+			script_put(&o, 8, 1);                /* flags: asks */
+			script_put(&o, 0, 1);
+			run(2);
 			save("completed-word", v);
 		}
 

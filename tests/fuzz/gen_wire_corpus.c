@@ -48,6 +48,8 @@ int main(int argc, char **argv)
 		put(argv[1], "done", buf, (size_t)n);
 	if ((n = gg_wire_encode_completed(buf, sizeof(buf), "train", 17, 3, NULL, NULL)) > 0)
 		put(argv[1], "completed", buf, (size_t)n);
+	if ((n = gg_wire_encode_done_asking(buf, sizeof(buf), "train", 17, 3, NULL, NULL)) > 0)
+		put(argv[1], "asking", buf, (size_t)n);
 	if ((n = gg_wire_encode_end(buf, sizeof(buf), "train", 17, 3, 5, 12, "site site-c is unreachable", 1500)) > 0)
 		put(argv[1], "end", buf, (size_t)n);
 	return 0;

@@ -168,12 +168,14 @@ int main(void)
 	buf[flags_at] = 3;
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.plan.has_plan && msg.u.done.plan.probe,
 	      "done plan probe: %s", err);
-	static const uint8_t refused[] = { 2, 6, 8, 0x80 };
+	static const uint8_t refused[] = { 2, 6, 12, 13, 16, 0x80 };
 	for (size_t i = 0; i < sizeof(refused); i++) {
-		char want[96];
+		char want[128];
 		buf[flags_at] = refused[i];
 		snprintf(want, sizeof(want),
-			 "done: flags 0x%02x (bit 0 plan, bit 1 probe, which needs a plan, bit 2 completed)", refused[i]);
+			 "done: flags 0x%02x (bit 0 plan, bit 1 probe, which needs a plan, bit 2 completed, bit 3 asks, "
+			 "not both)",
+			 refused[i]);
 		CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, want),
 		      "done flags %u: %s", refused[i], err);
 	}
@@ -185,8 +187,13 @@ int main(void)
 	      "completed: %s", err);
 	n = gg_wire_encode_completed(buf, sizeof(buf), "train-7b", 7, 14, NULL, NULL);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.completed &&
-		      !msg.u.done.plan.has_plan && buf[flags_at] == 4,
+		      !msg.u.done.asks && !msg.u.done.plan.has_plan && buf[flags_at] == 4,
 	      "completed without a plan: %s", err);
+	/* A site that still waits for DONEs asks: bit 3. */
+	n = gg_wire_encode_done_asking(buf, sizeof(buf), "train-7b", 7, 14, &links, &plan);
+	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.u.done.asks &&
+		      !msg.u.done.completed && msg.u.done.plan.has_plan && buf[flags_at] == 9,
+	      "asking: %s", err);
 	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 8, 37, 40, 12, "site ap-east is unreachable", 4000000123u);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == 0 && msg.type == GG_WIRE_END &&
 		      msg.u.end.run == 8 &&

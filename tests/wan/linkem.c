@@ -202,7 +202,7 @@ static void update_interest(struct link *k)
 	}
 	if (dir_wants_read(&k->up))
 		c |= EPOLLIN;
-	if (k->down.blocked)
+	if (k->down.blocked && !L.hold_down) /* held: nothing to write, and no spinning on EPOLLOUT */
 		c |= EPOLLOUT;
 	if (dir_wants_read(&k->down))
 		t |= EPOLLIN;
