@@ -246,7 +246,24 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 		}
 		return 0;
 	}
-	if (X509_STORE_CTX_get_error_depth(store) != 0 || !leaf)
+	if (X509_STORE_CTX_get_error_depth(store) != 0) {
+		/* A site's certificate made a CA's (CA:TRUE, or only a
+		 * keyCertSign usage) could issue one naming another site: no
+		 * issuer in the chain may name a site. */
+		X509 *issuer = X509_STORE_CTX_get_current_cert(store);
+		for (size_t k = 0; issuer && k < chk->site_count + chk->other_count; k++) {
+			const struct gg_tls_site *o = k < chk->site_count ? &chk->sites[k] : &chk->others[k - chk->site_count];
+			if (!names_identity(issuer, &o->identity))
+				continue;
+			chk->verify_error = X509_V_ERR_INVALID_CA;
+			snprintf(chk->cert_detail, sizeof(chk->cert_detail),
+				 "its issuer names site '%s', and a site's certificate may not issue others", o->name);
+			X509_STORE_CTX_set_error(store, chk->verify_error);
+			return 0;
+		}
+		return 1;
+	}
+	if (!leaf)
 		return 1;
 	/* TLS 1.3 proves the peer's key by a signature (RFC 8446, 4.4.2.2),
 	 * whichever end it is: a key usage must allow signing. OpenSSL's

@@ -44,6 +44,7 @@ make_ca() {
 	else
 		"$openssl" req -new -key "$1.key" -subj "/CN=$2" -out "$1.csr"
 		printf 'basicConstraints=critical,CA:TRUE,pathlen:0\nkeyUsage=critical,keyCertSign,cRLSign\n' >"$1.ext"
+		[ -z "${SAN:-}" ] || printf 'subjectAltName=%s\n' "$SAN" >>"$1.ext"
 		"$openssl" ca -batch -notext -config "$3.cnf" -in "$1.csr" -out "$1.pem" -extfile "$1.ext" 2>/dev/null
 		rm -f "$1.csr" "$1.ext"
 	fi
@@ -103,6 +104,10 @@ make_ca int-ca "gradgate test intermediate CA" ca
 make_ca int-revoked-ca "gradgate revoked intermediate CA" ca
 leaf int-ca int-a site-a.gradgate.test DNS:site-a.gradgate.test $both
 leaf int-revoked-ca int-revoked-a site-a.gradgate.test DNS:site-a.gradgate.test $both
+# A site's certificate made a CA's (it names site-b), and one it issued
+# that names site-a: it chains to ca.
+SAN=DNS:site-b.gradgate.test make_ca site-b-ca "site-b as a CA" ca
+leaf site-b-ca via-b-a site-a.gradgate.test DNS:site-a.gradgate.test $both
 "$openssl" ca -batch -config ca.cnf -revoke revoked-a.pem 2>/dev/null
 "$openssl" ca -batch -config ca.cnf -revoke int-revoked-ca.pem 2>/dev/null
 "$openssl" ca -batch -config ca.cnf -gencrl -out crl.pem 2>/dev/null

@@ -231,6 +231,14 @@ crl_of_another_ca)
 		--crl foreign-ca.crl >"$work/server.log" 2>&1 || fail "our server started with another CA's CRL"
 	expect_text "$work/server.log" "CRL file 'foreign-ca.crl' cannot check certificate 'site-b.pem' (CA 'ca.pem'): unable to get certificate CRL: with it this site would refuse every peer"
 	;;
+site_as_issuer)
+	# A chain through a certificate that names a site (a site's made a
+	# CA's) proves nothing: that site could name any other.
+	start_server --close-after-greeting --allow site-b=dns:site-b.gradgate.test
+	refused via-b-a "invalid CA certificate $expect_a or dns:site-b.gradgate.test; its issuer names site 'site-b', and a site's certificate may not issue others; sent alert unknown_ca; certificate names dns:site-a.gradgate.test)" \
+		"tlsv1 alert unknown ca" -cert_chain site-b-ca.pem
+	valid_handshake
+	;;
 intermediate_without_crl)
 	start_server --close-after-greeting --crl crl.pem
 	refused int-a "no CRL of the certificate's issuer is configured $expect_a; sent alert unknown_ca; certificate names dns:site-a.gradgate.test)" \
