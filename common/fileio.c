@@ -161,61 +161,76 @@ static int judge_path_entry(const char *entry, const struct stat *st, const char
 
 int gg_path_guarded(const char *path, const char *consequence, char *why, size_t why_size)
 {
-	char dir[PATH_MAX], abs[PATH_MAX];
+	char todo[PATH_MAX], done[PATH_MAX] = "", entry[PATH_MAX], target[PATH_MAX];
 	struct stat st;
-	int rc = 0;
+	unsigned hops = 0;
+	int rc;
 
-	if (path[0] != '/') { /* relative: to the working folder, as the process opens it */
-		if (!getcwd(dir, sizeof(dir)) || snprintf(abs, sizeof(abs), "%s/%s", dir, path) >= (int)sizeof(abs))
-			return gg_errf(why, why_size, -ENAMETOOLONG, "%s: the path is too long", path);
-		path = abs;
-	}
-	if (strlen(path) >= sizeof(dir))
+	/* Walked from /, a component at a time, each link followed where it
+	 * is met: so every folder the walk passes through is judged, those a
+	 * link leads to as well as those that hold a link. */
+	if (path[0] == '/')
+		rc = snprintf(todo, sizeof(todo), "%s", path);
+	else if (getcwd(entry, sizeof(entry)))
+		rc = snprintf(todo, sizeof(todo), "%s/%s", entry, path);
+	else
+		rc = -1;
+	if (rc < 0 || (size_t)rc >= sizeof(todo))
 		return gg_errf(why, why_size, -ENAMETOOLONG, "%s: the path is too long", path);
-	const char *slash = strrchr(path, '/');
-	const size_t folder_len = (size_t)(slash - path); /* 0: the entry is in / */
-	/* The links on the path as written, as far as it exists. */
-	for (size_t i = 1; i <= folder_len; i++) {
-		if (i < folder_len && path[i] != '/')
+	if (stat("/", &st) || (rc = judge_path_entry("/", &st, consequence, why, why_size)))
+		return rc ? rc : gg_errf(why, why_size, -errno, "/: %s", strerror(errno));
+	for (char *p = todo;;) {
+		while (*p == '/')
+			p++;
+		if (!*p)
+			return 0;
+		char *end = strchrnul(p, '/');
+		const size_t len = (size_t)(end - p);
+		char *rest = end;
+		while (*rest == '/')
+			rest++;
+		if (len == 1 && p[0] == '.') {
+			p = rest;
 			continue;
-		snprintf(dir, sizeof(dir), "%.*s", (int)i, path);
-		if (lstat(dir, &st)) {
-			if (errno == ENOENT)
-				break;
-			return gg_errf(why, why_size, -errno, "%s: %s", dir, strerror(errno));
 		}
-		if (S_ISLNK(st.st_mode) && (rc = judge_path_entry(dir, &st, consequence, why, why_size)))
+		if (len == 2 && p[0] == '.' && p[1] == '.') {
+			char *up = strrchr(done, '/');
+			if (up)
+				*up = '\0';
+			p = rest;
+			continue;
+		}
+		if (snprintf(entry, sizeof(entry), "%s/%.*s", done, (int)len, p) >= (int)sizeof(entry))
+			return gg_errf(why, why_size, -ENAMETOOLONG, "%s: the path is too long", path);
+		if (lstat(entry, &st))
+			/* Not made yet: what exists above stands for the rest. */
+			return errno == ENOENT ? 0 : gg_errf(why, why_size, -errno, "%s: %s", entry, strerror(errno));
+		if (S_ISLNK(st.st_mode)) {
+			if ((rc = judge_path_entry(entry, &st, consequence, why, why_size)))
+				return rc;
+			if (++hops > 40)
+				return gg_errf(why, why_size, -ELOOP, "%s: too many links", path);
+			ssize_t n = readlink(entry, target, sizeof(target) - 1);
+			if (n < 0)
+				return gg_errf(why, why_size, -errno, "%s: %s", entry, strerror(errno));
+			target[n] = '\0';
+			if (target[0] == '/')
+				done[0] = '\0';
+			/* The link's target, then what came after the link. */
+			char next[PATH_MAX];
+			if (snprintf(next, sizeof(next), "%s%s%s", target, *rest ? "/" : "", rest) >= (int)sizeof(next))
+				return gg_errf(why, why_size, -ENAMETOOLONG, "%s: the path is too long", path);
+			memcpy(todo, next, strlen(next) + 1);
+			p = todo;
+			continue;
+		}
+		if (!*rest)
+			return 0; /* the entry itself: the caller's to judge */
+		if (!S_ISDIR(st.st_mode))
+			return gg_errf(why, why_size, -ENOTDIR, "%s is not a folder", entry);
+		if ((rc = judge_path_entry(entry, &st, consequence, why, why_size)))
 			return rc;
+		memcpy(done, entry, strlen(entry) + 1);
+		p = rest;
 	}
-	if (!lstat(path, &st) && S_ISLNK(st.st_mode) && (rc = judge_path_entry(path, &st, consequence, why, why_size)))
-		return rc;
-	/* The folders, links resolved, from the deepest that exists up: the
-	 * one of the entry a link leads to, where it exists. */
-	char *real = realpath(path, NULL);
-	if (real) {
-		char *up = strrchr(real, '/');
-		*(up == real ? up + 1 : up) = '\0';
-	}
-	for (size_t len = folder_len ? folder_len : 1; !real;) {
-		snprintf(dir, sizeof(dir), "%.*s", (int)len, path);
-		if ((real = realpath(dir, NULL)) || errno != ENOENT || len == 1)
-			break;
-		len = (size_t)(strrchr(dir, '/') - dir);
-		len = len ? len : 1;
-	}
-	if (!real)
-		return gg_errf(why, why_size, -errno, "folder %s: %s", dir, strerror(errno));
-	for (size_t len = strlen(real);;) {
-		real[len] = '\0';
-		if (stat(real, &st)) {
-			rc = gg_errf(why, why_size, -errno, "folder %s: %s", real, strerror(errno));
-			break;
-		}
-		if ((rc = judge_path_entry(real, &st, consequence, why, why_size)) || len == 1)
-			break;
-		char *up = strrchr(real, '/');
-		len = up == real ? 1 : (size_t)(up - real);
-	}
-	free(real);
-	return rc;
 }

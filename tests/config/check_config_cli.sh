@@ -111,7 +111,7 @@ mkdir -m 777 "$tmp/open/certs" && chmod 777 "$tmp/open/certs" && cp "$tmp/ca.pem
 sed "s#^ca = .*#ca = \"open/certs/ca.pem\"#" "$tmp/good.toml" >"$tmp/openca.toml"
 "$gradgate" --check-config "$tmp/openca.toml" >"$tmp/out" 2>"$tmp/err"
 expect "a CA file in a folder others may write in fails the check (exit 1)" $(( $? != 1 ))
-grep -qF "$tmp/openca.toml:5:6: [tls] ca file '$tmp/open/certs/ca.pem': folder $tmp/open/certs (mode 0777) may be written by every user, without the sticky bit: they could put another file in its place, and so choose whom this gateway trusts (run chmod go-w on it)" "$tmp/err"
+grep -qF "$tmp/openca.toml:5:6: [tls] ca file '$tmp/open/certs/ca.pem': folder $tmp/open (mode 0777) may be written by every user, without the sticky bit: they could put another file in its place, and so choose whom this gateway trusts (run chmod go-w on it)" "$tmp/err"
 rc=$?; expect "  naming the folder and why: $(head -c 300 "$tmp/err")" $rc
 chmod 1777 "$tmp/open/certs" "$tmp/open"
 "$gradgate" --check-config "$tmp/openca.toml" >/dev/null 2>"$tmp/err"
@@ -227,6 +227,16 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1 
 	chown -h nobody "$tmp/ca-link.pem"
 	refused linked 's#^ca = .*#ca = "ca-link.pem"#' "a CA file reached by a link of user nobody's" \
 		"$tmp/linked.toml:5:6: [tls] ca file '$tmp/ca-link.pem': link $tmp/ca-link.pem belongs to uid $nobody, not to root or the gateway's user (uid 0): its owner could put another file in its place, and so choose whom this gateway trusts"
+	# A link of root's to the CA, but in a folder others may write in:
+	# they could put another link there. And a link of root's that leads
+	# to a link of another user's.
+	mkdir -m 0755 "$tmp/safe" && cp "$tmp/ca.pem" "$tmp/safe/ca.pem"
+	ln -s "$tmp/safe/ca.pem" "$tmp/open/ca-link.pem"
+	refused openlink "s#^ca = .*#ca = \"open/ca-link.pem\"#" "a CA link in a folder others may write in" \
+		"$tmp/openlink.toml:5:6: [tls] ca file '$tmp/open/ca-link.pem': folder $tmp/open (mode 0777) may be written by every user"
+	ln -s "$tmp/ca-link.pem" "$tmp/ca-link2.pem"
+	refused linklink 's#^ca = .*#ca = "ca-link2.pem"#' "a CA link of root's to a link of user nobody's" \
+		"$tmp/linklink.toml:5:6: [tls] ca file '$tmp/ca-link2.pem': link $tmp/ca-link.pem belongs to uid $nobody"
 	nb=$tmp/nb
 	mkdir -m 0755 "$nb" "$nb/run"
 	chmod 0711 "$tmp"
