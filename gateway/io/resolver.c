@@ -209,8 +209,9 @@ int gg_resolver_get(struct gg_resolver *r, const char *text, struct sockaddr_sto
 	if (gai != EAI_NONAME)
 		return gg_errf(why, why_size, -EINVAL, "%s", gai ? gai_strerror(gai) : "no address");
 
-	uint64_t now = gg_monotonic_us();
 	pthread_mutex_lock(&r->lock);
+	/* Read under the lock: an answer stored meanwhile is never newer. */
+	const uint64_t now = gg_monotonic_us();
 	int i = entry_for(r, text);
 	if (i < 0) {
 		pthread_mutex_unlock(&r->lock);

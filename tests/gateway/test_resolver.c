@@ -3,7 +3,7 @@
  * time, answers kept and refreshed, failures reported with the name and
  * given once as news, malformed text refused with the reason. How it keeps
  * a loop turning while a name server does not answer is
- * tests/integration/dns.sh's to show. */
+ * tests/integration/named_peers.sh's to show. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
