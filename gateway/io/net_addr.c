@@ -50,21 +50,42 @@ int gg_net_addr_split(const char *text, char *host, size_t host_size, char port[
 	return 0;
 }
 
+int gg_net_addr_lookup(const char *host, const char *port, bool numeric, struct sockaddr_storage *out,
+		       socklen_t *len, const char **why)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				  .ai_flags = numeric ? AI_NUMERICHOST | AI_NUMERICSERV : 0 },
+			*res = NULL;
+	int gai = getaddrinfo(host, port, &hints, &res);
+
+	if (gai == EAI_SYSTEM)
+		*why = strerror(errno);
+	else if (gai)
+		*why = gai_strerror(gai);
+	else if (!res || res->ai_addrlen > sizeof(*out)) {
+		*why = "no address";
+		gai = EAI_NONAME;
+	}
+	if (!gai) {
+		memcpy(out, res->ai_addr, res->ai_addrlen);
+		*len = res->ai_addrlen;
+	}
+	if (res)
+		freeaddrinfo(res);
+	return gai;
+}
+
 int gg_net_addr_parse(const char *text, struct sockaddr_storage *out, socklen_t *len, const char **why)
 {
 	char host[256], port[6];
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
 	int rc = gg_net_addr_split(text, host, sizeof(host), port, why);
 
 	if (rc)
 		return rc;
-	if (getaddrinfo(host, port, &hints, &res) || !res) {
+	if (gg_net_addr_lookup(host, port, false, out, len, why)) {
 		*why = "the host does not resolve to an address";
 		return -EINVAL;
 	}
-	memcpy(out, res->ai_addr, res->ai_addrlen);
-	*len = res->ai_addrlen;
-	freeaddrinfo(res);
 	return 0;
 }
 

@@ -17,6 +17,12 @@
  * -EINVAL with `why`. */
 GG_MUST_CHECK int gg_net_addr_split(const char *text, char *host, size_t host_size, char port[6], const char **why);
 
+/* getaddrinfo() of `host` and `port` for a TCP stream, its first answer in
+ * *out; `numeric`: host must be an address, which never blocks (a name
+ * gets EAI_NONAME). Returns 0, or the EAI_ code with the reason in `why`. */
+GG_MUST_CHECK int gg_net_addr_lookup(const char *host, const char *port, bool numeric, struct sockaddr_storage *out,
+				     socklen_t *len, const char **why);
+
 /* Parses "host:port" or "[v6addr]:port"; host may be a name, resolved
  * here (startup only: this may block; a dial asks resolver.h). Returns 0,
  * or -EINVAL with `why`. */

@@ -13,11 +13,10 @@
 #include "uring_loop.h"
 
 /* An address text's latest answer. `busy`: a lookup thread works on it and
- * will store its answer here, unless the entry was taken for another text
- * meanwhile (`gen` tells). */
+ * will store its answer here (an entry is never taken for another text
+ * while it is busy). */
 struct entry {
 	char text[GG_NET_ADDR_TEXT_MAX + 256];
-	uint64_t gen;
 	bool used, busy, answered;
 	bool told; /* a failure: some caller was given it */
 	int rc; /* the latest answer: 0 or -EINVAL */
@@ -32,7 +31,6 @@ struct gg_resolver {
 	pthread_mutex_t lock;
 	unsigned refs; /* the owner's, and one per lookup thread running */
 	bool closed;   /* the owner let go: lookups drop their answers */
-	uint64_t gen;
 	uint64_t started;
 	unsigned running;
 	struct entry entries[GG_RESOLVE_ENTRIES];
@@ -41,7 +39,6 @@ struct gg_resolver {
 struct lookup {
 	struct gg_resolver *r;
 	unsigned index;
-	uint64_t gen;
 	char host[256];
 	char port[6];
 };
@@ -84,26 +81,26 @@ static void *lookup_main(void *arg)
 {
 	struct lookup *lk = arg;
 	struct gg_resolver *r = lk->r;
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
-	int gai = getaddrinfo(lk->host, lk->port, &hints, &res);
-	int err = errno;
+	struct sockaddr_storage ss;
+	socklen_t len;
+	const char *why;
+	int gai = gg_net_addr_lookup(lk->host, lk->port, false, &ss, &len, &why);
 
 	pthread_mutex_lock(&r->lock);
 	struct entry *e = &r->entries[lk->index];
-	if (!r->closed && e->used && e->gen == lk->gen) {
+	if (!r->closed) {
 		uint64_t now = gg_monotonic_us();
 		e->busy = false;
-		if (!gai && res && res->ai_addrlen <= sizeof(e->ss)) {
-			memcpy(&e->ss, res->ai_addr, res->ai_addrlen);
-			e->len = res->ai_addrlen;
+		if (!gai) {
+			e->ss = ss;
+			e->len = len;
 			e->rc = 0;
 			e->at_us = now;
 		} else if (!e->answered || e->rc) {
 			e->rc = -EINVAL;
 			e->told = false;
 			e->at_us = now;
-			snprintf(e->why, sizeof(e->why), "host name lookup of '%s' failed: %s", lk->host,
-				 gai == EAI_SYSTEM ? strerror(err) : gai ? gai_strerror(gai) : "no address");
+			snprintf(e->why, sizeof(e->why), "host name lookup of '%s' failed: %s", lk->host, why);
 		}
 		/* else a refresh failed: the address found before stays, and
 		 * the next ask looks again. */
@@ -111,8 +108,6 @@ static void *lookup_main(void *arg)
 	}
 	r->running--;
 	put_unlock(r);
-	if (res)
-		freeaddrinfo(res);
 	free(lk);
 	return NULL;
 }
@@ -132,7 +127,6 @@ static int start_lookup(struct gg_resolver *r, unsigned i, const char *host, con
 		return gg_errf(why, why_size, -ENOMEM, "out of memory for a host name lookup");
 	lk->r = r;
 	lk->index = i;
-	lk->gen = r->entries[i].gen;
 	snprintf(lk->host, sizeof(lk->host), "%s", host);
 	snprintf(lk->port, sizeof(lk->port), "%s", port);
 	/* The thread takes no signal: they are the process's main thread's. */
@@ -175,7 +169,6 @@ static int entry_for(struct gg_resolver *r, const char *text)
 		struct entry *e = &r->entries[pick];
 		memset(e, 0, sizeof(*e));
 		e->used = true;
-		e->gen = ++r->gen;
 		snprintf(e->text, sizeof(e->text), "%s", text);
 	}
 	return pick;
@@ -186,9 +179,6 @@ int gg_resolver_get(struct gg_resolver *r, const char *text, struct sockaddr_sto
 {
 	char host[256], port[6];
 	const char *bad;
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				  .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV },
-			*res = NULL;
 	int rc = gg_net_addr_split(text, host, sizeof(host), port, &bad);
 
 	*first = true;
@@ -197,17 +187,11 @@ int gg_resolver_get(struct gg_resolver *r, const char *text, struct sockaddr_sto
 	if (strlen(text) >= sizeof(r->entries[0].text))
 		return gg_errf(why, why_size, -EINVAL, "the address is too long");
 	/* An address, not a name: nothing to wait for. */
-	int gai = getaddrinfo(host, port, &hints, &res);
-	if (!gai && res && res->ai_addrlen <= sizeof(*out)) {
-		memcpy(out, res->ai_addr, res->ai_addrlen);
-		*len = res->ai_addrlen;
-		freeaddrinfo(res);
+	int gai = gg_net_addr_lookup(host, port, true, out, len, &bad);
+	if (!gai)
 		return 0;
-	}
-	if (res)
-		freeaddrinfo(res);
 	if (gai != EAI_NONAME)
-		return gg_errf(why, why_size, -EINVAL, "%s", gai ? gai_strerror(gai) : "no address");
+		return gg_errf(why, why_size, -EINVAL, "%s", bad);
 
 	pthread_mutex_lock(&r->lock);
 	/* Read under the lock: an answer stored meanwhile is never newer. */
