@@ -143,7 +143,6 @@ struct peer {
 	enum gg_peer_dial dial; /* [[peers]] dial: who opens the streams */
 	bool denied;            /* it refused a dial of ours with access_denied (its dial for us is "out") */
 	struct gg_log_limit dial_warn, accept_warn; /* our dials it refused, its connections we refused */
-	struct gg_log_limit resolve_warn;           /* its address not found */
 	struct gg_log_limit log[PEER_LOGS];         /* lines a peer causes by reconnecting (peer_log_now()) */
 };
 
@@ -231,7 +230,6 @@ static uint64_t log_limits_flush(struct gg_mesh *m)
 			continue;
 		snprintf(about, sizeof(about), "site=%s", m->names[p]);
 		next = GG_MIN(next, gg_log_limit_flush(&pe->dial_warn, now, GG_LOG_WARN, "dial_refused", about));
-		next = GG_MIN(next, gg_log_limit_flush(&pe->resolve_warn, now, GG_LOG_WARN, "dial_failed", about));
 		next = GG_MIN(next, gg_log_limit_flush(&pe->accept_warn, now, GG_LOG_WARN, "stream_refused", about));
 		for (unsigned k = 0; k < PEER_LOGS; k++)
 			next = GG_MIN(next, gg_log_limit_flush(&pe->log[k], now, GG_LOG_WARN, peer_log_events[k],
@@ -1523,7 +1521,7 @@ static void dial(struct gg_mesh *m, unsigned p, int s)
 		return;
 	}
 	if (rc) {
-		if (first && warn_now(&pe->resolve_warn, m->loop->now_us))
+		if (first) /* once per lookup, whichever lane asks first */
 			gg_log(GG_LOG_WARN, "dial_failed", "site=%s address=%s reason=\"%s\"", m->names[p],
 			       pe->address, why);
 		retry_later(m, p, s);
