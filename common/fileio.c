@@ -177,8 +177,10 @@ int gg_path_guarded(const char *path, const char *consequence, char *why, size_t
 		rc = -1;
 	if (rc < 0 || (size_t)rc >= sizeof(todo))
 		return gg_errf(why, why_size, -ENAMETOOLONG, "%s: the path is too long", path);
-	if (stat("/", &st) || (rc = judge_path_entry("/", &st, consequence, why, why_size)))
-		return rc ? rc : gg_errf(why, why_size, -errno, "/: %s", strerror(errno));
+	if (stat("/", &st))
+		return gg_errf(why, why_size, -errno, "/: %s", strerror(errno));
+	if ((rc = judge_path_entry("/", &st, consequence, why, why_size)))
+		return rc;
 	for (char *p = todo;;) {
 		while (*p == '/')
 			p++;
