@@ -5,8 +5,8 @@
  * Every input runs once as it is, then again with its first allocation
  * failing, then its second, and so on until a run gets past all of them
  * (fuzz_alloc.h): out-of-memory paths must neither crash nor leak. An
- * allocation is not made to fail again when an earlier input's run made
- * the same allocations, from the same code, up to it.
+ * allocation is not made to fail again when an earlier run made it from
+ * the same code after the same few allocations (KEY_SITES below).
  * --no-alloc-failures leaves those runs out; --fail-alloc=N runs each
  * input once more with allocation N failing only (to look into one). */
 #define _POSIX_C_SOURCE 200809L
@@ -46,11 +46,16 @@ static void on_fatal_signal(int sig)
 	raise(sig);
 }
 
-/* An allocation is keyed by the sites of every allocation of the run up to
- * and including it, hashed. A failure whose key was tried already, for an
- * earlier input, is not tried again: the inputs share their set-up (the
+/* An allocation is keyed by its site and the sites of the KEY_SITES - 1
+ * allocations before it, hashed. A failure whose key was tried already, for
+ * an earlier input, is not tried again: the inputs share their set-up (the
  * same calls in the same order), and failing it once per input would only
- * repeat the same run. Once two runs' allocations part, their keys differ. */
+ * repeat the same run; past that, what an out-of-memory path unwinds is the
+ * work of the few calls before it. Keying by every allocation of the run up
+ * to it instead ran the node corpus 2.8 times as often (6800 runs), and
+ * reached 2 more lines of the project's code, both of them data paths that
+ * differ between runs of the same corpus, not out-of-memory paths. */
+#define KEY_SITES 8
 #define RECORD_CAP (1ul << 16)
 #define SET_CAP (1ul << 20)
 
@@ -58,9 +63,13 @@ static const void *sites[RECORD_CAP];
 static uint64_t tried[SET_CAP];
 static unsigned long tried_len, alloc_skipped;
 
-static uint64_t prefix_hash(uint64_t h, const void *site)
+/* The key of the n-th allocation of the run (n >= 1). */
+static uint64_t alloc_key(unsigned long n)
 {
-	h = (h ^ (uint64_t)(uintptr_t)site) * 0x100000001b3ull;
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (unsigned long i = n > KEY_SITES ? n - KEY_SITES : 0; i < n; i++)
+		h = (h ^ (uint64_t)(uintptr_t)sites[i]) * 0x100000001b3ull;
 	return (h ^ h >> 32) | 1; /* 0 marks an empty slot */
 }
 
@@ -84,7 +93,6 @@ static bool tried_before(uint64_t key)
 static void run_input(const char *path, const uint8_t *data, size_t len)
 {
 	unsigned long total;
-	uint64_t key = 0xcbf29ce484222325ull;
 
 	snprintf(running, sizeof(running), "replaying %s\n", path);
 	gg_fuzz_alloc_record(sites, RECORD_CAP);
@@ -93,8 +101,7 @@ static void run_input(const char *path, const uint8_t *data, size_t len)
 	gg_fuzz_alloc_fail_at(0);
 	for (unsigned long n = only_alloc ? only_alloc : 1; alloc_failures; n++) {
 		if (!only_alloc && n <= total && n <= RECORD_CAP) {
-			key = prefix_hash(key, sites[n - 1]);
-			if (tried_before(key)) {
+			if (tried_before(alloc_key(n))) {
 				alloc_skipped++;
 				continue;
 			}
