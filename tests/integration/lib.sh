@@ -1,7 +1,8 @@
 # Shared set-up of the process-level integration tests: real gradgate
 # daemons on loopback, ranks as gradgate-bench allreduce processes, and
 # linkem between sites where a test wants a WAN link. Sourced by each test;
-# meson passes the programs in GRADGATE, BENCH, LINKEM and MAKE_CERTS.
+# meson passes the programs in GRADGATE, BENCH, LINKEM and MAKE_CERTS, and
+# the Python interpreter in PYTHON (python3 below).
 #
 # Everything a test starts is a direct child that stays in the test's
 # process group, so meson's kill of that group on a timeout reaches it too;
@@ -11,7 +12,8 @@
 # deadline; nothing sleeps for a fixed time and hopes. The loops that poll
 # start as few processes as they can (a fork costs milliseconds on a small
 # virtual machine, and they poll every 20 ms): clocks come from bash's
-# EPOCHREALTIME, whose digits without the point are microseconds.
+# EPOCHREALTIME, whose digits without the point are microseconds, and
+# sleep is a read that times out.
 set -euo pipefail
 
 : "${GRADGATE:?}" "${BENCH:?}" "${LINKEM:?}" "${MAKE_CERTS:?}"
@@ -23,6 +25,17 @@ SITES=(site-a site-b site-c site-d) # index order = sorted name order
 work=$(mktemp -d "${TMPDIR:-/tmp}/gg-integ.XXXXXX")
 pids=()
 test_name=$(basename "$0" .sh)
+# sleep SECONDS without a process: a read that times out on a pipe nobody
+# writes to (this shell holds its only write end).
+exec {nap_fd}<> <(:)
+sleep() { read -r -t "$1" -u "$nap_fd" _ || true; }
+# python3 is PYTHON where meson passes it: first on PATH, as a link (a
+# function would put a shell between a test and the python3 it starts).
+if [ -n "${PYTHON:-}" ]; then
+	mkdir "$work/bin"
+	ln -s "$PYTHON" "$work/bin/python3"
+	PATH=$work/bin:$PATH
+fi
 t_start=${EPOCHREALTIME/[.,]/}
 
 # Settings of the next mesh; tests change them before mesh_start.
