@@ -306,6 +306,13 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 	if (!rc && (X509_get_extension_flags(cert) & EXFLAG_CA))
 		rc = fail(err, size, -EINVAL, "certificate '%s' is a CA's (basicConstraints CA:TRUE), which no site's "
 			  "may be: every peer would refuse it", name);
+	for (size_t i = 0; !rc && i < o->peer_count; i++) {
+		char id[GG_TLS_IDENTITY_MAX + 8];
+		if (gg_tls_cert_names(cert, &o->peers[i].identity))
+			rc = fail(err, size, -EINVAL, "certificate '%s' names peer %s (%s): it is that site's, or passes "
+				  "for it, and no site's own may: every peer would refuse it", name, o->peers[i].name,
+				  gg_tls_identity_format(&o->peers[i].identity, id, sizeof(id)));
+	}
 	return rc;
 }
 
@@ -530,12 +537,26 @@ static void free_options(struct gg_tls_options *o)
 	free((char *)o->ca_pem);
 	free((char *)o->cert_pem);
 	free((char *)o->key_pem);
+	free((void *)o->peers);
 }
 
 static bool copy_string(const char **dst, const char *src)
 {
 	*dst = src ? strdup(src) : NULL;
 	return !src || *dst;
+}
+
+static bool copy_peers(struct gg_tls_options *dst, const struct gg_tls_options *src)
+{
+	struct gg_tls_site *p = NULL;
+
+	if (src->peer_count && !(p = malloc(src->peer_count * sizeof(*p))))
+		return false;
+	if (p)
+		memcpy(p, src->peers, src->peer_count * sizeof(*p));
+	dst->peers = p;
+	dst->peer_count = src->peer_count;
+	return true;
 }
 
 static int copy_options(struct gg_tls_options *dst, const struct gg_tls_options *src)
@@ -545,7 +566,8 @@ static int copy_options(struct gg_tls_options *dst, const struct gg_tls_options 
 	    copy_string(&dst->key_file, src->key_file) && copy_string(&dst->crl_file, src->crl_file) &&
 	    copy_string(&dst->ciphersuites, src->ciphersuites) && copy_string(&dst->groups, src->groups) &&
 	    copy_string(&dst->ca_pem, src->ca_pem) &&
-	    copy_string(&dst->cert_pem, src->cert_pem) && copy_string(&dst->key_pem, src->key_pem)) {
+	    copy_string(&dst->cert_pem, src->cert_pem) && copy_string(&dst->key_pem, src->key_pem) &&
+	    copy_peers(dst, src)) {
 		dst->unchecked_own_cert = src->unchecked_own_cert;
 		return 0;
 	}
@@ -559,6 +581,11 @@ int gg_tls_context_new(const struct gg_tls_options *opts, struct gg_tls_context 
 	int rc;
 
 	*out = NULL;
+	if (opts->peer_count > GG_TLS_MAX_SITES) {
+		free(ctx);
+		return fail(err, err_size, -EINVAL, "%zu peers, more than the %d a TLS context takes", opts->peer_count,
+			    GG_TLS_MAX_SITES);
+	}
 	if (!ctx || copy_options(&ctx->opts, opts)) {
 		free(ctx);
 		return fail(err, err_size, -ENOMEM, "out of memory creating the TLS context");

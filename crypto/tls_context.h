@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "gg_common.h"
+#include "tls_verify.h"
 
 #define GG_TLS_ALPN "gradgate/1"
 #define GG_TLS_DEFAULT_CIPHERSUITES "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256"
@@ -38,6 +39,13 @@ struct gg_tls_options {
 	const char *cert_pem;
 	const char *key_pem;
 
+	/* This site's peers: its own certificate may name none of them. One
+	 * that does is a peer's certificate put in its place, or one that
+	 * passes for two sites: every peer would refuse it. Copied; at most
+	 * GG_TLS_MAX_SITES. */
+	const struct gg_tls_site *peers;
+	size_t peer_count;
+
 	/* Tests that play a misconfigured peer: this site's certificate is not
 	 * checked the way its peers will check it (chain to the CA, CRL, TLS
 	 * client and server use). */
@@ -50,7 +58,8 @@ struct gg_tls_context;
  * gg_tls_context_free), or a negative errno with one line in `err` naming
  * the file and the problem: -ENOENT/-EACCES (unreadable file), -EPERM (key
  * accessible by group or others), -EINVAL (bad PEM, key does not match the
- * certificate, expired own certificate, unknown ciphersuite), -ENOMEM. */
+ * certificate, expired own certificate, one naming a peer, unknown
+ * ciphersuite, more than GG_TLS_MAX_SITES peers), -ENOMEM. */
 GG_MUST_CHECK int gg_tls_context_new(const struct gg_tls_options *opts, struct gg_tls_context **out,
 				     char *err, size_t err_size);
 

@@ -43,7 +43,6 @@
 #include "tls_context.h"
 #include "tls_verify.h"
 
-#define GG_TLS_MAX_SITES 16
 #define GG_TLS_RECORD_PLAINTEXT_MAX 16384
 #define GG_TLS_RING_MIN_BYTES (64u << 10)
 #define GG_TLS_RING_DEFAULT_BYTES (256u << 10)

@@ -55,6 +55,9 @@ struct gg_tls_check {
 
 GG_MUST_CHECK int gg_tls_check_index(void);
 
+/* Whether the certificate carries the identity (its DNS or URI SAN). */
+bool gg_tls_cert_names(X509 *cert, const struct gg_tls_identity *id);
+
 /* The current SSL_CTX with a reference taken for the caller (SSL_CTX_free
  * it), or NULL. */
 SSL_CTX *gg_tls_context_get_ssl_ctx(struct gg_tls_context *ctx);

@@ -153,7 +153,7 @@ static bool uri_san_matches(X509 *cert, const char *uri)
 	return found;
 }
 
-static bool names_identity(X509 *cert, const struct gg_tls_identity *id)
+bool gg_tls_cert_names(X509 *cert, const struct gg_tls_identity *id)
 {
 	if (id->kind == GG_TLS_IDENTITY_URI)
 		return uri_san_matches(cert, id->name);
@@ -253,7 +253,7 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 		X509 *issuer = X509_STORE_CTX_get_current_cert(store);
 		for (size_t k = 0; issuer && k < chk->site_count + chk->other_count; k++) {
 			const struct gg_tls_site *o = k < chk->site_count ? &chk->sites[k] : &chk->others[k - chk->site_count];
-			if (!names_identity(issuer, &o->identity))
+			if (!gg_tls_cert_names(issuer, &o->identity))
 				continue;
 			chk->verify_error = X509_V_ERR_INVALID_CA;
 			snprintf(chk->cert_detail, sizeof(chk->cert_detail),
@@ -285,14 +285,14 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 		return 0;
 	}
 	for (size_t i = 0; i < chk->site_count; i++) {
-		if (!names_identity(leaf, &chk->sites[i].identity))
+		if (!gg_tls_cert_names(leaf, &chk->sites[i].identity))
 			continue;
 		/* One that names another site's identity too would pass for
 		 * that site as well: it proves neither. */
 		const char *also = NULL;
 		for (size_t k = 0; k < chk->site_count + chk->other_count && !also; k++) {
 			const struct gg_tls_site *o = k < chk->site_count ? &chk->sites[k] : &chk->others[k - chk->site_count];
-			if (strcmp(o->name, chk->sites[i].name) && names_identity(leaf, &o->identity))
+			if (strcmp(o->name, chk->sites[i].name) && gg_tls_cert_names(leaf, &o->identity))
 				also = o->name;
 		}
 		if (!also) {

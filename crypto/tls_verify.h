@@ -16,6 +16,7 @@
 
 #define GG_TLS_IDENTITY_MAX 256 /* bytes of the name after "dns:"/"uri:", NUL included */
 #define GG_TLS_SITE_NAME_MAX 64 /* NUL included */
+#define GG_TLS_MAX_SITES 16     /* sites one engine or context is told of */
 
 enum gg_tls_identity_kind {
 	GG_TLS_IDENTITY_DNS,

@@ -4079,11 +4079,22 @@ static unsigned lane_count(const struct gg_config *cfg)
 	return GG_MIN(w, (unsigned)cfg->transport.streams_per_peer);
 }
 
-static struct gg_tls_options tls_options(const struct gg_config *cfg)
+/* The TLS options of the gateway. Its peers' identities, which its own
+ * certificate may not carry, go into `peers` (GG_MAX_PEERS). */
+_Static_assert(GG_MAX_PEERS <= GG_TLS_MAX_SITES, "a TLS context takes every peer");
+static int tls_options(const struct gg_config *cfg, struct gg_tls_site *peers, struct gg_tls_options *o, char *err,
+		       size_t err_size)
 {
-	return (struct gg_tls_options){ .ca_file = cfg->tls.ca, .cert_file = cfg->tls.cert, .key_file = cfg->tls.key,
-					.crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites,
-					.groups = cfg->tls.groups };
+	const char *why;
+
+	for (size_t i = 0; i < cfg->peer_count; i++)
+		if (gg_tls_site_init(&peers[i], cfg->peers[i].site, cfg->peers[i].identity, &why))
+			return gg_errf(err, err_size, -EINVAL, "peer %s: identity %s: %s", cfg->peers[i].site,
+				       cfg->peers[i].identity, why);
+	*o = (struct gg_tls_options){ .ca_file = cfg->tls.ca, .cert_file = cfg->tls.cert, .key_file = cfg->tls.key,
+				      .crl_file = cfg->tls.crl, .ciphersuites = cfg->tls.ciphersuites,
+				      .groups = cfg->tls.groups, .peers = peers, .peer_count = cfg->peer_count };
+	return 0;
 }
 
 uint64_t gg_node_fingerprint(const struct gg_config *cfg, const struct gg_wire_step *ws, uint8_t algorithm,
@@ -4122,11 +4133,12 @@ static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
 
 int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size)
 {
-	struct gg_tls_options to = tls_options(cfg);
+	struct gg_tls_site peers[GG_MAX_PEERS];
+	struct gg_tls_options to;
 	struct gg_tls_context *tls;
-	int rc = gg_tls_context_new(&to, &tls, err, err_size);
+	int rc;
 
-	if (rc)
+	if ((rc = tls_options(cfg, peers, &to, err, err_size)) || (rc = gg_tls_context_new(&to, &tls, err, err_size)))
 		return rc;
 	gg_tls_context_free(tls);
 	if (cfg->transport.congestion_control &&
@@ -4235,8 +4247,9 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	clock_gettime(CLOCK_REALTIME, &wall);
 	n->next_run = (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u + 1;
 
-	struct gg_tls_options to = tls_options(cfg);
-	if ((rc = gg_tls_context_new(&to, &n->tls, err, err_size)))
+	struct gg_tls_site peers[GG_MAX_PEERS];
+	struct gg_tls_options to;
+	if ((rc = tls_options(cfg, peers, &to, err, err_size)) || (rc = gg_tls_context_new(&to, &n->tls, err, err_size)))
 		goto fail;
 	if ((rc = gg_resolver_new(&n->resolver))) {
 		gg_errf(err, err_size, rc, "out of memory for the host name resolver");

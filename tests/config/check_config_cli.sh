@@ -70,15 +70,20 @@ expect "printed again, the config reads the same" $?
 # The credentials must be what they claim, not just readable files: the
 # gateway would refuse to start on them (exit 3), so the check fails.
 mkdir -p "$tmp/creds"
-for c in garbage-cert other-key; do
+for c in garbage-cert other-key peer-cert; do
 	cp "$tmp/ca.pem" "$tmp/cert.pem" "$tmp/creds/"
 	cp -p "$tmp/key.pem" "$tmp/creds/"
 	case $c in
 	garbage-cert) printf 'x\n' >"$tmp/creds/cert.pem"; want="certificate '$tmp/creds/cert.pem' holds no PEM certificate" ;;
 	other-key) cp -p "$tmp/certs/site-b.key" "$tmp/creds/key.pem"
 		want="private key '$tmp/creds/key.pem' does not match certificate '$tmp/creds/cert.pem'" ;;
+	# The peer's certificate and key: they match, but they are site-b's.
+	peer-cert) cp "$tmp/certs/site-b.pem" "$tmp/creds/cert.pem"; cp -p "$tmp/certs/site-b.key" "$tmp/creds/key.pem"
+		want="certificate '$tmp/creds/cert.pem' names peer site-b (dns:site-b.gradgate.test): it is that site's, or passes for it, and no site's own may: every peer would refuse it" ;;
 	esac
 	cp "$tmp/good.toml" "$tmp/creds/$c.toml"
+	# ([[peers]] is good.toml's last table.)
+	[ "$c" != peer-cert ] || echo 'identity = "dns:site-b.gradgate.test"' >>"$tmp/creds/$c.toml"
 	"$gradgate" --check-config "$tmp/creds/$c.toml" >"$tmp/out" 2>"$tmp/err"
 	expect "$c exits 1" $(( $? != 1 ))
 	grep -qF "$tmp/creds/$c.toml: $want" "$tmp/err"; expect "$c is named" $?

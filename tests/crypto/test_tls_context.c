@@ -422,6 +422,57 @@ static void test_reload(void)
 	gg_tls_context_free(client);
 }
 
+/* A site's own certificate names none of its peers: one that does is a
+ * peer's, put in its place, or passes for one. Refused at creation and at
+ * a reload, which keeps what was loaded. */
+static void test_names_peer(void)
+{
+	struct gg_tls_site peers[2];
+	const char *why;
+	CHECK(gg_tls_site_init(&peers[0], "site-b", "dns:site-b.gradgate.test", &why) == 0);
+	CHECK(gg_tls_site_init(&peers[1], "site-c", "uri:spiffe://gradgate.test/site-c", &why) == 0);
+	char ca_file[128], cert_file[128], key_file[128], err[512], want[512];
+	snprintf(ca_file, sizeof(ca_file), "%s", path("ca.pem")); /* path()'s buffers are reused */
+	snprintf(cert_file, sizeof(cert_file), "%s", path("a.pem"));
+	snprintf(key_file, sizeof(key_file), "%s", path("a.key"));
+	struct gg_tls_options o = { .ca_file = ca_file, .cert_file = cert_file, .key_file = key_file, .peers = peers,
+				    .peer_count = 2 };
+	struct gg_tls_context *ctx;
+
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), 0);
+	peers[0].identity.name[0] = 'X'; /* the context keeps its own copy */
+
+	issue("dns:site-b.gradgate.test", "a.pem", "a.key");
+	CHECK_EQ_INT(gg_tls_context_reload(ctx, err, sizeof(err)), -EINVAL);
+	snprintf(want, sizeof(want), "certificate '%s' names peer site-b (dns:site-b.gradgate.test): it is that "
+		 "site's, or passes for it, and no site's own may: every peer would refuse it", cert_file);
+	CHECK_STR(err, want);
+	CHECK_EQ_INT(gg_tls_context_generation(ctx), 1);
+
+	struct gg_tls_cert_request both = { .identity = "dns:site-a.gradgate.test",
+					    .also = "uri:spiffe://gradgate.test/site-c", .valid_until_s = 3600 };
+	install_own(ca, &both);
+	CHECK_EQ_INT(gg_tls_context_reload(ctx, err, sizeof(err)), -EINVAL);
+	CHECK_CONTAINS(err, "names peer site-c (uri:spiffe://gradgate.test/site-c): it is that site's");
+	gg_tls_context_free(ctx);
+	peers[0].identity.name[0] = 's';
+	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), -EINVAL);
+	CHECK_CONTAINS(err, "names peer site-c");
+	CHECK(ctx == NULL);
+
+	/* Another site of the same CA is none of this site's business. */
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), 0);
+	CHECK_EQ_INT(gg_tls_context_reload(ctx, err, sizeof(err)), 0);
+	CHECK_EQ_INT(gg_tls_context_generation(ctx), 2);
+	gg_tls_context_free(ctx);
+
+	o.peer_count = GG_TLS_MAX_SITES + 1;
+	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), -EINVAL);
+	CHECK_STR(err, "17 peers, more than the 16 a TLS context takes");
+}
+
 static void remove_dir(void)
 {
 	static const char *const names[] = { "ca.pem", "a.pem", "a.key", "b.pem", "b.key", "empty.pem" };
@@ -459,6 +510,7 @@ int main(void)
 	test_identity_parse();
 	test_loading();
 	test_reload();
+	test_names_peer();
 	test_groups();
 
 	gg_tls_pki_free(ca);

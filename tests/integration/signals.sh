@@ -23,6 +23,16 @@ mv "$key.away" "$key"
 kill -HUP "${gw_pid[0]}"
 wait_for "$(site_log 0)" 'event=reloaded what=certificates' 10 || fail "site-a logged no 'reloaded'"
 run_ok reloaded 1000003 1 1
+# site-b's certificate and key in site-a's files: they load, but every peer
+# would refuse them as site-a's.
+for f in pem key; do cp -p "$work/certs/site-a.$f" "$work/certs/site-a.$f.own"; done
+cp -p "$work/certs/site-b.pem" "$work/certs/site-a.pem"
+cp -p "$work/certs/site-b.key" "$work/certs/site-a.key"
+kill -HUP "${gw_pid[0]}"
+wait_for "$(site_log 0)" 'event=reload_failed .*names peer site-b \(dns:site-b\.gradgate\.test\).*kept="previous credentials"' 10 ||
+	fail "site-a did not refuse site-b's certificate as its own"
+for f in pem key; do mv "$work/certs/site-a.$f.own" "$work/certs/site-a.$f"; done
+run_ok kept 1000 1 1
 
 # SIGTERM while site-a's rank waits in a step (site-b has no ranks).
 ranks_start pending 1000 1 1 0
@@ -40,7 +50,7 @@ log "site-a stopped in ${stop_ms} ms"
 # out the 2 s drain for frames nobody will take.
 [ "$stop_ms" -lt 1000 ] || fail "site-a took ${stop_ms} ms to stop with a step pending"
 expect "$(site_log 0)" "event=stopping site=site-a" "site-a's log"
-expect "$(site_log 0)" "event=stopped site=site-a steps_done=2 steps_failed=1" "site-a's log"
+expect "$(site_log 0)" "event=stopped site=site-a steps_done=3 steps_failed=1" "site-a's log"
 ranks_wait
 [ "${rank_rc[pending-s0-r0]}" = 1 ] || fail "the pending rank exited ${rank_rc[pending-s0-r0]}, expected 1"
 expect "$work/pending-s0-r0.err" "step 1 .*(site-a is shutting down|closed the connection)" "the pending rank's error"
