@@ -1113,6 +1113,19 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 	}
 }
 
+static struct gg_config_pos position(const struct setting *s)
+{
+	return s->v ? (struct gg_config_pos){ s->v->pos.line, s->v->pos.col } : (struct gg_config_pos){ 0, 0 };
+}
+
+static void note_positions(const struct loader *ld, struct gg_config *cfg)
+{
+	cfg->at.listen = position(SETTING(ld, site.listen));
+	cfg->at.control = position(SETTING(ld, site.control));
+	cfg->at.congestion_control = position(SETTING(ld, transport.congestion_control));
+	cfg->at.metrics_listen = position(SETTING(ld, metrics.listen));
+}
+
 static const char *const section_names[] = { "site", "tls", "peers", "transport", "compression",
 					      "allreduce", "limits", "metrics" };
 
@@ -1159,6 +1172,7 @@ static int load_text(const char *text, size_t len, const char *source, const cha
 	check_metrics(&ld, cfg, root);
 	if (!ld.settings_only)
 		check_files(&ld, cfg);
+	note_positions(&ld, cfg);
 
 	gg_toml_free(doc);
 	if (ld.oom || diag->lost || diag->count > before) {

@@ -36,6 +36,12 @@ struct gg_peer_config {
 	enum gg_peer_dial dial;
 };
 
+/* Where a value is in its file: line and column, from 1. Line 0: the file
+ * leaves the setting at its default. */
+struct gg_config_pos {
+	unsigned line, col;
+};
+
 struct gg_config {
 	char *source; /* the file this came from, as given */
 
@@ -97,6 +103,13 @@ struct gg_config {
 		char *listen;      /* "host:port" of the Prometheus endpoint; NULL: off */
 		bool allow_remote; /* listen may be a non-loopback address */
 	} metrics;
+
+	/* Where the settings are that only the host can judge (an address no
+	 * interface has, a congestion control the kernel lacks, the control
+	 * socket's folder): --check-config names the place of such a problem. */
+	struct {
+		struct gg_config_pos listen, control, congestion_control, metrics_listen;
+	} at;
 };
 
 /* Problems found while loading, each one line ready for a person:

@@ -45,13 +45,17 @@ static void usage(FILE *out)
 		"  --help                  show this help\n");
 }
 
-/* One problem of `path` that the loader did not report, and the count,
- * as the loader says them (control characters escaped). */
-static void report(const char *path, const char *problem)
+/* One problem of `path` that the loader did not report, at `at` in it
+ * (line 0: the file's), and the count, as the loader says them (control
+ * characters escaped). */
+static void report(const char *path, struct gg_config_pos at, const char *problem)
 {
 	struct gg_diag diag = { 0 };
 
-	gg_diag_add(&diag, "%s: %s", path, problem);
+	if (at.line)
+		gg_diag_add(&diag, "%s:%u:%u: %s", path, at.line, at.col, problem);
+	else
+		gg_diag_add(&diag, "%s: %s", path, problem);
 	gg_diag_add(&diag, "%s: 1 problem found", path);
 	gg_diag_print(&diag, stderr);
 	gg_diag_free(&diag);
@@ -73,10 +77,18 @@ static int check_configs(int count, char **paths)
 		char err[GG_NODE_ERROR_MAX];
 		struct sockaddr_storage metrics;
 		socklen_t metrics_len;
-		if (gg_node_check_host(&cfg, err, sizeof(err)) ||
-		    gg_host_backend_check_control(cfg.site.control, err, sizeof(err)) ||
-		    (cfg.metrics.listen && gg_daemon_metrics_address(&cfg, &metrics, &metrics_len, err, sizeof(err)))) {
-			report(paths[i], err);
+		struct gg_config_pos at;
+		int rc = gg_node_check_host(&cfg, &at, err, sizeof(err));
+		if (!rc) {
+			at = cfg.at.control;
+			rc = gg_host_backend_check_control(cfg.site.control, err, sizeof(err));
+		}
+		if (!rc && cfg.metrics.listen) {
+			at = cfg.at.metrics_listen;
+			rc = gg_daemon_metrics_address(&cfg, &metrics, &metrics_len, err, sizeof(err));
+		}
+		if (rc) {
+			report(paths[i], at, err);
 			gg_config_free(&cfg);
 			bad++;
 			continue;
@@ -84,7 +96,7 @@ static int check_configs(int count, char **paths)
 		if (i)
 			putchar('\n');
 		if (gg_config_print(&cfg, stdout)) {
-			report(paths[i], "out of memory printing its configuration");
+			report(paths[i], (struct gg_config_pos){ 0, 0 }, "out of memory printing its configuration");
 			bad++;
 		}
 		gg_config_free(&cfg);

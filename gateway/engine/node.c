@@ -4131,19 +4131,22 @@ static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
 	return gg_errf(err, err_size, rc, "[site] listen \"%s\": %s", cfg->site.listen, strerror(-rc));
 }
 
-int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size)
+int gg_node_check_host(const struct gg_config *cfg, struct gg_config_pos *at, char *err, size_t err_size)
 {
 	struct gg_tls_site peers[GG_MAX_PEERS];
 	struct gg_tls_options to;
 	struct gg_tls_context *tls;
 	int rc;
 
+	*at = (struct gg_config_pos){ 0, 0 };
 	if ((rc = tls_options(cfg, peers, &to, err, err_size)) || (rc = gg_tls_context_new(&to, &tls, err, err_size)))
 		return rc;
 	gg_tls_context_free(tls);
+	*at = cfg->at.congestion_control;
 	if (cfg->transport.congestion_control &&
 	    (rc = gg_net_check_congestion(cfg->transport.congestion_control, err, err_size)))
 		return rc;
+	*at = cfg->at.listen;
 	return check_listen(cfg, err, err_size);
 }
 

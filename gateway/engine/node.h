@@ -166,10 +166,13 @@ GG_MUST_CHECK int gg_node_new(const struct gg_config *cfg, struct gg_node **out,
 
 /* What gg_node_new() needs of this host beyond the file, without starting
  * anything: the credentials load (PEM, the key matches the certificate, the
- * certificate is current) and the congestion control exists. Returns 0, or
- * a negative errno with err naming the file or setting and the problem
+ * certificate passes its peers' checks), the congestion control exists and
+ * the listen address is one of this host's. Returns 0, or a negative errno
+ * with err naming the file or setting and the problem, and *at the place of
+ * that setting in the file (line 0: a file's problem, or a default's)
  * (gradgate --check-config). */
-GG_MUST_CHECK int gg_node_check_host(const struct gg_config *cfg, char *err, size_t err_size);
+GG_MUST_CHECK int gg_node_check_host(const struct gg_config *cfg, struct gg_config_pos *at, char *err,
+				     size_t err_size);
 void gg_node_free(struct gg_node *n);
 
 /* The fingerprint that a step's DATA carries (gg_wire_fingerprint()) for

@@ -107,7 +107,7 @@ mkdir -m 777 "$tmp/open" && chmod 777 "$tmp/open"
 sed "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/open/gw/a.sock\"#" "$tmp/good.toml" >"$tmp/open.toml"
 "$gradgate" --check-config "$tmp/open.toml" >"$tmp/out" 2>"$tmp/err"
 expect "a control socket folder others may write in fails the check (exit 1)" $(( $? != 1 ))
-grep -qF "control socket $tmp/open/gw/a.sock: folder $tmp/open (mode 0777) may be written by every user, without the sticky bit" "$tmp/err"
+grep -qF "$tmp/open.toml:3:11: control socket $tmp/open/gw/a.sock: folder $tmp/open (mode 0777) may be written by every user, without the sticky bit" "$tmp/err"
 expect "it names the folder and why" $?
 
 # The same for the CA's folder: whoever may write in it could put a CA
@@ -157,11 +157,14 @@ refused() {
 # the config, read once written to, refused when nothing is within 10 s.
 mkfifo "$tmp/pipe.pem" "$tmp/pipe.toml"
 refused fifo 's#^ca = .*#ca = "pipe.pem"#' "a named pipe as [tls] ca" "[tls] ca file '$tmp/pipe.pem' is not a regular file"
-# A listen address the gateway could not listen on fails the check too.
+# A listen address the gateway could not listen on fails the check too,
+# at the setting's place in the file, as every host check.
 refused listen-name 's#^listen = .*#listen = "nonexistent.invalid:7101"#' "a listen host that does not resolve" \
 	'[site] listen "nonexistent.invalid:7101": the host does not resolve to an address'
 refused listen-foreign 's#^listen = .*#listen = "192.0.2.1:7101"#' "a listen address no interface has" \
-	'[site] listen "192.0.2.1:7101": no interface of this host has that address'
+	"$tmp/listen-foreign.toml:3:10: [site] listen \"192.0.2.1:7101\": no interface of this host has that address"
+refused congestion '$a [transport]\ncongestion_control = "nosuchcc"' "a congestion control the kernel lacks" \
+	"$tmp/congestion.toml:12:22: [transport] congestion_control \"nosuchcc\": this kernel has no such TCP congestion control"
 (sleep 0.5; timeout 5 cp "$tmp/good.toml" "$tmp/pipe.toml") &
 timeout 10 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
 rc=$?; expect "a named pipe written to half a second late is read (exit 0): $(head -c 200 "$tmp/err")" $rc
@@ -173,7 +176,7 @@ grep -qF "$tmp/pipe.toml: a pipe nothing was written to within 10 s" "$tmp/err";
 rc=$?; expect "a config from a process substitution is read: $(head -c 200 "$tmp/err")" $rc
 # What the gateway would refuse at start, the check refuses too.
 refused ctl-dir 's#^name = "site-a"#&\ncontrol = "unix:/tmp/"#' "a control socket path that is a folder" \
-	"control socket /tmp/: the path exists and is not a socket"
+	"$tmp/ctl-dir.toml:3:11: control socket /tmp/: the path exists and is not a socket"
 refused ctl-deep "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/no/such/a.sock\"#" \
 	"a control socket two folders deep in nothing" \
 	"control socket $tmp/no/such/a.sock: folder $tmp/no does not exist (the gateway makes only the socket's own folder)"
@@ -223,7 +226,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1 
 		unshare -m sh -c 'mount --bind "$1" /etc/hosts && exec "$2" --check-config "$3"' sh "$tmp/hosts" "$gradgate" \
 			"$tmp/metrics.toml" >/dev/null 2>"$tmp/err"
 		expect "[metrics] listen on a localhost that is not loopback fails the check (exit 1)" $(( $? != 1 ))
-		grep -qF "$tmp/metrics.toml: [metrics] listen localhost:9464 resolves to 192.0.2.2:9464, not a loopback address (set allow_remote = true to serve it there)" "$tmp/err"
+		grep -qF "$tmp/metrics.toml:12:10: [metrics] listen localhost:9464 resolves to 192.0.2.2:9464, not a loopback address (set allow_remote = true to serve it there)" "$tmp/err"
 		rc=$?; expect "  saying where it resolves: $(head -c 300 "$tmp/err")" $rc
 	fi
 	# A link of another user's on the way to the CA: it could point
