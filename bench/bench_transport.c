@@ -12,7 +12,8 @@
  * byte count and CPU time and closes. Echo: the server returns every
  * round-trip message. A plain connection is recognised by its first byte
  * (a TLS connection starts with a handshake record, 0x16) and accepted
- * only by a server started with --allow-plain. */
+ * only by a server started with --allow-plain, which answers its hello
+ * with "GGPLAIN1": the client sends no data unencrypted before that. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -36,6 +37,7 @@
 
 #define HELLO_MAGIC "GGBENCH1"
 #define HELLO_BYTES 32
+#define PLAIN_ACK "GGPLAIN1" /* 8 bytes */
 #define RESULT_BYTES 24
 #define KIND_STREAM 1u
 #define KIND_ECHO 2u
@@ -462,7 +464,8 @@ static void *server_worker(void *arg)
 				"(start the server with --allow-plain to measure plain mode)\n", addr);
 		goto out;
 	}
-	if (!(buf = malloc(size)) || conn_read_full(&c, hello, sizeof(hello)) || memcmp(hello, HELLO_MAGIC, 8))
+	if (!(buf = malloc(size)) || conn_read_full(&c, hello, sizeof(hello)) || memcmp(hello, HELLO_MAGIC, 8) ||
+	    (!c.tls && conn_write(&c, (const uint8_t *)PLAIN_ACK, 8)))
 		goto out;
 	if (get64(hello + 8) == KIND_STREAM)
 		serve_stream(&c, buf, size);
@@ -689,6 +692,22 @@ out:
 	return rc;
 }
 
+/* Unencrypted benchmark data goes only to a server that said it takes it
+ * (--allow-plain); one without closes the connection after the hello. */
+static int plain_accepted(struct conn *c)
+{
+	uint8_t ack[8];
+	int rc = conn_read_full(c, ack, sizeof(ack));
+
+	if (!rc && memcmp(ack, PLAIN_ACK, sizeof(ack)))
+		rc = -EPROTO;
+	if (rc) {
+		snprintf(c->error, sizeof(c->error), "the server refused unencrypted transport (start it with "
+			 "--allow-plain to measure plain mode)");
+	}
+	return rc;
+}
+
 static void *client_main(void *arg)
 {
 	struct client_job *j = arg;
@@ -707,6 +726,8 @@ static void *client_main(void *arg)
 	j->rc = conn_connect(&c, j->addr, j->addr_len, j->addr_text, j->ctx, j->server_site);
 	if (!j->rc)
 		j->rc = conn_write(&c, hello, sizeof(hello));
+	if (!j->rc && !c.tls)
+		j->rc = plain_accepted(&c);
 	if (!j->rc && c.tls)
 		j->cipher = gg_tls_engine_cipher(c.stream.tls);
 	if (j->rc) {

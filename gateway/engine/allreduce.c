@@ -396,7 +396,7 @@ static int ring_finish_chunk(struct gg_ar_step *s, const struct gg_ar_chunk_id *
 /* The shard this site starts the reduce-scatter of. */
 static uint8_t ring_start_shard(const struct gg_ar_step *s)
 {
-	return (uint8_t)((s->cfg.self + s->cfg.sites - 1) % s->cfg.sites);
+	return (uint8_t)gg_ar_ring_start(s->cfg.self, s->cfg.sites);
 }
 
 /* Encodes and sends the chunks of the starting shard while the owner has

@@ -136,6 +136,13 @@ static inline unsigned gg_ar_ring_next(unsigned self, unsigned sites)
 	return (self + 1) % sites;
 }
 
+/* The shard whose reduce-scatter the site `self` starts: the one before
+ * its own, which it sends to gg_ar_ring_next() before any frame comes. */
+static inline unsigned gg_ar_ring_start(unsigned self, unsigned sites)
+{
+	return (self + sites - 1) % sites;
+}
+
 /* Starts a step: `input` (count elements, this site's contribution) must
  * stay valid and unchanged but for the step's own writes, and `result`
  * (count elements) untouched by others, until the step is freed. They may

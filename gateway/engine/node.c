@@ -2764,19 +2764,27 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
 
 /* A new run of a name whose run ended here: a peer that still runs the
  * old one refuses it once the new run's step-1 frames reach it
- * (rerun_seen()), but by ring only the next site gets this site's. A peer
- * this site sends none to, whose run that took part in the one that ended
- * here is not known over there (no END from it), is returned (-1: none),
- * so that the step is refused here. */
-static int old_run_unheard(struct gg_node *n, const struct job *j, enum gg_allreduce_algo algo)
+ * (rerun_seen()), but by ring only the next site gets this site's, and
+ * only when the shard this site starts has elements (under 32 elements a
+ * site, shards may be empty): it sends nothing else before that site's
+ * frames come. A peer this site sends none to, whose run that took part in
+ * the one that ended here is not known over there (no END from it), is
+ * returned (-1: none), so that the step is refused here. */
+static int old_run_unheard(struct gg_node *n, const struct job *j, enum gg_allreduce_algo algo, uint64_t count,
+			   uint32_t chunk)
 {
 	const struct name_runs *r = name_runs(n, j->name, false);
 
 	if (!r || !r->ended_here || algo != GG_ALLREDUCE_RING)
 		return -1;
+	const struct gg_ar_config ring = { .sites = n->sites, .self = n->self, .algo = GG_ALLREDUCE_RING,
+					   .count = count, .chunk_elems = chunk };
+	const struct gg_ar_chunk_id first = { GG_AR_SCATTER, (uint8_t)gg_ar_ring_start(n->self, n->sites), 0 };
+	uint64_t offset, elems;
+	const unsigned reached = gg_ar_chunk_range(&ring, &first, &offset, &elems) ? gg_ar_ring_next(n->self, n->sites)
+										   : n->self;
 	for (unsigned p = 0; p < n->sites; p++)
-		if (p != n->self && p != gg_ar_ring_next(n->self, n->sites) && r->left[p] &&
-		    !run_within(r->left[p], r->over[p]))
+		if (p != n->self && p != reached && r->left[p] && !run_within(r->left[p], r->over[p]))
 			return (int)p;
 	return -1;
 }
@@ -2856,7 +2864,7 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 		finish_step(n, j, code, reason);
 		return 0;
 	}
-	int old = st->seq == 1 ? old_run_unheard(n, j, algo) : -1;
+	int old = st->seq == 1 ? old_run_unheard(n, j, algo, st->count, chunk) : -1;
 	if (old >= 0) {
 		fail_step_code(n, j, GG_ERR_REFUSED, "step 1 of job '%s': site %s still runs it, as far as site %s "
 			       "heard (the END of its run that took part in the one that ended here has not come): a job "

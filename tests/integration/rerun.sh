@@ -13,6 +13,21 @@
 
 K=2
 STEP_TIMEOUT=20s
+
+# new_run_refused JOB COUNT SITE REGEX: a new run of JOB (one rank, COUNT
+# elements) at site SITE fails its step 1 within 10 s, well before its
+# 15 s deadline, with an error matching REGEX.
+new_run_refused() {
+	local t0=${EPOCHREALTIME/[.,]/} new ms
+	rank_start "$1" "$2" 0 1 "$3" 1 --timeout-ms 15000
+	new=${rank_pids[-1]}
+	wait_exit "$new" 10 || fail "step 1 of a new run of '$1' at ${SITES[$3]} was not refused within 10 s"
+	ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
+	reap "$new"
+	[ "$reaped" != 0 ] || fail "step 1 of a new run of '$1' completed while the old one still runs"
+	expect "$work/$1-s$3-r0.err" "$4" "the new run's error at ${SITES[$3]}"
+	log "new run of '$1' ($2 elements) refused after $ms ms: $(cat "$work/$1-s$3-r0.err")"
+}
 mesh_start
 mesh_up 15
 
@@ -22,17 +37,8 @@ wait_for "$work/train-s0-r0.out" 'digest=' 15 || fail "site-a's rank of the firs
 # Site-b's rank is now connected and idle before its step 4. The new run:
 # site-b has a second job of the name only once its first rank leaves, so
 # the new run's rank there waits in the gateway for step 1 like site-a's.
-t0=${EPOCHREALTIME/[.,]/}
-rank_start train 1000 0 1 0 1 --timeout-ms 15000
-new=${rank_pids[-1]}
-wait_exit "$new" 10 || fail "step 1 of the new run at site-a was not refused within 10 s (step_timeout is $STEP_TIMEOUT)"
-ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
-reap "$new"
-[ "$reaped" != 0 ] || fail "step 1 of a new run of 'train' completed while site-b still runs the old one"
-expect "$work/train-s0-r0.err" "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b aborted step 1 of job 'train': site site-b still runs it \(at step 3\): a job name is one training run; use a new name, or wait until the old run's ranks are all gone$" \
-	"the new run's error at site-a"
+new_run_refused train 1000 0 "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b aborted step 1 of job 'train': site site-b still runs it \(at step 3\): a job name is one training run; use a new name, or wait until the old run's ranks are all gone$"
 expect "$(site_log 1)" "event=rerun_refused site=site-a job=train" "site-b's log"
-log "new run refused after $ms ms: $(cat "$work/train-s0-r0.err")"
 
 ranks_wait
 [ "${rank_rc[train-s1-r0]}" != 0 ] || fail "site-b's old rank completed step 4 with site-a's run over"
@@ -41,6 +47,16 @@ log "old run at site-b: $(cat "$work/train-s1-r0.err")"
 
 # Every rank of the old run is gone: the name is free for a new run.
 run_ok train 1000 1 2
+
+# 8 elements, under 32 a site: the shard site-b starts by ring is empty,
+# so a new run's step 1 there sends site-a nothing before site-a's frames
+# come. Site-b refuses it itself, as site-a's old run never said it ended.
+rank_start tiny 8 0 1 0 2 --late 8000@2
+rank_start tiny 8 0 1 1 1
+wait_for "$work/tiny-s1-r0.out" 'digest=' 15 || fail "site-b's rank of the first tiny run did not finish"
+wait_for "$(site_log 0)" 'event=peer_job_ended site=site-b job=tiny ' 10 || fail "site-a did not hear site-b's END"
+new_run_refused tiny 8 1 "step 1: error -5 \(GG_ERR_REFUSED\): step 1 \(tensor 1\): step 1 of job 'tiny': site site-a still runs it, as far as site site-b heard"
+ranks_wait
 mesh_stop
 
 # Three sites by ring, where site-b hears only site-a's frames: site-c's
