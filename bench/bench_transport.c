@@ -35,7 +35,7 @@
 #include "tls_stream.h"
 #include "units.h"
 
-#define HELLO_MAGIC "GGBENCH1"
+#define HELLO_MAGIC "GGBENCH2" /* 2: a plain hello is answered (PLAIN_ACK) */
 #define HELLO_BYTES 32
 #define PLAIN_ACK "GGPLAIN1" /* 8 bytes */
 #define RESULT_BYTES 24
@@ -697,14 +697,23 @@ out:
 static int plain_accepted(struct conn *c)
 {
 	uint8_t ack[8];
+	char why[sizeof(c->error)];
 	int rc = conn_read_full(c, ack, sizeof(ack));
 
-	if (!rc && memcmp(ack, PLAIN_ACK, sizeof(ack)))
-		rc = -EPROTO;
-	if (rc) {
+	if (!rc && !memcmp(ack, PLAIN_ACK, sizeof(ack)))
+		return 0;
+	if (rc == -ENODATA || rc == -ECONNRESET) {
 		snprintf(c->error, sizeof(c->error), "the server refused unencrypted transport (start it with "
 			 "--allow-plain to measure plain mode)");
+		return rc;
 	}
+	if (!rc) {
+		snprintf(c->error, sizeof(c->error), "the server answered the plain hello with something else: not a "
+			 "gradgate-bench transport receiver of this version");
+		return -EPROTO;
+	}
+	snprintf(why, sizeof(why), "%s", c->error[0] ? c->error : strerror(-rc));
+	snprintf(c->error, sizeof(c->error), "no answer to the plain hello: %.400s", why);
 	return rc;
 }
 

@@ -24,6 +24,7 @@ new_run_refused() {
 	wait_exit "$new" 10 || fail "step 1 of a new run of '$1' at ${SITES[$3]} was not refused within 10 s"
 	ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 	reap "$new"
+	unset 'rank_pids[-1]' 'rank_names[-1]' # reaped: not for ranks_wait
 	[ "$reaped" != 0 ] || fail "step 1 of a new run of '$1' completed while the old one still runs"
 	expect "$work/$1-s$3-r0.err" "$4" "the new run's error at ${SITES[$3]}"
 	log "new run of '$1' ($2 elements) refused after $ms ms: $(cat "$work/$1-s$3-r0.err")"
