@@ -577,15 +577,14 @@ static int copy_options(struct gg_tls_options *dst, const struct gg_tls_options 
 
 int gg_tls_context_new(const struct gg_tls_options *opts, struct gg_tls_context **out, char *err, size_t err_size)
 {
-	struct gg_tls_context *ctx = calloc(1, sizeof(*ctx));
+	struct gg_tls_context *ctx;
 	int rc;
 
 	*out = NULL;
-	if (opts->peer_count > GG_TLS_MAX_SITES) {
-		free(ctx);
+	if (opts->peer_count > GG_TLS_MAX_SITES)
 		return fail(err, err_size, -EINVAL, "%zu peers, more than the %d a TLS context takes", opts->peer_count,
 			    GG_TLS_MAX_SITES);
-	}
+	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx || copy_options(&ctx->opts, opts)) {
 		free(ctx);
 		return fail(err, err_size, -ENOMEM, "out of memory creating the TLS context");

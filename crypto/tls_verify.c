@@ -228,6 +228,12 @@ static void note_cert_detail(struct gg_tls_check *chk, X509 *cert, int depth, in
 	}
 }
 
+/* Site k of those the check knows: its `sites`, then its `others`. */
+static const struct gg_tls_site *known_site(const struct gg_tls_check *chk, size_t k)
+{
+	return k < chk->site_count ? &chk->sites[k] : &chk->others[k - chk->site_count];
+}
+
 int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 {
 	SSL *ssl = X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx());
@@ -252,7 +258,7 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 		 * issuer in the chain may name a site. */
 		X509 *issuer = X509_STORE_CTX_get_current_cert(store);
 		for (size_t k = 0; issuer && k < chk->site_count + chk->other_count; k++) {
-			const struct gg_tls_site *o = k < chk->site_count ? &chk->sites[k] : &chk->others[k - chk->site_count];
+			const struct gg_tls_site *o = known_site(chk, k);
 			if (!gg_tls_cert_names(issuer, &o->identity))
 				continue;
 			chk->verify_error = X509_V_ERR_INVALID_CA;
@@ -291,7 +297,7 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 		 * that site as well: it proves neither. */
 		const char *also = NULL;
 		for (size_t k = 0; k < chk->site_count + chk->other_count && !also; k++) {
-			const struct gg_tls_site *o = k < chk->site_count ? &chk->sites[k] : &chk->others[k - chk->site_count];
+			const struct gg_tls_site *o = known_site(chk, k);
 			if (strcmp(o->name, chk->sites[i].name) && gg_tls_cert_names(leaf, &o->identity))
 				also = o->name;
 		}

@@ -3539,10 +3539,9 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	}
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
-		if (j->used && j->step && !j->ending && j->has_result)
-			next = GG_MIN(next, ask_completed(n, j, now));
 		if (!j->used || !j->step || j->ending || fail_if_peer_lost(n, j, now) || !j->has_result)
 			continue;
+		next = GG_MIN(next, ask_completed(n, j, now));
 		/* Said DONE: the others may complete on it, so this site waits
 		 * for their DONE past the deadline, for as long as it takes to
 		 * find a site lost. */

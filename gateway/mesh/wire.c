@@ -211,6 +211,15 @@ static void put_links(struct writer *w, const struct gg_wire_links *l)
 	put_le(w, l ? l->rtt_us : 0, 4);
 }
 
+/* DONE's flags (wire.h). */
+enum {
+	DONE_PLAN = 1,
+	DONE_PROBE = 2, /* needs DONE_PLAN */
+	DONE_COMPLETED = 4,
+	DONE_ASKS = 8, /* not with DONE_COMPLETED */
+	DONE_FLAGS = 15,
+};
+
 static ssize_t encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 			   const struct gg_wire_links *links, const struct gg_wire_plan *plan, uint8_t more_flags)
 {
@@ -221,7 +230,7 @@ static ssize_t encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t r
 		put_le(&w, run, 8);
 		put_le(&w, step, 8);
 		put_links(&w, links);
-		put_u8(&w, (uint8_t)(has_plan | (has_plan && plan->probe) << 1 | more_flags));
+		put_u8(&w, (uint8_t)((has_plan ? DONE_PLAN : 0) | (has_plan && plan->probe ? DONE_PROBE : 0) | more_flags));
 		put_le(&w, has_plan ? plan->direct_max : 0, 8);
 		put_links(&w, has_plan ? &plan->links : NULL);
 	});
@@ -236,13 +245,13 @@ ssize_t gg_wire_encode_done(uint8_t *buf, size_t cap, const char *job, uint64_t 
 ssize_t gg_wire_encode_completed(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 				 const struct gg_wire_links *links, const struct gg_wire_plan *plan)
 {
-	return encode_done(buf, cap, job, run, step, links, plan, 4);
+	return encode_done(buf, cap, job, run, step, links, plan, DONE_COMPLETED);
 }
 
 ssize_t gg_wire_encode_done_asking(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t step,
 				   const struct gg_wire_links *links, const struct gg_wire_plan *plan)
 {
-	return encode_done(buf, cap, job, run, step, links, plan, 8);
+	return encode_done(buf, cap, job, run, step, links, plan, DONE_ASKS);
 }
 
 ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t run, uint64_t last_done,
@@ -407,14 +416,15 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		msg->u.done.links.uplink_bytes_per_s = get_le(&r, 8, "uplink rate");
 		msg->u.done.links.rtt_us = (uint32_t)get_le(&r, 4, "round trip");
 		uint64_t flags = get_le(&r, 1, "flags");
-		msg->u.done.plan.has_plan = flags & 1;
-		msg->u.done.plan.probe = flags >> 1 & 1;
-		msg->u.done.completed = flags >> 2 & 1;
-		msg->u.done.asks = flags >> 3 & 1;
+		msg->u.done.plan.has_plan = flags & DONE_PLAN;
+		msg->u.done.plan.probe = flags & DONE_PROBE;
+		msg->u.done.completed = flags & DONE_COMPLETED;
+		msg->u.done.asks = flags & DONE_ASKS;
 		msg->u.done.plan.direct_max = get_le(&r, 8, "direct up to");
 		msg->u.done.plan.links.uplink_bytes_per_s = get_le(&r, 8, "plan's uplink rate");
 		msg->u.done.plan.links.rtt_us = (uint32_t)get_le(&r, 4, "plan's round trip");
-		if (!r.field && (flags > 15 || (flags & 3) == 2 || (flags & 12) == 12))
+		if (!r.field && (flags > DONE_FLAGS || (flags & (DONE_PLAN | DONE_PROBE)) == DONE_PROBE ||
+				 (flags & (DONE_COMPLETED | DONE_ASKS)) == (DONE_COMPLETED | DONE_ASKS)))
 			return gg_errf(err, err_size, -EBADMSG,
 				       "done: flags 0x%02llx (bit 0 plan, bit 1 probe, which needs a plan, bit 2 completed, "
 				       "bit 3 asks, not both)",
