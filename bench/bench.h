@@ -3,6 +3,8 @@
 #ifndef GG_BENCH_H
 #define GG_BENCH_H
 
+#include <stdint.h>
+
 struct gg_bench_cmd {
 	const char *name;
 	const char *summary;
@@ -33,6 +35,16 @@ int gg_bench_datapath_main(int argc, char **argv);
  * 2 (the usage exit status) after "gradgate-bench CMD: OPT must be LO to
  * HI, not 'ARG'" on stderr. */
 int gg_bench_number(const char *cmd, const char *opt, const char *arg, long long lo, long long hi, long long *out);
+/* The whole of `arg` as a size (a number with an optional unit, as the
+ * config's sizes) from lo to hi bytes and a multiple of `multiple` into
+ * *out: 0, or 2 after "gradgate-bench CMD: OPT must be LO to HI[, whole
+ * fp32 elements (a multiple of 4 bytes)], not 'ARG'" on stderr. */
+int gg_bench_size(const char *cmd, const char *opt, const char *arg, uint64_t lo, uint64_t hi, uint64_t multiple,
+		  uint64_t *out);
+/* A rate in bits per second: a number, then k, M, G or T (any case) or
+ * none, then bit, bit/s, bps or nothing: 2G, 2gbit, 2.5Gbit/s, 500M and
+ * 500mbit all read. 0 with *bps set, or -EINVAL. */
+int gg_bench_parse_rate(const char *text, double *bps);
 /* Arguments left after the options: 0 when there are none, else 2 after
  * naming the first on stderr. */
 int gg_bench_no_operands(const char *cmd, int argc, char **argv, int optind_after);

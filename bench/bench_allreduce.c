@@ -24,6 +24,7 @@
 
 #include "bench.h"
 #include "codec.h"
+#include "control_conn.h"
 #include "control_proto.h"
 #include "gg_common.h"
 #include "gradgate.h"
@@ -309,6 +310,19 @@ static int parse(int argc, char **argv, struct opts *o)
 	if (o->rank >= o->ranks || o->site >= o->sites) {
 		fprintf(stderr, "gradgate-bench allreduce: rank %d of %d ranks, site %d of %d sites: each must be below its count\n",
 			o->rank, o->ranks, o->site, o->sites);
+		return 2;
+	}
+	/* What the library would refuse at the first call, refused here as a
+	 * bad option. */
+	char why[160];
+	if (!gg_ctrl_job_name_ok(o->job, why, sizeof(why))) {
+		fprintf(stderr, "gradgate-bench allreduce: --job '%s': %s\n", o->job, why);
+		return 2;
+	}
+	struct sockaddr_un addr;
+	struct gg_error err;
+	if (o->endpoint && gg_ctrl_parse_endpoint(o->endpoint, &addr, &err)) {
+		fprintf(stderr, "gradgate-bench allreduce: --endpoint: %s\n", err.message);
 		return 2;
 	}
 	if (o->no_refill && o->check == CHECK_ALL) {

@@ -80,7 +80,6 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ NULL, 0, NULL, 0 },
 	};
 	uint64_t bytes;
-	const char *why;
 	char *end;
 	int c;
 
@@ -116,10 +115,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			break;
 		}
 		case 'C':
-			if (gg_parse_size(optarg, &bytes, &why) || bytes < 4096 || bytes > (64u << 20) || bytes % 4) {
-				fprintf(stderr, "gradgate-bench datapath: --chunk is 4KiB to 64MiB, not '%s'\n", optarg);
+			if (gg_bench_size("datapath", "--chunk", optarg, 4u << 10, 64u << 20, sizeof(float), &bytes))
 				return 2;
-			}
 			o->chunk_elems = bytes / 4;
 			break;
 		case 'p':

@@ -148,7 +148,6 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *why;
 	char *end;
 	int c;
 
@@ -221,10 +220,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->algo = optarg;
 			break;
 		case 'C':
-			if (gg_parse_size(optarg, &o->chunk_bytes, &why)) {
-				fprintf(stderr, "gradgate-bench gateway: --chunk %s: %s\n", optarg, why);
+			if (gg_bench_size("gateway", "--chunk", optarg, 4u << 10, 64u << 20, sizeof(float), &o->chunk_bytes))
 				return 2;
-			}
 			break;
 		case 'p':
 			/* Goes into the config text: an IANA TLS 1.3 suite name only. */
@@ -256,6 +253,12 @@ static int parse(int argc, char **argv, struct opts *o)
 	}
 	if (gg_bench_no_operands("gateway", argc, argv, optind))
 		return 2;
+	/* Each stream belongs to one lane: a gateway starts no more lanes. */
+	if (o->threads > o->streams) {
+		fprintf(stderr, "gradgate-bench gateway: --threads %d: more lanes than --streams %d would leave lanes idle\n",
+			o->threads, o->streams);
+		return 2;
+	}
 	return 0;
 }
 
@@ -667,8 +670,9 @@ int gg_bench_gateway_main(int argc, char **argv)
 			printf("}\n");
 		} else {
 			printf("gradgate-bench gateway: %u sites, %llu float32 per step (%s), %s, %s, %d streams per peer, "
-			       "%d threads per gateway, %u jobs in flight, loopback\n",
-			       o.sites, (unsigned long long)o.count, o.codec, o.algo, o.cipher, o.streams, o.threads, o.jobs);
+			       "%d thread%s per gateway, %u job%s in flight, loopback\n",
+			       o.sites, (unsigned long long)o.count, o.codec, o.algo, o.cipher, o.streams, o.threads,
+			       o.threads == 1 ? "" : "s", o.jobs, o.jobs == 1 ? "" : "s");
 			printf("  gateways        %8.2f Gbit/s payload (all sites and directions), %.2f Gbit/s of fp32; "
 			       "step p50 %.1f ms over %u steps\n",
 			       gbps, (double)raw * 8 / wall / 1e9, p50, o.steps);

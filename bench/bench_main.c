@@ -1,11 +1,15 @@
+#include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "bench.h"
 #include "gg_build_config.h"
 #include "gg_common.h"
+#include "units.h"
 
 static const struct gg_bench_cmd commands[] = {
 	{ "allreduce", "one rank's all-reduce loop through a running gateway, checked", gg_bench_allreduce_main },
@@ -30,6 +34,53 @@ int gg_bench_number(const char *cmd, const char *opt, const char *arg, long long
 	}
 	*out = v;
 	return 0;
+}
+
+int gg_bench_size(const char *cmd, const char *opt, const char *arg, uint64_t lo, uint64_t hi, uint64_t multiple,
+		  uint64_t *out)
+{
+	const char *why = NULL;
+	uint64_t v;
+
+	if (gg_parse_size(arg, &v, &why) || v < lo || v > hi || v % multiple) {
+		char l[32], h[32], m[48] = "";
+		if (multiple == sizeof(float))
+			snprintf(m, sizeof(m), ", whole fp32 elements (a multiple of 4 bytes)");
+		else if (multiple > 1)
+			snprintf(m, sizeof(m), ", a multiple of %llu bytes", (unsigned long long)multiple);
+		fprintf(stderr, "gradgate-bench %s: %s must be %s to %s%s, not '%s'%s%s%s\n", cmd, opt,
+			gg_format_size(lo, l, sizeof(l)), gg_format_size(hi, h, sizeof(h)), m, arg, why ? " (" : "",
+			why ? why : "", why ? ")" : "");
+		return 2;
+	}
+	*out = v;
+	return 0;
+}
+
+int gg_bench_parse_rate(const char *text, double *bps)
+{
+	static const struct {
+		char prefix;
+		double mult;
+	} prefixes[] = { { 'k', 1e3 }, { 'm', 1e6 }, { 'g', 1e9 }, { 't', 1e12 } };
+	static const char *const units[] = { "", "bit", "bit/s", "bps" };
+	char *end;
+	double v = strtod(text, &end), mult = 1;
+
+	if (end == text || !(v > 0) || !isfinite(v))
+		return -EINVAL;
+	for (size_t i = 0; i < GG_ARRAY_LEN(prefixes); i++)
+		if (tolower((unsigned char)*end) == prefixes[i].prefix) {
+			mult = prefixes[i].mult;
+			end++;
+			break;
+		}
+	for (size_t i = 0; i < GG_ARRAY_LEN(units); i++)
+		if (!strcasecmp(end, units[i])) {
+			*bps = v * mult;
+			return 0;
+		}
+	return -EINVAL;
 }
 
 int gg_bench_no_operands(const char *cmd, int argc, char **argv, int optind_after)

@@ -978,14 +978,15 @@ static void usage(FILE *f)
 		"  --plain                also measure unencrypted transport, the baseline for the ratio.\n"
 		"                         INSECURE: data crosses the network in clear; benchmark only\n"
 		"  --allow-plain          (serve) accept unencrypted benchmark connections\n"
-		"  --time SECONDS         streaming time per mode (default 3)\n"
+		"  --time SECONDS         streaming time per mode, at most 3600 (default 3)\n"
 		"  --streams N            parallel connections, one thread each side (default 1, max %d)\n"
-		"  --rate RATE            pace the sender to RATE bits/s on the wire (e.g. 2G, 500M): a link\n"
+		"  --rate RATE            pace the sender to RATE bits/s on the wire (e.g. 2G, 500M, 2gbit): a link\n"
 		"                         slower than the cipher, as WAN links are (split over the streams)\n"
 		"  --rtt-count N          round trips per mode (default 2000; 0 skips them)\n"
-		"  --rtt-size SIZE        round-trip message size (default 64KiB)\n"
-		"  --write-size SIZE      application write size (default 256KiB)\n"
-		"  --ring-size SIZE       TLS ciphertext ring per direction and connection (default 256KiB)\n"
+		"  --rtt-size SIZE        round-trip message size, up to 64MiB (default 64KiB)\n"
+		"  --write-size SIZE      application write size, up to 64MiB (default 256KiB)\n"
+		"  --ring-size SIZE       TLS ciphertext ring per direction and connection, 64KiB to 256MiB,\n"
+		"                         rounded up to a power of two (default 256KiB)\n"
 		"  --socket-buffer SIZE   SO_SNDBUF/SO_RCVBUF, 64KiB to 256MiB as the config's socket_buffer\n"
 		"                         (default: kernel autotuning)\n"
 		"  --listen ADDR:PORT     (serve) where to listen (default 0.0.0.0:7443)\n"
@@ -1005,49 +1006,24 @@ static void usage(FILE *f)
 		GG_TLS_DEFAULT_CIPHERSUITES, MAX_STREAMS);
 }
 
-static int parse_size_arg(const char *flag, const char *v, uint64_t *out)
-{
-	const char *why;
-
-	if (gg_parse_size(v, out, &why)) {
-		fprintf(stderr, "gradgate-bench transport: %s %s: %s\n", flag, v, why);
-		return -EBADMSG; /* told */
-	}
-	return 0;
-}
-
-/* A size from `lo` to `hi`: 0, -EBADMSG when it is no size (said), or
- * -EINVAL when it is out of range. */
+/* A size from `lo` to `hi`: 0, or -EBADMSG when it is not one (said). */
 static int size_in(const char *flag, const char *v, uint64_t *out, uint64_t lo, uint64_t hi)
 {
-	if (parse_size_arg(flag, v, out))
-		return -EBADMSG;
-	return *out < lo || *out > hi ? -EINVAL : 0;
+	return gg_bench_size("transport", flag, v, lo, hi, 1, out) ? -EBADMSG : 0;
 }
 
-/* "2G", "500M", "2.5G", "10000000": bits per second. */
+/* Bits per second, 1 kbit/s to 10 Tbit/s: past that no pacing would be
+ * done (and past 2^64 the conversion would be undefined). */
 static int parse_rate(const char *v, uint64_t *bps)
 {
-	char *end;
-	double x = strtod(v, &end);
-	double mult = 1;
+	double x;
 
-	if (*end == 'k' || *end == 'K')
-		mult = 1e3, end++;
-	else if (*end == 'M')
-		mult = 1e6, end++;
-	else if (*end == 'G')
-		mult = 1e9, end++;
-	if (!strcmp(end, "bit/s") || !strcmp(end, "bps"))
-		end += strlen(end);
-	/* 1 kbit/s to 10 Tbit/s: past that no pacing would be done (and past
-	 * 2^64 the conversion below would be undefined). */
-	if (end == v || *end || !(x > 0) || !(x * mult >= 1e3 && x * mult <= 1e13)) {
-		fprintf(stderr, "gradgate-bench transport: --rate %s: expected a rate like 2G, 500M or 100k (bits per "
-			"second, 1k to 10000G)\n", v);
+	if (gg_bench_parse_rate(v, &x) || !(x >= 1e3 && x <= 1e13)) {
+		fprintf(stderr, "gradgate-bench transport: --rate %s: expected a rate like 2G, 500M or 100k, or 2gbit "
+			"(bits per second, 1k to 10000G)\n", v);
 		return -EBADMSG; /* told */
 	}
-	*bps = (uint64_t)(x * mult);
+	*bps = (uint64_t)x;
 	return 0;
 }
 
@@ -1058,6 +1034,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 		.rtt_count = 2000, .rtt_bytes = 64 << 10, .write_bytes = 256 << 10, .ring_bytes = 256 << 10,
 	};
 	int i = 1;
+	bool listen_given = false;
 	if (i < argc && !strcmp(argv[i], "serve")) {
 		o->serve = true;
 		i++;
@@ -1103,11 +1080,17 @@ static int parse_options(int argc, char **argv, struct options *o)
 		if (!strcmp(a, "--connect"))
 			o->connect = v;
 		else if (!strcmp(a, "--listen"))
-			o->listen = v;
+			o->listen = v, listen_given = true;
 		else if (!strcmp(a, "--modes"))
 			o->modes = v;
-		else if (!strcmp(a, "--time"))
-			rc = (o->seconds = strtod(v, &end)) > 0 && o->seconds <= 3600 && !*end ? 0 : -EINVAL;
+		else if (!strcmp(a, "--time")) {
+			o->seconds = strtod(v, &end);
+			if (end == v || *end || !(o->seconds > 0 && o->seconds <= 3600)) {
+				fprintf(stderr, "gradgate-bench transport: --time must be more than 0 and at most 3600 "
+						"seconds, not '%s'\n", v);
+				return -EINVAL;
+			}
+		}
 		else if (!strcmp(a, "--streams")) {
 			if (gg_bench_number("transport", a, v, 1, MAX_STREAMS, &n))
 				return -EINVAL;
@@ -1122,7 +1105,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 		else if (!strcmp(a, "--write-size"))
 			rc = size_in(a, v, &o->write_bytes, 1, 64u << 20);
 		else if (!strcmp(a, "--ring-size"))
-			rc = size_in(a, v, &o->ring_bytes, 0, 256u << 20);
+			rc = size_in(a, v, &o->ring_bytes, GG_TLS_RING_MIN_BYTES, 256u << 20);
 		else if (!strcmp(a, "--socket-buffer"))
 			rc = size_in(a, v, &o->socket_buffer_bytes, 64u << 10, 256u << 20);
 		else if (!strcmp(a, "--rate"))
@@ -1135,11 +1118,14 @@ static int parse_options(int argc, char **argv, struct options *o)
 			o->key = v;
 		else if (!strcmp(a, "--peer-identity"))
 			o->peer_identity = v;
-		if (rc) {
-			if (rc != -EBADMSG) /* else the parser said what it wants */
-				fprintf(stderr, "gradgate-bench transport: bad value for %s: %s\n", a, v);
+		if (rc) /* the parser said what it wants */
 			return -EINVAL;
-		}
+	}
+	const char *receiver_only = listen_given ? "--listen" : o->allow_plain ? "--allow-plain" : NULL;
+	if (!o->serve && receiver_only) {
+		fprintf(stderr, "gradgate-bench transport: %s is an option of the receiver (transport serve)\n",
+			receiver_only);
+		return -EINVAL;
 	}
 	if ((o->ca || o->cert || o->key) && !(o->ca && o->cert && o->key)) {
 		fprintf(stderr, "gradgate-bench transport: --ca, --cert and --key go together\n");
@@ -1229,8 +1215,8 @@ static int load_creds(const struct options *o, struct creds *c)
 		c->server = (struct gg_tls_options){ .ca_pem = c->ca_pem, .cert_pem = c->server_cert_pem, .key_pem = c->server_key_pem };
 		c->client = (struct gg_tls_options){ .ca_pem = c->ca_pem, .cert_pem = c->client_cert_pem, .key_pem = c->client_key_pem };
 	}
-	if (gg_tls_site_init(&c->server_site, "bench server", server_id, &why) ||
-	    gg_tls_site_init(&c->client_site, "bench client", client_id, &why)) {
+	if (gg_tls_site_init(&c->server_site, NULL, server_id, &why) ||
+	    gg_tls_site_init(&c->client_site, NULL, client_id, &why)) {
 		fprintf(stderr, "gradgate-bench transport: --peer-identity %s: %s\n", o->peer_identity, why);
 		return -EINVAL;
 	}

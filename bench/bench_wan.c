@@ -268,7 +268,7 @@ static void usage(FILE *f)
 		"against PyTorch's gloo (K*R ranks) on the same links, in the same run.\n\n"
 		"  --sites K            sites, 2-%d (default 3)\n"
 		"  --ranks R            ranks per site, 1-%d (default 2)\n"
-		"  --rate RATE          each site's uplink and downlink: 100mbit, 1gbit, 2.5gbit (default 1gbit)\n"
+		"  --rate RATE          each site's uplink and downlink: 100mbit, 1gbit, 2.5gbit or 2G (default 1gbit)\n"
 		"  --delay-ms D         one-way delay between gateways, through linkem (default 0);\n"
 		"                       gloo's traffic does not go through linkem\n"
 		"  --sizes LIST         fp32 bytes per all-reduce, 4KiB-1GiB (default 64MiB)\n"
@@ -304,25 +304,11 @@ static void usage(FILE *f)
 		WAN_MAX_SITES, WAN_MAX_RANKS, WAN_MAX_STEPS, WAN_MAX_REPEAT, WAN_TRIES);
 }
 
-/* "1gbit", "2.5gbit", "100mbit", "500kbit", "1000000bit" or a plain
- * number: bits per second, as tc spells them. */
+/* 1 Mbit/s to 100 Gbit/s, as gg_bench_parse_rate() reads them ("1gbit",
+ * "2.5gbit", "100mbit", "2G"); tc is given bits per second. */
 static int parse_rate(const char *text, double *bps)
 {
-	static const struct {
-		const char *unit;
-		double mult;
-	} units[] = { { "", 1 }, { "bit", 1 }, { "kbit", 1e3 }, { "mbit", 1e6 }, { "gbit", 1e9 }, { "tbit", 1e12 } };
-	char *end;
-	double v = strtod(text, &end);
-
-	if (end == text || !(v > 0))
-		return -EINVAL;
-	for (size_t i = 0; i < GG_ARRAY_LEN(units); i++)
-		if (!strcasecmp(end, units[i].unit)) {
-			*bps = v * units[i].mult;
-			return *bps >= 1e6 && *bps <= 1e11 ? 0 : -ERANGE;
-		}
-	return -EINVAL;
+	return gg_bench_parse_rate(text, bps) || *bps < 1e6 || *bps > 1e11 ? -EINVAL : 0;
 }
 
 /* Splits a comma list into at most max items (in buf); -1 when empty,
@@ -408,7 +394,6 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		{ NULL, 0, NULL, 0 },
 	};
 	char buf[512], *items[WAN_MAX_SIZES + 1];
-	const char *why;
 	int c, n;
 
 	*o = (struct wan_opts){
@@ -471,7 +456,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		switch (c) {
 		case 'R':
 			if (parse_rate(optarg, &o->rate_bps)) {
-				say("--rate wants 1mbit to 100gbit, such as 100mbit, 1gbit or 2.5gbit, not '%s'", optarg);
+				say("--rate wants 1mbit to 100gbit, such as 100mbit, 1gbit, 2.5gbit or 2G, not '%s'", optarg);
 				return WAN_USAGE;
 			}
 			break;
@@ -485,11 +470,8 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 			break;
 		}
 		case 'C':
-			if (gg_parse_size(optarg, &o->chunk_bytes, &why) || o->chunk_bytes < (4u << 10) ||
-			    o->chunk_bytes > (64u << 20) || o->chunk_bytes % sizeof(float)) {
-				say("--chunk must be 4KiB to 64MiB, a multiple of 4 bytes, not '%s'", optarg);
+			if (gg_bench_size("wan", "--chunk", optarg, 4u << 10, 64u << 20, sizeof(float), &o->chunk_bytes))
 				return WAN_USAGE;
-			}
 			break;
 		case 'p':
 			if (strlen(optarg) < 1 || strlen(optarg) > 12 || optarg[0] < 'a' || optarg[0] > 'z' ||

@@ -50,9 +50,9 @@ while [ $# -gt 0 ]; do
 	shift
 done
 for v in runs streams count steps; do
-	[[ ${!v} =~ ^[0-9]+$ ]] || die "--$v takes a number, not '${!v}'"
+	[[ ${!v} =~ ^[0-9]{1,9}$ ]] || die "--$v takes a number (at most 9 digits), not '${!v}'"
 done
-[[ $threads =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--threads takes a number or a list like 1,2,4, not '$threads'"
+[[ $threads =~ ^[0-9]{1,9}(,[0-9]{1,9})*$ ]] || die "--threads takes a number or a list like 1,2,4, not '$threads'"
 IFS=, read -r -a lane_counts <<<"$threads"
 [ "$runs" -ge 1 ] && [ "$steps" -ge 1 ] && [ "$count" -ge 1 ] || die "--runs, --steps and --count must be at least 1"
 streams=$((10#$streams))
