@@ -74,6 +74,7 @@ done
 [ ${#sites[@]} -gt 0 ] || sites=(site-a site-b site-c)
 
 # Check every argument before making anything.
+declare -A named=()
 for site in "${sites[@]}"; do
 	case "$site" in
 	*[!a-z0-9-]*|""|-*|*-) bad "'$site'" "is not a site name (a-z, 0-9, -; not starting or ending with -)" ;;
@@ -81,6 +82,8 @@ for site in "${sites[@]}"; do
 	[ ${#site} -le 63 ] || bad "'$site'" "is not a site name (longer than 63 characters)"
 	# Its files would be the CA's.
 	[ "$site" != ca ] || bad "'$site'" "cannot be a site name here: its certificate and key would overwrite the CA's (ca.pem, ca.key)"
+	[ -z "${named[$site]:-}" ] || bad "'$site'" "is named twice"
+	named[$site]=1
 done
 if ! [[ $days =~ ^[1-9][0-9]{0,5}$ ]]; then
 	bad "--days '$days'" "is not a number of days (a whole number from 1 to 999999)"

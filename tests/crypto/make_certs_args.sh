@@ -13,7 +13,7 @@ trap 'rm -rf "$work"' EXIT
 long=$(printf 'a%.0s' {1..64}) # one past a site name's 63 characters
 label=${long:1}                # 63 characters
 domain=$label.$label.$label.${label:5} # 250 characters: with "site-a." the name has 257
-for args in "Bad_Name" "site-a Bad_Name" "site-a $long" "site-a -x" "site-a x-" "site-x ca" "--days 0" "--days x" \
+for args in "Bad_Name" "site-a Bad_Name" "site-a site-b site-a" "site-a $long" "site-a -x" "site-a x-" "site-x ca" "--days 0" "--days x" \
 	"--domain a,b" "--days" "--domain $domain site-a"; do
 	# shellcheck disable=SC2086
 	"$mc" --out "$work/new" $args 2>/dev/null; rc=$?
