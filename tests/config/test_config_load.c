@@ -110,6 +110,7 @@ static void test_units(void)
 	CHECK_STR(gg_format_duration(90000000, buf, sizeof(buf)), "90s");
 	CHECK_STR(gg_format_duration(500000, buf, sizeof(buf)), "500ms");
 	CHECK_STR(gg_format_duration(120000000, buf, sizeof(buf)), "2m");
+	CHECK_STR(gg_format_duration(0, buf, sizeof(buf)), "0s");
 	/* Elapsed times, rounded down for people to read. */
 	static const struct {
 		uint64_t us;
