@@ -535,6 +535,15 @@ static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 	sum_free(b, take_spare(b, j), bytes, on_gpu, nccl);
 }
 
+/* The job's communicator is given up or freed: NCCL's bootstrap root for
+ * its id, where it still waits for ranks, stops (a socket and a thread of
+ * this process each, else for good). */
+static void nccl_end_id(struct gg_host_backend *b, struct hb_job *j)
+{
+	if (b->opts.nccl->end_id)
+		b->opts.nccl->end_id(j->nccl_id);
+}
+
 static void job_free(struct gg_host_backend *b, struct hb_job *j)
 {
 	for (unsigned i = 0; i < slots(b); i++)
@@ -563,6 +572,8 @@ static void job_free(struct gg_host_backend *b, struct hb_job *j)
 		b->opts.nccl->finish(j->nccl_comm);
 	else if (j->nccl_comm)
 		b->opts.nccl->close(j->nccl_comm);
+	if (j->nccl_state != NCCL_NONE)
+		nccl_end_id(b, j);
 	free(j->ranks);
 	free(j->mem);
 	free(j->gpu_out);
@@ -592,6 +603,7 @@ static void nccl_abort(struct gg_host_backend *b, struct hb_job *j, int code, co
 		return;
 	b->opts.nccl->close(j->nccl_comm);
 	j->nccl_comm = NULL;
+	nccl_end_id(b, j);
 	j->nccl_never_up = j->nccl_state == NCCL_JOINING;
 	j->nccl_state = NCCL_ABORTED;
 	if (j->spare_nccl)
@@ -2339,8 +2351,10 @@ static void on_nccl_join(struct gg_host_backend *b, struct hb_conn *c)
 		const uint32_t ms = c->in.nccl_join.timeout_ms;
 		if (ms && (uint64_t)ms * 1000 < timeout_us)
 			timeout_us = (uint64_t)ms * 1000;
-		if ((rc = b->opts.nccl->unique_id(j->nccl_id, why, sizeof(why))) ||
-		    (rc = b->opts.nccl->open(&j->nccl_comm, j->nccl_id, j->nranks + 1, j->nranks, why, sizeof(why)))) {
+		rc = b->opts.nccl->unique_id(j->nccl_id, why, sizeof(why));
+		if (!rc && (rc = b->opts.nccl->open(&j->nccl_comm, j->nccl_id, j->nranks + 1, j->nranks, why, sizeof(why))))
+			nccl_end_id(b, j);
+		if (rc) {
 			conn_unserved(b, c, rc == -ENODEV ? GG_ERR_INVALID : GG_ERR_SYSTEM,
 				      "cannot make the job's NCCL communicator%s: %s",
 				      rc == -ENODEV ? " (the gateway has no usable GPU)" : "", why);

@@ -17,9 +17,11 @@
 
 #include "cuda_check.h"
 #include "dev_mem.h"
+#include "nccl_root.h"
 #include "site_cuda.h"
 
 _Static_assert(sizeof(ncclUniqueId) == GG_SITE_NCCL_ID_SIZE, "ncclUniqueId size");
+_Static_assert(GG_NCCL_ROOT_ID_SIZE == GG_SITE_NCCL_ID_SIZE, "ncclUniqueId size");
 
 #define NEG_ZERO_BITS 0x80000000u /* -0.0f: x + -0.0f == x for every x, -0.0 included */
 
@@ -69,13 +71,26 @@ static int comm_state(struct comm *c, char *err, size_t err_size)
 	return 0;
 }
 
+/* The bootstrap roots of the ids made here (on the backend's thread). */
+static struct gg_nccl_roots roots;
+
 static int real_unique_id(unsigned char id[GG_SITE_NCCL_ID_SIZE], char *err, size_t err_size)
 {
 	ncclUniqueId u;
+	int rc;
 
+	/* Before the root starts: a gateway that cannot join would leave it. */
+	if ((rc = gg_cuda_use_gpu(err, err_size)))
+		return rc;
 	NCCL_CHECK(ncclGetUniqueId(&u), NULL, err, err_size);
 	memcpy(id, u.internal, GG_SITE_NCCL_ID_SIZE);
+	(void)gg_nccl_root_watch(&roots, id);
 	return 0;
+}
+
+static void real_end_id(const unsigned char id[GG_SITE_NCCL_ID_SIZE])
+{
+	(void)gg_nccl_root_end(&roots, id);
 }
 
 /* How long finish() waits for the flush; a peer that is gone takes no
@@ -209,6 +224,7 @@ static int real_version(void)
 const struct gg_site_nccl_ops gg_site_nccl_real = {
 	.version = real_version,
 	.unique_id = real_unique_id,
+	.end_id = real_end_id,
 	.open = real_open,
 	.poll = real_poll,
 	.alloc = real_alloc,

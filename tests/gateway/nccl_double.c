@@ -51,6 +51,15 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static struct comm *comms;
+/* The ids unique_id() made, whose bootstrap root waits, as NCCL's does,
+ * until every rank of the communicator has checked in, or end_id() stops
+ * it. */
+#define MAX_ROOTS 256
+static struct {
+	unsigned char id[GG_SITE_NCCL_ID_SIZE];
+	bool waiting;
+} roots[MAX_ROOTS];
+static unsigned nroots;
 static enum nd_fault fault;
 static unsigned ids, finishes, frees, busy_frees;
 
@@ -120,6 +129,34 @@ static struct comm *comm_get(const unsigned char *id, unsigned nranks)
 	return c;
 }
 
+/* The root of `id` waits no more. Under the lock. */
+static void root_done(const unsigned char *id)
+{
+	for (unsigned i = 0; i < nroots; i++)
+		if (!memcmp(roots[i].id, id, GG_SITE_NCCL_ID_SIZE))
+			roots[i].waiting = false;
+}
+
+/* A rank checked in: the root is done once all have. Under the lock. */
+static void checked_in(struct comm *c)
+{
+	c->joined++;
+	if (c->joined == c->nranks)
+		root_done(c->id);
+	pthread_cond_broadcast(&cond);
+}
+
+unsigned nd_roots_waiting(void)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&lock);
+	for (unsigned i = 0; i < nroots; i++)
+		n += roots[i].waiting;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
 /* Under the lock. */
 static void comm_put(struct comm *c)
 {
@@ -152,12 +189,23 @@ static int d_unique_id(unsigned char id[GG_SITE_NCCL_ID_SIZE], char *err, size_t
 	pthread_mutex_lock(&lock);
 	bool fail = injected(ND_UNIQUE_ID, err, err_size);
 	unsigned n = ++ids;
+	if (!fail) {
+		memset(id, 0, GG_SITE_NCCL_ID_SIZE);
+		snprintf((char *)id, GG_SITE_NCCL_ID_SIZE, "nccl-double-%u", n);
+		if (nroots < MAX_ROOTS) {
+			memcpy(roots[nroots].id, id, GG_SITE_NCCL_ID_SIZE);
+			roots[nroots++].waiting = true;
+		}
+	}
 	pthread_mutex_unlock(&lock);
-	if (fail)
-		return -EIO;
-	memset(id, 0, GG_SITE_NCCL_ID_SIZE);
-	snprintf((char *)id, GG_SITE_NCCL_ID_SIZE, "nccl-double-%u", n);
-	return 0;
+	return fail ? -EIO : 0;
+}
+
+static void d_end_id(const unsigned char id[GG_SITE_NCCL_ID_SIZE])
+{
+	pthread_mutex_lock(&lock);
+	root_done(id);
+	pthread_mutex_unlock(&lock);
 }
 
 static int d_open(void **comm, const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
@@ -176,8 +224,7 @@ static int d_open(void **comm, const unsigned char id[GG_SITE_NCCL_ID_SIZE], uns
 		rc = -EINVAL;
 	} else {
 		r->rank = rank;
-		r->c->joined++;
-		pthread_cond_broadcast(&cond);
+		checked_in(r->c);
 	}
 	pthread_mutex_unlock(&lock);
 	*comm = r;
@@ -381,6 +428,7 @@ static int d_version(void)
 const struct gg_site_nccl_ops nccl_double_ops = {
 	.version = d_version,
 	.unique_id = d_unique_id,
+	.end_id = d_end_id,
 	.open = d_open,
 	.poll = d_poll,
 	.alloc = d_alloc,
@@ -444,8 +492,7 @@ struct nd_rank *nd_join(const unsigned char id[GG_SITE_NCCL_ID_SIZE], unsigned n
 		return NULL;
 	}
 	r->rank = rank;
-	r->c->joined++;
-	pthread_cond_broadcast(&cond);
+	checked_in(r->c);
 	while (r->c->joined < r->c->nranks && !(cancel && *cancel) && wait_until(until))
 		;
 	bool up = r->c->joined == r->c->nranks;

@@ -51,6 +51,11 @@ void nd_abort(struct nd_rank *r);
 /* Communicators still alive (not yet let go by every rank): 0 at the end
  * of a clean test. */
 unsigned nd_live(void);
+/* Ids of unique_id() whose bootstrap root still waits: not every rank of
+ * the communicator checked in, and end_id() did not stop it (as NCCL's
+ * root thread and socket would stay in the gateway): 0 once a test's
+ * communicators are all up or given up. */
+unsigned nd_roots_waiting(void);
 /* How many communicators the gateway freed with finish(), not aborted. */
 unsigned nd_finishes(void);
 /* Buffers the gateway freed, and those of them freed while a reduce or

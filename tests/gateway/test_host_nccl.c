@@ -563,7 +563,9 @@ static void test_join_timeout(void)
 	raw_expect_close(fd1, GG_CTRL_ERROR, GG_ERR_TIMEOUT,
 			 "the NCCL communicator of job 'nccl-join' was not up within 400 ms of its first NCCL_JOIN: "
 			 "rank 1 did not ask to join it");
-	printf("nccl: a rank that never joins: communicator given up, a late one refused\n");
+	/* NCCL's bootstrap root for the id waited for rank 1: it is stopped. */
+	CHECK_EQ_INT(nd_roots_waiting(), 0);
+	printf("nccl: a rank that never joins: communicator given up, its root stopped, a late one refused\n");
 }
 
 /* What the protocol refuses. */
@@ -637,6 +639,8 @@ static void test_protocol(void)
 	send_join(fd, 0);
 	raw_expect_close(fd, GG_CTRL_ERROR, GG_ERR_SYSTEM,
 			 "cannot make the job's NCCL communicator: nccl_double: injected failure");
+	/* The id was made before the gateway's own join failed: its root goes. */
+	CHECK_EQ_INT(nd_roots_waiting(), 0);
 	printf("nccl: protocol violations refused\n");
 }
 
@@ -773,6 +777,7 @@ int main(void)
 	test_shutdown();
 	test_without_nccl();
 	CHECK_EQ_INT(nd_live(), 0);
+	CHECK_EQ_INT(nd_roots_waiting(), 0);
 	printf("host nccl: ok\n");
 	return 0;
 }
