@@ -255,6 +255,29 @@ int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t wh
 	return (int)type;
 }
 
+bool gg_ctrl_from_gateway(const union gg_ctrl_msg *msg, size_t len)
+{
+	const struct gg_ctrl_hdr *h = &msg->hdr;
+
+	if (len < sizeof(*h) || h->magic != GG_CTRL_MAGIC || !known_type(h->type) || len != h->length ||
+	    len != ctrl_types[h->type].size)
+		return false;
+	switch (h->type) {
+	case GG_CTRL_ACCEPT:
+	case GG_CTRL_REFUSE:
+	case GG_CTRL_DONE:
+	case GG_CTRL_ERROR:
+	case GG_CTRL_STATUS_SITE:
+	case GG_CTRL_STATUS_PEER:
+	case GG_CTRL_STATUS_JOB:
+	case GG_CTRL_STATUS_FAILURE:
+	case GG_CTRL_NCCL_ID:
+		return true;
+	default:
+		return false;
+	}
+}
+
 void gg_ctrl_set_text(char *field, size_t size, const char *text)
 {
 	size_t n = strlen(text);

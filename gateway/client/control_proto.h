@@ -317,6 +317,11 @@ const char *gg_ctrl_type_name(unsigned type);
  * version field is readable, for the caller to refuse it by version. */
 int gg_ctrl_check(const union gg_ctrl_msg *msg, size_t len, char *why, size_t why_size);
 
+/* Whether a packet of `len` bytes is whole as a message the gateway sends
+ * (magic, type, header length and the type's size), whatever its fields
+ * hold: a gateway refuses it from a client for its direction alone. */
+bool gg_ctrl_from_gateway(const union gg_ctrl_msg *msg, size_t len);
+
 /* Copies `text` into a fixed string field, cut at size - 1 characters
  * (never inside a UTF-8 sequence) and zero-padded. */
 void gg_ctrl_set_text(char *field, size_t size, const char *text);

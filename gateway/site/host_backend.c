@@ -2269,12 +2269,16 @@ static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)
 			   (unsigned)a->region);
 		return;
 	}
-	if (reg && (a->offset % esize || a->offset > reg->size || bytes > reg->size - a->offset)) {
-		conn_fatal(b, c, GG_ERR_PROTOCOL,
-			   "step %llu: %llu bytes at offset %llu do not fit region %u of %llu bytes (offsets are "
-			   "multiples of the element size, %zu)", (unsigned long long)a->seq,
-			   (unsigned long long)bytes, (unsigned long long)a->offset, (unsigned)a->region,
-			   (unsigned long long)reg->size, esize);
+	if (reg && a->offset % esize) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: offset %llu in region %u is not a multiple of the element "
+			   "size, %zu", (unsigned long long)a->seq, (unsigned long long)a->offset, (unsigned)a->region,
+			   esize);
+		return;
+	}
+	if (reg && (a->offset > reg->size || bytes > reg->size - a->offset)) {
+		conn_fatal(b, c, GG_ERR_PROTOCOL, "step %llu: %llu bytes at offset %llu do not fit region %u of %llu bytes",
+			   (unsigned long long)a->seq, (unsigned long long)bytes, (unsigned long long)a->offset,
+			   (unsigned)a->region, (unsigned long long)reg->size);
 		return;
 	}
 
@@ -2466,7 +2470,9 @@ static void on_message(struct gg_host_backend *b, struct hb_conn *c, size_t len,
 		       bool ctrunc)
 {
 	char why[160];
-	int type = gg_ctrl_check(&c->in, len, why, sizeof(why));
+	/* A gateway's message is refused for coming from a client, not for
+	 * what its fields hold. */
+	int type = gg_ctrl_from_gateway(&c->in, len) ? (int)c->in.hdr.type : gg_ctrl_check(&c->in, len, why, sizeof(why));
 
 	if (c->state == C_HELLO) {
 		if (type < 0)

@@ -795,6 +795,15 @@ static void bad_done(struct raw_rank *rr)
 	raw_send(rr->fd, &m, gg_ctrl_init(&m, GG_CTRL_DONE), -1);
 }
 
+/* Fields a gateway's NCCL_ID may not hold (root 0 of 0 ranks): refused for
+ * its direction all the same. */
+static void bad_nccl_id(struct raw_rank *rr)
+{
+	union gg_ctrl_msg m;
+
+	raw_send(rr->fd, &m, gg_ctrl_init(&m, GG_CTRL_NCCL_ID), -1);
+}
+
 static void bad_hello_again(struct raw_rank *rr)
 {
 	union gg_ctrl_msg m;
@@ -976,16 +985,17 @@ static void bad_window(struct raw_rank *rr)
 
 static const struct violation violations[] = {
 	{ "too-large", bad_too_large, GG_ERR_TOO_LARGE, "step 1: 1048577 float32 elements; max_message allows 1 to 1048576", false },
-	{ "past-region", bad_past_region, GG_ERR_PROTOCOL, "step 1: 4000 bytes at offset 128 do not fit region 0 of 4096 bytes (offsets are multiples of the element size, 4)", false },
+	{ "past-region", bad_past_region, GG_ERR_PROTOCOL, "step 1: 4000 bytes at offset 128 do not fit region 0 of 4096 bytes", false },
 	{ "no-region", bad_region, GG_ERR_PROTOCOL, "step 1: region 3 is not mapped", false },
 	{ "seq", bad_seq, GG_ERR_PROTOCOL, "ALLREDUCE with seq 2, expected 1", false },
 	{ "dtype", bad_dtype, GG_ERR_PROTOCOL, "step 1: unknown dtype 7", false },
-	{ "offset", bad_offset, GG_ERR_PROTOCOL, "step 1: 16 bytes at offset 6 do not fit region 0 of 4096 bytes (offsets are multiples of the element size, 4)", false },
+	{ "offset", bad_offset, GG_ERR_PROTOCOL, "step 1: offset 6 in region 0 is not a multiple of the element size, 4", false },
 	{ "count-zero", bad_count_zero, GG_ERR_PROTOCOL, "step 1: 0 float32 elements; max_message allows 1 to 1048576", false },
 	{ "garbage", bad_garbage, GG_ERR_PROTOCOL, "not a gradgate control message (magic 0xefbeadde)", false },
 	{ "truncated", bad_truncated, GG_ERR_PROTOCOL, "truncated ALLREDUCE: 30 of 56 bytes", false },
 	{ "empty", bad_empty, GG_ERR_PROTOCOL, "truncated message: 0 bytes, shorter than a header", false },
 	{ "done", bad_done, GG_ERR_PROTOCOL, "unexpected DONE from a client", false },
+	{ "nccl-id", bad_nccl_id, GG_ERR_PROTOCOL, "unexpected NCCL_ID from a client", false },
 	{ "hello-again", bad_hello_again, GG_ERR_PROTOCOL, "unexpected HELLO from a client", false },
 	{ "status-in-session", bad_status_in_session, GG_ERR_PROTOCOL, "unexpected STATUS from a client", false },
 	{ "unsealed", bad_unsealed, GG_ERR_PROTOCOL, "MAP of region 1: the descriptor is not a memfd sealed against shrinking (F_SEAL_SHRINK)", false },
