@@ -36,7 +36,8 @@ int gg_bench_datapath_main(int argc, char **argv);
  * HI, not 'ARG'" on stderr. */
 int gg_bench_number(const char *cmd, const char *opt, const char *arg, long long lo, long long hi, long long *out);
 /* The whole of `arg` as a size (a number with an optional unit, as the
- * config's sizes) from lo to hi bytes and a multiple of `multiple` into
+ * config's sizes) from lo to hi bytes and a multiple of `multiple` (at
+ * least 1) into
  * *out: 0, or 2 after "gradgate-bench CMD: OPT must be LO to HI[, whole
  * fp32 elements (a multiple of 4 bytes)], not 'ARG'" on stderr. */
 int gg_bench_size(const char *cmd, const char *opt, const char *arg, uint64_t lo, uint64_t hi, uint64_t multiple,

@@ -150,6 +150,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	};
 	char *end;
 	int c;
+	bool streams_given = false;
 
 	*o = (struct opts){ .sites = 2, .count = 16u << 20, .steps = 8, .codec = "fp32", .algo = "direct",
 			    .streams = 2, .threads = 1, .jobs = 1, .chunk_bytes = 1u << 20, .cipher = "TLS_AES_256_GCM_SHA384",
@@ -191,7 +192,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			else if (c == 'w')
 				o->threads = (int)v;
 			else
-				o->streams = (int)v;
+				o->streams = (int)v, streams_given = true;
 			break;
 		}
 		case 'c':
@@ -255,8 +256,8 @@ static int parse(int argc, char **argv, struct opts *o)
 		return 2;
 	/* Each stream belongs to one lane: a gateway starts no more lanes. */
 	if (o->threads > o->streams) {
-		fprintf(stderr, "gradgate-bench gateway: --threads %d: more lanes than --streams %d would leave lanes idle\n",
-			o->threads, o->streams);
+		fprintf(stderr, "gradgate-bench gateway: --threads %d: more lanes than --streams %d%s would leave lanes "
+			"idle\n", o->threads, o->streams, streams_given ? "" : " (the default)");
 		return 2;
 	}
 	return 0;

@@ -187,7 +187,8 @@ char *gg_format_size(uint64_t bytes, char *buf, size_t size)
 
 char *gg_format_duration(uint64_t usec, char *buf, size_t size)
 {
-	/* Nothing is a whole number of every unit: say it as people write it. */
+	/* Zero is a whole number of every unit, so none is the exact one: say
+	 * it as people write it. */
 	if (!usec) {
 		snprintf(buf, size, "0s");
 		return buf;

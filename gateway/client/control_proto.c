@@ -9,23 +9,24 @@
 static const struct {
 	const char *name;
 	size_t size;
+	bool from_gateway; /* the gateway sends it; a client, the others */
 } ctrl_types[] = {
-	[GG_CTRL_HELLO] = { "HELLO", sizeof(struct gg_ctrl_hello) },
-	[GG_CTRL_ACCEPT] = { "ACCEPT", sizeof(struct gg_ctrl_accept) },
-	[GG_CTRL_REFUSE] = { "REFUSE", sizeof(struct gg_ctrl_error) },
-	[GG_CTRL_MAP] = { "MAP", sizeof(struct gg_ctrl_map) },
-	[GG_CTRL_UNMAP] = { "UNMAP", sizeof(struct gg_ctrl_unmap) },
-	[GG_CTRL_ALLREDUCE] = { "ALLREDUCE", sizeof(struct gg_ctrl_allreduce) },
-	[GG_CTRL_DONE] = { "DONE", sizeof(struct gg_ctrl_done) },
-	[GG_CTRL_ERROR] = { "ERROR", sizeof(struct gg_ctrl_error) },
-	[GG_CTRL_STATUS] = { "STATUS", sizeof(struct gg_ctrl_status) },
-	[GG_CTRL_STATUS_SITE] = { "STATUS_SITE", sizeof(struct gg_ctrl_status_site) },
-	[GG_CTRL_STATUS_PEER] = { "STATUS_PEER", sizeof(struct gg_ctrl_status_peer) },
-	[GG_CTRL_STATUS_JOB] = { "STATUS_JOB", sizeof(struct gg_ctrl_status_job) },
-	[GG_CTRL_STATUS_FAILURE] = { "STATUS_FAILURE", sizeof(struct gg_ctrl_status_failure) },
-	[GG_CTRL_MAP_CUDA] = { "MAP_CUDA", sizeof(struct gg_ctrl_map_cuda) },
-	[GG_CTRL_NCCL_JOIN] = { "NCCL_JOIN", sizeof(struct gg_ctrl_nccl_join) },
-	[GG_CTRL_NCCL_ID] = { "NCCL_ID", sizeof(struct gg_ctrl_nccl_id) },
+	[GG_CTRL_HELLO] = { "HELLO", sizeof(struct gg_ctrl_hello), false },
+	[GG_CTRL_ACCEPT] = { "ACCEPT", sizeof(struct gg_ctrl_accept), true },
+	[GG_CTRL_REFUSE] = { "REFUSE", sizeof(struct gg_ctrl_error), true },
+	[GG_CTRL_MAP] = { "MAP", sizeof(struct gg_ctrl_map), false },
+	[GG_CTRL_UNMAP] = { "UNMAP", sizeof(struct gg_ctrl_unmap), false },
+	[GG_CTRL_ALLREDUCE] = { "ALLREDUCE", sizeof(struct gg_ctrl_allreduce), false },
+	[GG_CTRL_DONE] = { "DONE", sizeof(struct gg_ctrl_done), true },
+	[GG_CTRL_ERROR] = { "ERROR", sizeof(struct gg_ctrl_error), true },
+	[GG_CTRL_STATUS] = { "STATUS", sizeof(struct gg_ctrl_status), false },
+	[GG_CTRL_STATUS_SITE] = { "STATUS_SITE", sizeof(struct gg_ctrl_status_site), true },
+	[GG_CTRL_STATUS_PEER] = { "STATUS_PEER", sizeof(struct gg_ctrl_status_peer), true },
+	[GG_CTRL_STATUS_JOB] = { "STATUS_JOB", sizeof(struct gg_ctrl_status_job), true },
+	[GG_CTRL_STATUS_FAILURE] = { "STATUS_FAILURE", sizeof(struct gg_ctrl_status_failure), true },
+	[GG_CTRL_MAP_CUDA] = { "MAP_CUDA", sizeof(struct gg_ctrl_map_cuda), false },
+	[GG_CTRL_NCCL_JOIN] = { "NCCL_JOIN", sizeof(struct gg_ctrl_nccl_join), false },
+	[GG_CTRL_NCCL_ID] = { "NCCL_ID", sizeof(struct gg_ctrl_nccl_id), true },
 };
 
 static bool known_type(unsigned type)
@@ -259,23 +260,8 @@ bool gg_ctrl_from_gateway(const union gg_ctrl_msg *msg, size_t len)
 {
 	const struct gg_ctrl_hdr *h = &msg->hdr;
 
-	if (len < sizeof(*h) || h->magic != GG_CTRL_MAGIC || !known_type(h->type) || len != h->length ||
-	    len != ctrl_types[h->type].size)
-		return false;
-	switch (h->type) {
-	case GG_CTRL_ACCEPT:
-	case GG_CTRL_REFUSE:
-	case GG_CTRL_DONE:
-	case GG_CTRL_ERROR:
-	case GG_CTRL_STATUS_SITE:
-	case GG_CTRL_STATUS_PEER:
-	case GG_CTRL_STATUS_JOB:
-	case GG_CTRL_STATUS_FAILURE:
-	case GG_CTRL_NCCL_ID:
-		return true;
-	default:
-		return false;
-	}
+	return len >= sizeof(*h) && h->magic == GG_CTRL_MAGIC && known_type(h->type) && len == h->length &&
+	       len == ctrl_types[h->type].size && ctrl_types[h->type].from_gateway;
 }
 
 void gg_ctrl_set_text(char *field, size_t size, const char *text)

@@ -1,3 +1,4 @@
+#include "node.h" /* first: it compiles on its own */
 #include "node_internal.h"
 
 #include <errno.h>

@@ -535,9 +535,9 @@ static void drop_spare(struct gg_host_backend *b, struct hb_job *j)
 	sum_free(b, take_spare(b, j), bytes, on_gpu, nccl);
 }
 
-/* The job's communicator is given up or freed: NCCL's bootstrap root for
- * its id, where it still waits for ranks, stops (a socket and a thread of
- * this process each, else for good). */
+/* The job's communicator is up, given up or freed: NCCL's bootstrap root
+ * for its id, where it still waits for ranks, stops (a socket and a thread
+ * of this process each, else for good). */
 static void nccl_end_id(struct gg_host_backend *b, struct hb_job *j)
 {
 	if (b->opts.nccl->end_id)
@@ -2386,6 +2386,7 @@ static bool nccl_join_progress(struct gg_host_backend *b, struct hb_job *j, uint
 
 	if (!rc) {
 		j->nccl_state = NCCL_UP;
+		nccl_end_id(b, j); /* every rank checked in: its root is done */
 		hb_log(b, "job '%s': its NCCL communicator is up", j->name);
 		return true;
 	}

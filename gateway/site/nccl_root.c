@@ -1,12 +1,14 @@
 #include "nccl_root.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Where an ncclUniqueId keeps the root's address: after its 8-byte magic
  * (struct ncclBootstrapHandle). */
@@ -40,25 +42,56 @@ static bool same_address(const struct sockaddr_storage *a, const struct sockaddr
 	return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr));
 }
 
-/* Whether fd is a socket that listens at `want`; its inode in *st. */
-static bool listens_at(int fd, const struct sockaddr_storage *want, struct stat *st)
+static bool listening(int fd)
+{
+	int on = 0;
+	socklen_t len = sizeof(on);
+
+	return !getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) && on;
+}
+
+/* Whether fd is a socket that listens at `want`. */
+static bool listens_at(int fd, const struct sockaddr_storage *want)
 {
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof(ss);
-	int listening = 0;
-	socklen_t optlen = sizeof(listening);
+	struct stat st;
 
-	if (fstat(fd, st) || !S_ISSOCK(st->st_mode))
-		return false;
-	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) || !listening)
+	if (fstat(fd, &st) || !S_ISSOCK(st.st_mode) || !listening(fd))
 		return false;
 	return !getsockname(fd, (struct sockaddr *)&ss, &len) && same_address(&ss, want);
 }
 
+/* A duplicate of the socket of this process that listens at `want`, or -1.
+ * The duplicate is taken from the number just found to listen there: a
+ * socket closed and another opened in between under the same number is
+ * caught by checking the duplicate again. */
+static int dup_listener(const struct sockaddr_storage *want)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int dup = -1;
+
+	if (!d)
+		return -1;
+	for (struct dirent *e; dup < 0 && (e = readdir(d));) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+		if (*end || end == e->d_name || fd == dirfd(d) || !listens_at((int)fd, want))
+			continue;
+		dup = fcntl((int)fd, F_DUPFD_CLOEXEC, 0);
+		if (dup >= 0 && !listens_at(dup, want)) {
+			close(dup);
+			dup = -1;
+		}
+	}
+	closedir(d);
+	return dup;
+}
+
 static struct gg_nccl_root *find(struct gg_nccl_roots *r, const unsigned char id[GG_NCCL_ROOT_ID_SIZE])
 {
-	for (unsigned i = 0; i < GG_NCCL_ROOTS_MAX; i++)
-		if (r->root[i].used && !memcmp(r->root[i].id, id, GG_NCCL_ROOT_ID_SIZE))
+	for (unsigned i = 0; i < r->count; i++)
+		if (!memcmp(r->root[i].id, id, GG_NCCL_ROOT_ID_SIZE))
 			return &r->root[i];
 	return NULL;
 }
@@ -66,52 +99,47 @@ static struct gg_nccl_root *find(struct gg_nccl_roots *r, const unsigned char id
 bool gg_nccl_root_watch(struct gg_nccl_roots *r, const unsigned char id[GG_NCCL_ROOT_ID_SIZE])
 {
 	struct sockaddr_storage want;
-	struct stat st;
-	int found = -1;
 
-	if (!id_address(id, &want))
+	/* There NCCL puts the root in rank 0, at that address for every id. */
+	if (getenv("NCCL_COMM_ID") || !id_address(id, &want) || find(r, id))
 		return false;
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return false;
-	for (struct dirent *e; found < 0 && (e = readdir(d));) {
-		char *end;
-		long fd = strtol(e->d_name, &end, 10);
-		if (*end || end == e->d_name || fd == dirfd(d))
-			continue;
-		if (listens_at((int)fd, &want, &st))
-			found = (int)fd;
+	if (r->count == r->cap) {
+		unsigned cap = r->cap ? 2 * r->cap : 8;
+		struct gg_nccl_root *grown = realloc(r->root, cap * sizeof(*grown));
+		if (!grown)
+			return false;
+		r->root = grown;
+		r->cap = cap;
 	}
-	closedir(d);
-	if (found < 0)
+	int fd = dup_listener(&want);
+	if (fd < 0)
 		return false;
-	struct gg_nccl_root *slot = find(r, id);
-	for (unsigned i = 0; !slot && i < GG_NCCL_ROOTS_MAX; i++)
-		if (!r->root[i].used)
-			slot = &r->root[i];
-	if (!slot) {
-		slot = &r->root[r->next];
-		r->next = (r->next + 1) % GG_NCCL_ROOTS_MAX;
-	}
-	*slot = (struct gg_nccl_root){ .used = true, .fd = found, .dev = st.st_dev, .ino = st.st_ino };
-	memcpy(slot->id, id, GG_NCCL_ROOT_ID_SIZE);
+	struct gg_nccl_root *root = &r->root[r->count++];
+	memcpy(root->id, id, GG_NCCL_ROOT_ID_SIZE);
+	root->fd = fd;
 	return true;
 }
 
 bool gg_nccl_root_end(struct gg_nccl_roots *r, const unsigned char id[GG_NCCL_ROOT_ID_SIZE])
 {
 	struct gg_nccl_root *root = find(r, id);
-	struct sockaddr_storage want;
-	struct stat st;
 	bool stopped = false;
 
 	if (!root)
 		return false;
-	/* The same socket, still listening at the id's address: NCCL has not
-	 * closed it (a closed one's number may be another file's by now). */
-	if (id_address(id, &want) && listens_at(root->fd, &want, &st) && st.st_dev == root->dev &&
-	    st.st_ino == root->ino)
+	/* Still listening: NCCL's thread waits in accept(), or ended and
+	 * closed only its own descriptor of the socket. */
+	if (listening(root->fd))
 		stopped = !shutdown(root->fd, SHUT_RDWR);
-	root->used = false;
+	close(root->fd);
+	*root = r->root[--r->count];
 	return stopped;
+}
+
+void gg_nccl_roots_free(struct gg_nccl_roots *r)
+{
+	for (unsigned i = 0; i < r->count; i++)
+		close(r->root[i].fd);
+	free(r->root);
+	*r = (struct gg_nccl_roots){ 0 };
 }

@@ -17,6 +17,7 @@
 
 #include "cuda_check.h"
 #include "dev_mem.h"
+#include "log.h"
 #include "nccl_root.h"
 #include "site_cuda.h"
 
@@ -84,7 +85,14 @@ static int real_unique_id(unsigned char id[GG_SITE_NCCL_ID_SIZE], char *err, siz
 		return rc;
 	NCCL_CHECK(ncclGetUniqueId(&u), NULL, err, err_size);
 	memcpy(id, u.internal, GG_SITE_NCCL_ID_SIZE);
-	(void)gg_nccl_root_watch(&roots, id);
+	static bool told;
+	if (!gg_nccl_root_watch(&roots, id) && !getenv("NCCL_COMM_ID") && !told) {
+		told = true;
+		gg_log(GG_LOG_WARN, "nccl_root_unwatched",
+		       "reason=\"no socket of the gateway listens at the address its NCCL id names: a communicator "
+		       "given up before every rank joined leaves NCCL's bootstrap root (a socket and a thread) in the "
+		       "gateway\"");
+	}
 	return 0;
 }
 

@@ -34,9 +34,9 @@ struct gg_site_nccl_ops {
 	/* A fresh ncclUniqueId (ncclGetUniqueId), once a GPU is found that
 	 * the communicator can use (-ENODEV: none). */
 	int (*unique_id)(unsigned char id[GG_SITE_NCCL_ID_SIZE], char *err, size_t err_size);
-	/* The communicator of `id` is given up or freed: NCCL's bootstrap root
-	 * for it, if it still waits for ranks that will not come, is made to
-	 * stop (nccl_root.h). NULL: nothing. */
+	/* The communicator of `id` is up, given up or freed: NCCL's bootstrap
+	 * root for it, if it still waits for ranks that will not come, is made
+	 * to stop (nccl_root.h). NULL: nothing. */
 	void (*end_id)(const unsigned char id[GG_SITE_NCCL_ID_SIZE]);
 	/* Starts joining communicator `id` of `nranks` ranks as rank `rank`,
 	 * without waiting for the others: *comm is the communicator. */

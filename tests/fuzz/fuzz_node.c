@@ -1,4 +1,4 @@
-/* libFuzzer target: the step engine of one gateway (node.c, allreduce.c)
+/* libFuzzer target: the step engine of one gateway (node.c, lane.c, plan.c, allreduce.c)
  * and the mesh's handling of what arrives (mesh.c, wire.c), driven by a
  * script (fuzz_script.h) in which the input plays the peer gateways and
  * the local side: steps submitted, aborted and ended here, streams opened

@@ -58,6 +58,7 @@ static struct comm *comms;
 static struct {
 	unsigned char id[GG_SITE_NCCL_ID_SIZE];
 	bool waiting;
+	bool ended; /* end_id() came for it */
 } roots[MAX_ROOTS];
 static unsigned nroots;
 static enum nd_fault fault;
@@ -157,6 +158,17 @@ unsigned nd_roots_waiting(void)
 	return n;
 }
 
+unsigned nd_ids_unended(void)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&lock);
+	for (unsigned i = 0; i < nroots; i++)
+		n += !roots[i].ended;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
 /* Under the lock. */
 static void comm_put(struct comm *c)
 {
@@ -189,13 +201,15 @@ static int d_unique_id(unsigned char id[GG_SITE_NCCL_ID_SIZE], char *err, size_t
 	pthread_mutex_lock(&lock);
 	bool fail = injected(ND_UNIQUE_ID, err, err_size);
 	unsigned n = ++ids;
-	if (!fail) {
+	if (!fail && nroots == MAX_ROOTS) {
+		snprintf(err, err_size, "nccl_double: more than %u ids in one test", MAX_ROOTS);
+		fail = true;
+	} else if (!fail) {
 		memset(id, 0, GG_SITE_NCCL_ID_SIZE);
 		snprintf((char *)id, GG_SITE_NCCL_ID_SIZE, "nccl-double-%u", n);
-		if (nroots < MAX_ROOTS) {
-			memcpy(roots[nroots].id, id, GG_SITE_NCCL_ID_SIZE);
-			roots[nroots++].waiting = true;
-		}
+		memcpy(roots[nroots].id, id, GG_SITE_NCCL_ID_SIZE);
+		roots[nroots].waiting = true;
+		roots[nroots++].ended = false;
 	}
 	pthread_mutex_unlock(&lock);
 	return fail ? -EIO : 0;
@@ -205,6 +219,9 @@ static void d_end_id(const unsigned char id[GG_SITE_NCCL_ID_SIZE])
 {
 	pthread_mutex_lock(&lock);
 	root_done(id);
+	for (unsigned i = 0; i < nroots; i++)
+		if (!memcmp(roots[i].id, id, GG_SITE_NCCL_ID_SIZE))
+			roots[i].ended = true;
 	pthread_mutex_unlock(&lock);
 }
 

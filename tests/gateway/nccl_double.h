@@ -56,6 +56,10 @@ unsigned nd_live(void);
  * root thread and socket would stay in the gateway): 0 once a test's
  * communicators are all up or given up. */
 unsigned nd_roots_waiting(void);
+/* Ids of unique_id() for which end_id() never came: the gateway's table of
+ * roots keeps an entry for each (0 once every communicator is up, given
+ * up or freed). */
+unsigned nd_ids_unended(void);
 /* How many communicators the gateway freed with finish(), not aborted. */
 unsigned nd_finishes(void);
 /* Buffers the gateway freed, and those of them freed while a reduce or

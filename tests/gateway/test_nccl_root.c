@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -63,6 +64,14 @@ static int listener(unsigned char id[GG_NCCL_ROOT_ID_SIZE])
 	return fd;
 }
 
+static bool still_listens(int fd)
+{
+	int on = 0;
+	socklen_t len = sizeof(on);
+
+	return !getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) && on;
+}
+
 static void test_own_root(void)
 {
 	unsigned char id[GG_NCCL_ROOT_ID_SIZE];
@@ -70,6 +79,7 @@ static void test_own_root(void)
 
 	CHECK(!pthread_create(&w.thread, NULL, wait_in_accept, &w));
 	CHECK(gg_nccl_root_watch(&roots, id));
+	CHECK(!gg_nccl_root_watch(&roots, id)); /* once */
 	CHECK(gg_nccl_root_end(&roots, id));
 	CHECK(!pthread_join(w.thread, NULL));
 	CHECK_EQ_INT(w.accept_errno, EINVAL);
@@ -78,42 +88,47 @@ static void test_own_root(void)
 	close(w.fd);
 	printf("nccl root: a waiting root is stopped, and forgotten\n");
 
-	/* A root that ended by itself (NCCL closed its socket), whose number
-	 * another listening socket took since: left alone. */
+	/* A root that ended by itself and closed its socket, whose number
+	 * another listening socket took since: that one is left alone. */
 	unsigned char other[GG_NCCL_ROOT_ID_SIZE];
 	int fd = listener(id);
 	CHECK(gg_nccl_root_watch(&roots, id));
 	close(fd);
 	int again = listener(other);
 	CHECK_EQ_INT(again, fd);
-	CHECK(!gg_nccl_root_end(&roots, id));
-	int listening = 0;
-	socklen_t optlen = sizeof(listening);
-	CHECK(!getsockopt(again, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) && listening);
-	close(again);
+	(void)gg_nccl_root_end(&roots, id);
+	CHECK(still_listens(again));
 	printf("nccl root: an ended root's socket number, taken by another, is left alone\n");
 
-	/* Ids that name nothing here. */
+	/* Ids that name nothing here, or whose root NCCL puts elsewhere. */
+	close(again);
 	CHECK(!gg_nccl_root_watch(&roots, other)); /* closed: nobody listens there */
-	memset(other + 8, 0, 16);                   /* no address family */
+	fd = listener(other);
+	CHECK(!setenv("NCCL_COMM_ID", "127.0.0.1:1", 1));
+	CHECK(!gg_nccl_root_watch(&roots, other));
+	CHECK(!unsetenv("NCCL_COMM_ID"));
+	close(fd);
+	memset(other + 8, 0, 16); /* no address family */
 	CHECK(!gg_nccl_root_watch(&roots, other));
 	CHECK(!gg_nccl_root_end(&roots, other));
-	printf("nccl root: an id with no listener, or no address, is not watched\n");
+	printf("nccl root: an id with no listener or no address, or with NCCL_COMM_ID set, is not watched\n");
 
-	/* More roots than the table holds: the oldest goes, the others stay
-	 * watched. */
-	int fds[GG_NCCL_ROOTS_MAX + 1];
-	unsigned char ids[GG_NCCL_ROOTS_MAX + 1][GG_NCCL_ROOT_ID_SIZE];
-	for (int i = 0; i <= GG_NCCL_ROOTS_MAX; i++) {
+	/* As many roots as communicators being joined. */
+	enum { MANY = 100 };
+	int fds[MANY];
+	unsigned char ids[MANY][GG_NCCL_ROOT_ID_SIZE];
+	for (int i = 0; i < MANY; i++) {
 		fds[i] = listener(ids[i]);
 		CHECK(gg_nccl_root_watch(&roots, ids[i]));
 	}
-	CHECK(!gg_nccl_root_end(&roots, ids[0]));
-	for (int i = 1; i <= GG_NCCL_ROOTS_MAX; i++)
+	for (int i = 0; i < MANY; i++) {
 		CHECK(gg_nccl_root_end(&roots, ids[i]));
-	for (int i = 0; i <= GG_NCCL_ROOTS_MAX; i++)
+		CHECK(!still_listens(fds[i]));
 		close(fds[i]);
-	printf("nccl root: %d roots at once: the oldest is dropped from the table\n", GG_NCCL_ROOTS_MAX + 1);
+	}
+	CHECK_EQ_INT(roots.count, 0);
+	gg_nccl_roots_free(&roots);
+	printf("nccl root: %d roots at once, each stopped\n", MANY);
 }
 
 #if HAVE_NCCL
@@ -154,6 +169,7 @@ static int test_real_root(void)
 		nanosleep(&nap, NULL);
 	CHECK_EQ_INT(count_entries("/proc/self/task"), threads - 1);
 	CHECK_EQ_INT(count_entries("/proc/self/fd"), fds - 1);
+	gg_nccl_roots_free(&roots);
 	printf("nccl root: NCCL %d's root for a fresh id found and stopped: its thread and socket are gone\n", v);
 	return 0;
 }

@@ -44,6 +44,7 @@ cases=(
 	"codec --size 10|--size must be 4B to 4GiB, whole fp32 elements (a multiple of 4 bytes), not '10'"
 	"codec --size 1TiB|--size must be 4B to 4GiB"
 	"gateway --threads 3 --streams 2|--threads 3: more lanes than --streams 2 would leave lanes idle"
+	"gateway --threads 3|--threads 3: more lanes than --streams 2 (the default) would leave lanes idle"
 	"gateway --chunk 1KiB|--chunk must be 4KiB to 64MiB"
 	"datapath --chunk 1KiB|--chunk must be 4KiB to 64MiB"
 	"codec --threads 2|not '2'"
