@@ -362,23 +362,9 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	if (!lj->part_run[from] && (lj->guess & (1u << from)))
 		lj->guessed_run[from] = ws->run;
 	lj->part_run[from] = ws->run;
-	if (ws->fingerprint != lj->wstep.fingerprint && ws->tensor_id == lj->wstep.tensor_id &&
-	    ws->count == lj->wstep.count && ws->dtype == lj->wstep.dtype) {
-		/* All else alike: the algorithm differs (auto, plans apart), or
-		 * with the same one the chunks (auto's rule differs there). */
-		const bool peer_direct = id->phase == GG_AR_DIRECT;
-		if (peer_direct == (lj->algo == GG_ALLREDUCE_DIRECT))
-			part_fail(lj, GG_ERR_MISMATCH,
-				  "step %llu of job '%s': site %s cuts it in other chunks than site %s "
-				  "(auto's rule differs there: another version of gradgate?)",
-				  (unsigned long long)lj->wstep.step, lj->name, n->names[from], n->names[n->self]);
-		else
-			part_fail(lj, GG_ERR_MISMATCH, "step %llu of job '%s': site %s runs it %s, site %s %s",
-				  (unsigned long long)lj->wstep.step, lj->name, n->names[from],
-				  peer_direct ? "direct" : "by ring", n->names[n->self], peer_direct ? "by ring" : "direct");
-		return;
-	}
-	if (ws->fingerprint != lj->wstep.fingerprint) {
+	/* Each field the fingerprint covers, then the fingerprint: a frame
+	 * whose fields disagree with it is refused all the same. */
+	if (ws->tensor_id != lj->wstep.tensor_id || ws->count != lj->wstep.count || ws->dtype != lj->wstep.dtype) {
 		/* Named as the ranks named them: the message travels to every
 		 * site, where "this site" would name another. */
 		part_fail(lj, GG_ERR_MISMATCH,
@@ -387,6 +373,23 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 			  (unsigned long long)lj->wstep.step, lj->name, n->names[from], ws->tensor_id,
 			  (unsigned long long)ws->count, wire_dtype_name(ws->dtype), n->names[n->self],
 			  lj->wstep.tensor_id, (unsigned long long)lj->wstep.count, wire_dtype_name(lj->wstep.dtype));
+		return;
+	}
+	if (ws->fingerprint != lj->wstep.fingerprint) {
+		/* All else alike: the algorithm differs (auto, plans apart), or
+		 * with the same one the chunks (auto's rule differs there). */
+		const bool peer_direct = id->phase == GG_AR_DIRECT;
+		if (peer_direct == (lj->algo == GG_ALLREDUCE_DIRECT))
+			part_fail(lj, GG_ERR_MISMATCH,
+				  "step %llu of job '%s': site %s cuts it in other chunks than site %s (step "
+				  "fingerprints %016llx and %016llx: auto's rule differs there, another version of "
+				  "gradgate?)",
+				  (unsigned long long)lj->wstep.step, lj->name, n->names[from], n->names[n->self],
+				  (unsigned long long)ws->fingerprint, (unsigned long long)lj->wstep.fingerprint);
+		else
+			part_fail(lj, GG_ERR_MISMATCH, "step %llu of job '%s': site %s runs it %s, site %s %s",
+				  (unsigned long long)lj->wstep.step, lj->name, n->names[from],
+				  peer_direct ? "direct" : "by ring", n->names[n->self], peer_direct ? "by ring" : "direct");
 		return;
 	}
 	int rc = gg_ar_step_on_frame(lj->ar, from, id, frame, len, err, sizeof(err));

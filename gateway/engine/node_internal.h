@@ -28,7 +28,7 @@
 #define LANE_JOBS GG_NODE_LANE_JOBS
 _Static_assert(LANE_JOBS >= 2 * MAX_JOBS, "a lane holds the jobs that run and as many that ended");
 #define TIMED_KEPT 4 /* algorithm auto: the latest steps of each algorithm timed */
-#define CTRL_MSG_MAX 1024    /* every message but DATA fits */
+#define CTRL_MSG_MAX GG_WIRE_CONTROL_MAX
 #define POOL_IDLE_US 5000000 /* an idle node gives its cached buffers back after this */
 #define TICK_US 100000       /* lanes look at their timers at least this often */
 #define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */

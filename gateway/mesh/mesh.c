@@ -18,7 +18,7 @@
 #include "tls_stream.h"
 #include "units.h"
 
-#define CTRL_MSG_MAX 1024 /* every message but DATA fits */
+#define CTRL_MSG_MAX GG_WIRE_CONTROL_MAX
 #define CONN_TXQ 512      /* messages queued on one stream */
 #define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
 /* DATA frames one stream holds unwritten (the one being written among
@@ -1168,13 +1168,8 @@ static bool begin_payload(struct gg_mesh *m, int ci)
 	}
 	c->have = 0;
 	c->in_payload = true;
-	if (c->type != GG_WIRE_DATA) {
-		if (c->need > CTRL_MSG_MAX) {
-			conn_close(m, ci, "a control message longer than any the protocol has");
-			return false;
-		}
-		return true;
-	}
+	if (c->type != GG_WIRE_DATA)
+		return true; /* GG_WIRE_CONTROL_MAX at most */
 	if (!(c->msg = gg_buf_new(m->pool, c->need))) {
 		conn_close(m, ci, "no memory for a received message");
 		return false;

@@ -281,10 +281,14 @@ int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_pay
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", t);
 	if (reserved)
 		return gg_errf(err, err_size, -EBADMSG, "reserved header bits set (%#x)", reserved);
-	if (len > max_payload_bytes) {
-		return gg_errf(err, err_size, -E2BIG, "message of %u bytes exceeds the limit of %zu", len,
-			       max_payload_bytes);
-	}
+	static const char *const names[] = { [GG_WIRE_HELLO] = "HELLO", [GG_WIRE_DATA] = "DATA",
+					     [GG_WIRE_ACK] = "ACK",     [GG_WIRE_PING] = "PING",
+					     [GG_WIRE_PONG] = "PONG",   [GG_WIRE_ABORT] = "ABORT",
+					     [GG_WIRE_DONE] = "DONE",   [GG_WIRE_END] = "END" };
+	const size_t limit = t == GG_WIRE_DATA ? max_payload_bytes : GG_WIRE_CONTROL_MAX;
+	if (len > limit)
+		return gg_errf(err, err_size, -E2BIG, "%s message of %u bytes exceeds the limit of %zu", names[t], len,
+			       limit);
 	*type = (enum gg_wire_type)t;
 	*payload_bytes = len;
 	return 0;
@@ -526,7 +530,8 @@ int gg_wire_hello_check(const struct gg_wire_hello *a, const struct gg_wire_hell
 			   nums[i].peer <= GG_SCALE_F16) {
 			pv = nums[i].peer == GG_SCALE_F16 ? "fp16" : "fp32";
 			mv = nums[i].mine == GG_SCALE_F16 ? "fp16" : "fp32";
-		} else if (!strcmp(nums[i].what, "all-reduce algorithm")) {
+		} else if (!strcmp(nums[i].what, "all-reduce algorithm") && nums[i].peer <= GG_ALLREDUCE_AUTO &&
+			   nums[i].mine <= GG_ALLREDUCE_AUTO) {
 			pv = gg_allreduce_algo_name((enum gg_allreduce_algo)nums[i].peer);
 			mv = gg_allreduce_algo_name((enum gg_allreduce_algo)nums[i].mine);
 		}

@@ -202,8 +202,12 @@ struct gg_wire_msg {
 uint64_t gg_wire_fingerprint(const struct gg_wire_step *step, uint8_t codec, uint32_t block_elems,
 			     uint8_t algorithm, uint32_t chunk_elems);
 
+/* Every message but DATA has at most this many payload bytes. */
+#define GG_WIRE_CONTROL_MAX 1024
+
 /* Reads a message header: 0 and *payload_bytes, or -EBADMSG (bad magic,
- * version or type) / -E2BIG (longer than max_payload_bytes) with err set. */
+ * version or type) / -E2BIG (a DATA longer than max_payload_bytes, another
+ * message longer than GG_WIRE_CONTROL_MAX) with err set. */
 GG_MUST_CHECK int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_payload_bytes,
 				       enum gg_wire_type *type, size_t *payload_bytes, char *err,
 				       size_t err_size);

@@ -611,7 +611,7 @@ static void test_truncation(void)
 	CHECK_EQ_INT(gg_tls_engine_read(s, buf, sizeof(buf)), -ECONNRESET);
 	CHECK_EQ_INT(gg_tls_engine_failure(s), GG_TLS_FAIL_CLOSED);
 	CHECK_STR(gg_tls_engine_error(s), "peer 10.0.0.1:40000: connection closed without close_notify (data may be "
-					  "truncated) (expected identity dns:site-a.gradgate.test)");
+					  "truncated) (site site-a, dns:site-a.gradgate.test)");
 
 	/* A flipped ciphertext bit is caught by the AEAD tag. */
 	CHECK_EQ_INT(gg_tls_engine_write(s, "abc", 3), -ECONNRESET);

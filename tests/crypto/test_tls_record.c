@@ -799,7 +799,8 @@ static void test_tampered(void)
 	CHECK_EQ_INT(gg_tls_engine_read(x.p.s.e, got, sizeof(got)), -EAGAIN);
 	gg_tls_engine_rx_eof(x.p.s.e);
 	expect_refused(&x, -ECONNRESET, GG_TLS_FAIL_CLOSED,
-		       "peer " CLIENT_ADDR ": connection closed without close_notify (data may be truncated)" EXPECT_CLIENT ")",
+		       "peer " CLIENT_ADDR ": connection closed without close_notify (data may be truncated) (site site-a, "
+		       "dns:site-a.gradgate.test)",
 		       -1);
 
 	/* A record cut short and followed by the next: the tag is wrong. */

@@ -163,6 +163,10 @@ static void on_done(void *arg, struct gg_node_step *st, int status, const char *
  * as s0 sends it: *len bytes at the returned buffer (free it). s0 cuts the
  * step in chunks of `chunk_elems` elements (0: as the configuration says,
  * as this site does). */
+/* Set: the DATA says tensor 8 under the fingerprint of tensor 7, as no
+ * gateway would (the FIELDS scenario). */
+static bool data_lies;
+
 static uint8_t *make_run_data(const struct gg_config *cfg, const char *job, uint64_t run, uint64_t step,
 			      uint32_t chunk_elems, float scale, size_t *len)
 {
@@ -179,6 +183,8 @@ static uint8_t *make_run_data(const struct gg_config *cfg, const char *job, uint
 		chunk_elems = (uint32_t)(cfg->transport.chunk_bytes / sizeof(float)) / GG_CODEC_BLOCK_ALIGN_ELEMS *
 			      GG_CODEC_BLOCK_ALIGN_ELEMS;
 	ws.fingerprint = gg_node_fingerprint(cfg, &ws, (uint8_t)cfg->allreduce.algorithm, chunk_elems);
+	if (data_lies)
+		ws.tensor_id = 8;
 	for (unsigned i = 0; i < COUNT; i++)
 		x[i] = scale * (float)i;
 	if (!msg || gg_frame_encoder_init(&enc, &fc)) {
@@ -1149,7 +1155,7 @@ static void run_deadline(struct gg_node *node, const struct gg_config *cfg, stru
 		turns(node, 1);
 }
 
-enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, REFUSALS, MARKS,
+enum scenario { ONE_COPY, LATE_COPY, AFTER_ABORT, AFTER_END, STALE_RUN, DELAYED_END, CHUNKS, FIELDS, REFUSALS, MARKS,
 		JOB_TABLE, LOG_FLOOD, CHURN, LATE_AFTER_CHURN, DEADLINE, PONG, SCENARIOS };
 
 /* Runs one of the sequences above. */
@@ -1171,6 +1177,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[STALE_RUN] = "a frame of a run that ended, read after its END, and a new run of the job",
 		[DELAYED_END] = "the END of a peer's old run, sent again during a new run's step 1",
 		[CHUNKS] = "DATA of a site that cuts the step in other chunks",
+		[FIELDS] = "DATA whose tensor is not the one its fingerprint stands for",
 		[REFUSALS] = "steps refused, each saying why",
 		[MARKS] = "a peer's END or restart before this site's ranks announced a step",
 		[JOB_TABLE] = "a full job table: idle jobs with ranks here keep their entries",
@@ -1215,8 +1222,10 @@ static void run(const char *cert_dir, enum scenario what)
 		return;
 	}
 	/* Under CHUNKS s0 cuts the step in half the chunks this site does. */
+	data_lies = what == FIELDS;
 	uint8_t *data = make_data(&cfg, 1, what == CHUNKS ? (uint32_t)(cfg.transport.chunk_bytes / sizeof(float) / 2) : 0,
 				  &len);
+	data_lies = false;
 	CHECK(data, "cannot make DATA");
 	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, &sent) == 0, "open stream 0");
 	CHECK(gg_node_test_open_stream(node, 0, 1, 42, on_sent, &sent) == 0, "open stream 1");
@@ -1252,6 +1261,13 @@ static void run(const char *cert_dir, enum scenario what)
 						      "s1 "),
 		      "a step cut in other chunks by the peer: done %d, status %d: %s", outcome.done, outcome.status,
 		      outcome.message);
+	} else if (what == FIELDS) {
+		printf("  %s\n", outcome.message);
+		CHECK(outcome.done && outcome.status == GG_ERR_MISMATCH &&
+			      strstr(outcome.message, "step 1 of job 'acks': site s0 announced tensor 8 with 1000 "
+						      "elements of float32, site s1 tensor 7 with 1000 elements of float32"),
+		      "DATA whose fields disagree with its fingerprint: done %d, status %d: %s", outcome.done,
+		      outcome.status, outcome.message);
 	} else {
 		CHECK(!outcome.done, "step 1 ended with s0's frame alone: %d %s", outcome.status, outcome.message);
 	}
@@ -1287,6 +1303,7 @@ int main(int argc, char **argv)
 	run(argv[1], STALE_RUN);
 	run(argv[1], DELAYED_END);
 	run(argv[1], CHUNKS);
+	run(argv[1], FIELDS);
 	run(argv[1], REFUSALS);
 	run(argv[1], MARKS);
 	run(argv[1], JOB_TABLE);

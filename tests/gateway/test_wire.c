@@ -243,10 +243,19 @@ int main(void)
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
 		      !strcmp(err, "unknown message type 9"),
 	      "%s", err);
-	buf[4] = GG_WIRE_PING;
+	buf[4] = GG_WIRE_DATA;
 	CHECK(gg_wire_parse_header(buf, 4, &type, &payload, err, sizeof(err)) == -E2BIG &&
-		      !strcmp(err, "message of 8 bytes exceeds the limit of 4"),
+		      !strcmp(err, "DATA message of 8 bytes exceeds the limit of 4"),
 	      "%s", err);
+	/* Every other message is held to the control messages' limit, whatever
+	 * DATA may carry. */
+	buf[4] = GG_WIRE_ABORT;
+	buf[8] = 0x01, buf[9] = 0x04; /* 1025 */
+	CHECK(gg_wire_parse_header(buf, 1u << 20, &type, &payload, err, sizeof(err)) == -E2BIG &&
+		      !strcmp(err, "ABORT message of 1025 bytes exceeds the limit of 1024"),
+	      "%s", err);
+	buf[8] = 8, buf[9] = 0;
+	buf[4] = GG_WIRE_PING;
 	uint8_t extra[GG_WIRE_HEADER_BYTES + 9];
 	n = gg_wire_encode_ping(extra, sizeof(extra), GG_WIRE_PING, 1);
 	CHECK(gg_wire_decode(GG_WIRE_PING, extra + GG_WIRE_HEADER_BYTES, 9, &msg, err, sizeof(err)) == -EBADMSG &&
@@ -297,6 +306,10 @@ int main(void)
 	b.algorithm = GG_ALLREDUCE_DIRECT;
 	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == -EPROTO &&
 		      !strcmp(err, "peer us-east uses all-reduce algorithm direct, this site uses ring"),
+	      "%s", err);
+	b.algorithm = 7; /* a later gradgate's, maybe: its number, not "?" */
+	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == -EPROTO &&
+		      !strcmp(err, "peer us-east uses all-reduce algorithm 7, this site uses 1"),
 	      "%s", err);
 	b = hello();
 	b.block_elems = 128;
