@@ -89,9 +89,9 @@ static int real_unique_id(unsigned char id[GG_SITE_NCCL_ID_SIZE], char *err, siz
 	if (!gg_nccl_root_watch(&roots, id) && !getenv("NCCL_COMM_ID") && !told) {
 		told = true;
 		gg_log(GG_LOG_WARN, "nccl_root_unwatched",
-		       "reason=\"no socket of the gateway listens at the address its NCCL id names: a communicator "
-		       "given up before every rank joined leaves NCCL's bootstrap root (a socket and a thread) in the "
-		       "gateway\"");
+		       "reason=\"the gateway cannot hold NCCL's bootstrap root for its ids (no socket of it listens "
+		       "at the address an id names, or memory or descriptors ran out): a communicator given up before "
+		       "every rank joined leaves the root (a socket and a thread) in the gateway\"");
 	}
 	return 0;
 }
