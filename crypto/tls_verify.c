@@ -618,14 +618,14 @@ enum gg_tls_failure gg_tls_explain(const struct gg_tls_check *chk, int ssl_reaso
 		append(detail, sizeof(detail), &dl, "; certificate names %s", chk->presented);
 
 	/* A peer that proved its identity and then ended the connection is
-	 * named by it; one that failed on the way, by what was expected. */
+	 * named by it (a close carries no alert or names to add); one that
+	 * failed on the way, by what was expected. */
 	if (r.failure == GG_TLS_FAIL_CLOSED && chk->established && chk->matched_site < chk->site_count &&
 	    !chk->sites[chk->matched_site].denied) {
 		const struct gg_tls_site *site = &chk->sites[chk->matched_site];
 		char id[GG_TLS_IDENTITY_MAX + 8];
-		append(buf, size, &used, "peer %s: %s (%s%s%s%s%s)", chk->peer_addr, r.text, site->name[0] ? "site " : "",
-		       site->name, site->name[0] ? ", " : "", gg_tls_identity_format(&site->identity, id, sizeof(id)),
-		       detail);
+		append(buf, size, &used, "peer %s: %s (%s%s%s%s)", chk->peer_addr, r.text, site->name[0] ? "site " : "",
+		       site->name, site->name[0] ? ", " : "", gg_tls_identity_format(&site->identity, id, sizeof(id)));
 		return r.failure;
 	}
 	append(buf, size, &used, "peer %s: %s (expected identity ", chk->peer_addr, r.text);
