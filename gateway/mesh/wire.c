@@ -262,6 +262,15 @@ ssize_t gg_wire_encode_end(uint8_t *buf, size_t cap, const char *job, uint64_t r
 
 /* ---- decoding ----------------------------------------------------------- */
 
+const char *gg_wire_type_name(unsigned type)
+{
+	static const char *const names[] = { [GG_WIRE_HELLO] = "HELLO", [GG_WIRE_DATA] = "DATA",
+					     [GG_WIRE_ACK] = "ACK",     [GG_WIRE_PING] = "PING",
+					     [GG_WIRE_PONG] = "PONG",   [GG_WIRE_ABORT] = "ABORT",
+					     [GG_WIRE_DONE] = "DONE",   [GG_WIRE_END] = "END" };
+	return type < sizeof(names) / sizeof(names[0]) && names[type] ? names[type] : "unknown";
+}
+
 int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_payload_bytes,
 			 enum gg_wire_type *type, size_t *payload_bytes, char *err, size_t err_size)
 {
@@ -281,14 +290,10 @@ int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_pay
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", t);
 	if (reserved)
 		return gg_errf(err, err_size, -EBADMSG, "reserved header bits set (%#x)", reserved);
-	static const char *const names[] = { [GG_WIRE_HELLO] = "HELLO", [GG_WIRE_DATA] = "DATA",
-					     [GG_WIRE_ACK] = "ACK",     [GG_WIRE_PING] = "PING",
-					     [GG_WIRE_PONG] = "PONG",   [GG_WIRE_ABORT] = "ABORT",
-					     [GG_WIRE_DONE] = "DONE",   [GG_WIRE_END] = "END" };
 	const size_t limit = t == GG_WIRE_DATA ? max_payload_bytes : GG_WIRE_CONTROL_MAX;
 	if (len > limit)
-		return gg_errf(err, err_size, -E2BIG, "%s message of %u bytes exceeds the limit of %zu", names[t], len,
-			       limit);
+		return gg_errf(err, err_size, -E2BIG, "%s message of %u bytes exceeds the limit of %zu",
+			       gg_wire_type_name(t), len, limit);
 	*type = (enum gg_wire_type)t;
 	*payload_bytes = len;
 	return 0;
@@ -443,11 +448,11 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", (unsigned)type);
 	}
 	if (r.field)
-		return gg_errf(err, err_size, -EBADMSG, "message type %u: field '%s' is truncated or malformed", (unsigned)type,
-			    r.field);
+		return gg_errf(err, err_size, -EBADMSG, "%s message: field '%s' is truncated or malformed",
+			       gg_wire_type_name(type), r.field);
 	if (r.p != r.end)
-		return gg_errf(err, err_size, -EBADMSG, "message type %u: %zu bytes after the last field", (unsigned)type,
-			    (size_t)(r.end - r.p));
+		return gg_errf(err, err_size, -EBADMSG, "%s message: %zu byte%s after the last field",
+			       gg_wire_type_name(type), (size_t)(r.end - r.p), r.end - r.p == 1 ? "" : "s");
 	const char *job = type == GG_WIRE_DATA    ? msg->u.data.step.job
 			  : type == GG_WIRE_ACK   ? msg->u.ack.job
 			  : type == GG_WIRE_ABORT ? msg->u.abort.job
@@ -455,7 +460,7 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 			  : type == GG_WIRE_END   ? msg->u.end.job
 						  : NULL;
 	if (job && !*job)
-		return gg_errf(err, err_size, -EBADMSG, "message type %u: empty job name", (unsigned)type);
+		return gg_errf(err, err_size, -EBADMSG, "%s message: empty job name", gg_wire_type_name(type));
 	const uint64_t run = type == GG_WIRE_DATA    ? msg->u.data.step.run
 			     : type == GG_WIRE_ACK   ? msg->u.ack.run
 			     : type == GG_WIRE_ABORT ? msg->u.abort.run
@@ -463,11 +468,11 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 			     : type == GG_WIRE_END   ? msg->u.end.run
 						     : 1;
 	if (!run)
-		return gg_errf(err, err_size, -EBADMSG, "message type %u: run 0", (unsigned)type);
+		return gg_errf(err, err_size, -EBADMSG, "%s message: run 0", gg_wire_type_name(type));
 	for (size_t i = 0; job && job[i]; i++)
 		if (!gg_job_name_char_ok((unsigned char)job[i]))
-			return gg_errf(err, err_size, -EBADMSG, "message type %u: job name has character 0x%02x at %zu",
-				       (unsigned)type, (unsigned char)job[i], i);
+			return gg_errf(err, err_size, -EBADMSG, "%s message: job name has character 0x%02x at %zu",
+				       gg_wire_type_name(type), (unsigned char)job[i], i);
 	return 0;
 }
 

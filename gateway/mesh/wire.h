@@ -98,6 +98,9 @@ enum gg_wire_type {
 	GG_WIRE_END = 8,
 };
 
+/* "HELLO", "DATA", ...; "unknown" for a number outside the enum. */
+const char *gg_wire_type_name(unsigned type);
+
 /* ABORT codes: a gg_errc (include/gradgate.h) negated. */
 #define GG_WIRE_CODE_MAX 15
 /* Codes no step fails with between sites, and refused: a gateway that

@@ -209,20 +209,20 @@ int main(void)
 	/* Job names from a peer obey the rule ranks' names do. */
 	n = gg_wire_encode_done(buf, sizeof(buf), "", 7, 12, NULL, NULL);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "message type 7: empty job name"),
+		      !strcmp(err, "DONE message: empty job name"),
 	      "empty job: %s", err);
 	n = gg_wire_encode_ack(buf, sizeof(buf), "tr\"ain", 5, 12, &id);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "message type 3: job name has character 0x22 at 2"),
+		      !strcmp(err, "ACK message: job name has character 0x22 at 2"),
 	      "bad job: %s", err);
 	/* Run 0 is no run: every message of a job names the sender's. */
 	n = gg_wire_encode_ack(buf, sizeof(buf), "train-7b", 0, 12, &id);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "message type 3: run 0"),
+		      !strcmp(err, "ACK message: run 0"),
 	      "ack of run 0: %s", err);
 	n = gg_wire_encode_end(buf, sizeof(buf), "train-7b", 0, 1, 1, 12, "x", 0);
 	CHECK(n > 0 && decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "message type 8: run 0"),
+		      !strcmp(err, "END message: run 0"),
 	      "end of run 0: %s", err);
 
 	/* Headers. */
@@ -259,7 +259,7 @@ int main(void)
 	uint8_t extra[GG_WIRE_HEADER_BYTES + 9];
 	n = gg_wire_encode_ping(extra, sizeof(extra), GG_WIRE_PING, 1);
 	CHECK(gg_wire_decode(GG_WIRE_PING, extra + GG_WIRE_HEADER_BYTES, 9, &msg, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "message type 4: 1 bytes after the last field"),
+		      !strcmp(err, "PING message: 1 byte after the last field"),
 	      "%s", err);
 
 	/* Field checks. */
