@@ -37,6 +37,14 @@ static cudaError_t gg_launch(void (*kernel)(P...), unsigned blocks, unsigned thr
 
 #include "codec_kernels.cuh"
 
+/* __FILE__ as the build gives it, relative to the build folder. */
+static const char *source_path(const char *file)
+{
+	while (!strncmp(file, "../", 3))
+		file += 3;
+	return file;
+}
+
 int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size)
 {
 	int code = -EIO;
@@ -47,11 +55,15 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
 		code = -ENODEV;
 	else if (e == cudaErrorInvalidValue)
 		code = -EINVAL;
-	while (!strncmp(file, "../", 3))
-		file += 3;
 	(void)cudaGetLastError();
-	return gg_errf(err, err_size, code, "%s:%d: %s: %s (%s)", file, line, what, cudaGetErrorString(e),
+	return gg_errf(err, err_size, code, "%s:%d: %s: %s (%s)", source_path(file), line, what, cudaGetErrorString(e),
 		       cudaGetErrorName(e));
+}
+
+int gg_cuda_driver_fail(int result, const char *what, const char *file, int line, char *err, size_t err_size)
+{
+	return gg_errf(err, err_size, -EIO, "%s:%d: %s: CUDA driver error %d (CUresult)", source_path(file), line, what,
+		       result);
 }
 
 /* Checks the parameters and computes the encoded size of n elements. */

@@ -19,6 +19,10 @@ extern "C" {
  * error, so a later launch check does not report this one again. */
 int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size);
 
+/* The same for a driver API call's CUresult `result`: "file:line: what:
+ * CUDA driver error N (CUresult)", -EIO. */
+int gg_cuda_driver_fail(int result, const char *what, const char *file, int line, char *err, size_t err_size);
+
 #define GG_CUDA_CHECK_AS(call, what, err, err_size)                                               \
 	do {                                                                                       \
 		cudaError_t gg_e_ = (call);                                                        \

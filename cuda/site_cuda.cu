@@ -95,17 +95,26 @@ static int allocation_size(void *dev, size_t *size, char *err, size_t err_size)
 
 	if (!range) {
 		void *fn = NULL;
+		/* The call that names the API version came with CUDA 12.5, and
+		 * CUDA 13 has no other. */
+#if CUDART_VERSION >= 12050
 		GG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
 							       &found),
 			      err, err_size);
+#else
+		GG_CUDA_CHECK(cudaGetDriverEntryPoint("cuMemGetAddressRange", &fn, cudaEnableDefault, &found), err,
+			      err_size);
+#endif
 		if (found != cudaDriverEntryPointSuccess || !fn)
-			return gg_errf(err, err_size, -EIO, "the CUDA driver has no cuMemGetAddressRange");
+			return gg_errf(err, err_size, -EIO,
+				       "the CUDA driver has no cuMemGetAddressRange (entry point query result %d)",
+				       (int)found);
 		range = (address_range_fn)fn;
 	}
 	CUresult r = range(&base, size, (CUdeviceptr)dev);
 	if (r != CUDA_SUCCESS)
-		return gg_errf(err, err_size, -EIO, "cuMemGetAddressRange on opened device memory: CUDA driver error %d",
-			       (int)r);
+		return gg_cuda_driver_fail((int)r, "cuMemGetAddressRange on the opened device memory", __FILE__,
+					   __LINE__, err, err_size);
 	if ((void *)base != dev)
 		return gg_errf(err, err_size, -EINVAL, "the IPC handle opened inside an allocation, not at its start");
 	return 0;
