@@ -51,7 +51,9 @@ extern "C" {
  * sums at each hop). With [compression] error_feedback (the default) what
  * one step's encoding dropped is added to the next step's input, so one
  * step's result may differ by more than that, while the sum of a tensor's
- * results over the steps stays within one step's error of the exact sum.
+ * results over the steps stays within one step's error of the exact sum,
+ * but for the float32 rounding of each step's input plus what was carried
+ * (half an ulp a step at most; docs/codecs.md, "Error feedback").
  * Every rank of every site gets the same bytes whatever the codec. */
 enum gg_dtype {
 	GG_DTYPE_F32 = 1,
