@@ -294,6 +294,9 @@ bool hb_defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind);
 void hb_nccl_phase_set(struct gg_host_backend *b, struct hb_job *j, int phase);
 void hb_deferred_free(struct gg_host_backend *b);
 void hb_nccl_end_id(struct gg_host_backend *b, struct hb_job *j);
+/* Frees a job's arrays and the job (NULL is allowed); hb_job_free() first
+ * lets go of what the job holds. */
+void hb_job_release(struct hb_job *j);
 void hb_job_free(struct gg_host_backend *b, struct hb_job *j);
 void hb_nccl_abort(struct gg_host_backend *b, struct hb_job *j, int code, const char *why);
 void hb_job_break(struct gg_host_backend *b, struct hb_job *j, int code, const char *why);

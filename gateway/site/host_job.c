@@ -170,6 +170,18 @@ void hb_nccl_end_id(struct gg_host_backend *b, struct hb_job *j)
 		b->opts.nccl->end_id(j->nccl_id);
 }
 
+void hb_job_release(struct hb_job *j)
+{
+	if (!j)
+		return;
+	free(j->ranks);
+	free(j->mem);
+	free(j->gpu_out);
+	free(j->mem_region);
+	free(j->orphans);
+	free(j);
+}
+
 void hb_job_free(struct gg_host_backend *b, struct hb_job *j)
 {
 	for (unsigned i = 0; i < hb_slots(b); i++)
@@ -200,12 +212,7 @@ void hb_job_free(struct gg_host_backend *b, struct hb_job *j)
 		b->opts.nccl->close(j->nccl_comm);
 	if (j->nccl_state != NCCL_NONE)
 		hb_nccl_end_id(b, j);
-	free(j->ranks);
-	free(j->mem);
-	free(j->gpu_out);
-	free(j->mem_region);
-	free(j->orphans);
-	free(j);
+	hb_job_release(j);
 	b->stats.jobs--;
 }
 

@@ -122,14 +122,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 			j->orphans = calloc(h->nranks, sizeof(*j->orphans));
 		}
 		if (!j || !j->ranks || !j->mem || !j->gpu_out || !j->mem_region || !j->orphans) {
-			if (j) {
-				free(j->ranks);
-				free(j->mem);
-				free(j->gpu_out);
-				free(j->mem_region);
-				free(j->orphans);
-				free(j);
-			}
+			hb_job_release(j);
 			hb_conn_refuse(b, c, GG_ERR_NOMEM, "the gateway of site %s is out of memory", b->site);
 			return;
 		}
