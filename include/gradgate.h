@@ -405,9 +405,12 @@ GRADGATE_API void gg_request_free(struct gg_request *req);
  * start, even after a step that was in flight. When the
  * session handed the gateway GPU allocations (gg_allreduce_cuda), the
  * gateway has let go of them by then, but for one that a step still in
- * flight there uses, which it lets go when that step ends; the wait does
- * not go past the 2 seconds for a gateway that does not answer: free the
- * allocations only once the session's steps are done. Requests
+ * flight there uses, which it lets go when that step ends. While an NCCL
+ * call of the gateway's runs (any job's, gg_allreduce_nccl), it lets go
+ * of them only once that call ends, and ends the session then. The wait
+ * does not go past the 2 seconds, for a slow NCCL call or a gateway that
+ * does not answer: free the allocations only once the session's steps
+ * are done. Requests
  * the caller has not freed yet stay valid for gg_wait() (which then
  * returns GG_ERR_CLOSED if they had not finished) and gg_request_free().
  * Closing with a step in flight fails that step at the job's other ranks.

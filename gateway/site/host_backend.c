@@ -82,8 +82,8 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 		hb_conn_settle(b, c, now_us);
 		if (c->io_error && c->state != C_FREE)
 			next = hb_min_deadline(next, now_us);
-		else if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut))
-			next = hb_min_deadline(next, c->deadline_us);
+		else if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut && !hb_conn_holds_gpu(b, c)))
+			next = hb_min_deadline(next, c->deadline_us); /* else the NCCL calls' polls tick */
 	}
 	for (struct hb_job *j = b->jobs, *after; j; j = after) {
 		uint64_t poll = 0;

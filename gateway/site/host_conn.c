@@ -112,9 +112,25 @@ static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
 	b->stats.connections--;
 }
 
+/* Whether closing connection c stays open for the rank's GPU allocations
+ * it has open: the rank may free them once its session's end reaches it
+ * (gradgate.h, gg_session_close()), and CUDA leaves freeing memory that
+ * another process has open undefined, but while an NCCL call of the
+ * gateway's runs, letting go of them waits (hb_defer()). The wait is
+ * bounded: every such call ends by its deadline. */
+bool hb_conn_holds_gpu(const struct gg_host_backend *b, const struct hb_conn *c)
+{
+	if (!hb_nccl_running(b))
+		return false;
+	for (unsigned i = 0; i < GG_CTRL_MAX_REGIONS; i++)
+		if (c->regions[i].base && c->regions[i].device)
+			return true;
+	return false;
+}
+
 /* Moves a closing connection on: the socket is shut once its last answer
- * left (or the close deadline passed), and freed once nothing is in
- * flight on it. */
+ * left (or the close deadline passed) and the rank's GPU allocations may
+ * go, and freed once nothing is in flight on it. */
 void hb_conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t now_us)
 {
 	if (c->state != C_CLOSING)
@@ -122,6 +138,8 @@ void hb_conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t now_u
 	if (c->linger && now_us < c->deadline_us)
 		return;
 	c->linger = NULL;
+	if (hb_conn_holds_gpu(b, c))
+		return;
 	if (!c->send_busy && !c->recv_busy && (!c->out_count || c->shut)) {
 		conn_free(b, c);
 		return;

@@ -266,6 +266,7 @@ void hb_out_kick(struct gg_host_backend *b, struct hb_conn *c);
 union gg_ctrl_msg *hb_out_push(struct hb_conn *c, enum gg_ctrl_type type);
 GG_PRINTF(4, 5) void hb_answer(struct gg_host_backend *b, struct hb_conn *c, int status, const char *fmt, ...);
 void hb_region_unmap(struct gg_host_backend *b, struct hb_region *r);
+bool hb_conn_holds_gpu(const struct gg_host_backend *b, const struct hb_conn *c);
 void hb_conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t now_us);
 bool hb_keep_for_core(struct hb_conn *c, unsigned id);
 bool hb_session_log_now(struct gg_host_backend *b);
@@ -290,6 +291,7 @@ uint64_t hb_serve_waiting(struct gg_host_backend *b, uint64_t now_us);
 
 /* host_job.c */
 bool hb_step_in_progress(const struct hb_job *j);
+bool hb_nccl_running(const struct gg_host_backend *b);
 bool hb_defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind);
 void hb_nccl_phase_set(struct gg_host_backend *b, struct hb_job *j, int phase);
 void hb_deferred_free(struct gg_host_backend *b);

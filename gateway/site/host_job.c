@@ -43,7 +43,7 @@ static float *take_spare(struct gg_host_backend *b, struct hb_job *j)
 
 /* Whether an NCCL call of the gateway's (a reduce, a broadcast, the fill
  * before a reduce) may run on its GPU. */
-static bool nccl_running(const struct gg_host_backend *b)
+bool hb_nccl_running(const struct gg_host_backend *b)
 {
 	for (const struct hb_job *j = b->jobs; j; j = j->next)
 		if (j->nccl_phase != PHASE_NONE)
@@ -76,7 +76,7 @@ bool hb_defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind)
 	 * allocations by as many as every connection's regions at once (a
 	 * rank that maps and unmaps in a loop has its unmaps done at once
 	 * past that). */
-	if (!nccl_running(b) ||
+	if (!hb_nccl_running(b) ||
 	    (kind == DEFER_IPC && b->deferred_ipc >= hb_slots(b) * GG_CTRL_MAX_REGIONS))
 		return false;
 	if (b->deferred_count == b->deferred_cap) {
@@ -104,7 +104,7 @@ static void sum_free(struct gg_host_backend *b, float *sum, uint64_t bytes, bool
 /* Tells the core whether it may free GPU memory, when that changed. */
 static void core_gpu_frees(struct gg_host_backend *b)
 {
-	bool held = nccl_running(b);
+	bool held = hb_nccl_running(b);
 
 	if (held == b->core_frees_held)
 		return;
@@ -128,7 +128,7 @@ void hb_nccl_phase_set(struct gg_host_backend *b, struct hb_job *j, int phase)
 void hb_deferred_free(struct gg_host_backend *b)
 {
 	core_gpu_frees(b);
-	if (!b->deferred_count || nccl_running(b))
+	if (!b->deferred_count || hb_nccl_running(b))
 		return;
 	for (unsigned i = 0; i < b->deferred_count; i++) {
 		const struct hb_deferred *d = &b->deferred[i];
