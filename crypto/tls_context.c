@@ -98,8 +98,50 @@ static int check_trust_mode(FILE *f, const char *path, const char *what, char *e
 	return rc;
 }
 
+/* Whether the PEM file holds a private key ("-----BEGIN ... PRIVATE
+ * KEY-----", of any kind); leaves the file at its start. */
+static bool holds_private_key(FILE *f)
+{
+	char line[128];
+	bool found = false, line_start = true;
+
+	while (!found && fgets(line, sizeof(line), f)) {
+		found = line_start && !strncmp(line, "-----BEGIN ", 11) && strstr(line, "PRIVATE KEY-----");
+		line_start = strchr(line, '\n') != NULL;
+	}
+	rewind(f);
+	return found;
+}
+
+/* A private key in a file that is not the key file: OpenSSL would skip it
+ * here, but whoever may read the file has it. The certificate may share
+ * the key's file, and is then held to the key's rules; a CA or CRL file
+ * never holds one: a CA's key belongs on no gateway's host, and those
+ * files are read by the gateway's user only as its trust. */
+static int check_stray_key(FILE *f, const char *path, const char *what, bool trust, char *err, size_t size)
+{
+	struct stat st;
+
+	if (!holds_private_key(f))
+		return 0;
+	if (trust)
+		return fail(err, size, -EPERM,
+			    "%s '%s' holds a private key: keep only certificates in it (a CA's key belongs on no "
+			    "gateway's host)",
+			    what, path);
+	if (fstat(fileno(f), &st))
+		return fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
+	if (st.st_mode & 077)
+		return fail(err, size, -EPERM,
+			    "%s '%s' holds a private key and has permissions %04o: group or others may read the key "
+			    "(run chmod 600 on it, or keep the key in the key file only)",
+			    what, path, (unsigned)(st.st_mode & 07777));
+	return check_owner(&st, what, path, err, size);
+}
+
 /* A BIO over the in-memory PEM when given, else over the file (when
- * `trust`, a CA or CRL file, only where nobody else may write it). */
+ * `trust`, a CA or CRL file, only where nobody else may write it; no
+ * file but the key's may hold a key group or others can read). */
 static BIO *open_source(const char *path, const char *pem, const char *what, bool trust, int *rc, char *err,
 			size_t size)
 {
@@ -120,7 +162,8 @@ static BIO *open_source(const char *path, const char *pem, const char *what, boo
 		*rc = fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
 		return NULL;
 	}
-	if (trust && (*rc = check_trust_mode(f, path, what, err, size))) {
+	if ((trust && (*rc = check_trust_mode(f, path, what, err, size))) ||
+	    (*rc = check_stray_key(f, path, what, trust, err, size))) {
 		fclose(f);
 		return NULL;
 	}

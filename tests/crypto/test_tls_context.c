@@ -12,6 +12,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 
+#include "fileio.h"
 #include "tls_engine.h"
 #include "tls_pki.h"
 #include "tls_test.h"
@@ -285,6 +286,42 @@ static void test_loading(void)
 				"TLS_AES_128_CCM_8_SHA256)", NULL, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA385");
 	expect_refused(-EINVAL, "the TLS 1.3 ciphersuite list is empty", NULL, "");
 	CHECK_EQ_INT(try_context(NULL, "TLS_CHACHA20_POLY1305_SHA256", err, sizeof(err), NULL), 0);
+
+	/* A key in the certificate's file is as readable as that file, which
+	 * OpenSSL would read past: held to the key's rules there. A CA file
+	 * holds none, whatever its mode. */
+	char *cert_text, *key_text, both[8192];
+	size_t cert_len, key_len;
+	CHECK(gg_read_small_file(path("a.pem"), 4096, &cert_text, &cert_len) == 0);
+	CHECK(gg_read_small_file(path("a.key"), 4096, &key_text, &key_len) == 0);
+	snprintf(both, sizeof(both), "%s%s", cert_text, key_text);
+	CHECK(rename(path("a.pem"), path("a.pem.saved")) == 0);
+	write_file("a.pem", both, 0644);
+	expect_refused(-EPERM, "certificate 'DIR/a.pem' holds a private key and has permissions 0644: group or others "
+			       "may read the key (run chmod 600 on it, or keep the key in the key file only)", NULL, NULL);
+	CHECK(chmod(path("a.pem"), 0600) == 0);
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+	snprintf(both, sizeof(both), "%s%s", key_text, cert_text); /* the key first */
+	write_file("a.pem", both, 0640);
+	expect_refused(-EPERM, "certificate 'DIR/a.pem' holds a private key and has permissions 0640: group or others "
+			       "may read the key (run chmod 600 on it, or keep the key in the key file only)", NULL, NULL);
+	CHECK(chmod(path("a.pem"), 0600) == 0);
+	expect_owner_refused("a.pem", "certificate");
+	CHECK(rename(path("a.pem.saved"), path("a.pem")) == 0);
+	CHECK(rename(path("ca.pem"), path("ca.saved")) == 0);
+	snprintf(both, sizeof(both), "%s%s", gg_tls_pki_ca_pem(ca), key_text);
+	write_file("ca.pem", both, 0600);
+	expect_refused(-EPERM, "CA file 'DIR/ca.pem' holds a private key: keep only certificates in it (a CA's key "
+			       "belongs on no gateway's host)", NULL, NULL);
+	CHECK(rename(path("ca.saved"), path("ca.pem")) == 0);
+	/* A line that only mentions a key is not one. */
+	snprintf(both, sizeof(both), "a note: -----BEGIN PRIVATE KEY----- is not here\n%s", cert_text);
+	write_file("a.pem", both, 0644);
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
+	write_file("a.pem", cert_text, 0644);
+	free(cert_text);
+	free(key_text);
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 
 	write_file("empty.pem", "", 0644);
 	expect_refused(-EINVAL, "CRL file 'DIR/empty.pem' holds no PEM CRL", path("empty.pem"), NULL);
