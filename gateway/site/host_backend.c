@@ -168,9 +168,25 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 		return -errno;
 	}
 	int rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+	struct ucred peer = { .pid = 0 };
+	socklen_t peer_len = sizeof(peer);
+	if (rc == 0 && getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len))
+		peer.pid = 0;
 	close(probe);
+	if (rc == 0 && peer.pid && peer.uid != geteuid()) {
+		/* Not a second gateway of this user's: a squatter, perhaps. */
+		snprintf(err, err_size,
+			 "control socket %s: a process of uid %u (pid %d), not this gateway's user (uid %u), is "
+			 "listening on it",
+			 path, (unsigned)peer.uid, (int)peer.pid, (unsigned)geteuid());
+		return -EADDRINUSE;
+	}
 	if (rc == 0) {
-		snprintf(err, err_size, "control socket %s: another gateway is listening on it", path);
+		if (peer.pid)
+			snprintf(err, err_size, "control socket %s: another gateway is listening on it (pid %d)", path,
+				 (int)peer.pid);
+		else
+			snprintf(err, err_size, "control socket %s: another gateway is listening on it", path);
 		return -EADDRINUSE;
 	}
 	if (rc != -ECONNREFUSED) {
