@@ -95,8 +95,8 @@ static int allocation_size(void *dev, size_t *size, char *err, size_t err_size)
 
 	if (!range) {
 		void *fn = NULL;
-		/* The call that names the API version came with CUDA 12.5, and
-		 * CUDA 13 has no other. */
+		/* The call that names the API version came with CUDA 12.5, which
+		 * deprecated the other. */
 #if CUDART_VERSION >= 12050
 		GG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
 							       &found),

@@ -3,6 +3,7 @@
 #include "host_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,10 +81,13 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 			hb_conn_refuse(b, c, GG_ERR_TIMEOUT, "no HELLO within %llu ms",
 				       (unsigned long long)b->opts.hello_timeout_us / 1000);
 		hb_conn_settle(b, c, now_us);
-		if (c->io_error && c->state != C_FREE)
+		/* A connection held for its GPU allocations waits for the NCCL
+		 * calls, whose polls tick. */
+		bool held = (c->state == C_CLOSING && hb_conn_holds_gpu(b, c));
+		if (c->io_error && c->state != C_FREE && !held)
 			next = hb_min_deadline(next, now_us);
-		else if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut && !hb_conn_holds_gpu(b, c)))
-			next = hb_min_deadline(next, c->deadline_us); /* else the NCCL calls' polls tick */
+		else if (c->state == C_HELLO || (c->state == C_CLOSING && !c->shut && !held))
+			next = hb_min_deadline(next, c->deadline_us);
 	}
 	for (struct hb_job *j = b->jobs, *after; j; j = after) {
 		uint64_t poll = 0;

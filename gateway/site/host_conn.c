@@ -80,20 +80,25 @@ GG_PRINTF(4, 5) void hb_answer(struct gg_host_backend *b, struct hb_conn *c, int
 
 /* ---- connections -------------------------------------------------------- */
 
-/* Lets go of a mapped region: shared memory or a rank's CUDA allocation. */
-void hb_region_unmap(struct gg_host_backend *b, struct hb_region *r)
+/* Lets go of a mapped region: shared memory or a rank's CUDA allocation.
+ * Returns true when the allocation stays open a while yet (hb_defer()). */
+bool hb_region_unmap(struct gg_host_backend *b, struct hb_region *r)
 {
+	bool deferred = false;
+
 	if (!r->base)
-		return;
+		return false;
 #if HAVE_CUDA
 	if (r->device) {
-		if (!hb_defer(b, r->base, 0, DEFER_IPC))
+		deferred = hb_defer(b, r->base, 0, DEFER_IPC);
+		if (!deferred)
 			gg_site_cuda_close(r->base);
 	} else
 #endif
 		munmap(r->base, r->size);
 	*r = (struct hb_region){ 0 };
 	b->stats.regions--;
+	return deferred;
 }
 
 static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
@@ -113,15 +118,18 @@ static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
 }
 
 /* Whether closing connection c stays open for the rank's GPU allocations
- * it has open: the rank may free them once its session's end reaches it
- * (gradgate.h, gg_session_close()), and CUDA leaves freeing memory that
- * another process has open undefined, but while an NCCL call of the
- * gateway's runs, letting go of them waits (hb_defer()). The wait is
+ * the gateway has open: the rank may free them once its session's end
+ * reaches it (gradgate.h, gg_session_close()), and CUDA leaves freeing
+ * memory that another process has open undefined, but while an NCCL call
+ * of the gateway's runs, letting go of them waits (hb_defer()), those the
+ * rank unmapped already (as it does on close) included. The wait is
  * bounded: every such call ends by its deadline. */
 bool hb_conn_holds_gpu(const struct gg_host_backend *b, const struct hb_conn *c)
 {
 	if (!hb_nccl_running(b))
 		return false;
+	if (c->ipc_deferred)
+		return true;
 	for (unsigned i = 0; i < GG_CTRL_MAX_REGIONS; i++)
 		if (c->regions[i].base && c->regions[i].device)
 			return true;

@@ -91,6 +91,9 @@ struct hb_conn {
 	size_t out_len[OUTQ];
 	unsigned out_head, out_count;
 	bool send_busy, recv_busy, shut;
+	/* An allocation of the rank's it let go of (UNMAP) while an NCCL call
+	 * of the gateway's ran: the gateway still has it open (hb_defer()). */
+	bool ipc_deferred;
 	int io_error;  /* a send could not be queued: dropped at the next tick */
 	uid_t uid;     /* of the peer process, from SO_PEERCRED */
 	pid_t pid;
@@ -265,7 +268,7 @@ static inline void hb_req_pop(struct hb_conn *c)
 void hb_out_kick(struct gg_host_backend *b, struct hb_conn *c);
 union gg_ctrl_msg *hb_out_push(struct hb_conn *c, enum gg_ctrl_type type);
 GG_PRINTF(4, 5) void hb_answer(struct gg_host_backend *b, struct hb_conn *c, int status, const char *fmt, ...);
-void hb_region_unmap(struct gg_host_backend *b, struct hb_region *r);
+bool hb_region_unmap(struct gg_host_backend *b, struct hb_region *r);
 bool hb_conn_holds_gpu(const struct gg_host_backend *b, const struct hb_conn *c);
 void hb_conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t now_us);
 bool hb_keep_for_core(struct hb_conn *c, unsigned id);

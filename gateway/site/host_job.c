@@ -140,6 +140,9 @@ void hb_deferred_free(struct gg_host_backend *b)
 #endif
 		sum_free_now(b, d->ptr, true, d->kind == DEFER_NCCL_SUM);
 	}
+	if (b->deferred_ipc)
+		for (unsigned i = 0; i < hb_slots(b); i++)
+			b->conns[i].ipc_deferred = false;
 	b->deferred_count = 0;
 	b->deferred_ipc = 0;
 	b->deferred_bytes = 0;
@@ -641,7 +644,7 @@ static bool step_start(struct gg_host_backend *b, struct hb_job *j, const struct
 		hb_fail_step(b, j, j->nccl_code, "%s", j->nccl_why);
 		return false;
 	}
-	if (kind == MEM_NCCL && j->nccl_state != NCCL_UP) { /* job_advance waits while it is joined */
+	if (kind == MEM_NCCL && j->nccl_state != NCCL_UP) { /* hb_job_advance waits while it is joined */
 		hb_fail_step(b, j, GG_ERR_PROTOCOL, "the NCCL communicator of job '%s' is not up", j->name);
 		return false;
 	}

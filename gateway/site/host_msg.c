@@ -315,7 +315,8 @@ static void on_unmap(struct gg_host_backend *b, struct hb_conn *c)
 	/* A step that already failed at the rank may still be with the core. */
 	if (hb_keep_for_core(c, id))
 		return;
-	hb_region_unmap(b, &c->regions[id]);
+	if (hb_region_unmap(b, &c->regions[id]))
+		c->ipc_deferred = true;
 }
 
 static void on_allreduce(struct gg_host_backend *b, struct hb_conn *c)

@@ -9,7 +9,7 @@
  * gg_site_step_complete(); the backend then tells every rank of the job
  * the outcome.
  *
- * Host mode (host_backend.c): ranks hand over host buffers in shared
+ * Host mode (host_*.c): ranks hand over host buffers in shared
  * memory; the sum is computed on the CPU, in place in rank 0's buffer for
  * float32. The same backend takes ranks' CUDA allocations by IPC handle
  * (gg_allreduce_cuda): the sum is then formed on the gateway's GPU, in its

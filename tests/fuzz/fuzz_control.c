@@ -1,5 +1,5 @@
 /* libFuzzer target: the control protocol (control_proto.c) and the host
- * site backend that serves it (host_backend.c), driven by a script
+ * site backend that serves it (host_*.c), driven by a script
  * (fuzz_script.h) in which the input plays up to CONTROL_CLIENTS local
  * clients, the clock and the site core. Clients are real sockets on the
  * backend's control socket and MAP hands it real memfds (or what is not

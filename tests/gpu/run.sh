@@ -67,7 +67,8 @@ have nvcc || { say "nvcc not found; the GPU checks need the CUDA toolkit" >&2; e
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>/dev/null || true
 # gpu-mode, nccl-mode and the PyTorch tests put several processes on one GPU.
 case $(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -1) in
-Exclusive_Process | Prohibited) say "the GPU's compute mode admits one process at a time: the tests of several processes on it will fail" ;;
+Exclusive_Process) say "the GPU's compute mode admits one process at a time: the tests of several processes on it will fail" ;;
+Prohibited) say "the GPU's compute mode admits no process: every check on it will fail" ;;
 esac
 for tool in meson ninja; do
 	have "$tool" || { say "$tool not found (apt-get install meson ninja-build, or pip)" >&2; exit 1; }
