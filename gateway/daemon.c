@@ -597,6 +597,7 @@ int gg_daemon_run(const struct gg_config *cfg)
 		goto out;
 	}
 	gg_host_backend_options_from_config(cfg, &hopts);
+	hopts.max_jobs = GG_NODE_MAX_JOBS;
 	hopts.log = backend_log;
 	hopts.status = status_answer;
 	hopts.status_arg = &d;

@@ -141,9 +141,11 @@ struct gg_request;
  * its reason) a protocol version it does not speak, a rank already
  * connected, an nranks different from what the job's first rank said or
  * above its max_clients, a process running as another user than the
- * job's first rank, a job that failed and still has ranks connected, and
- * connections beyond its max_clients; GG_ERR_NOMEM when it is out of
- * memory for the session. */
+ * job's first rank, a job that failed and still has ranks connected,
+ * connections beyond its max_clients, and, from a user other than root
+ * and the gateway's own, sessions past half of max_clients or a new job
+ * past half of the 32 jobs a gateway runs (so that no one user keeps the
+ * others out); GG_ERR_NOMEM when it is out of memory for the session. */
 GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
 				 struct gg_session **out, struct gg_error *err);
 

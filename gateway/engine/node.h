@@ -47,6 +47,10 @@
 #include "uring_loop.h"
 #include "wire.h"
 
+/* Jobs a gateway runs at once: each keeps its place from its first step
+ * until its ranks are gone. */
+#define GG_NODE_MAX_JOBS 32
+
 #define GG_NODE_ERROR_MAX 512
 
 struct gg_node;

@@ -24,7 +24,7 @@
 #include "mem_cuda.h"
 #endif
 
-#define MAX_JOBS 32
+#define MAX_JOBS GG_NODE_MAX_JOBS
 #define LANE_JOBS GG_NODE_LANE_JOBS
 _Static_assert(LANE_JOBS >= 2 * MAX_JOBS, "a lane holds the jobs that run and as many that ended");
 #define TIMED_KEPT 4 /* algorithm auto: the latest steps of each algorithm timed */

@@ -454,6 +454,7 @@ void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_
 		.answer_grace_us = cfg->transport.heartbeat_timeout_us,
 		.hello_timeout_us = cfg->transport.handshake_timeout_us,
 		.session_idle_us = cfg->limits.session_idle_us,
+		.user_shares = true,
 		.kind_base = GG_OP_USER,
 #if HAVE_NCCL
 		.nccl = &gg_site_nccl_real,

@@ -61,6 +61,12 @@ struct gg_host_backend_options {
 	 * GG_ERR_CLOSED saying so), and a rank of another user asking for an
 	 * idle job's name takes it the same way. 0: never. */
 	uint64_t session_idle_us;
+	/* A user other than root and the gateway's own holds at most half of
+	 * max_clients sessions and starts at most half of max_jobs jobs (the
+	 * core's, 0: unbounded here) at once, so that no one user can keep
+	 * the others out. */
+	bool user_shares;
+	unsigned max_jobs;
 	unsigned kind_base;         /* >= GG_OP_USER; kinds kind_base..+GG_HOST_BACKEND_KINDS-1 */
 	/* Called for refusals, protocol errors and failed steps; NULL: quiet. */
 	void (*log)(void *arg, const char *line);

@@ -43,6 +43,40 @@ static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
 	return false;
 }
 
+/* A user other than root and the gateway's own gets half of the sessions
+ * and half of the jobs at most (opts.user_shares): else refuses c and
+ * returns false. new_job: c's HELLO starts a job. */
+static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job)
+{
+	const uid_t self = geteuid();
+	unsigned sessions = 0, jobs = 0;
+
+	if (!b->opts.user_shares || c->uid == 0 || c->uid == self)
+		return true;
+	for (unsigned i = 0; i < hb_slots(b); i++)
+		sessions += b->conns[i].state == C_ACTIVE && b->conns[i].uid == c->uid;
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		jobs += j->uid == c->uid;
+	const unsigned max_sessions = GG_MAX(b->opts.max_clients / 2, 1u), max_jobs = b->opts.max_jobs / 2;
+	if (sessions >= max_sessions) {
+		hb_conn_refuse(b, c, GG_ERR_REFUSED,
+			       "uid %u holds %u sessions at the gateway of site %s, half of its max_clients = %u: a "
+			       "user other than root and the gateway's own (uid %u) may hold no more, so that others "
+			       "find room",
+			       (unsigned)c->uid, sessions, b->site, b->opts.max_clients, (unsigned)self);
+		return false;
+	}
+	if (new_job && max_jobs && jobs >= max_jobs) {
+		hb_conn_refuse(b, c, GG_ERR_REFUSED,
+			       "uid %u runs %u jobs at the gateway of site %s, half of the %u it runs at once: a user "
+			       "other than root and the gateway's own (uid %u) may start no more, so that others find "
+			       "room",
+			       (unsigned)c->uid, jobs, b->site, b->opts.max_jobs, (unsigned)self);
+		return false;
+	}
+	return true;
+}
+
 static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 {
 	const struct gg_ctrl_hello *h = &c->in.hello;
@@ -112,6 +146,8 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 			       j->name);
 		return;
 	}
+	if (!user_share_ok(b, c, !j))
+		return;
 	if (!j) {
 		j = calloc(1, sizeof(*j));
 		if (j) {

@@ -175,6 +175,8 @@ static void *gateway_thread(void *arg)
 		.step_timeout_us = h->opts.step_timeout_us,
 		.hello_timeout_us = h->opts.hello_timeout_us,
 		.session_idle_us = h->opts.session_idle_us,
+		.user_shares = h->opts.user_shares,
+		.max_jobs = h->opts.max_jobs,
 		.kind_base = GG_OP_USER,
 		.log = on_log,
 		.log_arg = h,

@@ -61,6 +61,8 @@ struct harness_options {
 	uint64_t step_timeout_us;   /* 0: 20 s */
 	uint64_t hello_timeout_us;  /* 0: 5 s */
 	uint64_t session_idle_us;   /* 0: jobs never give their sessions up */
+	bool user_shares;           /* other users get half the sessions and of max_jobs */
+	unsigned max_jobs;
 	const struct gg_site_nccl_ops *nccl; /* NULL: a gateway built without NCCL */
 	/* Whether a call of `nccl` is under way (cudaFree would wait for it):
 	 * the core must not be let free GPU memory then. NULL: not checked. */

@@ -654,6 +654,76 @@ static void test_idle_name(void)
 	harness_wait_connections(&h, 0);
 }
 
+/* The child: as user nobody, takes half of the sessions (max_clients 8)
+ * and half of the jobs (max_jobs 4), and is refused the next. */
+static int user_shares_main(const char *endpoint)
+{
+	struct gg_session *s[5] = { 0 };
+	struct gg_error err;
+	int rc = 0;
+
+	if (setgid(65534) || setuid(65534))
+		return 2;
+	for (int r = 0; r < 4 && !rc; r++)
+		if (gg_session_open(endpoint, "big", r, 5, &s[r], &err)) {
+			fprintf(stderr, "rank %d of 'big': %s\n", r, err.message);
+			rc = 1;
+		}
+	if (!rc && (gg_session_open(endpoint, "big", 4, 5, &s[4], &err) != GG_ERR_REFUSED ||
+		    strcmp(err.message, "uid 65534 holds 4 sessions at the gateway of site test-site, half of its "
+					"max_clients = 8: a user other than root and the gateway's own (uid 0) may hold "
+					"no more, so that others find room"))) {
+		fprintf(stderr, "a fifth session: %s\n", err.message);
+		rc = 1;
+	}
+	for (int r = 0; r < 5; r++)
+		gg_session_close(s[r]);
+	memset(s, 0, sizeof(s));
+	for (int i = 0; i < 2 && !rc; i++) {
+		char job[8];
+		snprintf(job, sizeof(job), "j%d", i);
+		if (gg_session_open(endpoint, job, 0, 1, &s[i], &err)) {
+			fprintf(stderr, "job %s: %s\n", job, err.message);
+			rc = 1;
+		}
+	}
+	if (!rc && (gg_session_open(endpoint, "j2", 0, 1, &s[2], &err) != GG_ERR_REFUSED ||
+		    strcmp(err.message, "uid 65534 runs 2 jobs at the gateway of site test-site, half of the 4 it runs "
+					"at once: a user other than root and the gateway's own (uid 0) may start no more, "
+					"so that others find room"))) {
+		fprintf(stderr, "a third job: %s\n", err.message);
+		rc = 1;
+	}
+	for (int i = 0; i < 3; i++)
+		gg_session_close(s[i]);
+	return rc;
+}
+
+/* One user other than root and the gateway's own cannot take every
+ * session or job: root can, and the others find room past that user. */
+static void test_user_shares(void)
+{
+	char *argv[] = { "test_host_protocol", "--user-shares", h.endpoint, NULL };
+	struct gg_session *s[6];
+	pid_t pid;
+	int status;
+
+	if (getuid() != 0) {
+		printf("user-shares check skipped: needs root to become another user\n");
+		return;
+	}
+	CHECK(chmod(h.dir, 0711) == 0);
+	for (int r = 0; r < 6; r++)
+		open_ok("root", r, 6, &s[r]); /* past half of max_clients */
+	for (int r = 0; r < 6; r++)
+		gg_session_close(s[r]);
+	harness_wait_connections(&h, 0);
+	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	harness_wait_connections(&h, 0);
+}
+
 /* ---- a raw rank next to a library rank ----------------------------------- */
 
 struct raw_rank {
@@ -1242,6 +1312,8 @@ int main(int argc, char **argv)
 		return other_user_main(argv[2], !strcmp(argv[1], "--other-user-busy"));
 	if (argc == 3 && !strcmp(argv[1], "--take-name"))
 		return take_name_main(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "--user-shares"))
+		return user_shares_main(argv[2]);
 
 	struct harness_options o = {
 		.max_clients = MAX_CLIENTS,
@@ -1274,7 +1346,13 @@ int main(int argc, char **argv)
 	test_silent_slots();
 	test_silent_flood();
 	test_idle_before_young();
-	test_waiting_at_stop();
+	test_waiting_at_stop(); /* stops the harness */
+
+	/* Other users' shares of the sessions and the jobs. */
+	o = (struct harness_options){ .max_clients = 8, .user_shares = true, .max_jobs = 4 };
+	harness_start(&h, &o);
+	test_user_shares();
+	harness_stop(&h);
 	printf("host protocol: ok\n");
 	return 0;
 }
