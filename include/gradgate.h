@@ -398,8 +398,8 @@ GRADGATE_API void gg_request_free(struct gg_request *req);
 
 /* Closes the connection and frees the session (NULL is allowed), its
  * shared buffers included. Answers that had already arrived complete their
- * requests first. It then waits, at most 2 seconds, until the gateway is
- * done with the session. A session is its rank's part in the job: closing
+ * requests first. It then waits, at most 2 seconds (longer for GPU
+ * allocations, below), until the gateway is done with the session. A session is its rank's part in the job: closing
  * it, between steps too, fails the job at its other ranks (their steps
  * from then on fail with GG_ERR_RANK), and the gateway refuses new
  * sessions of the job (GG_ERR_REFUSED) until every rank has closed its
@@ -409,10 +409,12 @@ GRADGATE_API void gg_request_free(struct gg_request *req);
  * gateway has let go of them by then, but for one that a step still in
  * flight there uses, which it lets go when that step ends. While an NCCL
  * call of the gateway's runs (any job's, gg_allreduce_nccl), it lets go
- * of them only once that call ends, and ends the session then. The wait
- * does not go past the 2 seconds, for a slow NCCL call or a gateway that
- * does not answer: free the allocations only once the session's steps
- * are done. Requests
+ * of them only once that call ends, by its step's deadline, and ends the
+ * session then: so the close of a session that handed it any waits up
+ * to the gateway's step_timeout and its grace (heartbeat_timeout) more
+ * than 2 seconds. Free the allocations only once the session's steps are
+ * done and its close has returned (a gateway that did not answer by then
+ * may still have them open). Requests
  * the caller has not freed yet stay valid for gg_wait() (which then
  * returns GG_ERR_CLOSED if they had not finished) and gg_request_free().
  * Closing with a step in flight fails that step at the job's other ranks.

@@ -76,6 +76,7 @@ struct gg_session {
 	uint64_t answer_grace_ms;       /* the gateway's, past a step's deadline */
 	unsigned max_regions;
 	unsigned buffers;               /* shared buffers held */
+	bool handed_gpu;                /* the gateway was given a GPU allocation (MAP_CUDA) */
 	uint64_t next_seq;
 	struct gg_request *head, *tail; /* in flight, oldest first */
 	unsigned inflight;
@@ -805,6 +806,7 @@ static int device_region(struct gg_session *s, const struct gg_cudrv_alloc *a, u
 		.buffer_id = a->buffer_id, .last_used = s->next_seq,
 	};
 	s->buffers++;
+	s->handed_gpu = true;
 	return (int)id;
 }
 
@@ -1108,7 +1110,9 @@ GRADGATE_API void gg_request_free(struct gg_request *req)
  * the gateway's end of the connection, which comes once the gateway is done
  * with this rank: the caller may then free those allocations, and open the
  * same rank of the job (or, as its last rank, a new run of its name) at
- * once. */
+ * once. Letting go of GPU allocations waits for any NCCL call the gateway
+ * makes meanwhile, which ends by its step's deadline and the gateway's
+ * grace: a session that handed it any waits that much longer. */
 static void release_session(struct gg_session *s)
 {
 	for (unsigned id = 0; id < s->max_regions && !s->failed; id++) {
@@ -1119,7 +1123,8 @@ static void release_session(struct gg_session *s)
 	}
 	if (s->failed || shutdown(s->fd, SHUT_WR))
 		return;
-	uint64_t until = gg_ctrl_now_ms() + CLOSE_WAIT_MS;
+	uint64_t wait = CLOSE_WAIT_MS + (s->handed_gpu ? s->info.step_timeout_ms + s->answer_grace_ms : 0);
+	uint64_t until = gg_ctrl_now_ms() + wait;
 	union gg_ctrl_msg m;
 	ssize_t n;
 	do /* what comes now goes unread: its requests had not finished at the close */

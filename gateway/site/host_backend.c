@@ -121,7 +121,9 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 	/* Lines left out of the log are told once their second is over. */
 	next = hb_tell_held(b, &b->refusal_log, "refused", next);
 	next = hb_tell_held(b, &b->session_log, "ranks came or left", next);
-	hb_deferred_free(b);
+	/* Connections held for what was let go of end at the next turn. */
+	if (hb_deferred_free(b))
+		next = hb_min_deadline(next, now_us);
 	return next;
 }
 

@@ -126,10 +126,12 @@ static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
  * bounded: every such call ends by its deadline. */
 bool hb_conn_holds_gpu(const struct gg_host_backend *b, const struct hb_conn *c)
 {
-	if (!hb_nccl_running(b))
-		return false;
+	/* Put off until the end of a loop's turn (hb_deferred_free()), even
+	 * where the call ended meanwhile. */
 	if (c->ipc_deferred)
 		return true;
+	if (!hb_nccl_running(b))
+		return false;
 	for (unsigned i = 0; i < GG_CTRL_MAX_REGIONS; i++)
 		if (c->regions[i].base && c->regions[i].device)
 			return true;

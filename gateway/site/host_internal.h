@@ -297,7 +297,7 @@ bool hb_step_in_progress(const struct hb_job *j);
 bool hb_nccl_running(const struct gg_host_backend *b);
 bool hb_defer(struct gg_host_backend *b, void *ptr, uint64_t bytes, int kind);
 void hb_nccl_phase_set(struct gg_host_backend *b, struct hb_job *j, int phase);
-void hb_deferred_free(struct gg_host_backend *b);
+bool hb_deferred_free(struct gg_host_backend *b);
 void hb_nccl_end_id(struct gg_host_backend *b, struct hb_job *j);
 /* Frees a job's arrays and the job (NULL is allowed); hb_job_free() first
  * lets go of what the job holds. */

@@ -124,12 +124,15 @@ void hb_nccl_phase_set(struct gg_host_backend *b, struct hb_job *j, int phase)
 		core_gpu_frees(b);
 }
 
-/* What waited for the gateway's NCCL calls, once none runs. */
-void hb_deferred_free(struct gg_host_backend *b)
+/* What waited for the gateway's NCCL calls, once none runs. Returns true
+ * when it let go of ranks' allocations, whose connections may end now. */
+bool hb_deferred_free(struct gg_host_backend *b)
 {
+	bool ipc = b->deferred_ipc > 0;
+
 	core_gpu_frees(b);
 	if (!b->deferred_count || hb_nccl_running(b))
-		return;
+		return false;
 	for (unsigned i = 0; i < b->deferred_count; i++) {
 		const struct hb_deferred *d = &b->deferred[i];
 #if HAVE_CUDA
@@ -140,12 +143,13 @@ void hb_deferred_free(struct gg_host_backend *b)
 #endif
 		sum_free_now(b, d->ptr, true, d->kind == DEFER_NCCL_SUM);
 	}
-	if (b->deferred_ipc)
+	if (ipc)
 		for (unsigned i = 0; i < hb_slots(b); i++)
 			b->conns[i].ipc_deferred = false;
 	b->deferred_count = 0;
 	b->deferred_ipc = 0;
 	b->deferred_bytes = 0;
+	return ipc;
 }
 
 /* What the memory limit leaves for a new sum, every spare kept. */
