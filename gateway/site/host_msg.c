@@ -44,8 +44,9 @@ static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
 }
 
 /* A user other than root and the gateway's own gets half of the sessions
- * and half of the jobs at most (opts.user_shares): else refuses c and
- * returns false. new_job: c's HELLO starts a job. */
+ * (rounded down, at least one) and half of the jobs at most
+ * (opts.user_shares): else refuses c and returns false. new_job: c's
+ * HELLO would start a job. */
 static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job)
 {
 	const uid_t self = geteuid();
@@ -104,12 +105,16 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 			       (unsigned)h->rank, h->job, (unsigned)h->nranks);
 		return;
 	}
+	/* A user past its share takes no slot or name from anyone. */
+	struct hb_job *j = hb_job_find(b, h->job);
+	if (!user_share_ok(b, c, !j || j->uid != c->uid))
+		return;
 	/* A HELLO that came on a spare slot needs a place first (an idle
 	 * job's if need be), once it is sound: a malformed one evicts nobody. */
 	if (c->spare && !spare_to_session(b, c))
 		return;
 
-	struct hb_job *j = hb_job_find(b, h->job);
+	j = hb_job_find(b, h->job);
 	if (j && j->uid != c->uid && hb_job_idle(b, j)) {
 		char needed[96];
 		snprintf(needed, sizeof(needed), "a rank of uid %u asks for its name", (unsigned)c->uid);
@@ -146,8 +151,6 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 			       j->name);
 		return;
 	}
-	if (!user_share_ok(b, c, !j))
-		return;
 	if (!j) {
 		j = calloc(1, sizeof(*j));
 		if (j) {
