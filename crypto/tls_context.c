@@ -122,15 +122,16 @@ static int check_stray_key(FILE *f, const char *path, const char *what, bool tru
 {
 	struct stat st;
 
-	if (!holds_private_key(f))
+	if (fstat(fileno(f), &st))
+		return fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
+	/* A pipe would be read up to its end here, and could not be read
+	 * again: only a file is looked through. */
+	if (!S_ISREG(st.st_mode) || !holds_private_key(f))
 		return 0;
 	if (trust)
 		return fail(err, size, -EPERM,
-			    "%s '%s' holds a private key: keep only certificates in it (a CA's key belongs on no "
-			    "gateway's host)",
+			    "%s '%s' holds a private key: take it out (a CA's key belongs on no gateway's host)",
 			    what, path);
-	if (fstat(fileno(f), &st))
-		return fail(err, size, -errno, "cannot read %s '%s': %s", what, path, strerror(errno));
 	if (st.st_mode & 077)
 		return fail(err, size, -EPERM,
 			    "%s '%s' holds a private key and has permissions %04o: group or others may read the key "

@@ -176,23 +176,28 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 	int rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
 	struct ucred peer = { .pid = 0 };
 	socklen_t peer_len = sizeof(peer);
-	if (rc == 0 && getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len))
-		peer.pid = 0;
+	bool known = rc == 0 && !getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len);
 	close(probe);
-	if (rc == 0 && peer.pid && peer.uid != geteuid()) {
-		/* Not a second gateway of this user's: a squatter, perhaps. */
-		snprintf(err, err_size,
-			 "control socket %s: a process of uid %u (pid %d), not this gateway's user (uid %u), is "
-			 "listening on it",
-			 path, (unsigned)peer.uid, (int)peer.pid, (unsigned)geteuid());
+	const uid_t self = geteuid();
+	char pid[24] = "";
+	if (known && peer.pid) /* 0 from another PID namespace */
+		snprintf(pid, sizeof(pid), " (pid %d)", (int)peer.pid);
+	/* Another user's listener, or another user's socket that is not a
+	 * stale one of ours: not a second gateway of this user's, but a
+	 * squatter perhaps. */
+	if (known && peer.uid != self) {
+		snprintf(err, err_size, "control socket %s: a process of uid %u%s, not this gateway's user (uid %u), is "
+			 "listening on it", path, (unsigned)peer.uid, pid, (unsigned)self);
 		return -EADDRINUSE;
 	}
 	if (rc == 0) {
-		if (peer.pid)
-			snprintf(err, err_size, "control socket %s: another gateway is listening on it (pid %d)", path,
-				 (int)peer.pid);
-		else
-			snprintf(err, err_size, "control socket %s: another gateway is listening on it", path);
+		snprintf(err, err_size, "control socket %s: another gateway is listening on it%s", path, pid);
+		return -EADDRINUSE;
+	}
+	if (rc != -ECONNREFUSED && st.st_uid != self) {
+		snprintf(err, err_size, "control socket %s: a socket of uid %u, not this gateway's user (uid %u), is "
+			 "there, and cannot be told unused: %s", path, (unsigned)st.st_uid, (unsigned)self,
+			 strerror(-rc));
 		return -EADDRINUSE;
 	}
 	if (rc != -ECONNREFUSED) {

@@ -311,9 +311,12 @@ static void test_loading(void)
 	CHECK(rename(path("ca.pem"), path("ca.saved")) == 0);
 	snprintf(both, sizeof(both), "%s%s", gg_tls_pki_ca_pem(ca), key_text);
 	write_file("ca.pem", both, 0600);
-	expect_refused(-EPERM, "CA file 'DIR/ca.pem' holds a private key: keep only certificates in it (a CA's key "
-			       "belongs on no gateway's host)", NULL, NULL);
+	expect_refused(-EPERM, "CA file 'DIR/ca.pem' holds a private key: take it out (a CA's key belongs on no "
+			       "gateway's host)", NULL, NULL);
 	CHECK(rename(path("ca.saved"), path("ca.pem")) == 0);
+	write_file("crl.pem", key_text, 0644);
+	expect_refused(-EPERM, "CRL file 'DIR/crl.pem' holds a private key: take it out (a CA's key belongs on no "
+			       "gateway's host)", path("crl.pem"), NULL);
 	/* A line that only mentions a key is not one. */
 	snprintf(both, sizeof(both), "a note: -----BEGIN PRIVATE KEY----- is not here\n%s", cert_text);
 	write_file("a.pem", both, 0644);

@@ -712,6 +712,39 @@ static int try_start(const char *control, char *err, size_t err_size)
 	return rc;
 }
 
+/* A process of user nobody listening at DIR/squat.sock on a socket of
+ * `type`, which it owns: try_start() there (its rc and err), then the
+ * process is gone. Returns its pid. */
+static pid_t squat(int type, int *rc, char *err, size_t err_size)
+{
+	char path[128], endpoint[160], c;
+	int ready[2];
+
+	snprintf(path, sizeof(path), "%s/squat.sock", h.dir);
+	struct sockaddr_un at = { .sun_family = AF_UNIX };
+	memcpy(at.sun_path, path, strlen(path) + 1);
+	CHECK(pipe(ready) == 0);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		/* The listener's credentials are those of its listen(). */
+		int s = socket(AF_UNIX, type, 0);
+		if (s < 0 || bind(s, (struct sockaddr *)&at, sizeof(at)) || chown(path, 65534, 65534) ||
+		    setresuid(65534, 65534, 65534) || listen(s, 1) || write(ready[1], "x", 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	close(ready[1]);
+	CHECK(read(ready[0], &c, 1) == 1);
+	close(ready[0]);
+	snprintf(endpoint, sizeof(endpoint), "unix:%s", path);
+	*rc = try_start(endpoint, err, err_size);
+	CHECK(kill(pid, SIGKILL) == 0 && waitpid(pid, NULL, 0) == pid);
+	CHECK(unlink(path) == 0);
+	return pid;
+}
+
 static void test_control_socket(void)
 {
 	char err[256], endpoint[160];
@@ -723,36 +756,19 @@ static void test_control_socket(void)
 	CHECK_EQ_INT(rc, -EADDRINUSE);
 	CHECK_CONTAINS(err, "another gateway is listening on it");
 	/* Nor one another user's process listens on, which is named as such:
-	 * a squatter, not a second gateway. */
+	 * a squatter, not a second gateway; one whose socket is of another
+	 * type is told by the socket's owner. */
 	if (geteuid() == 0) {
-		char squat[128], want[192], c;
-		int ready[2];
-		snprintf(squat, sizeof(squat), "%s/squat.sock", h.dir);
-		struct sockaddr_un at = { .sun_family = AF_UNIX };
-		memcpy(at.sun_path, squat, strlen(squat) + 1);
-		CHECK(pipe(ready) == 0);
-		pid_t pid = fork();
-		CHECK(pid >= 0);
-		if (pid == 0) {
-			/* The listener's credentials are those of its listen(). */
-			int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-			if (s < 0 || bind(s, (struct sockaddr *)&at, sizeof(at)) || setresuid(65534, 65534, 65534) ||
-			    listen(s, 1) || write(ready[1], "x", 1) != 1)
-				_exit(1);
-			pause();
-			_exit(0);
-		}
-		close(ready[1]);
-		CHECK(read(ready[0], &c, 1) == 1);
-		close(ready[0]);
-		snprintf(endpoint, sizeof(endpoint), "unix:%s", squat);
-		rc = try_start(endpoint, err, sizeof(err));
-		CHECK(kill(pid, SIGKILL) == 0 && waitpid(pid, NULL, 0) == pid);
-		CHECK(unlink(squat) == 0);
+		char want[192];
+		pid_t pid = squat(SOCK_SEQPACKET, &rc, err, sizeof(err));
 		CHECK_EQ_INT(rc, -EADDRINUSE);
 		snprintf(want, sizeof(want),
 			 "a process of uid 65534 (pid %d), not this gateway's user (uid 0), is listening on it", (int)pid);
 		CHECK_CONTAINS(err, want);
+		squat(SOCK_STREAM, &rc, err, sizeof(err));
+		CHECK_EQ_INT(rc, -EADDRINUSE);
+		CHECK_CONTAINS(err, "squat.sock: a socket of uid 65534, not this gateway's user (uid 0), is there, and "
+				    "cannot be told unused: Protocol wrong type for socket");
 	}
 	CHECK_EQ_INT(try_start("tcp:127.0.0.1:9000", err, sizeof(err)), -EINVAL);
 	CHECK_CONTAINS(err, "needs unix:/absolute/path");
