@@ -1020,15 +1020,18 @@ static void part_missed_deadline(struct lane_job *lj)
 
 #define TCP_INFO_EVERY_US 250000
 
-/* Its streams' TCP figures, a few times a second. */
-static void publish_stream_tcp(struct lane *ln)
+/* Its streams' TCP figures, a few times a second, and at once when one
+ * came up (`ups`: streams that came up so far), so that a stream that is
+ * up has its figures on the metrics page as soon as it counts as up. */
+static void publish_stream_tcp(struct lane *ln, uint64_t ups)
 {
 	struct gg_node *n = ln->node;
 	struct gg_mesh_stream_tcp t;
 
-	if (ln->index >= n->nlanes || ln->loop.now_us < ln->tcp_next_us)
+	if (ln->index >= n->nlanes || (ln->loop.now_us < ln->tcp_next_us && ups == ln->tcp_ups))
 		return;
 	ln->tcp_next_us = ln->loop.now_us + TCP_INFO_EVERY_US;
+	ln->tcp_ups = ups;
 	for (unsigned p = 0; p < n->sites; p++) {
 		if (p == n->self)
 			continue;
@@ -1060,9 +1063,11 @@ static void publish_mesh_stats(struct lane *ln)
 {
 	const struct gg_mesh_stats *ms = gg_mesh_stats(ln->mesh);
 
-	uint64_t hedged = 0;
-	for (unsigned p = 0; p < ln->node->sites; p++)
+	uint64_t hedged = 0, ups = 0;
+	for (unsigned p = 0; p < ln->node->sites; p++) {
 		hedged += ms->peers[p].hedged_frames;
+		ups += ms->peers[p].stream_ups;
+	}
 	publish(&ln->resent, ms->resent_messages);
 	publish(&ln->hedged, hedged);
 	publish(&ln->tls_ns, (uint64_t)(ms->tls_s * 1e9));
@@ -1086,7 +1091,7 @@ static void publish_mesh_stats(struct lane *ln)
 	publish(&ln->uplink_at_us, ms->uplink_at_us);
 	for (unsigned f = 0; f < GG_MESH_FAILURES; f++)
 		publish(&ln->stats.stream_failures[f], ms->stream_failures[f]);
-	publish_stream_tcp(ln);
+	publish_stream_tcp(ln, ups);
 }
 
 /* Parts' deadlines, and own chunks that wait for room on the streams. */

@@ -278,6 +278,7 @@ struct lane {
 	char refused_job[MAX_JOBS][GG_WIRE_NAME_MAX + 1];
 	uint64_t next_us;
 	uint64_t tcp_next_us; /* when to read its streams' TCP_INFO next */
+	uint64_t tcp_ups;     /* its streams' ups at that reading: one more reads at once */
 	bool shutting_down;
 	struct lane_stats stats;
 	atomic_bool flushed, idle;

@@ -282,3 +282,36 @@ for s in "0 a2 site-b" "1 b2 site-a"; do
 		"gradgate_raw_bytes_total{peer=\"$peer\",direction=\"sent\"}") wire_bytes_out=$(val "$page" \
 		"gradgate_encoded_bytes_total{peer=\"$peer\",direction=\"sent\"}") " "${SITES[$i]}'s stopped line"
 done
+
+# ---- a stream that comes up has its TCP figures on the first page that
+# counts it up: its lane reads them as it comes up, not at its next
+# quarter second. Site-a's page, read over and over while site-b starts
+# again. (The two are published one after the other: a page between them
+# is read again.)
+streams_and_figures() {
+	local page
+	page=$(curl -s --max-time 2 "http://127.0.0.1:${metrics_port[0]}/metrics") || return 1
+	echo "$(awk '$1 == "gradgate_peer_streams_up{peer=\"site-b\"}" { print $2 }' <<<"$page")" \
+		"$(grep -c '^gradgate_stream_rtt_seconds{peer="site-b",' <<<"$page" || true)"
+}
+gw_start 0
+gw_launch 1
+deadline=$((EPOCHSECONDS + 15)) pages=0 seen=0
+while :; do
+	[ "$EPOCHSECONDS" -lt "$deadline" ] || fail "site-a's page did not count $STREAMS streams up within 15 s"
+	if ! read -r up figures < <(streams_and_figures) || [ -z "$up" ]; then
+		sleep 0.01
+		continue
+	fi
+	pages=$((pages + 1))
+	if [ "$up" != "$figures" ]; then
+		sleep 0.05
+		read -r up figures < <(streams_and_figures)
+		eq "streams up, and those with TCP figures" "$figures" "$up"
+	fi
+	[ "$up" = 0 ] || seen=$((seen + 1))
+	[ "$up" != "$STREAMS" ] || break
+done
+gw_started 1
+log "every stream up had its TCP figures on each of $pages pages read as site-b came back ($seen with streams up)"
+mesh_stop
