@@ -21,7 +21,8 @@ them where they are, on the GPU (gg_allreduce_cuda), and allreduce_nccl()
 through the site's NCCL communicator, which the gateway is a rank of
 (gg_allreduce_nccl). Failures raise
 gradgate.Error with the library's code (Error.code, Error.name) and
-message.
+message; arguments refused here, before anything is sent, raise TypeError
+(type, dtype, layout) or ValueError (the rest).
 
 The library is found at $GRADGATE_LIBRARY when set, else as
 libgradgate.so.0 on the loader's path (meson install puts it there): that
@@ -353,6 +354,11 @@ class _Target:
             raise TypeError(f"gradgate all-reduces numpy arrays and torch tensors, not {type(array).__name__}")
         if self.host is None:
             _check_live(self.ptr, self.count * (4 if self.dtype == DTYPE_F32 else 2))
+        elif array.device.type == "cpu":
+            # A view copied for the step is written back into its own
+            # memory: every byte it spans (strides are never negative).
+            span = sum((size - 1) * stride for size, stride in zip(array.shape, array.stride())) + 1
+            _check_live(array.data_ptr(), span * array.element_size())
 
     def _numpy(self, a):
         import numpy as np
