@@ -229,8 +229,10 @@ static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_j
 
 static void backend_log(void *arg, const char *line)
 {
+	char safe[GG_ESCAPED_SIZE(512)];
+
 	(void)arg;
-	gg_log(GG_LOG_INFO, "control", "msg=\"%s\"", line);
+	gg_log(GG_LOG_INFO, "control", "msg=\"%s\"", gg_escape(safe, sizeof(safe), line, strlen(line)));
 }
 
 /* A stream that goes down while every peer still has one up is told of

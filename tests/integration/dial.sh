@@ -161,6 +161,10 @@ both_say nobody_dials "that nobody dials"
 step_fails waits 'site site-b is unreachable: .*dial for site-b is "in", so site-b must dial it \(dial = "out" or "both" there\)' \
 	"in/in, the step"
 expect_none_now 0 'event=(stream_up|mesh_up)' "in/in"
+# The failure as the host backend logs it: one value, its quotes escaped.
+expect "$(site_log 0)" 'event=control msg="job .* is \\"in\\", so site-b must dial it \(dial = \\"out\\" or \\"both\\" there\)' \
+	"in/in, the control line"
+expect_none_now 0 'event=control .*[^\\]"in"' "in/in, a control line with its quotes unescaped"
 log "in/in: $(since_start "$(site_log 0)" | grep -m1 -o 'event=mesh_degraded.*')"
 mesh_stop
 
