@@ -269,6 +269,12 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1 
 	install -d -m 0755 -o nobody "$nb/run/gw"
 	runuser -u nobody -- "$gradgate" --check-config "$nb/a.toml" >/dev/null 2>"$tmp/err"
 	rc=$?; expect "made as it says, the check passes: $(head -c 300 "$tmp/err")" $rc
+	# A folder that is there, but that the gateway's user may not write in.
+	sed "s#^control = .*#control = \"unix:$nb/run/b.sock\"#" "$nb/a.toml" >"$nb/ro.toml"
+	runuser -u nobody -- "$gradgate" --check-config "$nb/ro.toml" >/dev/null 2>"$tmp/err"
+	expect "a socket folder the gateway's user may not write in fails the check (exit 1)" $(( $? != 1 ))
+	grep -qF "control socket $nb/run/b.sock: the gateway's user (nobody) may not make it in $nb/run (no write access): choose a folder it may write in, as /run/gradgate" "$tmp/err"
+	rc=$?; expect "  saying why: $(head -c 300 "$tmp/err")" $rc
 	# The same for a folder to make in /.
 	top=/gradgate-check-$$
 	sed "s#^control = .*#control = \"unix:$top/a.sock\"#" "$nb/a.toml" >"$nb/top.toml"
