@@ -235,10 +235,9 @@ static void backend_log(void *arg, const char *line)
 	gg_log(GG_LOG_INFO, "control", "msg=\"%s\"", gg_escape(safe, sizeof(safe), line, strlen(line)));
 }
 
-/* A stream that goes down while every peer still has one up is told of
- * only if the mesh is still incomplete this much later: where both sites
- * dial, one closes its own connection of a pair for the other's, which may
- * come up an instant after. */
+/* A stream that goes down is told of only if the mesh is still incomplete
+ * this much later: where both sites dial, one closes its own connection of
+ * a pair for the other's, which may come up an instant after. */
 #define MESH_SWAP_US 250000
 
 /* Whether every stream to every peer is up, and whether its lack was told. */
@@ -254,7 +253,8 @@ struct mesh_watch {
  * or the loss, then at longer and longer intervals), naming the peers that
  * have no stream up and why: a pair of sites whose dial settings leave
  * neither to dial can tell nothing from the network. A stream back within
- * MESH_SWAP_US, every peer reachable meanwhile, makes neither line. */
+ * MESH_SWAP_US makes neither line: with one stream per peer, the pair's
+ * swap leaves that peer with none for a moment. */
 static void log_mesh(struct daemon *d, struct mesh_watch *w)
 {
 	const uint64_t now = gg_monotonic_us();
@@ -271,18 +271,14 @@ static void log_mesh(struct daemon *d, struct mesh_watch *w)
 	if (w->connected) {
 		w->connected = false;
 		w->interval_us = d->cfg->transport.heartbeat_timeout_us;
-		n = gg_node_unreachable(d->node, why, sizeof(why));
-		if (!n) {
-			w->next_us = now + MESH_SWAP_US;
-			return;
-		}
-	} else if (now < w->next_us) {
+		w->next_us = now + MESH_SWAP_US;
 		return;
-	} else {
-		n = gg_node_unreachable(d->node, why, sizeof(why));
-		if (w->told)
-			w->interval_us = GG_MIN(2 * w->interval_us, MESH_REPORT_MAX_US);
 	}
+	if (now < w->next_us)
+		return;
+	n = gg_node_unreachable(d->node, why, sizeof(why));
+	if (w->told)
+		w->interval_us = GG_MIN(2 * w->interval_us, MESH_REPORT_MAX_US);
 	w->next_us = now + w->interval_us;
 	w->told = true;
 	if (n)
