@@ -510,11 +510,12 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 			 * replaces a stale) socket in it. */
 			if (S_ISDIR(st.st_mode) && level == 0 && faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) &&
 			    (errno == EACCES || errno == EROFS)) {
+				const bool read_only = errno == EROFS;
 				char who[256];
 				gg_user_name(geteuid(), who, sizeof(who));
 				snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it in %s "
 					 "(%s): choose a folder it may write in, as /run/gradgate", path, who, dir,
-					 errno == EROFS ? "a read-only file system" : "no write access");
+					 read_only ? "a read-only file system" : "no write access");
 				return -EACCES;
 			}
 			if (S_ISDIR(st.st_mode))

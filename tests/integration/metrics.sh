@@ -306,7 +306,7 @@ while :; do
 	pages=$((pages + 1))
 	if [ "$up" != "$figures" ]; then
 		sleep 0.05
-		read -r up figures < <(streams_and_figures)
+		read -r up figures < <(streams_and_figures) || continue
 		eq "streams up, and those with TCP figures" "$figures" "$up"
 	fi
 	[ "$up" = 0 ] || seen=$((seen + 1))
