@@ -1,10 +1,12 @@
 #include "log.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static enum gg_log_level min_level = GG_LOG_INFO;
 static atomic_bool tags;
@@ -56,7 +58,9 @@ char *gg_escape(char *dst, size_t size, const char *src, size_t len)
 void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 {
 	static const char *const names[] = { "debug", "info", "warn", "error" };
-	char line[1024], safe[4 * sizeof(line)], ts[32];
+	/* Room for the " cut=N" and " at=SITE" that follow the text. */
+	enum { TAIL = 32 + sizeof(thread_site) };
+	char line[GG_LOG_LINE_MAX + TAIL], safe[4 * sizeof(line)], ts[32];
 	struct timespec now;
 	struct tm tm;
 	va_list ap;
@@ -66,14 +70,19 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
 	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-	int n = snprintf(line, sizeof(line), "ts=%s.%03ldZ level=%s event=%s ", ts, now.tv_nsec / 1000000,
+	int n = snprintf(line, GG_LOG_LINE_MAX, "ts=%s.%03ldZ level=%s event=%s ", ts, now.tv_nsec / 1000000,
 			 names[level], event);
+	int more = 0;
 	va_start(ap, fmt);
-	if (n > 0 && (size_t)n < sizeof(line))
-		vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	if (n > 0 && n < GG_LOG_LINE_MAX)
+		more = vsnprintf(line + n, GG_LOG_LINE_MAX - (size_t)n, fmt, ap);
 	va_end(ap);
 	size_t len = strlen(line);
-	if (thread_site[0] && atomic_load_explicit(&tags, memory_order_relaxed) && len < sizeof(line))
+	/* A line too long is cut, and says by how much: a reader must not
+	 * take a cut value for the whole one. */
+	if (more > 0 && (size_t)n + (size_t)more > len)
+		len += (size_t)snprintf(line + len, sizeof(line) - len, " cut=%zu", (size_t)n + (size_t)more - len);
+	if (thread_site[0] && atomic_load_explicit(&tags, memory_order_relaxed))
 		snprintf(line + len, sizeof(line) - len, " at=%s", thread_site);
 	size_t o = 0;
 	for (const char *p = line; *p; p++) {
@@ -83,9 +92,17 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 		else
 			safe[o++] = (char)c;
 	}
-	safe[o] = '\0';
-	/* One write per line keeps lines whole when several processes share stderr. */
-	fprintf(stderr, "%s\n", safe);
+	safe[o++] = '\n';
+	/* One write per line keeps lines whole when several processes share
+	 * stderr (stdio would split a line past its buffer). */
+	for (size_t done = 0; done < o;) {
+		ssize_t w = write(STDERR_FILENO, safe + done, o - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			break;
+		done += (size_t)w;
+	}
 }
 
 bool gg_log_limit_now(struct gg_log_limit *l, uint64_t now_us, unsigned per_second)

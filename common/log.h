@@ -30,7 +30,11 @@ void gg_log_set_level(enum gg_log_level level);
 void gg_log_set_thread_site(const char *name);
 void gg_log_set_tags(bool on);
 /* Any control character that reaches a line (a caller that forgot
- * gg_escape) is written as \xNN: one event is always one line. */
+ * gg_escape) is written as \xNN: one event is always one line. A line's
+ * text past GG_LOG_LINE_MAX bytes (the time stamp, level and event
+ * included) is left out, and the line then ends in " cut=N", N the bytes
+ * left out (before \xNN escaping), ahead of " at=SITE". */
+#define GG_LOG_LINE_MAX 4096
 GG_PRINTF(3, 4) void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...);
 
 /* Lines of one kind that others can cause at will (refused connections,

@@ -96,6 +96,47 @@ static void test_tags(void)
 	CHECK(strstr(text, " event=three k=v\n"), "a tag once the thread's site was cleared: %s", text);
 }
 
+static void emit_long(void)
+{
+	static char value[2 * GG_LOG_LINE_MAX];
+
+	memset(value, 'v', sizeof(value) - 1);
+	gg_log_set_tags(true);
+	gg_log(GG_LOG_INFO, "long", "name=%s", value);
+	gg_log(GG_LOG_INFO, "fits", "name=%.*s", 4000, value);
+	gg_log_set_tags(false);
+}
+
+/* A line past GG_LOG_LINE_MAX is cut, says by how many bytes, and keeps
+ * its site tag; one that fits is whole. */
+static void test_long_line(void)
+{
+	static char text[4 * GG_LOG_LINE_MAX];
+
+	gg_log_set_thread_site("site-c");
+	if (!logged(emit_long, text, sizeof(text)))
+		return;
+	gg_log_set_thread_site(NULL);
+	char *second = strchr(text, '\n');
+	CHECK(second && strchr(second + 1, '\n') == second + 1 + strlen(second + 1) - 1, "not two lines: %s", text);
+	if (!second)
+		return;
+	*second++ = '\0';
+	char *cut = strstr(text, " cut=");
+	CHECK(cut && !strcmp(strstr(cut, " at="), " at=site-c"), "no cut mark before the tag: %.80s...", text);
+	if (cut) {
+		size_t kept = (size_t)(cut - text), shown = strtoul(cut + 5, NULL, 10);
+		CHECK(kept == GG_LOG_LINE_MAX - 1, "kept %zu bytes", kept);
+		/* Everything but what was kept: the whole value, less its kept part. */
+		size_t head = (size_t)(strstr(text, "name=") + 5 - text);
+		CHECK(shown == 2 * GG_LOG_LINE_MAX - 1 - (kept - head), "cut=%zu of a value of %d kept from %zu", shown,
+		      2 * GG_LOG_LINE_MAX - 1, head);
+	}
+	CHECK(!strstr(second, "cut=") && strstr(second, " at=site-c\n"), "a whole line marked: %.80s", second);
+	char *name = strstr(second, "name=");
+	CHECK(name && strspn(name + 5, "v") == 4000, "the line that fits was not whole");
+}
+
 /* Three lines a second of a kind: 10 tried at t=0 log 3; the flush says
  * nothing before the second is over, then the 7 left out, once. And a
  * flood that comes before each flush: the second that held lines lasts
@@ -155,6 +196,7 @@ int main(void)
 	test_escape();
 	test_log_line();
 	test_tags();
+	test_long_line();
 	test_limit();
 	if (!failures)
 		printf("test_log: ok\n");
