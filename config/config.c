@@ -1199,6 +1199,30 @@ int gg_config_load_settings_text(const char *text, size_t len, const char *sourc
 	return load_text(text, len, source, base_dir, true, cfg, diag);
 }
 
+/* The config names the CA, the key and whom to dial, so whoever may write
+ * or replace it chooses whom the gateway trusts: it is held to the CA
+ * file's rules. A pipe is the caller's own, and not judged. True when it
+ * falls short, with the reason in diag. */
+static bool config_file_exposed(const char *path, struct gg_diag *diag)
+{
+	char why[PATH_MAX + 256];
+	struct stat st;
+
+	if (stat(path, &st) || !S_ISREG(st.st_mode))
+		return false;
+	if (st.st_mode & 022)
+		gg_diag_add(diag, "%s: the config file may be written by group or others (mode %04o), who could so "
+			 "choose whom this gateway trusts; run: chmod go-w '%s'", path, (unsigned)(st.st_mode & 07777),
+			 path);
+	else if (gg_owner_refusal(st.st_uid, path, why, sizeof(why)))
+		gg_diag_add(diag, "%s: the config file %s", path, why);
+	else if (gg_path_guarded(path, GG_TRUST_PATH_CONSEQUENCE, why, sizeof(why)))
+		gg_diag_add(diag, "%s: the config file: %s", path, why);
+	else
+		return false;
+	return true;
+}
+
 static int load_file(const char *path, bool settings_only, struct gg_config *cfg, struct gg_diag *diag)
 {
 	char *text = NULL, *dir = NULL;
@@ -1223,9 +1247,14 @@ static int load_file(const char *path, bool settings_only, struct gg_config *cfg
 		free(text);
 		return -ENOMEM;
 	}
+	const bool exposed = !settings_only && config_file_exposed(path, diag);
 	rc = load_text(text, len, path, dir, settings_only, cfg, diag);
 	free(dir);
 	free(text);
+	if (exposed && !rc) {
+		gg_config_free(cfg);
+		rc = -EINVAL;
+	}
 	return rc;
 }
 

@@ -123,6 +123,28 @@ chmod 1777 "$tmp/open/certs" "$tmp/open"
 rc=$?; expect "with the sticky bit on it and above, it passes: $(head -c 300 "$tmp/err")" $rc
 chmod 777 "$tmp/open"
 
+# The config itself names the CA, the key and the peers: whoever may write
+# or replace it chooses whom the gateway trusts, so it is held to the CA
+# file's rules, by the check and at start (exit 1, before anything else).
+cp "$tmp/good.toml" "$tmp/shared.toml" && chmod 0664 "$tmp/shared.toml"
+"$gradgate" --check-config "$tmp/shared.toml" >/dev/null 2>"$tmp/err"
+expect "a config its group may write fails the check (exit 1)" $(( $? != 1 ))
+grep -qxF "$tmp/shared.toml: the config file may be written by group or others (mode 0664), who could so choose whom this gateway trusts; run: chmod go-w '$tmp/shared.toml'" "$tmp/err"
+rc=$?; expect "  saying why and what to run: $(head -c 300 "$tmp/err")" $rc
+timeout 10 "$gradgate" --config "$tmp/shared.toml" >/dev/null 2>"$tmp/err"
+expect "  and the gateway does not start on it (exit 1)" $(( $? != 1 ))
+grep -qF "$tmp/shared.toml: the config file may be written by group or others (mode 0664)" "$tmp/err"
+rc=$?; expect "  saying why: $(head -c 300 "$tmp/err")" $rc
+sed 's#^\(ca\|cert\|key\) = "#&../#' "$tmp/good.toml" >"$tmp/open/site.toml"
+"$gradgate" --check-config "$tmp/open/site.toml" >/dev/null 2>"$tmp/err"
+expect "a config in a folder others may write in fails the check (exit 1)" $(( $? != 1 ))
+grep -qxF "$tmp/open/site.toml: the config file: folder $tmp/open (mode 0777) may be written by every user, without the sticky bit: they could put another file in its place, and so choose whom this gateway trusts (run chmod go-w on it)" "$tmp/err"
+rc=$?; expect "  naming the folder: $(head -c 300 "$tmp/err")" $rc
+chmod 1777 "$tmp/open"
+"$gradgate" --check-config "$tmp/open/site.toml" >/dev/null 2>"$tmp/err"
+rc=$?; expect "with the sticky bit on the folder, it passes: $(head -c 300 "$tmp/err")" $rc
+chmod 777 "$tmp/open"
+
 "$gradgate" --check-config >/dev/null 2>"$tmp/err"
 expect "no file is a usage error (exit 2)" $(( $? != 2 ))
 "$gradgate" --frobnicate >/dev/null 2>&1
@@ -218,6 +240,11 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1 && id daemon >/dev/null 2>&1 
 	chown nobody "$tmp/ca-nobody.pem"
 	refused owner 's#^ca = .*#ca = "ca-nobody.pem"#' "a CA file of user nobody, the gateway root" \
 		"$tmp/owner.toml:5:6: [tls] ca file '$tmp/ca-nobody.pem' belongs to user nobody (uid $nobody), who could replace it, and the gateway runs as root: run the gateway as that user (runuser -u nobody -- gradgate ...), or run: chown root: '$tmp/ca-nobody.pem'"
+	cp "$tmp/good.toml" "$tmp/nobodys.toml" && chown nobody "$tmp/nobodys.toml"
+	"$gradgate" --check-config "$tmp/nobodys.toml" >/dev/null 2>"$tmp/err"
+	expect "a config of user nobody, the gateway root, fails the check (exit 1)" $(( $? != 1 ))
+	grep -qxF "$tmp/nobodys.toml: the config file belongs to user nobody (uid $nobody), who could replace it, and the gateway runs as root: run the gateway as that user (runuser -u nobody -- gradgate ...), or run: chown root: '$tmp/nobodys.toml'" "$tmp/err"
+	rc=$?; expect "  saying whose it is and what to run: $(head -c 300 "$tmp/err")" $rc
 	# localhost that resolves elsewhere (a hosts file of a mount
 	# namespace of the test's own): the check refuses what the start would.
 	if command -v unshare >/dev/null && unshare -m true 2>/dev/null; then
