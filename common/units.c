@@ -181,8 +181,19 @@ static char *format_exact(uint64_t v, const struct unit *units, size_t n, char *
 
 char *gg_format_size(uint64_t bytes, char *buf, size_t size)
 {
-	/* Binary units only: they are what configs use for buffers. */
-	return format_exact(bytes, size_units, 5, buf, size);
+	char other[32];
+
+	/* The binary units, which configs use for buffers, unless a decimal
+	 * one is shorter: "1TB", not "976562500KiB". */
+	format_exact(bytes, size_units, 5, buf, size);
+	for (size_t i = 5; i < GG_ARRAY_LEN(size_units); i++)
+		if (bytes && bytes % size_units[i].mult == 0) {
+			snprintf(other, sizeof(other), "%llu%s", (unsigned long long)(bytes / size_units[i].mult),
+				 size_units[i].name);
+			if (strlen(other) < strlen(buf))
+				snprintf(buf, size, "%s", other);
+		}
+	return buf;
 }
 
 char *gg_format_duration(uint64_t usec, char *buf, size_t size)

@@ -879,29 +879,42 @@ static bool same_identity(const char *a, const char *b)
 	return !strncmp(a, "dns:", 4) && !strncmp(b, "dns:", 4) ? !strcasecmp(a + 4, b + 4) : !strcmp(a, b);
 }
 
+/* Where [[peers]] #i+1 sets `key` (the first of the keys given that it
+ * sets), for a problem to point at the value to change; else its table. */
+static struct gg_toml_pos peer_pos(const struct gg_toml_value *pv, size_t i, const char *key, const char *or_key)
+{
+	const struct gg_toml_value *t = gg_toml_array_at(pv->u.array, i);
+	const struct gg_toml_value *v = gg_toml_table_get(t->u.table, key);
+
+	if (!v && or_key)
+		v = gg_toml_table_get(t->u.table, or_key);
+	return v ? v->pos : t->pos;
+}
+
 /* Site names, addresses and identities must be unique, and no peer may be
  * this site: a certificate that passes for two peers could pose as either. */
 static void check_peers(struct loader *ld, const struct gg_config *cfg, const struct gg_toml_value *pv)
 {
 	for (size_t i = 0; i < cfg->peer_count; i++) {
 		const struct gg_peer_config *p = &cfg->peers[i];
-		struct gg_toml_pos pos = gg_toml_array_at(pv->u.array, i)->pos;
+		const struct gg_toml_pos site_at = peer_pos(pv, i, "site", NULL),
+					 address_at = peer_pos(pv, i, "address", NULL);
 		if (!p->site || !p->address)
 			continue;
 		if (cfg->site.name && !strcmp(p->site, cfg->site.name))
 			gg_diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu is site '%s', which is this site itself",
-				 AT(ld, pos), i + 1, p->site);
+				 AT(ld, site_at), i + 1, p->site);
 		if (cfg->site.listen && gg_address_same_endpoint(cfg->site.listen, p->address, false))
 			gg_diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu address %s is this site's own listen address (%s)",
-				 AT(ld, pos), i + 1, p->address, cfg->site.listen);
+				 AT(ld, address_at), i + 1, p->address, cfg->site.listen);
 		for (size_t j = 0; j < i; j++) {
 			const struct gg_peer_config *q = &cfg->peers[j];
 			if (q->site && !strcmp(p->site, q->site))
 				gg_diag_add(ld->diag, "%s:%u:%u: duplicate peer: site '%s' is already [[peers]] #%zu",
-					 AT(ld, pos), p->site, j + 1);
+					 AT(ld, site_at), p->site, j + 1);
 			else if (q->address && !strcmp(p->address, q->address))
 				gg_diag_add(ld->diag, "%s:%u:%u: duplicate peer address %s: [[peers]] #%zu uses it too",
-					 AT(ld, pos), p->address, j + 1);
+					 AT(ld, address_at), p->address, j + 1);
 			else if (q->site) {
 				char a[GG_SITE_NAME_MAX + 8], b[GG_SITE_NAME_MAX + 8];
 				const char *pid = peer_identity(p, a, sizeof(a)), *qid = peer_identity(q, b, sizeof(b));
@@ -909,7 +922,7 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 					gg_diag_add(ld->diag,
 						 "%s:%u:%u: duplicate peer identity %s: [[peers]] #%zu (site '%s') has it "
 						 "too, so either site's certificate would pass for the other",
-						 AT(ld, pos), pid, j + 1, q->site);
+						 AT(ld, peer_pos(pv, i, "identity", "site")), pid, j + 1, q->site);
 			}
 		}
 	}

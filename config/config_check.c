@@ -110,6 +110,9 @@ int gg_check_address(const char *v, char *why, size_t size)
 		return gg_errf(why, size, -EINVAL, "port \"%s\" is not a number", port);
 	if (p < 1 || p > 65535)
 		return gg_errf(why, size, -EINVAL, "port %ld is out of range (1-65535)", p);
+	/* The resolver takes ports as written, and a dial would fail on each try. */
+	if (port[0] == '0')
+		return gg_errf(why, size, -EINVAL, "port \"%s\" has a leading zero; write it as %ld", port, p);
 	return 0;
 }
 

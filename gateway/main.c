@@ -12,6 +12,7 @@
 #include "gg_common.h"
 #include "host_backend.h"
 #include "log.h"
+#include "net_addr.h"
 #include "node.h"
 #include "status.h"
 #if HAVE_CUDA
@@ -29,7 +30,7 @@ static void usage(FILE *out)
 	fprintf(out,
 		"usage: gradgate --config FILE [--log-level debug|info|warn|error]\n"
 		"       gradgate --check-config FILE...\n"
-		"       gradgate status [--config FILE | --control unix:/PATH] [--json]\n"
+		"       gradgate status (--config FILE | --control unix:/PATH) [--json]\n"
 		"       gradgate --version\n"
 		"\n"
 		"  --config FILE           run this site's gateway until SIGTERM or SIGINT;\n"
@@ -86,6 +87,10 @@ static int check_configs(int count, char **paths)
 		if (!rc && cfg.metrics.listen) {
 			at = cfg.at.metrics_listen;
 			rc = gg_daemon_metrics_address(&cfg, &metrics, &metrics_len, err, sizeof(err));
+			if (!rc && (rc = gg_net_addr_is_local((struct sockaddr *)&metrics, metrics_len)))
+				snprintf(err, sizeof(err), "[metrics] listen %s: %s", cfg.metrics.listen,
+					 rc == -EADDRNOTAVAIL ? "no interface of this host has that address"
+							      : strerror(-rc));
 		}
 		if (rc) {
 			report(paths[i], at, err);

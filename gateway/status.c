@@ -33,7 +33,7 @@ struct answer {
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"usage: gradgate status [--config FILE | --control unix:/PATH] [--json]\n"
+		"usage: gradgate status (--config FILE | --control unix:/PATH) [--json]\n"
 		"\n"
 		"  Asks the gateway that runs with this config (its [site] control socket),\n"
 		"  or listens on this control socket, for its status: the site, its peers,\n"

@@ -1926,8 +1926,7 @@ uint64_t gg_node_fingerprint(const struct gg_config *cfg, const struct gg_wire_s
 	return gg_wire_fingerprint(ws, (uint8_t)codec, block, algorithm, chunk_elems);
 }
 
-/* The listen address resolves and is one of this host's: listening on
- * it with port 0 tells, without the port, which a running gateway holds. */
+/* The listen address resolves and is one of this host's. */
 static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
 {
 	struct sockaddr_storage ss;
@@ -1936,15 +1935,9 @@ static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
 
 	if (gg_net_addr_parse(cfg->site.listen, &ss, &len, &why))
 		return gg_errf(err, err_size, -EINVAL, "[site] listen \"%s\": %s", cfg->site.listen, why);
-	if (ss.ss_family == AF_INET)
-		((struct sockaddr_in *)&ss)->sin_port = 0;
-	else
-		((struct sockaddr_in6 *)&ss)->sin6_port = 0;
-	int rc = gg_net_listen((struct sockaddr *)&ss, len, 1);
-	if (rc >= 0) {
-		close(rc);
+	int rc = gg_net_addr_is_local((struct sockaddr *)&ss, len);
+	if (!rc)
 		return 0;
-	}
 	if (rc == -EADDRNOTAVAIL)
 		return gg_errf(err, err_size, rc, "[site] listen \"%s\": no interface of this host has that address",
 			       cfg->site.listen);

@@ -40,8 +40,8 @@ int gg_net_addr_split(const char *text, char *host, size_t host_size, char port[
 	}
 	char *end;
 	long v = strtol(p, &end, 10);
-	if (!*p || *end || v < 0 || v > 65535 || end - p > 5) {
-		*why = "the port is a number from 0 to 65535";
+	if (!*p || *end || v < 0 || v > 65535 || end - p > 5 || (p[0] == '0' && end - p > 1)) {
+		*why = "the port is a number from 0 to 65535, without leading zeros";
 		return -EINVAL;
 	}
 	memcpy(host, text, host_len);
@@ -154,6 +154,26 @@ int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
 		return rc;
 	}
 	return fd;
+}
+
+int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len)
+{
+	struct sockaddr_storage ss;
+
+	if (len > sizeof(ss))
+		return -EINVAL;
+	memcpy(&ss, sa, len);
+	if (ss.ss_family == AF_INET)
+		((struct sockaddr_in *)&ss)->sin_port = 0;
+	else if (ss.ss_family == AF_INET6)
+		((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+	else
+		return -EAFNOSUPPORT;
+	int fd = gg_net_listen((struct sockaddr *)&ss, len, 1);
+	if (fd < 0)
+		return fd;
+	close(fd);
+	return 0;
 }
 
 int gg_net_tune(int fd, int buffer_bytes, const char *congestion)

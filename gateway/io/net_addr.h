@@ -44,6 +44,12 @@ const char *gg_net_peer_addr(int fd, char *buf, size_t size);
  * a negative errno. Port 0 picks a free port: see gg_net_local_addr(). */
 GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog);
 
+/* Whether this host could listen on the address: a listen on it with port
+ * 0 tells, without the port, which a running gateway may hold. Returns 0,
+ * -EADDRNOTAVAIL where no interface has the address, or the negative
+ * errno of the failure. */
+GG_MUST_CHECK int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len);
+
 /* n distinct loopback TCP ports nobody listens on right now (the kernel's
  * picks for port 0), for tests and benchmarks that start gateways; another
  * process may take one before it is used. n <= 64. Returns 0 or a negative

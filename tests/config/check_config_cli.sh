@@ -187,6 +187,9 @@ refused listen-foreign 's#^listen = .*#listen = "192.0.2.1:7101"#' "a listen add
 	"$tmp/listen-foreign.toml:3:10: [site] listen \"192.0.2.1:7101\": no interface of this host has that address"
 refused congestion '$a [transport]\ncongestion_control = "nosuchcc"' "a congestion control the kernel lacks" \
 	"$tmp/congestion.toml:12:22: [transport] congestion_control \"nosuchcc\": this kernel has no such TCP congestion control"
+refused metrics-foreign '$a [metrics]\nlisten = "192.0.2.1:9464"\nallow_remote = true' \
+	"a [metrics] listen address no interface has, served to others" \
+	"$tmp/metrics-foreign.toml:12:10: [metrics] listen 192.0.2.1:9464: no interface of this host has that address"
 (sleep 0.5; timeout 5 cp "$tmp/good.toml" "$tmp/pipe.toml") &
 timeout 10 "$gradgate" --check-config "$tmp/pipe.toml" >/dev/null 2>"$tmp/err"
 rc=$?; expect "a named pipe written to half a second late is read (exit 0): $(head -c 200 "$tmp/err")" $rc

@@ -107,6 +107,12 @@ static void test_units(void)
 	CHECK_STR(gg_format_size(4u << 20, buf, sizeof(buf)), "4MiB");
 	CHECK_STR(gg_format_size(1500, buf, sizeof(buf)), "1500B");
 	CHECK_STR(gg_format_size(0, buf, sizeof(buf)), "0B");
+	/* A decimal unit only where it is shorter. */
+	CHECK_STR(gg_format_size(1000000000000ull, buf, sizeof(buf)), "1TB");
+	CHECK_STR(gg_format_size(1000, buf, sizeof(buf)), "1kB");
+	CHECK_STR(gg_format_size(4096000, buf, sizeof(buf)), "4096kB");
+	CHECK_STR(gg_format_size(1000ull << 20, buf, sizeof(buf)), "1000MiB");
+	CHECK_STR(gg_format_size(1ull << 40, buf, sizeof(buf)), "1TiB");
 	CHECK_STR(gg_format_duration(90000000, buf, sizeof(buf)), "90s");
 	CHECK_STR(gg_format_duration(500000, buf, sizeof(buf)), "500ms");
 	CHECK_STR(gg_format_duration(120000000, buf, sizeof(buf)), "2m");

@@ -76,9 +76,11 @@ static void malformed(struct gg_resolver *r)
 		{ ":7100", "expected \"host:port\"" },
 		{ "[::1]7100", "expected \"[v6address]:port\"" },
 		{ "[::1:7100", "expected \"[v6address]:port\"" },
-		{ "host:", "the port is a number from 0 to 65535" },
-		{ "host:65536", "the port is a number from 0 to 65535" },
-		{ "host:12x", "the port is a number from 0 to 65535" },
+		{ "host:", "the port is a number from 0 to 65535, without leading zeros" },
+		{ "host:65536", "the port is a number from 0 to 65535, without leading zeros" },
+		{ "host:12x", "the port is a number from 0 to 65535, without leading zeros" },
+		{ "host:0080", "the port is a number from 0 to 65535, without leading zeros" },
+		{ "host:029101", "the port is a number from 0 to 65535, without leading zeros" },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct sockaddr_storage ss;
