@@ -576,24 +576,30 @@ static uint64_t stood_still_in_step(const struct gg_node *n, const struct job *j
 	return still ? still : n->stall_end_us > j->submit_us ? n->stall_us : 0;
 }
 
+/* The others may have taken a site that stood still for lost and failed
+ * the step meanwhile: a DONE now, or a result completed on DONEs that
+ * waited for it to run again, could split the sites. Failed instead, the
+ * step fails everywhere: no site can complete it without this site's
+ * DONE. */
+static void fail_stood_still(struct gg_node *n, struct job *j, uint64_t still)
+{
+	char hb[32];
+
+	fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s stood still for %.1f s "
+		       "(heartbeat_timeout %s) before it had the result: the other sites may have "
+		       "taken it for lost and failed the step", (unsigned long long)j->step->seq,
+		       j->name, n->names[n->self], (double)still / 1e6,
+		       gg_format_duration(n->cfg->transport.heartbeat_timeout_us, hb, sizeof(hb)));
+}
+
 static void step_has_result(struct gg_node *n, struct job *j)
 {
 	if (n->test_freeze_at_result)
 		return;
 	if (!j->has_result) {
-		/* The others may have taken a site that stood still for lost
-		 * and failed the step meanwhile: a DONE now, or a result
-		 * completed on DONEs that waited for it to run again, could
-		 * split the sites. Failed instead, the step fails everywhere:
-		 * no site can complete it without this site's DONE. */
 		uint64_t still = stood_still_in_step(n, j);
 		if (still) {
-			char hb[32];
-			fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s stood still for %.1f s "
-				       "(heartbeat_timeout %s) before it had the result: the other sites may have "
-				       "taken it for lost and failed the step", (unsigned long long)j->step->seq,
-				       j->name, n->names[n->self], (double)still / 1e6,
-				       gg_format_duration(n->cfg->transport.heartbeat_timeout_us, hb, sizeof(hb)));
+			fail_stood_still(n, j, still);
 			return;
 		}
 		j->has_result = true;
@@ -1447,6 +1453,14 @@ static uint64_t coordinator_timers(struct gg_node *n)
 	if (still) {
 		n->stall_end_us = now;
 		n->stall_us = still;
+		/* A step that was here without its result fails now, as it
+		 * would once the result came: its ranks, and the other sites,
+		 * need not wait for that (a late rank, the deadline). */
+		for (unsigned i = 0; i < MAX_JOBS; i++) {
+			struct job *j = &n->jobs[i];
+			if (j->used && j->step && !j->ending && !j->has_result && j->submit_us < now)
+				fail_stood_still(n, j, still);
+		}
 	}
 	next = GG_MIN(next, gg_node_peer_logs_flush(n, n->logs, now));
 

@@ -46,6 +46,13 @@
 #                 the step too, not complete it; step 3, which waited at
 #                 site-a behind step 2 past its deadline, fails everywhere
 #                 with GG_ERR_SITE naming the lost site (2 sites, direct)
+# peer-paused     the last site's gateway stands still (SIGSTOP) for 1.5 s,
+#                 over half its heartbeat_timeout but less than it, while
+#                 its ranks wait in step 2 and site-a's ranks are 6 s late
+#                 to it: once it runs again it fails step 2 at once with
+#                 GG_ERR_SITE saying it stood still (the others may have
+#                 taken it for lost), at every site, not when site-a's
+#                 ranks come; they hear the same, and step 3 works
 # peer-restarted  the last site's gateway is SIGKILLed and started again
 #                 while the others wait in step 2 of 5: its ranks lost their
 #                 sessions, so steps 2 to 5 fail at the others at once with
@@ -565,6 +572,27 @@ case_peer_resumed() {
 	done
 	mesh_up 15
 	run_ok after 1000 1 2
+}
+
+case_peer_paused() {
+	local r specs=() stopped resumed took
+	for ((r = 0; r < RANKS; r++)); do specs+=("0:$r:--late 6000@2"); done
+	start_job pp "${specs[@]}"
+	wait_for "$work/pp-s$last-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at ${SITES[$last]}"
+	sleep 0.3 # the last site's ranks are in step 2, site-a's come 6 s late
+	kill -STOP "${gw_pid[$last]}"
+	stopped=$(now_us)
+	while [ "$(ms_since "$stopped")" -lt 1500 ]; do sleep 0.05; done
+	kill -CONT "${gw_pid[$last]}"
+	resumed=$(now_us)
+	reported pp "$last" 2 10 "the outcome of step 2"
+	took=$(ms_since "$resumed")
+	log "  ${SITES[$last]}'s ranks had step 2's outcome ${took} ms after its gateway ran again"
+	within "$took" 2500 "failing step 2 at the site that stood still, with site-a's ranks still to come"
+	ranks_wait
+	check_steps pp
+	expect_ok pp 1 3
+	expect_failed pp 2 -12 "site ${SITES[$last]} stood still for [0-9.]+ s \\(heartbeat_timeout 2s\\) before it had the result"
 }
 
 case_peer_gone_after_data() {
