@@ -67,7 +67,8 @@ enum gg_errc {
 	GG_ERR_SYSTEM = -3,    /* an operating system call failed; the message names it */
 	GG_ERR_CONNECT = -4,   /* the gateway's endpoint cannot be reached */
 	GG_ERR_REFUSED = -5,   /* the gateway refused the session, or a new run of a job name whose
-	                        * old run still has ranks at a site; the message says why */
+	                        * old run still has ranks at a site (its step 1, and then each
+	                        * later step of that run at once); the message says why */
 	GG_ERR_PROTOCOL = -6,  /* a control message broke the protocol */
 	GG_ERR_CLOSED = -7,    /* the connection to the gateway is lost, or the session closed */
 	GG_ERR_TIMEOUT = -8,   /* the step missed its deadline */

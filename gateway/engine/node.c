@@ -637,8 +637,25 @@ static void forget_step(struct gg_node *n, const char *job, uint64_t seq)
 /* Whether step `seq` of the job, not started here, failed already at
  * another site, which said so (ABORT) or whose ranks of the job are gone
  * (END): its enum gg_errc code and *reason; 0 when not. */
+/* Step 1 of this run was refused, for `why`: its ranks number their
+ * steps on, so none of them can run, and each fails at once rather than
+ * at its deadline, waiting for sites that run the old run. */
+static void run_refused(struct job *j, const char *why)
+{
+	if (j->refused)
+		return;
+	j->refused = true;
+	/* Cut short where the reason is long: its start says the most. */
+	(void)gg_errf(j->refused_reason, sizeof(j->refused_reason), 0,
+		      "step 1 of this run of job '%s' was refused, so none of its steps can run: %s", j->name, why);
+}
+
 static int failed_elsewhere(const struct job *j, uint64_t seq, const char **reason)
 {
+	if (j->refused && seq > 1) {
+		*reason = j->refused_reason;
+		return GG_ERR_REFUSED;
+	}
 	for (unsigned a = 0; a < ABORTS_KEPT; a++) {
 		if (j->aborted[a].lo && j->aborted[a].lo <= seq && seq <= j->aborted[a].hi) {
 			*reason = j->aborted[a].reason;
@@ -779,10 +796,12 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	}
 	int old = st->seq == 1 ? old_run_unheard(n, j, algo, st->count, chunk) : -1;
 	if (old >= 0) {
-		fail_step_code(n, j, GG_ERR_REFUSED, "step 1 of job '%s': site %s still runs it, as far as site %s "
-			       "heard (the END of its run that took part in the one that ended here has not come): a job "
-			       "name is one training run; use a new name, or wait until the old run's ranks are all gone",
-			       j->name, n->names[old], n->names[n->self]);
+		char why[GG_NODE_ERROR_MAX];
+		snprintf(why, sizeof(why), "site %s still runs it, as far as site %s heard (the END of its run that "
+			 "took part in the one that ended here has not come): a job name is one training run; use a "
+			 "new name, or wait until the old run's ranks are all gone", n->names[old], n->names[n->self]);
+		fail_step_code(n, j, GG_ERR_REFUSED, "step 1 of job '%s': %s", j->name, why);
+		run_refused(j, why);
 		return 0;
 	}
 	struct mail m = { .base.type = M_START, .slot = (unsigned)(j - n->jobs), .seq = st->seq,
@@ -958,6 +977,8 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 			 (unsigned long long)lo, (unsigned long long)hi, j->name, abort->reason);
 	if (j->step && !j->ending && lo <= j->step->seq && j->step->seq <= hi)
 		finish_step(n, j, -(int)abort->code, msg);
+	if (lo == 1 && -(int)abort->code == GG_ERR_REFUSED)
+		run_refused(j, msg);
 	/* Steps of the run that have not started here fail when they do. The
 	 * frames the lanes hold for them would pin the peer's window for
 	 * good: they go now. */

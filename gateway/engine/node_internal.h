@@ -371,6 +371,11 @@ struct job {
 	char ended_reason[GG_NODE_ERROR_MAX];
 	char end_reason[GG_NODE_ERROR_MAX]; /* for steps after ended_last */
 	bool rerun_refused;     /* a peer's new run of the name was refused since its last END */
+	/* This run's step 1 was refused (a site still runs the old run of
+	 * the name): no later step of it can run either, and each fails at
+	 * once with this reason. */
+	bool refused;
+	char refused_reason[GG_NODE_ERROR_MAX];
 	/* The step is over and its lanes let go of it. */
 	bool ending;
 	uint64_t end_told;      /* lanes posted M_END, by bit */

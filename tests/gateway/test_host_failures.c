@@ -151,7 +151,7 @@ static void test_mismatch(void)
 	c.tensor[2] = 2;
 	run_case(&c);
 	for (unsigned r = 0; r < 3; r++)
-		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 1 (tensor ", "): ranks disagree: rank ",
+		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 1 (tensor ", "): ranks of site test-site disagree: rank ",
 			  "announced tensor 1 (100 float32) but rank 2 announced tensor 2 (100 float32)");
 	check_recovers(&c, 9);
 	close_case(&c);
@@ -161,13 +161,13 @@ static void test_mismatch(void)
 	c.count[1] = 101;
 	run_case(&c);
 	for (unsigned r = 0; r < 2; r++)
-		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 1 (tensor 3): ranks disagree: rank 0 announced tensor 3 "
+		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 1 (tensor 3): ranks of site test-site disagree: rank 0 announced tensor 3 "
 			  "(100 float32) but rank 1 announced tensor 3 (101 float32)");
 	c.dtype[1] = GG_DTYPE_BF16;
 	c.count[1] = 0;
 	run_case(&c);
 	for (unsigned r = 0; r < 2; r++)
-		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 2 (tensor 3): ranks disagree: rank 0 announced tensor 3 "
+		CHECK_ERR(c.err[r], GG_ERR_MISMATCH, "step 2 (tensor 3): ranks of site test-site disagree: rank 0 announced tensor 3 "
 			  "(100 float32) but rank 1 announced tensor 3 (100 bfloat16)");
 	check_recovers(&c, 4);
 	close_case(&c);

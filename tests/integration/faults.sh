@@ -201,7 +201,7 @@ case_ranks_disagree() {
 	ranks_wait
 	check_steps rd
 	expect_ok rd 1 3
-	expect_failed rd 2 -10 "ranks disagree: rank 0 announced tensor 1 \\(100000 .*rank 1 announced tensor 1 \\(100001 "
+	expect_failed rd 2 -10 "ranks of site site-a disagree: rank 0 announced tensor 1 \\(100000 .*rank 1 announced tensor 1 \\(100001 "
 	within "$(ms_since "$t0")" 8000 "3 steps with one failed at every site"
 }
 

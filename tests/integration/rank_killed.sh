@@ -41,7 +41,7 @@ rank_start sizes 1001 1 2 0 1
 ranks_wait
 for r in 0 1; do
 	[ "${rank_rc[sizes-s0-r$r]}" = 1 ] || fail "sizes-s0-r$r exited ${rank_rc[sizes-s0-r$r]}, expected 1"
-	expect "$work/sizes-s0-r$r.err" "ranks disagree: rank 0 announced tensor 1 \\(1000 .*rank 1 announced tensor 1 \\(1001 " \
+	expect "$work/sizes-s0-r$r.err" "ranks of site site-a disagree: rank 0 announced tensor 1 \\(1000 .*rank 1 announced tensor 1 \\(1001 " \
 		"sizes-s0-r$r's error names both sizes"
 done
 

@@ -16,17 +16,22 @@ STEP_TIMEOUT=20s
 
 # new_run_refused JOB COUNT SITE REGEX: a new run of JOB (one rank, COUNT
 # elements) at site SITE fails its step 1 within 10 s, well before its
-# 15 s deadline, with an error matching REGEX.
+# 15 s deadline, with an error matching REGEX; and its steps 2 and 3, which
+# cannot run either, fail at once too, saying why.
 new_run_refused() {
-	local t0=${EPOCHREALTIME/[.,]/} new ms
-	rank_start "$1" "$2" 0 1 "$3" 1 --timeout-ms 15000
+	local t0=${EPOCHREALTIME/[.,]/} new ms t
+	rank_start "$1" "$2" 0 1 "$3" 3 --timeout-ms 15000
 	new=${rank_pids[-1]}
-	wait_exit "$new" 10 || fail "step 1 of a new run of '$1' at ${SITES[$3]} was not refused within 10 s"
+	wait_exit "$new" 10 || fail "the steps of a new run of '$1' at ${SITES[$3]} were not refused within 10 s"
 	ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 	reap "$new"
 	unset 'rank_pids[-1]' 'rank_names[-1]' # reaped: not for ranks_wait
 	[ "$reaped" != 0 ] || fail "step 1 of a new run of '$1' completed while the old one still runs"
 	expect "$work/$1-s$3-r0.err" "$4" "the new run's error at ${SITES[$3]}"
+	for t in 2 3; do
+		expect "$work/$1-s$3-r0.err" "step $t: error -5 \\(GG_ERR_REFUSED\\): .*step 1 of this run of job '$1' was refused, so none of its steps can run: " \
+			"the new run's step $t at ${SITES[$3]}"
+	done
 	log "new run of '$1' ($2 elements) refused after $ms ms: $(cat "$work/$1-s$3-r0.err")"
 }
 mesh_start
