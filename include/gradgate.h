@@ -145,8 +145,9 @@ struct gg_request;
  * job's first rank, a job that failed and still has ranks connected,
  * connections beyond its max_clients, and, from a user other than root
  * and the gateway's own, sessions past half of max_clients or a new job
- * past half of the 32 jobs a gateway runs (so that no one user keeps the
- * others out); GG_ERR_NOMEM when it is out of memory for the session. */
+ * past half of the 32 jobs a gateway runs, or past three quarters of
+ * either held by all such users together (so that no one user keeps the
+ * others out, nor two root and the gateway's user); GG_ERR_NOMEM when it is out of memory for the session. */
 GRADGATE_API int gg_session_open(const char *endpoint, const char *job, int rank, int nranks,
 				 struct gg_session **out, struct gg_error *err);
 

@@ -63,8 +63,9 @@ struct gg_host_backend_options {
 	uint64_t session_idle_us;
 	/* A user other than root and the gateway's own holds at most half of
 	 * max_clients sessions and starts at most half of max_jobs jobs (the
-	 * core's, 0: unbounded here) at once, so that no one user can keep
-	 * the others out. */
+	 * core's, 0: unbounded here) at once, and all such users together
+	 * three quarters of each, so that no one user can keep the others
+	 * out, and no two keep root and the gateway's user out. */
 	bool user_shares;
 	unsigned max_jobs;
 	unsigned kind_base;         /* >= GG_OP_USER; kinds kind_base..+GG_HOST_BACKEND_KINDS-1 */

@@ -44,21 +44,47 @@ static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
 }
 
 /* A user other than root and the gateway's own gets half of the sessions
- * (rounded down, at least one) and half of the jobs at most
- * (opts.user_shares): else refuses c and returns false. new_job: c's
- * HELLO would start a job. */
+ * (rounded down, at least one) and half of the jobs at most, and all such
+ * users together three quarters of each (opts.user_shares): else refuses
+ * c and returns false. new_job: c's HELLO would start a job. */
 static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job)
 {
 	const uid_t self = geteuid();
-	unsigned sessions = 0, jobs = 0;
+	unsigned sessions = 0, jobs = 0, others_sessions = 0, others_jobs = 0;
 
 	if (!b->opts.user_shares || c->uid == 0 || c->uid == self)
 		return true;
-	for (unsigned i = 0; i < hb_slots(b); i++)
-		sessions += b->conns[i].state == C_ACTIVE && b->conns[i].uid == c->uid;
-	for (const struct hb_job *j = b->jobs; j; j = j->next)
-		jobs += j->uid == c->uid;
+	for (unsigned i = 0; i < hb_slots(b); i++) {
+		const struct hb_conn *o = &b->conns[i];
+		if (o->state == C_ACTIVE && o->uid != 0 && o->uid != self) {
+			others_sessions++;
+			sessions += o->uid == c->uid;
+		}
+	}
+	for (const struct hb_job *j = b->jobs; j; j = j->next) {
+		if (j->uid != 0 && j->uid != self) {
+			others_jobs++;
+			jobs += j->uid == c->uid;
+		}
+	}
 	const unsigned max_sessions = GG_MAX(b->opts.max_clients / 2, 1u), max_jobs = b->opts.max_jobs / 2;
+	const unsigned all_sessions = GG_MAX(b->opts.max_clients * 3 / 4, 1u), all_jobs = b->opts.max_jobs * 3 / 4;
+	if (others_sessions >= all_sessions) {
+		hb_conn_refuse(b, c, GG_ERR_REFUSED,
+			       "users other than root and the gateway's own (uid %u) hold %u sessions at the gateway of "
+			       "site %s, three quarters of its max_clients = %u: they may hold no more, so that root "
+			       "and the gateway's user find room",
+			       (unsigned)self, others_sessions, b->site, b->opts.max_clients);
+		return false;
+	}
+	if (new_job && all_jobs && others_jobs >= all_jobs) {
+		hb_conn_refuse(b, c, GG_ERR_REFUSED,
+			       "users other than root and the gateway's own (uid %u) run %u jobs at the gateway of site "
+			       "%s, three quarters of the %u it runs at once: they may start no more, so that root and "
+			       "the gateway's user find room",
+			       (unsigned)self, others_jobs, b->site, b->opts.max_jobs);
+		return false;
+	}
 	if (sessions >= max_sessions) {
 		hb_conn_refuse(b, c, GG_ERR_REFUSED,
 			       "uid %u holds %u sessions at the gateway of site %s, half of its max_clients = %u: a "

@@ -699,8 +699,66 @@ static int user_shares_main(const char *endpoint)
 	return rc;
 }
 
+/* Opens rank `rank` of `nranks` of `job` as user `uid` (effective, which
+ * the gateway reads off the socket), expecting `want` and, for a
+ * refusal, the message `says`. */
+static bool open_as(uid_t uid, const char *endpoint, const char *job, int rank, int nranks, struct gg_session **s,
+		    int want, const char *says)
+{
+	struct gg_error err;
+
+	if (seteuid(0) || seteuid(uid))
+		return false;
+	int rc = gg_session_open(endpoint, job, rank, nranks, s, &err);
+	if (rc != want || (want && strcmp(err.message, says))) {
+		fprintf(stderr, "uid %u, rank %d of '%s': %d, %s\n", (unsigned)uid, rank, job, rc, rc ? err.message : "");
+		return false;
+	}
+	return true;
+}
+
+/* The child, as root: user nobody takes its half of the sessions (4 of
+ * max_clients 8), user daemon 2 more, and together they are refused the
+ * seventh; root opens the last two. The same for the jobs (max_jobs 4):
+ * nobody 2, daemon 1, daemon's second refused, root's fourth not. */
+static int users_together_main(const char *endpoint)
+{
+	struct gg_session *s[12] = { 0 };
+	unsigned n = 0;
+	bool ok = true;
+
+	for (int r = 0; r < 4 && ok; r++)
+		ok = open_as(65534, endpoint, "nb", r, 4, &s[n++], 0, NULL);
+	for (int r = 0; r < 2 && ok; r++)
+		ok = open_as(1, endpoint, "dm", r, 3, &s[n++], 0, NULL);
+	ok = ok && open_as(1, endpoint, "dm", 2, 3, &s[n++], GG_ERR_REFUSED,
+			   "users other than root and the gateway's own (uid 0) hold 6 sessions at the gateway of "
+			   "site test-site, three quarters of its max_clients = 8: they may hold no more, so that "
+			   "root and the gateway's user find room");
+	for (int r = 0; r < 2 && ok; r++)
+		ok = open_as(0, endpoint, "rt", r, 2, &s[n++], 0, NULL);
+	(void)seteuid(0);
+	for (unsigned i = 0; i < n; i++)
+		gg_session_close(s[i]);
+	n = 0;
+	/* The sessions closed, the jobs are gone: one session a job now. */
+	ok = ok && open_as(65534, endpoint, "n1", 0, 1, &s[n++], 0, NULL) &&
+	     open_as(65534, endpoint, "n2", 0, 1, &s[n++], 0, NULL) &&
+	     open_as(1, endpoint, "d1", 0, 1, &s[n++], 0, NULL) &&
+	     open_as(1, endpoint, "d2", 0, 1, &s[n++], GG_ERR_REFUSED,
+		     "users other than root and the gateway's own (uid 0) run 3 jobs at the gateway of site "
+		     "test-site, three quarters of the 4 it runs at once: they may start no more, so that root and "
+		     "the gateway's user find room") &&
+	     open_as(0, endpoint, "r1", 0, 1, &s[n++], 0, NULL);
+	(void)seteuid(0);
+	for (unsigned i = 0; i < n; i++)
+		gg_session_close(s[i]);
+	return ok ? 0 : 1;
+}
+
 /* One user other than root and the gateway's own cannot take every
- * session or job: root can, and the others find room past that user. */
+ * session or job: root can, and the others find room past that user;
+ * and two such users together leave root a quarter. */
 static void test_user_shares(void)
 {
 	char *argv[] = { "test_host_protocol", "--user-shares", h.endpoint, NULL };
@@ -718,6 +776,11 @@ static void test_user_shares(void)
 	for (int r = 0; r < 6; r++)
 		gg_session_close(s[r]);
 	harness_wait_connections(&h, 0);
+	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	harness_wait_connections(&h, 0);
+	argv[1] = "--users-together";
 	CHECK(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ) == 0);
 	CHECK(waitpid(pid, &status, 0) == pid);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -1314,6 +1377,8 @@ int main(int argc, char **argv)
 		return take_name_main(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "--user-shares"))
 		return user_shares_main(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "--users-together"))
+		return users_together_main(argv[2]);
 
 	struct harness_options o = {
 		.max_clients = MAX_CLIENTS,
