@@ -43,6 +43,34 @@ static bool spare_to_session(struct gg_host_backend *b, struct hb_conn *c)
 	return false;
 }
 
+/* Whether `have` sessions (or jobs) leave c room within `max` (0: no
+ * bound): else refuses c, naming the share, and returns false. together:
+ * the share of all users other than root and the gateway's own; else
+ * that of c's user. */
+static bool share_left(struct gg_host_backend *b, struct hb_conn *c, unsigned have, unsigned max, bool together,
+		       bool jobs)
+{
+	const unsigned self = (unsigned)geteuid();
+	char subject[96], limit[64], whom[96];
+
+	if (!max || have < max)
+		return true;
+	if (together)
+		snprintf(subject, sizeof(subject), "users other than root and the gateway's own (uid %u)", self);
+	else
+		snprintf(subject, sizeof(subject), "uid %u", (unsigned)c->uid);
+	if (jobs)
+		snprintf(limit, sizeof(limit), "of the %u it runs at once", b->opts.max_jobs);
+	else
+		snprintf(limit, sizeof(limit), "of its max_clients = %u", b->opts.max_clients);
+	snprintf(whom, sizeof(whom), "a user other than root and the gateway's own (uid %u)", self);
+	hb_conn_refuse(b, c, GG_ERR_REFUSED, "%s %s%s %u %s at the gateway of site %s, %s %s: %s may %s no more, so that %s "
+		       "find room", subject, jobs ? "run" : "hold", together ? "" : "s", have, jobs ? "jobs" : "sessions",
+		       b->site, together ? "three quarters" : "half", limit, together ? "they" : whom,
+		       jobs ? "start" : "hold", together ? "root and the gateway's user" : "others");
+	return false;
+}
+
 /* A user other than root and the gateway's own gets half of the sessions
  * (rounded down, at least one) and half of the jobs at most, and all such
  * users together three quarters of each (opts.user_shares): else refuses
@@ -67,41 +95,11 @@ static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new
 			jobs += j->uid == c->uid;
 		}
 	}
-	const unsigned max_sessions = GG_MAX(b->opts.max_clients / 2, 1u), max_jobs = b->opts.max_jobs / 2;
-	const unsigned all_sessions = GG_MAX(b->opts.max_clients * 3 / 4, 1u), all_jobs = b->opts.max_jobs * 3 / 4;
-	if (others_sessions >= all_sessions) {
-		hb_conn_refuse(b, c, GG_ERR_REFUSED,
-			       "users other than root and the gateway's own (uid %u) hold %u sessions at the gateway of "
-			       "site %s, three quarters of its max_clients = %u: they may hold no more, so that root "
-			       "and the gateway's user find room",
-			       (unsigned)self, others_sessions, b->site, b->opts.max_clients);
-		return false;
-	}
-	if (new_job && all_jobs && others_jobs >= all_jobs) {
-		hb_conn_refuse(b, c, GG_ERR_REFUSED,
-			       "users other than root and the gateway's own (uid %u) run %u jobs at the gateway of site "
-			       "%s, three quarters of the %u it runs at once: they may start no more, so that root and "
-			       "the gateway's user find room",
-			       (unsigned)self, others_jobs, b->site, b->opts.max_jobs);
-		return false;
-	}
-	if (sessions >= max_sessions) {
-		hb_conn_refuse(b, c, GG_ERR_REFUSED,
-			       "uid %u holds %u sessions at the gateway of site %s, half of its max_clients = %u: a "
-			       "user other than root and the gateway's own (uid %u) may hold no more, so that others "
-			       "find room",
-			       (unsigned)c->uid, sessions, b->site, b->opts.max_clients, (unsigned)self);
-		return false;
-	}
-	if (new_job && max_jobs && jobs >= max_jobs) {
-		hb_conn_refuse(b, c, GG_ERR_REFUSED,
-			       "uid %u runs %u jobs at the gateway of site %s, half of the %u it runs at once: a user "
-			       "other than root and the gateway's own (uid %u) may start no more, so that others find "
-			       "room",
-			       (unsigned)c->uid, jobs, b->site, b->opts.max_jobs, (unsigned)self);
-		return false;
-	}
-	return true;
+	const unsigned max_clients = b->opts.max_clients, max_jobs = b->opts.max_jobs;
+	return share_left(b, c, others_sessions, GG_MAX(max_clients * 3 / 4, 1u), true, false) &&
+	       (!new_job || share_left(b, c, others_jobs, max_jobs * 3 / 4, true, true)) &&
+	       share_left(b, c, sessions, GG_MAX(max_clients / 2, 1u), false, false) &&
+	       (!new_job || share_left(b, c, jobs, max_jobs / 2, false, true));
 }
 
 static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
