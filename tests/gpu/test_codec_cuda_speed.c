@@ -2,6 +2,10 @@
  * what a device-to-device cudaMemcpy moves on the same GPU. Both count the
  * bytes read plus the bytes written, so the ratio says how close a kernel
  * comes to the memory bandwidth a plain copy gets (target: 0.5 or more).
+ * Then the gateway's own path (gateway/engine/mem_cuda.c): 1 MiB chunks,
+ * each error-feedback encoded into pinned host memory or decoded and
+ * added from it, with a wait for the stream after each, against a
+ * device-to-host cudaMemcpy of as many encoded bytes (the bus they cross).
  * Speed is printed, never judged: the test fails only when the kernels'
  * bytes differ from the CPU reference's on the same 256 MiB, which it
  * checks after timing. Exit 77 without a GPU. */
@@ -12,6 +16,7 @@
 #include "gpu_test.h"
 
 #define N ((size_t)64 << 20) /* 256 MiB of fp32 */
+#define CHUNK ((size_t)1 << 18) /* elements of the default chunk_size, 1 MiB */
 #define REPS 20
 #define TARGET_RATIO 0.5
 
@@ -23,6 +28,7 @@ struct bench {
 	cudaEvent_t start, stop;
 	float *x, *out;
 	uint8_t *enc;
+	uint8_t *enc_host; /* pinned, as the gateway's staging buffer */
 	struct gg_feedback_cuda fb;
 };
 
@@ -80,18 +86,100 @@ static double time_op(struct bench *b, const struct gg_codec_params *p, enum op 
 	return ms / 1e3 / REPS;
 }
 
-static double copy_bandwidth(struct bench *b)
+/* Seconds per cudaMemcpy of `bytes` from `src` to `dst`, over REPS after
+ * one to warm up. */
+static double time_copy(struct bench *b, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
 {
 	float ms;
 
-	CUDA_OK(cudaMemcpyAsync(b->out, b->x, N * sizeof(float), cudaMemcpyDeviceToDevice, b->stream));
+	CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, b->stream));
 	CUDA_OK(cudaEventRecord(b->start, b->stream));
 	for (int i = 0; i < REPS; i++)
-		CUDA_OK(cudaMemcpyAsync(b->out, b->x, N * sizeof(float), cudaMemcpyDeviceToDevice, b->stream));
+		CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, b->stream));
 	CUDA_OK(cudaEventRecord(b->stop, b->stream));
 	CUDA_OK(cudaEventSynchronize(b->stop));
 	CUDA_OK(cudaEventElapsedTime(&ms, b->start, b->stop));
-	return 2.0 * (double)N * sizeof(float) / (ms / 1e3 / REPS);
+	return ms / 1e3 / REPS;
+}
+
+static double copy_bandwidth(struct bench *b)
+{
+	return 2.0 * (double)N * sizeof(float) / time_copy(b, b->out, b->x, N * sizeof(float), cudaMemcpyDeviceToDevice);
+}
+
+/* The whole tensor as the gateway moves it: CHUNK elements at a time,
+ * error-feedback encoded into `enc` (encode) or decoded from it and added
+ * to b->out, each chunk's `chunk_bytes` after the last's, and the stream
+ * waited for after each chunk. */
+static int chunked(struct bench *b, const struct gg_codec_params *p, bool encode, uint8_t *enc, size_t chunk_bytes,
+		   char *err, size_t err_size)
+{
+	for (size_t off = 0, i = 0; off < N; off += CHUNK, i++) {
+		uint8_t *at = enc + i * chunk_bytes;
+		int rc = encode ? gg_feedback_encode_cuda(&b->fb, p, off, b->x + off, CHUNK, at, chunk_bytes, b->stream,
+							  err, err_size)
+				: gg_codec_decode_acc_cuda(p, at, chunk_bytes, CHUNK, b->out + off, b->stream, err, err_size);
+		if (rc)
+			return rc;
+		CUDA_OK(cudaStreamSynchronize(b->stream));
+	}
+	return 0;
+}
+
+/* Seconds per chunked() pass over REPS after one to warm up. */
+static double time_chunked(struct bench *b, const struct gg_codec_params *p, bool encode, uint8_t *enc,
+			   size_t chunk_bytes)
+{
+	char err[256];
+	float ms;
+
+	CHECK(chunked(b, p, encode, enc, chunk_bytes, err, sizeof(err)) == 0, "%s", err);
+	CUDA_OK(cudaEventRecord(b->start, b->stream));
+	for (int i = 0; i < REPS; i++)
+		CHECK(chunked(b, p, encode, enc, chunk_bytes, err, sizeof(err)) == 0, "%s", err);
+	CUDA_OK(cudaEventRecord(b->stop, b->stream));
+	CUDA_OK(cudaEventSynchronize(b->stop));
+	CUDA_OK(cudaEventElapsedTime(&ms, b->start, b->stop));
+	return ms / 1e3 / REPS;
+}
+
+/* The gateway's path for one codec, timed against a device-to-host copy of
+ * its encoded bytes; and checked: chunks encoded into pinned memory are
+ * the bytes the same chunks encoded into device memory are, and decoded
+ * from there add up to the same floats. */
+static void pinned_path(struct bench *b, const struct gg_codec_params *p)
+{
+	uint64_t chunk_bytes;
+	char err[256];
+
+	CHECK(gg_codec_encoded_bytes(p, CHUNK, &chunk_bytes) == 0, "size");
+	const size_t bytes = (size_t)chunk_bytes * (N / CHUNK);
+	uint8_t *want = xmalloc(bytes);
+	float *out_want = xmalloc(N * sizeof(float)), *out_got = xmalloc(N * sizeof(float));
+	const double copy = time_copy(b, b->enc_host, b->enc, bytes, cudaMemcpyDeviceToHost);
+	for (int encode = 1; encode >= 0; encode--) {
+		double t = time_chunked(b, p, encode, b->enc_host, chunk_bytes);
+		printf("%-10s %-16s %8.3f %12.0f %12.1f %8.2f\n", gg_codec_name(p->codec),
+		       encode ? "feedback encode" : "decode_acc", t * 1e3, (double)N * sizeof(float) / t / 1e9,
+		       (double)bytes / t / 1e9, copy / t);
+	}
+	for (int pinned = 0; pinned < 2; pinned++) {
+		uint8_t *enc = pinned ? b->enc_host : b->enc;
+		CHECK(gg_feedback_reset_cuda(&b->fb, b->stream, err, sizeof(err)) == 0, "%s", err);
+		CHECK(chunked(b, p, true, enc, chunk_bytes, err, sizeof(err)) == 0, "%s", err);
+		CUDA_OK(cudaMemsetAsync(b->out, 0, N * sizeof(float), b->stream));
+		CHECK(chunked(b, p, false, enc, chunk_bytes, err, sizeof(err)) == 0, "%s", err);
+		CUDA_OK(cudaMemcpy(pinned ? out_got : out_want, b->out, N * sizeof(float), cudaMemcpyDeviceToHost));
+		if (!pinned)
+			CUDA_OK(cudaMemcpy(want, b->enc, bytes, cudaMemcpyDeviceToHost));
+	}
+	CHECK(memcmp(want, b->enc_host, bytes) == 0, "%s: chunks encoded into pinned memory differ",
+	      gg_codec_name(p->codec));
+	CHECK(memcmp(out_want, out_got, N * sizeof(float)) == 0, "%s: decode_acc from pinned memory differs",
+	      gg_codec_name(p->codec));
+	free(want);
+	free(out_want);
+	free(out_got);
 }
 
 /* The kernels' bytes and floats for this input against the reference's:
@@ -155,6 +243,7 @@ int main(void)
 	b.x = device_alloc(N * sizeof(float));
 	b.out = device_alloc(N * sizeof(float));
 	b.enc = device_alloc(N * sizeof(float));
+	CUDA_OK(cudaHostAlloc((void **)&b.enc_host, N * sizeof(float), cudaHostAllocPortable));
 	CHECK(gg_feedback_init_cuda(&b.fb, N, err, sizeof(err)) == 0, "%s", err);
 	CUDA_OK(cudaMemcpyAsync(b.x, x, N * sizeof(float), cudaMemcpyHostToDevice, b.stream));
 	CUDA_OK(cudaStreamSynchronize(b.stream));
@@ -183,10 +272,21 @@ int main(void)
 	       "over the copy's. %d of %d under the %.2f target. The 256 MiB results match the CPU reference.\n",
 	       below, (GG_CODEC_LAST - GG_CODEC_FIRST + 1) * OP_COUNT, TARGET_RATIO);
 
+	printf("\nthe gateway's path: 1 MiB chunks, encoded bytes in pinned host memory, a wait after each\n");
+	printf("%-10s %-16s %8s %12s %12s %8s\n", "codec", "op", "ms", "fp32 GB/s", "encoded GB/s", "vs copy");
+	for (int c = GG_CODEC_FIRST; c <= GG_CODEC_LAST; c++) {
+		struct gg_codec_params p = gg_codec_defaults((enum gg_codec)c);
+		pinned_path(&b, &p);
+	}
+	printf("encoded GB/s: encoded bytes across the bus per second; vs copy: the time of one device-to-host "
+	       "cudaMemcpy of as many bytes over the op's (1.00: as fast as that copy). Bytes and sums match "
+	       "the same chunks' in device memory.\n");
+
 	gg_feedback_fini_cuda(&b.fb);
 	cudaFree(b.x);
 	cudaFree(b.out);
 	cudaFree(b.enc);
+	cudaFreeHost(b.enc_host);
 	cudaEventDestroy(b.start);
 	cudaEventDestroy(b.stop);
 	cudaStreamDestroy(b.stream);
