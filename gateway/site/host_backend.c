@@ -441,7 +441,7 @@ unsigned gg_host_backend_list_jobs(const struct gg_host_backend *b, struct gg_ho
 		memcpy(o->name, j->name, sizeof(o->name));
 		o->nranks = j->nranks;
 		o->connected = j->connected;
-		o->last_step = j->seq - 1;
+		o->last_step = GG_MAX(j->seq - 1, j->ended_seq);
 		o->uid = (uint32_t)j->uid;
 		o->state = j->broken ? GG_CTRL_JOB_FAILED : j->with_core || j->nccl_phase ? GG_CTRL_JOB_RUNNING
 			   : announced ? GG_CTRL_JOB_GATHERING : GG_CTRL_JOB_IDLE;

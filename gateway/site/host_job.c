@@ -863,6 +863,7 @@ void hb_job_advance(struct gg_host_backend *b, struct hb_job *j)
 				/* Its reduce waits for the gateway's, which will not come. */
 				if (h->region == GG_CTRL_REGION_NCCL)
 					hb_nccl_abort(b, j, code, text);
+				j->ended_seq = GG_MAX(j->ended_seq, h->seq);
 				hb_answer(b, c, code, "step %llu (tensor %u): %s", (unsigned long long)h->seq, h->tensor_id,
 					  text);
 			}

@@ -99,6 +99,22 @@ PY
 	fail "the JSON status is not what the gateways hold"
 log "status: $(head -n1 "$work/status.out"); JSON of both sites checked"
 
+# A job that failed while a rank of it stays connected: its last step is
+# the last that ended, failed ones too (a rank left after step 1, so
+# steps 2 and 3 fail at once at the rank that goes on).
+rank_start broke 1000 0 3 0 3 --late 1000@2
+rank_start broke 1000 1 3 0 1
+rank_start broke 1000 2 3 0 2 --late 30000@2
+rank_start broke 1000 0 1 1 1
+wait_for "$work/broke-s0-r0.err" "step 3: error" 15 || fail "steps 2 and 3 of job 'broke' did not fail at site-a"
+"$GRADGATE" status --control "unix:$work/site-a.sock" --json >"$work/broke.json" 2>"$work/status.err" ||
+	fail "status --json exited $?: $(cat "$work/status.err")"
+python3 -c '
+import json, sys
+j = [j for j in json.load(open(sys.argv[1]))["jobs"] if j["name"] == "broke"]
+sys.exit(not (len(j) == 1 and (j[0]["connected"], j[0]["last_step"], j[0]["state"]) == (1, 3, "failed")))' \
+	"$work/broke.json" || fail "the failed job in the status: $(cat "$work/broke.json")"
+
 # ---- a gateway whose peer never came up: heard from never, not since
 # the gateway's start
 mesh_stop
