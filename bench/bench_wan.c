@@ -1044,10 +1044,15 @@ static int write_config(const struct mode *m, uint64_t size, int i)
 	char path[320];
 
 	snprintf(path, sizeof(path), "%s/site-%d.toml", W.dir, i);
-	FILE *f = fopen(path, "w");
+	/* 0600 whatever the umask: a gateway refuses a config others may write. */
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
 	if (!f) {
-		say("cannot write %s: %s", path, strerror(errno));
-		return -errno;
+		const int e = errno;
+		if (fd >= 0)
+			close(fd);
+		say("cannot write %s: %s", path, strerror(e));
+		return -e;
 	}
 	fprintf(f,
 		"[site]\nname = \"site-%d\"\nlisten = \"10.77.0.%d:%d\"\ncontrol = \"unix:%s/site-%d.sock\"\n\n"

@@ -130,6 +130,7 @@ daemons() {
 	local s i p50 worst=0
 	config site-a "$port_a" site-b "$port_b" "$2"
 	config site-b "$port_b" site-a "$port_a" "$2"
+	chmod 600 "$work"/site-?.toml # whatever the umask: a gateway refuses a config others may write
 	for s in site-a site-b; do
 		"$gradgate" --config "$work/$s.toml" 2>"$work/$s.log" &
 		pids+=("$!")

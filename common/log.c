@@ -55,12 +55,34 @@ char *gg_escape(char *dst, size_t size, const char *src, size_t len)
 	return dst;
 }
 
+/* Where to cut `len` bytes of a line's text: never inside an escape
+ * (\\, \", \xNN) whose end was lost. Returns the bytes to keep, and in
+ * *quoted whether they end inside a quoted value, which the caller closes
+ * so that what follows reads as keys again. */
+static size_t log_cut(const char *line, size_t len, bool *quoted_out)
+{
+	size_t keep = 0;
+	bool quoted = false;
+
+	for (size_t i = 0; i < len;) {
+		size_t step = line[i] != '\\' ? 1 : i + 1 < len && line[i + 1] == 'x' ? 4 : 2;
+		if (i + step > len)
+			break;
+		if (line[i] == '"')
+			quoted = !quoted;
+		i += step;
+		keep = i;
+	}
+	*quoted_out = quoted;
+	return keep;
+}
+
 void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 {
 	static const char *const names[] = { "debug", "info", "warn", "error" };
-	/* Room for the " cut=N" and " at=SITE" that follow the text. */
+	/* Room for the '"', " cut=N" and " at=SITE" that may follow the text. */
 	enum { TAIL = 32 + sizeof(thread_site) };
-	char line[GG_LOG_LINE_MAX + TAIL], safe[4 * sizeof(line)], ts[32];
+	char line[GG_LOG_LINE_MAX + 1 + TAIL], safe[4 * sizeof(line)], ts[32];
 	struct timespec now;
 	struct tm tm;
 	va_list ap;
@@ -70,18 +92,23 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
 	strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-	int n = snprintf(line, GG_LOG_LINE_MAX, "ts=%s.%03ldZ level=%s event=%s ", ts, now.tv_nsec / 1000000,
+	int n = snprintf(line, GG_LOG_LINE_MAX + 1, "ts=%s.%03ldZ level=%s event=%s ", ts, now.tv_nsec / 1000000,
 			 names[level], event);
 	int more = 0;
 	va_start(ap, fmt);
 	if (n > 0 && n < GG_LOG_LINE_MAX)
-		more = vsnprintf(line + n, GG_LOG_LINE_MAX - (size_t)n, fmt, ap);
+		more = vsnprintf(line + n, GG_LOG_LINE_MAX + 1 - (size_t)n, fmt, ap);
 	va_end(ap);
 	size_t len = strlen(line);
 	/* A line too long is cut, and says by how much: a reader must not
 	 * take a cut value for the whole one. */
-	if (more > 0 && (size_t)n + (size_t)more > len)
-		len += (size_t)snprintf(line + len, sizeof(line) - len, " cut=%zu", (size_t)n + (size_t)more - len);
+	if (more > 0 && (size_t)n + (size_t)more > len) {
+		const size_t whole = (size_t)n + (size_t)more;
+		bool quoted;
+		const size_t keep = log_cut(line, len, &quoted);
+		len = keep + (size_t)snprintf(line + keep, sizeof(line) - keep, "%s cut=%zu", quoted ? "\"" : "",
+					      whole - keep);
+	}
 	if (thread_site[0] && atomic_load_explicit(&tags, memory_order_relaxed))
 		snprintf(line + len, sizeof(line) - len, " at=%s", thread_site);
 	size_t o = 0;

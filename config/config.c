@@ -1212,16 +1212,29 @@ int gg_config_load_settings_text(const char *text, size_t len, const char *sourc
 	return load_text(text, len, source, base_dir, true, cfg, diag);
 }
 
+/* Whether `path` names a descriptor the process was started with
+ * (/dev/stdin, a shell's <(...)): the caller opened it, whatever it is. */
+static bool own_descriptor(const char *path)
+{
+	static const char *const prefixes[] = { "/dev/fd/", "/proc/self/fd/", "/dev/stdin" };
+
+	for (size_t i = 0; i < GG_ARRAY_LEN(prefixes); i++)
+		if (!strncmp(path, prefixes[i], strlen(prefixes[i])))
+			return true;
+	return false;
+}
+
 /* The config names the CA, the key and whom to dial, so whoever may write
  * or replace it chooses whom the gateway trusts: it is held to the CA
- * file's rules. A pipe is the caller's own, and not judged. True when it
+ * file's rules, a named pipe too. A descriptor the caller opened
+ * (own_descriptor()) is the caller's choice, and not judged. True when it
  * falls short, with the reason in diag. */
 static bool config_file_exposed(const char *path, struct gg_diag *diag)
 {
 	char why[PATH_MAX + 256];
 	struct stat st;
 
-	if (stat(path, &st) || !S_ISREG(st.st_mode))
+	if (own_descriptor(path) || stat(path, &st) || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode)))
 		return false;
 	if (st.st_mode & 022)
 		gg_diag_add(diag, "%s: the config file may be written by group or others (mode %04o), who could so "

@@ -634,9 +634,6 @@ static void forget_step(struct gg_node *n, const char *job, uint64_t seq)
 	post_lanes(n, &f, 0);
 }
 
-/* Whether step `seq` of the job, not started here, failed already at
- * another site, which said so (ABORT) or whose ranks of the job are gone
- * (END): its enum gg_errc code and *reason; 0 when not. */
 /* Step 1 of this run was refused, for `why`: its ranks number their
  * steps on, so none of them can run, and each fails at once rather than
  * at its deadline, waiting for sites that run the old run. */
@@ -646,10 +643,12 @@ static void run_refused(struct job *j, const char *why)
 		return;
 	j->refused = true;
 	/* Cut short where the reason is long: its start says the most. */
-	(void)gg_errf(j->refused_reason, sizeof(j->refused_reason), 0,
-		      "step 1 of this run of job '%s' was refused, so none of its steps can run: %s", j->name, why);
+	(void)gg_errf(j->refused_reason, sizeof(j->refused_reason), 0, "step 1 of this run was refused: %s", why);
 }
 
+/* Whether step `seq` of the job, not started here, failed already at
+ * another site, which said so (ABORT) or whose ranks of the job are gone
+ * (END): its enum gg_errc code and *reason; 0 when not. */
 static int failed_elsewhere(const struct job *j, uint64_t seq, const char **reason)
 {
 	if (j->refused && seq > 1) {
@@ -977,8 +976,10 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 			 (unsigned long long)lo, (unsigned long long)hi, j->name, abort->reason);
 	if (j->step && !j->ending && lo <= j->step->seq && j->step->seq <= hi)
 		finish_step(n, j, -(int)abort->code, msg);
-	if (lo == 1 && -(int)abort->code == GG_ERR_REFUSED)
-		run_refused(j, msg);
+	/* A refusal of step 1 is of the new run, where the job here is one:
+	 * the sites that run the old one, past step 1, hear it too. */
+	if (lo == 1 && -(int)abort->code == GG_ERR_REFUSED && !j->done_seq && j->last_seq <= 1)
+		run_refused(j, abort->reason);
 	/* Steps of the run that have not started here fail when they do. The
 	 * frames the lanes hold for them would pin the peer's window for
 	 * good: they go now. */

@@ -134,7 +134,7 @@ struct hb_job {
 	struct hb_region *orphans;
 	uint64_t active_us;   /* when a rank last sent something, or a step ended */
 	uint64_t seq;         /* the step being gathered or with the core; earlier ones are over */
-	uint64_t ended_seq;   /* the last step a rank was told failed once the job broke (seq stays) */
+	uint64_t ended_seq;   /* the last step ranks were told failed without seq moving on (a broken job's) */
 	uint64_t deadline_us; /* of step `seq` while gathering; 0: no rank has announced it */
 	uint32_t deadline_ms; /* the timeout that set deadline_us, for messages */
 

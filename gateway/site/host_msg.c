@@ -64,8 +64,9 @@ static bool share_left(struct gg_host_backend *b, struct hb_conn *c, unsigned ha
 	else
 		snprintf(limit, sizeof(limit), "of its max_clients = %u", b->opts.max_clients);
 	snprintf(whom, sizeof(whom), "a user other than root and the gateway's own (uid %u)", self);
-	hb_conn_refuse(b, c, GG_ERR_REFUSED, "%s %s%s %u %s at the gateway of site %s, %s %s: %s may %s no more, so that %s "
-		       "find room", subject, jobs ? "run" : "hold", together ? "" : "s", have, jobs ? "jobs" : "sessions",
+	hb_conn_refuse(b, c, GG_ERR_REFUSED, "%s %s%s %u %s%s at the gateway of site %s, %s %s: %s may %s no more, so that "
+		       "%s find room", subject, jobs ? "run" : "hold", together ? "" : "s", have, jobs ? "job" : "session",
+		       have == 1 ? "" : "s",
 		       b->site, together ? "three quarters" : "half", limit, together ? "they" : whom,
 		       jobs ? "start" : "hold", together ? "root and the gateway's user" : "others");
 	return false;
@@ -74,7 +75,9 @@ static bool share_left(struct gg_host_backend *b, struct hb_conn *c, unsigned ha
 /* A user other than root and the gateway's own gets half of the sessions
  * (rounded down, at least one) and half of the jobs at most, and all such
  * users together three quarters of each (opts.user_shares): else refuses
- * c and returns false. new_job: c's HELLO would start a job. */
+ * c and returns false. new_job: c's HELLO would start a job. Sessions of
+ * idle jobs do not count against all users' share: a new connection may
+ * take their place (spare_to_session()). */
 static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job)
 {
 	const uid_t self = geteuid();
@@ -85,7 +88,7 @@ static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new
 	for (unsigned i = 0; i < hb_slots(b); i++) {
 		const struct hb_conn *o = &b->conns[i];
 		if (o->state == C_ACTIVE && o->uid != 0 && o->uid != self) {
-			others_sessions++;
+			others_sessions += !o->job || !hb_job_idle(b, o->job);
 			sessions += o->uid == c->uid;
 		}
 	}

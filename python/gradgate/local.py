@@ -108,7 +108,8 @@ class LocalSites:
             "[limits]", 'memory = "1GiB"', 'inflight_per_peer = "64MiB"',
         ]
         path = os.path.join(self.dir, f"{name}.toml")
-        with open(path, "w") as f:
+        # 0600 whatever the umask: a gateway refuses a config others may write.
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write("\n".join(lines) + "\n")
         return path
 

@@ -98,43 +98,91 @@ static void test_tags(void)
 
 static void emit_long(void)
 {
-	static char value[2 * GG_LOG_LINE_MAX];
+	static char value[2 * GG_LOG_LINE_MAX], escapes[2 * GG_LOG_LINE_MAX];
 
 	memset(value, 'v', sizeof(value) - 1);
+	/* A value as gg_escape() writes one: \x0a after \x0a, four bytes each. */
+	for (size_t i = 0; i + 4 < sizeof(escapes); i += 4)
+		memcpy(escapes + i, "\\x0a", 4);
 	gg_log_set_tags(true);
 	gg_log(GG_LOG_INFO, "long", "name=%s", value);
-	gg_log(GG_LOG_INFO, "fits", "name=%.*s", 4000, value);
+	for (int shift = 0; shift < 4; shift++)
+		gg_log(GG_LOG_INFO, "quoted", "%.*sname=\"%s\" after=1", shift, "xxx", escapes);
+	gg_log(GG_LOG_INFO, "fits", "name=%.*s", 3800, value);
 	gg_log_set_tags(false);
 }
 
+/* Splits text into its lines, in place; returns how many (at most max). */
+static unsigned split_lines(char *text, char **lines, unsigned max)
+{
+	unsigned n = 0;
+
+	for (char *p = text; *p && n < max; n++) {
+		lines[n] = p;
+		char *nl = strchr(p, '\n');
+		if (!nl)
+			return n + 1;
+		*nl = '\0';
+		p = nl + 1;
+	}
+	return n;
+}
+
 /* A line past GG_LOG_LINE_MAX is cut, says by how many bytes, and keeps
- * its site tag; one that fits is whole. */
+ * its site tag; the cut never splits an escape, and closes a quoted value
+ * it falls in; a line that fits is whole. */
 static void test_long_line(void)
 {
-	static char text[4 * GG_LOG_LINE_MAX];
+	static char text[12 * GG_LOG_LINE_MAX];
+	char *line[8];
 
 	gg_log_set_thread_site("site-c");
 	if (!logged(emit_long, text, sizeof(text)))
 		return;
 	gg_log_set_thread_site(NULL);
-	char *second = strchr(text, '\n');
-	CHECK(second && strchr(second + 1, '\n') == second + 1 + strlen(second + 1) - 1, "not two lines: %s", text);
-	if (!second)
+	unsigned n = split_lines(text, line, 8);
+	CHECK(n == 6, "%u lines, not 6", n);
+	if (n != 6)
 		return;
-	*second++ = '\0';
-	char *cut = strstr(text, " cut=");
-	CHECK(cut && !strcmp(strstr(cut, " at="), " at=site-c"), "no cut mark before the tag: %.80s...", text);
+	for (unsigned l = 0; l < 5; l++) {
+		char *cut = strstr(line[l], " cut=");
+		CHECK(cut && !strcmp(strstr(cut, " at="), " at=site-c"), "line %u: no cut mark before the tag: %.80s...",
+		      l, line[l]);
+		CHECK(strlen(line[l]) < 4096, "line %u is %zu bytes, past PIPE_BUF", l, strlen(line[l]));
+	}
+	char *cut = strstr(line[0], " cut=");
 	if (cut) {
-		size_t kept = (size_t)(cut - text), shown = strtoul(cut + 5, NULL, 10);
-		CHECK(kept == GG_LOG_LINE_MAX - 1, "kept %zu bytes", kept);
+		size_t kept = (size_t)(cut - line[0]), shown = strtoul(cut + 5, NULL, 10);
+		CHECK(kept == GG_LOG_LINE_MAX, "kept %zu bytes", kept);
 		/* Everything but what was kept: the whole value, less its kept part. */
-		size_t head = (size_t)(strstr(text, "name=") + 5 - text);
+		size_t head = (size_t)(strstr(line[0], "name=") + 5 - line[0]);
 		CHECK(shown == 2 * GG_LOG_LINE_MAX - 1 - (kept - head), "cut=%zu of a value of %d kept from %zu", shown,
 		      2 * GG_LOG_LINE_MAX - 1, head);
 	}
-	CHECK(!strstr(second, "cut=") && strstr(second, " at=site-c\n"), "a whole line marked: %.80s", second);
-	char *name = strstr(second, "name=");
-	CHECK(name && strspn(name + 5, "v") == 4000, "the line that fits was not whole");
+	/* Cut at each of the four places in an escape: only whole ones kept,
+	 * then the value's closing quote, and the count of what is left out. */
+	const size_t whole_value = (2 * GG_LOG_LINE_MAX - 1) / 4 * 4;
+	for (unsigned l = 1; l <= 4; l++) {
+		char *value = strstr(line[l], "name=\"");
+		char *end = strstr(line[l], "\" cut=");
+		CHECK(value && end, "line %u: no closed value before the cut: %.80s", l, line[l]);
+		if (!value || !end)
+			continue;
+		value += 6;
+		size_t len = (size_t)(end - value);
+		bool whole = len % 4 == 0;
+		for (size_t i = 0; whole && i < len; i += 4)
+			whole = !memcmp(value + i, "\\x0a", 4);
+		CHECK(whole, "line %u: a split escape: ...%.12s", l, end - GG_MIN(len, 12));
+		size_t shown = strtoul(end + 6, NULL, 10);
+		CHECK(shown == whole_value - len + strlen("\" after=1"), "line %u: cut=%zu, %zu of %zu kept", l, shown,
+		      len, whole_value);
+		CHECK((size_t)(end - line[l]) > GG_LOG_LINE_MAX - 4, "line %u: cut at %zu, long before %d", l,
+		      (size_t)(end - line[l]), GG_LOG_LINE_MAX);
+	}
+	CHECK(!strstr(line[5], "cut=") && strstr(line[5], " at=site-c"), "a whole line marked: %.80s", line[5]);
+	char *name = strstr(line[5], "name=");
+	CHECK(name && strspn(name + 5, "v") == 3800, "the line that fits was not whole");
 }
 
 /* Three lines a second of a kind: 10 tried at t=0 log 3; the flush says

@@ -135,6 +135,18 @@ timeout 10 "$gradgate" --config "$tmp/shared.toml" >/dev/null 2>"$tmp/err"
 expect "  and the gateway does not start on it (exit 1)" $(( $? != 1 ))
 grep -qF "$tmp/shared.toml: the config file may be written by group or others (mode 0664)" "$tmp/err"
 rc=$?; expect "  saying why: $(head -c 300 "$tmp/err")" $rc
+# A named pipe others may write to is the same; what the caller opened
+# itself (standard input, <(...)) is the caller's.
+mkfifo -m 0666 "$tmp/shared-pipe.toml"
+(sleep 0.3; timeout 5 cp "$tmp/good.toml" "$tmp/shared-pipe.toml") &
+timeout 10 "$gradgate" --check-config "$tmp/shared-pipe.toml" >/dev/null 2>"$tmp/err"
+expect "a named pipe others may write to fails the check (exit 1)" $(( $? != 1 ))
+wait
+grep -qF "$tmp/shared-pipe.toml: the config file may be written by group or others (mode 0666)" "$tmp/err"
+rc=$?; expect "  saying why: $(head -c 300 "$tmp/err")" $rc
+sed "s#^\(ca\|cert\|key\) = \"#&$tmp/#" "$tmp/good.toml" >"$tmp/shared-abs.toml" && chmod 0664 "$tmp/shared-abs.toml"
+"$gradgate" --check-config /dev/stdin <"$tmp/shared-abs.toml" >/dev/null 2>"$tmp/err"
+rc=$?; expect "a config on standard input is read whatever its file's mode: $(head -c 300 "$tmp/err")" $rc
 sed 's#^\(ca\|cert\|key\) = "#&../#' "$tmp/good.toml" >"$tmp/open/site.toml"
 "$gradgate" --check-config "$tmp/open/site.toml" >/dev/null 2>"$tmp/err"
 expect "a config in a folder others may write in fails the check (exit 1)" $(( $? != 1 ))

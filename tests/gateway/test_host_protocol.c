@@ -717,10 +717,14 @@ static bool open_as(uid_t uid, const char *endpoint, const char *job, int rank, 
 	return true;
 }
 
+#define SHARES_IDLE_US 2000000 /* session_idle of the user-shares harness */
+
 /* The child, as root: user nobody takes its half of the sessions (4 of
  * max_clients 8), user daemon 2 more, and together they are refused the
  * seventh; root opens the last two. The same for the jobs (max_jobs 4):
- * nobody 2, daemon 1, daemon's second refused, root's fourth not. */
+ * nobody 2, daemon 1, daemon's second refused, root's fourth not. Then
+ * the 6 sessions again, left idle for session_idle: they no longer count,
+ * and user bin opens one. */
 static int users_together_main(const char *endpoint)
 {
 	struct gg_session *s[12] = { 0 };
@@ -750,6 +754,16 @@ static int users_together_main(const char *endpoint)
 		     "test-site, three quarters of the 4 it runs at once: they may start no more, so that root and "
 		     "the gateway's user find room") &&
 	     open_as(0, endpoint, "r1", 0, 1, &s[n++], 0, NULL);
+	(void)seteuid(0);
+	for (unsigned i = 0; i < n; i++)
+		gg_session_close(s[i]);
+	n = 0;
+	for (int r = 0; r < 4 && ok; r++)
+		ok = open_as(65534, endpoint, "ni", r, 4, &s[n++], 0, NULL);
+	for (int r = 0; r < 2 && ok; r++)
+		ok = open_as(1, endpoint, "di", r, 3, &s[n++], 0, NULL);
+	usleep(SHARES_IDLE_US + 500000);
+	ok = ok && open_as(2, endpoint, "bi", 0, 1, &s[n++], 0, NULL);
 	(void)seteuid(0);
 	for (unsigned i = 0; i < n; i++)
 		gg_session_close(s[i]);
@@ -1414,7 +1428,7 @@ int main(int argc, char **argv)
 	test_waiting_at_stop(); /* stops the harness */
 
 	/* Other users' shares of the sessions and the jobs. */
-	o = (struct harness_options){ .max_clients = 8, .user_shares = true, .max_jobs = 4 };
+	o = (struct harness_options){ .max_clients = 8, .user_shares = true, .max_jobs = 4, .session_idle_us = SHARES_IDLE_US };
 	harness_start(&h, &o);
 	test_user_shares();
 	harness_stop(&h);

@@ -108,17 +108,23 @@ static double copy_bandwidth(struct bench *b)
 }
 
 /* The whole tensor as the gateway moves it: CHUNK elements at a time,
- * error-feedback encoded into `enc` (encode) or decoded from it and added
- * to b->out, each chunk's `chunk_bytes` after the last's, and the stream
- * waited for after each chunk. */
+ * encoded into `enc` (encode; with error feedback for a lossy codec, as
+ * the gateway's default) or decoded from it and added to b->out, each
+ * chunk's `chunk_bytes` after the last's, and the stream waited for after
+ * each chunk. */
 static int chunked(struct bench *b, const struct gg_codec_params *p, bool encode, uint8_t *enc, size_t chunk_bytes,
 		   char *err, size_t err_size)
 {
 	for (size_t off = 0, i = 0; off < N; off += CHUNK, i++) {
 		uint8_t *at = enc + i * chunk_bytes;
-		int rc = encode ? gg_feedback_encode_cuda(&b->fb, p, off, b->x + off, CHUNK, at, chunk_bytes, b->stream,
-							  err, err_size)
-				: gg_codec_decode_acc_cuda(p, at, chunk_bytes, CHUNK, b->out + off, b->stream, err, err_size);
+		int rc;
+		if (!encode)
+			rc = gg_codec_decode_acc_cuda(p, at, chunk_bytes, CHUNK, b->out + off, b->stream, err, err_size);
+		else if (gg_codec_is_lossy(p->codec))
+			rc = gg_feedback_encode_cuda(&b->fb, p, off, b->x + off, CHUNK, at, chunk_bytes, b->stream, err,
+						     err_size);
+		else
+			rc = gg_codec_encode_cuda(p, b->x + off, CHUNK, at, chunk_bytes, b->stream, err, err_size);
 		if (rc)
 			return rc;
 		CUDA_OK(cudaStreamSynchronize(b->stream));
@@ -160,8 +166,8 @@ static void pinned_path(struct bench *b, const struct gg_codec_params *p)
 	for (int encode = 1; encode >= 0; encode--) {
 		double t = time_chunked(b, p, encode, b->enc_host, chunk_bytes);
 		printf("%-10s %-16s %8.3f %12.0f %12.1f %8.2f\n", gg_codec_name(p->codec),
-		       encode ? "feedback encode" : "decode_acc", t * 1e3, (double)N * sizeof(float) / t / 1e9,
-		       (double)bytes / t / 1e9, copy / t);
+		       !encode ? "decode_acc" : gg_codec_is_lossy(p->codec) ? "feedback encode" : "encode", t * 1e3,
+		       (double)N * sizeof(float) / t / 1e9, (double)bytes / t / 1e9, copy / t);
 	}
 	for (int pinned = 0; pinned < 2; pinned++) {
 		uint8_t *enc = pinned ? b->enc_host : b->enc;

@@ -307,6 +307,7 @@ EOF
 			printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "${metrics_port[$i]}"
 		fi
 	} >"$f"
+	chmod 600 "$f" # whatever the umask: a gateway refuses a config others may write
 }
 
 # gw_start I: starts site I's gateway and waits for its 'started' line.

@@ -29,7 +29,7 @@ new_run_refused() {
 	[ "$reaped" != 0 ] || fail "step 1 of a new run of '$1' completed while the old one still runs"
 	expect "$work/$1-s$3-r0.err" "$4" "the new run's error at ${SITES[$3]}"
 	for t in 2 3; do
-		expect "$work/$1-s$3-r0.err" "step $t: error -5 \\(GG_ERR_REFUSED\\): .*step 1 of this run of job '$1' was refused, so none of its steps can run: " \
+		expect "$work/$1-s$3-r0.err" "step $t: error -5 \\(GG_ERR_REFUSED\\): step $t \\(tensor 1\\): step 1 of this run was refused: site site-. still runs it" \
 			"the new run's step $t at ${SITES[$3]}"
 	done
 	log "new run of '$1' ($2 elements) refused after $ms ms: $(cat "$work/$1-s$3-r0.err")"
@@ -63,6 +63,10 @@ wait_for "$work/tiny-s1-r0.out" 'digest=' 15 || fail "site-b's rank of the first
 wait_for "$(site_log 0)" 'event=peer_job_ended site=site-b job=tiny ' 10 || fail "site-a did not hear site-b's END"
 new_run_refused tiny 8 1 "step 1: error -5 \(GG_ERR_REFUSED\): step 1 \(tensor 1\): step 1 of job 'tiny': site site-a still runs it, as far as site site-b heard"
 ranks_wait
+# The old run, past its step 1, heard that refusal too: it is not its own,
+# and its step 2 fails for what really ended it.
+expect "$work/tiny-s0-r0.err" "step 2: error -11 \(GG_ERR_RANK\): .*site site-b ended job 'tiny' after step 1" \
+	"the old run's step 2 at site-a"
 mesh_stop
 
 # Three sites by ring, where site-b hears only site-a's frames: site-c's
