@@ -1094,6 +1094,20 @@ static void publish_mesh_stats(struct lane *ln)
 	publish_stream_tcp(ln, ups);
 }
 
+/* A part here has every rank of its site in and waits for other sites'
+ * data; a site that waits for a rank of its own names the real cause, and
+ * its deadline comes at about the same time when every rank gave the same
+ * timeout. Its word is given time to come first: twice the longest round
+ * trip to a peer and GG_NODE_DEADLINE_GRACE_US (node.h). */
+static uint64_t deadline_grace(const struct lane *ln)
+{
+	uint64_t rtt = 0;
+
+	for (unsigned p = 0; p < ln->node->sites; p++)
+		rtt = GG_MAX(rtt, (uint64_t)atomic_load_explicit(&ln->rtt_us[p], memory_order_relaxed));
+	return GG_MIN(2 * rtt, 1000000) + GG_NODE_DEADLINE_GRACE_US;
+}
+
 /* Parts' deadlines, and own chunks that wait for room on the streams. */
 static uint64_t lane_timers(struct lane *ln)
 {
@@ -1106,18 +1120,20 @@ static uint64_t lane_timers(struct lane *ln)
 		if (ln->refused_owed[slot])
 			lane_refuse(ln, slot, ln->refused_owed[slot], ln->refused_job[slot]);
 	}
+	const uint64_t grace = deadline_grace(ln);
 	for (unsigned i = 0; i < LANE_JOBS; i++) {
 		struct lane_job *lj = &ln->jobs[i];
 		if (lj->used && lj->ar && lj->owed)
 			part_report(lj, lj->owed_type, 0, NULL);
 		if (!lj->used || !lj->ar || lj->reported)
 			continue;
-		if (ln->loop.now_us >= lj->deadline_us) {
+		const uint64_t due = lj->deadline_us > UINT64_MAX - grace ? UINT64_MAX : lj->deadline_us + grace;
+		if (ln->loop.now_us >= due) {
 			part_missed_deadline(lj);
 			continue;
 		}
-		if (lj->deadline_us < next)
-			next = lj->deadline_us;
+		if (due < next)
+			next = due;
 		if (!gg_ar_step_wants_resume(lj->ar))
 			continue;
 		int rc = gg_ar_step_resume(lj->ar, why, sizeof(why));

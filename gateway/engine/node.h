@@ -26,7 +26,11 @@
  * Failure. A step fails at every site, with the code and message of the
  * site where it failed first: that site sends ABORT to every peer. A step
  * fails when it is not complete by its deadline (the ranks' earliest,
- * naming the site, phase, shard and chunk it still waits for), when a site
+ * naming the site, phase, shard and chunk it still waits for; a site whose
+ * ranks are all in gives the others GG_NODE_DEADLINE_GRACE_US and twice
+ * the longest round trip first, so that a site still waiting for a rank
+ * of its own, whose deadline comes at the same time when every rank gave
+ * the same timeout, names that rank everywhere), when a site
  * it needs has not been heard from for heartbeat_timeout, when a peer
  * restarted, or when this site's ranks failed it (gg_node_abort). Once a
  * site holds the result and said DONE, it waits for the other DONEs past
@@ -37,6 +41,8 @@
  * have completed, and a lost site fails the step at once. */
 #ifndef GG_NODE_H
 #define GG_NODE_H
+
+#define GG_NODE_DEADLINE_GRACE_US 50000
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -408,8 +408,8 @@ void hb_fail_timeout(struct gg_host_backend *b, struct hb_job *j)
 			     "come up: %s", j->deadline_ms, j->name, hb_nccl_joiners(j, list, sizeof(list)));
 		return;
 	}
-	hb_fail_step(b, j, GG_ERR_TIMEOUT, "timed out after %u ms waiting for rank%s %s of job '%s'", j->deadline_ms,
-		     missing == 1 ? "" : "s", list, j->name);
+	hb_fail_step(b, j, GG_ERR_TIMEOUT, "timed out after %u ms waiting for rank%s %s of job '%s' at site %s",
+		     j->deadline_ms, missing == 1 ? "" : "s", list, j->name, b->site);
 }
 
 /* The step's own sum buffer, if it has one, becomes the job's spare (it

@@ -1126,11 +1126,11 @@ static void run_pong(struct gg_node *node, const struct gg_config *cfg, struct s
 	      (unsigned long long)gg_node_stats(node)->rtt_us[0], (unsigned long long)rtt);
 }
 
-/* A step whose deadline passed ends in the loop's next turn: the
- * coordinator and lane 0 share a thread, and what they post each other
- * wakes neither, so what they said is heard in the same turn (the step's
- * end waited for the next turn, up to a tick away, when nothing else woke
- * the loop). */
+/* A step whose deadline (and its grace for other sites' word) passed
+ * ends in the loop's next turn: the coordinator and lane 0 share a
+ * thread, and what they post each other wakes neither, so what they said
+ * is heard in the same turn (the step's end waited for the next turn, up
+ * to a tick away, when nothing else woke the loop). */
 static void run_deadline(struct gg_node *node, const struct gg_config *cfg, struct sent *sent)
 {
 	static float input[COUNT], result[COUNT];
@@ -1146,7 +1146,11 @@ static void run_deadline(struct gg_node *node, const struct gg_config *cfg, stru
 	CHECK(gg_node_submit(node, &st, err, sizeof(err)) == 0, "submit: %s", err);
 	turns(node, 3);
 	CHECK(!o.done, "the step ended before its deadline: %d %s", o.status, o.message);
-	while (gg_monotonic_us() < st.deadline_us + 5000)
+	while (gg_monotonic_us() < st.deadline_us + GG_NODE_DEADLINE_GRACE_US / 2)
+		usleep(5000);
+	turns(node, 1);
+	CHECK(!o.done, "the step ended within its grace for other sites' word: %d %s", o.status, o.message);
+	while (gg_monotonic_us() < st.deadline_us + GG_NODE_DEADLINE_GRACE_US + 5000)
 		usleep(5000);
 	turns(node, 1);
 	CHECK(o.done && o.status == GG_ERR_TIMEOUT, "one turn past its deadline, the step: done %d, status %d: %s",

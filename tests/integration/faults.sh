@@ -17,6 +17,12 @@
 #                 late (4 s): its other rank, which announced step 2 and
 #                 waits for it at its gateway, fails at once too, not when
 #                 the late rank comes
+# deadline-everywhere
+#                 every rank of every site gives step 2 1.5 s and one rank
+#                 of the last site is 4 s late: the sites waiting for
+#                 others' data give the last site's word time to come
+#                 first, so every rank's GG_ERR_TIMEOUT names the late
+#                 rank and its site, not data that site never sent
 # peer-killed     the last site's gateway is SIGKILLed while the others wait
 #                 in step 2: GG_ERR_SITE naming it within heartbeat_timeout
 # peer-stopped    the same with SIGSTOP: its streams stay up but fall silent
@@ -412,6 +418,19 @@ back_after_kill() {
 	gw_start "$last"
 	mesh_up 15
 	run_ok after 1000 1 2
+}
+
+case_deadline_everywhere() {
+	local s r specs=()
+	for ((s = 0; s < K; s++)); do
+		for ((r = 0; r < RANKS; r++)); do specs+=("$s:$r:--timeout-ms 1500@2"); done
+	done
+	specs+=("$last:1:--timeout-ms 1500@2 --late 4000@2") # the last spec of a rank is its own
+	start_job de "${specs[@]}"
+	ranks_wait
+	check_steps de
+	expect_ok de 1 3
+	expect_failed de 2 -8 "timed out after 1500 ms waiting for rank 1 of job 'de' at site ${SITES[$last]}$"
 }
 
 case_deadline_waiting() {
