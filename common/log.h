@@ -34,8 +34,10 @@ void gg_log_set_tags(bool on);
  * text past GG_LOG_LINE_MAX bytes (the time stamp, level and event
  * included) is left out, and the line then ends in " cut=N", N the bytes
  * left out (before \xNN escaping), ahead of " at=SITE": the cut never
- * splits an escape, and closes a quoted value it falls in. A line so cut
- * stays within PIPE_BUF (4096 bytes), which one write() keeps whole. */
+ * splits an escape, and closes a quoted value it falls in (of text
+ * escaped as gg_escape() does). A line so cut stays within PIPE_BUF (4096
+ * bytes), which one write() keeps whole, unless control characters the
+ * caller left in it grew it past that. */
 #define GG_LOG_LINE_MAX 3968
 GG_PRINTF(3, 4) void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...);
 

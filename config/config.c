@@ -1213,14 +1213,19 @@ int gg_config_load_settings_text(const char *text, size_t len, const char *sourc
 }
 
 /* Whether `path` names a descriptor the process was started with
- * (/dev/stdin, a shell's <(...)): the caller opened it, whatever it is. */
+ * (/dev/stdin, a shell's <(...): /dev/fd/N), and nothing past it: the
+ * caller opened it, whatever it is. */
 static bool own_descriptor(const char *path)
 {
-	static const char *const prefixes[] = { "/dev/fd/", "/proc/self/fd/", "/dev/stdin" };
+	static const char *const folders[] = { "/dev/fd/", "/proc/self/fd/" };
 
-	for (size_t i = 0; i < GG_ARRAY_LEN(prefixes); i++)
-		if (!strncmp(path, prefixes[i], strlen(prefixes[i])))
+	if (!strcmp(path, "/dev/stdin"))
+		return true;
+	for (size_t i = 0; i < GG_ARRAY_LEN(folders); i++) {
+		const size_t len = strlen(folders[i]);
+		if (!strncmp(path, folders[i], len) && path[len] && strspn(path + len, "0123456789") == strlen(path + len))
 			return true;
+	}
 	return false;
 }
 

@@ -974,11 +974,13 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 	else
 		snprintf(msg, sizeof(msg), "site %s aborted steps %llu to %llu of job '%s': %s", site,
 			 (unsigned long long)lo, (unsigned long long)hi, j->name, abort->reason);
+	/* A refusal of step 1 is of the new run, where the job here is one
+	 * whose step 1 is to come or under way: the sites that run the old
+	 * one, whose step 1 ended, hear it too. */
+	const bool first_step = !j->last_seq || (j->step && j->step->seq == 1);
 	if (j->step && !j->ending && lo <= j->step->seq && j->step->seq <= hi)
 		finish_step(n, j, -(int)abort->code, msg);
-	/* A refusal of step 1 is of the new run, where the job here is one:
-	 * the sites that run the old one, past step 1, hear it too. */
-	if (lo == 1 && -(int)abort->code == GG_ERR_REFUSED && !j->done_seq && j->last_seq <= 1)
+	if (lo == 1 && -(int)abort->code == GG_ERR_REFUSED && first_step)
 		run_refused(j, abort->reason);
 	/* Steps of the run that have not started here fail when they do. The
 	 * frames the lanes hold for them would pin the peer's window for

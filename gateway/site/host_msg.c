@@ -72,37 +72,73 @@ static bool share_left(struct gg_host_backend *b, struct hb_conn *c, unsigned ha
 	return false;
 }
 
-/* A user other than root and the gateway's own gets half of the sessions
- * (rounded down, at least one) and half of the jobs at most, and all such
- * users together three quarters of each (opts.user_shares): else refuses
- * c and returns false. new_job: c's HELLO would start a job. Sessions of
- * idle jobs do not count against all users' share: a new connection may
- * take their place (spare_to_session()). */
-static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job)
+/* Sessions and jobs of users other than root and the gateway's own: all
+ * of theirs, and those of `uid`. */
+struct user_counts {
+	unsigned others_sessions, sessions, others_jobs, jobs;
+};
+
+static struct user_counts count_users(const struct gg_host_backend *b, uid_t uid)
 {
 	const uid_t self = geteuid();
-	unsigned sessions = 0, jobs = 0, others_sessions = 0, others_jobs = 0;
+	struct user_counts n = { 0 };
 
-	if (!b->opts.user_shares || c->uid == 0 || c->uid == self)
-		return true;
 	for (unsigned i = 0; i < hb_slots(b); i++) {
 		const struct hb_conn *o = &b->conns[i];
 		if (o->state == C_ACTIVE && o->uid != 0 && o->uid != self) {
-			others_sessions += !o->job || !hb_job_idle(b, o->job);
-			sessions += o->uid == c->uid;
+			n.others_sessions++;
+			n.sessions += o->uid == uid;
 		}
 	}
 	for (const struct hb_job *j = b->jobs; j; j = j->next) {
 		if (j->uid != 0 && j->uid != self) {
-			others_jobs++;
-			jobs += j->uid == c->uid;
+			n.others_jobs++;
+			n.jobs += j->uid == uid;
 		}
 	}
+	return n;
+}
+
+/* The job of a user other than root and the gateway's own idle longest,
+ * but `keep`; or NULL. */
+static struct hb_job *others_idlest(const struct gg_host_backend *b, const struct hb_job *keep)
+{
+	const uid_t self = geteuid();
+	struct hb_job *best = NULL;
+
+	for (struct hb_job *j = b->jobs; j; j = j->next)
+		if (j != keep && j->uid != 0 && j->uid != self && hb_job_idle(b, j) &&
+		    (!best || j->active_us < best->active_us))
+			best = j;
+	return best;
+}
+
+/* A user other than root and the gateway's own gets half of the sessions
+ * (rounded down, at least one) and half of the jobs at most, and all such
+ * users together three quarters of each (opts.user_shares): else refuses
+ * c and returns false. Where all users' sessions are at their share,
+ * their jobs idle for session_idle give their sessions up, the idlest
+ * first (but `wanted`, the job c asks for), as they would for a slot.
+ * new_job: c's HELLO would start a job. */
+static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job, const struct hb_job *wanted)
+{
 	const unsigned max_clients = b->opts.max_clients, max_jobs = b->opts.max_jobs;
-	return share_left(b, c, others_sessions, GG_MAX(max_clients * 3 / 4, 1u), true, false) &&
-	       (!new_job || share_left(b, c, others_jobs, max_jobs * 3 / 4, true, true)) &&
-	       share_left(b, c, sessions, GG_MAX(max_clients / 2, 1u), false, false) &&
-	       (!new_job || share_left(b, c, jobs, max_jobs / 2, false, true));
+	const unsigned all_sessions = GG_MAX(max_clients * 3 / 4, 1u);
+	struct hb_job *idle;
+
+	if (!b->opts.user_shares || c->uid == 0 || c->uid == geteuid())
+		return true;
+	struct user_counts n = count_users(b, c->uid);
+	if (!share_left(b, c, n.sessions, GG_MAX(max_clients / 2, 1u), false, false) ||
+	    (new_job && !share_left(b, c, n.jobs, max_jobs / 2, false, true)))
+		return false;
+	while (n.others_sessions >= all_sessions && (idle = others_idlest(b, wanted))) {
+		hb_job_evict(b, idle, "a rank of another user needs a place within the share of users other than "
+			     "root and the gateway's own");
+		n = count_users(b, c->uid);
+	}
+	return share_left(b, c, n.others_sessions, all_sessions, true, false) &&
+	       (!new_job || share_left(b, c, n.others_jobs, max_jobs * 3 / 4, true, true));
 }
 
 static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
@@ -134,7 +170,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	}
 	/* A user past its share takes no slot or name from anyone. */
 	struct hb_job *j = hb_job_find(b, h->job);
-	if (!user_share_ok(b, c, !j || j->uid != c->uid))
+	if (!user_share_ok(b, c, !j || j->uid != c->uid, j))
 		return;
 	/* A HELLO that came on a spare slot needs a place first (an idle
 	 * job's if need be), once it is sound: a malformed one evicts nobody. */

@@ -147,6 +147,8 @@ rc=$?; expect "  saying why: $(head -c 300 "$tmp/err")" $rc
 sed "s#^\(ca\|cert\|key\) = \"#&$tmp/#" "$tmp/good.toml" >"$tmp/shared-abs.toml" && chmod 0664 "$tmp/shared-abs.toml"
 "$gradgate" --check-config /dev/stdin <"$tmp/shared-abs.toml" >/dev/null 2>"$tmp/err"
 rc=$?; expect "a config on standard input is read whatever its file's mode: $(head -c 300 "$tmp/err")" $rc
+"$gradgate" --check-config "/dev/fd/../..$tmp/shared-abs.toml" >/dev/null 2>"$tmp/err"
+expect "a path through /dev/fd to a file is the file's, and judged (exit 1)" $(( $? != 1 ))
 sed 's#^\(ca\|cert\|key\) = "#&../#' "$tmp/good.toml" >"$tmp/open/site.toml"
 "$gradgate" --check-config "$tmp/open/site.toml" >/dev/null 2>"$tmp/err"
 expect "a config in a folder others may write in fails the check (exit 1)" $(( $? != 1 ))

@@ -723,8 +723,9 @@ static bool open_as(uid_t uid, const char *endpoint, const char *job, int rank, 
  * max_clients 8), user daemon 2 more, and together they are refused the
  * seventh; root opens the last two. The same for the jobs (max_jobs 4):
  * nobody 2, daemon 1, daemon's second refused, root's fourth not. Then
- * the 6 sessions again, left idle for session_idle: they no longer count,
- * and user bin opens one. */
+ * the 6 sessions again, left idle for session_idle: user bin's session
+ * takes the place of the job idle longest, nobody's, whose ranks are told
+ * why, and all users' share holds. */
 static int users_together_main(const char *endpoint)
 {
 	struct gg_session *s[12] = { 0 };
@@ -765,6 +766,15 @@ static int users_together_main(const char *endpoint)
 	usleep(SHARES_IDLE_US + 500000);
 	ok = ok && open_as(2, endpoint, "bi", 0, 1, &s[n++], 0, NULL);
 	(void)seteuid(0);
+	float x = 1;
+	struct gg_error err;
+	if (ok && (gg_allreduce(s[0], &x, 1, GG_DTYPE_F32, 1, 0, &err) != GG_ERR_CLOSED ||
+		   !strstr(err.message, "job 'ni' sent nothing for ") ||
+		   !strstr(err.message, "a rank of another user needs a place within the share of users other than "
+					"root and the gateway's own: its sessions are closed"))) {
+		fprintf(stderr, "nobody's idle rank after bin came: %s\n", err.message);
+		ok = false;
+	}
 	for (unsigned i = 0; i < n; i++)
 		gg_session_close(s[i]);
 	return ok ? 0 : 1;
