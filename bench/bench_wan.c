@@ -1924,6 +1924,33 @@ static int run_all(const struct mode *modes, int nmodes, struct cell *cells)
 	return 0;
 }
 
+/* The mode of algorithm `algo` with m's codec and zstd, or -1. */
+static int fixed_mode(const struct mode *modes, int nmodes, const struct mode *m, const char *algo)
+{
+	for (int i = 0; i < nmodes; i++)
+		if (!modes[i].gloo && modes[i].codec == m->codec && modes[i].zstd == m->zstd &&
+		    !strcmp(modes[i].algo, algo))
+			return i;
+	return -1;
+}
+
+/* auto's model: the better of direct's and ring's, each with the bytes its
+ * own steps sent, where both ran at this size; else (model_s()) both
+ * formulas on auto's own bytes, a mix of both algorithms'. */
+static void auto_model(const struct mode *modes, int nmodes, const struct cell *cells, const struct mode *am, int s,
+		       struct row *r)
+{
+	const struct wan_opts *o = &W.o;
+	const int d = fixed_mode(modes, nmodes, am, "direct"), g = fixed_mode(modes, nmodes, am, "ring");
+
+	if (d < 0 || g < 0)
+		return;
+	double wd = summarize(&modes[d], o->sizes[s], &cells[d * o->nsizes + s], 0).wire;
+	double wg = summarize(&modes[g], o->sizes[s], &cells[g * o->nsizes + s], 0).wire;
+	const double size = (double)o->sizes[s];
+	r->model_ms = fmin(model_s(&modes[d], size, wd), model_s(&modes[g], size, wg)) * 1e3;
+}
+
 static void report(const struct mode *modes, int nmodes, const struct cell *cells)
 {
 	const struct wan_opts *o = &W.o;
@@ -1938,6 +1965,8 @@ static void report(const struct mode *modes, int nmodes, const struct cell *cell
 				gloo_p50 = summarize(&modes[m], o->sizes[s], &cells[m * o->nsizes + s], 0).p50;
 		for (int m = 0; m < nmodes; m++) {
 			struct row r = summarize(&modes[m], o->sizes[s], &cells[m * o->nsizes + s], gloo_p50);
+			if (!modes[m].gloo && !strcmp(modes[m].algo, "auto"))
+				auto_model(modes, nmodes, cells, &modes[m], s, &r);
 			print_row(&modes[m], o->sizes[s], &r);
 			other = GG_MAX(other, r.other_max);
 		}
