@@ -496,15 +496,11 @@ static int check_names(const char *list, const struct known_names *k, char *err,
 		for (size_t i = 0; i < k->count; i++)
 			if (strlen(k->names[i]) == n && !strncmp(k->names[i], p, n))
 				known = i;
-		if (known == k->count) {
-			char all[256];
-			size_t used = 0;
-			all[0] = '\0';
-			for (size_t i = 0; i < k->count && used < sizeof(all); i++)
-				used += (size_t)snprintf(all + used, sizeof(all) - used, "%s%s", i ? ":" : "", k->names[i]);
-			return fail(err, size, -EINVAL, "unknown %s '%.*s' (known: %s)", k->noun, (int)GG_MIN(n, 64u), p,
-				    all);
-		}
+		/* Only what may be chosen is offered: the names refused below
+		 * would only be refused next. */
+		if (known == k->count)
+			return fail(err, size, -EINVAL, "unknown %s '%.*s' (supported: %s)", k->noun, (int)GG_MIN(n, 64u),
+				    p, k->supported);
 		if (known >= k->accepted)
 			return fail(err, size, -EINVAL, "%s '%s' is not supported: %s (supported: %s)", k->noun,
 				    k->names[known], k->refused_why, k->supported);

@@ -281,9 +281,9 @@ static void test_loading(void)
 	CHECK(rename(path("a.pem.saved"), path("a.pem")) == 0 && rename(path("a.saved"), path("a.key")) == 0);
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 
-	expect_refused(-EINVAL, "unknown TLS 1.3 ciphersuite 'TLS_AES_256_GCM_SHA385' (known: TLS_AES_256_GCM_SHA384:"
-				"TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_CCM_SHA256:"
-				"TLS_AES_128_CCM_8_SHA256)", NULL, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA385");
+	expect_refused(-EINVAL, "unknown TLS 1.3 ciphersuite 'TLS_AES_256_GCM_SHA385' (supported: TLS_AES_256_GCM_SHA384:"
+				"TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256)", NULL,
+		       "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA385");
 	expect_refused(-EINVAL, "the TLS 1.3 ciphersuite list is empty", NULL, "");
 	CHECK_EQ_INT(try_context(NULL, "TLS_CHACHA20_POLY1305_SHA256", err, sizeof(err), NULL), 0);
 
@@ -534,8 +534,7 @@ static void test_groups(void)
 		       "milliseconds of CPU per handshake (supported: X25519:P-256:P-384:P-521:X448)");
 	o.groups = "X25519:secp256r1";
 	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), -EINVAL);
-	CHECK_STR(err, "unknown key-exchange group 'secp256r1' (known: X25519:P-256:P-384:P-521:X448:ffdhe2048:"
-		       "ffdhe3072:ffdhe4096:ffdhe6144:ffdhe8192)");
+	CHECK_STR(err, "unknown key-exchange group 'secp256r1' (supported: X25519:P-256:P-384:P-521:X448)");
 	o.groups = "";
 	CHECK_EQ_INT(gg_tls_context_new(&o, &ctx, err, sizeof(err)), -EINVAL);
 	CHECK_STR(err, "the key-exchange group list is empty");
