@@ -658,11 +658,12 @@ int gg_bench_gateway_main(int argc, char **argv)
 			status = 1;
 		}
 		if (o.json) {
-			printf("{\"sites\": %u, \"count\": %llu, \"steps\": %u, \"codec\": \"%s\", \"algorithm\": \"%s\", "
-			       "\"streams\": %d, \"threads\": %d, \"jobs\": %u, \"cipher\": \"%s\", \"step_ms_p50\": %.3f, "
-			       "\"payload_gbps\": %.3f, \"raw_gbps\": %.3f, \"tls_share\": %.3f, \"codec_share\": %.3f",
-			       o.sites, (unsigned long long)o.count, o.steps, o.codec, o.algo, o.streams, o.threads, o.jobs,
-			       o.cipher, p50,
+			printf("{\"sites\": %u, \"count\": %llu, \"steps\": %u, \"codec\": \"%s\", \"zstd_level\": %d, "
+			       "\"algorithm\": \"%s\", \"streams\": %d, \"threads\": %d, \"jobs\": %u, \"cipher\": \"%s\", "
+			       "\"step_ms_p50\": %.3f, \"payload_gbps\": %.3f, \"raw_gbps\": %.3f, \"tls_share\": %.3f, "
+			       "\"codec_share\": %.3f",
+			       o.sites, (unsigned long long)o.count, o.steps, o.codec, o.zstd_level, o.algo, o.streams, o.threads,
+			       o.jobs, o.cipher, p50,
 			       gbps, (double)raw * 8 / wall / 1e9, tls / (wall * o.sites), codec / (wall * o.sites));
 			if (base > 0)
 				printf(", \"transport_gbps\": %.3f, \"ratio_vs_transport\": %.3f", base, gbps / base);
