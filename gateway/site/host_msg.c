@@ -113,18 +113,22 @@ static struct hb_job *others_idlest(const struct gg_host_backend *b, const struc
 	return best;
 }
 
+/* Sessions all users other than root and the gateway's own may hold. */
+static unsigned others_share(const struct gg_host_backend *b)
+{
+	return GG_MAX(b->opts.max_clients * 3 / 4, 1u);
+}
+
 /* A user other than root and the gateway's own gets half of the sessions
  * (rounded down, at least one) and half of the jobs at most, and all such
  * users together three quarters of each (opts.user_shares): else refuses
- * c and returns false. Where all users' sessions are at their share,
- * their jobs idle for session_idle give their sessions up, the idlest
- * first (but `wanted`, the job c asks for), as they would for a slot.
- * new_job: c's HELLO would start a job. */
-static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job, const struct hb_job *wanted)
+ * c and returns false. Where all users' sessions are at their share, the
+ * sessions of their jobs idle for session_idle count as room (but those
+ * of `keep`, a job of c's user that c joins): make_others_room() frees
+ * them once c is accepted. new_job: c's HELLO would start a job. */
+static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new_job, const struct hb_job *keep)
 {
 	const unsigned max_clients = b->opts.max_clients, max_jobs = b->opts.max_jobs;
-	const unsigned all_sessions = GG_MAX(max_clients * 3 / 4, 1u);
-	struct hb_job *idle;
 
 	if (!b->opts.user_shares || c->uid == 0 || c->uid == geteuid())
 		return true;
@@ -132,13 +136,26 @@ static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new
 	if (!share_left(b, c, n.sessions, GG_MAX(max_clients / 2, 1u), false, false) ||
 	    (new_job && !share_left(b, c, n.jobs, max_jobs / 2, false, true)))
 		return false;
-	while (n.others_sessions >= all_sessions && (idle = others_idlest(b, wanted))) {
+	unsigned idle = 0;
+	for (const struct hb_job *j = b->jobs; j; j = j->next)
+		if (j != keep && j->uid != 0 && j->uid != geteuid() && hb_job_idle(b, j))
+			idle += j->connected;
+	return share_left(b, c, n.others_sessions - GG_MIN(idle, n.others_sessions), others_share(b), true, false) &&
+	       (!new_job || share_left(b, c, n.others_jobs, max_jobs * 3 / 4, true, true));
+}
+
+/* Once c is accepted: the idle jobs of users other than root and the
+ * gateway's own that user_share_ok() counted as room give their sessions
+ * up, the idlest first (but `keep`, the job c joins). */
+static void make_others_room(struct gg_host_backend *b, const struct hb_conn *c, const struct hb_job *keep)
+{
+	struct hb_job *idle;
+
+	if (!b->opts.user_shares || c->uid == 0 || c->uid == geteuid())
+		return;
+	while (count_users(b, c->uid).others_sessions >= others_share(b) && (idle = others_idlest(b, keep)))
 		hb_job_evict(b, idle, "a rank of another user needs a place within the share of users other than "
 			     "root and the gateway's own");
-		n = count_users(b, c->uid);
-	}
-	return share_left(b, c, n.others_sessions, all_sessions, true, false) &&
-	       (!new_job || share_left(b, c, n.others_jobs, max_jobs * 3 / 4, true, true));
 }
 
 static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
@@ -170,7 +187,7 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 	}
 	/* A user past its share takes no slot or name from anyone. */
 	struct hb_job *j = hb_job_find(b, h->job);
-	if (!user_share_ok(b, c, !j || j->uid != c->uid, j))
+	if (!user_share_ok(b, c, !j || j->uid != c->uid, j && j->uid == c->uid ? j : NULL))
 		return;
 	/* A HELLO that came on a spare slot needs a place first (an idle
 	 * job's if need be), once it is sound: a malformed one evicts nobody. */
@@ -214,6 +231,8 @@ static void on_hello(struct gg_host_backend *b, struct hb_conn *c)
 			       j->name);
 		return;
 	}
+	/* Sound and allowed: what user_share_ok() counted as room is made. */
+	make_others_room(b, c, j);
 	if (!j) {
 		j = calloc(1, sizeof(*j));
 		if (j) {

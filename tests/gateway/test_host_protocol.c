@@ -723,9 +723,10 @@ static bool open_as(uid_t uid, const char *endpoint, const char *job, int rank, 
  * max_clients 8), user daemon 2 more, and together they are refused the
  * seventh; root opens the last two. The same for the jobs (max_jobs 4):
  * nobody 2, daemon 1, daemon's second refused, root's fourth not. Then
- * the 6 sessions again, left idle for session_idle: user bin's session
- * takes the place of the job idle longest, nobody's, whose ranks are told
- * why, and all users' share holds. */
+ * 6 sessions of bin, nobody and daemon, left idle for session_idle: a
+ * HELLO of bin's that is refused takes nobody's place; one that is let in
+ * takes the place of daemon's job (nobody's ran a step meanwhile), whose
+ * rank is told why, and all users' share holds. */
 static int users_together_main(const char *endpoint)
 {
 	struct gg_session *s[12] = { 0 };
@@ -759,20 +760,31 @@ static int users_together_main(const char *endpoint)
 	for (unsigned i = 0; i < n; i++)
 		gg_session_close(s[i]);
 	n = 0;
+	ok = ok && open_as(2, endpoint, "bi", 0, 2, &s[n++], 0, NULL);
 	for (int r = 0; r < 4 && ok; r++)
 		ok = open_as(65534, endpoint, "ni", r, 4, &s[n++], 0, NULL);
-	for (int r = 0; r < 2 && ok; r++)
-		ok = open_as(1, endpoint, "di", r, 3, &s[n++], 0, NULL);
+	ok = ok && open_as(1, endpoint, "di", 0, 3, &s[n++], 0, NULL);
 	usleep(SHARES_IDLE_US + 500000);
-	ok = ok && open_as(2, endpoint, "bi", 0, 1, &s[n++], 0, NULL);
+	/* A HELLO refused for what it says takes no place: nobody's job
+	 * stays, and a step of it runs (to its deadline: its other ranks do
+	 * not come), which ends its idleness. */
+	ok = ok && open_as(2, endpoint, "bi", 0, 2, &s[n], GG_ERR_REFUSED, "rank 0 of job 'bi' is already connected");
 	(void)seteuid(0);
 	float x = 1;
 	struct gg_error err;
-	if (ok && (gg_allreduce(s[0], &x, 1, GG_DTYPE_F32, 1, 0, &err) != GG_ERR_CLOSED ||
-		   !strstr(err.message, "job 'ni' sent nothing for ") ||
+	if (ok && gg_allreduce(s[1], &x, 1, GG_DTYPE_F32, 1, 100, &err) != GG_ERR_TIMEOUT) {
+		fprintf(stderr, "nobody's idle rank after bin's refused HELLO: %s\n", err.message);
+		ok = false;
+	}
+	/* Bin's next rank is let in: daemon's job, idle longest of the
+	 * others', gives its place up, and its rank is told why. */
+	ok = ok && open_as(2, endpoint, "bi", 1, 2, &s[n++], 0, NULL);
+	(void)seteuid(0);
+	if (ok && (gg_allreduce(s[5], &x, 1, GG_DTYPE_F32, 1, 0, &err) != GG_ERR_CLOSED ||
+		   !strstr(err.message, "job 'di' sent nothing for ") ||
 		   !strstr(err.message, "a rank of another user needs a place within the share of users other than "
 					"root and the gateway's own: its sessions are closed"))) {
-		fprintf(stderr, "nobody's idle rank after bin came: %s\n", err.message);
+		fprintf(stderr, "daemon's idle rank after bin came: %s\n", err.message);
 		ok = false;
 	}
 	for (unsigned i = 0; i < n; i++)
