@@ -1066,6 +1066,27 @@ static void check_metrics(struct loader *ld, const struct gg_config *cfg, const 
 			 "a local agent scrape it), or set allow_remote = true in [metrics]", AT(ld, v->pos), listen);
 }
 
+/* Why someone other than root and the gateway's user could change a file
+ * that says whom the gateway trusts (the config, the CA, the CRL): it may
+ * write it, own it (gg_owner_refusal()) or put another in its place
+ * (gg_path_guarded()); as the rest of a sentence that starts with the
+ * file, in why. NULL when nobody else could. */
+static const char *trust_refusal(const char *path, const struct stat *st, char *why, size_t size)
+{
+	char inner[PATH_MAX + 256];
+
+	if (st->st_mode & 022)
+		gg_errf(why, size, 0, " may be written by group or others (mode %04o), who could so choose whom this "
+			"gateway trusts; run: chmod go-w '%s'", (unsigned)(st->st_mode & 07777), path);
+	else if (gg_owner_refusal(st->st_uid, path, inner, sizeof(inner)))
+		gg_errf(why, size, 0, " %s", inner);
+	else if (gg_path_guarded(path, GG_TRUST_PATH_CONSEQUENCE, inner, sizeof(inner)))
+		gg_errf(why, size, 0, ": %s", inner);
+	else
+		return NULL;
+	return why;
+}
+
 /* The certificate files must be readable now, not at the first handshake;
  * the key must not be accessible to anyone but its owner, nor the CA and
  * CRL files writable by anyone else, nor replaceable by anyone else
@@ -1086,7 +1107,7 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 
 	for (size_t i = 0; i < GG_ARRAY_LEN(files); i++) {
 		const char *path = files[i].path;
-		char why[PATH_MAX + 256];
+		char why[2 * PATH_MAX + 512];
 		struct stat st;
 		if (!path)
 			continue;
@@ -1111,17 +1132,11 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 			diag_blame(ld, files[i].setting, NULL,
 				   "[tls] key file '%s' is accessible by group or others (mode %04o); run: chmod 600 '%s'",
 				   path, (unsigned)(st.st_mode & 07777), path);
-		else if ((!strcmp(files[i].key, "ca") || !strcmp(files[i].key, "crl")) && (st.st_mode & 022))
-			/* Whoever may write it chooses whom the gateway trusts. */
-			diag_blame(ld, files[i].setting, NULL,
-				   "[tls] %s file '%s' may be written by group or others (mode %04o), who could so "
-				   "choose whom this gateway trusts; run: chmod go-w '%s'",
-				   files[i].key, path, (unsigned)(st.st_mode & 07777), path);
-		else if (strcmp(files[i].key, "cert") && gg_owner_refusal(st.st_uid, path, why, sizeof(why)))
-			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' %s", files[i].key, path, why);
 		else if ((!strcmp(files[i].key, "ca") || !strcmp(files[i].key, "crl")) &&
-			 gg_path_guarded(path, GG_TRUST_PATH_CONSEQUENCE, why, sizeof(why)))
-			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s': %s", files[i].key, path, why);
+			 trust_refusal(path, &st, why, sizeof(why)))
+			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s'%s", files[i].key, path, why);
+		else if (!strcmp(files[i].key, "key") && gg_owner_refusal(st.st_uid, path, why, sizeof(why)))
+			diag_blame(ld, files[i].setting, NULL, "[tls] key file '%s' %s", path, why);
 		close(fd);
 	}
 }
@@ -1236,21 +1251,13 @@ static bool own_descriptor(const char *path)
  * falls short, with the reason in diag. */
 static bool config_file_exposed(const char *path, struct gg_diag *diag)
 {
-	char why[PATH_MAX + 256];
+	char why[2 * PATH_MAX + 512];
 	struct stat st;
 
-	if (own_descriptor(path) || stat(path, &st) || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode)))
+	if (own_descriptor(path) || stat(path, &st) || !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode)) ||
+	    !trust_refusal(path, &st, why, sizeof(why)))
 		return false;
-	if (st.st_mode & 022)
-		gg_diag_add(diag, "%s: the config file may be written by group or others (mode %04o), who could so "
-			 "choose whom this gateway trusts; run: chmod go-w '%s'", path, (unsigned)(st.st_mode & 07777),
-			 path);
-	else if (gg_owner_refusal(st.st_uid, path, why, sizeof(why)))
-		gg_diag_add(diag, "%s: the config file %s", path, why);
-	else if (gg_path_guarded(path, GG_TRUST_PATH_CONSEQUENCE, why, sizeof(why)))
-		gg_diag_add(diag, "%s: the config file: %s", path, why);
-	else
-		return false;
+	gg_diag_add(diag, "%s: the config file%s", path, why);
 	return true;
 }
 

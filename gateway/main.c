@@ -86,11 +86,10 @@ static int check_configs(int count, char **paths)
 		}
 		if (!rc && cfg.metrics.listen) {
 			at = cfg.at.metrics_listen;
+			const char *why;
 			rc = gg_daemon_metrics_address(&cfg, &metrics, &metrics_len, err, sizeof(err));
-			if (!rc && (rc = gg_net_addr_is_local((struct sockaddr *)&metrics, metrics_len)))
-				snprintf(err, sizeof(err), "[metrics] listen %s: %s", cfg.metrics.listen,
-					 rc == -EADDRNOTAVAIL ? "no interface of this host has that address"
-							      : strerror(-rc));
+			if (!rc && (rc = gg_net_addr_is_local((struct sockaddr *)&metrics, metrics_len, &why)))
+				snprintf(err, sizeof(err), "[metrics] listen %s: %s", cfg.metrics.listen, why);
 		}
 		if (rc) {
 			report(paths[i], at, err);

@@ -1973,13 +1973,8 @@ static int check_listen(const struct gg_config *cfg, char *err, size_t err_size)
 
 	if (gg_net_addr_parse(cfg->site.listen, &ss, &len, &why))
 		return gg_errf(err, err_size, -EINVAL, "[site] listen \"%s\": %s", cfg->site.listen, why);
-	int rc = gg_net_addr_is_local((struct sockaddr *)&ss, len);
-	if (!rc)
-		return 0;
-	if (rc == -EADDRNOTAVAIL)
-		return gg_errf(err, err_size, rc, "[site] listen \"%s\": no interface of this host has that address",
-			       cfg->site.listen);
-	return gg_errf(err, err_size, rc, "[site] listen \"%s\": %s", cfg->site.listen, strerror(-rc));
+	int rc = gg_net_addr_is_local((struct sockaddr *)&ss, len, &why);
+	return rc ? gg_errf(err, err_size, rc, "[site] listen \"%s\": %s", cfg->site.listen, why) : 0;
 }
 
 int gg_node_check_host(const struct gg_config *cfg, struct gg_config_pos *at, char *err, size_t err_size)

@@ -42,8 +42,6 @@
 #ifndef GG_NODE_H
 #define GG_NODE_H
 
-#define GG_NODE_DEADLINE_GRACE_US 50000
-
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -52,6 +50,10 @@
 #include "mesh.h"
 #include "uring_loop.h"
 #include "wire.h"
+
+/* What a site whose ranks are all in adds to a step's deadline, with twice
+ * its longest round trip (see "Failure" above). */
+#define GG_NODE_DEADLINE_GRACE_US 50000
 
 /* Jobs a gateway runs at once: each keeps its place from its first step
  * until its ranks are gone. */

@@ -156,10 +156,11 @@ int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
 	return fd;
 }
 
-int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len)
+int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len, const char **why)
 {
 	struct sockaddr_storage ss;
 
+	*why = "not an IPv4 or IPv6 address";
 	if (len > sizeof(ss))
 		return -EINVAL;
 	memcpy(&ss, sa, len);
@@ -170,8 +171,10 @@ int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len)
 	else
 		return -EAFNOSUPPORT;
 	int fd = gg_net_listen((struct sockaddr *)&ss, len, 1);
-	if (fd < 0)
+	if (fd < 0) {
+		*why = fd == -EADDRNOTAVAIL ? "no interface of this host has that address" : strerror(-fd);
 		return fd;
+	}
 	close(fd);
 	return 0;
 }

@@ -46,9 +46,9 @@ GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int ba
 
 /* Whether this host could listen on the address: a listen on it with port
  * 0 tells, without the port, which a running gateway may hold. Returns 0,
- * -EADDRNOTAVAIL where no interface has the address, or the negative
- * errno of the failure. */
-GG_MUST_CHECK int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len);
+ * or a negative errno with `why` ("no interface of this host has that
+ * address" for -EADDRNOTAVAIL). */
+GG_MUST_CHECK int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len, const char **why);
 
 /* n distinct loopback TCP ports nobody listens on right now (the kernel's
  * picks for port 0), for tests and benchmarks that start gateways; another

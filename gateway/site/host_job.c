@@ -885,10 +885,10 @@ void hb_job_advance(struct gg_host_backend *b, struct hb_job *j)
 				ref_rank = r;
 			} else if (!same_tensor(ref, h)) {
 				hb_fail_step(b, j, GG_ERR_MISMATCH,
-					     "ranks of site %s disagree: rank %u announced tensor %u (%llu %s) but rank %u announced "
-					     "tensor %u (%llu %s)", b->site, ref_rank, ref->tensor_id, (unsigned long long)ref->count,
-					     gg_dtype_name(ref->dtype), r, h->tensor_id, (unsigned long long)h->count,
-					     gg_dtype_name(h->dtype));
+					     "ranks of site %s disagree: rank %u announced tensor %u (%llu %s) but rank "
+					     "%u announced tensor %u (%llu %s)", b->site, ref_rank, ref->tensor_id,
+					     (unsigned long long)ref->count, gg_dtype_name(ref->dtype), r, h->tensor_id,
+					     (unsigned long long)h->count, gg_dtype_name(h->dtype));
 				mismatch = true;
 				break;
 			}

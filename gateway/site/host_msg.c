@@ -72,26 +72,33 @@ static bool share_left(struct gg_host_backend *b, struct hb_conn *c, unsigned ha
 	return false;
 }
 
-/* Sessions and jobs of users other than root and the gateway's own: all
- * of theirs, and those of `uid`. */
+/* A user other than root and the gateway's own: one the shares hold. */
+static bool other_user(uid_t uid)
+{
+	return uid != 0 && uid != geteuid();
+}
+
+/* Sessions and jobs of other users (other_user()): all of theirs, those
+ * of them that jobs idle for session_idle hold (but `keep`'s), and those
+ * of `uid`. */
 struct user_counts {
-	unsigned others_sessions, sessions, others_jobs, jobs;
+	unsigned others_sessions, others_idle, sessions, others_jobs, jobs;
 };
 
-static struct user_counts count_users(const struct gg_host_backend *b, uid_t uid)
+static struct user_counts count_users(const struct gg_host_backend *b, uid_t uid, const struct hb_job *keep)
 {
-	const uid_t self = geteuid();
 	struct user_counts n = { 0 };
 
 	for (unsigned i = 0; i < hb_slots(b); i++) {
 		const struct hb_conn *o = &b->conns[i];
-		if (o->state == C_ACTIVE && o->uid != 0 && o->uid != self) {
+		if (o->state == C_ACTIVE && other_user(o->uid)) {
 			n.others_sessions++;
+			n.others_idle += o->job && o->job != keep && hb_job_idle(b, o->job);
 			n.sessions += o->uid == uid;
 		}
 	}
 	for (const struct hb_job *j = b->jobs; j; j = j->next) {
-		if (j->uid != 0 && j->uid != self) {
+		if (other_user(j->uid)) {
 			n.others_jobs++;
 			n.jobs += j->uid == uid;
 		}
@@ -99,21 +106,19 @@ static struct user_counts count_users(const struct gg_host_backend *b, uid_t uid
 	return n;
 }
 
-/* The job of a user other than root and the gateway's own idle longest,
- * but `keep`; or NULL. */
+/* The job of another user (other_user()) idle longest, but `keep`; or
+ * NULL. */
 static struct hb_job *others_idlest(const struct gg_host_backend *b, const struct hb_job *keep)
 {
-	const uid_t self = geteuid();
 	struct hb_job *best = NULL;
 
 	for (struct hb_job *j = b->jobs; j; j = j->next)
-		if (j != keep && j->uid != 0 && j->uid != self && hb_job_idle(b, j) &&
-		    (!best || j->active_us < best->active_us))
+		if (j != keep && other_user(j->uid) && hb_job_idle(b, j) && (!best || j->active_us < best->active_us))
 			best = j;
 	return best;
 }
 
-/* Sessions all users other than root and the gateway's own may hold. */
+/* Sessions all other users (other_user()) may hold together. */
 static unsigned others_share(const struct gg_host_backend *b)
 {
 	return GG_MAX(b->opts.max_clients * 3 / 4, 1u);
@@ -130,30 +135,25 @@ static bool user_share_ok(struct gg_host_backend *b, struct hb_conn *c, bool new
 {
 	const unsigned max_clients = b->opts.max_clients, max_jobs = b->opts.max_jobs;
 
-	if (!b->opts.user_shares || c->uid == 0 || c->uid == geteuid())
+	if (!b->opts.user_shares || !other_user(c->uid))
 		return true;
-	struct user_counts n = count_users(b, c->uid);
-	if (!share_left(b, c, n.sessions, GG_MAX(max_clients / 2, 1u), false, false) ||
-	    (new_job && !share_left(b, c, n.jobs, max_jobs / 2, false, true)))
-		return false;
-	unsigned idle = 0;
-	for (const struct hb_job *j = b->jobs; j; j = j->next)
-		if (j != keep && j->uid != 0 && j->uid != geteuid() && hb_job_idle(b, j))
-			idle += j->connected;
-	return share_left(b, c, n.others_sessions - GG_MIN(idle, n.others_sessions), others_share(b), true, false) &&
+	const struct user_counts n = count_users(b, c->uid, keep);
+	return share_left(b, c, n.sessions, GG_MAX(max_clients / 2, 1u), false, false) &&
+	       (!new_job || share_left(b, c, n.jobs, max_jobs / 2, false, true)) &&
+	       share_left(b, c, n.others_sessions - n.others_idle, others_share(b), true, false) &&
 	       (!new_job || share_left(b, c, n.others_jobs, max_jobs * 3 / 4, true, true));
 }
 
-/* Once c is accepted: the idle jobs of users other than root and the
- * gateway's own that user_share_ok() counted as room give their sessions
- * up, the idlest first (but `keep`, the job c joins). */
+/* Once c is accepted: the idle jobs of other users that user_share_ok()
+ * counted as room give their sessions up, the idlest first (but `keep`,
+ * the job c joins). */
 static void make_others_room(struct gg_host_backend *b, const struct hb_conn *c, const struct hb_job *keep)
 {
 	struct hb_job *idle;
 
-	if (!b->opts.user_shares || c->uid == 0 || c->uid == geteuid())
+	if (!b->opts.user_shares || !other_user(c->uid))
 		return;
-	while (count_users(b, c->uid).others_sessions >= others_share(b) && (idle = others_idlest(b, keep)))
+	while (count_users(b, c->uid, keep).others_sessions >= others_share(b) && (idle = others_idlest(b, keep)))
 		hb_job_evict(b, idle, "a rank of another user needs a place within the share of users other than "
 			     "root and the gateway's own");
 }
