@@ -3,8 +3,9 @@
  * same links in the same run.
  *
  * Every site is a network namespace joined to a hub namespace (a Linux
- * bridge) by one veth pair with a tbf rate limit on both ends, so each site
- * has an uplink and a downlink of --rate. Per mode the bench starts a
+ * bridge) through an edge of its own in the hub: a tbf rate limit on each
+ * direction, both past the site's own network stack, so each site has an
+ * uplink and a downlink of --rate. Per mode the bench starts a
  * gateway and R `gradgate-bench allreduce` ranks in each site's namespace
  * (or K*R ranks of bench/wan_gloo.py), and reads step times and CPU from
  * the ranks, encoded bytes from the gateways' `stopped` lines and link
@@ -25,6 +26,7 @@
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -96,6 +98,7 @@ struct wan_opts {
 	bool json, cleanup, no_gloo, prefix_given, copy;
 	const char *plot, *gloo_script, *python, *gradgate, *linkem, *make_certs;
 	char prefix[16];
+	char congestion[16]; /* the sites' TCP congestion control; empty: the host's */
 };
 
 struct mode {
@@ -165,6 +168,7 @@ static struct {
 	int step_timeout_s;
 	uint64_t tbf_burst;
 	char gloo_skip[320]; /* why gloo does not run; empty when it does */
+	char congestion[16]; /* the sites' TCP congestion control, as the run reports it */
 	double children_cpu_s; /* of every child reaped so far */
 	int gloo_runs;         /* each rendezvous on a port of its own */
 	struct cpu_trace trace;
@@ -277,6 +281,8 @@ static void usage(FILE *f)
 		"  --zstd-level LIST    zstd levels, 0 (off) to 19, each its own mode (default 0)\n"
 		"  --streams S          TLS streams per peer, 1-64 (default 4)\n"
 		"  --chunk SIZE         gateways' chunk size, 4KiB-64MiB (default 1MiB)\n"
+		"  --congestion NAME    TCP congestion control in every site, one of the kernel's\n"
+		"                       (net.ipv4.tcp_available_congestion_control; default: the host's)\n"
 		"  --steps T            timed steps, 1-%d (default 10)\n"
 		"  --warmup W           untimed steps before them, 0-1000 (default 2); gradgate's\n"
 		"                       first step is checked against a float64 sum\n"
@@ -374,6 +380,45 @@ static void wan_default_tools(struct wan_opts *o)
 	o->gloo_script = built ? GG_WAN_GLOO_SCRIPT : GG_WAN_INSTALLED_GLOO_SCRIPT;
 }
 
+#define CC_AVAILABLE "/proc/sys/net/ipv4/tcp_available_congestion_control"
+#define CC_CURRENT "/proc/sys/net/ipv4/tcp_congestion_control"
+
+/* The first line of a /proc file into buf, newline dropped; false when
+ * unreadable. */
+static bool proc_line(const char *path, char *buf, size_t size)
+{
+	FILE *f = fopen(path, "r");
+	bool ok = f && fgets(buf, (int)size, f);
+
+	if (f)
+		fclose(f);
+	if (ok)
+		buf[strcspn(buf, "\n")] = '\0';
+	return ok;
+}
+
+/* Whether `name` is a congestion control the kernel has (--congestion);
+ * says why not. */
+static bool congestion_known(const char *name)
+{
+	char list[512];
+
+	if (!*name || strlen(name) > 15 || strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(name)) {
+		say("--congestion wants a congestion control's name (1 to 15 of a-z 0-9 _), not '%s'", name);
+		return false;
+	}
+	if (!proc_line(CC_AVAILABLE, list, sizeof(list))) {
+		say("--congestion: cannot read %s: %s", CC_AVAILABLE, strerror(errno));
+		return false;
+	}
+	for (char *save = NULL, *t = strtok_r(list, " ", &save); t; t = strtok_r(NULL, " ", &save))
+		if (!strcmp(t, name))
+			return true;
+	proc_line(CC_AVAILABLE, list, sizeof(list));
+	say("--congestion: this kernel has no '%s' (it has: %s; modprobe tcp_%s may add it)", name, list, name);
+	return false;
+}
+
 static int parse_opts(int argc, char **argv, struct wan_opts *o)
 {
 	static const struct option lopts[] = {
@@ -389,7 +434,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		{ "gradgate", required_argument, NULL, 'D' },	{ "linkem", required_argument, NULL, 'L' },
 		{ "make-certs", required_argument, NULL, 'M' }, { "prefix", required_argument, NULL, 'p' },
 		{ "cleanup", no_argument, NULL, 'c' },		{ "max-other-cpu", required_argument, NULL, 'o' },
-		{ "copy", no_argument, NULL, 'Y' },
+		{ "copy", no_argument, NULL, 'Y' },		{ "congestion", required_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -472,6 +517,11 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		case 'C':
 			if (gg_bench_size("wan", "--chunk", optarg, 4u << 10, 64u << 20, sizeof(float), &o->chunk_bytes))
 				return WAN_USAGE;
+			break;
+		case 'T':
+			if (!congestion_known(optarg))
+				return WAN_USAGE;
+			snprintf(o->congestion, sizeof(o->congestion), "%s", optarg);
 			break;
 		case 'p':
 			if (strlen(optarg) < 1 || strlen(optarg) > 12 || optarg[0] < 'a' || optarg[0] > 'z' ||
@@ -919,6 +969,31 @@ static int wait_children(enum role role, const char *needle, double bound_s, str
 
 /* ---- topology ---- */
 
+/* Sets the TCP congestion control of network namespace `ns` to `name`:
+ * a child joins it and writes its /proc/sys/net, which follows the
+ * writer's namespace. */
+static int netns_congestion(const char *ns, const char *name)
+{
+	char path[64];
+	int status = 0;
+
+	snprintf(path, sizeof(path), "/run/netns/%s", ns);
+	pid_t pid = fork();
+	if (pid == 0) {
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || setns(fd, CLONE_NEWNET))
+			_exit(errno & 0x7f);
+		int f = open(CC_CURRENT, O_WRONLY | O_CLOEXEC);
+		_exit(f < 0 || write(f, name, strlen(name)) != (ssize_t)strlen(name) ? errno & 0x7f : 0);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+		say("cannot set the TCP congestion control of %s to %s: %s", ns, name,
+		    pid < 0 ? strerror(errno) : WIFEXITED(status) ? strerror(WEXITSTATUS(status)) : "the child died");
+		return -EIO;
+	}
+	return 0;
+}
+
 static int topology_up(void)
 {
 	const struct wan_opts *o = &W.o;
@@ -936,8 +1011,11 @@ static int topology_up(void)
 	    setup_cmd("bring the hub's bridge up", W.ip, "-n", W.hub, "link", "set", "br0", "up", NULL))
 		return -EIO;
 	for (int i = 0; i < o->sites; i++) {
-		char hub_end[16], addr[32];
+		char hub_end[16], edge[16], up[16], wan[16], addr[32];
 		snprintf(hub_end, sizeof(hub_end), "s%d", i);
+		snprintf(edge, sizeof(edge), "e%d", i);
+		snprintf(up, sizeof(up), "u%d", i);
+		snprintf(wan, sizeof(wan), "w%d", i);
 		snprintf(addr, sizeof(addr), "10.77.0.%d/24", i + 1);
 		if (setup_cmd("make a site's network namespace", W.ip, "netns", "add", W.site[i], NULL))
 			return -EIO;
@@ -945,12 +1023,22 @@ static int topology_up(void)
 		if (setup_cmd("bring up loopback in a site", W.ip, "-n", W.site[i], "link", "set", "lo", "up", NULL) ||
 		    setup_cmd("make a veth pair (CONFIG_VETH)", W.ip, "link", "add", WAN_IFACE, "netns", W.site[i], "type",
 			      "veth", "peer", "name", hub_end, "netns", W.hub, NULL) ||
-		    setup_cmd("attach a veth to the hub's bridge", W.ip, "-n", W.hub, "link", "set", hub_end, "master",
+		    (*o->congestion && netns_congestion(W.site[i], o->congestion)) ||
+		    setup_cmd("make a site's edge bridge in the hub", W.ip, "-n", W.hub, "link", "add", edge, "type",
+			      "bridge", NULL) ||
+		    setup_cmd("bring a site's edge bridge up", W.ip, "-n", W.hub, "link", "set", edge, "up", NULL) ||
+		    setup_cmd("make a site's uplink veth pair in the hub", W.ip, "-n", W.hub, "link", "add", up, "type",
+			      "veth", "peer", "name", wan, NULL) ||
+		    setup_cmd("attach a veth to a site's edge bridge", W.ip, "-n", W.hub, "link", "set", hub_end,
+			      "master", edge, "up", NULL) ||
+		    setup_cmd("attach a veth to a site's edge bridge", W.ip, "-n", W.hub, "link", "set", up, "master",
+			      edge, "up", NULL) ||
+		    setup_cmd("attach a veth to the hub's bridge", W.ip, "-n", W.hub, "link", "set", wan, "master",
 			      "br0", "up", NULL) ||
 		    setup_cmd("address a site", W.ip, "-n", W.site[i], "addr", "add", addr, "dev", WAN_IFACE, NULL) ||
 		    setup_cmd("bring a site's veth up", W.ip, "-n", W.site[i], "link", "set", WAN_IFACE, "up", NULL) ||
-		    setup_cmd("rate-limit a site's uplink with tbf (sch_tbf)", W.tc, "-n", W.site[i], "qdisc", "add",
-			      "dev", WAN_IFACE, "root", "tbf", "rate", rate, "burst", burst, "latency", latency, NULL) ||
+		    setup_cmd("rate-limit a site's uplink with tbf (sch_tbf)", W.tc, "-n", W.hub, "qdisc", "add", "dev",
+			      up, "root", "tbf", "rate", rate, "burst", burst, "latency", latency, NULL) ||
 		    setup_cmd("rate-limit a site's downlink with tbf (sch_tbf)", W.tc, "-n", W.hub, "qdisc", "add", "dev",
 			      hub_end, "root", "tbf", "rate", rate, "burst", burst, "latency", latency, NULL))
 			return -EIO;
@@ -1002,9 +1090,8 @@ static int snapshot(struct snapshot *sn)
 	for (int d = 0; d < 2 * W.o.sites; d++) {
 		char dev[16], out[2048];
 		int site = d % W.o.sites;
-		snprintf(dev, sizeof(dev), "s%d", site);
-		const char *argv[] = { W.tc, "-s", "-n", d < W.o.sites ? W.site[site] : W.hub, "qdisc", "show", "dev",
-				       d < W.o.sites ? WAN_IFACE : dev, NULL };
+		snprintf(dev, sizeof(dev), d < W.o.sites ? "u%d" : "s%d", site);
+		const char *argv[] = { W.tc, "-s", "-n", W.hub, "qdisc", "show", "dev", dev, NULL };
 		int rc = run_tool(argv, 10, out, sizeof(out));
 		const char *sent = strstr(out, " Sent ");
 		unsigned long long bytes, packets, drops;
@@ -1461,6 +1548,8 @@ static void print_header(void)
 	if (o->delay_ms > 0)
 		printf("delay: %g ms one way between gateways (linkem); it applies to gradgate only, gloo's traffic "
 		       "does not go through linkem\n", o->delay_ms);
+	printf("tcp: %s congestion control in every site (%s)\n", W.congestion,
+	       *o->congestion ? "--congestion" : "the host's; --congestion picks another");
 	if (*W.gloo_skip)
 		printf("gloo: skipped, %s\n", W.gloo_skip);
 	printf("link model: time = bytes on the busiest link / rate + latency\n"
@@ -1489,13 +1578,14 @@ static void print_row(const struct mode *m, uint64_t size, const struct row *r)
 	gg_format_size(size, sz, sizeof(sz));
 	if (W.o.json) {
 		printf("{\"mode\":\"%s\",\"system\":\"%s\",\"codec\":%s%s%s,\"algorithm\":\"%s\",\"zstd_level\":%d,"
-		       "\"size_bytes\":%llu,\"sites\":%d,\"ranks\":%d,\"rate_bps\":%.0f,\"delay_ms\":%g,\"steps\":%d,"
+		       "\"size_bytes\":%llu,\"sites\":%d,\"ranks\":%d,\"rate_bps\":%.0f,\"delay_ms\":%g,"
+		       "\"congestion\":\"%s\",\"steps\":%d,"
 		       "\"warmup\":%d,\"repeats\":%d,\"step_ms_p50\":%.3f,\"step_ms_p90\":%.3f,\"p50_ms_min\":%.3f,"
 		       "\"p50_ms_median\":%.3f,\"p50_ms_max\":%.3f,\"model_ms\":%.3f,\"ratio_model\":%.4f,",
 		       m->name, m->gloo ? "gloo" : "gradgate", m->gloo ? "" : "\"",
 		       m->gloo ? "null" : gg_codec_name(m->codec), m->gloo ? "" : "\"", m->gloo ? "ring" : m->algo,
 		       m->zstd, (unsigned long long)size, o->sites, o->ranks, o->rate_bps, m->gloo ? 0 : o->delay_ms,
-		       o->steps, o->warmup, o->repeat, r->p50, r->p90, r->p50_min, r->p50, r->p50_max, r->model_ms,
+		       W.congestion, o->steps, o->warmup, o->repeat, r->p50, r->p90, r->p50_min, r->p50, r->p50_max, r->model_ms,
 		       r->p50 / r->model_ms);
 		if (isnan(r->vs_gloo))
 			printf("\"ratio_gloo\":null,");
@@ -1793,6 +1883,11 @@ static int setup(void)
 	snprintf(W.hub, sizeof(W.hub), "%shub", o->prefix);
 	for (int i = 0; i < o->sites; i++)
 		snprintf(W.site[i], sizeof(W.site[i]), "%ss%d", o->prefix, i);
+	/* New namespaces start with the host's congestion control. */
+	if (*o->congestion)
+		snprintf(W.congestion, sizeof(W.congestion), "%s", o->congestion);
+	else if (!proc_line(CC_CURRENT, W.congestion, sizeof(W.congestion)))
+		snprintf(W.congestion, sizeof(W.congestion), "unknown");
 	int rc = topology_up();
 	if (rc)
 		return rc;

@@ -10,35 +10,9 @@ set -euo pipefail
 
 bench=${1:?usage: wan_bench_smoke.sh BENCH}
 prefix=ggs$$
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/wan_lib.sh"
 
-skip() {
-	echo "skipped: $*"
-	exit 77
-}
-fail() {
-	echo "FAIL: $*" >&2
-	"$bench" wan --cleanup --prefix "$prefix" >&2 || true
-	exit 1
-}
-
-[ "$(id -u)" = 0 ] || skip "gradgate-bench wan needs root"
-PATH=$PATH:/usr/sbin:/sbin
-command -v ip >/dev/null || skip "ip (iproute2) is not installed"
-ip netns add "${prefix}probe" 2>"$tmp/probe.err" || skip "cannot make a network namespace: $(cat "$tmp/probe.err")"
-ip netns delete "${prefix}probe"
-
-rc=0
-"$bench" wan --sites 2 --ranks 1 --sizes 64KiB --steps 2 --warmup 1 --repeat 1 --codecs fp32 \
-	--algorithms ring --prefix "$prefix" --json >"$tmp/out" 2>"$tmp/err" || rc=$?
-cat "$tmp/err"
-# 3: the machine cannot run it; past the probes above only a missing
-# kernel part is a reason to skip, anything else is a failure.
-if [ $rc = 3 ] && grep -Eq 'sch_tbf|CONFIG_BRIDGE|CONFIG_VETH' "$tmp/err"; then
-	skip "the kernel lacks a part gradgate-bench wan needs (see above)"
-fi
-[ $rc = 0 ] || fail "gradgate-bench wan exited $rc"
+wan_run --sites 2 --ranks 1 --sizes 64KiB --steps 2 --warmup 1 --repeat 1 --codecs fp32 --algorithms ring
 
 gloo=0
 if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
@@ -47,7 +21,7 @@ fi
 python3 - "$tmp/out" "$gloo" <<'PY' || fail "the JSON rows are not what they should be"
 import json, sys
 fields = ["mode", "system", "codec", "algorithm", "zstd_level", "size_bytes", "sites", "ranks", "rate_bps",
-          "delay_ms", "steps", "warmup", "repeats", "step_ms_p50", "step_ms_p90", "p50_ms_min", "p50_ms_median",
+          "delay_ms", "congestion", "steps", "warmup", "repeats", "step_ms_p50", "step_ms_p90", "p50_ms_min", "p50_ms_median",
           "p50_ms_max", "model_ms", "ratio_model", "ratio_gloo", "cpu_s_per_gb", "wire_bytes_per_step",
           "model_link_bytes_per_step", "link_bytes_per_step", "drops_per_step", "hedged_frames_per_step",
           "other_cpu_share_max"]
