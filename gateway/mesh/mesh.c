@@ -31,9 +31,13 @@
 /* A frame goes once more on a stream with nothing to write when its own
  * stream moves HEDGE_FACTOR times slower, and what it holds ahead of the
  * frame would take HEDGE_FACTOR times longer, and HEDGE_MIN_US longer,
- * than the copy (hedge()). */
+ * than the copy (hedge()); "moves" as measured over the last
+ * HEDGE_WATCH_RTTS round trips, and at least HEDGE_WATCH_MIN_US, while
+ * the other stream stood idle. */
 #define HEDGE_FACTOR 2
 #define HEDGE_MIN_US 20000
+#define HEDGE_WATCH_RTTS 4
+#define HEDGE_WATCH_MIN_US 20000
 #define TEARDOWN_US 1000000 /* gg_mesh_free() waits this long for the kernel */
 #define LISTENER_INDEX UINT32_MAX /* user_data index of the listener's cancel */
 #define RATE_WINDOW_US 1000000 /* delivery rate: over this much time with DATA in flight */
@@ -89,6 +93,10 @@ struct conn {
 	uint32_t lowat;             /* its TCP_NOTSENT_LOWAT; 0: GG_NET_NOTSENT_LOWAT_MIN, as set at start */
 	uint64_t bytes_acked;       /* tcpi_bytes_acked at the last look */
 	uint64_t rate;              /* bytes/s acked over a look's span, or half the last figure if more */
+	/* hedge(): tcpi_bytes_acked at watch_us, since when the stream's
+	 * delivery is watched while another stream to its peer idles; 0:
+	 * not watched. */
+	uint64_t watch_us, watch_acked;
 	uint64_t acked_us;          /* when bytes_acked was read */
 	bool carried;               /* DATA was written or read since the last look */
 	uint64_t sndbuf_limited_us; /* tcpi_sndbuf_limited then */
@@ -189,6 +197,7 @@ struct gg_mesh {
 	 * or starved): no stream is judged silent before stall_grace_us,
 	 * since nothing could be heard meanwhile. */
 	uint64_t tick_last_us, stall_grace_us;
+	uint64_t hedge_due_us; /* the first watch of hedge() that ends; 0: none */
 	unsigned flush_count; /* streams with flush_pending */
 	unsigned lane, lanes;
 	bool listen;
@@ -495,19 +504,63 @@ static int idle_stream(const struct gg_mesh *m, struct stream_unacked *u, unsign
 	return -1;
 }
 
+/* Whether a stream that delivers `rate` bytes/s (0: none) would take
+ * HEDGE_FACTOR times longer, and HEDGE_MIN_US longer, over the `ahead`
+ * bytes before a frame's end than a copy of `len` bytes at `fast` would
+ * take to reach peer `p`. */
+static bool too_slow(const struct gg_mesh *m, unsigned p, uint64_t rate, uint64_t fast, uint64_t ahead, uint64_t len)
+{
+	if (fast < HEDGE_FACTOR * rate)
+		return false;
+	return !rate || ahead * 1000000u / rate >=
+				HEDGE_FACTOR * (m->stats.rtt_min_us[p] + len * 1000000u / fast) + HEDGE_MIN_US;
+}
+
+/* The bytes/s stream `ci` to peer `p` delivered since its watch began,
+ * at an earlier call: true once the watch has lasted HEDGE_WATCH_RTTS
+ * round trips (at least HEDGE_WATCH_MIN_US), so that every frame the
+ * stream holds is judged by it. A first call, or one whose watch lasted
+ * twice that (the streams may have done other work since), begins a
+ * watch. */
+static bool watched_rate(struct gg_mesh *m, unsigned p, int ci, uint64_t *rate)
+{
+	struct conn *c = &m->conns[ci];
+	const uint64_t now = m->loop->now_us;
+	const uint64_t span = GG_MAX(HEDGE_WATCH_RTTS * m->stats.rtt_min_us[p], (uint64_t)HEDGE_WATCH_MIN_US);
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+
+	if (c->watch_us && now - c->watch_us < span) {
+		m->hedge_due_us = GG_MIN(m->hedge_due_us ? m->hedge_due_us : UINT64_MAX, c->watch_us + span);
+		return false;
+	}
+	memset(&ti, 0, sizeof(ti));
+	if (c->ts.fd < 0 || getsockopt(c->ts.fd, IPPROTO_TCP, TCP_INFO, &ti, &len))
+		return false;
+	if (!c->watch_us || now - c->watch_us >= 2 * span) {
+		c->watch_us = now ? now : 1;
+		c->watch_acked = ti.tcpi_bytes_acked;
+		m->hedge_due_us = GG_MIN(m->hedge_due_us ? m->hedge_due_us : UINT64_MAX, c->watch_us + span);
+		return false;
+	}
+	*rate = (ti.tcpi_bytes_acked - GG_MIN(c->watch_acked, ti.tcpi_bytes_acked)) * 1000000u / (now - c->watch_us);
+	return true;
+}
+
 /* Once `p` has no frame waiting (a step's last ones are on their way), a
  * frame whose stream is slow (its path, a loss) goes once more on a
- * stream idle on the wire that moved much faster lately (tune_stream()),
- * where it would arrive well before its own stream delivered what it
- * holds ahead of it: the bytes its socket holds unacknowledged
- * (SIOCOUTQ), its TLS records and the frame if unwritten. Streams alike
- * never hedge: where they share one bottleneck a copy would only take its
- * place. Streams that share one but moved unequally (TCP shares a queue
- * unevenly) seldom do: the copy waits until another stream has delivered
- * nearly all it held, and by then the slow one has had the bottleneck to
- * itself and holds too little to be worth a copy. The peer takes
- * whichever copy comes first and acknowledges both, so the step waits for
- * the faster stream. */
+ * stream idle on the wire that moved much faster (tune_stream()), where
+ * it would arrive well before its own stream delivered what it holds
+ * ahead of it: the bytes its socket holds unacknowledged (SIOCOUTQ), its
+ * TLS records and the frame if unwritten. Streams alike never hedge:
+ * where they share one bottleneck a copy would only take its place.
+ * Streams that share one but moved unequally (TCP shares a queue
+ * unevenly, and a loss can hold one back for a while) do not either: the
+ * slow one must stay slow over a watch of a few round trips while the
+ * other stands idle, and one that shares a bottleneck takes the idle
+ * one's share within that time (a look at its TCP state before and
+ * after, watched_rate()). The peer takes whichever copy comes first and
+ * acknowledges both, so the step waits for the faster stream. */
 static void hedge(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
@@ -532,9 +585,9 @@ static void hedge(struct gg_mesh *m, unsigned p)
 		if (queued <= 0)
 			continue;
 		const struct out *o = unwritten(c, k->frame);
-		uint64_t ahead = (uint64_t)queued + GG_TLS_RING_DEFAULT_BYTES + (o ? len - o->off : 0);
-		if (ahead * 1000000u / c->rate <
-		    HEDGE_FACTOR * (m->stats.rtt_min_us[p] + len * 1000000u / fast) + HEDGE_MIN_US)
+		uint64_t ahead = (uint64_t)queued + GG_TLS_RING_DEFAULT_BYTES + (o ? len - o->off : 0), rate;
+		if (!too_slow(m, p, c->rate, fast, ahead, len) || !watched_rate(m, p, k->conn, &rate) ||
+		    !too_slow(m, p, rate, fast, ahead, len))
 			continue;
 		struct out *copy = malloc(sizeof(*copy));
 		if (!copy)
@@ -1851,11 +1904,14 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 			c->ping_sent_us = 0; /* lost with a stream; probe again */
 		}
 	}
+	m->hedge_due_us = 0;
 	for (unsigned p = 0; p < m->sites; p++)
 		if (p != m->self) {
 			peer_busy(m, p);
 			hedge(m, p); /* at a step's end no ACK may come for a while */
 		}
+	if (m->hedge_due_us)
+		next = GG_MIN(next, m->hedge_due_us);
 	for (unsigned p = 0; p < m->sites && !m->shutting_down && !m->acceptor; p++) {
 		if (p == m->self || m->peers[p].dial == GG_DIAL_IN)
 			continue;
