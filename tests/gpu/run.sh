@@ -11,7 +11,10 @@
 # whatever else the 'gpu' test suite holds. Run it from anywhere on a
 # machine with a GPU; it builds only those tests and the programs they run
 # (in build-gpu/), prints each one's output and a summary, and exits
-# non-zero if any check failed, any was not built, or none ran.
+# non-zero if any check failed, any was not built, or none ran. On a
+# machine with a GPU a check that skips counts as failed too, but for the
+# NCCL smoke test with one GPU and the PyTorch tests where no PyTorch with
+# CUDA is found; the summary gives every skip's reason.
 #
 #   tests/gpu/run.sh [--debs DIR] [--logs DIR] [--budget SECONDS]
 #
@@ -133,8 +136,9 @@ for cand in /usr/bin/python3 python3; do
 		break
 	fi
 done
-nccl_dir= nccl_opt=
+nccl_dir= nccl_opt= torch_gpu=0
 if [ -n "$py" ]; then
+	"$py" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null && torch_gpu=1
 	say "PyTorch: $("$py" -c 'import torch
 gpu = torch.cuda.is_available()
 print(torch.__version__, "NCCL " + ".".join(map(str, torch.cuda.nccl.version())) if gpu else "(no GPU)")' 2>&1 |
@@ -191,14 +195,24 @@ rc=$?
 case $rc in 124 | 137) say "stopped at the budget of $budget s (set-up and build count too)" ;; esac
 "$dir/gateway/gradgate" --version 2>/dev/null | sed 's/^/run.sh: /'
 [ -n "$logs" ] && cp "$dir"/meson-logs/testlog.json "$dir"/meson-logs/testlog.txt "$logs"/ 2>/dev/null
-python3 - "$dir/meson-logs/testlog.json" "$expected" "${not_built[*]}" <<'PY'
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+python3 - "$dir/meson-logs/testlog.json" "$expected" "${not_built[*]}" "$gpus" "$torch_gpu" <<'PY'
 import json, os, re, sys
 path, expected, not_built = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+gpus, torch_gpu = int(sys.argv[4] or 0), sys.argv[5] == "1"
 res = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
 # "gradgate:gpu / codec-cuda" (meson 1.0) or "gpu - gradgate:codec-cuda" (later).
 short = lambda r: re.split(r" / |:", r["name"])[-1]
+# Where a GPU is, a check may skip only for want of a second GPU or of
+# PyTorch with CUDA; any other skip hides a check that did not run.
+def may_skip(name):
+    if not gpus:
+        return True
+    if name == "nccl-smoke":
+        return gpus < 2
+    return name.startswith(("gpu-torch", "gpu-train")) and not torch_gpu
 p = sum(r["result"] == "OK" for r in res)
-s = sum(r["result"] == "SKIP" for r in res)
+s = sum(r["result"] == "SKIP" and may_skip(short(r)) for r in res)
 f = len(res) - p - s
 for r in res:
     name = short(r)
@@ -219,7 +233,11 @@ for r in res:
         print("GPU mode (gpu-mode):")
         print("\n".join(l for l in r["stdout"].splitlines() if " time " in l or " ok: " in l))
 for r in res:
-    print(f"  {short(r):<20} {r['result']:<5} {r['duration']:7.1f}s")
+    why = ""
+    if r["result"] == "SKIP":
+        lines = [l for l in (r.get("stdout") or "").splitlines() if l.strip()]
+        why = (" " if may_skip(short(r)) else " counted as failed, on a GPU machine: ") + (lines[-1] if lines else "")
+    print(f"  {short(r):<20} {r['result']:<5} {r['duration']:7.1f}s{why}")
 ran = {short(r) for r in res}
 unrun = [t for t in expected if t not in ran and t not in not_built]
 for t in not_built:
