@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
@@ -37,14 +38,6 @@ static cudaError_t gg_launch(void (*kernel)(P...), unsigned blocks, unsigned thr
 
 #include "codec_kernels.cuh"
 
-/* __FILE__ as the build gives it, relative to the build folder. */
-static const char *source_path(const char *file)
-{
-	while (!strncmp(file, "../", 3))
-		file += 3;
-	return file;
-}
-
 int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size)
 {
 	int code = -EIO;
@@ -56,14 +49,39 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
 	else if (e == cudaErrorInvalidValue)
 		code = -EINVAL;
 	(void)cudaGetLastError();
-	return gg_errf(err, err_size, code, "%s:%d: %s: %s (%s)", source_path(file), line, what, cudaGetErrorString(e),
-		       cudaGetErrorName(e));
+	return gg_errf(err, err_size, code, "%s:%d: %s: %s (%s)", gg_source_path(file), line, what,
+		       cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+typedef CUresult (*error_name_fn)(CUresult error, const char **name);
+
+/* The driver's name for `result` (cuGetErrorName, through the runtime
+ * like every driver call of the gateway), or NULL. */
+static const char *driver_error_name(int result)
+{
+	cudaDriverEntryPointQueryResult found;
+	const char *name = NULL;
+	void *fn = NULL;
+
+#if CUDART_VERSION >= 12050
+	if (cudaGetDriverEntryPointByVersion("cuGetErrorName", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess)
+		fn = NULL;
+#else
+	if (cudaGetDriverEntryPoint("cuGetErrorName", &fn, cudaEnableDefault, &found) != cudaSuccess)
+		fn = NULL;
+#endif
+	(void)cudaGetLastError();
+	if (!fn || found != cudaDriverEntryPointSuccess || ((error_name_fn)fn)((CUresult)result, &name) != CUDA_SUCCESS)
+		return NULL;
+	return name;
 }
 
 int gg_cuda_driver_fail(int result, const char *what, const char *file, int line, char *err, size_t err_size)
 {
-	return gg_errf(err, err_size, -EIO, "%s:%d: %s: CUDA driver error %d (CUresult)", source_path(file), line, what,
-		       result);
+	const char *name = driver_error_name(result);
+
+	return gg_errf(err, err_size, -EIO, "%s:%d: %s: %s (CUDA driver error %d)", gg_source_path(file), line, what,
+		       name ? name : "unknown", result);
 }
 
 /* Checks the parameters and computes the encoded size of n elements. */

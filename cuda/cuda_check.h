@@ -20,7 +20,7 @@ extern "C" {
 int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size);
 
 /* The same for a driver API call's CUresult `result`: "file:line: what:
- * CUDA driver error N (CUresult)", -EIO. */
+ * CUDA_ERROR_NAME (CUDA driver error N)", -EIO. */
 int gg_cuda_driver_fail(int result, const char *what, const char *file, int line, char *err, size_t err_size);
 
 #define GG_CUDA_CHECK_AS(call, what, err, err_size)                                               \

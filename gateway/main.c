@@ -147,6 +147,14 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && !strcmp(argv[1], "status"))
 		return gg_status_main(argc - 1, argv + 1);
+#if HAVE_CUDA
+	/* Every kernel loaded when CUDA starts, not at its first launch: a
+	 * lazy load waits for the kernels running on the GPU, and one job's
+	 * NCCL reduce, waiting on a slow rank, would then hold up another
+	 * job's first codec kernel. Set before any thread starts or CUDA is
+	 * touched; an operator's own setting stays. */
+	setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+#endif
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'c':

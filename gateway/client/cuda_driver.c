@@ -46,6 +46,9 @@ struct cu_driver {
 static struct cu_driver drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
+/* "file:line" of a failed driver call, as the gateway's CUDA errors name it. */
+#define AT gg_source_path(__FILE__), __LINE__
+
 static const char *cu_name(cu_result r)
 {
 	const char *name = NULL;
@@ -87,7 +90,7 @@ static void drv_load(void)
 	}
 	cu_result r = drv.init(0);
 	if (r)
-		snprintf(drv.error, sizeof(drv.error), "cuInit failed: %s (CUDA error %d)", cu_name(r), r);
+		snprintf(drv.error, sizeof(drv.error), "%s:%d: cuInit failed: %s (CUDA error %d)", AT, cu_name(r), r);
 }
 
 
@@ -152,7 +155,7 @@ int gg_cudrv_locate(const void *ptr, struct gg_cudrv_alloc *out, char *err, size
 	if (!r)
 		r = ATTR(ctx, CU_ATTR_CONTEXT, ptr);
 	if (r) {
-		snprintf(err, err_size, "cuPointerGetAttribute on buf %p: %s", ptr, cu_name(r));
+		snprintf(err, err_size, "%s:%d: cuPointerGetAttribute on buf %p: %s", AT, ptr, cu_name(r));
 		return GG_ERR_SYSTEM;
 	}
 	*out = (struct gg_cudrv_alloc){ .base = base, .size = size, .buffer_id = id, .ctx = ctx };
@@ -171,14 +174,14 @@ static int in_context(const struct gg_cudrv_alloc *a, bool ipc, unsigned char *h
 	if ((rc = drv_ready(err, err_size)))
 		return rc;
 	if ((r = drv.ctx_push(a->ctx))) {
-		snprintf(err, err_size, "cuCtxPushCurrent (the buffer's context): %s", cu_name(r));
+		snprintf(err, err_size, "%s:%d: cuCtxPushCurrent (the buffer's context): %s", AT, cu_name(r));
 		return GG_ERR_SYSTEM;
 	}
 	r = ipc ? drv.ipc_get_mem_handle(handle, a->base) : drv.stream_synchronize(stream);
 	(void)drv.ctx_pop(&popped);
 	if (r) {
-		snprintf(err, err_size, "%s: %s", ipc ? "cuIpcGetMemHandle" : "cuStreamSynchronize (the caller's stream)",
-			 cu_name(r));
+		snprintf(err, err_size, "%s:%d: %s: %s", AT,
+			 ipc ? "cuIpcGetMemHandle" : "cuStreamSynchronize (the caller's stream)", cu_name(r));
 		return GG_ERR_SYSTEM;
 	}
 	return 0;
@@ -222,7 +225,7 @@ static int device_byte(const void *ptr, const char *which, int *device, char *er
 	if (!r)
 		r = ATTR(ordinal, CU_ATTR_DEVICE_ORDINAL, ptr);
 	if (r) {
-		snprintf(err, err_size, "cuPointerGetAttribute on %s: %s", which, cu_name(r));
+		snprintf(err, err_size, "%s:%d: cuPointerGetAttribute on %s: %s", AT, which, cu_name(r));
 		return GG_ERR_SYSTEM;
 	}
 	*device = ordinal;
@@ -269,7 +272,7 @@ int gg_cudrv_current_device(int *device, char *err, size_t err_size)
 		return 0;
 	}
 	if (r) {
-		snprintf(err, err_size, "cuCtxGetDevice: %s", cu_name(r));
+		snprintf(err, err_size, "%s:%d: cuCtxGetDevice: %s", AT, cu_name(r));
 		return GG_ERR_SYSTEM;
 	}
 	return 0;
@@ -288,7 +291,7 @@ int gg_cudrv_stream_wait(const void *ptr, void *stream, uint64_t deadline_ms, ch
 	if (ATTR(ctx, CU_ATTR_CONTEXT, ptr))
 		ctx = NULL;
 	if (ctx && (r = drv.ctx_push(ctx))) {
-		snprintf(err, err_size, "cuCtxPushCurrent (the tensor's context): %s", cu_name(r));
+		snprintf(err, err_size, "%s:%d: cuCtxPushCurrent (the tensor's context): %s", AT, cu_name(r));
 		return GG_ERR_SYSTEM;
 	}
 	for (unsigned looks = 0;; looks++) {
@@ -307,7 +310,7 @@ int gg_cudrv_stream_wait(const void *ptr, void *stream, uint64_t deadline_ms, ch
 		return GG_ERR_TIMEOUT;
 	}
 	if (r) {
-		snprintf(err, err_size, "cuStreamQuery (the caller's stream): %s", cu_name(r));
+		snprintf(err, err_size, "%s:%d: cuStreamQuery (the caller's stream): %s", AT, cu_name(r));
 		return GG_ERR_SYSTEM;
 	}
 	return 0;

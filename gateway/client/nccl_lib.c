@@ -108,16 +108,18 @@ int gg_nccl_version(void)
 	return !lib.error[0] && lib.get_version(&v) == ncclSuccess ? v : 0;
 }
 
-/* `what` failed with `r`: NCCL's name for it, and the last error NCCL
- * recorded for `comm` (NULL: for the thread), which says more. */
-static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, char *err, size_t err_size)
+/* `what`, called at file:line, failed with `r`: NCCL's name for it, and
+ * the last error NCCL recorded for `comm` (NULL: for the thread), which
+ * says more. */
+static int nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what, const char *file, int line, char *err,
+		     size_t err_size)
 {
 	const char *name = lib.get_error_string(r);
 	const char *last = lib.get_last_error(comm);
 	bool more = last && *last;
 
-	snprintf(err, err_size, "%s: %s (NCCL error %d%s%s)", what, name ? name : "unknown NCCL error", (int)r,
-		 more ? ": " : "", more ? last : "");
+	snprintf(err, err_size, "%s:%d: %s: %s (NCCL error %d%s%s)", gg_source_path(file), line, what,
+		 name ? name : "unknown NCCL error", (int)r, more ? ": " : "", more ? last : "");
 	return GG_ERR_SYSTEM;
 }
 
@@ -138,20 +140,20 @@ static void nap(unsigned looks)
  * non-blocking, the call may have returned ncclInProgress and go on in
  * NCCL's threads, and the communicator takes no other call until then.
  * `stop` (NULL: none), asked between looks, ends the wait with
- * GG_ERR_CLOSED. */
-static int settle(ncclComm_t comm, ncclResult_t r, const char *what, uint64_t deadline_ms,
-		  const struct gg_nccl_stop *stop, char *err, size_t err_size)
+ * GG_ERR_CLOSED. A failure names `what` and the file:line of settle(). */
+static int settle_at(ncclComm_t comm, ncclResult_t r, const char *what, const char *file, int line,
+		     uint64_t deadline_ms, const struct gg_nccl_stop *stop, char *err, size_t err_size)
 {
 	if (r != ncclSuccess && r != ncclInProgress)
-		return nccl_fail(r, comm, what, err, err_size);
+		return nccl_fail(r, comm, what, file, line, err, err_size);
 	for (unsigned looks = 0;; looks++) {
 		ncclResult_t state = ncclInProgress;
 		if ((r = lib.comm_get_async_error(comm, &state)) != ncclSuccess)
-			return nccl_fail(r, comm, "ncclCommGetAsyncError", err, err_size);
+			return nccl_fail(r, comm, "ncclCommGetAsyncError", __FILE__, __LINE__, err, err_size);
 		if (state == ncclSuccess)
 			return 0;
 		if (state != ncclInProgress)
-			return nccl_fail(state, comm, what, err, err_size);
+			return nccl_fail(state, comm, what, file, line, err, err_size);
 		if (gg_ctrl_now_ms() >= deadline_ms) {
 			snprintf(err, err_size, "%s was still in progress at its deadline", what);
 			return GG_ERR_TIMEOUT;
@@ -163,6 +165,8 @@ static int settle(ncclComm_t comm, ncclResult_t r, const char *what, uint64_t de
 		nap(looks);
 	}
 }
+#define settle(comm, r, what, deadline_ms, stop, err, err_size) \
+	settle_at(comm, r, what, __FILE__, __LINE__, deadline_ms, stop, err, err_size)
 
 int gg_nccl_join(void **comm, const unsigned char id[GG_NCCL_ID_SIZE], unsigned nranks, unsigned rank,
 		 uint64_t deadline_ms, const struct gg_nccl_stop *stop, char *err, size_t err_size)

@@ -32,21 +32,12 @@ struct comm {
 	unsigned root;
 };
 
-/* A source file's path as the build gave it, less the build folder's
- * "../" that makes it relative to the source tree. */
-static const char *source_path(const char *file)
-{
-	while (!strncmp(file, "../", 3))
-		file += 3;
-	return file;
-}
-
 static int nccl_fail(ncclResult_t r, ncclComm_t nc, const char *what, const char *file, int line, char *err,
 		     size_t err_size)
 {
 	const char *last = ncclGetLastError(nc);
 
-	snprintf(err, err_size, "%s:%d: %s: %s%s%s%s", source_path(file), line, what, ncclGetErrorString(r),
+	snprintf(err, err_size, "%s:%d: %s: %s%s%s%s", gg_source_path(file), line, what, ncclGetErrorString(r),
 		 last && *last ? " (" : "", last && *last ? last : "", last && *last ? ")" : "");
 	return r == ncclInvalidArgument || r == ncclInvalidUsage ? -EINVAL : -EIO;
 }
