@@ -281,8 +281,9 @@ static void usage(FILE *f)
 		"  --zstd-level LIST    zstd levels, 0 (off) to 19, each its own mode (default 0)\n"
 		"  --streams S          TLS streams per peer, 1-64 (default 4)\n"
 		"  --chunk SIZE         gateways' chunk size, 4KiB-64MiB (default 1MiB)\n"
-		"  --congestion NAME    TCP congestion control in every site, one of the kernel's\n"
-		"                       (net.ipv4.tcp_available_congestion_control; default: the host's)\n"
+		"  --congestion NAME    TCP congestion control in every site, one the kernel has and lets\n"
+		"                       namespaces take (net.ipv4.tcp_allowed_congestion_control;\n"
+		"                       default: the host's)\n"
 		"  --steps T            timed steps, 1-%d (default 10)\n"
 		"  --warmup W           untimed steps before them, 0-1000 (default 2); gradgate's\n"
 		"                       first step is checked against a float64 sum\n"
@@ -381,6 +382,7 @@ static void wan_default_tools(struct wan_opts *o)
 }
 
 #define CC_AVAILABLE "/proc/sys/net/ipv4/tcp_available_congestion_control"
+#define CC_ALLOWED "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 #define CC_CURRENT "/proc/sys/net/ipv4/tcp_congestion_control"
 
 /* The first line of a /proc file into buf, newline dropped; false when
@@ -397,26 +399,40 @@ static bool proc_line(const char *path, char *buf, size_t size)
 	return ok;
 }
 
-/* Whether `name` is a congestion control the kernel has (--congestion);
- * says why not. */
-static bool congestion_known(const char *name)
+/* Whether the space-separated list in /proc file `path` holds `name`;
+ * the list goes into list[size] (empty when unreadable). */
+static bool proc_list_has(const char *path, const char *name, char *list, size_t size)
+{
+	char copy[512];
+
+	if (!proc_line(path, list, size))
+		*list = '\0';
+	snprintf(copy, sizeof(copy), "%s", list);
+	for (char *save = NULL, *t = strtok_r(copy, " \t", &save); t; t = strtok_r(NULL, " \t", &save))
+		if (!strcmp(t, name))
+			return true;
+	return false;
+}
+
+/* Whether the sites' namespaces may use congestion control `name`: the
+ * kernel must have it, and a namespace other than the host's may only
+ * take one of net.ipv4.tcp_allowed_congestion_control. Says why not. */
+static bool congestion_usable(const char *name)
 {
 	char list[512];
 
-	if (!*name || strlen(name) > 15 || strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(name)) {
-		say("--congestion wants a congestion control's name (1 to 15 of a-z 0-9 _), not '%s'", name);
+	if (!proc_list_has(CC_AVAILABLE, name, list, sizeof(list))) {
+		say("--congestion: this kernel has no '%s' (it has: %s; modprobe tcp_%s may add it)", name,
+		    *list ? list : "?", name);
 		return false;
 	}
-	if (!proc_line(CC_AVAILABLE, list, sizeof(list))) {
-		say("--congestion: cannot read %s: %s", CC_AVAILABLE, strerror(errno));
+	if (!proc_list_has(CC_ALLOWED, name, list, sizeof(list))) {
+		say("--congestion: '%s' is not in net.ipv4.tcp_allowed_congestion_control (%s), the ones a network "
+		    "namespace may take; add it with sysctl -w net.ipv4.tcp_allowed_congestion_control=\"%s%s%s\"",
+		    name, list, list, *list ? " " : "", name);
 		return false;
 	}
-	for (char *save = NULL, *t = strtok_r(list, " ", &save); t; t = strtok_r(NULL, " ", &save))
-		if (!strcmp(t, name))
-			return true;
-	proc_line(CC_AVAILABLE, list, sizeof(list));
-	say("--congestion: this kernel has no '%s' (it has: %s; modprobe tcp_%s may add it)", name, list, name);
-	return false;
+	return true;
 }
 
 static int parse_opts(int argc, char **argv, struct wan_opts *o)
@@ -519,8 +535,12 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 				return WAN_USAGE;
 			break;
 		case 'T':
-			if (!congestion_known(optarg))
+			if (!*optarg || strlen(optarg) > 15 ||
+			    strspn(optarg, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(optarg)) {
+				say("--congestion wants a congestion control's name (1 to 15 of a-z 0-9 _), not '%s'",
+				    optarg);
 				return WAN_USAGE;
+			}
 			snprintf(o->congestion, sizeof(o->congestion), "%s", optarg);
 			break;
 		case 'p':
@@ -981,14 +1001,19 @@ static int netns_congestion(const char *ns, const char *name)
 	pid_t pid = fork();
 	if (pid == 0) {
 		int fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0 || setns(fd, CLONE_NEWNET))
-			_exit(errno & 0x7f);
-		int f = open(CC_CURRENT, O_WRONLY | O_CLOEXEC);
-		_exit(f < 0 || write(f, name, strlen(name)) != (ssize_t)strlen(name) ? errno & 0x7f : 0);
+		if (fd >= 0 && !setns(fd, CLONE_NEWNET)) {
+			int f = open(CC_CURRENT, O_WRONLY | O_CLOEXEC);
+			if (f >= 0 && write(f, name, strlen(name)) == (ssize_t)strlen(name))
+				_exit(0);
+		}
+		_exit(errno > 0 && errno < 125 ? errno : 125); /* its exit status: the errno */
 	}
-	if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+	pid_t got;
+	while ((got = pid < 0 ? -1 : waitpid(pid, &status, 0)) < 0 && errno == EINTR)
+		; /* the child takes microseconds: a signal is seen after it */
+	if (got != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
 		say("cannot set the TCP congestion control of %s to %s: %s", ns, name,
-		    pid < 0 ? strerror(errno) : WIFEXITED(status) ? strerror(WEXITSTATUS(status)) : "the child died");
+		    got != pid ? strerror(errno) : !WIFEXITED(status) ? "the child died" : strerror(WEXITSTATUS(status)));
 		return -EIO;
 	}
 	return 0;
@@ -1811,6 +1836,8 @@ static int preflight(void)
 		say("openssl is not installed; make-certs.sh needs it for the throwaway certificates");
 		return WAN_CANNOT;
 	}
+	if (*o->congestion && !congestion_usable(o->congestion))
+		return WAN_CANNOT;
 	if (o->plot && !find_tool("gnuplot", line, sizeof(line))) {
 		say("--plot needs gnuplot, which is not installed (Debian: gnuplot-nox)");
 		return WAN_CANNOT;

@@ -638,6 +638,9 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		pe->unacked = keep;
 		o->conn = ci;
 		conn_enqueue(m, ci, o);
+		/* A watch of the stream's delivery (hedge()) may hold time it
+		 * had nothing to send: it starts again with the new frame. */
+		m->conns[ci].watch_us = 0;
 		if (pe->unacked_bytes == bytes)
 			peer_busy(m, p); /* the first DATA in flight: the peer is busy from now */
 	}

@@ -309,7 +309,7 @@ static void test_join_error(void)
 	fill_input_f32(buf, 8, 1, 0);
 	nad_fail_next(NAD_INIT);
 	CHECK_EQ_INT(gg_allreduce_nccl(s0, buf, 8, GG_DTYPE_F32, 1, NULL, STEP_TIMEOUT_MS, &err), GG_ERR_SYSTEM);
-	CHECK_ERR(err, GG_ERR_SYSTEM, "joining the NCCL communicator of job 'cn-joinerr': gateway/client/nccl_lib.c:",
+	CHECK_ERR(err, GG_ERR_SYSTEM, "joining the NCCL communicator of job 'cn-joinerr': ", "gateway/client/nccl_lib.c:",
 		  ": ncclCommInitRankConfig: unhandled cuda error", "(NCCL error 1: injected failure)");
 	gg_session_close(s0);
 	harness_wait_connections(&h, 0);
@@ -317,7 +317,7 @@ static void test_join_error(void)
 	s0 = open_rank("cn-joinerr", 0, 1);
 	nad_fail_next(NAD_JOIN);
 	CHECK_EQ_INT(gg_allreduce_nccl(s0, buf, 8, GG_DTYPE_F32, 1, NULL, STEP_TIMEOUT_MS, &err), GG_ERR_SYSTEM);
-	CHECK_ERR(err, GG_ERR_SYSTEM, "joining the NCCL communicator of job 'cn-joinerr': gateway/client/nccl_lib.c:",
+	CHECK_ERR(err, GG_ERR_SYSTEM, "joining the NCCL communicator of job 'cn-joinerr': ", "gateway/client/nccl_lib.c:",
 		  ": ncclCommInitRankConfig: unhandled cuda error", "(NCCL error 1: injected failure)");
 	CHECK_EQ_INT(nad_live(), 0);
 	gg_session_close(s0);
@@ -356,7 +356,7 @@ static void test_enqueue_error(void)
 	uint64_t t0 = now_ms();
 	CHECK_EQ_INT(gg_allreduce_nccl(j.s[0], buf, 16, GG_DTYPE_F32, 3, &j.stream[0], STEP_TIMEOUT_MS, &err),
 		     GG_ERR_SYSTEM);
-	CHECK_ERR(err, GG_ERR_SYSTEM, "step 2 (tensor 3): gateway/client/nccl_lib.c:",
+	CHECK_ERR(err, GG_ERR_SYSTEM, "step 2 (tensor 3): ", "gateway/client/nccl_lib.c:",
 		  ": ncclReduce of the tensor to the gateway: unhandled cuda error", "(NCCL error 1: injected failure)");
 	caller_end(&c);
 	CHECK(c.rc != GG_OK);

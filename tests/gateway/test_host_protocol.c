@@ -1291,7 +1291,8 @@ static void test_cuda_call_refusals(void)
 	if (driver && rc == GG_ERR_SYSTEM) {
 		/* A driver without a GPU it can use (a container without one,
 		 * CUDA_VISIBLE_DEVICES=""): it says so by name. */
-		CHECK_ERR(err, GG_ERR_SYSTEM, "step 1 (tensor 3): gateway/client/cuda_driver.c:", ": cuInit failed: CUDA_ERROR_");
+		CHECK_ERR(err, GG_ERR_SYSTEM, "step 1 (tensor 3): ", "gateway/client/cuda_driver.c:",
+			  ": cuInit failed: CUDA_ERROR_");
 		dlclose(driver);
 	} else if (driver) {
 		CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): buf ");

@@ -13,8 +13,8 @@
 # (in build-gpu/), prints each one's output and a summary, and exits
 # non-zero if any check failed, any was not built, or none ran. On a
 # machine with a GPU a check that skips counts as failed too, but for the
-# NCCL smoke test with one GPU and the PyTorch tests where no PyTorch with
-# CUDA is found; the summary gives every skip's reason.
+# PyTorch tests where no PyTorch with CUDA is found; the summary gives
+# every skip's reason.
 #
 #   tests/gpu/run.sh [--debs DIR] [--logs DIR] [--budget SECONDS]
 #
@@ -203,13 +203,11 @@ gpus, torch_gpu = int(sys.argv[4] or 0), sys.argv[5] == "1"
 res = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
 # "gradgate:gpu / codec-cuda" (meson 1.0) or "gpu - gradgate:codec-cuda" (later).
 short = lambda r: re.split(r" / |:", r["name"])[-1]
-# Where a GPU is, a check may skip only for want of a second GPU or of
-# PyTorch with CUDA; any other skip hides a check that did not run.
+# Where a GPU is, a check may skip only for want of PyTorch with CUDA;
+# any other skip hides a check that did not run.
 def may_skip(name):
     if not gpus:
         return True
-    if name == "nccl-smoke":
-        return gpus < 2
     return name.startswith(("gpu-torch", "gpu-train")) and not torch_gpu
 p = sum(r["result"] == "OK" for r in res)
 s = sum(r["result"] == "SKIP" and may_skip(short(r)) for r in res)
