@@ -12,8 +12,9 @@ ctypes), with the semantics of include/gradgate.h:
 
 Arrays are C-contiguous, writeable float32 numpy arrays, or float32 /
 bfloat16 dense torch tensors (non-contiguous ones go through a contiguous
-copy; sparse tensors, views whose elements share memory and tensors that
-require grad are refused); tensor_id is an integer 0 to 2**32 - 1, and
+copy; sparse tensors, views whose elements share memory, tensors that
+require grad and tensors over memory the process may not write are
+refused); tensor_id is an integer 0 to 2**32 - 1, and
 timeout_ms, rank and nranks are integers too (floats are refused, never
 truncated);
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
@@ -338,6 +339,64 @@ def _overlaps(t):
     return torch.unique(offsets).numel() < t.numel()
 
 
+# ---- memory the process may write ------------------------------------------
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in for writing, or fail where a write would
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_madvise = None  # libc's madvise, False where the kernel lacks the advice
+
+
+def _populate_write():
+    """libc's madvise when the kernel takes MADV_POPULATE_WRITE (tried on
+    memory of our own), else False."""
+    global _madvise
+    if _madvise is None:
+        try:
+            f = ctypes.CDLL(None, use_errno=True).madvise
+            f.argtypes, f.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+            own = ctypes.create_string_buffer(2 * _PAGE)
+            page = -(-ctypes.addressof(own) // _PAGE) * _PAGE
+            _madvise = f if f(page, _PAGE, _MADV_POPULATE_WRITE) == 0 else False
+        except (OSError, AttributeError):
+            _madvise = False
+    return _madvise
+
+
+def _mapping_perms(address):
+    """The permissions ("rw-p", ...) of the mapping that holds address, as
+    /proc/self/maps gives them; None where none does."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, perms = line.split(None, 2)[:2]
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                if lo <= address < hi:
+                    return perms
+    except OSError:
+        return "?"  # cannot tell: let it through
+    return None
+
+
+def _check_writable(ptr, nbytes):
+    """Refuses a tensor whose memory the process may not write (a read-only
+    mapping, as torch.from_numpy of a read-only numpy.memmap gives), which
+    the result written in place would crash on: torch keeps no read-only
+    flag. Looks at the first and the last page, which a read-only mapping
+    covers whole; no more than two system calls."""
+    madvise = _populate_write()
+    if not madvise:
+        return
+    for address in {ptr, ptr + nbytes - 1}:
+        if madvise(address // _PAGE * _PAGE, _PAGE, _MADV_POPULATE_WRITE) == 0:
+            continue
+        perms = _mapping_perms(address)
+        if perms is None:
+            raise ValueError(f"the tensor's memory at {address:#x} is not mapped")
+        if "w" not in perms and perms != "?":
+            raise ValueError(f"the tensor's memory at {address:#x} is read-only ({perms} in /proc/self/maps): "
+                             "the result is written in place")
+
+
 class _Target:
     """The memory an all-reduce reads and writes for one array: the array
     itself when the library can use it in place, else a host copy that is
@@ -353,12 +412,16 @@ class _Target:
         else:
             raise TypeError(f"gradgate all-reduces numpy arrays and torch tensors, not {type(array).__name__}")
         if self.host is None:
-            _check_live(self.ptr, self.count * (4 if self.dtype == DTYPE_F32 else 2))
+            nbytes = self.count * (4 if self.dtype == DTYPE_F32 else 2)
+            _check_live(self.ptr, nbytes)
+            if _is_tensor(array):
+                _check_writable(self.ptr, nbytes)
         elif array.device.type == "cpu":
             # A view copied for the step is written back into its own
             # memory: every byte it spans (strides are never negative).
             span = sum((size - 1) * stride for size, stride in zip(array.shape, array.stride())) + 1
             _check_live(array.data_ptr(), span * array.element_size())
+            _check_writable(array.data_ptr(), span * array.element_size())
 
     def _numpy(self, a):
         import numpy as np
