@@ -93,12 +93,78 @@ static const char *line_end(const char *p, const char *end)
 	return NULL;
 }
 
+/* A field's value without the spaces and tabs around it: [*p, *end). */
+static void trim(const char **p, const char **end)
+{
+	while (*p < *end && (**p == ' ' || **p == '\t'))
+		(*p)++;
+	while (*end > *p && ((*end)[-1] == ' ' || (*end)[-1] == '\t'))
+		(*end)--;
+}
+
+/* A Host value: uri-host [ ":" port ] (RFC 9112, 3.2), by its characters:
+ * a reg-name's or IP literal's, and the port's digits. Empty is allowed. */
+static bool host_ok(const char *p, const char *end)
+{
+	trim(&p, &end);
+	for (; p < end; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      strchr("-._~!$&'()*+,;=%:[]", c)))
+			return false;
+	}
+	return true;
+}
+
+/* What the header fields say of a body, which this server never reads
+ * but must not misjudge (RFC 9112, 6.3). */
+struct framing {
+	bool length_seen, length_bad, te_seen, te_chunked_last;
+	unsigned long long length;
+};
+
+static void content_length(struct framing *f, const char *p, const char *end)
+{
+	unsigned long long v = 0;
+
+	trim(&p, &end);
+	if (p == end || end - p > 18)
+		f->length_bad = true;
+	for (; p < end && !f->length_bad; p++) {
+		if (*p < '0' || *p > '9')
+			f->length_bad = true;
+		else
+			v = v * 10 + (unsigned)(*p - '0');
+	}
+	if (f->length_seen && v != f->length)
+		f->length_bad = true; /* two lengths that differ */
+	f->length_seen = true;
+	f->length = v;
+}
+
+/* Transfer-Encoding: whether its last coding (of this field, which the
+ * later ones follow) is chunked. */
+static void transfer_encoding(struct framing *f, const char *p, const char *end)
+{
+	const char *last = p;
+
+	for (const char *q = p; q < end; q++)
+		if (*q == ',')
+			last = q + 1;
+	trim(&last, &end);
+	f->te_seen = true;
+	f->te_chunked_last = end - last == 7 && !strncasecmp(last, "chunked", 7);
+}
+
 int gg_http_check_request(const char *head, size_t len, const char *path, bool *head_only)
 {
 	const char *end = head + len, *p = head;
-	const char *eol = line_end(p, end);
 
 	*head_only = false;
+	/* Empty lines before the request line are passed over (RFC 9112, 2.2). */
+	while (end - p > 2 && p[0] == '\r' && p[1] == '\n')
+		p += 2;
+	const char *eol = line_end(p, end);
 	if (!eol)
 		return 400;
 	/* method SP request-target SP HTTP-version */
@@ -122,6 +188,7 @@ int gg_http_check_request(const char *head, size_t len, const char *path, bool *
 
 	/* Header fields, up to the empty line. */
 	unsigned hosts = 0;
+	struct framing body = { 0 };
 	for (p = eol + 2; p < end; p = eol + 2) {
 		if (!(eol = line_end(p, end)))
 			return 400;
@@ -130,13 +197,29 @@ int gg_http_check_request(const char *head, size_t len, const char *path, bool *
 		size_t nlen = token_len(p, eol);
 		if (!nlen || p[nlen] != ':' || !value_ok(p + nlen + 1, eol))
 			return 400; /* no name, whitespace before the colon, a folded line, a control character */
-		hosts += nlen == 4 && !strncasecmp(p, "host", 4);
+		const char *value = p + nlen + 1;
+		if (nlen == 4 && !strncasecmp(p, "host", 4)) {
+			hosts++;
+			if (!host_ok(value, eol))
+				return 400;
+		} else if (nlen == 14 && !strncasecmp(p, "content-length", 14)) {
+			content_length(&body, value, eol);
+		} else if (nlen == 17 && !strncasecmp(p, "transfer-encoding", 17)) {
+			transfer_encoding(&body, value, eol);
+		}
 	}
 	if (p >= end || eol + 2 != end)
 		return 400; /* the head must end exactly with its empty line */
 	if (hosts > 1 || (http11 && hosts == 0))
 		return 400;
+	/* A body whose length cannot be told: a bad or doubled length, or a
+	 * transfer coding that does not end in chunked, or both framings. */
+	if ((body.length_seen && (body.length_bad || body.te_seen)) || (body.te_seen && !body.te_chunked_last))
+		return 400;
 
+	/* asterisk-form is OPTIONS's alone, which this server does not do */
+	if (tend - target == 1 && *target == '*')
+		return mlen == 7 && !memcmp(method, "OPTIONS", 7) ? 405 : 400;
 	/* origin-form, or absolute-form (whose path is what counts) */
 	if (tend - target > 7 && !strncasecmp(target, "http://", 7)) {
 		const char *slash = memchr(target + 7, '/', (size_t)(tend - target - 7));
@@ -330,8 +413,13 @@ static bool bare_line_end(const char *in, size_t len, size_t from)
  * broken by a line end that is not CRLF. */
 static void on_request_bytes(struct gg_http_server *s, struct http_conn *c, size_t before)
 {
-	size_t from = before > 3 ? before - 3 : 0;
+	size_t from = before > 3 ? before - 3 : 0, lead = 0;
 	const char *blank = NULL;
+
+	/* Empty lines before the request line end no head. */
+	while (lead + 1 < c->in_len && c->in[lead] == '\r' && c->in[lead + 1] == '\n')
+		lead += 2;
+	from = from > lead ? from : lead;
 
 	for (size_t i = from; i + 4 <= c->in_len && !blank; i++)
 		if (!memcmp(c->in + i, "\r\n\r\n", 4))
@@ -354,6 +442,10 @@ static void on_recv(struct gg_http_server *s, struct http_conn *c, int res)
 	c->recv_busy = false;
 	switch (c->state) {
 	case H_READ:
+		if (res == 0 && c->in_len) {
+			respond(s, c, 400, starts_head(c)); /* cut short: the client ended its side */
+			return;
+		}
 		if (res <= 0) {
 			conn_close(s, c);
 			return;

@@ -59,6 +59,33 @@ static const struct {
 	{ " GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n", 400, false },
 	{ "\r\n\r\n", 400, false },
 	{ "GET /met\x01rics HTTP/1.1\r\nHost: a\r\n\r\n", 400, false },
+	/* Empty lines before the request line are passed over (RFC 9112, 2.2). */
+	{ "\r\nGET /metrics HTTP/1.1\r\nHost: a\r\n\r\n", 0, false },
+	{ "\r\n\r\n\r\nHEAD /metrics HTTP/1.1\r\nHost: a\r\n\r\n", 0, true },
+	/* asterisk-form: OPTIONS only, which is not served. */
+	{ "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", 405, false },
+	{ "OPTIONS /metrics HTTP/1.1\r\nHost: a\r\n\r\n", 405, false },
+	/* Host: uri-host [":" port], or empty. */
+	{ "GET /metrics HTTP/1.1\r\nHost: [::1]:9464\r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: gw-a.example:9464 \r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.1\r\nHost:\r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a b\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a@b\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a/b\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.0\r\nHost: a\"b\r\n\r\n", 400, false },
+	/* A body's length that cannot be told (RFC 9112, 6.3). */
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-length:5\r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 1234567890123456789\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400,
+	  false },
 };
 
 int main(void)

@@ -206,10 +206,12 @@ python3 - "${metrics_port[0]}" <<'PY' || fail "the endpoint answered a raw reque
 import socket, sys, time
 port = int(sys.argv[1])
 
-def ask(data, wait=10.0):
+def ask(data, wait=10.0, half_close=False):
     s = socket.create_connection(("127.0.0.1", port), timeout=wait)
     if data:
         s.sendall(data)
+    if half_close:
+        s.shutdown(socket.SHUT_WR)
     got = b""
     while True:
         try:
@@ -238,6 +240,11 @@ cases = [
     (b"GET /metrics HTTP/1.0\r\n\r\n", "200"),
     (b"GET http://x/metrics HTTP/1.1\r\nHost: x\r\n\r\n", "200"),
     (b"DELETE /metrics HTTP/1.1\r\nHost: a\r\n\r\n", "405"),
+    (b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", "405"),
+    (b"\r\n\r\nGET /metrics HTTP/1.1\r\nHost: a\r\n\r\n", "200"),       # empty lines first: passed over
+    (b"GET /metrics HTTP/1.1\r\nHost: a b\r\n\r\n", "400"),
+    (b"GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "400"),
+    (b"GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", "400"),
 ]
 bad = 0
 for req, want in cases:
@@ -245,6 +252,13 @@ for req, want in cases:
     if not line.startswith("HTTP/1.1 " + want):
         print(f"{req!r}: {line!r}, expected {want}")
         bad += 1
+# A request cut short by its client (which ends its side) is answered
+# 400 at once.
+t0 = time.monotonic()
+line = ask(b"GET /metrics HTTP/1.1\r\nHost: a\r\n", wait=5, half_close=True)
+if not line.startswith("HTTP/1.1 400") or time.monotonic() - t0 > 2:
+    print(f"a request cut short: {line!r} after {time.monotonic() - t0:.1f} s, expected 400 at once")
+    bad += 1
 # A request that never ends is answered 408 once the timeout passed.
 t0 = time.monotonic()
 line = ask(b"GET /metrics HTTP/1.1\r\nHost: a\r\n", wait=15)
@@ -270,7 +284,8 @@ if not line.startswith("HTTP/1.1 200"):
 sys.exit(1 if bad else 0)
 PY
 eq "a scrape after all that" "$(code "$base/metrics")" 200
-log "refused: other paths (404), POST (405), 9000-byte header (431), malformed (400), HTTP/2.0 (505), slow (408), a ninth connection (503)"
+log "refused: other paths (404), POST and OPTIONS (405), 9000-byte header (431), malformed, cut short or of" \
+	"untold body length (400), HTTP/2.0 (505), slow (408), a ninth connection (503)"
 
 # ---- the stopped lines say what the page said
 scrape 0 a2
