@@ -337,11 +337,17 @@ int gg_status_main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'f':
-			config = optarg;
+		case 'c': {
+			/* One gateway: the last of two would win unseen. */
+			const char **slot = c == 'f' ? &config : &control;
+			if (*slot) {
+				fprintf(stderr, "gradgate status: --%s is given twice ('%s', then '%s')\n",
+					c == 'f' ? "config" : "control", *slot, optarg);
+				return STATUS_USAGE;
+			}
+			*slot = optarg;
 			break;
-		case 'c':
-			control = optarg;
-			break;
+		}
 		case 'j':
 			json = true;
 			break;

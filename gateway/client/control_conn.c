@@ -138,8 +138,8 @@ int gg_ctrl_parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struc
 	if (strncmp(endpoint, "unix:", 5)) {
 		if (!strncmp(endpoint, "tcp:", 4))
 			return gg_ctrl_error(err, GG_ERR_INVALID,
-				       "endpoint '%.200s': host buffers need a unix: endpoint on the gateway's host "
-				       "(shared memory)", endpoint);
+				       "endpoint '%.200s': a gateway is reached by its unix: control socket, on its own "
+				       "host (its ranks share memory with it)", endpoint);
 		return gg_ctrl_error(err, GG_ERR_INVALID, "endpoint '%.200s' is not unix:/absolute/path", endpoint);
 	}
 	const char *path = endpoint + 5;

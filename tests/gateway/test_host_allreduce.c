@@ -368,7 +368,7 @@ static void test_arguments(void)
 	CHECK_EQ_INT(gg_session_open(h.endpoint, "job", 0, 0, &s, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "nranks 0");
 	CHECK_EQ_INT(gg_session_open("tcp:127.0.0.1:7000", "job", 0, 1, &s, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "host buffers need a unix: endpoint");
+	CHECK_ERR(err, GG_ERR_INVALID, "a gateway is reached by its unix: control socket, on its own host");
 	CHECK_EQ_INT(gg_session_open("unix:relative.sock", "job", 0, 1, &s, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "must be absolute");
 	snprintf(nowhere, sizeof(nowhere), "unix:%s/nobody.sock", h.dir);

@@ -23,6 +23,16 @@ rc=0
 rc=0
 "$GRADGATE" status >/dev/null 2>&1 || rc=$?
 [ "$rc" = 2 ] || fail "status without --config or --control exited $rc, expected 2"
+# One gateway at a time: a second --control would win unseen.
+rc=0
+"$GRADGATE" status --control "unix:$work/a.sock" --control "unix:$work/b.sock" >"$work/twice.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "status with --control twice exited $rc, expected 2"
+expect "$work/twice.out" "^gradgate status: --control is given twice \\('unix:$work/a.sock', then 'unix:$work/b.sock'\\)" \
+	"status with --control twice"
+rc=0
+"$GRADGATE" status --control tcp:127.0.0.1:1 >"$work/tcp.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "status with a tcp: endpoint exited $rc, expected 2"
+expect "$work/tcp.out" "a gateway is reached by its unix: control socket, on its own host" "status with a tcp: endpoint"
 log "no gateway: $(head -n1 "$work/none.out")"
 
 # ---- two gateways: a job done, a step failed, a job waiting
