@@ -235,8 +235,9 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  * Steps are numbered per session from 1 in call order; a call the library
  * refuses before anything is sent (GG_ERR_INVALID for its arguments,
  * GG_ERR_TOO_LARGE, GG_ERR_BUSY) uses no number, so the ranks stay in
- * step; a step the gateways refuse or fail has its number, at every rank
- * of the job. A failed step does not break
+ * step, and its message says so ("step 9 (tensor 3), not sent: ..."); a
+ * step the gateways refuse or fail has its number, at every rank of the
+ * job. A failed step does not break
  * the session unless the connection is lost (GG_ERR_CLOSED,
  * GG_ERR_PROTOCOL, or the timeout above) or the gateway ends the session
  * (it could not map a buffer: GG_ERR_NOMEM): later calls then return that

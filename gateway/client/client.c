@@ -639,9 +639,14 @@ static int shared_region_of(const struct gg_session *s, const void *buf, uint64_
  * takes in what the gateway sent, so a finished request frees its slot.
  * `name`: the buffer's, as the caller's documentation calls it. */
 static int request_check(struct gg_session *s, const void *buf, const char *name, size_t count,
-			 enum gg_dtype dtype, const char *step, struct gg_error *err)
+			 enum gg_dtype dtype, const char *next_step, struct gg_error *err)
 {
 	size_t esize = gg_dtype_size(dtype);
+	char step[96];
+
+	/* A call refused here takes no step number: the message says which
+	 * step it would have been, and that it was not sent. */
+	snprintf(step, sizeof(step), "%s, not sent", next_step);
 
 	if (!buf || !count)
 		return buf ? gg_ctrl_error(err, GG_ERR_INVALID, "%s: count is 0", step)

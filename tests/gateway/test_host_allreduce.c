@@ -167,7 +167,7 @@ static void async_rank(unsigned rank, void *arg)
 		CHECK_ERR(err, GG_ERR_AGAIN, "step 1 (tensor 100) still in progress after 30 ms");
 		float one = 1;
 		CHECK_EQ_INT(gg_allreduce_start(s, &one, 1, GG_DTYPE_F32, 999, 1000, &extra, &err), GG_ERR_BUSY);
-		CHECK_ERR(err, GG_ERR_BUSY, "step 9 (tensor 999)", "8 requests already in flight");
+		CHECK_ERR(err, GG_ERR_BUSY, "step 9 (tensor 999), not sent: 8 requests already in flight");
 		CHECK(extra == NULL);
 		pthread_barrier_wait(&async_barrier);
 	}
@@ -378,13 +378,13 @@ static void test_arguments(void)
 
 	CHECK_OK(gg_session_open(h.endpoint, "args", 0, 1, &s, &err), err);
 	CHECK_EQ_INT(gg_allreduce(s, x, 0, GG_DTYPE_F32, 1, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 1): count is 0");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 1), not sent: count is 0");
 	CHECK_EQ_INT(gg_allreduce(s, NULL, 4, GG_DTYPE_F32, 1, 0, &err), GG_ERR_INVALID);
 	CHECK_EQ_INT(gg_allreduce(s, x, 4, (enum gg_dtype)9, 1, 0, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "unknown dtype 9");
 	/* Larger than the gateway's max_message: refused here, nothing sent. */
 	CHECK_EQ_INT(gg_allreduce(s, x, (1u << 28) + 1, GG_DTYPE_F32, 2, 0, &err), GG_ERR_TOO_LARGE);
-	CHECK_ERR(err, GG_ERR_TOO_LARGE, "step 1 (tensor 2)", "268435457 float32 elements exceed the max_message",
+	CHECK_ERR(err, GG_ERR_TOO_LARGE, "step 1 (tensor 2), not sent: 268435457 float32 elements exceed the max_message",
 		  "site test-site");
 	CHECK_EQ_INT(gg_allreduce_start(s, x, 4, GG_DTYPE_F32, 3, 0, NULL, &err), GG_ERR_INVALID);
 	/* None of that used up a step or hurt the session. */

@@ -589,10 +589,10 @@ static void test_shutdown(void)
 	}
 	raw_expect_close(quiet, GG_CTRL_REFUSE, GG_ERR_CLOSED, "the gateway of site test-site is shutting down");
 	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 1, 0, &err), GG_ERR_CLOSED);
-	CHECK_ERR(err, GG_ERR_CLOSED, "step 1 (tensor 1): the gateway of site test-site is shutting down");
+	CHECK_ERR(err, GG_ERR_CLOSED, "step 1 (tensor 1), not sent: the gateway of site test-site is shutting down");
 	/* Step 2, or step 1 again when the first call had not sent it yet. */
 	CHECK_EQ_INT(gg_allreduce(s, &x, 1, GG_DTYPE_F32, 1, 0, &err), GG_ERR_CLOSED);
-	CHECK_ERR(err, GG_ERR_CLOSED, " (tensor 1): session failed earlier: the gateway of site test-site is "
+	CHECK_ERR(err, GG_ERR_CLOSED, " (tensor 1), not sent: session failed earlier: the gateway of site test-site is "
 		  "shutting down");
 	gg_session_close(s);
 }

@@ -1279,11 +1279,11 @@ static void test_cuda_call_refusals(void)
 	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce: session is NULL");
 	open_ok("cuda-calls", 0, 1, &s);
 	CHECK_EQ_INT(gg_allreduce_cuda(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): devbuf is NULL");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3), not sent: devbuf is NULL");
 	CHECK_EQ_INT(gg_allreduce_cuda(s, x, 0, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): count is 0");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3), not sent: count is 0");
 	CHECK_EQ_INT(gg_allreduce_cuda(s, x, 4, (enum gg_dtype)99, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): unknown dtype 99");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3), not sent: unknown dtype 99");
 	CHECK_EQ_INT(gg_allreduce_cuda(s, x, (size_t)1 << 40, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_TOO_LARGE);
 	/* Host memory: refused by the driver's word, or for want of one. */
 	int rc = gg_allreduce_cuda(s, x, 4, GG_DTYPE_F32, 3, NULL, 0, &err);
@@ -1306,7 +1306,7 @@ static void test_cuda_call_refusals(void)
 	CHECK_EQ_INT(gg_allreduce(s, x, 4, GG_DTYPE_F32, 3, 0, &err), 0);
 	CHECK(x[0] == 1 && x[3] == 4);
 	CHECK_EQ_INT(gg_allreduce_cuda(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 2 (tensor 3): devbuf is NULL");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 2 (tensor 3), not sent: devbuf is NULL");
 	gg_session_close(s);
 	harness_wait_connections(&h, 0);
 }
@@ -1323,9 +1323,9 @@ static void test_nccl_call_refusals(void)
 	CHECK_ERR(err, GG_ERR_INVALID, "gg_allreduce_nccl: session is NULL");
 	open_ok("nccl-calls", 0, 1, &s);
 	CHECK_EQ_INT(gg_allreduce_nccl(s, NULL, 4, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): devbuf is NULL");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3), not sent: devbuf is NULL");
 	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 0, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): count is 0");
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3), not sent: count is 0");
 	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 4, GG_DTYPE_BF16, 3, NULL, 0, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): NCCL steps take float32 only: NCCL would sum bfloat16 in "
 		  "bfloat16");
