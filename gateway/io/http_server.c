@@ -102,17 +102,45 @@ static void trim(const char **p, const char **end)
 		(*end)--;
 }
 
-/* A Host value: uri-host [ ":" port ] (RFC 9112, 3.2), by its characters:
- * a reg-name's or IP literal's, and the port's digits. Empty is allowed. */
+static bool hex_digit(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* A Host value: uri-host [ ":" port ] (RFC 9112, 3.2; RFC 3986, 3.2.2):
+ * an IP literal in brackets, or a reg-name (unreserved characters,
+ * sub-delims, %XX), then a colon and digits or nothing. Empty is allowed. */
 static bool host_ok(const char *p, const char *end)
 {
 	trim(&p, &end);
-	for (; p < end; p++) {
-		unsigned char c = (unsigned char)*p;
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-		      strchr("-._~!$&'()*+,;=%:[]", c)))
+	if (p < end && *p == '[') {
+		const char *close = memchr(p, ']', (size_t)(end - p));
+		if (!close || close == p + 1)
 			return false;
+		for (const char *q = p + 1; q < close; q++)
+			if (!hex_digit((unsigned char)*q) && !strchr(":.vV-_~!$&'()*+,;=", *q))
+				return false;
+		p = close + 1;
+	} else {
+		for (; p < end && *p != ':'; p++) {
+			unsigned char c = (unsigned char)*p;
+			if (c == '%') {
+				if (end - p < 3 || !hex_digit((unsigned char)p[1]) || !hex_digit((unsigned char)p[2]))
+					return false;
+				p += 2;
+			} else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+				     strchr("-._~!$&'()*+,;=", c))) {
+				return false;
+			}
+		}
 	}
+	if (p == end)
+		return true;
+	if (*p++ != ':')
+		return false;
+	for (; p < end; p++)
+		if (*p < '0' || *p > '9')
+			return false;
 	return true;
 }
 
@@ -142,18 +170,21 @@ static void content_length(struct framing *f, const char *p, const char *end)
 	f->length = v;
 }
 
-/* Transfer-Encoding: whether its last coding (of this field, which the
- * later ones follow) is chunked. */
+/* Transfer-Encoding: whether its last coding (of this field, which
+ * follows those of earlier ones) is chunked. Empty list elements, and
+ * fields with none, count for nothing (RFC 9110, 5.6.1). */
 static void transfer_encoding(struct framing *f, const char *p, const char *end)
 {
-	const char *last = p;
-
-	for (const char *q = p; q < end; q++)
-		if (*q == ',')
-			last = q + 1;
-	trim(&last, &end);
-	f->te_seen = true;
-	f->te_chunked_last = end - last == 7 && !strncasecmp(last, "chunked", 7);
+	while (p < end) {
+		const char *comma = memchr(p, ',', (size_t)(end - p));
+		const char *e = comma ? comma : end, *s = p;
+		trim(&s, &e);
+		if (s < e) {
+			f->te_seen = true;
+			f->te_chunked_last = e - s == 7 && !strncasecmp(s, "chunked", 7);
+		}
+		p = comma ? comma + 1 : end;
+	}
 }
 
 int gg_http_check_request(const char *head, size_t len, const char *path, bool *head_only)
@@ -217,9 +248,12 @@ int gg_http_check_request(const char *head, size_t len, const char *path, bool *
 	if ((body.length_seen && (body.length_bad || body.te_seen)) || (body.te_seen && !body.te_chunked_last))
 		return 400;
 
-	/* asterisk-form is OPTIONS's alone, which this server does not do */
+	/* asterisk-form is OPTIONS's alone, and authority-form CONNECT's:
+	 * methods this server does not do */
 	if (tend - target == 1 && *target == '*')
 		return mlen == 7 && !memcmp(method, "OPTIONS", 7) ? 405 : 400;
+	if (mlen == 7 && !memcmp(method, "CONNECT", 7))
+		return 405;
 	/* origin-form, or absolute-form (whose path is what counts) */
 	if (tend - target > 7 && !strncasecmp(target, "http://", 7)) {
 		const char *slash = memchr(target + 7, '/', (size_t)(tend - target - 7));
@@ -353,10 +387,22 @@ static const char *error_body(const struct gg_http_server *s, int status, char *
 }
 
 /* Answers and moves on to writing; status 200 makes the page. */
+/* Where the request so far starts, past empty lines before it. */
+static size_t request_start(const struct http_conn *c)
+{
+	size_t lead = 0;
+
+	while (lead + 1 < c->in_len && c->in[lead] == '\r' && c->in[lead + 1] == '\n')
+		lead += 2;
+	return lead;
+}
+
 /* The request so far names the method HEAD: its answer has no body. */
 static bool starts_head(const struct http_conn *c)
 {
-	return c->in_len >= 5 && !memcmp(c->in, "HEAD ", 5);
+	size_t lead = request_start(c);
+
+	return c->in_len - lead >= 5 && !memcmp(c->in + lead, "HEAD ", 5);
 }
 
 static void respond(struct gg_http_server *s, struct http_conn *c, int status, bool head_only)
@@ -413,13 +459,10 @@ static bool bare_line_end(const char *in, size_t len, size_t from)
  * broken by a line end that is not CRLF. */
 static void on_request_bytes(struct gg_http_server *s, struct http_conn *c, size_t before)
 {
-	size_t from = before > 3 ? before - 3 : 0, lead = 0;
+	size_t from = before > 3 ? before - 3 : 0, lead = request_start(c);
 	const char *blank = NULL;
 
-	/* Empty lines before the request line end no head. */
-	while (lead + 1 < c->in_len && c->in[lead] == '\r' && c->in[lead + 1] == '\n')
-		lead += 2;
-	from = from > lead ? from : lead;
+	from = from > lead ? from : lead; /* empty lines before the request line end no head */
 
 	for (size_t i = from; i + 4 <= c->in_len && !blank; i++)
 		if (!memcmp(c->in + i, "\r\n\r\n", 4))
@@ -442,7 +485,7 @@ static void on_recv(struct gg_http_server *s, struct http_conn *c, int res)
 	c->recv_busy = false;
 	switch (c->state) {
 	case H_READ:
-		if (res == 0 && c->in_len) {
+		if (res == 0 && c->in_len > request_start(c)) {
 			respond(s, c, 400, starts_head(c)); /* cut short: the client ended its side */
 			return;
 		}

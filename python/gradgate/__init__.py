@@ -382,7 +382,9 @@ def _check_writable(ptr, nbytes):
     mapping, as torch.from_numpy of a read-only numpy.memmap gives), which
     the result written in place would crash on: torch keeps no read-only
     flag. Looks at the first and the last page, which a read-only mapping
-    covers whole; no more than two system calls."""
+    of the whole tensor covers; two system calls, which fault those pages
+    in for writing (a file mapped shared counts them written, as the
+    all-reduce's result would)."""
     madvise = _populate_write()
     if not madvise:
         return
@@ -620,11 +622,11 @@ class Session:
     def allreduce(self, array, tensor_id, timeout_ms=0):
         """Sums `array` over every rank of every site, in place, and
         returns it. timeout_ms <= 0: the gateway's step_timeout."""
+        tensor_id, timeout_ms = _tensor_id(tensor_id), _timeout(timeout_ms)  # before the array's memory is probed
         t = _Target(array)
         err = _Error()
         with self._calling() as handle:
-            rc = _load().gg_allreduce(handle, t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
-                                      _timeout(timeout_ms), ctypes.byref(err))
+            rc = _load().gg_allreduce(handle, t.ptr, t.count, t.dtype, tensor_id, timeout_ms, ctypes.byref(err))
         _check(rc, err)
         t.finish()
         return array
@@ -681,12 +683,13 @@ class Session:
         """Starts the same all-reduce and returns a Request. The input is
         taken before this returns; `array` must stay alive and untouched
         until the request's wait() reports it finished."""
+        tensor_id, timeout_ms = _tensor_id(tensor_id), _timeout(timeout_ms)  # before the array's memory is probed
         t = _Target(array)
         err = _Error()
         req = ctypes.c_void_p()
         with self._calling() as handle:
-            rc = _load().gg_allreduce_start(handle, t.ptr, t.count, t.dtype, _tensor_id(tensor_id),
-                                            _timeout(timeout_ms), ctypes.byref(req), ctypes.byref(err))
+            rc = _load().gg_allreduce_start(handle, t.ptr, t.count, t.dtype, tensor_id, timeout_ms,
+                                            ctypes.byref(req), ctypes.byref(err))
         _check(rc, err)
         return Request(self, req, t)
 
