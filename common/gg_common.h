@@ -19,8 +19,9 @@ extern "C" { /* cuda/ includes this from C++ */
  * `code`, so error paths read: return gg_errf(err, size, -EINVAL, "...", ...). */
 GG_PRINTF(4, 5) int gg_errf(char *err, size_t err_size, int code, const char *fmt, ...);
 
-/* __FILE__ as the build gives it, relative to the build folder: the
- * file's path in the source tree, for messages that name file:line. */
+/* __FILE__ as the build gives it, relative to the build folder: for a
+ * build folder inside the source tree (build/, as quickstart.sh makes),
+ * the file's path in the source tree, for messages that name file:line. */
 static inline const char *gg_source_path(const char *file)
 {
 	while (file[0] == '.' && file[1] == '.' && file[2] == '/')

@@ -637,16 +637,12 @@ static int shared_region_of(const struct gg_session *s, const void *buf, uint64_
 
 /* What every all-reduce call checks before it uses a step number; it also
  * takes in what the gateway sent, so a finished request frees its slot.
- * `name`: the buffer's, as the caller's documentation calls it. */
+ * `name`: the buffer's, as the caller's documentation calls it; `step`:
+ * the label of a call not sent (step_labels()). */
 static int request_check(struct gg_session *s, const void *buf, const char *name, size_t count,
-			 enum gg_dtype dtype, const char *next_step, struct gg_error *err)
+			 enum gg_dtype dtype, const char *step, struct gg_error *err)
 {
 	size_t esize = gg_dtype_size(dtype);
-	char step[96];
-
-	/* A call refused here takes no step number: the message says which
-	 * step it would have been, and that it was not sent. */
-	snprintf(step, sizeof(step), "%s, not sent", next_step);
 
 	if (!buf || !count)
 		return buf ? gg_ctrl_error(err, GG_ERR_INVALID, "%s: count is 0", step)
@@ -668,6 +664,16 @@ static int request_check(struct gg_session *s, const void *buf, const char *name
 		return gg_ctrl_error(err, GG_ERR_BUSY, "%s: %u requests already in flight, as many as the gateway allows",
 			       step, s->inflight);
 	return 0;
+}
+
+/* The labels of a call's messages: `step` ("step 9 (tensor 3)") once the
+ * step is sent, `unsent` ("step 9 (tensor 3), not sent") for what fails
+ * before: such a call takes no step number (gradgate.h), and says so. */
+static void step_labels(const struct gg_session *s, uint32_t tensor_id, char *step, size_t step_size, char *unsent,
+			size_t unsent_size)
+{
+	snprintf(step, step_size, "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
+	snprintf(unsent, unsent_size, "%s, not sent", step);
 }
 
 /* The step's timeout as the gateway will apply it. */
@@ -730,7 +736,7 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 				    uint32_t tensor_id, int timeout_ms, struct gg_request **out,
 				    struct gg_error *err)
 {
-	char step[64];
+	char step[64], unsent[80];
 	size_t esize = gg_dtype_size(dtype);
 	int rc;
 
@@ -739,8 +745,8 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 	*out = NULL;
 	if (!s)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_start: session is NULL");
-	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
-	if ((rc = request_check(s, buf, "buf", count, dtype, step, err)))
+	step_labels(s, tensor_id, step, sizeof(step), unsent, sizeof(unsent));
+	if ((rc = request_check(s, buf, "buf", count, dtype, unsent, err)))
 		return rc;
 
 	uint64_t bytes = (uint64_t)count * esize;
@@ -751,14 +757,14 @@ GRADGATE_API int gg_allreduce_start(struct gg_session *s, void *buf, size_t coun
 
 	if (id == -2)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %llu bytes at %p run past the end of the shared buffer "
-			       "they start in", step, (unsigned long long)bytes, buf);
+			       "they start in", unsent, (unsigned long long)bytes, buf);
 	if (id >= 0) {
 		offset = (uint64_t)((unsigned char *)buf - s->regions[id].base);
 		if (offset % esize)
 			return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %p in a shared buffer is not aligned to the %zu-byte "
-				       "%s elements", step, buf, esize, gg_dtype_name(dtype));
+				       "%s elements", unsent, buf, esize, gg_dtype_name(dtype));
 	} else if (s->current < 0 || !region_fit(s, (unsigned)s->current, bytes, &offset)) {
-		if ((rc = region_grow(s, bytes, deadline, step, err)))
+		if ((rc = region_grow(s, bytes, deadline, unsent, err)))
 			return rc;
 		offset = 0;
 	}
@@ -818,7 +824,7 @@ static int device_region(struct gg_session *s, const struct gg_cudrv_alloc *a, u
 GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t count, enum gg_dtype dtype,
 				   uint32_t tensor_id, void *stream, int timeout_ms, struct gg_error *err)
 {
-	char step[64], why[200];
+	char step[64], unsent[80], why[200];
 	struct gg_cudrv_alloc a;
 	struct gg_request *r;
 	size_t esize = gg_dtype_size(dtype);
@@ -826,30 +832,30 @@ GRADGATE_API int gg_allreduce_cuda(struct gg_session *s, void *devbuf, size_t co
 
 	if (!s)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_cuda: session is NULL");
-	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
-	if ((rc = request_check(s, devbuf, "devbuf", count, dtype, step, err)))
+	step_labels(s, tensor_id, step, sizeof(step), unsent, sizeof(unsent));
+	if ((rc = request_check(s, devbuf, "devbuf", count, dtype, unsent, err)))
 		return rc;
 	if ((rc = gg_cudrv_locate(devbuf, &a, why, sizeof(why))))
-		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+		return gg_ctrl_error(err, rc, "%s: %s", unsent, why);
 
 	uint64_t bytes = (uint64_t)count * esize;
 	uint64_t offset = (uint64_t)(uintptr_t)devbuf - a.base;
 	if (offset % esize)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: device pointer %p is not aligned to the %zu-byte %s "
-			       "elements", step, devbuf, esize, gg_dtype_name(dtype));
+			       "elements", unsent, devbuf, esize, gg_dtype_name(dtype));
 	if (offset > a.size || bytes > a.size - offset)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: %llu bytes at %p run past the end of their CUDA "
-			       "allocation (%llu bytes from 0x%llx)", step, (unsigned long long)bytes, devbuf,
+			       "allocation (%llu bytes from 0x%llx)", unsent, (unsigned long long)bytes, devbuf,
 			       (unsigned long long)a.size, (unsigned long long)a.base);
 
 	uint64_t timeout = step_timeout_ms(s, timeout_ms);
-	int id = device_region(s, &a, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, step, err);
+	int id = device_region(s, &a, gg_ctrl_now_ms() + OPEN_TIMEOUT_MS, unsent, err);
 	if (id < 0)
 		return id;
 	/* The tensor is read once the caller's work on it is done; the step's
 	 * deadline runs from then on, as the gateway's does. */
 	if ((rc = gg_cudrv_sync(&a, stream, why, sizeof(why))))
-		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+		return gg_ctrl_error(err, rc, "%s: %s", unsent, why);
 	uint64_t deadline = gg_ctrl_now_ms() + timeout + s->answer_grace_ms + GRACE_MS;
 	if ((rc = request_send(s, devbuf, count, dtype, tensor_id, timeout, deadline, s->answer_grace_ms + GRACE_MS,
 			       (unsigned)id, offset, step, &r, err)))
@@ -952,59 +958,59 @@ static int nccl_join(struct gg_session *s, uint64_t timeout, uint64_t deadline, 
 GRADGATE_API int gg_allreduce_nccl(struct gg_session *s, void *devbuf, size_t count, enum gg_dtype dtype,
 				   uint32_t tensor_id, void *stream, int timeout_ms, struct gg_error *err)
 {
-	char step[64], why[GG_ERROR_MESSAGE_MAX];
+	char step[64], unsent[80], why[GG_ERROR_MESSAGE_MAX];
 	struct gg_request *r;
 	int device, current, rc;
 
 	if (!s)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "gg_allreduce_nccl: session is NULL");
-	snprintf(step, sizeof(step), "step %llu (tensor %u)", (unsigned long long)s->next_seq, tensor_id);
-	if ((rc = request_check(s, devbuf, "devbuf", count, dtype, step, err)))
+	step_labels(s, tensor_id, step, sizeof(step), unsent, sizeof(unsent));
+	if ((rc = request_check(s, devbuf, "devbuf", count, dtype, unsent, err)))
 		return rc;
 	/* NCCL sums in the element type: bfloat16 would round at every rank's
 	 * addition, where every other call sums in float32 and rounds once. */
 	if (dtype != GG_DTYPE_F32)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: NCCL steps take float32 only: NCCL would sum %s in %s, "
-			       "not in float32 as the other calls do (gg_allreduce_cuda takes it)", step,
+			       "not in float32 as the other calls do (gg_allreduce_cuda takes it)", unsent,
 			       gg_dtype_name(dtype), gg_dtype_name(dtype));
 	if (s->nccl_state == NCCL_ABORTED)
 		return gg_ctrl_error(err, s->nccl_code, "%s: the session's NCCL communicator was aborted (%s); "
-			       "close the session and open a new one", step, s->nccl_why);
+			       "close the session and open a new one", unsent, s->nccl_why);
 	if ((rc = gg_nccl_load(why, sizeof(why))))
-		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+		return gg_ctrl_error(err, rc, "%s: %s", unsent, why);
 	/* NCCL's kernels would fault on memory they cannot reach, and a fault
 	 * ends the process's CUDA context: what they would fault on is refused
 	 * here. */
 	if ((rc = gg_cudrv_device_of(devbuf, (uint64_t)count * sizeof(float), &device, why, sizeof(why))))
-		return gg_ctrl_error(err, rc, "%s: %s", step, why);
+		return gg_ctrl_error(err, rc, "%s: %s", unsent, why);
 	if (s->nccl_state == NCCL_UP && device != s->nccl_device)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: devbuf %p is memory of GPU %d, but the session's NCCL "
-			       "communicator is on GPU %d", step, devbuf, device, s->nccl_device);
+			       "communicator is on GPU %d", unsent, devbuf, device, s->nccl_device);
 	if (s->nccl_state == NCCL_NONE) {
 		if ((rc = gg_cudrv_current_device(&current, why, sizeof(why))))
-			return gg_ctrl_error(err, rc, "%s: %s", step, why);
+			return gg_ctrl_error(err, rc, "%s: %s", unsent, why);
 		/* NCCL joins on the current device; with none current, on the
 		 * runtime's first. */
 		if (current < 0 && device != 0)
 			return gg_ctrl_error(err, GG_ERR_INVALID, "%s: devbuf %p is memory of GPU %d, but the calling "
 				       "thread has no current CUDA device, and the rank would join the job's NCCL "
-				       "communicator on GPU 0: call cudaSetDevice(%d) first", step, devbuf, device,
+				       "communicator on GPU 0: call cudaSetDevice(%d) first", unsent, devbuf, device,
 				       device);
 		if (current >= 0 && current != device)
 			return gg_ctrl_error(err, GG_ERR_INVALID, "%s: devbuf %p is memory of GPU %d, but the calling "
 				       "thread's current CUDA device, on which the rank joins the job's NCCL "
-				       "communicator, is GPU %d", step, devbuf, device, current);
+				       "communicator, is GPU %d", unsent, devbuf, device, current);
 	}
 
 	uint64_t timeout = step_timeout_ms(s, timeout_ms);
-	if (s->nccl_state == NCCL_NONE && (rc = nccl_join(s, timeout, gg_ctrl_now_ms() + timeout, device, step, err)))
+	if (s->nccl_state == NCCL_NONE && (rc = nccl_join(s, timeout, gg_ctrl_now_ms() + timeout, device, unsent, err)))
 		return rc;
 	/* The stream's work before the step is done first, as for
 	 * gg_allreduce_cuda: then the gateway's reduce, which starts once
-	 * every rank announced the step, waits for the ranks' only as long as
+	 * every rank announced the unsent, waits for the ranks' only as long as
 	 * their enqueueing takes, not for their backward passes. */
 	if ((rc = gg_cudrv_stream_wait(devbuf, stream, gg_ctrl_now_ms() + timeout, why, sizeof(why))))
-		return gg_ctrl_error(err, rc, "%s: before the step: %s", step, why);
+		return gg_ctrl_error(err, rc, "%s: before the step: %s", unsent, why);
 
 	/* The step's deadline runs from its announcement, as the gateway's.
 	 * The gateway may take its grace twice: for the core's end, and then

@@ -555,9 +555,9 @@ static bool watched_rate(struct gg_mesh *m, unsigned p, int ci, uint64_t *rate)
  * TLS records and the frame if unwritten. Streams alike never hedge:
  * where they share one bottleneck a copy would only take its place.
  * Streams that share one but moved unequally (TCP shares a queue
- * unevenly, and a loss can hold one back for a while) do not either: the
- * slow one must stay slow over a watch of a few round trips while the
- * other stands idle, and one that shares a bottleneck takes the idle
+ * unevenly, and a loss can hold one back for a while) seldom do: the
+ * slow one must stay slow over a watch of a few round trips with the
+ * other idle, and one that shares a bottleneck mostly takes the idle
  * one's share within that time (a look at its TCP state before and
  * after, watched_rate()). The peer takes whichever copy comes first and
  * acknowledges both, so the step waits for the faster stream. */

@@ -251,7 +251,7 @@ static void test_join_timeout(void)
 	fcd_set_current(0);
 	caller_start(&c, s0, 300, NULL);
 	caller_end(&c);
-	CHECK_ERR(c.err, GG_ERR_TIMEOUT, "step 1 (tensor 3): the NCCL communicator of job 'cn-join' did not come up "
+	CHECK_ERR(c.err, GG_ERR_TIMEOUT, "step 1 (tensor 3), not sent: the NCCL communicator of job 'cn-join' did not come up "
 		  "within 300 ms: a rank of the job did not make its first gg_allreduce_nccl in time");
 	CHECK(c.ms >= 300 && c.ms < 2000);
 	CHECK_EQ_INT(nad_live(), 0); /* aborted */
@@ -288,7 +288,7 @@ static void test_partner_leaves_in_join(void)
 	wait_live(1);
 	gg_session_close(s1);
 	caller_end(&c);
-	CHECK_ERR(c.err, GG_ERR_RANK, "step 1 (tensor 3): gateway of site test-site: ", "rank 1 of job 'cn-leave'");
+	CHECK_ERR(c.err, GG_ERR_RANK, "step 1 (tensor 3), not sent: gateway of site test-site: ", "rank 1 of job 'cn-leave'");
 	CHECK(c.ms < 2000);
 	CHECK_EQ_INT(nad_live(), 0);
 	gg_session_close(s0);
@@ -422,7 +422,7 @@ static void test_stop_in_join(void)
 	harness_stop_begin(&h);
 	for (int r = 0; r < 2; r++) {
 		caller_end(&c[r]);
-		CHECK_ERR(c[r].err, GG_ERR_CLOSED, "step 1 (tensor 3): the gateway of site test-site is shutting down");
+		CHECK_ERR(c[r].err, GG_ERR_CLOSED, "step 1 (tensor 3), not sent: the gateway of site test-site is shutting down");
 		CHECK(c[r].ms < 2000);
 	}
 	CHECK_EQ_INT(nad_live(), 0);

@@ -1300,7 +1300,7 @@ static void test_cuda_call_refusals(void)
 		dlclose(driver);
 	} else {
 		CHECK_EQ_INT(rc, GG_ERR_SYSTEM);
-		CHECK_ERR(err, GG_ERR_SYSTEM, "step 1 (tensor 3): the CUDA driver cannot be loaded: ");
+		CHECK_ERR(err, GG_ERR_SYSTEM, "step 1 (tensor 3), not sent: the CUDA driver cannot be loaded: ");
 	}
 	/* None of that took a step: the next one is still step 1. */
 	CHECK_EQ_INT(gg_allreduce(s, x, 4, GG_DTYPE_F32, 3, 0, &err), 0);
@@ -1327,7 +1327,7 @@ static void test_nccl_call_refusals(void)
 	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 0, GG_DTYPE_F32, 3, NULL, 0, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3), not sent: count is 0");
 	CHECK_EQ_INT(gg_allreduce_nccl(s, x, 4, GG_DTYPE_BF16, 3, NULL, 0, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3): NCCL steps take float32 only: NCCL would sum bfloat16 in "
+	CHECK_ERR(err, GG_ERR_INVALID, "step 1 (tensor 3), not sent: NCCL steps take float32 only: NCCL would sum bfloat16 in "
 		  "bfloat16");
 	/* Host memory: refused as not device memory, or for want of NCCL or
 	 * of a CUDA driver that works. */
