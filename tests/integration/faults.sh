@@ -275,6 +275,10 @@ case_ranks_gone_first() {
 	start_job rg2 "${specs[@]}"
 	wait_job "$last" rg2 "$RANKS/$RANKS +0 +idle " "had all its ranks"
 	kill -KILL "${rank_pids[@]:$((last * RANKS)):RANKS}"
+	# Every killed rank's disconnect heard first (milliseconds): a rank of
+	# the new run that came between two of them would be refused, the
+	# failed job not yet gone, and its partner would wait alone.
+	job_gone "$last" rg2
 	restart_ranks rg2
 	ranks_wait
 	check_steps rg2
