@@ -53,25 +53,36 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
 		       cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-typedef CUresult (*error_name_fn)(CUresult error, const char **name);
-
-/* The driver's name for `result` (cuGetErrorName, through the runtime
- * like every driver call of the gateway), or NULL. */
-static const char *driver_error_name(int result)
+int gg_cuda_driver_symbol(const char *symbol, void **fn, char *err, size_t err_size)
 {
 	cudaDriverEntryPointQueryResult found;
-	const char *name = NULL;
-	void *fn = NULL;
 
+	*fn = NULL;
+	/* The call that names the API version came with CUDA 12.5, which
+	 * deprecated the other. */
 #if CUDART_VERSION >= 12050
-	if (cudaGetDriverEntryPointByVersion("cuGetErrorName", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess)
-		fn = NULL;
+	GG_CUDA_CHECK(cudaGetDriverEntryPointByVersion(symbol, fn, 12000, cudaEnableDefault, &found), err, err_size);
 #else
-	if (cudaGetDriverEntryPoint("cuGetErrorName", &fn, cudaEnableDefault, &found) != cudaSuccess)
-		fn = NULL;
+	GG_CUDA_CHECK(cudaGetDriverEntryPoint(symbol, fn, cudaEnableDefault, &found), err, err_size);
 #endif
-	(void)cudaGetLastError();
-	if (!fn || found != cudaDriverEntryPointSuccess || ((error_name_fn)fn)((CUresult)result, &name) != CUDA_SUCCESS)
+	if (found != cudaDriverEntryPointSuccess || !*fn) {
+		*fn = NULL;
+		return gg_errf(err, err_size, -EIO, "the CUDA driver has no %s (entry point query result %d)", symbol,
+			       (int)found);
+	}
+	return 0;
+}
+
+typedef CUresult (*error_name_fn)(CUresult error, const char **name);
+
+/* The driver's name for `result` (cuGetErrorName), or NULL. */
+static const char *driver_error_name(int result)
+{
+	const char *name = NULL;
+	void *fn;
+
+	if (gg_cuda_driver_symbol("cuGetErrorName", &fn, NULL, 0) ||
+	    ((error_name_fn)fn)((CUresult)result, &name) != CUDA_SUCCESS)
 		return NULL;
 	return name;
 }

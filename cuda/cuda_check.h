@@ -23,6 +23,11 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
  * CUDA_ERROR_NAME (CUDA driver error N)", -EIO. */
 int gg_cuda_driver_fail(int result, const char *what, const char *file, int line, char *err, size_t err_size);
 
+/* A CUDA driver entry point, looked up through the runtime, so that the
+ * gateway needs no driver library to link or start: 0 with *fn set, or
+ * an error naming the symbol (*fn NULL). */
+int gg_cuda_driver_symbol(const char *symbol, void **fn, char *err, size_t err_size);
+
 #define GG_CUDA_CHECK_AS(call, what, err, err_size)                                               \
 	do {                                                                                       \
 		cudaError_t gg_e_ = (call);                                                        \

@@ -90,25 +90,13 @@ typedef CUresult (*address_range_fn)(CUdeviceptr *base, size_t *size, CUdevicept
 static int allocation_size(void *dev, size_t *size, char *err, size_t err_size)
 {
 	static address_range_fn range;
-	cudaDriverEntryPointQueryResult found;
 	CUdeviceptr base = 0;
 
 	if (!range) {
-		void *fn = NULL;
-		/* The call that names the API version came with CUDA 12.5, which
-		 * deprecated the other. */
-#if CUDART_VERSION >= 12050
-		GG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-							       &found),
-			      err, err_size);
-#else
-		GG_CUDA_CHECK(cudaGetDriverEntryPoint("cuMemGetAddressRange", &fn, cudaEnableDefault, &found), err,
-			      err_size);
-#endif
-		if (found != cudaDriverEntryPointSuccess || !fn)
-			return gg_errf(err, err_size, -EIO,
-				       "the CUDA driver has no cuMemGetAddressRange (entry point query result %d)",
-				       (int)found);
+		void *fn;
+		int rc = gg_cuda_driver_symbol("cuMemGetAddressRange", &fn, err, err_size);
+		if (rc)
+			return rc;
 		range = (address_range_fn)fn;
 	}
 	CUresult r = range(&base, size, (CUdeviceptr)dev);

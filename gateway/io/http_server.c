@@ -93,6 +93,15 @@ static const char *line_end(const char *p, const char *end)
 	return NULL;
 }
 
+/* Past the empty lines (CRLF) at p, which RFC 9112 (2.2) has a server pass
+ * over before a request line. */
+static const char *past_empty_lines(const char *p, const char *end)
+{
+	while (end - p >= 2 && p[0] == '\r' && p[1] == '\n')
+		p += 2;
+	return p;
+}
+
 /* A field's value without the spaces and tabs around it: [*p, *end). */
 static void trim(const char **p, const char **end)
 {
@@ -189,12 +198,9 @@ static void transfer_encoding(struct framing *f, const char *p, const char *end)
 
 int gg_http_check_request(const char *head, size_t len, const char *path, bool *head_only)
 {
-	const char *end = head + len, *p = head;
+	const char *end = head + len, *p = past_empty_lines(head, end);
 
 	*head_only = false;
-	/* Empty lines before the request line are passed over (RFC 9112, 2.2). */
-	while (end - p > 2 && p[0] == '\r' && p[1] == '\n')
-		p += 2;
 	const char *eol = line_end(p, end);
 	if (!eol)
 		return 400;
@@ -390,11 +396,7 @@ static const char *error_body(const struct gg_http_server *s, int status, char *
 /* Where the request so far starts, past empty lines before it. */
 static size_t request_start(const struct http_conn *c)
 {
-	size_t lead = 0;
-
-	while (lead + 1 < c->in_len && c->in[lead] == '\r' && c->in[lead + 1] == '\n')
-		lead += 2;
-	return lead;
+	return (size_t)(past_empty_lines(c->in, c->in + c->in_len) - c->in);
 }
 
 /* The request so far names the method HEAD: its answer has no body. */

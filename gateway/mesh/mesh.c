@@ -522,6 +522,11 @@ static bool too_slow(const struct gg_mesh *m, unsigned p, uint64_t rate, uint64_
  * stream holds is judged by it. A first call, or one whose watch lasted
  * twice that (the streams may have done other work since), begins a
  * watch. */
+static void hedge_due(struct gg_mesh *m, uint64_t at)
+{
+	m->hedge_due_us = m->hedge_due_us ? GG_MIN(m->hedge_due_us, at) : at;
+}
+
 static bool watched_rate(struct gg_mesh *m, unsigned p, int ci, uint64_t *rate)
 {
 	struct conn *c = &m->conns[ci];
@@ -531,7 +536,7 @@ static bool watched_rate(struct gg_mesh *m, unsigned p, int ci, uint64_t *rate)
 	socklen_t len = sizeof(ti);
 
 	if (c->watch_us && now - c->watch_us < span) {
-		m->hedge_due_us = GG_MIN(m->hedge_due_us ? m->hedge_due_us : UINT64_MAX, c->watch_us + span);
+		hedge_due(m, c->watch_us + span);
 		return false;
 	}
 	memset(&ti, 0, sizeof(ti));
@@ -540,7 +545,7 @@ static bool watched_rate(struct gg_mesh *m, unsigned p, int ci, uint64_t *rate)
 	if (!c->watch_us || now - c->watch_us >= 2 * span) {
 		c->watch_us = now ? now : 1;
 		c->watch_acked = ti.tcpi_bytes_acked;
-		m->hedge_due_us = GG_MIN(m->hedge_due_us ? m->hedge_due_us : UINT64_MAX, c->watch_us + span);
+		hedge_due(m, c->watch_us + span);
 		return false;
 	}
 	*rate = (ti.tcpi_bytes_acked - GG_MIN(c->watch_acked, ti.tcpi_bytes_acked)) * 1000000u / (now - c->watch_us);
