@@ -9,6 +9,9 @@ gradgate out, for examples and for tests.
 Each site gets a certificate from a throwaway CA (make-certs.sh), a config
 in a temporary folder, and a `gradgate --config` process; start() returns
 once every gateway logged mesh_up, and stop() ends them with SIGTERM.
+Gateways do not outlive the process that started them: should it end
+without stop() (killed, or exiting without it), a watcher process ends
+them the same way and removes the folder unless keep=True.
 
 The gateway binary: the `gradgate` argument, else $GRADGATE, else the
 source tree's build/gateway/gradgate when this package runs from the
@@ -23,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -46,6 +50,42 @@ def _find(given, env, tree_path, installed):
     if not found:
         raise FileNotFoundError(f"cannot find {installed}: pass its path, set {env}, or install gradgate")
     return found
+
+
+# Started beside the gateways: reads one byte of its standard input. An end
+# of it instead means the process that started them is gone without
+# stop(), which writes that byte; a process forked from it holds the pipe
+# too, so that end comes once such processes have ended. The watcher ends
+# them as stop() does: SIGTERM to each one's process group, SIGKILL to
+# those still there after 10 s, and removes the folder (an empty argv[1]
+# keeps it).
+_WATCHER = r"""
+import os, shutil, signal, sys, time
+folder, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
+if sys.stdin.buffer.read(1):
+    sys.exit(0)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+if folder:
+    shutil.rmtree(folder, ignore_errors=True)
+"""
 
 
 def free_loopback_ports(n):
@@ -78,6 +118,7 @@ class LocalSites:
         self.keep = keep
         self.dir = None
         self.procs = []
+        self.watcher = None
 
     def endpoint(self, site):
         """The control endpoint of site `site` (an index), for Session()."""
@@ -125,6 +166,12 @@ class LocalSites:
                 self.procs.append(subprocess.Popen([self.gradgate, "--config", cfg], stdout=log, stderr=log,
                                                    start_new_session=True))
                 log.close()
+            # The gateways are in sessions of their own (a Ctrl-C for this
+            # process is not theirs: stop() ends them), and so is the watcher.
+            self.watcher = sys.executable and subprocess.Popen([sys.executable, "-c", _WATCHER, "" if self.keep else self.dir]
+                                            + [str(p.pid) for p in self.procs],
+                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                            start_new_session=True)
             deadline = time.monotonic() + timeout
             for i, p in enumerate(self.procs):
                 while "event=mesh_up" not in self.log(i):
@@ -182,6 +229,18 @@ class LocalSites:
                 p.kill()
                 codes.append(p.wait())
         self.procs = []
+        if self.watcher:
+            try:
+                self.watcher.stdin.write(b"s")
+                self.watcher.stdin.close()
+            except OSError:
+                pass  # the watcher is gone: nothing left for it to do
+            try:
+                self.watcher.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.watcher.kill()
+                self.watcher.wait()
+            self.watcher = None
         if self.dir and not self.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
         return codes

@@ -9,6 +9,8 @@ import gc
 import os
 import pickle
 import re
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -117,6 +119,35 @@ class Library(unittest.TestCase):
         # once, not left to hang every bucket.
         with self.assertRaisesRegex(TypeError, "session must be a gradgate.Session, not NoneType"):
             gradgate.torch.HookState(None, world_size=2)
+
+
+    def test_gateways_end_with_their_owner(self):
+        # A process that started LocalSites and was killed before stop():
+        # its gateways end and their folder goes all the same.
+        owner = subprocess.Popen(
+            [sys.executable, "-c", "import os, signal, sys\n"
+             "from gradgate.local import LocalSites\n"
+             "m = LocalSites(sites=2).start()\n"
+             "print(m.dir, *[p.pid for p in m.procs], flush=True)\n"
+             "os.kill(os.getpid(), signal.SIGKILL)\n"],
+            stdout=subprocess.PIPE, text=True)
+        out, _ = owner.communicate(timeout=60)
+        self.assertEqual(owner.returncode, -signal.SIGKILL)
+        folder, *pids = out.split()
+        self.assertEqual(len(pids), 2, out)
+
+        def alive(pid):
+            try:
+                os.kill(int(pid), 0)
+                return True
+            except ProcessLookupError:
+                return False
+
+        deadline = time.monotonic() + 20
+        while (os.path.exists(folder) or any(map(alive, pids))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual([p for p in pids if alive(p)], [])
+        self.assertFalse(os.path.exists(folder))
 
 
 class WithGateways(unittest.TestCase):
