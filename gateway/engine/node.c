@@ -796,9 +796,11 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	int old = st->seq == 1 ? old_run_unheard(n, j, algo, st->count, chunk) : -1;
 	if (old >= 0) {
 		char why[GG_NODE_ERROR_MAX];
-		snprintf(why, sizeof(why), "site %s still runs it, as far as site %s heard (the END of its run that "
-			 "took part in the one that ended here has not come): a job name is one training run; use a "
-			 "new name, or wait until the old run's ranks are all gone", n->names[old], n->names[n->self]);
+		/* Short: with the ranks' prefix, the advice must fit their 256
+		 * bytes. */
+		snprintf(why, sizeof(why), "site %s still runs it, as far as site %s heard (no END of its old run "
+			 "came): a job name is one training run; use a new name, or wait until the old run's ranks "
+			 "are all gone", n->names[old], n->names[n->self]);
 		fail_step_code(n, j, GG_ERR_REFUSED, "step 1 of job '%s': %s", j->name, why);
 		run_refused(j, why);
 		return 0;
@@ -960,20 +962,34 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	aborted_there(n, j, from, &m->u.abort);
 }
 
+/* `reason` past a leading "step LO of job 'JOB': ", which a site's own
+ * message of the step starts with and the message made of it here names
+ * already. */
+static const char *reason_past_step(const char *reason, uint64_t lo, const char *job)
+{
+	char head[GG_NODE_ERROR_MAX];
+	int len = snprintf(head, sizeof(head), "step %llu of job '%s': ", (unsigned long long)lo, job);
+
+	if (len > 0 && (size_t)len < sizeof(head) && strncmp(reason, head, (size_t)len) == 0)
+		return reason + len;
+	return reason;
+}
+
 /* Site `from`'s ABORT (`abort`) of steps of job j. */
 static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const struct gg_wire_steps *abort)
 {
 	const char *site = n->names[from];
 	const uint64_t lo = abort->first, hi = abort->last;
+	const char *reason = reason_past_step(abort->reason, lo, j->name);
 	char msg[GG_NODE_ERROR_MAX];
 
 	peer_run_heard(n, j->name, from, abort->run);
 	if (lo == hi)
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,
-			 j->name, abort->reason);
+			 j->name, reason);
 	else
 		snprintf(msg, sizeof(msg), "site %s aborted steps %llu to %llu of job '%s': %s", site,
-			 (unsigned long long)lo, (unsigned long long)hi, j->name, abort->reason);
+			 (unsigned long long)lo, (unsigned long long)hi, j->name, reason);
 	/* A refusal of step 1 is of the new run, where the job here is one
 	 * whose step 1 is to come or under way: the sites that run the old
 	 * one, whose step 1 ended, hear it too. */

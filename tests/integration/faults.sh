@@ -212,7 +212,7 @@ case_ranks_disagree() {
 }
 
 case_sites_disagree() {
-	local t0 r specs=()
+	local t0 r s specs=()
 	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--mismatch-step 2"); done
 	t0=$(now_us)
 	start_job sd "${specs[@]}"
@@ -220,6 +220,10 @@ case_sites_disagree() {
 	check_steps sd
 	expect_ok sd 1 3
 	expect_failed sd 2 -10 "announced tensor 1 with 10000[01] elements .*tensor 1 with 10000[01] elements"
+	# The sites that heard of it from another name the step once.
+	for ((s = 0; s < K; s++)); do
+		expect_none "$work/sd-s$s-r0.err" "step 2 of job .sd.: .*step 2 of job .sd.:" "sd-s$s-r0"
+	done
 	within "$(ms_since "$t0")" 8000 "3 steps with one failed at every site"
 }
 

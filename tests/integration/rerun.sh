@@ -61,7 +61,7 @@ rank_start tiny 8 0 1 0 2 --late 8000@2
 rank_start tiny 8 0 1 1 1
 wait_for "$work/tiny-s1-r0.out" 'digest=' 15 || fail "site-b's rank of the first tiny run did not finish"
 wait_for "$(site_log 0)" 'event=peer_job_ended site=site-b job=tiny ' 10 || fail "site-a did not hear site-b's END"
-new_run_refused tiny 8 1 "step 1: error -5 \(GG_ERR_REFUSED\): step 1 \(tensor 1\): step 1 of job 'tiny': site site-a still runs it, as far as site site-b heard"
+new_run_refused tiny 8 1 "step 1: error -5 \(GG_ERR_REFUSED\): step 1 \(tensor 1\): step 1 of job 'tiny': site site-a still runs it, as far as site site-b heard \(no END of its old run came\): a job name is one training run; use a new name, or wait until the old run's ranks are all gone$"
 ranks_wait
 # The old run, past its step 1, heard that refusal too: it is not its own,
 # and its step 2 fails for what really ended it.
