@@ -106,10 +106,11 @@ struct gg_request;
  *
  * endpoint  "unix:/absolute/path" of the gateway's control socket (the
  *           site config's `control`). NULL: the value of the environment
- *           variable GRADGATE_ENDPOINT; when that is unset too, the call
+ *           variable GRADGATE_ENDPOINT; when that is unset or empty, the call
  *           fails with GG_ERR_INVALID (gateways name their socket after
  *           their site, so there is no useful fixed default). Read during
- *           the call only.
+ *           the call only. An empty string is refused (GG_ERR_INVALID),
+ *           not read as NULL.
  * job       1 to 63 characters of A-Z a-z 0-9 . _ -; the same for every
  *           rank of the job. Read during the call only.
  * rank      0 <= rank < nranks; each rank of a job opens exactly one
@@ -177,7 +178,8 @@ GRADGATE_API int gg_session_get_info(const struct gg_session *s, struct gg_sessi
  * writable like any memory.
  *
  * s      an open session; the buffer belongs to it.
- * bytes  1 to gg_session_info.max_message_bytes (rounded up to pages).
+ * bytes  1 to gg_session_info.max_message_bytes, rounded up to whole
+ *        pages: the buffer is that rounded size, all of it usable.
  * out    on success receives the buffer, owned by the caller until
  *        gg_buffer_free() or gg_session_close(), which unmap it; on failure
  *        set to NULL.

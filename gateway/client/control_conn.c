@@ -129,12 +129,15 @@ ssize_t gg_ctrl_recv(int fd, union gg_ctrl_msg *msg, uint64_t deadline_ms)
 
 int gg_ctrl_parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struct gg_error *err)
 {
+	const bool given = endpoint;
+
 	if (!endpoint)
 		endpoint = getenv(GG_ENDPOINT_ENV);
 	if (!endpoint || !*endpoint)
-		return gg_ctrl_error(err, GG_ERR_INVALID,
-			       "no gateway endpoint: pass one or set " GG_ENDPOINT_ENV " to the site's control socket "
-			       "(unix:/run/gradgate/SITE.sock by default)");
+		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: pass one or set " GG_ENDPOINT_ENV
+			       " to the site's control socket (unix:/run/gradgate/SITE.sock by default)",
+			       given ? "the gateway endpoint given is empty (NULL would read " GG_ENDPOINT_ENV ")"
+			       : endpoint ? GG_ENDPOINT_ENV " is empty" : "no gateway endpoint");
 	if (strncmp(endpoint, "unix:", 5)) {
 		if (!strncmp(endpoint, "tcp:", 4))
 			return gg_ctrl_error(err, GG_ERR_INVALID,

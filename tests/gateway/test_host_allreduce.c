@@ -349,6 +349,15 @@ static void test_endpoint_env(void)
 	CHECK_EQ_INT(gg_session_open(NULL, "env", 0, 1, &s, &err), GG_ERR_INVALID);
 	CHECK_ERR(err, GG_ERR_INVALID, "no gateway endpoint", GG_ENDPOINT_ENV);
 	CHECK(s == NULL);
+	/* An empty one, given or set, is named as such. */
+	CHECK(setenv(GG_ENDPOINT_ENV, "", 1) == 0);
+	CHECK_EQ_INT(gg_session_open(NULL, "env", 0, 1, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, GG_ENDPOINT_ENV " is empty: pass one or set");
+	CHECK(setenv(GG_ENDPOINT_ENV, h.endpoint, 1) == 0);
+	CHECK_EQ_INT(gg_session_open("", "env", 0, 1, &s, &err), GG_ERR_INVALID);
+	CHECK_ERR(err, GG_ERR_INVALID, "the gateway endpoint given is empty (NULL would read " GG_ENDPOINT_ENV ")");
+	CHECK(s == NULL);
+	CHECK(unsetenv(GG_ENDPOINT_ENV) == 0);
 }
 
 static void test_arguments(void)

@@ -104,7 +104,7 @@ class Library(unittest.TestCase):
         before = os.environ.get("GRADGATE_ENDPOINT")
         os.environ["GRADGATE_ENDPOINT"] = "unix:/nonexistent/env.sock"
         try:
-            with self.assertRaisesRegex(gradgate.Error, "no gateway endpoint"):
+            with self.assertRaisesRegex(gradgate.Error, "the gateway endpoint given is empty"):
                 gradgate.Session("job", 0, 1, endpoint="")
             with self.assertRaisesRegex(gradgate.Error, "unix:/nonexistent/env.sock"):
                 gradgate.Session("job", 0, 1)
