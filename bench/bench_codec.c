@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "bench.h"
@@ -110,8 +111,15 @@ static void synthesize(float *x, size_t n, enum data_kind kind)
 static int load_file(const char *path, float **out, size_t *n)
 {
 	FILE *f = fopen(path, "rb");
+	struct stat st;
 	if (!f) {
 		fprintf(stderr, "gradgate-bench codec: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "gradgate-bench codec: --file %s: %s\n", path,
+			S_ISDIR(st.st_mode) ? "is a folder, not a file of fp32 values" : "is not a regular file");
+		fclose(f);
 		return -1;
 	}
 	if (fseek(f, 0, SEEK_END) || ftell(f) < 0) {
@@ -304,6 +312,11 @@ static int parse_list(const char *opt, const char *arg, bool *set, int first, in
 		fprintf(stderr, "gradgate-bench codec: %s: %s list too long\n", opt, what);
 		return -1;
 	}
+	if (!*arg || arg[0] == ',' || arg[strlen(arg) - 1] == ',' || strstr(arg, ",,")) {
+		fprintf(stderr, "gradgate-bench codec: %s '%s': an empty item in the %s list (names separated by "
+			"commas)\n", opt, arg, what);
+		return -1;
+	}
 	strcpy(buf, arg);
 	for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		int found = -1;
@@ -349,7 +362,7 @@ static int parse_uint(const char *opt, const char *arg, unsigned long long max, 
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
-	bool any_codec = false, any_kind = false;
+	bool any_codec = false, any_kind = false, level_given = false;
 
 	*o = (struct opts){ .size_bytes = 64ull << 20, .zstd = true, .level = GG_ZSTD_DEFAULT_LEVEL,
 			    .block_elems = GG_CODEC_DEFAULT_BLOCK_ELEMS, .scale = GG_SCALE_F32,
@@ -405,6 +418,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 				return -1;
 			}
 			o->level = (int)l;
+			level_given = true;
 		} else if (!strcmp(a, "--block")) {
 			if (parse_uint(a, v, GG_CODEC_MAX_BLOCK_ELEMS, &u))
 				return -1;
@@ -432,6 +446,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		}
 		if (takes)
 			i++;
+	}
+	if (level_given && !o->zstd) {
+		fprintf(stderr, "gradgate-bench codec: --level and --no-zstd contradict each other: --level is the "
+			"zstd stage's\n");
+		return -1;
 	}
 	if (!any_codec)
 		for (int c = GG_CODEC_FIRST; c <= GG_CODEC_LAST; c++)
@@ -530,7 +549,7 @@ int gg_bench_codec_main(int argc, char **argv)
 	float *x = NULL;
 	size_t n = 0;
 	if (o.file && load_file(o.file, &x, &n)) /* before the banner, which would promise figures */
-		return 1;
+		return 2;
 	if (!o.json) {
 		char sz[32], ch[32], lv[16] = "off";
 		if (o.zstd)

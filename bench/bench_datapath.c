@@ -270,9 +270,15 @@ struct pass {
 	const char *name;
 	const char *what;
 	int (*run)(struct ctx *c);
-	bool lossy_only;
+	bool lossy_only;   /* run for a lossy codec only */
+	bool ranks_only;   /* run where a site has more than one rank */
 	double seconds;
 };
+
+static bool pass_runs(const struct pass *p, const struct opts *o)
+{
+	return (!p->lossy_only || gg_codec_is_lossy(o->codec)) && (!p->ranks_only || o->ranks > 1);
+}
 
 /* ---- main ------------------------------------------------------------------ */
 
@@ -352,7 +358,8 @@ int gg_bench_datapath_main(int argc, char **argv)
 	struct pass passes[] = {
 		{ .name = "client copy", .what = "a rank's tensor to or from the gateway, without shared buffers",
 		  .run = pass_client_copy },
-		{ .name = "site sum", .what = "the ranks' tensors summed in place in rank 0's", .run = pass_site_sum },
+		{ .name = "site sum", .what = "the ranks' tensors summed in place in rank 0's", .run = pass_site_sum,
+		  .ranks_only = true },
 		{ .name = "encode", .what = "codec, frame header and CRC-32C into the frame", .run = pass_encode },
 		{ .name = "encode+feedback", .what = "the same with error feedback (compensate, encode, decode, residual)",
 		  .run = pass_encode_feedback, .lossy_only = true },
@@ -378,7 +385,7 @@ int gg_bench_datapath_main(int argc, char **argv)
 	for (int rep = 0; rep < o.reps; rep++) {
 		for (size_t i = 0; i < npasses; i++) {
 			struct pass *p = &passes[i];
-			if (p->lossy_only && !gg_codec_is_lossy(o.codec))
+			if (!pass_runs(p, &o))
 				continue;
 			double t0 = now_s();
 			if ((rc = p->run(&c))) {
@@ -407,7 +414,7 @@ int gg_bench_datapath_main(int argc, char **argv)
 	}
 	for (size_t i = 0; i < npasses; i++) {
 		const struct pass *p = &passes[i];
-		if (p->lossy_only && !gg_codec_is_lossy(o.codec))
+		if (!pass_runs(p, &o))
 			continue;
 		double gbps = fp32_bytes / p->seconds / 1e9, ms = p->seconds * step_ms_per_s;
 		if (o.json)

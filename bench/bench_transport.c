@@ -1168,7 +1168,8 @@ static int parse_modes(const struct options *o, struct mode *modes, int *count)
 	snprintf(list, sizeof(list), "%s", o->modes);
 	for (tok = strtok_r(list, ",:", &save); tok; tok = strtok_r(NULL, ",:", &save)) {
 		if (!strcmp(tok, "plain")) {
-			fprintf(stderr, "gradgate-bench transport: unencrypted transport is asked for with --plain only\n");
+			fprintf(stderr, "gradgate-bench transport: --modes lists TLS 1.3 ciphersuites only: plain "
+					"(unencrypted) is asked for with --plain, and runs first\n");
 			return -EINVAL;
 		}
 		if (*count == MAX_MODES) {

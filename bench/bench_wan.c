@@ -366,6 +366,47 @@ static bool parse_item(int opt, const char *item, int i, struct wan_opts *o)
 	}
 }
 
+/* Whether a file may be made or rewritten at `path`; else why, in why. */
+static bool writable_path(const char *path, char *why, size_t size)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	struct stat st;
+
+	if (!stat(path, &st)) {
+		if (S_ISDIR(st.st_mode)) {
+			snprintf(why, size, "it is a folder");
+			return false;
+		}
+		if (access(path, W_OK)) {
+			snprintf(why, size, "%s", strerror(errno));
+			return false;
+		}
+		return true;
+	}
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+	if (stat(dir, &st) || (S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK))) {
+		snprintf(why, size, "folder %.200s: %s", dir, strerror(errno));
+		return false;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		snprintf(why, size, "%.200s is not a folder", dir);
+		return false;
+	}
+	return true;
+}
+
+/* Whether items i and k of list option opt are the same. */
+static bool same_item(int opt, int i, int k, const struct wan_opts *o)
+{
+	switch (opt) {
+	case 'S': return o->sizes[i] == o->sizes[k];
+	case 'x': return o->codecs[i] == o->codecs[k];
+	case 'a': return !strcmp(o->algos[i], o->algos[k]);
+	default: return o->zstd[i] == o->zstd[k];
+	}
+}
+
 /* The programs and scripts a run starts: those of the build tree this
  * binary was built in while it runs from there, else the installed ones
  * (meson install puts them where GG_WAN_INSTALLED_* say). */
@@ -506,11 +547,18 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 				say("%s wants 1 to %d items separated by commas, not '%s'", lists[k].name, lists[k].max, optarg);
 				return WAN_USAGE;
 			}
-			for (int i = 0; i < n; i++)
+			for (int i = 0; i < n; i++) {
 				if (!parse_item(c, items[i], i, o)) {
 					say("%s: '%s' is not %s", lists[k].name, items[i], lists[k].rule);
 					return WAN_USAGE;
 				}
+				/* Twice would run every mode of it twice. */
+				for (int e = 0; e < i; e++)
+					if (same_item(c, i, e, o)) {
+						say("%s: '%s' repeats '%s' in '%s'", lists[k].name, items[i], items[e], optarg);
+						return WAN_USAGE;
+					}
+			}
 			*lists[k].n = n;
 			continue;
 		}
@@ -557,6 +605,11 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 			if (strlen(optarg) < 5 || strcmp(optarg + strlen(optarg) - 4, ".svg") || strchr(optarg, '\'') ||
 			    strchr(optarg, '\n')) {
 				say("--plot wants an SVG file name, FILE.svg, without quotes or newlines, not '%s'", optarg);
+				return WAN_USAGE;
+			}
+			/* Found now, not once every run is over. */
+			if (!writable_path(optarg, buf, sizeof(buf))) {
+				say("--plot %s: cannot write there: %s", optarg, buf);
 				return WAN_USAGE;
 			}
 			o->plot = optarg;

@@ -82,7 +82,8 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 "$here/../examples/make-certs.sh" --out "$work/certs" site-a site-b >/dev/null
 

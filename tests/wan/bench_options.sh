@@ -83,6 +83,14 @@ cases=(
 	"wan --congestion Bbr|--congestion wants a congestion control's name (1 to 15 of a-z 0-9 _), not 'Bbr'"
 	"wan --plot a'b.svg|--plot wants"
 	"wan extra|unexpected argument 'extra'"
+	"wan --sizes 1MiB,1024KiB|--sizes: '1024KiB' repeats '1MiB' in '1MiB,1024KiB'"
+	"wan --codecs fp32,int8,fp32|--codecs: 'fp32' repeats 'fp32' in 'fp32,int8,fp32'"
+	"wan --zstd-level 1,01|--zstd-level: '01' repeats '1'"
+	"wan --plot /nonexistent/x.svg|--plot /nonexistent/x.svg: cannot write there: folder /nonexistent/: No such file or directory"
+	"codec --codec fp32,,int8|--codec 'fp32,,int8': an empty item in the codec list"
+	"codec --data ,|--data ',': an empty item in the data kind list"
+	"codec --no-zstd --level 3|--level and --no-zstd contradict each other"
+	"codec --file /|--file /: is a folder"
 )
 check() { # PROGRAM ARGS|WANT
 	local args=${2%%|*} want=${2#*|} rc=0 err
@@ -99,9 +107,15 @@ for c in "${cases[@]}"; do
 	check "$bench" "$c"
 done
 # linkem: a value that is not all a number is refused, not read as 0.
-for c in "--delay-ms x|--delay-ms must be a number of milliseconds from 0 to 60000, not 'x'" \
-	"--delay-ms 5ms|not '5ms'"; do
-	check "$linkem" "--listen 127.0.0.1:0 --target 127.0.0.1:9 $c"
+linkem_cases=(
+	"--listen 127.0.0.1:0 --target 127.0.0.1:9 --delay-ms x|--delay-ms must be a number of milliseconds from 0 to 60000, not 'x'"
+	"--listen 127.0.0.1:0 --target 127.0.0.1:9 --delay-ms 5ms|not '5ms'"
+	"--listen 127.0.0.1:0 --target 127.0.0.1:9 --buffer 4XiB|--buffer must be 4096 bytes to 1GiB, not '4XiB'"
+	"--listen bad --target 127.0.0.1:9|--listen 'bad' is not a HOST:PORT that resolves"
+	"--listen 127.0.0.1:0 --target 127.0.0.1|--target '127.0.0.1' is not a HOST:PORT that resolves"
+)
+for c in "${linkem_cases[@]}"; do
+	check "$linkem" "$c"
 done
-[ $failed = 0 ] && echo "all $((${#cases[@]} + 2)) refused"
+[ $failed = 0 ] && echo "all $((${#cases[@]} + ${#linkem_cases[@]})) refused"
 exit $failed

@@ -579,7 +579,7 @@ int main(int argc, char **argv)
 			break;
 		case 'b':
 			if (parse_size(optarg, &buffer) || buffer < 4096 || buffer > (1ull << 30)) {
-				fprintf(stderr, "linkem: --buffer must be 4096 bytes to 1GiB\n");
+				fprintf(stderr, "linkem: --buffer must be 4096 bytes to 1GiB, not '%s'\n", optarg);
 				return 2;
 			}
 			break;
@@ -591,7 +591,7 @@ int main(int argc, char **argv)
 			break;
 		case 'S':
 			if (parse_size(optarg, &v) || v < 4096 || v > (64u << 20)) {
-				fprintf(stderr, "linkem: --socket-buffer must be 4096 bytes to 64MiB\n");
+				fprintf(stderr, "linkem: --socket-buffer must be 4096 bytes to 64MiB, not '%s'\n", optarg);
 				return 2;
 			}
 			L.socket_buffer = (int)v;
@@ -638,8 +638,12 @@ int main(int argc, char **argv)
 	L.buffer = (size_t)buffer;
 	struct sockaddr_storage lss;
 	socklen_t llen;
-	if (parse_addr(listen_text, &lss, &llen) || parse_addr(target_text, &L.target, &L.target_len)) {
-		fprintf(stderr, "linkem: cannot resolve '%s' or '%s' (HOST:PORT)\n", listen_text, target_text);
+	if (parse_addr(listen_text, &lss, &llen)) {
+		fprintf(stderr, "linkem: --listen '%s' is not a HOST:PORT that resolves\n", listen_text);
+		return 2;
+	}
+	if (parse_addr(target_text, &L.target, &L.target_len)) {
+		fprintf(stderr, "linkem: --target '%s' is not a HOST:PORT that resolves\n", target_text);
 		return 2;
 	}
 	L.links = calloc(L.max_conns, sizeof(*L.links));
