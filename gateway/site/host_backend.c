@@ -469,6 +469,25 @@ void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_
 	};
 }
 
+/* Whether a socket can be made in folder `dir`: a file system may refuse
+ * one where the permissions allow it (/proc, sysfs). Tried with a name of
+ * its own, gone again at once; 0 where that name would not fit. */
+static int try_socket_in(const char *dir)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	int n = snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/.gradgate-check.%ld", dir, (long)getpid());
+	if (n < 0 || (size_t)n >= sizeof(addr.sun_path))
+		return 0;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0; /* nothing learnt of the folder */
+	int rc = bind(fd, (const struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
+	if (!rc)
+		unlink(addr.sun_path);
+	close(fd);
+	return rc == -EADDRINUSE ? 0 : rc; /* a name taken: a socket could be made */
+}
+
 int gg_host_backend_check_control(const char *control, char *err, size_t err_size)
 {
 	/* The rest of the endpoint is the config's to check. */
@@ -517,6 +536,11 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 					 "(%s): choose a folder it may write in, as /run/gradgate", path, who, dir,
 					 read_only ? "a read-only file system" : "no write access");
 				return -EACCES;
+			}
+			if (S_ISDIR(st.st_mode) && level == 0 && (rc = try_socket_in(dir))) {
+				snprintf(err, err_size, "control socket %s: no socket can be made in %s: %s", path, dir,
+					 strerror(-rc));
+				return rc;
 			}
 			if (S_ISDIR(st.st_mode))
 				return 0;

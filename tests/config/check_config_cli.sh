@@ -222,6 +222,11 @@ refused ctl-deep "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/no/such/a.sock\"
 : >"$tmp/afile"
 refused ctl-file "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/afile/a.sock\"#" "a control socket under a file" \
 	"control socket $tmp/afile/a.sock: $tmp/afile is not a folder"
+# A folder whose file system makes no sockets, whatever its permissions.
+if [ -d /proc/self ] && [ "$(id -u)" = 0 ]; then # (others lack write access there)
+	refused ctl-proc 's#^name = "site-a"#&\ncontrol = "unix:/proc/a.sock"#' "a control socket in /proc" \
+		"control socket /proc/a.sock: no socket can be made in /proc: "
+fi
 sed "s#^name = \"site-a\"#&\ncontrol = \"unix:$tmp/made//a.sock\"#" "$tmp/good.toml" >"$tmp/ctl-made.toml"
 "$gradgate" --check-config "$tmp/ctl-made.toml" >/dev/null 2>"$tmp/err"
 rc=$?; expect "a control socket in a folder the gateway makes passes, written with //: $(head -c 200 "$tmp/err")" $rc
