@@ -301,6 +301,17 @@ static bool crl_error(int e)
 	}
 }
 
+/* A key usage that does not allow TLS 1.3's signatures. */
+static bool lacks_signing(X509 *cert)
+{
+	return (X509_get_extension_flags(cert) & EXFLAG_KUSAGE) && !(X509_get_key_usage(cert) & KU_DIGITAL_SIGNATURE);
+}
+
+static bool is_ca(X509 *cert)
+{
+	return X509_get_extension_flags(cert) & EXFLAG_CA;
+}
+
 /* This site's certificate must pass the checks its peers make of it: it
  * chains to the configured CA (which peers share), with the chain the
  * file gives, is not revoked by the configured CRL, and may serve both
@@ -333,6 +344,8 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 					  "with it this site would refuse every peer (the file needs a current CRL of the CA, "
 					  "and of every intermediate CA)", o->crl_file, name, ca,
 					  X509_verify_cert_error_string(e));
+			else if (e == X509_V_ERR_INVALID_PURPOSE && (lacks_signing(cert) || is_ca(cert)))
+				; /* the checks below name the cause, which OpenSSL takes for a purpose */
 			else if (e == X509_V_ERR_INVALID_PURPOSE)
 				rc = fail(err, size, -EINVAL, "certificate '%s' is not issued for TLS %s authentication (its key "
 					  "usage or extended key usage), which a gateway needs: every peer would refuse it",
@@ -344,10 +357,10 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 		X509_STORE_CTX_free(v);
 	}
 	/* What peers check beyond OpenSSL's purposes (tls_verify.c). */
-	if (!rc && (X509_get_extension_flags(cert) & EXFLAG_KUSAGE) && !(X509_get_key_usage(cert) & KU_DIGITAL_SIGNATURE))
+	if (!rc && lacks_signing(cert))
 		rc = fail(err, size, -EINVAL, "certificate '%s': its key usage lacks digitalSignature, which TLS 1.3 "
 			  "signs with: every peer would refuse it", name);
-	if (!rc && (X509_get_extension_flags(cert) & EXFLAG_CA))
+	if (!rc && is_ca(cert))
 		rc = fail(err, size, -EINVAL, "certificate '%s' is a CA's (basicConstraints CA:TRUE), which no site's "
 			  "may be: every peer would refuse it", name);
 	for (size_t i = 0; !rc && i < o->peer_count; i++) {

@@ -35,6 +35,7 @@ struct gg_tls_check {
 	size_t matched_site;  /* SIZE_MAX until the peer proved a site */
 	bool denied;          /* server: that site is denied, and was refused with access_denied */
 	int verify_error;     /* the X509_V_ERR_* that refused the peer; 0: none */
+	bool ca_leaf;         /* refused as a CA's certificate (under X509_V_ERR_INVALID_PURPOSE) */
 	char cert_detail[160]; /* dates or issuer of the certificate at fault */
 	/* A certificate refused for naming two sites: the one looked for,
 	 * and the other whose identity it names too. */

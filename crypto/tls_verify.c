@@ -285,6 +285,7 @@ int gg_tls_verify_cb(int ok, X509_STORE_CTX *store)
 	 * names another site, which would chain to the configured CA. */
 	if (X509_get_extension_flags(leaf) & EXFLAG_CA) {
 		chk->verify_error = X509_V_ERR_INVALID_PURPOSE;
+		chk->ca_leaf = true;
 		snprintf(chk->cert_detail, sizeof(chk->cert_detail),
 			 "it is a CA's (basicConstraints CA:TRUE), which no site's may be");
 		X509_STORE_CTX_set_error(store, chk->verify_error);
@@ -521,6 +522,8 @@ static struct reason verify_reason(const struct gg_tls_check *chk)
 	case X509_V_ERR_CRL_HAS_EXPIRED:
 		return (struct reason){ GG_TLS_FAIL_BAD_CERT, "the configured CRL has expired" };
 	case X509_V_ERR_INVALID_PURPOSE:
+		if (chk->ca_leaf)
+			return (struct reason){ GG_TLS_FAIL_USAGE, "certificate may issue others, which no site's may" };
 		return (struct reason){ GG_TLS_FAIL_USAGE,
 					chk->is_server ? "certificate is not issued for TLS client authentication"
 						       : "certificate is not issued for TLS server authentication" };

@@ -13,13 +13,19 @@ trap 'rm -rf "$work"' EXIT
 long=$(printf 'a%.0s' {1..64}) # one past a site name's 63 characters
 label=${long:1}                # 63 characters
 domain=$label.$label.$label.${label:5} # 250 characters: with "site-a." the name has 257
-for args in "Bad_Name" "site-a Bad_Name" "site-a site-b site-a" "site-a $long" "site-a -x" "site-a x-" "site-x ca" "--days 0" "--days x" \
+for args in "Bad_Name" "site-a Bad_Name" "site-a site-b site-a" "site-a $long" "site-a -x" "site-a x-" "site-x ca" "--days 0" "--days 000" "--days x" \
 	"--domain a,b" "--days" "--domain $domain site-a"; do
 	# shellcheck disable=SC2086
 	"$mc" --out "$work/new" $args 2>/dev/null; rc=$?
 	[ $rc = 2 ] || { echo "'$args': exit $rc, not 2"; bad=1; }
 	[ ! -e "$work/new" ] || { echo "'$args' left $(ls -A "$work/new")"; bad=1; rm -rf "$work/new"; }
 done
+# Leading zeros are decimal: 08 is 8 days, not an octal error.
+"$mc" --out "$work/days" --days 08 site-a >/dev/null || { echo "--days 08 refused"; bad=1; }
+if [ -e "$work/days/site-a.pem" ]; then
+	end=$(date -d "$(openssl x509 -in "$work/days/site-a.pem" -noout -enddate | cut -d= -f2)" +%s)
+	[ $(((end - $(date +%s) + 3600) / 86400)) = 8 ] || { echo "--days 08 did not give 8 days"; bad=1; }
+fi
 "$mc" --out "$work/old" site-a >/dev/null || exit 1
 before=$(cd "$work/old" && sha256sum ./*)
 "$mc" --force --out "$work/old" Bad_Name 2>/dev/null && { echo "Bad_Name accepted"; bad=1; }

@@ -278,6 +278,13 @@ static void test_loading(void)
 	install_own(ca, &ca_leaf);
 	expect_refused(-EINVAL, "certificate 'DIR/a.pem' is a CA's (basicConstraints CA:TRUE), which no site's may be: "
 				"every peer would refuse it", NULL, NULL);
+	/* A key usage without signing, which OpenSSL takes for a wrong
+	 * purpose, is named as what it is. */
+	struct gg_tls_cert_request no_sign = { .identity = "dns:site-a.gradgate.test", .valid_until_s = 3600,
+					       .no_signature = true };
+	install_own(ca, &no_sign);
+	expect_refused(-EINVAL, "certificate 'DIR/a.pem': its key usage lacks digitalSignature, which TLS 1.3 signs with: "
+				"every peer would refuse it", NULL, NULL);
 	CHECK(rename(path("a.pem.saved"), path("a.pem")) == 0 && rename(path("a.saved"), path("a.key")) == 0);
 	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), NULL), 0);
 

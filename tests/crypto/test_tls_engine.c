@@ -335,7 +335,7 @@ static void test_not_yet_valid(void)
 
 /* Site a's client certificate `req`, which site b refuses for its use,
  * `detail` naming which extension refuses it. The pair is the caller's. */
-static struct pair refused_for_client_use(struct gg_tls_cert_request req, const char *detail)
+static struct pair refused_for_client_use(struct gg_tls_cert_request req, const char *headline, const char *detail)
 {
 	char want[512];
 	struct pair p = setup(ca, req, site_b_cert, site("site-b", "dns:site-b.gradgate.test"), site_a_only, 1);
@@ -344,9 +344,8 @@ static struct pair refused_for_client_use(struct gg_tls_cert_request req, const 
 	CHECK_EQ_INT(o.server_rc, -EPROTO);
 	CHECK_EQ_INT(gg_tls_engine_failure(p.s), GG_TLS_FAIL_USAGE);
 	snprintf(want, sizeof(want),
-		 "peer 10.0.0.1:40000: certificate is not issued for TLS client authentication (expected identity "
-		 "dns:site-a.gradgate.test; %s; sent alert unsupported_certificate; certificate names "
-		 "dns:site-a.gradgate.test)", detail);
+		 "peer 10.0.0.1:40000: %s (expected identity dns:site-a.gradgate.test; %s; sent alert "
+		 "unsupported_certificate; certificate names dns:site-a.gradgate.test)", headline, detail);
 	CHECK_STR(gg_tls_engine_error(p.s), want);
 	return p;
 }
@@ -397,10 +396,12 @@ static void test_two_identities(void)
 	pair_free(&p);
 }
 
+#define NOT_CLIENT "certificate is not issued for TLS client authentication"
+
 static void test_usage(void)
 {
 	struct gg_tls_cert_request server_only = { .identity = "dns:site-a.gradgate.test", .no_client_auth = true };
-	struct pair p = refused_for_client_use(server_only, "extended key usage lacks clientAuth");
+	struct pair p = refused_for_client_use(server_only, NOT_CLIENT, "extended key usage lacks clientAuth");
 	client_learns_refusal(&p, "peer 10.0.0.2:7001: peer says our certificate is not issued for this use "
 				  "(expected identity dns:site-b.gradgate.test; alert unsupported_certificate)");
 	pair_free(&p);
@@ -408,7 +409,7 @@ static void test_usage(void)
 	/* Both uses in the extended key usage, but a key usage that does not
 	 * allow signing: the error names the key usage, not the EKU. */
 	struct gg_tls_cert_request no_sign = { .identity = "dns:site-a.gradgate.test", .no_signature = true };
-	p = refused_for_client_use(no_sign, "key usage lacks digitalSignature");
+	p = refused_for_client_use(no_sign, NOT_CLIENT, "key usage lacks digitalSignature");
 	pair_free(&p);
 
 	struct gg_tls_cert_request client_only = { .identity = "dns:site-b.gradgate.test", .no_server_auth = true };
@@ -422,7 +423,8 @@ static void test_usage(void)
 
 	/* A site's certificate that is a CA's could issue others. */
 	struct gg_tls_cert_request ca_leaf = { .identity = "dns:site-a.gradgate.test", .ca = true };
-	p = refused_for_client_use(ca_leaf, "it is a CA's (basicConstraints CA:TRUE), which no site's may be");
+	p = refused_for_client_use(ca_leaf, "certificate may issue others, which no site's may",
+				   "it is a CA's (basicConstraints CA:TRUE), which no site's may be");
 	pair_free(&p);
 
 	/* A server whose key usage allows key transport but not signing,
