@@ -529,8 +529,13 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 	};
 
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+	int li = -1;
+	const char *other = NULL; /* the first option given beside --cleanup's --prefix */
+	while ((c = getopt_long(argc, argv, "h", lopts, &li)) != -1) {
 		size_t k;
+		if (c != 'c' && c != 'p' && c != 'h' && c != '?' && li >= 0 && !other)
+			other = lopts[li].name;
+		li = -1;
 		for (k = 0; k < GG_ARRAY_LEN(ints) && ints[k].opt != c; k++)
 			;
 		if (k < GG_ARRAY_LEN(ints)) {
@@ -629,6 +634,12 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 	}
 	if (optind < argc) {
 		say("unexpected argument '%s' (see --help)", argv[optind]);
+		return WAN_USAGE;
+	}
+	/* A run's options with it would read as if they changed what it
+	 * removes, or as if a run followed. */
+	if (o->cleanup && other) {
+		say("--cleanup takes --prefix only, not --%s: it removes what killed runs left, and runs nothing", other);
 		return WAN_USAGE;
 	}
 	return WAN_OK;

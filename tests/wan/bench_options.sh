@@ -91,6 +91,7 @@ cases=(
 	"codec --data ,|--data ',': an empty item in the data kind list"
 	"codec --no-zstd --level 3|--level and --no-zstd contradict each other"
 	"codec --file /|--file /: is a folder"
+	"wan --cleanup --sizes 1MiB|--cleanup takes --prefix only, not --sizes"
 )
 check() { # PROGRAM ARGS|WANT
 	local args=${2%%|*} want=${2#*|} rc=0 err
