@@ -85,9 +85,10 @@ for site in "${sites[@]}"; do
 	[ -z "${named[$site]:-}" ] || bad "'$site'" "is named twice"
 	named[$site]=1
 done
-if ! [[ $days =~ ^[1-9][0-9]{0,5}$ ]]; then
+if ! [[ $days =~ ^0*[1-9][0-9]{0,5}$ ]]; then
 	bad "--days '$days'" "is not a number of days (a whole number from 1 to 999999)"
 fi
+days=$((10#$days)) # 007 is 7 (not octal) for openssl
 # The domain is a DNS name, as the gateway reads identities: labels of 1 to 63
 # letters, digits and -, not starting or ending with -, joined by dots.
 label='[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?'
