@@ -11,7 +11,8 @@ in a temporary folder, and a `gradgate --config` process; start() returns
 once every gateway logged mesh_up, and stop() ends them with SIGTERM.
 Gateways do not outlive the process that started them: should it end
 without stop() (killed, or exiting without it), a watcher process ends
-them the same way and removes the folder unless keep=True.
+them the same way and removes the folder unless keep=True (where the
+system has pidfds: Linux 5.3 and Python 3.9 on).
 
 The gateway binary: the `gradgate` argument, else $GRADGATE, else the
 source tree's build/gateway/gradgate when this package runs from the
@@ -52,36 +53,34 @@ def _find(given, env, tree_path, installed):
     return found
 
 
-# Started beside the gateways: reads one byte of its standard input. An end
+# Started beside the gateways, with the folder (argv[1], empty: keep it)
+# and a pidfd of each gateway (their numbers in argv[2:]; a pidfd names its
+# process even once the pid is reused). Reads one byte of its standard input; an end
 # of it instead means the process that started them is gone without
-# stop(), which writes that byte; a process forked from it holds the pipe
-# too, so that end comes once such processes have ended. The watcher ends
-# them as stop() does: SIGTERM to each one's process group, SIGKILL to
-# those still there after 10 s, and removes the folder (an empty argv[1]
-# keeps it).
+# stop(), which writes that byte (a process forked from it holds the pipe
+# too, so that end comes once such processes have ended). The watcher then
+# ends the gateways as stop() does, SIGTERM and, to those still there
+# after 10 s, SIGKILL, and removes the folder.
 _WATCHER = r"""
-import os, shutil, signal, sys, time
-folder, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
+import os, select, shutil, signal, sys, time
+folder, fds = sys.argv[1], [int(fd) for fd in sys.argv[2:]]
 if sys.stdin.buffer.read(1):
     sys.exit(0)
 
 
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+def running():
+    # A pidfd is readable once its process has ended.
+    return [fd for fd in fds if not select.select([fd], [], [], 0)[0]]
 
 
 for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-    for pid in pids:
+    for fd in running():
         try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
+            signal.pidfd_send_signal(fd, sig)
+        except OSError:
             pass
     deadline = time.monotonic() + wait
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while running() and time.monotonic() < deadline:
         time.sleep(0.05)
 if folder:
     shutil.rmtree(folder, ignore_errors=True)
@@ -119,6 +118,7 @@ class LocalSites:
         self.dir = None
         self.procs = []
         self.watcher = None
+        self.owner = None
 
     def endpoint(self, site):
         """The control endpoint of site `site` (an index), for Session()."""
@@ -154,7 +154,29 @@ class LocalSites:
             f.write("\n".join(lines) + "\n")
         return path
 
+    def _start_watcher(self):
+        # Where this Python can start itself and the system has pidfds
+        # (Linux 5.3, Python 3.9); -I: nothing of this process's folder or
+        # environment in its path. The gateways are in sessions of their
+        # own (a Ctrl-C for this process is not theirs: stop() ends them),
+        # and so is the watcher.
+        if not sys.executable or not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+            return
+        fds = []
+        try:
+            # Unreaped children: their pids are theirs still.
+            fds = [os.pidfd_open(p.pid) for p in self.procs]
+            self.watcher = subprocess.Popen([sys.executable, "-I", "-c", _WATCHER, "" if self.keep else self.dir]
+                                            + [str(fd) for fd in fds], pass_fds=fds, stdin=subprocess.PIPE,
+                                            stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            pass  # no pidfds here: the gateways go with stop() only
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def start(self, timeout=30.0):
+        self.owner = os.getpid()
         self.dir = tempfile.mkdtemp(prefix="gradgate-local.")
         try:
             subprocess.run([self.make_certs, "--out", os.path.join(self.dir, "certs")] + self.names,
@@ -166,12 +188,7 @@ class LocalSites:
                 self.procs.append(subprocess.Popen([self.gradgate, "--config", cfg], stdout=log, stderr=log,
                                                    start_new_session=True))
                 log.close()
-            # The gateways are in sessions of their own (a Ctrl-C for this
-            # process is not theirs: stop() ends them), and so is the watcher.
-            self.watcher = sys.executable and subprocess.Popen([sys.executable, "-c", _WATCHER, "" if self.keep else self.dir]
-                                            + [str(p.pid) for p in self.procs],
-                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self._start_watcher()
             deadline = time.monotonic() + timeout
             for i, p in enumerate(self.procs):
                 while "event=mesh_up" not in self.log(i):
@@ -213,11 +230,15 @@ class LocalSites:
         deadline = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        return out
+        return dict(out)  # as it stands now: a late rank does not add to it
 
     def stop(self):
         """Ends every gateway (SIGTERM, then SIGKILL after 10 s) and
-        removes the folder unless keep=True. Returns their exit codes."""
+        removes the folder unless keep=True. Returns their exit codes. In
+        a process forked from the one that started them it does nothing:
+        they are that one's."""
+        if self.owner is not None and os.getpid() != self.owner:
+            return []
         codes = []
         for p in self.procs:
             if p.poll() is None:

@@ -136,11 +136,11 @@ class Library(unittest.TestCase):
         folder, *pids = out.split()
         self.assertEqual(len(pids), 2, out)
 
-        def alive(pid):
+        def alive(pid):  # a zombie is not: it waits for init to reap it
             try:
-                os.kill(int(pid), 0)
-                return True
-            except ProcessLookupError:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
                 return False
 
         deadline = time.monotonic() + 20
@@ -148,6 +148,23 @@ class Library(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual([p for p in pids if alive(p)], [])
         self.assertFalse(os.path.exists(folder))
+
+
+    def test_forked_child_leaves_the_gateways(self):
+        # stop() in a process forked from the owner (a with block unwinding
+        # there) ends nothing, and keeps the folder and the watcher.
+        mesh = LocalSites(sites=2).start()
+        try:
+            child = os.fork()
+            if child == 0:
+                mesh.stop()
+                os._exit(0)
+            self.assertEqual(os.waitpid(child, 0)[1], 0)
+            self.assertEqual([p.poll() for p in mesh.procs], [None, None])
+            self.assertTrue(os.path.isdir(mesh.dir))
+            self.assertIsNone(mesh.watcher.poll())
+        finally:
+            self.assertEqual(mesh.stop(), [0, 0])
 
 
 class WithGateways(unittest.TestCase):
