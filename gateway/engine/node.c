@@ -796,11 +796,12 @@ int gg_node_submit(struct gg_node *n, struct gg_node_step *st, char *err, size_t
 	int old = st->seq == 1 ? old_run_unheard(n, j, algo, st->count, chunk) : -1;
 	if (old >= 0) {
 		char why[GG_NODE_ERROR_MAX];
-		/* Short: with the ranks' prefix, the advice must fit their 256
-		 * bytes. */
-		snprintf(why, sizeof(why), "site %s still runs it, as far as site %s heard (no END of its old run "
-			 "came): a job name is one training run; use a new name, or wait until the old run's ranks "
-			 "are all gone", n->names[old], n->names[n->self]);
+		/* Short, the advice before the detail: with the ranks' prefix it
+		 * fits their 256 bytes where the job's and both sites' names
+		 * together take up to about 80 characters. */
+		snprintf(why, sizeof(why), "a job name is one training run, and site %s still runs the old one (as "
+			 "far as site %s heard): use a new name, or wait until its ranks are all gone", n->names[old],
+			 n->names[n->self]);
 		fail_step_code(n, j, GG_ERR_REFUSED, "step 1 of job '%s': %s", j->name, why);
 		run_refused(j, why);
 		return 0;
@@ -997,7 +998,7 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 	if (j->step && !j->ending && lo <= j->step->seq && j->step->seq <= hi)
 		finish_step(n, j, -(int)abort->code, msg);
 	if (lo == 1 && -(int)abort->code == GG_ERR_REFUSED && first_step)
-		run_refused(j, abort->reason);
+		run_refused(j, reason);
 	/* Steps of the run that have not started here fail when they do. The
 	 * frames the lanes hold for them would pin the peer's window for
 	 * good: they go now. */
@@ -1299,8 +1300,8 @@ static void rerun_seen(struct gg_node *n, unsigned peer, const char *name)
 	/* Its peers name the job as they pass it on: the advice at the end
 	 * must fit the ranks' 256 bytes with long names too. */
 	snprintf(reason, sizeof(reason),
-		 "site %s still runs it (at step %llu): a job name is one training run; use a new name, or wait "
-		 "until the old run's ranks are all gone", n->names[n->self], (unsigned long long)j->last_seq);
+		 "a job name is one training run, and site %s still runs the old one (at step %llu): use a new name, "
+		 "or wait until its ranks are all gone", n->names[n->self], (unsigned long long)j->last_seq);
 	if (peer_log_now(n->logs, peer, LOG_RERUN_REFUSED, gg_node_loop(n)->now_us))
 		gg_log(GG_LOG_WARN, "rerun_refused", "site=%s job=%s reason=\"%s\"", n->names[peer], j->name, reason);
 	send_abort(n, -1, j->name, j->run, 1, 1, GG_ERR_REFUSED, reason);

@@ -29,7 +29,7 @@ new_run_refused() {
 	[ "$reaped" != 0 ] || fail "step 1 of a new run of '$1' completed while the old one still runs"
 	expect "$work/$1-s$3-r0.err" "$4" "the new run's error at ${SITES[$3]}"
 	for t in 2 3; do
-		expect "$work/$1-s$3-r0.err" "step $t: error -5 \\(GG_ERR_REFUSED\\): step $t \\(tensor 1\\): step 1 of this run was refused: site site-. still runs it" \
+		expect "$work/$1-s$3-r0.err" "step $t: error -5 \\(GG_ERR_REFUSED\\): step $t \\(tensor 1\\): step 1 of this run was refused: a job name is one training run, and site site-. still runs the old one" \
 			"the new run's step $t at ${SITES[$3]}"
 	done
 	log "new run of '$1' ($2 elements) refused after $ms ms: $(cat "$work/$1-s$3-r0.err")"
@@ -43,7 +43,7 @@ wait_for "$work/train-s0-r0.out" 'digest=' 15 || fail "site-a's rank of the firs
 # Site-b's rank is now connected and idle before its step 4. The new run:
 # site-b has a second job of the name only once its first rank leaves, so
 # the new run's rank there waits in the gateway for step 1 like site-a's.
-new_run_refused train 1000 0 "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b aborted step 1 of job 'train': site site-b still runs it \(at step 3\): a job name is one training run; use a new name, or wait until the old run's ranks are all gone$"
+new_run_refused train 1000 0 "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b aborted step 1 of job 'train': a job name is one training run, and site site-b still runs the old one \(at step 3\): use a new name, or wait until its ranks are all gone$"
 expect "$(site_log 1)" "event=rerun_refused site=site-a job=train" "site-b's log"
 
 ranks_wait
@@ -61,7 +61,7 @@ rank_start tiny 8 0 1 0 2 --late 8000@2
 rank_start tiny 8 0 1 1 1
 wait_for "$work/tiny-s1-r0.out" 'digest=' 15 || fail "site-b's rank of the first tiny run did not finish"
 wait_for "$(site_log 0)" 'event=peer_job_ended site=site-b job=tiny ' 10 || fail "site-a did not hear site-b's END"
-new_run_refused tiny 8 1 "step 1: error -5 \(GG_ERR_REFUSED\): step 1 \(tensor 1\): step 1 of job 'tiny': site site-a still runs it, as far as site site-b heard \(no END of its old run came\): a job name is one training run; use a new name, or wait until the old run's ranks are all gone$"
+new_run_refused tiny 8 1 "step 1: error -5 \(GG_ERR_REFUSED\): step 1 \(tensor 1\): step 1 of job 'tiny': a job name is one training run, and site site-a still runs the old one \(as far as site site-b heard\): use a new name, or wait until its ranks are all gone$"
 ranks_wait
 # The old run, past its step 1, heard that refusal too: it is not its own,
 # and its step 2 fails for what really ended it.
@@ -99,7 +99,7 @@ for pid in "${news[@]}"; do
 done
 ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 for s in 0 2; do
-	expect "$work/rerun3-s$s-r0.err" "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b still runs it" \
+	expect "$work/rerun3-s$s-r0.err" "step 1: error -5 \(GG_ERR_REFUSED\): .*site site-b still runs the old one" \
 		"the new run's error at ${SITES[$s]}"
 done
 log "3 sites: new run refused after $ms ms: $(cat "$work/rerun3-s0-r0.err")"
