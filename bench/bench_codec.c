@@ -108,24 +108,31 @@ static void synthesize(float *x, size_t n, enum data_kind kind)
 	}
 }
 
+/* 0, or the exit status: 2 for a --file that names no file of values, 1
+ * where reading it failed. */
 static int load_file(const char *path, float **out, size_t *n)
 {
 	FILE *f = fopen(path, "rb");
 	struct stat st;
 	if (!f) {
-		fprintf(stderr, "gradgate-bench codec: %s: %s\n", path, strerror(errno));
-		return -1;
+		fprintf(stderr, "gradgate-bench codec: --file %s: %s\n", path, strerror(errno));
+		return 2;
 	}
-	if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+	if (fstat(fileno(f), &st)) {
+		fprintf(stderr, "gradgate-bench codec: %s: %s\n", path, strerror(errno));
+		fclose(f);
+		return 1;
+	}
+	if (!S_ISREG(st.st_mode)) {
 		fprintf(stderr, "gradgate-bench codec: --file %s: %s\n", path,
 			S_ISDIR(st.st_mode) ? "is a folder, not a file of fp32 values" : "is not a regular file");
 		fclose(f);
-		return -1;
+		return 2;
 	}
 	if (fseek(f, 0, SEEK_END) || ftell(f) < 0) {
 		fprintf(stderr, "gradgate-bench codec: %s: cannot tell its size\n", path);
 		fclose(f);
-		return -1;
+		return 1;
 	}
 	long bytes = ftell(f);
 	rewind(f);
@@ -137,12 +144,12 @@ static int load_file(const char *path, float **out, size_t *n)
 	if (!*out || fread(*out, sizeof(float), *n, f) != *n) {
 		fprintf(stderr, "gradgate-bench codec: %s: %s\n", path, *out ? "short read" : "out of memory");
 		fclose(f);
-		return -1;
+		return 1;
 	}
 	fclose(f);
 	if (*n == 0) {
-		fprintf(stderr, "gradgate-bench codec: %s: no fp32 values\n", path);
-		return -1;
+		fprintf(stderr, "gradgate-bench codec: --file %s: no fp32 values\n", path);
+		return 2;
 	}
 	return 0;
 }
@@ -548,8 +555,8 @@ int gg_bench_codec_main(int argc, char **argv)
 		return 2;
 	float *x = NULL;
 	size_t n = 0;
-	if (o.file && load_file(o.file, &x, &n)) /* before the banner, which would promise figures */
-		return 2;
+	if (o.file && (rc = load_file(o.file, &x, &n))) /* before the banner, which would promise figures */
+		return rc;
 	if (!o.json) {
 		char sz[32], ch[32], lv[16] = "off";
 		if (o.zstd)

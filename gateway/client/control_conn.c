@@ -136,7 +136,7 @@ int gg_ctrl_parse_endpoint(const char *endpoint, struct sockaddr_un *addr, struc
 	if (!endpoint || !*endpoint)
 		return gg_ctrl_error(err, GG_ERR_INVALID, "%s: pass one or set " GG_ENDPOINT_ENV
 			       " to the site's control socket (unix:/run/gradgate/SITE.sock by default)",
-			       given ? "the gateway endpoint given is empty (NULL would read " GG_ENDPOINT_ENV ")"
+			       given ? "the gateway endpoint given is empty (giving none reads " GG_ENDPOINT_ENV ")"
 			       : endpoint ? GG_ENDPOINT_ENV " is empty" : "no gateway endpoint");
 	if (strncmp(endpoint, "unix:", 5)) {
 		if (!strncmp(endpoint, "tcp:", 4))

@@ -13,8 +13,8 @@ ctypes), with the semantics of include/gradgate.h:
 Arrays are C-contiguous, writeable float32 numpy arrays, or float32 /
 bfloat16 dense torch tensors (non-contiguous ones go through a contiguous
 copy; sparse tensors, views whose elements share memory, tensors that
-require grad and tensors over memory the process may not write are
-refused); tensor_id is an integer 0 to 2**32 - 1, and
+require grad and tensors over memory the process may not write, where
+that can be told, are refused: see the README); tensor_id is an integer 0 to 2**32 - 1, and
 timeout_ms, rank and nranks are integers too (floats are refused, never
 truncated);
 allreduce() moves CUDA tensors through a host copy, allreduce_cuda() sums
@@ -22,8 +22,11 @@ them where they are, on the GPU (gg_allreduce_cuda), and allreduce_nccl()
 through the site's NCCL communicator, which the gateway is a rank of
 (gg_allreduce_nccl). Failures raise
 gradgate.Error with the library's code (Error.code, Error.name) and
-message; arguments refused here, before anything is sent, raise TypeError
-(type, dtype, layout) or ValueError (the rest).
+message; arrays and tensors refused here, before anything is sent, raise
+TypeError (type, dtype, layout) or ValueError (the rest), and other
+arguments of the wrong type TypeError; values the library checks (a rank
+out of range, a job name, a buffer too large, a closed session) raise
+gradgate.Error, also before anything is sent.
 
 The library is found at $GRADGATE_LIBRARY when set, else as
 libgradgate.so.0 on the loader's path (meson install puts it there): that

@@ -355,7 +355,7 @@ static void test_endpoint_env(void)
 	CHECK_ERR(err, GG_ERR_INVALID, GG_ENDPOINT_ENV " is empty: pass one or set");
 	CHECK(setenv(GG_ENDPOINT_ENV, h.endpoint, 1) == 0);
 	CHECK_EQ_INT(gg_session_open("", "env", 0, 1, &s, &err), GG_ERR_INVALID);
-	CHECK_ERR(err, GG_ERR_INVALID, "the gateway endpoint given is empty (NULL would read " GG_ENDPOINT_ENV ")");
+	CHECK_ERR(err, GG_ERR_INVALID, "the gateway endpoint given is empty (giving none reads " GG_ENDPOINT_ENV ")");
 	CHECK(s == NULL);
 	CHECK(unsetenv(GG_ENDPOINT_ENV) == 0);
 }
