@@ -256,6 +256,16 @@ static void post_end(struct gg_node *n, struct job *j)
 	j->end_told = post_lanes(n, &m, j->end_told);
 }
 
+/* Every step that fails at this site gets one such line, whichever site's
+ * cause failed it. */
+static void log_step_failed(const char *job, uint64_t seq, const char *message)
+{
+	char safe[LOG_VALUE_MAX];
+
+	gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", job, (unsigned long long)seq,
+	       gg_escape(safe, sizeof(safe), message, strlen(message)));
+}
+
 /* Step `seq` failed here with `status`. Whatever failed it, it joins the
  * run of failed steps that a returning peer hears of, and whose cause this
  * site's END names. */
@@ -271,9 +281,7 @@ static void step_failed_here(struct gg_node *n, struct job *j, uint64_t seq, int
 	 * the next completed step plans again. */
 	j->using = (struct gg_wire_plan){ 0 };
 	j->plan_told = false;
-	char safe[LOG_VALUE_MAX];
-	gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", j->name, (unsigned long long)seq,
-	       gg_escape(safe, sizeof(safe), message, strlen(message)));
+	log_step_failed(j->name, seq, message);
 }
 
 /* Ends the job's step: the lanes let go of their parts first (a part may
@@ -1845,6 +1853,7 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 	}
 	send_abort(n, -1, job, j ? j->run : new_run(n), seq, seq, code, reason);
 	note_failure(n, job, seq, code, reason);
+	log_step_failed(job, seq, reason);
 	if (j)
 		remember_abort(n, j, seq, code, reason);
 	/* Frames the lanes keep for the step are let go. */

@@ -201,7 +201,7 @@ within() {
 }
 
 case_ranks_disagree() {
-	local t0
+	local t0 s
 	t0=$(now_us)
 	start_job rd "0:1:--mismatch-step 2"
 	ranks_wait
@@ -209,6 +209,10 @@ case_ranks_disagree() {
 	expect_ok rd 1 3
 	expect_failed rd 2 -10 "ranks of site site-a disagree: rank 0 announced tensor 1 \\(100000 .*rank 1 announced tensor 1 \\(100001 "
 	within "$(ms_since "$t0")" 8000 "3 steps with one failed at every site"
+	# Every site logs the failed step, site-a too, whose ranks failed it.
+	for ((s = 0; s < K; s++)); do
+		expect "$(site_log "$s")" "level=error event=step_failed job=rd step=2 reason=.*disagree" "${SITES[$s]}'s log"
+	done
 }
 
 case_sites_disagree() {
