@@ -224,8 +224,16 @@ static bool core_lost_site(void *core, char *why, size_t why_size)
 	return gg_node_lost_site(d->node, why, why_size);
 }
 
-static const struct gg_core_ops core_ops = { core_submit, core_abort, core_end_job, core_fail_unstarted,
-					     core_job_opened, core_gpu_frees, core_lost_site };
+static bool core_job_failed(void *core, const char *job)
+{
+	struct daemon *d = core;
+
+	return gg_node_job_failed(d->node, job);
+}
+
+static const struct gg_core_ops core_ops = { core_submit,     core_abort,	  core_end_job,
+					     core_fail_unstarted, core_job_opened, core_gpu_frees,
+					     core_lost_site,  core_job_failed };
 
 static void backend_log(void *arg, const char *line)
 {

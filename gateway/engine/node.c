@@ -1457,6 +1457,18 @@ static bool lost_site(struct gg_node *n, uint64_t now, char *why, size_t why_siz
 	return false;
 }
 
+bool gg_node_job_failed(struct gg_node *n, const char *job)
+{
+	const struct job *j = find_job(n, job, false);
+
+	if (j)
+		return (j->refused && j->last_seq >= 1) || (j->ended_by && j->last_seq >= j->ended_done);
+	/* Its ranks here have announced no step yet: what the name's record
+	 * keeps for them ends the job once it is made. */
+	const struct name_runs *r = name_runs(n, job, false);
+	return r && r->open && (r->lost_by || r->end_from || r->abort_from);
+}
+
 bool gg_node_lost_site(struct gg_node *n, char *why, size_t why_size)
 {
 	return lost_site(n, gg_node_loop(n)->now_us, why, why_size);

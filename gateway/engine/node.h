@@ -223,6 +223,10 @@ int gg_node_fail_unstarted(struct gg_node *n, const char *job, uint64_t seq, cha
  * this site not just back from standing still): true with `why` saying
  * "site X is unreachable: nothing heard from it for N s (...)". */
 bool gg_node_lost_site(struct gg_node *n, char *why, size_t why_size);
+/* Whether every later step of `job` fails here for what happened at
+ * another site: its run ended there (its ranks left, its gateway
+ * restarted or stopped) or refused this one as a new run of the name. */
+bool gg_node_job_failed(struct gg_node *n, const char *job);
 
 /* The first rank of `job` connected at this site: a peer's END of a run
  * of the name, or its restart during one, heard before now ends a run the

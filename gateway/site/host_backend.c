@@ -443,7 +443,8 @@ unsigned gg_host_backend_list_jobs(const struct gg_host_backend *b, struct gg_ho
 		o->connected = j->connected;
 		o->last_step = GG_MAX(j->seq - 1, j->ended_seq);
 		o->uid = (uint32_t)j->uid;
-		o->state = j->broken ? GG_CTRL_JOB_FAILED : j->with_core || j->nccl_phase ? GG_CTRL_JOB_RUNNING
+		const bool failed = j->broken || (b->core_ops->job_failed && b->core_ops->job_failed(b->core, j->name));
+		o->state = failed ? GG_CTRL_JOB_FAILED : j->with_core || j->nccl_phase ? GG_CTRL_JOB_RUNNING
 			   : announced ? GG_CTRL_JOB_GATHERING : GG_CTRL_JOB_IDLE;
 	}
 	return n;

@@ -129,6 +129,10 @@ struct gg_core_ops {
 	 * fails with GG_ERR_SITE, as at the sites that find it the cause.
 	 * NULL as for abort. */
 	bool (*lost_site)(void *core, char *why, size_t why_size);
+	/* Whether every later step of `job` fails for what happened at
+	 * another site (gg_node_job_failed()): `gradgate status` then shows
+	 * the job failed, as for a rank that left here. NULL as for abort. */
+	bool (*job_failed)(void *core, const char *job);
 };
 
 struct gg_site_backend_ops {

@@ -264,6 +264,8 @@ case_ranks_gone_first() {
 	[ "${rank_names[$((last * RANKS))]}" = "rg-s$last-r0" ] || fail "unexpected rank order: ${rank_names[*]}"
 	kill -KILL "${rank_pids[@]:$((last * RANKS)):RANKS}"
 	killed=$(now_us)
+	# Its ranks there, still to come to step 1, are shown a failed job.
+	wait_job 0 rg "$RANKS/$RANKS +0 +failed " "shown failed once the last site's ranks were gone"
 	for ((s = 0; s < last; s++)); do
 		reported rg "$s" "$STEPS" 12 "the outcome of its last step"
 	done
