@@ -157,6 +157,7 @@ static bool host_ok(const char *p, const char *end)
  * but must not misjudge (RFC 9112, 6.3). */
 struct framing {
 	bool length_seen, length_bad, te_seen, te_chunked_last;
+	unsigned te_chunked; /* how often chunked is applied: once at most */
 	unsigned long long length;
 };
 
@@ -173,8 +174,8 @@ static void content_length(struct framing *f, const char *p, const char *end)
 		else
 			v = v * 10 + (unsigned)(*p - '0');
 	}
-	if (f->length_seen && v != f->length)
-		f->length_bad = true; /* two lengths that differ */
+	if (f->length_seen)
+		f->length_bad = true; /* doubled, equal or not: as "1, 1" is */
 	f->length_seen = true;
 	f->length = v;
 }
@@ -191,6 +192,7 @@ static void transfer_encoding(struct framing *f, const char *p, const char *end)
 		if (s < e) {
 			f->te_seen = true;
 			f->te_chunked_last = e - s == 7 && !strncasecmp(s, "chunked", 7);
+			f->te_chunked += f->te_chunked_last;
 		}
 		p = comma ? comma + 1 : end;
 	}
@@ -250,8 +252,11 @@ int gg_http_check_request(const char *head, size_t len, const char *path, bool *
 	if (hosts > 1 || (http11 && hosts == 0))
 		return 400;
 	/* A body whose length cannot be told: a bad or doubled length, or a
-	 * transfer coding that does not end in chunked, or both framings. */
-	if ((body.length_seen && (body.length_bad || body.te_seen)) || (body.te_seen && !body.te_chunked_last))
+	 * transfer coding that does not end in chunked (or applies it twice),
+	 * or both framings, or a transfer coding in HTTP/1.0, whose framing
+	 * RFC 9112 (6.1) has taken as faulty. */
+	if ((body.length_seen && (body.length_bad || body.te_seen)) ||
+	    (body.te_seen && (!body.te_chunked_last || body.te_chunked > 1 || !http11)))
 		return 400;
 
 	/* asterisk-form is OPTIONS's alone, and authority-form CONNECT's:

@@ -86,7 +86,7 @@ static const struct {
 	{ "CONNECT gw:9464 HTTP/1.1\r\nHost: gw:9464\r\n\r\n", 405, false },
 	/* A body's length that cannot be told (RFC 9112, 6.3). */
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", 0, false },
-	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-length:5\r\n\r\n", 0, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-length:5\r\n\r\n", 400, false },
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400, false },
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n", 400, false },
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n", 400, false },
@@ -98,6 +98,10 @@ static const struct {
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: ,\r\nContent-Length: 0\r\n\r\n", 0, false },
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400, false },
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 400, false },
+	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 400,
+	  false },
+	{ "GET /metrics HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400, false },
 	{ "GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400,
 	  false },
 };
