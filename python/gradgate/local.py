@@ -69,8 +69,13 @@ if sys.stdin.buffer.read(1):
 
 
 def running():
-    # A pidfd is readable once its process has ended.
-    return [fd for fd in fds if not select.select([fd], [], [], 0)[0]]
+    # A pidfd is readable once its process has ended (poll: the numbers
+    # are the owner's, past select()'s 1024 in a process with many files).
+    ended = select.poll()
+    for fd in fds:
+        ended.register(fd, select.POLLIN)
+    gone = {fd for fd, _ in ended.poll(0)}
+    return [fd for fd in fds if fd not in gone]
 
 
 for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -165,7 +170,8 @@ class LocalSites:
         fds = []
         try:
             # Unreaped children: their pids are theirs still.
-            fds = [os.pidfd_open(p.pid) for p in self.procs]
+            for p in self.procs:
+                fds.append(os.pidfd_open(p.pid))
             self.watcher = subprocess.Popen([sys.executable, "-I", "-c", _WATCHER, "" if self.keep else self.dir]
                                             + [str(fd) for fd in fds], pass_fds=fds, stdin=subprocess.PIPE,
                                             stdout=subprocess.DEVNULL, start_new_session=True)

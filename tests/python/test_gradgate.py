@@ -125,8 +125,13 @@ class Library(unittest.TestCase):
         # A process that started LocalSites and was killed before stop():
         # its gateways end and their folder goes all the same.
         owner = subprocess.Popen(
-            [sys.executable, "-c", "import os, signal, sys\n"
+            [sys.executable, "-c", "import os, resource, signal, sys\n"
              "from gradgate.local import LocalSites\n"
+             # Past select()'s 1024 files, as a training process may be.
+             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+             "if hard == resource.RLIM_INFINITY or hard >= 1200:\n"
+             "    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))\n"
+             "    held = [open(os.devnull) for _ in range(1100)]\n"
              "m = LocalSites(sites=2).start()\n"
              "print(m.dir, *[p.pid for p in m.procs], flush=True)\n"
              "os.kill(os.getpid(), signal.SIGKILL)\n"],
