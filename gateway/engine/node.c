@@ -1462,7 +1462,7 @@ bool gg_node_job_failed(struct gg_node *n, const char *job)
 	const struct job *j = find_job(n, job, false);
 
 	if (j)
-		return (j->refused && j->last_seq >= 1) || (j->ended_by && j->last_seq >= j->ended_done);
+		return j->refused || (j->ended_by && j->last_seq >= j->ended_done);
 	/* Its ranks here have announced no step yet: what the name's record
 	 * keeps for them ends the job once it is made. */
 	const struct name_runs *r = name_runs(n, job, false);
@@ -1690,6 +1690,7 @@ unsigned gg_node_recent_failures(const struct gg_node *n, struct gg_node_failure
 void gg_node_note_failure(struct gg_node *n, const char *job, uint64_t seq, int code, const char *message)
 {
 	note_failure(n, job, seq, code, message);
+	log_step_failed(job, seq, message);
 }
 
 uint64_t gg_node_failure_count(const struct gg_node *n)

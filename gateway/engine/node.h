@@ -323,7 +323,8 @@ const struct gg_node_stats *gg_node_stats(const struct gg_node *n);
  * gg_node_run_once): counters the lanes publish are read, not locked. */
 void gg_node_get_metrics(const struct gg_node *n, struct gg_node_metrics *out);
 /* A step this site failed without handing it to the node (the node
- * refused it): counted and kept with those the node failed. */
+ * refused it): counted, kept with those the node failed, and logged
+ * (step_failed). */
 void gg_node_note_failure(struct gg_node *n, const char *job, uint64_t seq, int code, const char *message);
 /* The last failures (at most `max`), newest first; returns how many. */
 unsigned gg_node_recent_failures(const struct gg_node *n, struct gg_node_failure *out, unsigned max);

@@ -255,8 +255,10 @@ case_rank_killed() {
 
 case_ranks_gone_first() {
 	local s r t specs=() killed took
+	# Late enough that the other sites' gateways show the job failed for a
+	# while before their ranks announce step 1.
 	for ((s = 0; s < last; s++)); do
-		for ((r = 0; r < RANKS; r++)); do specs+=("$s:$r:--late 3000@1"); done
+		for ((r = 0; r < RANKS; r++)); do specs+=("$s:$r:--late 4500@1"); done
 	done
 	for ((r = 0; r < RANKS; r++)); do specs+=("$last:$r:--late 20000@1"); done
 	start_job rg "${specs[@]}"
