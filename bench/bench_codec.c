@@ -115,8 +115,9 @@ static int load_file(const char *path, float **out, size_t *n)
 	FILE *f = fopen(path, "rb");
 	struct stat st;
 	if (!f) {
-		fprintf(stderr, "gradgate-bench codec: --file %s: %s\n", path, strerror(errno));
-		return 2;
+		int e = errno;
+		fprintf(stderr, "gradgate-bench codec: --file %s: %s\n", path, strerror(e));
+		return e == ENOENT || e == ENOTDIR || e == EACCES || e == EISDIR ? 2 : 1;
 	}
 	if (fstat(fileno(f), &st)) {
 		fprintf(stderr, "gradgate-bench codec: %s: %s\n", path, strerror(errno));
