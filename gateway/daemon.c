@@ -231,9 +231,16 @@ static bool core_job_failed(void *core, const char *job)
 	return gg_node_job_failed(d->node, job);
 }
 
+static void core_abort_from(void *core, const char *job, uint64_t seq, int code, const char *message)
+{
+	struct daemon *d = core;
+
+	gg_node_abort_from(d->node, job, seq, code, message);
+}
+
 static const struct gg_core_ops core_ops = { core_submit,     core_abort,	  core_end_job,
 					     core_fail_unstarted, core_job_opened, core_gpu_frees,
-					     core_lost_site,  core_job_failed };
+					     core_lost_site,  core_job_failed, core_abort_from };
 
 static void backend_log(void *arg, const char *line)
 {

@@ -663,15 +663,20 @@ static int failed_elsewhere(const struct job *j, uint64_t seq, const char **reas
 		*reason = j->refused_reason;
 		return GG_ERR_REFUSED;
 	}
-	for (unsigned a = 0; a < ABORTS_KEPT; a++) {
-		if (j->aborted[a].lo && j->aborted[a].lo <= seq && seq <= j->aborted[a].hi) {
-			*reason = j->aborted[a].reason;
-			return j->aborted[a].code;
+	/* Open-ended ranges last: a site's END, which may follow such an
+	 * ABORT at once (its last ranks left one after the other), says more. */
+	for (int open_ended = 0; open_ended < 2; open_ended++) {
+		for (unsigned a = 0; a < ABORTS_KEPT; a++) {
+			if (j->aborted[a].lo && j->aborted[a].lo <= seq && seq <= j->aborted[a].hi &&
+			    (j->aborted[a].hi == UINT64_MAX) == open_ended) {
+				*reason = j->aborted[a].reason;
+				return j->aborted[a].code;
+			}
 		}
-	}
-	if (j->ended_by && seq > j->ended_done) {
-		*reason = seq <= j->ended_last ? j->ended_reason : j->end_reason;
-		return seq <= j->ended_last ? j->ended_code : GG_ERR_RANK;
+		if (!open_ended && j->ended_by && seq > j->ended_done) {
+			*reason = seq <= j->ended_last ? j->ended_reason : j->end_reason;
+			return seq <= j->ended_last ? j->ended_code : GG_ERR_RANK;
+		}
 	}
 	return 0;
 }
@@ -966,6 +971,10 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 		}
 		return;
 	}
+	/* A site's steps from one on (gg_node_abort_from()) fail the steps
+	 * that wait for it here; with none here, its END says the rest. */
+	if (!j && m->u.abort.last == UINT64_MAX)
+		return;
 	if (!j && !(j = find_job(n, m->u.abort.job, true)))
 		return;
 	aborted_there(n, j, from, &m->u.abort);
@@ -996,6 +1005,9 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 	if (lo == hi)
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,
 			 j->name, reason);
+	else if (hi == UINT64_MAX)
+		snprintf(msg, sizeof(msg), "site %s aborted job '%s' from step %llu on: %s", site, j->name,
+			 (unsigned long long)lo, reason);
 	else
 		snprintf(msg, sizeof(msg), "site %s aborted steps %llu to %llu of job '%s': %s", site,
 			 (unsigned long long)lo, (unsigned long long)hi, j->name, reason);
@@ -1015,8 +1027,8 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 		return;
 	unsigned a = 0;
 	for (unsigned k = 0; k < ABORTS_KEPT; k++) {
-		if (j->aborted[k].lo == from_seq && j->aborted[k].hi >= hi)
-			return; /* a copy: each lane sends it */
+		if (j->aborted[k].lo && j->aborted[k].lo <= from_seq && j->aborted[k].hi >= hi)
+			return; /* a copy (each lane sends it), or within a range that fails them already */
 		if (j->aborted[k].lo < j->aborted[a].lo)
 			a = k;
 	}
@@ -1461,8 +1473,12 @@ bool gg_node_job_failed(struct gg_node *n, const char *job)
 {
 	const struct job *j = find_job(n, job, false);
 
-	if (j)
+	if (j) {
+		for (unsigned a = 0; a < ABORTS_KEPT; a++)
+			if (j->aborted[a].lo && j->aborted[a].lo <= j->last_seq + 1 && j->aborted[a].hi == UINT64_MAX)
+				return true; /* a peer's steps from then on */
 		return j->refused || (j->ended_by && j->last_seq >= j->ended_done);
+	}
 	/* Its ranks here have announced no step yet: what the name's record
 	 * keeps for them ends the job once it is made. */
 	const struct name_runs *r = name_runs(n, job, false);
@@ -1874,6 +1890,16 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 	if (j && seq > j->last_seq)
 		j->last_seq = seq;
 	return 0;
+}
+
+void gg_node_abort_from(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
+{
+	const struct job *j = find_job(n, job, false);
+
+	/* Only of a run under way here: before its first step the other
+	 * sites' steps wait for this one's ranks' step 1 in any case. */
+	if (j && j->last_seq && !n->shutting_down)
+		send_abort(n, -1, job, j->run, seq, UINT64_MAX, code, reason);
 }
 
 void gg_node_end_job(struct gg_node *n, const char *job)

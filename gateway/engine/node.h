@@ -227,6 +227,13 @@ bool gg_node_lost_site(struct gg_node *n, char *why, size_t why_size);
  * another site: its run ended there (its ranks left, its gateway
  * restarted or stopped) or refused this one as a new run of the name. */
 bool gg_node_job_failed(struct gg_node *n, const char *job);
+/* Every step of `job` from `seq` on fails at this site (its ranks here
+ * fail them as they come to them): the other sites fail them now, with
+ * `code` and `reason`, in their step in progress too, where they have
+ * the job (the rest hear the job's END). Only once a step of the run was
+ * submitted here; before that the other sites wait for this one's step 1
+ * in any case. */
+void gg_node_abort_from(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason);
 
 /* The first rank of `job` connected at this site: a peer's END of a run
  * of the name, or its restart during one, heard before now ends a run the

@@ -209,7 +209,7 @@ static void conn_detach(struct gg_host_backend *b, struct hb_conn *c, const char
 	if (why) {
 		if (hb_session_log_now(b))
 			hb_log(b, "%s", why);
-		hb_job_break(b, j, GG_ERR_RANK, why);
+		hb_job_break(b, j, GG_ERR_RANK, why, true);
 	}
 	while (c->req_count)
 		hb_req_pop(c);
@@ -410,7 +410,7 @@ bool hb_end_waiting_joiners(struct gg_host_backend *b, struct hb_job *j)
 	/* The job fails with the communicator's cause (its join failed or
 	 * timed out here), not with the ranks that are told of it. */
 	if (!j->broken)
-		hb_job_break(b, j, j->nccl_code, j->nccl_why);
+		hb_job_break(b, j, j->nccl_code, j->nccl_why, false);
 	const int code = j->broken;
 	gg_ctrl_set_text(why, sizeof(why), j->broken_msg);
 	/* Each end settles the job, which the last one frees. */

@@ -305,7 +305,7 @@ void hb_nccl_end_id(struct gg_host_backend *b, struct hb_job *j);
 void hb_job_release(struct hb_job *j);
 void hb_job_free(struct gg_host_backend *b, struct hb_job *j);
 void hb_nccl_abort(struct gg_host_backend *b, struct hb_job *j, int code, const char *why);
-void hb_job_break(struct gg_host_backend *b, struct hb_job *j, int code, const char *why);
+void hb_job_break(struct gg_host_backend *b, struct hb_job *j, int code, const char *why, bool rank_leaving);
 void hb_job_settle(struct gg_host_backend *b, struct hb_job *j);
 GG_PRINTF(4, 5) void hb_fail_step(struct gg_host_backend *b, struct hb_job *j, int code, const char *fmt, ...);
 const char *hb_nccl_joiners(const struct hb_job *j, char *buf, size_t size);

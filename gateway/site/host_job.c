@@ -253,8 +253,9 @@ void hb_nccl_abort(struct gg_host_backend *b, struct hb_job *j, int code, const 
 	hb_log(b, "job '%s': its NCCL communicator is aborted: %s", j->name, why);
 }
 
-/* Every request of the job fails from now on with `why`. */
-void hb_job_break(struct gg_host_backend *b, struct hb_job *j, int code, const char *why)
+/* Every request of the job fails from now on with `why`. `rank_leaving`:
+ * a rank of it, still counted in j->connected, is leaving. */
+void hb_job_break(struct gg_host_backend *b, struct hb_job *j, int code, const char *why, bool rank_leaving)
 {
 	if (j->broken)
 		return;
@@ -283,6 +284,14 @@ void hb_job_break(struct gg_host_backend *b, struct hb_job *j, int code, const c
 	} else if (hb_step_in_progress(j) && j->nccl_phase != PHASE_BROADCAST) {
 		tell_core(b, j, j->seq, code, why);
 	}
+	/* Every step after those fails here as its remaining ranks come to
+	 * it: the other sites hear so now, not step by step as they come
+	 * (which a late rank here would hold up past their deadline). Where
+	 * none remains, the job's end says it; a gateway that stops says so
+	 * itself, to every job. */
+	if (b->core_ops->abort_from && !b->stopping && j->connected > (rank_leaving ? 1u : 0u))
+		b->core_ops->abort_from(b->core, j->name,
+					j->with_core ? j->step.seq + 1 : j->seq + hb_step_in_progress(j), code, why);
 }
 
 void hb_job_settle(struct gg_host_backend *b, struct hb_job *j)
@@ -505,7 +514,7 @@ void hb_step_deliver(struct gg_host_backend *b, struct hb_job *j, int status, co
 	/* The other sites completed the step and this one could not: the job
 	 * cannot go on as one (and the GPU may be unusable). */
 	if (gpu_failed)
-		hb_job_break(b, j, GG_ERR_SYSTEM, gpu_msg);
+		hb_job_break(b, j, GG_ERR_SYSTEM, gpu_msg, false);
 }
 
 /* An NCCL step's broadcast could not be made: the ranks are told with
@@ -517,7 +526,7 @@ void hb_broadcast_failed(struct gg_host_backend *b, struct hb_job *j, int status
 	hb_nccl_abort(b, j, code, text);
 	hb_step_deliver(b, j, status ? status : code, status ? message : text);
 	if (!status)
-		hb_job_break(b, j, code, text);
+		hb_job_break(b, j, code, text, false);
 }
 
 /* The core is done with the step. An NCCL step's result goes to the ranks

@@ -133,6 +133,12 @@ struct gg_core_ops {
 	 * another site (gg_node_job_failed()): `gradgate status` then shows
 	 * the job failed, as for a rank that left here. NULL as for abort. */
 	bool (*job_failed)(void *core, const char *job);
+	/* Every step of `job` from `seq` on fails at this site (a rank of it
+	 * left or broke the protocol, and others are still connected): the
+	 * core fails them at the other sites now, with `code` and `message`,
+	 * rather than as the ranks here come to them. Strings are read during
+	 * the call only. NULL as for abort. */
+	void (*abort_from)(void *core, const char *job, uint64_t seq, int code, const char *message);
 };
 
 struct gg_site_backend_ops {

@@ -9,6 +9,10 @@
 # sites-disagree  every rank of the last site does: the same
 # rank-killed     a rank of site-a dies while step 2 is with the gateways:
 #                 GG_ERR_RANK everywhere, naming it, long before step_timeout
+# rank-left       a rank of site-a leaves after step 1 while its other rank
+#                 is 4 s late to step 2: the other sites fail steps 2 and 3
+#                 at once with GG_ERR_RANK naming it, not when the late
+#                 rank comes (nor at their deadline)
 # deadline        site-a's ranks give each step 1.5 s and the last site comes
 #                 4 s late to step 2: GG_ERR_TIMEOUT everywhere, from site-a's
 #                 deadline on; the same sessions go on with step 3
@@ -251,6 +255,24 @@ case_rank_killed() {
 	check_steps rk 0:1
 	expect_ok rk 1
 	expect_failed rk 2 -11 "rank 1 of job 'rk' (disconnected|lost its connection) during step 2" 0:1
+}
+
+case_rank_left() {
+	local t0 took t
+	start_job rl "0:0:--steps 1" "0:1:--late 4000@2"
+	wait_for "$work/rl-s0-r0.out" "^step 1 rc=0" 10 || fail "step 1 did not work at site-a"
+	t0=$(now_us)
+	wait_for "$work/rl-s$last-r0.out" "^step 3 rc=" 3 ||
+		fail "${SITES[$last]} did not fail steps 2 and 3 before site-a's late rank came"
+	took=$(ms_since "$t0")
+	log "  ${SITES[$last]}'s rank had steps 2 and 3 failed ${took} ms after site-a's rank 0 left"
+	within "$took" 1500 "the other sites failing the steps after a rank left"
+	ranks_wait
+	check_steps rl 0:0
+	expect_ok rl 1
+	for t in 2 3; do
+		expect_failed rl $t -11 "rank 0 of job 'rl' disconnected after step 1 at site site-a" 0:0
+	done
 }
 
 case_ranks_gone_first() {
