@@ -221,9 +221,12 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  *            for. A site whose ranks are all in waits up to 50 ms and
  *            twice its longest round trip to another site (at most 1 s)
  *            past the deadline, for the word of a site still waiting for
- *            a rank of its own, which names that rank; the step may still
- *            complete meanwhile. A site that already holds the result may answer later,
- *            by its answer grace (the peers' heartbeat_timeout): the other
+ *            a rank of its own, which names that rank where that site's
+ *            deadline is no later (where every rank gave the same
+ *            timeout); else the message names the data it waited for.
+ *            The step may still complete meanwhile. A site that already
+ *            holds the result may answer later, by its answer grace (the
+ *            peers' heartbeat_timeout): the other
  *            sites may have completed the step, and it completes here too
  *            rather than split the outcome. Steps end in order: one behind
  *            earlier steps of the session still in flight

@@ -533,9 +533,14 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 				const bool read_only = errno == EROFS;
 				char who[256];
 				gg_user_name(geteuid(), who, sizeof(who));
-				snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it in %s "
-					 "(%s): choose a folder it may write in, as /run/gradgate", path, who, dir,
-					 read_only ? "a read-only file system" : "no write access");
+				if (read_only)
+					snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it "
+						 "in %s (a read-only file system): choose a folder on one it may write in, "
+						 "as /run/gradgate", path, who, dir);
+				else
+					snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it "
+						 "in %s (no write access): give it the folder (chown %s '%s'), or choose "
+						 "one it may write in", path, who, dir, who, dir);
 				return -EACCES;
 			}
 			if (S_ISDIR(st.st_mode) && level == 0 && (rc = try_socket_in(dir))) {
