@@ -17,6 +17,10 @@ K=2
 # reopening closed ones (at most 500 a second); "opened N closed N" every
 # second into $work/flood.out.
 flood() {
+	# Emptied here, not only by the background job's redirection, which
+	# on a busy host may come after the wait below read an earlier
+	# flood's "opened 1234".
+	: >"$work/flood.out"
 	python3 - 127.0.0.1 "$@" >"$work/flood.out" 2>&1 <<'PY' &
 import selectors, socket, sys, time
 host, port, count, addrs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
