@@ -952,8 +952,11 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 {
 	struct job *j = find_job(n, m->u.abort.job, false);
 
-	/* A run over at the peer said how its steps ended in its END. */
-	if (peer_run_stale(n, m->u.abort.job, from, m->u.abort.run, true))
+	/* A run over at the peer said how its steps ended in its END. An
+	 * open-ended range of a peer's run that took part in a run of the
+	 * name that ended here is of none here either (a new run here must
+	 * not take it for its own). */
+	if (peer_run_stale(n, m->u.abort.job, from, m->u.abort.run, m->u.abort.last != UINT64_MAX))
 		return;
 	/* A job over here stays over: recording the abort would make it anew
 	 * and drop the END that a peer cut off while it ended still needs.
@@ -1039,10 +1042,13 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 	for (uint64_t seq = from_seq; seq <= hi && seq < from_seq + 64; seq++)
 		forget_step(n, j->name, seq);
 	char safe[LOG_VALUE_MAX];
-	if (peer_log_now(n->logs, from, LOG_ABORT_RECORDED, gg_node_loop(n)->now_us))
-		gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%llu reason=\"%s\"", j->name,
-		       (unsigned long long)from_seq, (unsigned long long)hi,
-		       gg_escape(safe, sizeof(safe), msg, strlen(msg)));
+	if (peer_log_now(n->logs, from, LOG_ABORT_RECORDED, gg_node_loop(n)->now_us)) {
+		char last[24] = "open"; /* an open-ended range: every later step */
+		if (hi != UINT64_MAX)
+			snprintf(last, sizeof(last), "%llu", (unsigned long long)hi);
+		gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%s reason=\"%s\"", j->name,
+		       (unsigned long long)from_seq, last, gg_escape(safe, sizeof(safe), msg, strlen(msg)));
+	}
 }
 
 /* The job is over at site `from`: steps up to last_done completed there,
@@ -1297,6 +1303,9 @@ static void resend_done(struct gg_node *n, unsigned peer)
 		if (j->failed_lo && now - j->failed_us < n->cfg->transport.step_timeout_us)
 			send_abort(n, (int)peer, j->name, j->run, j->failed_lo, j->failed_hi, j->failed_code,
 				   j->failed_reason);
+		if (j->fail_from)
+			send_abort(n, (int)peer, j->name, j->run, j->fail_from, UINT64_MAX, j->fail_from_code,
+				   j->fail_from_reason);
 	}
 	for (unsigned e = 0; e < ENDS_KEPT; e++)
 		if (n->ended[e].name[0] && now - n->ended[e].us < n->cfg->transport.step_timeout_us)
@@ -1894,12 +1903,16 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 
 void gg_node_abort_from(struct gg_node *n, const char *job, uint64_t seq, int code, const char *reason)
 {
-	const struct job *j = find_job(n, job, false);
+	struct job *j = find_job(n, job, false);
 
 	/* Only of a run under way here: before its first step the other
 	 * sites' steps wait for this one's ranks' step 1 in any case. */
-	if (j && j->last_seq && !n->shutting_down)
-		send_abort(n, -1, job, j->run, seq, UINT64_MAX, code, reason);
+	if (!j || !j->last_seq || n->shutting_down || (j->fail_from && j->fail_from <= seq))
+		return;
+	j->fail_from = seq;
+	j->fail_from_code = code;
+	snprintf(j->fail_from_reason, sizeof(j->fail_from_reason), "%s", reason);
+	send_abort(n, -1, job, j->run, seq, UINT64_MAX, code, reason);
 }
 
 void gg_node_end_job(struct gg_node *n, const char *job)

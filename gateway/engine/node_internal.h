@@ -364,6 +364,11 @@ struct job {
 	uint64_t failed_lo, failed_hi, failed_us;
 	int failed_code;
 	char failed_reason[GG_NODE_ERROR_MAX];
+	/* Every step from fail_from on fails here (gg_node_abort_from(), 0:
+	 * not so): told again to a peer whose stream comes back. */
+	uint64_t fail_from;
+	int fail_from_code;
+	char fail_from_reason[GG_NODE_ERROR_MAX];
 	uint32_t ended_by;      /* sites where the job is over (END), by bit */
 	uint64_t ended_done;    /* the last step done there: later ones fail */
 	uint64_t ended_last;    /* the last step started there */

@@ -101,11 +101,26 @@ bool hb_region_unmap(struct gg_host_backend *b, struct hb_region *r)
 	return deferred;
 }
 
+/* Closes a control socket, reading first what the client sent that was
+ * not read (a HELLO a refusal answered unread, say): a Unix socket closed
+ * with messages unread resets the connection, and the client would get
+ * ECONNRESET before the REFUSE or ERROR queued for it. Bounded: a client
+ * that keeps sending gets the reset. Descriptors passed with them go
+ * with them. */
+static void drain_close(int fd)
+{
+	char sink[512];
+
+	for (int i = 0; i < 64 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; i++)
+		;
+	close(fd);
+}
+
 static void conn_free(struct gg_host_backend *b, struct hb_conn *c)
 {
 	for (unsigned i = 0; i < GG_CTRL_MAX_REGIONS; i++)
 		hb_region_unmap(b, &c->regions[i]);
-	close(c->fd);
+	drain_close(c->fd);
 	free(c->status);
 	uint32_t gen = (c->gen + 1) & GG_LOOP_AUX_MAX;
 	uint32_t index = c->index;
@@ -644,7 +659,7 @@ static void refuse_unslotted(struct gg_host_backend *b, int fd, int code, const 
 	gg_ctrl_set_text(m.error.message, sizeof(m.error.message), text);
 	/* Nothing was ever sent on the socket: this cannot block. */
 	(void)send(fd, &m, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-	close(fd);
+	drain_close(fd);
 	log_refusal(b, -1, text);
 	b->stats.refused++;
 }

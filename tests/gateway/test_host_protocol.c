@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -222,6 +223,31 @@ static void test_job_refusals(void)
 	CHECK_EQ_INT(gg_session_open(h.endpoint, "other", 0, 1, &s, &err), GG_ERR_REFUSED);
 	CHECK_ERR(err, GG_ERR_REFUSED, "the gateway of site test-site already serves max_clients = 4 connections");
 	CHECK(harness_stats(&h).refused > 0);
+	/* A refusal that left the HELLO unread reads it before it closes: the
+	 * REFUSE comes first, not a reset of the connection. Connections
+	 * made and HELLOs sent all at once, before the gateway accepts them. */
+	int burst[8];
+	for (int i = 0; i < 8; i++) {
+		union gg_ctrl_msg m;
+		size_t len = gg_ctrl_init(&m, GG_CTRL_HELLO);
+		burst[i] = raw_connect(&h);
+		m.hello.version = GG_CTRL_VERSION;
+		m.hello.nranks = 1;
+		gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), "other");
+		raw_send(burst[i], &m, len, -1);
+	}
+	for (int i = 0; i < 8; i++) {
+		struct pollfd p = { .fd = burst[i], .events = POLLIN };
+		union gg_ctrl_msg m;
+		char why[160];
+		CHECK(poll(&p, 1, 5000) == 1);
+		ssize_t n = recv(burst[i], &m, sizeof(m), 0);
+		if (n < 0)
+			fprintf(stderr, "refused connection %d: %s before the REFUSE\n", i, strerror(errno));
+		CHECK(n > 0);
+		CHECK_EQ_INT(gg_ctrl_check(&m, (size_t)n, why, sizeof(why)), GG_CTRL_REFUSE);
+		close(burst[i]);
+	}
 	gg_session_close(c[0]);
 	harness_wait_connections(&h, MAX_CLIENTS - 1);
 	/* The job lost a rank: its others learn it at their next step. */
