@@ -1420,8 +1420,9 @@ static const char *down_reason(const struct gg_node *n, unsigned peer, char *buf
 	if (n->down_reason[peer][0])
 		return n->down_reason[peer];
 	if (pc && pc->dial == GG_DIAL_IN)
-		snprintf(buf, size, "never connected: this site's [[peers]] dial for %s is \"in\", so %s must dial it "
-			 "(dial = \"out\" or \"both\" there)", n->names[peer], n->names[peer]);
+		/* Named: the step's message reaches other sites too. */
+		snprintf(buf, size, "never connected: site %s's [[peers]] dial for %s is \"in\", so %s must dial it "
+			 "(dial = \"out\" or \"both\" there)", n->names[n->self], n->names[peer], n->names[peer]);
 	else
 		snprintf(buf, size, "never connected");
 	return buf;

@@ -74,7 +74,7 @@ both_say() {
 # The lines: nobody dials (both "in"); the conflict, and the refused
 # streams (both "out"). In the log, quotes within a value are escaped.
 nobody_dials() {
-	echo "event=mesh_degraded site=${SITES[$1]} unreachable=1 reason=\"site ${SITES[$2]}: never connected: this site's \[\[peers\]\] dial for ${SITES[$2]} is \\\\\"in\\\\\", so ${SITES[$2]} must dial it"
+	echo "event=mesh_degraded site=${SITES[$1]} unreachable=1 reason=\"site ${SITES[$2]}: never connected: site ${SITES[$1]}'s \[\[peers\]\] dial for ${SITES[$2]} is \\\\\"in\\\\\", so ${SITES[$2]} must dial it"
 }
 conflict() {
 	echo "level=error event=dial_refused site=${SITES[$2]} dial=out reason=\"site ${SITES[$2]} refuses the streams this site dials \(access_denied: its \[\[peers\]\] dial for ${SITES[$1]} is \\\\\"out\\\\\"\), and this site's dial for ${SITES[$2]} is \\\\\"out\\\\\" too"
