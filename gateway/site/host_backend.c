@@ -540,11 +540,10 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 				else if (st.st_uid == 0) /* /run, /etc: no folder to give away */
 					snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it "
 						 "in %s (no write access): use a folder of its own, as /run/gradgate "
-						 "(install -d -m 0755 -o %s /run/gradgate), or give it this one where it "
-						 "serves the gateway alone (chown %s %s)", path, who, dir, who, who, dir);
+						 "(install -d -m 0755 -o %s /run/gradgate)", path, who, dir, who);
 				else
 					snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it "
-						 "in %s (no write access): give it the folder (chown %s %s), or choose "
+						 "in %s (no write access): give it the folder (chown %s '%s'), or choose "
 						 "one it may write in", path, who, dir, who, dir);
 				return -EACCES;
 			}

@@ -225,7 +225,8 @@ static void test_job_refusals(void)
 	CHECK(harness_stats(&h).refused > 0);
 	/* A refusal that left the HELLO unread reads it before it closes: the
 	 * REFUSE comes first, not a reset of the connection. Connections
-	 * made and HELLOs sent all at once, before the gateway accepts them. */
+	 * made and HELLOs sent all at once, mostly before the gateway accepts
+	 * them. */
 	int burst[8];
 	for (int i = 0; i < 8; i++) {
 		union gg_ctrl_msg m;
@@ -234,7 +235,9 @@ static void test_job_refusals(void)
 		m.hello.version = GG_CTRL_VERSION;
 		m.hello.nranks = 1;
 		gg_ctrl_set_text(m.hello.job, sizeof(m.hello.job), "other");
-		raw_send(burst[i], &m, len, -1);
+		/* Refused and closed already (EPIPE): then nothing was unread. */
+		if (send(burst[i], &m, len, MSG_NOSIGNAL) != (ssize_t)len)
+			CHECK(errno == EPIPE || errno == ECONNRESET);
 	}
 	for (int i = 0; i < 8; i++) {
 		struct pollfd p = { .fd = burst[i], .events = POLLIN };
