@@ -223,10 +223,13 @@ const double gg_node_step_bucket_s[GG_NODE_STEP_BUCKETS] = {
 	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
 };
 
-/* A step failed here: counted by its code, and kept for the status. */
+/* A step failed here: counted by its code, kept for the status, and
+ * logged (step_failed), whichever site's cause failed it. */
 static void note_failure(struct gg_node *n, const char *job, uint64_t seq, int code, const char *message)
 {
 	struct gg_node_failure *f = &n->failures[n->failures_total++ % FAILURES_KEPT];
+	const char *text = message ? message : "";
+	char safe[LOG_VALUE_MAX];
 	struct timespec now;
 
 	n->stats.steps_failed++;
@@ -235,7 +238,9 @@ static void note_failure(struct gg_node *n, const char *job, uint64_t seq, int c
 	*f = (struct gg_node_failure){ .step = seq, .code = code, .at_us = gg_node_loop(n)->now_us,
 				       .at_unix_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u };
 	snprintf(f->job, sizeof(f->job), "%s", job);
-	snprintf(f->message, sizeof(f->message), "%s", message ? message : "");
+	snprintf(f->message, sizeof(f->message), "%s", text);
+	gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", job, (unsigned long long)seq,
+	       gg_escape(safe, sizeof(safe), text, strlen(text)));
 }
 
 /* The step under way has its whole result here and has not failed (it
@@ -256,16 +261,6 @@ static void post_end(struct gg_node *n, struct job *j)
 	j->end_told = post_lanes(n, &m, j->end_told);
 }
 
-/* Every step that fails at this site gets one such line, whichever site's
- * cause failed it. */
-static void log_step_failed(const char *job, uint64_t seq, const char *message)
-{
-	char safe[LOG_VALUE_MAX];
-
-	gg_log(GG_LOG_ERROR, "step_failed", "job=%s step=%llu reason=\"%s\"", job, (unsigned long long)seq,
-	       gg_escape(safe, sizeof(safe), message, strlen(message)));
-}
-
 /* Step `seq` failed here with `status`. Whatever failed it, it joins the
  * run of failed steps that a returning peer hears of, and whose cause this
  * site's END names. */
@@ -281,7 +276,6 @@ static void step_failed_here(struct gg_node *n, struct job *j, uint64_t seq, int
 	 * the next completed step plans again. */
 	j->using = (struct gg_wire_plan){ 0 };
 	j->plan_told = false;
-	log_step_failed(j->name, seq, message);
 }
 
 /* Ends the job's step: the lanes let go of their parts first (a part may
@@ -668,7 +662,7 @@ static int failed_elsewhere(const struct job *j, uint64_t seq, const char **reas
 	for (int open_ended = 0; open_ended < 2; open_ended++) {
 		for (unsigned a = 0; a < ABORTS_KEPT; a++) {
 			if (j->aborted[a].lo && j->aborted[a].lo <= seq && seq <= j->aborted[a].hi &&
-			    (j->aborted[a].hi == UINT64_MAX) == open_ended) {
+			    (j->aborted[a].hi == STEPS_ON) == open_ended) {
 				*reason = j->aborted[a].reason;
 				return j->aborted[a].code;
 			}
@@ -956,7 +950,7 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	 * open-ended range of a peer's run that took part in a run of the
 	 * name that ended here is of none here either (a new run here must
 	 * not take it for its own). */
-	if (peer_run_stale(n, m->u.abort.job, from, m->u.abort.run, m->u.abort.last != UINT64_MAX))
+	if (peer_run_stale(n, m->u.abort.job, from, m->u.abort.run, m->u.abort.last != STEPS_ON))
 		return;
 	/* A job over here stays over: recording the abort would make it anew
 	 * and drop the END that a peer cut off while it ended still needs.
@@ -976,7 +970,7 @@ static void on_abort(struct gg_node *n, unsigned from, const struct gg_wire_msg 
 	}
 	/* A site's steps from one on (gg_node_abort_from()) fail the steps
 	 * that wait for it here; with none here, its END says the rest. */
-	if (!j && m->u.abort.last == UINT64_MAX)
+	if (!j && m->u.abort.last == STEPS_ON)
 		return;
 	if (!j && !(j = find_job(n, m->u.abort.job, true)))
 		return;
@@ -1008,7 +1002,7 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 	if (lo == hi)
 		snprintf(msg, sizeof(msg), "site %s aborted step %llu of job '%s': %s", site, (unsigned long long)lo,
 			 j->name, reason);
-	else if (hi == UINT64_MAX)
+	else if (hi == STEPS_ON)
 		snprintf(msg, sizeof(msg), "site %s aborted job '%s' from step %llu on: %s", site, j->name,
 			 (unsigned long long)lo, reason);
 	else
@@ -1044,7 +1038,7 @@ static void aborted_there(struct gg_node *n, struct job *j, unsigned from, const
 	char safe[LOG_VALUE_MAX];
 	if (peer_log_now(n->logs, from, LOG_ABORT_RECORDED, gg_node_loop(n)->now_us)) {
 		char last[24] = "open"; /* an open-ended range: every later step */
-		if (hi != UINT64_MAX)
+		if (hi != STEPS_ON)
 			snprintf(last, sizeof(last), "%llu", (unsigned long long)hi);
 		gg_log(GG_LOG_INFO, "abort_recorded", "job=%s step=%llu last_step=%s reason=\"%s\"", j->name,
 		       (unsigned long long)from_seq, last, gg_escape(safe, sizeof(safe), msg, strlen(msg)));
@@ -1304,7 +1298,7 @@ static void resend_done(struct gg_node *n, unsigned peer)
 			send_abort(n, (int)peer, j->name, j->run, j->failed_lo, j->failed_hi, j->failed_code,
 				   j->failed_reason);
 		if (j->fail_from)
-			send_abort(n, (int)peer, j->name, j->run, j->fail_from, UINT64_MAX, j->fail_from_code,
+			send_abort(n, (int)peer, j->name, j->run, j->fail_from, STEPS_ON, j->fail_from_code,
 				   j->fail_from_reason);
 	}
 	for (unsigned e = 0; e < ENDS_KEPT; e++)
@@ -1485,7 +1479,7 @@ bool gg_node_job_failed(struct gg_node *n, const char *job)
 
 	if (j) {
 		for (unsigned a = 0; a < ABORTS_KEPT; a++)
-			if (j->aborted[a].lo && j->aborted[a].lo <= j->last_seq + 1 && j->aborted[a].hi == UINT64_MAX)
+			if (j->aborted[a].lo && j->aborted[a].lo <= j->last_seq + 1 && j->aborted[a].hi == STEPS_ON)
 				return true; /* a peer's steps from then on */
 		return j->refused || (j->ended_by && j->last_seq >= j->ended_done);
 	}
@@ -1716,7 +1710,6 @@ unsigned gg_node_recent_failures(const struct gg_node *n, struct gg_node_failure
 void gg_node_note_failure(struct gg_node *n, const char *job, uint64_t seq, int code, const char *message)
 {
 	note_failure(n, job, seq, code, message);
-	log_step_failed(job, seq, message);
 }
 
 uint64_t gg_node_failure_count(const struct gg_node *n)
@@ -1892,7 +1885,6 @@ int gg_node_abort(struct gg_node *n, const char *job, uint64_t seq, int code, co
 	}
 	send_abort(n, -1, job, j ? j->run : new_run(n), seq, seq, code, reason);
 	note_failure(n, job, seq, code, reason);
-	log_step_failed(job, seq, reason);
 	if (j)
 		remember_abort(n, j, seq, code, reason);
 	/* Frames the lanes keep for the step are let go. */
@@ -1913,7 +1905,7 @@ void gg_node_abort_from(struct gg_node *n, const char *job, uint64_t seq, int co
 	j->fail_from = seq;
 	j->fail_from_code = code;
 	snprintf(j->fail_from_reason, sizeof(j->fail_from_reason), "%s", reason);
-	send_abort(n, -1, job, j->run, seq, UINT64_MAX, code, reason);
+	send_abort(n, -1, job, j->run, seq, STEPS_ON, code, reason);
 }
 
 void gg_node_end_job(struct gg_node *n, const char *job)

@@ -34,6 +34,7 @@ _Static_assert(LANE_JOBS >= 2 * MAX_JOBS, "a lane holds the jobs that run and as
 #define ENDS_KEPT 16         /* jobs ended here whose END goes again to a peer that comes back */
 #define NAME_RUNS_KEPT 64    /* job names with no ranks here whose peers' runs the coordinator tracks */
 #define ABORTS_KEPT 8        /* steps a job remembers that peers aborted before they ran here */
+#define STEPS_ON UINT64_MAX  /* an ABORT's last step: every step from its first on (gg_node_abort_from()) */
 #define FAILURES_KEPT 16     /* recent step failures, for the status */
 #define RERUN_TELL_US 100000 /* a lane tells of step-1 DATA of a job that ran there at most this often */
 /* A reason escaped for a log value: step failure reasons may quote a

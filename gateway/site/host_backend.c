@@ -533,18 +533,18 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 				const bool read_only = errno == EROFS;
 				char who[256];
 				gg_user_name(geteuid(), who, sizeof(who));
+				char advice[sizeof(dir) + 600];
 				if (read_only)
-					snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it "
-						 "in %s (a read-only file system): choose a folder on one it may write in, "
-						 "as /run/gradgate", path, who, dir);
+					snprintf(advice, sizeof(advice), "a read-only file system): choose a folder on one "
+						 "it may write in, as /run/gradgate");
 				else if (st.st_uid == 0) /* /run, /etc: no folder to give away */
-					snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it "
-						 "in %s (no write access): use a folder of its own, as /run/gradgate "
-						 "(install -d -m 0755 -o %s /run/gradgate)", path, who, dir, who);
+					snprintf(advice, sizeof(advice), "no write access): use a folder of its own, as "
+						 "/run/gradgate (install -d -m 0755 -o %s /run/gradgate)", who);
 				else
-					snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it "
-						 "in %s (no write access): give it the folder (chown %s '%s'), or choose "
-						 "one it may write in", path, who, dir, who, dir);
+					snprintf(advice, sizeof(advice), "no write access): give it the folder (chown %s "
+						 "'%s'), or choose one it may write in", who, dir);
+				snprintf(err, err_size, "control socket %s: the gateway's user (%s) may not make it in %s (%s",
+					 path, who, dir, advice);
 				return -EACCES;
 			}
 			if (S_ISDIR(st.st_mode) && level == 0 && (rc = try_socket_in(dir))) {

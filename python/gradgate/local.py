@@ -54,13 +54,13 @@ def _find(given, env, tree_path, installed):
 
 
 # Started beside the gateways, with the folder (argv[1], empty: keep it)
-# and a pidfd of each gateway (their numbers in argv[2:]; a pidfd names its
-# process even once the pid is reused). Reads one byte of its standard input; an end
-# of it instead means the process that started them is gone without
-# stop(), which writes that byte (a process forked from it holds the pipe
-# too, so that end comes once such processes have ended). The watcher then
-# ends the gateways as stop() does, SIGTERM and, to those still there
-# after 10 s, SIGKILL, and removes the folder.
+# and a pidfd of each gateway (their numbers in argv[2:]; a pidfd names
+# its process even once the pid is reused). Reads one byte of its standard
+# input; an end of it instead means the process that started them is gone
+# without stop(), which writes that byte (a process forked from it holds
+# the pipe too, so that end comes once such processes have ended). The
+# watcher then ends the gateways as stop() does, SIGTERM and, to those
+# still there after 10 s, SIGKILL, and removes the folder.
 _WATCHER = r"""
 import os, select, shutil, signal, sys, time
 folder, fds = sys.argv[1], [int(fd) for fd in sys.argv[2:]]
