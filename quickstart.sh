@@ -80,14 +80,21 @@ run_tests() {
 	shift
 	say "testing $dir"
 	meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || rc=$?
-	read -r p f s < <(python3 - "$dir/meson-logs/testlog.json" <<'PY'
+	read -r p f s < <(python3 - "$dir" "$failures" <<'PY'
 import json, sys
 p = f = s = 0
-for line in open(sys.argv[1]):
-    r = json.loads(line).get("result")
+for line in open(sys.argv[1] + "/meson-logs/testlog.json"):
+    t = json.loads(line)
+    r = t.get("result")
     if r in ("OK", "EXPECTEDFAIL"): p += 1
     elif r == "SKIP": s += 1
-    else: f += 1
+    else:
+        f += 1
+        # Kept for the end of the run, where a log's tail still shows it.
+        tail = (t.get("stdout") or "").rstrip().splitlines()[-15:]
+        with open(sys.argv[2], "a") as out:
+            out.write(f"--- {sys.argv[1]}: {t['name']} ({r})\n")
+            out.writelines(f"    {l}\n" for l in tail)
 print(p, f, s)
 PY
 )
@@ -131,10 +138,16 @@ CC=clang setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
 CC=clang setup build-tsan -Db_sanitize=thread -Db_lundef=false \
 	-Dbuildtype=debugoptimized -Dcuda=disabled -Dnccl=disabled -Dfuzz=disabled --werror
 option build-tsan fuzz disabled
+failures=$(mktemp)
+trap 'rm -f "$failures"' EXIT
 run_tests build
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 run_tests build-asan --no-suite bulk \
 	--no-suite timing
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests build-tsan --suite gateway --suite integration \
 	--no-suite bulk --no-suite one-thread --no-suite timing --no-suite same-threads
+if [ -s "$failures" ]; then
+	echo "quickstart: the tests that failed, with the end of their output:"
+	cat "$failures"
+fi
 echo "quickstart: $passed passed, $failed failed, $skipped skipped, in $SECONDS s"
 [ "$failed" = 0 ]

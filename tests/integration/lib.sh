@@ -203,13 +203,36 @@ expect_none() {
 	fi
 }
 
-# free_ports N: N TCP ports that are free on 127.0.0.1 now (the kernel
-# picks them; all are held together, so they differ).
+# free_ports N: N TCP ports that are free on 127.0.0.1 now, all held
+# together, so they differ. Picked outside the range the system hands out
+# for port 0 and for connections' source ports: a gateway that restarts
+# must listen on its port again, which any connection made while it was
+# down could take if it lay in that range. (The system's own pick where
+# that range leaves no room.)
 free_ports() {
 	python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
+import random, socket, sys
+n = int(sys.argv[1])
+with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+    lo, hi = map(int, f.read().split())
+spans = [(a, b) for a, b in ((10000, lo), (hi + 1, 65536)) if b - a >= 64]
+socks, taken = [], set()
+for _ in range(100 * n):
+    if len(socks) == n or not spans:
+        break
+    a, b = random.choice(spans)
+    port = random.randrange(a, b)
+    s = socket.socket()
+    try:
+        if port not in taken:
+            s.bind(("127.0.0.1", port))
+            socks.append(s)
+            taken.add(port)
+            continue
+    except OSError:
+        pass
+    s.close()
+while len(socks) < n:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
@@ -342,6 +365,7 @@ gw_started() {
 			reap "${gw_pid[$i]}"
 			gw_pid[$i]=
 			if grep -q 'cannot listen' <<<"$(tail -n +"$from" "$logf")"; then
+				log "gateway $name cannot listen on port ${gw_port[$i]}: $(grep -m1 'cannot listen' <<<"$(tail -n +"$from" "$logf")")"
 				return 1
 			fi
 			fail "gateway $name exited with status $reaped at start"
