@@ -42,6 +42,8 @@ struct gg_ar_step {
 	/* Sites any frame of the step came from (bit per site): every site
 	 * sends frames of its own input as soon as it starts a step. */
 	uint32_t heard;
+	/* The site whose frame failed the step (gg_ar_step_fault_site()). */
+	unsigned fault_site;
 	bool failed;
 };
 
@@ -64,7 +66,7 @@ static bool ring_expects(const struct gg_ar_step *s, unsigned phase, unsigned sh
 	return phase == GG_AR_SCATTER ? shard != start : shard != s->cfg.self;
 }
 
-static const char *phase_name(unsigned phase)
+const char *gg_ar_phase_name(unsigned phase)
 {
 	switch (phase) {
 	case GG_AR_DIRECT:
@@ -213,7 +215,7 @@ static int send_frame(struct gg_ar_step *s, unsigned to, const struct gg_ar_chun
 	int rc = s->ops->send(s->ctx, to, id, f);
 	if (rc) {
 		return gg_errf(err, err_size, rc, "sending %s chunk %u of %u to site %u failed: %s",
-			       phase_name(id->phase), id->chunk, id->origin, to, strerror(-rc));
+			       gg_ar_phase_name(id->phase), id->chunk, id->origin, to, strerror(-rc));
 	}
 	s->bytes_out += f->len;
 	return 0;
@@ -230,8 +232,9 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 			    : gg_frame_decode(s->cfg.dec, frame, len, out, n, op, NULL, why, sizeof(why));
 	timed(s, false, t0);
 	if (rc) {
+		s->fault_site = from;
 		if (err_size)
-			snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", from, phase_name(id->phase),
+			snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", from, gg_ar_phase_name(id->phase),
 				 id->chunk, id->origin, why);
 		return rc;
 	}
@@ -248,8 +251,10 @@ static int decode_pair(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, co
 	uint64_t t0 = s->cfg.times ? now_ns() : 0;
 	int rc = gg_frame_decode_pair(s->cfg.dec, f0, len0, f1, len1, out, n, &bad, why, sizeof(why));
 	timed(s, false, t0);
+	if (rc)
+		s->fault_site = bad; /* the pair is sites 0 and 1 */
 	if (rc && err_size)
-		snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", bad, phase_name(id->phase), id->chunk,
+		snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", bad, gg_ar_phase_name(id->phase), id->chunk,
 			 bad, why);
 	return rc;
 }
@@ -433,6 +438,11 @@ int gg_ar_step_resume(struct gg_ar_step *s, char *err, size_t err_size)
 	return rc;
 }
 
+unsigned gg_ar_step_fault_site(const struct gg_ar_step *s)
+{
+	return s->fault_site;
+}
+
 bool gg_ar_step_wants_resume(const struct gg_ar_step *s)
 {
 	return !s->failed && s->next_own < s->own_chunks;
@@ -468,10 +478,12 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 	 * and passed it on: an all-gather frame that comes earlier cannot be
 	 * that sum, and this site's input would never be read. */
 	bool added = id->origin == ring_start_shard(s) ? id->chunk < s->next_own : (*got & 1);
-	if (!added)
+	if (!added) {
+		s->fault_site = from;
 		return gg_errf(err, err_size, -EPROTO,
 			       "site %u sent all-gather chunk %u of %u before this site added its part to it", from,
 			       id->chunk, id->origin);
+	}
 	if ((rc = decode_into(s, from, id, frame, len, s->result + offset, n, GG_FRAME_STORE, err, err_size)))
 		return rc;
 	deliver(s, offset, n);
@@ -482,7 +494,7 @@ static int ring_on_frame(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, 
 	struct gg_buf *f = gg_buf_new(s->cfg.pool, len);
 	if (!f)
 		return gg_errf(err, err_size, -ENOMEM, "no memory to pass on %s chunk %u of %u to site %u",
-			       phase_name(id->phase), id->chunk, id->origin, ring_next(s));
+			       gg_ar_phase_name(id->phase), id->chunk, id->origin, ring_next(s));
 	memcpy(f->data, frame, len);
 	f->len = len;
 	rc = send_frame(s, ring_next(s), id, f, err, err_size);
@@ -497,17 +509,21 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 	uint64_t offset, n;
 	int rc;
 
+	s->fault_site = K;
 	if (s->failed)
 		return gg_errf(err, err_size, -EINVAL, "the step has already failed");
+	/* What the frame's sender did not keep to is its fault. */
+	if (from < K && from != self)
+		s->fault_site = from;
 	if (from >= K || from == self || !range_of(&s->cfg, s->shard_lo, id, &offset, &n)) {
 		s->failed = true;
 		return gg_errf(err, err_size, -EPROTO, "site %u sent %s chunk %u of %u, which does not exist in this step",
-			       from, phase_name(id->phase), id->chunk, id->origin);
+			       from, gg_ar_phase_name(id->phase), id->chunk, id->origin);
 	}
 	if (!in_part(s, id->chunk)) {
 		s->failed = true;
 		return gg_errf(err, err_size, -EPROTO, "%s chunk %u of %u from site %u belongs to part %u of %u, not %u",
-			       phase_name(id->phase), id->chunk, id->origin, from, id->chunk % s->cfg.parts,
+			       gg_ar_phase_name(id->phase), id->chunk, id->origin, from, id->chunk % s->cfg.parts,
 			       s->cfg.parts, s->cfg.part);
 	}
 	/* Who may send what: direct frames come from their origin; ring
@@ -519,9 +535,10 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 		s->failed = true;
 		return gg_errf(err, err_size, -EPROTO,
 			       "site %u sent %s chunk %u of %u, which this site never expects from it", from,
-			       phase_name(id->phase), id->chunk, id->origin);
+			       gg_ar_phase_name(id->phase), id->chunk, id->origin);
 	}
 	s->heard |= 1u << from;
+	s->fault_site = K; /* from here, only a frame that does not decode is */
 	if (id->phase == GG_AR_DIRECT) {
 		struct gg_buf **slot = &s->pending[(size_t)from * s->nchunks + id->chunk];
 		if (s->next_site[id->chunk] > from || *slot)
@@ -539,7 +556,7 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 			if (!(*slot = gg_buf_new(s->cfg.pool, len))) {
 				s->failed = true;
 				return gg_errf(err, err_size, -ENOMEM, "no memory to keep site %u's %s chunk %u of %u "
-					       "until its turn", from, phase_name(id->phase), id->chunk, id->origin);
+					       "until its turn", from, gg_ar_phase_name(id->phase), id->chunk, id->origin);
 			}
 			memcpy((*slot)->data, frame, len);
 			(*slot)->len = len;

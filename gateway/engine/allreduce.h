@@ -170,6 +170,16 @@ bool gg_ar_step_wants_resume(const struct gg_ar_step *s);
 GG_MUST_CHECK int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_chunk_id *id,
 				      const void *frame, size_t len, char *err, size_t err_size);
 
+/* "direct", "reduce-scatter" or "all-gather": a chunk id's phase as
+ * messages name it. */
+const char *gg_ar_phase_name(unsigned phase);
+
+/* After gg_ar_step_on_frame() failed: the site whose frame is at fault,
+ * which need not be `from` (a frame kept until its turn is decoded when
+ * the frame before it comes), or the number of sites where none is (no
+ * memory, this site's own encoding, a step failed before). */
+unsigned gg_ar_step_fault_site(const struct gg_ar_step *s);
+
 /* True once every element of `result` in the step's part is final. */
 bool gg_ar_step_done(const struct gg_ar_step *s);
 

@@ -15,14 +15,104 @@
 #include "gradgate.h"
 #include "units.h"
 
-/* ---- a lane's parts of steps ---------------------------------------------- */
+/* ---- a lane's early frames ------------------------------------------------- */
 
+/* The index grows to at most 2^EARLY_BITS_MAX chains (32 MiB of them);
+ * past that they grow longer. */
+#define EARLY_BITS_MIN 8
+#define EARLY_BITS_MAX 22
+
+static uint64_t early_mix(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* What the index files a frame under: its job's entry (where the lane's
+ * memory lies, which no peer knows), site, run, step and chunk. */
+static uint64_t early_hash(const struct lane_job *lj, unsigned from, uint64_t run, uint64_t seq,
+			   const struct gg_ar_chunk_id *id)
+{
+	uint64_t h = early_mix((uint64_t)(uintptr_t)lj ^ from);
+	h = early_mix(h ^ run);
+	h = early_mix(h ^ seq);
+	return early_mix(h ^ ((uint64_t)id->phase << 40 | (uint64_t)id->origin << 32 | id->chunk));
+}
+
+static void early_link(struct lane *ln, struct early *e)
+{
+	struct early **chain = &ln->early_index[e->hash & (((uint64_t)1 << ln->early_bits) - 1)];
+
+	e->hnext = *chain;
+	if (*chain)
+		(*chain)->hprev = &e->hnext;
+	*chain = e;
+	e->hprev = chain;
+}
+
+/* Files e in the index, which grows to about one chain per frame. Returns
+ * 0, or -ENOMEM when there is no index at all (a full one that cannot grow
+ * only has longer chains). */
+static int early_index_add(struct lane *ln, struct early *e)
+{
+	if (!ln->early_index || (ln->early_count >= ((size_t)1 << ln->early_bits) && ln->early_bits < EARLY_BITS_MAX)) {
+		const unsigned bits = ln->early_index ? ln->early_bits + 1 : EARLY_BITS_MIN;
+		struct early **index = calloc((size_t)1 << bits, sizeof(*index));
+		if (!index && !ln->early_index)
+			return -ENOMEM;
+		if (index) {
+			struct early **old = ln->early_index;
+			const size_t chains = old ? (size_t)1 << ln->early_bits : 0;
+			ln->early_index = index;
+			ln->early_bits = bits;
+			for (size_t i = 0; i < chains; i++) {
+				for (struct early *o = old[i], *next; o; o = next) {
+					next = o->hnext;
+					early_link(ln, o);
+				}
+			}
+			free(old);
+		}
+	}
+	early_link(ln, e);
+	ln->early_count++;
+	return 0;
+}
+
+/* The kept frame of lj that a copy sent again is of, or NULL. */
+static struct early *early_find(struct lane *ln, const struct lane_job *lj, unsigned from,
+				const struct gg_wire_step *ws, const struct gg_ar_chunk_id *id)
+{
+	if (!ln->early_index)
+		return NULL;
+	const uint64_t h = early_hash(lj, from, ws->run, ws->step, id);
+	for (struct early *e = ln->early_index[h & (((uint64_t)1 << ln->early_bits) - 1)]; e; e = e->hnext)
+		if (e->hash == h && e->job == lj && e->from == from && e->wstep.run == ws->run && e->seq == ws->step &&
+		    e->id.phase == id->phase && e->id.origin == id->origin && e->id.chunk == id->chunk)
+			return e;
+	return NULL;
+}
+
+/* Lets go of e, which its job's list no longer holds. */
 static void early_free(struct lane *ln, struct early *e)
 {
-	atomic_fetch_sub_explicit(&ln->early_bytes[e->from], e->frame_len, memory_order_relaxed);
+	*e->hprev = e->hnext;
+	if (e->hnext)
+		e->hnext->hprev = e->hprev;
+	if (!--ln->early_count) { /* an idle lane keeps no index */
+		free(ln->early_index);
+		ln->early_index = NULL;
+		ln->early_bits = 0;
+	}
+	atomic_fetch_sub_explicit(&ln->early_bytes[e->from], e->charge, memory_order_relaxed);
 	gg_buf_put(e->msg);
 	free(e);
 }
+
+/* ---- a lane's parts of steps ---------------------------------------------- */
 
 /* Lets go of a never-started job's early frames without acknowledging
  * them: their sender keeps them, counted in its window. */
@@ -328,6 +418,18 @@ static const char *wire_dtype_name(uint8_t dtype)
 	return dtype == GG_WIRE_F32 ? "float32" : dtype == GG_WIRE_BF16 ? "bfloat16" : "unknown";
 }
 
+/* "fp32", or "int8 (blocks of 64, fp16 scales)": codec settings as a
+ * frame's header carries them. */
+static const char *codec_text(const struct gg_codec_params *p, char *buf, size_t size)
+{
+	if (p->codec != GG_CODEC_INT8 && p->codec != GG_CODEC_INT4 && !p->block_elems && p->scale == GG_SCALE_F32)
+		snprintf(buf, size, "%s", gg_codec_name(p->codec));
+	else
+		snprintf(buf, size, "%s (blocks of %u, %s scales)", gg_codec_name(p->codec), p->block_elems,
+			 p->scale == GG_SCALE_F16 ? "fp16" : "fp32");
+	return buf;
+}
+
 /* Hands the part a frame of its step; acknowledged once used. */
 static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, struct gg_mesh_via via,
 		      const struct gg_wire_step *ws, const struct gg_ar_chunk_id *id, const uint8_t *frame, size_t len)
@@ -392,16 +494,40 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 				  peer_direct ? "direct" : "by ring", n->names[n->self], peer_direct ? "by ring" : "direct");
 		return;
 	}
+	/* The frame's header names its codec: one other than the codec both
+	 * sites' HELLOs agreed on is refused rather than decoded (the sums of
+	 * the sites would part). A header that does not parse is left to the
+	 * step, whose decoder names what is wrong. */
+	struct gg_frame_info info;
+	const struct gg_codec_params *want = &n->frame_cfg.codec;
+	bool parsed = !gg_frame_parse_header(frame, len, &n->frame_limits, &info, err, sizeof(err));
+	if (parsed && (info.params.codec != want->codec || info.params.block_elems != want->block_elems ||
+		       info.params.scale != want->scale)) {
+		char theirs[64], ours[64];
+		part_fail(lj, GG_ERR_SITE, "step %llu of job '%s': site %s sent %s chunk %u of %u in codec %s, where "
+			  "the sites agreed on %s", (unsigned long long)lj->wstep.step, lj->name, n->names[from],
+			  gg_ar_phase_name(id->phase), id->chunk, id->origin,
+			  codec_text(&info.params, theirs, sizeof(theirs)), codec_text(want, ours, sizeof(ours)));
+		return;
+	}
 	int rc = gg_ar_step_on_frame(lj->ar, from, id, frame, len, err, sizeof(err));
 	part_count_times(lj);
 	if (rc < 0) {
-		part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s (site index %u is %s)",
-			  (unsigned long long)lj->wstep.step, lj->name, err, from, n->names[from]);
+		/* The message names the site at fault by its index: named here,
+		 * as it travels to every site. */
+		unsigned bad = gg_ar_step_fault_site(lj->ar);
+		if (bad < n->sites)
+			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE,
+				  "step %llu of job '%s': %s (site index %u is %s)", (unsigned long long)lj->wstep.step,
+				  lj->name, err, bad, n->names[bad]);
+		else
+			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
+				  (unsigned long long)lj->wstep.step, lj->name, err);
 		return;
 	}
 	if (rc == 0) { /* taken, not a copy already received */
 		count(&ln->stats.peers[from].data_in, len);
-		count(&ln->stats.peers[from].raw_in, frame_elems(frame) * sizeof(float));
+		count(&ln->stats.peers[from].raw_in, parsed ? info.elems * sizeof(float) : 0);
 	}
 	part_check_done(lj);
 }
@@ -489,39 +615,49 @@ static bool early_expected(const struct lane_job *lj, uint64_t seq)
 	return lj->last_seq && seq == lj->last_seq + 1;
 }
 
+/* A walk of the lists to make room for an expected frame looks at no more
+ * frames than this: a peer's own expected frames, which it does not let
+ * go, cannot make each of its frames cost a walk of all of them. */
+#define EARLY_ROOM_WALK 4096
+
 /* The early frames of `from` on this lane stay within what a peer with our
  * inflight_per_peer may have unacknowledged (its lanes share the window,
  * each may pass its share by one frame), whatever the peer's own window
- * says. Past it, frames this site does not expect make room for one it
- * does; they, and an unexpected frame that finds no room, are let go
- * unacknowledged: the sender keeps them counted in its window, which stays
- * shut to new DATA until this site catches up. Returns whether a frame of
- * `len` bytes for step `seq` of lj may be kept. */
-static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint64_t seq, uint64_t len)
+ * says, each counted with its bookkeeping (EARLY_ENTRY_BYTES), which the
+ * window does not count: half as much again as the window leaves room for
+ * that down to frames of 1 KiB. Past it, frames this site does not
+ * expect make room for one it does; they, and an unexpected frame that
+ * finds no room, are let go unacknowledged: the sender keeps them counted
+ * in its window, which stays shut to new DATA until this site catches up.
+ * Returns whether a frame that costs `charge` for step `seq` of lj may be
+ * kept. */
+static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint64_t seq, uint64_t charge)
 {
 	struct gg_node *n = ln->node;
-	uint64_t limit = n->cfg->limits.inflight_bytes_per_peer +
-			 (uint64_t)n->cfg->transport.streams_per_peer * n->max_payload;
+	const uint64_t window = n->cfg->limits.inflight_bytes_per_peer;
+	const uint64_t limit = window + window / 2 +
+			       (uint64_t)n->cfg->transport.streams_per_peer * (n->max_payload + EARLY_ENTRY_BYTES);
 	uint64_t held = atomic_load_explicit(&ln->early_bytes[from], memory_order_relaxed);
-	unsigned dropped = 0;
+	unsigned dropped = 0, walked = 0;
 
-	for (unsigned i = 0; i < LANE_JOBS && held + len > limit && early_expected(lj, seq); i++) {
+	for (unsigned i = 0; i < LANE_JOBS && held + charge > limit && early_expected(lj, seq); i++) {
 		struct lane_job *o = &ln->jobs[i];
-		for (struct early **pp = &o->early; *pp && held + len > limit;) {
+		for (struct early **pp = &o->early; *pp && held + charge > limit && walked < EARLY_ROOM_WALK;
+		     walked++) {
 			struct early *e = *pp;
 			if (e->from != from || early_expected(o, e->seq)) {
 				pp = &e->next;
 				continue;
 			}
 			*pp = e->next;
-			held -= e->frame_len;
+			held -= e->charge;
 			early_free(ln, e);
 			dropped++;
 		}
 	}
-	if (held + len <= limit && !dropped)
+	if (held + charge <= limit && !dropped)
 		return true;
-	uint64_t refused = atomic_fetch_add_explicit(&ln->early_refused, dropped + (held + len > limit),
+	uint64_t refused = atomic_fetch_add_explicit(&ln->early_refused, dropped + (held + charge > limit),
 						     memory_order_relaxed);
 	if (refused < 8 || refused % 1024 == 0)
 		gg_log(GG_LOG_WARN, "early_data_refused",
@@ -529,7 +665,7 @@ static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint
 		       "beyond inflight_per_peer; frames this site does not expect are not kept and not "
 		       "acknowledged (is inflight_per_peer alike at every site?)\"", n->names[from], lj->name,
 		       (unsigned long long)seq, (unsigned long long)held, (unsigned long long)limit);
-	return held + len <= limit;
+	return held + charge <= limit;
 }
 
 /* DATA for a chunk of this lane's, which came on lane via_lane's stream
@@ -606,23 +742,33 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	/* Not started here yet: keep it unacknowledged, so the peer's window
 	 * bounds how much waits. A copy sent again came on another stream,
 	 * which its ACK takes too. */
-	for (struct early *e = lj->early; e; e = e->next) {
-		if (e->seq == ws->step && e->from == from && e->wstep.run == ws->run && e->id.phase == m->u.data.id.phase &&
-		    e->id.origin == m->u.data.id.origin && e->id.chunk == m->u.data.id.chunk) {
-			early_again(e, via_lane, via);
-			return 0;
-		}
+	struct early *e = early_find(ln, lj, from, ws, &m->u.data.id);
+	if (e) {
+		early_again(e, via_lane, via);
+		return 0;
 	}
-	if (!early_room(ln, lj, from, ws->step, m->u.data.frame_bytes))
+	const size_t len = m->u.data.frame_bytes;
+	const uint64_t charge = len + EARLY_ENTRY_BYTES;
+	if (!early_room(ln, lj, from, ws->step, charge))
 		return 0; /* refused on purpose: left unacknowledged, not resent at once */
-	struct early *e = malloc(sizeof(*e));
-	if (!e)
+	/* A small frame is copied out of its message's buffer, which has room
+	 * for a whole chunk: what is kept is then about what is counted. */
+	const bool copy = payload->cap > 2 * charge;
+	if (!(e = malloc(sizeof(*e) + (copy ? len : 0))))
 		return -ENOMEM;
-	atomic_fetch_add_explicit(&ln->early_bytes[from], m->u.data.frame_bytes, memory_order_relaxed);
-	gg_buf_get(payload);
-	*e = (struct early){ .from = from, .vias = { { via_lane, via } }, .nvias = 1, .seq = ws->step, .wstep = *ws,
-			     .id = m->u.data.id, .msg = payload, .frame = m->u.data.frame,
-			     .frame_len = m->u.data.frame_bytes };
+	*e = (struct early){ .charge = charge, .job = lj, .from = from, .vias = { { via_lane, via } }, .nvias = 1,
+			     .seq = ws->step, .wstep = *ws, .id = m->u.data.id, .msg = copy ? NULL : payload,
+			     .frame = copy ? e->copy : m->u.data.frame, .frame_len = len,
+			     .hash = early_hash(lj, from, ws->run, ws->step, &m->u.data.id) };
+	if (copy)
+		memcpy(e->copy, m->u.data.frame, len); /* after the assignment, which may write where copy starts */
+	if (early_index_add(ln, e)) {
+		free(e);
+		return -ENOMEM;
+	}
+	if (!copy)
+		gg_buf_get(payload);
+	atomic_fetch_add_explicit(&ln->early_bytes[from], charge, memory_order_relaxed);
 	e->next = lj->early;
 	lj->early = e;
 	lj->touched = ++ln->touches; /* a job whose DATA keeps coming is not the one let go */
@@ -1007,7 +1153,7 @@ static void part_missed_deadline(struct lane_job *lj)
 		part_fail(lj, GG_ERR_TIMEOUT,
 			  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for shard %u chunk "
 			  "%u%s%s", (unsigned long long)lj->seq, lj->name, buf, n->names[from],
-			  id.phase == GG_AR_DIRECT ? "direct" : id.phase == GG_AR_SCATTER ? "reduce-scatter" : "all-gather",
+			  gg_ar_phase_name(id.phase),
 			  id.origin, id.chunk,
 			  gg_ar_step_heard_from(lj->ar, from)
 				  ? ""

@@ -92,6 +92,7 @@
 
 #include "frame.h"
 #include "gg_check.h"
+#include "gg_node_check.h"
 #include "gradgate.h"
 #include "gg_sites.h"
 #include "log.h"
@@ -1168,7 +1169,6 @@ static void run(const char *cert_dir, enum scenario what)
 	int ports[2];
 	char text[4096], err[GG_NODE_ERROR_MAX];
 	struct gg_config cfg;
-	struct gg_diag diag = { 0 };
 	struct gg_node *node;
 	struct sent sent = { 0 };
 	size_t len = 0;
@@ -1215,16 +1215,8 @@ static void run(const char *cert_dir, enum scenario what)
 		 "[compression]\ncodec = \"fp32\"\n[allreduce]\nalgorithm = \"direct\"\n"
 		 "[limits]\nmax_message = \"1MiB\"\n",
 		 what == AFTER_END ? "100ms" : "1s", what == AFTER_END ? "300ms" : "10s");
-	if (gg_config_load_text(text, strlen(text), "acks.toml", NULL, &cfg, &diag)) {
-		gg_diag_print(&diag, stdout);
-		CHECK(0, "bad configuration");
+	if (!(node = gg_check_node_new(text, "acks.toml", &cfg)))
 		return;
-	}
-	if (gg_node_new(&cfg, &node, err, sizeof(err))) {
-		CHECK(0, "gg_node_new: %s", err);
-		gg_config_free(&cfg);
-		return;
-	}
 	/* Under CHUNKS s0 cuts the step in half the chunks this site does. */
 	data_lies = what == FIELDS;
 	uint8_t *data = make_data(&cfg, 1, what == CHUNKS ? (uint32_t)(cfg.transport.chunk_bytes / sizeof(float) / 2) : 0,

@@ -155,10 +155,12 @@ static void on_fresh(void *arg, struct gg_node_step *st, int status, const char 
 	snprintf(fresh_message, sizeof(fresh_message), "%s", message ? message : "");
 }
 
-/* Site 1 sends one frame for each of 63 jobs that never start, then 64
- * frames of 200 KiB for steps 2..65 of another: the 64 jobs fill lane 0's
- * job table (GG_NODE_LANE_JOBS). Site 0 must hold no more than inflight_per_peer (8 MiB) plus
- * one frame per stream, refuse the rest, and still start a job of its own.
+/* Site 1 sends one frame for each of 63 jobs that never start, then 96
+ * frames of 200 KiB for steps 2..97 of another: the 64 jobs fill lane 0's
+ * job table (GG_NODE_LANE_JOBS). Site 0 must hold no more than its budget
+ * (inflight_per_peer, 8 MiB, half as much again, and one frame per
+ * stream, each frame counted with 384 bytes of bookkeeping), refuse the
+ * rest, and still start a job of its own.
  * Then site 1 sends a frame for each of 9 more jobs, more than the table
  * holds: they take the entries of jobs that never started. (Were they
  * sent with the first 31, a late copy of one of theirs, sent again or
@@ -169,7 +171,7 @@ static atomic_bool flood_freed; /* site 0 let the ended jobs' frames go (or gave
 
 static void flood(struct gg_node *node, unsigned index)
 {
-	const uint64_t limit = (8u << 20) + 4 * (256u << 10) + 4 * 1024;
+	const uint64_t limit = (8u << 20) + (4u << 20) + 4 * ((256u << 10) + 384) + 4 * 1024;
 	uint64_t most = 0;
 
 	if (index == 1) {
@@ -178,11 +180,11 @@ static void flood(struct gg_node *node, unsigned index)
 			snprintf(job, sizeof(job), "never-%u", j);
 			CHECK(gg_node_test_send_data(node, 0, job, 1, 0, 1024) == 0, "flood");
 		}
-		for (unsigned step = 2; step < 66; step++)
+		for (unsigned step = 2; step < 98; step++)
 			CHECK(gg_node_test_send_data(node, 0, "flood", step, 0, 200u << 10) == 0, "flood");
 	}
 	/* Until site 0 has refused some (or 30 s passed): a loaded machine
-	 * may take a while to move 13 MB through both sites' TLS. A turn of
+	 * may take a while to move 20 MB through both sites' TLS. A turn of
 	 * the loop ends at the first event, so the bound is in time. */
 	const uint64_t until = gg_monotonic_us() + 30000000;
 	while (!atomic_load(&flood_seen) && gg_monotonic_us() < until) {
