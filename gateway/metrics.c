@@ -288,7 +288,8 @@ void gg_metrics_render(const struct gg_metrics_input *in, struct gg_strbuf *out)
 	family(out, "gradgate_memory_bytes", "gauge",
 	       "Buffer memory held: float32 sums of bfloat16 steps and the buffers jobs keep for their next step "
 	       "(sums), error-feedback residuals (feedback), each bounded by [limits] memory; frames for steps "
-	       "not started here (early), bounded by inflight_per_peer.");
+	       "not started here (early), with 384 bytes of bookkeeping each, bounded per lane and peer by 1.5 "
+	       "x inflight_per_peer and a frame per stream.");
 	const char *sums[] = { "use", "sums", NULL }, *feedback[] = { "use", "feedback", NULL },
 		   *early[] = { "use", "early", NULL };
 	sample_u(out, "gradgate_memory_bytes", sums, hs->sum_bytes + hs->spare_bytes);

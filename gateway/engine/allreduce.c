@@ -232,7 +232,10 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 			    : gg_frame_decode(s->cfg.dec, frame, len, out, n, op, NULL, why, sizeof(why));
 	timed(s, false, t0);
 	if (rc) {
-		s->fault_site = from;
+		/* The frame's own checks failed: its sender's fault (not this
+		 * site's, nor a device's or the memory's). */
+		if (from != s->cfg.self && (rc == -EBADMSG || rc == -EILSEQ || rc == -E2BIG))
+			s->fault_site = from;
 		if (err_size)
 			snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", from, gg_ar_phase_name(id->phase),
 				 id->chunk, id->origin, why);
@@ -251,7 +254,7 @@ static int decode_pair(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, co
 	uint64_t t0 = s->cfg.times ? now_ns() : 0;
 	int rc = gg_frame_decode_pair(s->cfg.dec, f0, len0, f1, len1, out, n, &bad, why, sizeof(why));
 	timed(s, false, t0);
-	if (rc)
+	if (bad != s->cfg.self && (rc == -EBADMSG || rc == -EILSEQ || rc == -E2BIG))
 		s->fault_site = bad; /* the pair is sites 0 and 1 */
 	if (rc && err_size)
 		snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", bad, gg_ar_phase_name(id->phase), id->chunk,
@@ -430,6 +433,7 @@ static int ring_emit(struct gg_ar_step *s, char *err, size_t err_size)
 
 int gg_ar_step_resume(struct gg_ar_step *s, char *err, size_t err_size)
 {
+	s->fault_site = s->cfg.sites;
 	if (s->failed)
 		return gg_errf(err, err_size, -EINVAL, "the step has already failed");
 	int rc = s->cfg.algo == GG_ALLREDUCE_DIRECT ? direct_emit(s, 0, err, err_size) : ring_emit(s, err, err_size);

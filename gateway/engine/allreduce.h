@@ -174,10 +174,12 @@ GG_MUST_CHECK int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const
  * messages name it. */
 const char *gg_ar_phase_name(unsigned phase);
 
-/* After gg_ar_step_on_frame() failed: the site whose frame is at fault,
- * which need not be `from` (a frame kept until its turn is decoded when
- * the frame before it comes), or the number of sites where none is (no
- * memory, this site's own encoding, a step failed before). */
+/* After gg_ar_step_on_frame() or gg_ar_step_resume() failed: the peer
+ * whose frame is at fault (it broke the protocol, or does not pass its
+ * own checks), which need not be `from` (a frame kept until its turn is
+ * decoded when the frame before it comes, or when this site's own chunk
+ * is made), or the number of sites where none is (no memory, a device's
+ * error, this site's own frames, a step failed before). */
 unsigned gg_ar_step_fault_site(const struct gg_ar_step *s);
 
 /* True once every element of `result` in the step's part is final. */

@@ -418,6 +418,22 @@ static const char *wire_dtype_name(uint8_t dtype)
 	return dtype == GG_WIRE_F32 ? "float32" : dtype == GG_WIRE_BF16 ? "bfloat16" : "unknown";
 }
 
+/* The part's step failed with rc and err (gg_ar_step_on_frame() or
+ * gg_ar_step_resume()). The message names the peer at fault, if any, by
+ * its index: named here, as it travels to every site. */
+static void part_step_failed(struct lane_job *lj, int rc, const char *err)
+{
+	const struct gg_node *n = lj->lane->node;
+	const unsigned bad = gg_ar_step_fault_site(lj->ar);
+	const int code = rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE;
+
+	if (bad < n->sites)
+		part_fail(lj, code, "step %llu of job '%s': %s (site index %u is %s)", (unsigned long long)lj->seq,
+			  lj->name, err, bad, n->names[bad]);
+	else
+		part_fail(lj, code, "step %llu of job '%s': %s", (unsigned long long)lj->seq, lj->name, err);
+}
+
 /* "fp32", or "int8 (blocks of 64, fp16 scales)": codec settings as a
  * frame's header carries them. */
 static const char *codec_text(const struct gg_codec_params *p, char *buf, size_t size)
@@ -513,16 +529,7 @@ static void part_feed(struct lane_job *lj, unsigned from, unsigned via_lane, str
 	int rc = gg_ar_step_on_frame(lj->ar, from, id, frame, len, err, sizeof(err));
 	part_count_times(lj);
 	if (rc < 0) {
-		/* The message names the site at fault by its index: named here,
-		 * as it travels to every site. */
-		unsigned bad = gg_ar_step_fault_site(lj->ar);
-		if (bad < n->sites)
-			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE,
-				  "step %llu of job '%s': %s (site index %u is %s)", (unsigned long long)lj->wstep.step,
-				  lj->name, err, bad, n->names[bad]);
-		else
-			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
-				  (unsigned long long)lj->wstep.step, lj->name, err);
+		part_step_failed(lj, rc, err);
 		return;
 	}
 	if (rc == 0) { /* taken, not a copy already received */
@@ -1285,8 +1292,7 @@ static uint64_t lane_timers(struct lane *ln)
 		int rc = gg_ar_step_resume(lj->ar, why, sizeof(why));
 		part_count_times(lj);
 		if (rc)
-			part_fail(lj, rc == -ENOMEM ? GG_ERR_NOMEM : GG_ERR_SITE, "step %llu of job '%s': %s",
-				  (unsigned long long)lj->seq, lj->name, why);
+			part_step_failed(lj, rc, why);
 		else
 			part_check_done(lj);
 	}

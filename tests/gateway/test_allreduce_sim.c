@@ -791,6 +791,11 @@ static void check_refusals(bool other)
 				      !strncmp(err, "site 0, reduce-scatter chunk 0 of 2: frame: ", 44),
 			      "corrupt frame: rc %d, %s", rc, err);
 		CHECK(!gg_ar_step_done(step), "a failed step is not done");
+		/* Each case is the sender's doing, but for a frame that claims to
+		 * come from this site itself: no peer's. */
+		const unsigned fault = gg_ar_step_fault_site(step),
+			       want = cases[c].from == cfg.self ? cfg.sites : cases[c].from;
+		CHECK(fault == want, "case %zu: the fault is put on site %u, not %u", c, fault, want);
 		free(copy);
 		gg_ar_step_free(step);
 	}
