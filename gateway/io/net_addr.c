@@ -141,7 +141,7 @@ const char *gg_net_peer_addr(int fd, char *buf, size_t size)
 	return gg_net_addr_format((struct sockaddr *)&ss, buf, size);
 }
 
-int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
+static int listen_once(const struct sockaddr *sa, socklen_t len, int backlog)
 {
 	int one = 1, rc;
 	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -152,6 +152,22 @@ int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
 		rc = -errno;
 		close(fd);
 		return rc;
+	}
+	return fd;
+}
+
+int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
+{
+	int fd = listen_once(sa, len, backlog);
+
+	/* A port in use may be on its way to free: a process that listened
+	 * there and was killed keeps it until the kernel has torn down its
+	 * io_uring rings, whose requests (an accept) hold the socket open,
+	 * after the process itself is gone (a few milliseconds, measured;
+	 * longer on a busy machine). */
+	for (int waited_ms = 0; fd == -EADDRINUSE && waited_ms < GG_NET_LISTEN_WAIT_MS; waited_ms += 10) {
+		usleep(10000);
+		fd = listen_once(sa, len, backlog);
 	}
 	return fd;
 }

@@ -41,7 +41,11 @@ const char *gg_net_local_addr(int fd, char *buf, size_t size);
 const char *gg_net_peer_addr(int fd, char *buf, size_t size);
 
 /* A listening TCP socket (SO_REUSEADDR, close-on-exec). Returns the fd or
- * a negative errno. Port 0 picks a free port: see gg_net_local_addr(). */
+ * a negative errno. Port 0 picks a free port: see gg_net_local_addr(). A
+ * port in use is tried again for up to GG_NET_LISTEN_WAIT_MS, blocking:
+ * a gateway restarted on it may find it held a moment longer by the one
+ * it replaces. */
+#define GG_NET_LISTEN_WAIT_MS 1000
 GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog);
 
 /* Whether this host could listen on the address: a listen on it with port
