@@ -1168,10 +1168,45 @@ static void ended_there(struct gg_node *n, struct job *j, unsigned from, const s
 
 /* Why a peer's restart ended a job here: after `last` steps done here
  * (0: none). */
+/* A gateway's instance id is drawn at random at its start: one that comes
+ * back after another replaced it is of a gateway still running, and the
+ * two run as one site at once (a second started with its certificate and
+ * key). Each takes the other's streams, and each switch reads as a
+ * restart: said as what it is, in the log and in the steps' errors, for
+ * TWIN_US after it was last seen. */
+#define TWIN_US 60000000u
+
+static bool site_twinned(const struct gg_node *n, unsigned peer)
+{
+	return n->twin_us[peer] && gg_monotonic_us() - n->twin_us[peer] < TWIN_US;
+}
+
+static void peer_instance_changed(struct gg_node *n, unsigned peer, uint64_t id)
+{
+	const uint64_t now = gg_monotonic_us(), old = n->instance_id[peer];
+
+	if (id == n->instance_before[peer] && old) {
+		n->twin_us[peer] = now ? now : 1;
+		if (!n->twin_logged_us[peer] || now - n->twin_logged_us[peer] >= 10000000u) {
+			n->twin_logged_us[peer] = now ? now : 1;
+			gg_log(GG_LOG_ERROR, "site_claimed_twice",
+			       "site=%s instances=%016llx,%016llx reason=\"two gateways run as site %s at once, each "
+			       "taking the other's streams: was a second one started with its certificate and key?\"",
+			       n->names[peer], (unsigned long long)old, (unsigned long long)id, n->names[peer]);
+		}
+	}
+	n->instance_before[peer] = old;
+	n->instance_id[peer] = id;
+}
+
 static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
 			   size_t size)
 {
-	if (last)
+	if (site_twinned(n, peer))
+		snprintf(why, size, "two gateways run as site %s at once, each taking the other's streams (a second one "
+			 "started with its certificate and key?): the ranks of job '%s' there lost their sessions",
+			 n->names[peer], job);
+	else if (last)
 		snprintf(why, size, "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
 			 n->names[peer], (unsigned long long)last, job);
 	else
@@ -1231,7 +1266,10 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
 		if (j->used && j->step && !j->has_result)
-			fail_step_code(n, j, GG_ERR_SITE, "step %llu of job '%s': site %s restarted and lost the step",
+			fail_step_code(n, j, GG_ERR_SITE,
+				       site_twinned(n, peer) ? "step %llu of job '%s': two gateways run as site %s at "
+							       "once, each taking the other's streams, and lost the step"
+							     : "step %llu of job '%s': site %s restarted and lost the step",
 				       (unsigned long long)j->step->seq, j->name, n->names[peer]);
 	}
 }
@@ -1361,7 +1399,7 @@ static void coordinator_mail(struct gg_node *n)
 			/* Every lane that had streams to it tells; the first says it. */
 			if (n->instance_id[m->peer] == m->u.instance_id)
 				break;
-			n->instance_id[m->peer] = m->u.instance_id;
+			peer_instance_changed(n, m->peer, m->u.instance_id);
 			on_peer_restart(n, m->peer);
 			forget_peer_runs(n, m->peer);
 			break;
