@@ -284,6 +284,17 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 				snprintf(err, err_size, "control socket %s: folder %s: %s", b->path, dir, strerror(-rc));
 				close(fd);
 				return rc;
+			} else {
+				/* Only the socket's own folder is made: a missing
+				 * one above it is a path mistyped more likely than
+				 * one to make. */
+				slash = strrchr(dir, '/');
+				if (slash && slash != dir)
+					*slash = '\0';
+				snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes only "
+					 "the socket's own folder): make it first, or check the path", b->path, dir);
+				close(fd);
+				return -ENOENT;
 			}
 		}
 	}

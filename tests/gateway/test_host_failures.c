@@ -785,6 +785,17 @@ static void test_control_socket(void)
 	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
 	CHECK(access(stale, F_OK) != 0);
 
+	/* A socket two folders down from one that exists: its own folder is
+	 * made, not the one above it, which is named. */
+	char deep[160], deep_endpoint[192], want_deep[256];
+	snprintf(deep_endpoint, sizeof(deep_endpoint), "unix:%s/m1/m2/x.sock", h.dir);
+	snprintf(deep, sizeof(deep), "%s/m1", h.dir);
+	CHECK_EQ_INT(try_start(deep_endpoint, err, sizeof(err)), -ENOENT);
+	snprintf(want_deep, sizeof(want_deep), "folder %s does not exist (the gateway makes only the socket's own folder)",
+		 deep);
+	CHECK_CONTAINS(err, want_deep);
+	CHECK(access(deep, F_OK) != 0);
+
 	/* Something else at the path is left alone. */
 	fd = open(stale, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
 	CHECK(fd >= 0);
