@@ -1166,15 +1166,18 @@ static void ended_there(struct gg_node *n, struct job *j, unsigned from, const s
 	job_ended_at(n, j, from, true, end->first, end->last, -(int)end->code, failed, gone);
 }
 
-/* Why a peer's restart ended a job here: after `last` steps done here
- * (0: none). */
 /* A gateway's instance id is drawn at random at its start: one that comes
- * back after another replaced it is of a gateway still running, and the
- * two run as one site at once (a second started with its certificate and
- * key). Each takes the other's streams, and each switch reads as a
- * restart: said as what it is, in the log and in the steps' errors, for
- * TWIN_US after it was last seen. */
+ * back long after another first replaced it is of a gateway still
+ * running, and the two run as one site at once (a second started with
+ * its certificate and key). Each takes the other's streams, and each
+ * switch reads as a restart: said as what it is, in the log and in the
+ * steps' errors, for TWIN_US after it was last seen. "Long after":
+ * TWIN_RETURN_US. Within it a return is a dead gateway's stream whose
+ * HELLO a lane read late (through the acceptor, after the new instance's
+ * came on a stream of its own), or one lane's report of a restart coming
+ * after another's report of the next one. */
 #define TWIN_US 60000000u
+#define TWIN_RETURN_US 1000000u
 
 static bool site_twinned(const struct gg_node *n, unsigned peer)
 {
@@ -1184,8 +1187,21 @@ static bool site_twinned(const struct gg_node *n, unsigned peer)
 static void peer_instance_changed(struct gg_node *n, unsigned peer, uint64_t id)
 {
 	const uint64_t now = gg_monotonic_us(), old = n->instance_id[peer];
+	struct replaced_instance *r = n->replaced[peer];
+	bool back = false;
 
-	if (id == n->instance_before[peer] && old) {
+	n->instance_id[peer] = id;
+	if (!old)
+		return;
+	/* The one replaced now, kept with when it was first replaced. */
+	if (r[0].id != old && r[1].id != old) {
+		r[1] = r[0];
+		r[0].id = old;
+		r[0].first_replaced_us = now;
+	}
+	for (int i = 0; i < 2; i++)
+		back |= r[i].id == id && now - r[i].first_replaced_us >= TWIN_RETURN_US;
+	if (back) {
 		n->twin_us[peer] = now ? now : 1;
 		if (!n->twin_logged_us[peer] || now - n->twin_logged_us[peer] >= 10000000u) {
 			n->twin_logged_us[peer] = now ? now : 1;
@@ -1195,9 +1211,10 @@ static void peer_instance_changed(struct gg_node *n, unsigned peer, uint64_t id)
 			       n->names[peer], (unsigned long long)old, (unsigned long long)id, n->names[peer]);
 		}
 	}
-	n->instance_before[peer] = old;
-	n->instance_id[peer] = id;
 }
+
+/* Why a peer's restart ended a job here: after `last` steps done here
+ * (0: none). */
 
 static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
 			   size_t size)

@@ -287,10 +287,13 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 			} else {
 				/* Only the socket's own folder is made: a missing
 				 * one above it is a path mistyped more likely than
-				 * one to make. */
-				slash = strrchr(dir, '/');
-				if (slash && slash != dir)
-					*slash = '\0';
+				 * one to make. Named: the first one missing. */
+				for (char *p = strchr(dir + 1, '/'); p; p = strchr(p + 1, '/')) {
+					*p = '\0';
+					if (access(dir, F_OK))
+						break;
+					*p = '/';
+				}
 				snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes only "
 					 "the socket's own folder): make it first, or check the path", b->path, dir);
 				close(fd);

@@ -785,10 +785,10 @@ static void test_control_socket(void)
 	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
 	CHECK(access(stale, F_OK) != 0);
 
-	/* A socket two folders down from one that exists: its own folder is
-	 * made, not the one above it, which is named. */
+	/* A socket three folders down from one that exists: its own folder
+	 * is made, not those above it, the first of which is named. */
 	char deep[160], deep_endpoint[192], want_deep[256];
-	snprintf(deep_endpoint, sizeof(deep_endpoint), "unix:%s/m1/m2/x.sock", h.dir);
+	snprintf(deep_endpoint, sizeof(deep_endpoint), "unix:%s/m1/m2/m3/x.sock", h.dir);
 	snprintf(deep, sizeof(deep), "%s/m1", h.dir);
 	CHECK_EQ_INT(try_start(deep_endpoint, err, sizeof(err)), -ENOENT);
 	snprintf(want_deep, sizeof(want_deep), "folder %s does not exist (the gateway makes only the socket's own folder)",

@@ -53,8 +53,8 @@ int main(void)
 	/* Let go 200 ms after the call: taken then. */
 	int held = hold_port(&sa);
 	CHECK(held >= 0, "cannot hold a port");
-	CHECK(pthread_create(&t, NULL, let_go, &held) == 0, "thread");
 	double t0 = now_s();
+	CHECK(pthread_create(&t, NULL, let_go, &held) == 0, "thread");
 	int fd = gg_net_listen((struct sockaddr *)&sa, sizeof(sa), 8);
 	double took = now_s() - t0;
 	pthread_join(t, NULL);

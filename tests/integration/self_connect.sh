@@ -10,7 +10,10 @@
 . "$(dirname "$0")/lib.sh"
 
 [ "$(id -u)" = 0 ] || { echo "needs root (a network namespace): skipped"; exit 77; }
-command -v unshare >/dev/null || { echo "unshare (util-linux) is not installed: skipped"; exit 77; }
+PATH=$PATH:/usr/sbin:/sbin
+for t in unshare ip sysctl; do
+	command -v "$t" >/dev/null || { echo "$t is not installed: skipped"; exit 77; }
+done
 unshare -n true 2>/dev/null || { echo "cannot make a network namespace: skipped"; exit 77; }
 
 K=2
