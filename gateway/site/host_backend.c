@@ -157,6 +157,9 @@ static void hb_complete(struct gg_site_backend *base, struct gg_site_step *step,
 	gg_host_backend_complete(host_of(base), step, status, message);
 }
 
+/* How long a socket that refused is given to start listening. */
+#define STALE_RECHECK_US 50000
+
 /* A control socket path that is in the way: refused when a live gateway
  * still listens on it or it is not a socket; unlinked when stale (its
  * gateway died). Returns 0 once unlinked, or a negative errno with err. */
@@ -174,6 +177,18 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 		return -errno;
 	}
 	int rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+	/* A socket that refuses may be one a gateway starting this moment has
+	 * bound and is about to listen on (two started at once with the same
+	 * path): asked again a little later, before it is taken for stale. */
+	if (rc == -ECONNREFUSED) {
+		usleep(STALE_RECHECK_US);
+		close(probe);
+		if ((probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0) {
+			snprintf(err, err_size, "control socket %s: socket: %s", path, strerror(errno));
+			return -errno;
+		}
+		rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+	}
 	struct ucred peer = { .pid = 0 };
 	socklen_t peer_len = sizeof(peer);
 	bool known = rc == 0 && !getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len);

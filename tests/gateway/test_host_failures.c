@@ -773,6 +773,28 @@ static void test_control_socket(void)
 	CHECK_EQ_INT(try_start("tcp:127.0.0.1:9000", err, sizeof(err)), -EINVAL);
 	CHECK_CONTAINS(err, "needs unix:/absolute/path");
 
+	/* One bound but not listening yet, as a gateway that starts this
+	 * very moment holds it: not taken for stale, once it listens 20 ms on. */
+	{
+		char starting[128];
+		snprintf(starting, sizeof(starting), "%s/starting.sock", h.dir);
+		struct sockaddr_un at = { .sun_family = AF_UNIX };
+		memcpy(at.sun_path, starting, strlen(starting) + 1);
+		int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+		CHECK(s >= 0 && bind(s, (struct sockaddr *)&at, sizeof(at)) == 0);
+		pid_t pid = fork();
+		if (pid == 0) {
+			usleep(20000);
+			_exit(listen(s, 1) ? 1 : (sleep(30), 0)); /* bounded, should the test stop early */
+		}
+		snprintf(endpoint, sizeof(endpoint), "unix:%s", starting);
+		CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), -EADDRINUSE);
+		CHECK_CONTAINS(err, "another gateway is listening on it");
+		CHECK(kill(pid, SIGKILL) == 0 && waitpid(pid, NULL, 0) == pid);
+		close(s);
+		CHECK(unlink(starting) == 0);
+	}
+
 	/* A stale one, left by a gateway that died, is replaced. */
 	char stale[128];
 	snprintf(stale, sizeof(stale), "%s/stale.sock", h.dir);
