@@ -439,8 +439,9 @@ mesh_start() {
 					link_start "$i" "$j" "${gw_port[$j]}"
 				done
 			done
-			# The ports picked were let go before the links listened: the
-			# system may have given one of them to a link.
+			# The ports picked were let go before the links listened: where
+			# free_ports fell back on the system's picks, the system may
+			# have given one of them to a link.
 			local clash=
 			for k in "${!link_addr[@]}"; do
 				[[ " ${ports[*]} " != *" ${link_addr[$k]##*:} "* ]] || clash=${link_addr[$k]}
