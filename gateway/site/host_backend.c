@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -260,62 +261,124 @@ static int folder_unmakeable(const char *path, const char *dir, const char *why,
 	return -EACCES;
 }
 
-static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
+/* `dir`, a folder that does not exist, cut to the first folder on its
+ * path that does not. */
+static void first_missing_folder(char *dir)
+{
+	for (char *p = strchr(dir + 1, '/'); p; p = strchr(p + 1, '/')) {
+		*p = '\0';
+		if (access(dir, F_OK))
+			return;
+		*p = '/';
+	}
+}
+
+/* Makes the socket's own folder where it is missing. The default folder
+ * (/run/gradgate) lives in a tmpfs that a reboot empties. Made here, it
+ * belongs to the gateway's user and only that user may add a socket to
+ * it, which the client library takes as proof of who listens. Only that
+ * folder is made: a missing one above it is a path mistyped more likely
+ * than one to make. Returns 0, or a negative errno with err. */
+static int make_socket_folder(const char *path, char *err, size_t err_size)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	struct stat st;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = '\0';
+	if (!stat(dir, &st))
+		return 0; /* bind() says what else may be wrong */
+	if (!mkdir(dir, 0755)) {
+		(void)!chmod(dir, 0755); /* whatever the umask: ranks of every user reach it */
+		return 0;
+	}
+	int rc = -errno;
+	if (rc == -EEXIST)
+		return 0;
+	if (rc == -EACCES || rc == -EPERM || rc == -EROFS)
+		return folder_unmakeable(path, dir, strerror(-rc), err, err_size);
+	if (rc == -ENOENT) {
+		first_missing_folder(dir);
+		snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes only the "
+			 "socket's own folder): make it first, or check the path", path, dir);
+		return rc;
+	}
+	snprintf(err, err_size, "control socket %s: folder %s: %s", path, dir, strerror(-rc));
+	return rc;
+}
+
+/* Holds PATH.lock for as long as the gateway listens at PATH: of two
+ * gateways started with one control path, however close together, the
+ * second is refused, where otherwise it could take the first's socket,
+ * bound and not listening yet, for a dead gateway's and replace it. The
+ * gateway removes the file as it stops (release_lock()); one that died
+ * leaves it, unlocked, for the next. Returns 0, or a negative errno with
+ * err. */
+static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
+{
+	char lock[sizeof(b->path) + 8], pid[24] = "";
+	snprintf(lock, sizeof(lock), "%s.lock", b->path);
+	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	if (fd < 0) {
+		snprintf(err, err_size, "control socket %s: its lock file %s: %s", b->path, lock, strerror(errno));
+		return -errno;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB)) {
+		const int e = errno;
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
+		close(fd);
+		if (e == EWOULDBLOCK) {
+			snprintf(err, err_size, "control socket %s: another gateway holds it%s%s%s (its lock file %s)", b->path,
+				 *pid ? " (pid " : "", pid, *pid ? ")" : "", lock);
+			return -EADDRINUSE;
+		}
+		snprintf(err, err_size, "control socket %s: its lock file %s: %s", b->path, lock, strerror(e));
+		return -e;
+	}
+	int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+	if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)len, 0) != len) {
+		/* Only the message of a gateway refused by this one is poorer. */
+	}
+	b->lock_fd = fd;
+	return 0;
+}
+
+/* Removed while still held, so that no gateway starting now locks the
+ * file that goes; one that opened it before has its lock refused until
+ * this close, and may then lock a file that is gone: a third gateway
+ * starting in the same instant could lock a new one beside it. */
+static void release_lock(struct gg_host_backend *b)
+{
+	char lock[sizeof(b->path) + 8];
+
+	if (b->lock_fd < 0)
+		return;
+	snprintf(lock, sizeof(lock), "%s.lock", b->path);
+	unlink(lock);
+	close(b->lock_fd);
+	b->lock_fd = -1;
+}
+
+/* listen_on() once the lock is held. */
+static int listen_locked(struct gg_host_backend *b, char *err, size_t err_size)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	struct stat st;
 	int rc;
 
 	memcpy(addr.sun_path, b->path, strlen(b->path) + 1);
-	if ((rc = check_socket_folders(b->path, err, err_size)))
-		return rc;
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		snprintf(err, err_size, "control socket %s: socket: %s", b->path, strerror(errno));
 		return -errno;
 	}
 	rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
-	if (rc == -ENOENT) {
-		/* The default folder (/run/gradgate) lives in a tmpfs that a
-		 * reboot empties. Made here, it belongs to the gateway's user and
-		 * only that user may add a socket to it, which the client library
-		 * takes as proof of who listens. */
-		char dir[sizeof(addr.sun_path)];
-		snprintf(dir, sizeof(dir), "%s", b->path);
-		char *slash = strrchr(dir, '/');
-		if (slash && slash != dir) {
-			*slash = '\0';
-			bool made = !mkdir(dir, 0755);
-			if (made)
-				(void)!chmod(dir, 0755); /* whatever the umask: ranks of every user reach it */
-			if (made || errno == EEXIST) {
-				rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
-			} else if (errno == EACCES || errno == EPERM || errno == EROFS) {
-				rc = folder_unmakeable(b->path, dir, strerror(errno), err, err_size);
-				close(fd);
-				return rc;
-			} else if (errno != ENOENT) {
-				rc = -errno;
-				snprintf(err, err_size, "control socket %s: folder %s: %s", b->path, dir, strerror(-rc));
-				close(fd);
-				return rc;
-			} else {
-				/* Only the socket's own folder is made: a missing
-				 * one above it is a path mistyped more likely than
-				 * one to make. Named: the first one missing. */
-				for (char *p = strchr(dir + 1, '/'); p; p = strchr(p + 1, '/')) {
-					*p = '\0';
-					if (access(dir, F_OK))
-						break;
-					*p = '/';
-				}
-				snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes only "
-					 "the socket's own folder): make it first, or check the path", b->path, dir);
-				close(fd);
-				return -ENOENT;
-			}
-		}
-	}
 	if (rc == -EADDRINUSE) {
 		if ((rc = clear_stale_socket(b->path, &addr, err, err_size))) {
 			close(fd);
@@ -347,6 +410,18 @@ static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 	b->listen_dev = st.st_dev;
 	b->listen_ino = st.st_ino;
 	return 0;
+}
+
+static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
+{
+	int rc;
+
+	if ((rc = check_socket_folders(b->path, err, err_size)) || (rc = make_socket_folder(b->path, err, err_size)) ||
+	    (rc = take_lock(b, err, err_size)))
+		return rc;
+	if ((rc = listen_locked(b, err, err_size)))
+		release_lock(b);
+	return rc;
 }
 
 static int hb_start(struct gg_site_backend *base, struct gg_loop *loop, char *err, size_t err_size)
@@ -401,6 +476,7 @@ static bool hb_stop(struct gg_site_backend *base)
 		b->listen_fd = -1;
 		if (!stat(b->path, &st) && st.st_dev == b->listen_dev && st.st_ino == b->listen_ino)
 			unlink(b->path);
+		release_lock(b);
 	}
 	for (struct hb_job *j = b->jobs; j; j = j->next)
 		if (j->with_core || j->nccl_phase)
@@ -417,6 +493,7 @@ static void hb_destroy(struct gg_site_backend *base)
 	/* Only reached without start() or after stop() returned true. */
 	if (b->listen_fd >= 0)
 		close(b->listen_fd);
+	release_lock(b);
 	for (unsigned i = 0; i < b->waiting_count; i++)
 		close(b->waiting[i].fd);
 	if (b->spare_wait_fd >= 0)
@@ -589,8 +666,11 @@ int gg_host_backend_check_control(const char *control, char *err, size_t err_siz
 		if (errno != ENOENT)
 			return 0; /* the socket check above said what it could */
 	}
+	snprintf(dir, sizeof(dir), "%s", path);
+	*strrchr(dir, '/') = '\0';
+	first_missing_folder(dir);
 	snprintf(err, err_size, "control socket %s: folder %s does not exist (the gateway makes only the socket's "
-		 "own folder)", path, dir);
+		 "own folder): make it first, or check the path", path, dir);
 	return -ENOENT;
 }
 
@@ -638,6 +718,7 @@ int gg_host_backend_create(const struct gg_host_backend_options *opts, const str
 	b->core_ops = core_ops;
 	b->core = core;
 	b->listen_fd = -1;
+	b->lock_fd = -1;
 	b->spare_wait_fd = -1;
 	/* Room for a largest message next to requests still in flight. */
 	b->max_region_bytes = (2 * opts->max_message_bytes + GG_CTRL_ALIGN + 4095) & ~(uint64_t)4095;

@@ -198,6 +198,7 @@ struct gg_host_backend {
 	uint64_t max_region_bytes;
 
 	int listen_fd;
+	int lock_fd; /* PATH.lock, held while listening (take_lock()) */
 	dev_t listen_dev;
 	ino_t listen_ino;
 	struct gg_acceptor accept;

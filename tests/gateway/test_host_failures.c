@@ -751,10 +751,14 @@ static void test_control_socket(void)
 	int rc;
 
 	harness_start(&h, NULL);
-	/* A live gateway's socket is never taken over. */
+	/* A live gateway's socket is never taken over: its lock says so,
+	 * with its pid (this process runs it). */
+	char want_lock[1024];
 	rc = try_start(h.endpoint, err, sizeof(err));
 	CHECK_EQ_INT(rc, -EADDRINUSE);
-	CHECK_CONTAINS(err, "another gateway is listening on it");
+	snprintf(want_lock, sizeof(want_lock), "another gateway holds it (pid %ld) (its lock file %s.lock)",
+		 (long)getpid(), h.endpoint + 5);
+	CHECK_CONTAINS(err, want_lock);
 	/* Nor one another user's process listens on, which is named as such:
 	 * a squatter, not a second gateway; one whose socket is of another
 	 * type is told by the socket's owner. */
@@ -804,8 +808,15 @@ static void test_control_socket(void)
 	CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0);
 	close(fd);
 	snprintf(endpoint, sizeof(endpoint), "unix:%s", stale);
+	/* With the lock file it left, unlocked: taken, and gone at the stop. */
+	char stale_lock[160];
+	snprintf(stale_lock, sizeof(stale_lock), "%s.lock", stale);
+	fd = open(stale_lock, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	CHECK(fd >= 0 && write(fd, "1\n", 2) == 2);
+	close(fd);
 	CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
 	CHECK(access(stale, F_OK) != 0);
+	CHECK(access(stale_lock, F_OK) != 0);
 
 	/* A socket three folders down from one that exists: its own folder
 	 * is made, not those above it, the first of which is named. */
