@@ -1166,18 +1166,22 @@ static void ended_there(struct gg_node *n, struct job *j, unsigned from, const s
 	job_ended_at(n, j, from, true, end->first, end->last, -(int)end->code, failed, gone);
 }
 
-/* A gateway's instance id is drawn at random at its start: one that comes
- * back long after another first replaced it is of a gateway still
- * running, and the two run as one site at once (a second started with
- * its certificate and key). Each takes the other's streams, and each
+/* A gateway's instance id is drawn at random at its start, so one that
+ * comes back after another replaced it is of a gateway still running, or
+ * a dead one's word come late: a stream whose HELLO a lane read late
+ * (through the acceptor, after the new instance's came on a stream of its
+ * own, and until its own stream of the new one is back), or one lane's
+ * report of a restart coming after another's of the next one. Those are
+ * a few returns around a restart. Two gateways that run as one site at
+ * once (a second started with its certificate and key) take each other's
+ * streams for as long as both run: TWIN_RETURNS returns or more, each
+ * within TWIN_GAP_US of the one before, over TWIN_SPAN_US or more. Each
  * switch reads as a restart: said as what it is, in the log and in the
- * steps' errors, for TWIN_US after it was last seen. "Long after":
- * TWIN_RETURN_US. Within it a return is a dead gateway's stream whose
- * HELLO a lane read late (through the acceptor, after the new instance's
- * came on a stream of its own), or one lane's report of a restart coming
- * after another's report of the next one. */
+ * steps' errors, for TWIN_US after it was last seen. */
 #define TWIN_US 60000000u
-#define TWIN_RETURN_US 1000000u
+#define TWIN_RETURNS 4u
+#define TWIN_GAP_US 10000000u
+#define TWIN_SPAN_US 2000000u
 
 static bool site_twinned(const struct gg_node *n, unsigned peer)
 {
@@ -1187,21 +1191,24 @@ static bool site_twinned(const struct gg_node *n, unsigned peer)
 static void peer_instance_changed(struct gg_node *n, unsigned peer, uint64_t id)
 {
 	const uint64_t now = gg_monotonic_us(), old = n->instance_id[peer];
-	struct replaced_instance *r = n->replaced[peer];
-	bool back = false;
+	uint64_t *r = n->replaced[peer];
 
 	n->instance_id[peer] = id;
 	if (!old)
 		return;
-	/* The one replaced now, kept with when it was first replaced. */
-	if (r[0].id != old && r[1].id != old) {
+	if (r[0] != old && r[1] != old) {
 		r[1] = r[0];
-		r[0].id = old;
-		r[0].first_replaced_us = now;
+		r[0] = old;
 	}
-	for (int i = 0; i < 2; i++)
-		back |= r[i].id == id && now - r[i].first_replaced_us >= TWIN_RETURN_US;
-	if (back) {
+	if (r[0] != id && r[1] != id)
+		return;
+	if (!n->returns[peer] || now - n->return_last_us[peer] > TWIN_GAP_US) {
+		n->returns[peer] = 0;
+		n->return_first_us[peer] = now;
+	}
+	n->returns[peer]++;
+	n->return_last_us[peer] = now;
+	if (n->returns[peer] >= TWIN_RETURNS && now - n->return_first_us[peer] >= TWIN_SPAN_US) {
 		n->twin_us[peer] = now ? now : 1;
 		if (!n->twin_logged_us[peer] || now - n->twin_logged_us[peer] >= 10000000u) {
 			n->twin_logged_us[peer] = now ? now : 1;

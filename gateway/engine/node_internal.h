@@ -511,12 +511,12 @@ struct gg_node {
 	unsigned name_runs_cap;
 	uint64_t next_run; /* the run id the next job started here gets */
 	uint64_t instance_id[GG_AR_MAX_SITES]; /* the peers' as last reported */
-	/* The last instances of each peer that others replaced, and when each
-	 * was first replaced; when one came back long after (two gateways
-	 * run as that site: peer_instance_changed()). */
-	struct replaced_instance {
-		uint64_t id, first_replaced_us;
-	} replaced[GG_AR_MAX_SITES][2];
+	/* The last two instances of each peer that others replaced, and the
+	 * returns of such ones: how many since the first of a run of them,
+	 * and when that one and the last came (peer_instance_changed()). */
+	uint64_t replaced[GG_AR_MAX_SITES][2];
+	unsigned returns[GG_AR_MAX_SITES];
+	uint64_t return_first_us[GG_AR_MAX_SITES], return_last_us[GG_AR_MAX_SITES];
 	uint64_t twin_us[GG_AR_MAX_SITES], twin_logged_us[GG_AR_MAX_SITES];
 	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
 	atomic_bool ever_up[GG_AR_MAX_SITES]; /* a stream to the peer was ready once (for the metrics' readers) */
