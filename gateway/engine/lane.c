@@ -42,9 +42,15 @@ static uint64_t early_hash(const struct lane_job *lj, unsigned from, uint64_t ru
 	return early_mix(h ^ ((uint64_t)id->phase << 40 | (uint64_t)id->origin << 32 | id->chunk));
 }
 
+/* The index's chain for hash h. */
+static struct early **early_chain(const struct lane *ln, uint64_t h)
+{
+	return &ln->early_index[h & (((uint64_t)1 << ln->early_bits) - 1)];
+}
+
 static void early_link(struct lane *ln, struct early *e)
 {
-	struct early **chain = &ln->early_index[e->hash & (((uint64_t)1 << ln->early_bits) - 1)];
+	struct early **chain = early_chain(ln, e->hash);
 
 	e->hnext = *chain;
 	if (*chain)
@@ -89,7 +95,7 @@ static struct early *early_find(struct lane *ln, const struct lane_job *lj, unsi
 	if (!ln->early_index)
 		return NULL;
 	const uint64_t h = early_hash(lj, from, ws->run, ws->step, id);
-	for (struct early *e = ln->early_index[h & (((uint64_t)1 << ln->early_bits) - 1)]; e; e = e->hnext)
+	for (struct early *e = *early_chain(ln, h); e; e = e->hnext)
 		if (e->hash == h && e->job == lj && e->from == from && e->wstep.run == ws->run && e->seq == ws->step &&
 		    e->id.phase == id->phase && e->id.origin == id->origin && e->id.chunk == id->chunk)
 			return e;

@@ -1182,6 +1182,9 @@ static void ended_there(struct gg_node *n, struct job *j, unsigned from, const s
 #define TWIN_RETURNS 4u
 #define TWIN_GAP_US 10000000u
 #define TWIN_SPAN_US 2000000u
+#define TWIN_LOG_US 10000000u /* site_claimed_twice at most this often */
+/* The cause, with the site's name, as the log and the steps' errors say it. */
+#define TWIN_CAUSE "two gateways run as site %s at once, each taking the other's streams"
 
 static bool site_twinned(const struct gg_node *n, unsigned peer)
 {
@@ -1210,11 +1213,11 @@ static void peer_instance_changed(struct gg_node *n, unsigned peer, uint64_t id)
 	n->return_last_us[peer] = now;
 	if (n->returns[peer] >= TWIN_RETURNS && now - n->return_first_us[peer] >= TWIN_SPAN_US) {
 		n->twin_us[peer] = now ? now : 1;
-		if (!n->twin_logged_us[peer] || now - n->twin_logged_us[peer] >= 10000000u) {
+		if (!n->twin_logged_us[peer] || now - n->twin_logged_us[peer] >= TWIN_LOG_US) {
 			n->twin_logged_us[peer] = now ? now : 1;
 			gg_log(GG_LOG_ERROR, "site_claimed_twice",
-			       "site=%s instances=%016llx,%016llx reason=\"two gateways run as site %s at once, each "
-			       "taking the other's streams: was a second one started with its certificate and key?\"",
+			       "site=%s instances=%016llx,%016llx reason=\"" TWIN_CAUSE
+			       ": was a second one started with its certificate and key?\"",
 			       n->names[peer], (unsigned long long)old, (unsigned long long)id, n->names[peer]);
 		}
 	}
@@ -1222,13 +1225,12 @@ static void peer_instance_changed(struct gg_node *n, unsigned peer, uint64_t id)
 
 /* Why a peer's restart ended a job here: after `last` steps done here
  * (0: none). */
-
 static void restart_reason(const struct gg_node *n, unsigned peer, const char *job, uint64_t last, char *why,
 			   size_t size)
 {
 	if (site_twinned(n, peer))
-		snprintf(why, size, "two gateways run as site %s at once, each taking the other's streams (a second one "
-			 "started with its certificate and key?): the ranks of job '%s' there lost their sessions",
+		snprintf(why, size, TWIN_CAUSE " (a second one started with its certificate and key?): the ranks of "
+			 "job '%s' there lost their sessions",
 			 n->names[peer], job);
 	else if (last)
 		snprintf(why, size, "site %s restarted after step %llu of job '%s': its ranks there lost their sessions",
@@ -1291,8 +1293,7 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 		struct job *j = &n->jobs[i];
 		if (j->used && j->step && !j->has_result)
 			fail_step_code(n, j, GG_ERR_SITE,
-				       site_twinned(n, peer) ? "step %llu of job '%s': two gateways run as site %s at "
-							       "once, each taking the other's streams, and lost the step"
+				       site_twinned(n, peer) ? "step %llu of job '%s': " TWIN_CAUSE ", and lost the step"
 							     : "step %llu of job '%s': site %s restarted and lost the step",
 				       (unsigned long long)j->step->seq, j->name, n->names[peer]);
 	}

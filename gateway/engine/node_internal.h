@@ -174,7 +174,7 @@ struct early_via {
  * memory than the frame. */
 struct early {
 	struct early *next;
-	/* The lane's index of kept frames (lane_early_find()). */
+	/* The lane's index of kept frames (early_find()). */
 	struct early *hnext, **hprev;
 	uint64_t hash;
 	uint64_t charge; /* frame_len + EARLY_ENTRY_BYTES, in the lane's early_bytes */

@@ -141,6 +141,24 @@ const char *gg_net_peer_addr(int fd, char *buf, size_t size)
 	return gg_net_addr_format((struct sockaddr *)&ss, buf, size);
 }
 
+bool gg_net_local_addr_is(int fd, const struct sockaddr_storage *want)
+{
+	struct sockaddr_storage own;
+	socklen_t len = sizeof(own);
+
+	if (getsockname(fd, (struct sockaddr *)&own, &len) || own.ss_family != want->ss_family)
+		return false;
+	if (own.ss_family == AF_INET) {
+		const struct sockaddr_in *a = (const void *)&own, *b = (const void *)want;
+		return a->sin_port == b->sin_port && a->sin_addr.s_addr == b->sin_addr.s_addr;
+	}
+	if (own.ss_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const void *)&own, *b = (const void *)want;
+		return a->sin6_port == b->sin6_port && !memcmp(&a->sin6_addr, &b->sin6_addr, sizeof(a->sin6_addr));
+	}
+	return false;
+}
+
 static int listen_once(const struct sockaddr *sa, socklen_t len, int backlog)
 {
 	int one = 1, rc;

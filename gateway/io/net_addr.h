@@ -39,6 +39,8 @@ const char *gg_net_addr_format(const struct sockaddr *sa, char *buf, size_t size
 /* The local / remote address of a socket, formatted. */
 const char *gg_net_local_addr(int fd, char *buf, size_t size);
 const char *gg_net_peer_addr(int fd, char *buf, size_t size);
+/* Whether socket fd's own address is `want`: family, address and port. */
+bool gg_net_local_addr_is(int fd, const struct sockaddr_storage *want);
 
 /* A listening TCP socket (SO_REUSEADDR, close-on-exec). Returns the fd or
  * a negative errno. Port 0 picks a free port: see gg_net_local_addr(). A

@@ -1,7 +1,6 @@
 #include "tls_stream.h"
 
 #include <errno.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -239,29 +238,6 @@ int gg_tls_stream_connect(struct gg_tls_stream *s, struct gg_loop *loop, uint32_
 	return 0;
 }
 
-/* Whether the connection came up to itself: dialing a port on this host
- * that nothing listens on, TCP may give the socket that very port as its
- * own and join it to itself. It would hold the port from the gateway
- * meant to listen there (one that restarts) until the handshake failed. */
-static bool connected_to_itself(const struct gg_tls_stream *s)
-{
-	struct sockaddr_storage own;
-	socklen_t len = sizeof(own);
-
-	if (getsockname(s->fd, (struct sockaddr *)&own, &len) || own.ss_family != s->addr.ss_family)
-		return false;
-	if (own.ss_family == AF_INET) {
-		const struct sockaddr_in *a = (const struct sockaddr_in *)&own, *b = (const struct sockaddr_in *)&s->addr;
-		return a->sin_port == b->sin_port && a->sin_addr.s_addr == b->sin_addr.s_addr;
-	}
-	if (own.ss_family == AF_INET6) {
-		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&own,
-					  *b = (const struct sockaddr_in6 *)&s->addr;
-		return a->sin6_port == b->sin6_port && !memcmp(&a->sin6_addr, &b->sin6_addr, sizeof(a->sin6_addr));
-	}
-	return false;
-}
-
 unsigned gg_tls_stream_on_cqe(struct gg_tls_stream *s, const struct io_uring_cqe *cqe)
 {
 	char text[GG_TLS_ERROR_MAX];
@@ -278,7 +254,11 @@ unsigned gg_tls_stream_on_cqe(struct gg_tls_stream *s, const struct io_uring_cqe
 			fail(s, res, text, false);
 			break;
 		}
-		if (connected_to_itself(s)) {
+		/* Dialing a port on this host that nothing listens on, TCP may
+		 * give the socket that very port as its own and join it to
+		 * itself: it would hold the port from the gateway meant to
+		 * listen there (one that restarts) until the handshake failed. */
+		if (gg_net_local_addr_is(s->fd, &s->addr)) {
 			snprintf(text, sizeof(text), "peer %s: connect failed: nothing listens there (the connection "
 				 "was joined to itself)", gg_tls_engine_peer_addr(s->tls));
 			fail(s, -ECONNREFUSED, text, false);

@@ -317,11 +317,18 @@ static int make_socket_folder(const char *path, char *err, size_t err_size)
  * gateway removes the file as it stops (release_lock()); one that died
  * leaves it, unlocked, for the next. Returns 0, or a negative errno with
  * err. */
+#define LOCK_PATH_MAX (sizeof(((struct gg_host_backend *)0)->path) + 8)
+
+static const char *lock_path(const struct gg_host_backend *b, char lock[LOCK_PATH_MAX])
+{
+	snprintf(lock, LOCK_PATH_MAX, "%s.lock", b->path);
+	return lock;
+}
+
 static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
 {
-	char lock[sizeof(b->path) + 8], pid[24] = "";
-	snprintf(lock, sizeof(lock), "%s.lock", b->path);
-	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	char lock[LOCK_PATH_MAX], pid[24] = "";
+	int fd = open(lock_path(b, lock), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 
 	if (fd < 0) {
 		snprintf(err, err_size, "control socket %s: its lock file %s: %s", b->path, lock, strerror(errno));
@@ -341,10 +348,10 @@ static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
 		snprintf(err, err_size, "control socket %s: its lock file %s: %s", b->path, lock, strerror(e));
 		return -e;
 	}
+	/* For the message of a gateway this one refuses (poorer without). */
 	int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-	if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)len, 0) != len) {
-		/* Only the message of a gateway refused by this one is poorer. */
-	}
+	if (!ftruncate(fd, 0))
+		(void)!pwrite(fd, pid, (size_t)len, 0);
 	b->lock_fd = fd;
 	return 0;
 }
@@ -355,12 +362,11 @@ static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
  * starting in the same instant could lock a new one beside it. */
 static void release_lock(struct gg_host_backend *b)
 {
-	char lock[sizeof(b->path) + 8];
+	char lock[LOCK_PATH_MAX];
 
 	if (b->lock_fd < 0)
 		return;
-	snprintf(lock, sizeof(lock), "%s.lock", b->path);
-	unlink(lock);
+	unlink(lock_path(b, lock));
 	close(b->lock_fd);
 	b->lock_fd = -1;
 }

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "net_addr.h"
+
 /* Where an ncclUniqueId keeps the root's address: after its 8-byte magic
  * (struct ncclBootstrapHandle). */
 #define ID_ADDR_OFFSET 8
@@ -30,18 +32,6 @@ static bool id_address(const unsigned char id[GG_NCCL_ROOT_ID_SIZE], struct sock
 	return true;
 }
 
-static bool same_address(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-	if (a->ss_family != b->ss_family)
-		return false;
-	if (a->ss_family == AF_INET) {
-		const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
-		return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-	}
-	const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
-	return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr));
-}
-
 static bool listening(int fd)
 {
 	int on = 0;
@@ -53,13 +43,11 @@ static bool listening(int fd)
 /* Whether fd is a socket that listens at `want`. */
 static bool listens_at(int fd, const struct sockaddr_storage *want)
 {
-	struct sockaddr_storage ss;
-	socklen_t len = sizeof(ss);
 	struct stat st;
 
 	if (fstat(fd, &st) || !S_ISSOCK(st.st_mode) || !listening(fd))
 		return false;
-	return !getsockname(fd, (struct sockaddr *)&ss, &len) && same_address(&ss, want);
+	return gg_net_local_addr_is(fd, want);
 }
 
 /* A duplicate of the socket of this process that listens at `want`, or -1.

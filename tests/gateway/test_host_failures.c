@@ -745,6 +745,22 @@ static pid_t squat(int type, int *rc, char *err, size_t err_size)
 	return pid;
 }
 
+/* A SEQPACKET socket bound (not listening) at dir/name, whose path goes
+ * in path; -1 when it cannot be made. */
+static int bound_socket(const char *dir, const char *name, char *path, size_t size)
+{
+	struct sockaddr_un at = { .sun_family = AF_UNIX };
+
+	snprintf(path, size, "%s/%s", dir, name);
+	memcpy(at.sun_path, path, strlen(path) + 1);
+	int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	if (s >= 0 && bind(s, (struct sockaddr *)&at, sizeof(at))) {
+		close(s);
+		s = -1;
+	}
+	return s;
+}
+
 static void test_control_socket(void)
 {
 	char err[256], endpoint[160];
@@ -781,11 +797,8 @@ static void test_control_socket(void)
 	 * very moment holds it: not taken for stale, once it listens 20 ms on. */
 	{
 		char starting[128];
-		snprintf(starting, sizeof(starting), "%s/starting.sock", h.dir);
-		struct sockaddr_un at = { .sun_family = AF_UNIX };
-		memcpy(at.sun_path, starting, strlen(starting) + 1);
-		int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-		CHECK(s >= 0 && bind(s, (struct sockaddr *)&at, sizeof(at)) == 0);
+		int s = bound_socket(h.dir, "starting.sock", starting, sizeof(starting));
+		CHECK(s >= 0);
 		pid_t pid = fork();
 		if (pid == 0) {
 			usleep(20000);
@@ -801,11 +814,8 @@ static void test_control_socket(void)
 
 	/* A stale one, left by a gateway that died, is replaced. */
 	char stale[128];
-	snprintf(stale, sizeof(stale), "%s/stale.sock", h.dir);
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	memcpy(addr.sun_path, stale, strlen(stale) + 1);
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-	CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0);
+	int fd = bound_socket(h.dir, "stale.sock", stale, sizeof(stale));
+	CHECK(fd >= 0);
 	close(fd);
 	snprintf(endpoint, sizeof(endpoint), "unix:%s", stale);
 	/* With the lock file it left, unlocked: taken, and gone at the stop. */
