@@ -1429,13 +1429,20 @@ void *gg_lane_main(void *arg)
 	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the process's main thread's */
 	gg_log_set_thread_site(n->names[n->self]);
 	int rc = gg_lane_init(ln);
+	atomic_bool *stop = ln->index == n->nlanes ? &n->acceptor_stop : &n->lanes_stop;
 	pthread_mutex_lock(&n->start_lock);
 	ln->start_rc = rc;
 	n->lanes_starting--;
 	pthread_cond_broadcast(&n->started);
+	/* Nothing is dialed or answered before the node's owner first turns
+	 * its loop (gg_node_run_once()): a gateway that fails the rest of its
+	 * start (its control socket, its metrics port) has not spoken to its
+	 * peers as its site, which would read as a restart of the one that
+	 * runs. */
+	while (!rc && !n->released && !atomic_load(stop))
+		pthread_cond_wait(&n->let_go, &n->start_lock);
 	pthread_mutex_unlock(&n->start_lock);
 	struct cqe_ctx x = { .ln = ln };
-	atomic_bool *stop = ln->index == n->nlanes ? &n->acceptor_stop : &n->lanes_stop;
 	while (!rc && !atomic_load(stop)) {
 		x.lane_mail = false;
 		if ((rc = gg_lane_turn(ln, TICK_US, &x))) {

@@ -1780,10 +1780,26 @@ uint64_t gg_node_failure_count(const struct gg_node *n)
 	return n->failures_total;
 }
 
+/* Wakes the lanes that wait before their first turn (gg_lane_main()):
+ * to run (stop NULL: the node's loop turns), or to stop (*stop set). */
+static void let_lanes_go(struct gg_node *n, atomic_bool *stop)
+{
+	pthread_mutex_lock(&n->start_lock);
+	if (stop)
+		atomic_store(stop, true);
+	else
+		n->released = true;
+	pthread_cond_broadcast(&n->let_go);
+	pthread_mutex_unlock(&n->start_lock);
+}
+
 int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *other, void *arg)
 {
 	struct lane *ln = &n->lanes[0];
 	struct cqe_ctx x = { .ln = ln, .other = other, .arg = arg };
+
+	if (!n->released)
+		let_lanes_go(n, NULL);
 	int rc = gg_lane_turn(ln, GG_MIN(timeout_us, gg_loop_timeout_us(&ln->loop, n->coord_next_us)), &x);
 
 	if (rc)
@@ -2143,6 +2159,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	n->inbox.efd = -1;
 	pthread_mutex_init(&n->start_lock, NULL);
 	pthread_cond_init(&n->started, NULL);
+	pthread_cond_init(&n->let_go, NULL);
 	n->sites = (unsigned)cfg->peer_count + 1;
 	snprintf(n->names[0], sizeof(n->names[0]), "%s", cfg->site.name);
 	for (size_t i = 0; i < cfg->peer_count; i++)
@@ -2312,12 +2329,12 @@ void gg_node_free(struct gg_node *n)
 		return;
 	/* The acceptor stops first: a stream it hands over until then reaches
 	 * a lane that still runs, and is freed with that lane's mail. */
-	atomic_store(&n->acceptor_stop, true);
+	let_lanes_go(n, &n->acceptor_stop);
 	if (n->lanes && n->lanes[n->nlanes].has_thread) {
 		gg_mailbox_wake(&n->lanes[n->nlanes].inbox);
 		pthread_join(n->lanes[n->nlanes].thread, NULL);
 	}
-	atomic_store(&n->lanes_stop, true);
+	let_lanes_go(n, &n->lanes_stop);
 	for (unsigned l = 1; l < n->nlanes && n->lanes; l++) {
 		if (!n->lanes[l].has_thread)
 			continue;
@@ -2345,5 +2362,6 @@ void gg_node_free(struct gg_node *n)
 	gg_resolver_free(n->resolver);
 	pthread_mutex_destroy(&n->start_lock);
 	pthread_cond_destroy(&n->started);
+	pthread_cond_destroy(&n->let_go);
 	free(n);
 }

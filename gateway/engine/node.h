@@ -173,7 +173,10 @@ struct gg_node_failure {
 #define GG_NODE_LANE_JOBS 64
 
 /* Builds the node from a validated config: TLS context, listening socket,
- * the loop. Returns 0, or a negative errno with a message in err. */
+ * the loop, the lanes' threads. Returns 0, or a negative errno with a
+ * message in err. Nothing is dialed or accepted before the first
+ * gg_node_run_once(), so that what the caller still sets up (the site's
+ * control socket, metrics) may fail without peers having seen the site. */
 GG_MUST_CHECK int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, size_t err_size);
 
 /* What gg_node_new() needs of this host beyond the file, without starting

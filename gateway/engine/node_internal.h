@@ -554,8 +554,10 @@ struct gg_node {
 	atomic_bool lanes_stop, acceptor_stop;
 	atomic_int acceptor_failed; /* the acceptor's loop broke: its negative errno */
 	pthread_mutex_t start_lock;
-	pthread_cond_t started;
+	pthread_cond_t started;  /* a lane's thread made its ring, or failed to */
+	pthread_cond_t let_go;   /* released or a stop flag was set */
 	unsigned lanes_starting;
+	bool released;           /* under start_lock: the lanes may dial and accept */
 };
 
 
