@@ -49,5 +49,10 @@ int gg_bench_parse_rate(const char *text, double *bps);
 /* Arguments left after the options: 0 when there are none, else 2 after
  * naming the first on stderr. */
 int gg_bench_no_operands(const char *cmd, int argc, char **argv, int optind_after);
+/* For getopt_long() with an option string that starts with ':' (so that
+ * it prints nothing itself), once it returned c, '?' or ':': names the
+ * unknown option, or the one missing its value, in one line on stderr.
+ * Returns 2. */
+int gg_bench_bad_option(const char *cmd, int c, char **argv);
 
 #endif

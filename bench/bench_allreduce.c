@@ -238,7 +238,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	*o = (struct opts){ .job = "bench", .rank = -1, .ranks = 0, .site = -1, .sites = 0, .count = 1u << 20,
 			    .steps = 100, .inflight = 1, .codec = "fp32" };
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
 #define NUMBER(opt, lo, hi, field)                                                  \
 	do {                                                                        \
 		if (gg_bench_number("allreduce", opt, optarg, lo, hi, &v))          \
@@ -296,15 +296,14 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->check = !strcmp(optarg, "all") ? CHECK_ALL : !strcmp(optarg, "first") ? CHECK_FIRST : CHECK_NONE;
 			break;
 		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); return 2;
+		default: return gg_bench_bad_option("allreduce", c, argv);
 		}
 #undef NUMBER
 	}
 	if (gg_bench_no_operands("allreduce", argc, argv, optind))
 		return 2;
 	if (o->rank < 0 || o->ranks < 1 || o->site < 0 || o->sites < 2) {
-		fprintf(stderr, "gradgate-bench allreduce: --rank, --ranks, --site and --sites are required\n");
-		usage(stderr);
+		fprintf(stderr, "gradgate-bench allreduce: --rank, --ranks, --site and --sites are required (see --help)\n");
 		return 2;
 	}
 	if (o->rank >= o->ranks || o->site >= o->sites) {

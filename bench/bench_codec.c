@@ -386,8 +386,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		for (size_t k = 0; k < GG_ARRAY_LEN(valued); k++)
 			takes |= !strcmp(a, valued[k]);
 		if (!takes && strcmp(a, "--json") && strcmp(a, "--no-zstd") && strcmp(a, "--help") && strcmp(a, "-h")) {
-			fprintf(stderr, "gradgate-bench codec: unknown %s '%s'\n", a[0] == '-' ? "option" : "argument", a);
-			usage(stderr);
+			fprintf(stderr, "gradgate-bench codec: unknown %s '%s' (see --help)\n", a[0] == '-' ? "option" : "argument",
+				a);
 			return -1;
 		}
 		if (takes && !v) {

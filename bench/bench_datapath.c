@@ -85,7 +85,7 @@ static int parse(int argc, char **argv, struct opts *o)
 
 	*o = (struct opts){ .count = 16u << 20, .chunk_elems = 1u << 18, .ranks = 2, .sites = 3,
 			    .codec = GG_CODEC_FP32, .reps = 5 };
-	while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
 		switch (c) {
 		case 'c':
 			if (gg_codec_from_name(optarg, &o->codec)) {
@@ -128,7 +128,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			break;
 		case 'j': o->json = true; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default: return gg_bench_bad_option("datapath", c, argv);
 		}
 	}
 	if (gg_bench_no_operands("datapath", argc, argv, optind))

@@ -156,7 +156,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			    .streams = 2, .threads = 1, .jobs = 1, .chunk_bytes = 1u << 20, .cipher = "TLS_AES_256_GCM_SHA384",
 			    .baseline_s = 3 };
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
 		long v;
 		switch (c) {
 		case 'k':
@@ -248,8 +248,7 @@ static int parse(int argc, char **argv, struct opts *o)
 			usage(stdout);
 			exit(0);
 		default:
-			usage(stderr);
-			return 2;
+			return gg_bench_bad_option("gateway", c, argv);
 		}
 	}
 	if (gg_bench_no_operands("gateway", argc, argv, optind))

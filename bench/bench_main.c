@@ -1,6 +1,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,20 @@ int gg_bench_no_operands(const char *cmd, int argc, char **argv, int optind_afte
 	if (optind_after >= argc)
 		return 0;
 	fprintf(stderr, "gradgate-bench %s: unexpected argument '%s' (see --help)\n", cmd, argv[optind_after]);
+	return 2;
+}
+
+int gg_bench_bad_option(const char *cmd, int c, char **argv)
+{
+	char shortopt[3] = { '-', (char)optopt, '\0' };
+	/* A short option is optopt; a long one, or one that took its value's
+	 * place, the argument getopt_long() stepped over. */
+	const char *a = c == '?' && optopt ? shortopt : argv[optind - 1];
+
+	if (c == ':')
+		fprintf(stderr, "gradgate-bench %s: %s needs a value (see --help)\n", cmd, a);
+	else
+		fprintf(stderr, "gradgate-bench %s: unknown option '%s' (see --help)\n", cmd, a);
 	return 2;
 }
 

@@ -95,7 +95,7 @@ struct wan_opts {
 	int streams;
 	int max_other_pct; /* a run that other processes disturbed more is discarded; 100: keep all */
 	uint64_t chunk_bytes;
-	bool json, cleanup, no_gloo, prefix_given, copy;
+	bool json, cleanup, no_gloo, prefix_given, python_given, copy;
 	const char *plot, *gloo_script, *python, *gradgate, *linkem, *make_certs;
 	char prefix[16];
 	char congestion[16]; /* the sites' TCP congestion control; empty: the host's */
@@ -531,7 +531,7 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 	optind = 1;
 	int li = -1;
 	const char *other = NULL; /* the first option given beside --cleanup's --prefix */
-	while ((c = getopt_long(argc, argv, "h", lopts, &li)) != -1) {
+	while ((c = getopt_long(argc, argv, ":h", lopts, &li)) != -1) {
 		size_t k;
 		if (c != 'c' && c != 'p' && c != 'h' && c != '?' && li >= 0 && !other)
 			other = lopts[li].name;
@@ -623,13 +623,16 @@ static int parse_opts(int argc, char **argv, struct wan_opts *o)
 		case 'G': o->no_gloo = true; break;
 		case 'Y': o->copy = true; break;
 		case 'c': o->cleanup = true; break;
-		case 'y': o->python = optarg; break;
+		case 'y':
+			o->python = optarg;
+			o->python_given = true;
+			break;
 		case 'g': o->gloo_script = optarg; break;
 		case 'D': o->gradgate = optarg; break;
 		case 'L': o->linkem = optarg; break;
 		case 'M': o->make_certs = optarg; break;
 		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); return WAN_USAGE;
+		default: return gg_bench_bad_option("wan", c, argv);
 		}
 	}
 	if (optind < argc) {
@@ -1567,9 +1570,11 @@ static double model_link_bytes(const struct mode *m, double size, double wire)
 		return 2.0 * (N - 1) / N * size * framing_tcp();
 	/* A ring moves 2(K-1) shards of a site's encoding per step over a
 	 * site's uplink, direct its whole encoding K-1 times; a chunk holds
-	 * chunk_size / 4 elements whatever the codec. */
+	 * chunk_size / 4 elements whatever the codec, and the ring cuts its
+	 * shards (a K-th of the tensor) into chunks, direct the tensor. */
 	double pieces = hops(m) == 1 ? K - 1 : 2.0 * (K - 1);
-	double messages = pieces * ceil(size / pieces / (double)W.o.chunk_bytes);
+	double per_piece = hops(m) == 1 ? size : size / K;
+	double messages = pieces * ceil(per_piece / (double)W.o.chunk_bytes);
 	return (wire + messages * message_overhead()) * framing_tls() * framing_tcp();
 }
 
@@ -1908,6 +1913,10 @@ static int preflight(void)
 	}
 	if (o->no_gloo) {
 		snprintf(W.gloo_skip, sizeof(W.gloo_skip), "as --no-gloo asks");
+	} else if (o->python_given && (strchr(o->python, '/') ? access(o->python, X_OK) : !find_tool(o->python, line, sizeof(line)))) {
+		say("cannot run the Python that --python names: %s: %s", o->python,
+		    strchr(o->python, '/') ? strerror(errno) : "not found in PATH");
+		return WAN_CANNOT;
 	} else if (access(o->gloo_script, R_OK)) {
 		say("cannot read the gloo ranks' script %s (pass --gloo-script, or --no-gloo): %s", o->gloo_script,
 		    strerror(errno));
