@@ -218,14 +218,16 @@ int main(int argc, char **argv)
 	unsigned long count = 0;
 	int failed = 0;
 
-	/* A sanitizer's own handlers report more than these would. */
+	/* A sanitizer's own handlers report more than these would; but
+	 * AddressSanitizer leaves SIGABRT alone (handle_abort=0), and a
+	 * target's broken check aborts. */
 	if (__sanitizer_set_death_callback) {
 		__sanitizer_set_death_callback(say_running);
 	} else {
 		signal(SIGSEGV, on_fatal_signal);
 		signal(SIGBUS, on_fatal_signal);
-		signal(SIGABRT, on_fatal_signal);
 	}
+	signal(SIGABRT, on_fatal_signal);
 	int paths = 0;
 	for (int i = 1; i < argc; i++) {
 		char *end;
@@ -238,7 +240,7 @@ int main(int argc, char **argv)
 					argv[i] + 13);
 				return 2;
 			}
-		} else if (!strncmp(argv[i], "--", 2) || !strcmp(argv[i], "-h")) {
+		} else if (argv[i][0] == '-') { /* a file named so is ./-NAME */
 			bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
 			fprintf(help ? stdout : stderr,
 				"%s%s%s"
@@ -256,7 +258,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	for (int i = 1; i < argc; i++)
-		if (strncmp(argv[i], "--", 2))
+		if (argv[i][0] != '-')
 			failed |= replay_path(argv[i], 8, &count);
 	printf("replayed %lu inputs, and %lu times with an allocation failing (%lu left out: an earlier input failed them)\n",
 	       count, alloc_runs, alloc_skipped);

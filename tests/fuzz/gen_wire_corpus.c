@@ -5,13 +5,17 @@
 
 #include "wire.h"
 
+static int failed;
+
 static void put(const char *dir, const char *name, const uint8_t *buf, size_t len)
 {
 	char path[512];
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	FILE *f = fopen(path, "wb");
-	if (!f || fwrite(buf, 1, len, f) != len || fclose(f))
+	if (!f || fwrite(buf, 1, len, f) != len || fclose(f)) {
 		perror(path);
+		failed = 1;
+	}
 }
 
 int main(int argc, char **argv)
@@ -52,5 +56,5 @@ int main(int argc, char **argv)
 		put(argv[1], "asking", buf, (size_t)n);
 	if ((n = gg_wire_encode_end(buf, sizeof(buf), "train", 17, 3, 5, 12, "site site-c is unreachable", 1500)) > 0)
 		put(argv[1], "end", buf, (size_t)n);
-	return 0;
+	return failed;
 }
