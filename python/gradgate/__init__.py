@@ -202,6 +202,11 @@ def _timeout(timeout_ms):
 
 _retired = {}  # address -> [bytes, mapped here, token of this retirement]
 _retired_lock = threading.Lock()
+# Held from the library's unmapping of a buffer to its retirement here, and
+# from a mapping to its superseding what was retired there: another
+# session's new buffer could otherwise take the addresses in between, and
+# be taken for the one given back. (Inside a session's own lock.)
+_mapping_lock = threading.Lock()
 _retirements = itertools.count()
 _libc = None
 _PROT_READ, _PROT_WRITE = 1, 2
@@ -713,9 +718,10 @@ class Session:
                 # The library's size_t would wrap a larger count.
                 raise Error(ERR_TOO_LARGE, f"gg_buffer_alloc: {count * 4} bytes exceed the max_message of "
                             f"{self.max_message_bytes} bytes of the gateway of site {self.site}")
-            rc = _load().gg_buffer_alloc(handle, count * 4, ctypes.byref(ptr), ctypes.byref(err))
-            _check(rc, err)
-            _supersede(ptr.value, _page_round(count * 4))
+            with _mapping_lock:
+                rc = _load().gg_buffer_alloc(handle, count * 4, ctypes.byref(ptr), ctypes.byref(err))
+                _check(rc, err)
+                _supersede(ptr.value, _page_round(count * 4))
             try:
                 arr = np.asarray(_SharedMemory(self, ptr.value, count))
             except BaseException:
@@ -740,10 +746,11 @@ class Session:
                 raise Error(ERR_INVALID, "not a shared buffer of this session (an array buffer() returned, "
                             "whole)")
             del self._buffers[data]
-            rc = _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
             memory = memory()
-            if not rc and memory is not None:
-                _retire(data, _page_round(count * 4), memory)
+            with _mapping_lock:
+                rc = _load().gg_buffer_free(handle, ptr, ctypes.byref(err))
+                if not rc and memory is not None:
+                    _retire(data, _page_round(count * 4), memory)
         _check(rc, err)
 
     def close(self):
@@ -751,13 +758,14 @@ class Session:
         with self._lock:
             if self._handle is not None:
                 self._free_orphans()
-                _load().gg_session_close(self._handle)
-                self._handle = None
-                for data, (_, count, memory) in self._buffers.items():
-                    if memory() is not None:
-                        _retire(data, _page_round(count * 4), memory())
-                self._buffers.clear()
-                _settle()
+                with _mapping_lock:
+                    _load().gg_session_close(self._handle)
+                    self._handle = None
+                    for data, (_, count, memory) in self._buffers.items():
+                        if memory() is not None:
+                            _retire(data, _page_round(count * 4), memory())
+                    self._buffers.clear()
+                    _settle()
 
     def __enter__(self):
         return self

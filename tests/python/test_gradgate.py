@@ -269,6 +269,36 @@ class WithGateways(unittest.TestCase):
         gc.collect()
         self.assertIsNone(session(), "the session outlived the last array of its buffers")
 
+    def test_buffers_of_sessions_side_by_side(self):
+        """Sessions of one process that make and give back shared buffers
+        at once: one's new buffer may take the addresses another's just
+        gave back, and is its own, not refused as the given-back one. The
+        retirement of a given-back buffer is slowed here, so that another
+        session's buffer() comes between it and the library's unmapping
+        whenever nothing keeps them together."""
+        n, steps = 1000, 12
+        retire = gradgate._retire
+
+        def slow_retire(*args):
+            time.sleep(0.005)
+            retire(*args)
+
+        def fn(s, site, rank):
+            for step in range(steps):
+                buf = s.buffer(n + 1024 * (step % 3))
+                buf[:] = 1.0
+                s.allreduce(buf, tensor_id=1 + step % 3)
+                self.assertEqual(float(buf.sum()), SITES * RANKS * buf.size)
+                s.free_buffer(buf)
+            return "ok"
+
+        gradgate._retire = slow_retire
+        try:
+            out = on_every_rank(self.mesh, "side-by-side", fn)
+        finally:
+            gradgate._retire = retire
+        self.assertEqual(out, {(s, r): "ok" for s in range(SITES) for r in range(RANKS)})
+
     def test_freed_buffer(self):
         """An array of a buffer given back reads zeros, not unmapped memory,
         and is refused until it is collected."""
