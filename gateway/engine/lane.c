@@ -1035,7 +1035,13 @@ static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
 	if (!f)
 		return;
 	f->peer = peer;
-	f->u.instance_id = instance_id;
+	f->u.restarted.instance_id = instance_id;
+	/* The new instance's stream is not up yet (the mesh tells of the
+	 * restart first), nor is this lane's stream to the old one, which it
+	 * replaced; another lane's may be. */
+	pthread_mutex_lock(&ln->node->down_lock);
+	f->u.restarted.down_since_us = atomic_load(&ln->node->ready[peer]) ? 0 : ln->node->down_since_us[peer];
+	pthread_mutex_unlock(&ln->node->down_lock);
 	tell_coordinator(ln, f);
 }
 
@@ -1045,10 +1051,14 @@ static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool u
 	struct gg_node *n = ln->node;
 	uint64_t bit = (uint64_t)1 << stream;
 
-	if (up)
+	pthread_mutex_lock(&n->down_lock);
+	if (up) {
 		atomic_fetch_or(&n->ready[peer], bit);
-	else
-		atomic_fetch_and(&n->ready[peer], ~bit);
+		n->down_since_us[peer] = 0;
+	} else if (atomic_fetch_and(&n->ready[peer], ~bit) == bit) {
+		n->down_since_us[peer] = gg_monotonic_us();
+	}
+	pthread_mutex_unlock(&n->down_lock);
 	struct mail *f = mail_new(up ? M_STREAM_READY : M_STREAM_DOWN);
 	if (!f)
 		return;

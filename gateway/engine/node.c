@@ -1259,7 +1259,7 @@ static bool run_going_on(const struct name_runs *r, unsigned peer)
  * DONE only with the result whole, no site can complete without the
  * others' DONE). Failing it instead would split the sites when the old
  * gateway's DONE reached some of them before it died and not others. */
-static void on_peer_restart(struct gg_node *n, unsigned peer)
+static void on_peer_restart(struct gg_node *n, unsigned peer, uint64_t down_since_us)
 {
 	char why[GG_NODE_ERROR_MAX];
 
@@ -1288,10 +1288,16 @@ static void on_peer_restart(struct gg_node *n, unsigned peer)
 			r->lost_by |= 1u << peer;
 	}
 	/* A step with no result here (a first step, too) needed the old
-	 * gateway's part: lost with it. */
+	 * gateway's part: lost with it. But not a step handed over here once
+	 * no stream to the old gateway was up any more, of a run none of whose
+	 * frames came from it: nothing of the step went there (its DATA waits,
+	 * never sent, for the new gateway: gg_mesh's peer_lost_state()) or
+	 * came from there. It goes on with the new gateway, as with a site
+	 * whose gateway starts late. */
 	for (unsigned i = 0; i < MAX_JOBS; i++) {
 		struct job *j = &n->jobs[i];
-		if (j->used && j->step && !j->has_result)
+		if (j->used && j->step && !j->has_result &&
+		    !(down_since_us && j->submit_us > down_since_us && !run_going_on(name_runs(n, j->name, false), peer)))
 			fail_step_code(n, j, GG_ERR_SITE,
 				       site_twinned(n, peer) ? "step %llu of job '%s': " TWIN_CAUSE ", and lost the step"
 							     : "step %llu of job '%s': site %s restarted and lost the step",
@@ -1422,10 +1428,10 @@ static void coordinator_mail(struct gg_node *n)
 			break;
 		case M_RESTARTED:
 			/* Every lane that had streams to it tells; the first says it. */
-			if (n->instance_id[m->peer] == m->u.instance_id)
+			if (n->instance_id[m->peer] == m->u.restarted.instance_id)
 				break;
-			peer_instance_changed(n, m->peer, m->u.instance_id);
-			on_peer_restart(n, m->peer);
+			peer_instance_changed(n, m->peer, m->u.restarted.instance_id);
+			on_peer_restart(n, m->peer, m->u.restarted.down_since_us);
 			forget_peer_runs(n, m->peer);
 			break;
 		case M_PEER_RUN:
@@ -2158,6 +2164,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	n->cfg = cfg;
 	n->inbox.efd = -1;
 	pthread_mutex_init(&n->start_lock, NULL);
+	pthread_mutex_init(&n->down_lock, NULL);
 	pthread_cond_init(&n->started, NULL);
 	pthread_cond_init(&n->let_go, NULL);
 	n->sites = (unsigned)cfg->peer_count + 1;
@@ -2361,6 +2368,7 @@ void gg_node_free(struct gg_node *n)
 	gg_tls_context_free(n->tls);
 	gg_resolver_free(n->resolver);
 	pthread_mutex_destroy(&n->start_lock);
+	pthread_mutex_destroy(&n->down_lock);
 	pthread_cond_destroy(&n->started);
 	pthread_cond_destroy(&n->let_go);
 	free(n);

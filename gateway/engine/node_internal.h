@@ -143,7 +143,12 @@ struct mail {
 			struct gg_ar_chunk_id id;
 		} ack;
 		struct gg_mesh_handoff *conn;   /* M_CONN */
-		uint64_t instance_id;           /* M_RESTARTED */
+		struct {      /* M_RESTARTED */
+			uint64_t instance_id;
+			/* Since when no stream to the old instance was up, as the
+			 * lane that met the new one saw it (0: one was). */
+			uint64_t down_since_us;
+		} restarted;
 		char text[GG_NODE_ERROR_MAX];   /* M_PART_FAILED, M_STREAM_DOWN */
 		int stream;                     /* M_CUT */
 	} u;
@@ -459,6 +464,11 @@ struct gg_node {
 	struct lane *lanes;
 	/* Streams ready, per peer, by bit: written by the lanes that own them. */
 	atomic_uint_fast64_t ready[GG_AR_MAX_SITES];
+	/* Since when (gg_monotonic_us()) no stream to the peer was up; 0 while
+	 * one is, or none ever was. Under down_lock, with the change of ready
+	 * that makes it so: lanes' streams go up and down in any order. */
+	pthread_mutex_t down_lock;
+	uint64_t down_since_us[GG_AR_MAX_SITES];
 	/* Each stream's TCP figures, written by the lane that owns it. */
 	struct stream_tcp {
 		atomic_bool up;

@@ -863,7 +863,10 @@ void gg_mesh_take_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg
 	on_ack(m, peer, msg);
 }
 
-/* `p` restarted: nothing it was sent or owed survives. */
+/* `p` restarted: nothing it was sent or owed survives. DATA no stream
+ * ever took stays, for the new gateway: a step that began here after the
+ * old one was gone goes on with the new one (the owner decides which
+ * steps the restart failed, and lets their DATA go: gg_mesh_forget()). */
 static void peer_lost_state(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
@@ -872,8 +875,15 @@ static void peer_lost_state(struct gg_mesh *m, unsigned p)
 	pe->unacked = NULL;
 	pe->unacked_bytes = 0;
 	peer_busy(m, p);
-	free_list(pe->waiting);
-	pe->waiting = NULL;
+	for (struct out **pp = &pe->waiting; *pp;) {
+		struct out *o = *pp;
+		if (!o->counted) {
+			pp = &o->next;
+			continue;
+		}
+		*pp = o->next;
+		free_out(o);
+	}
 	m->ops->on_peer_restarted(m->owner, p, pe->instance_id);
 }
 

@@ -98,8 +98,11 @@ struct gg_mesh_ops {
 	/* An ACK for DATA this mesh does not hold (another lane may). */
 	int (*on_foreign_ack)(void *owner, unsigned peer, const struct gg_wire_msg *m);
 	/* `peer` came back with a new instance id: it restarted, and every step
-	 * in progress with it is lost. Unsent and unacknowledged DATA to it is
-	 * dropped before this is called. */
+	 * in progress with it is lost, but for one that began after the last
+	 * stream to the old instance went down. DATA to it that a stream took
+	 * (unacknowledged, or waiting to go again) is dropped before this is
+	 * called; DATA no stream took waits for the new instance, but for the
+	 * steps the owner then lets go (gg_mesh_forget()). */
 	void (*on_peer_restarted)(void *owner, unsigned peer, uint64_t instance_id);
 	/* Stream `stream` to `peer` became ready (HELLOs exchanged), or stopped
 	 * being ready, or, not ready, was refused by settings that leave the

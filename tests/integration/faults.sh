@@ -68,7 +68,9 @@
 #                 sessions, so steps 2 to 5 fail at the others at once with
 #                 GG_ERR_SITE naming the restart; then the same in step 1,
 #                 before any step completed, while a rank of another site
-#                 is late to it
+#                 is late to it; then a job the others begin while the
+#                 last site's gateway is down (SIGTERM, SIGKILL), which the
+#                 restarted one's ranks join: every step completes
 # ranks-gone-first
 #                 the last site's ranks open their sessions and die before
 #                 step 1, while the other sites' ranks are 3 s late to it:
@@ -571,6 +573,43 @@ case_peer_restarted() {
 	sleep 0.3 # the last site's data of step 1 reaches site 0
 	restart_last prf 1 "before any step of job 'prf' completed"
 	run_ok after 1000 1 2
+	# A job that starts while the last site's gateway is down (stopped,
+	# or killed) had no part in the gateway that went: the new one's ranks
+	# join it, and every step completes, the first one too, which the
+	# others began before the new gateway was up.
+	local how s i job from=()
+	STEPS=3
+	for how in TERM KILL; do
+		job=down$how
+		for ((s = 0; s < last; s++)); do from[$s]=$(grep -c '' "$(site_log "$s")"); done
+		gw_stop "$last" "$how"
+		# Down as the others see it (mesh_degraded: no stream back within
+		# a quarter second): a killed gateway's sockets close a few
+		# milliseconds after it is gone, and a step begun while a stream
+		# to it still seemed up is lost with it.
+		for ((s = 0; s < last; s++)); do
+			for ((i = 0; i < 200; i++)); do
+				grep -q 'event=mesh_degraded' <<<"$(tail -n +"${from[$s]}" "$(site_log "$s")")" && break
+				sleep 0.05
+			done
+			[ "$i" -lt 200 ] || fail "${SITES[$s]} did not see ${SITES[$last]} go (SIG$how) within 10 s"
+		done
+		for ((s = 0; s < last; s++)); do
+			for ((r = 0; r < RANKS; r++)); do
+				rank_start "$job" "$COUNT" "$r" "$RANKS" "$s" "$STEPS" --per-step --check none
+			done
+		done
+		wait_running 0 "$job"
+		gw_start "$last"
+		for ((r = 0; r < RANKS; r++)); do
+			rank_start "$job" "$COUNT" "$r" "$RANKS" "$last" "$STEPS" --per-step --check none
+		done
+		ranks_wait
+		check_steps "$job"
+		expect_ok "$job" 1 2 3
+		log "  job $job, begun while ${SITES[$last]} was down (SIG$how), completed every step"
+		mesh_up 15
+	done
 }
 
 # The last site's gateway stands still (SIGSTOP) in step 2 while its ranks
