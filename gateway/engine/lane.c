@@ -633,11 +633,12 @@ static bool early_expected(const struct lane_job *lj, uint64_t seq)
  * go, cannot make each of its frames cost a walk of all of them. */
 #define EARLY_ROOM_WALK 4096
 
-/* The early frames of `from` on this lane stay within what a peer with our
- * inflight_per_peer may have unacknowledged (its lanes share the window,
- * each may pass its share by one frame), whatever the peer's own window
- * says, each counted with its bookkeeping (EARLY_ENTRY_BYTES), which the
- * window does not count: half as much again as the window leaves room for
+/* The early frames of `from` on this lane stay within what a peer may have
+ * unacknowledged, no more than our inflight_per_peer (each site keeps to
+ * the smaller of the two sites' windows; the peer's lanes share it, each
+ * may pass its share by one frame), whatever the peer's own window says,
+ * each counted with its bookkeeping (EARLY_ENTRY_BYTES), which the window
+ * does not count: half as much again as the window leaves room for
  * that down to frames of 1 KiB. Past it, frames this site does not
  * expect make room for one it does; they, and an unexpected frame that
  * finds no room, are let go unacknowledged: the sender keeps them counted
@@ -675,8 +676,8 @@ static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint
 	if (refused < 8 || refused % 1024 == 0)
 		gg_log(GG_LOG_WARN, "early_data_refused",
 		       "site=%s job=%s step=%llu held=%llu limit=%llu reason=\"DATA for steps not started here "
-		       "beyond inflight_per_peer; frames this site does not expect are not kept and not "
-		       "acknowledged (is inflight_per_peer alike at every site?)\"", n->names[from], lj->name,
+		       "beyond this site's inflight_per_peer, which the peer should keep to; frames this site "
+		       "does not expect are not kept and not acknowledged\"", n->names[from], lj->name,
 		       (unsigned long long)seq, (unsigned long long)held, (unsigned long long)limit);
 	return held + charge <= limit;
 }

@@ -1835,6 +1835,11 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 	return 0;
 }
 
+void gg_node_test_own_window(struct gg_node *n)
+{
+	gg_mesh_test_own_window(n->lanes[0].mesh);
+}
+
 int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream)
 {
 	if (peer >= n->sites || stream < 0 || stream >= n->cfg->transport.streams_per_peer)
@@ -2236,7 +2241,8 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 					   .block_elems = n->frame_cfg.codec.block_elems,
 					   .algorithm = (uint8_t)cfg->allreduce.algorithm,
 					   .chunk_elems = n->chunk_elems,
-					   .zstd = cfg->compression.zstd_level > 0 };
+					   .zstd = cfg->compression.zstd_level > 0,
+					   .inflight_bytes = cfg->limits.inflight_bytes_per_peer };
 	memcpy(n->hello.site_names, n->names, sizeof(n->names));
 	int urandom = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
 	if (urandom < 0 || read(urandom, &n->hello.instance_id, sizeof(n->hello.instance_id)) != 8) {

@@ -298,6 +298,10 @@ bool gg_node_idle(const struct gg_node *n);
 
 /* Tests: cuts one stream's TCP connection as a network fault would. */
 GG_MUST_CHECK int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int stream);
+/* Tests: lane 0 sends DATA within this site's own inflight_per_peer,
+ * whatever the peers' (gg_node_test_send_data() as a peer that ignores
+ * their budgets). On lane 0's thread. */
+void gg_node_test_own_window(struct gg_node *n);
 /* Tests: from now on the node stops where a step's result is whole, as a
  * gateway that died at that moment would: no DONE, no completion. */
 void gg_node_test_freeze_at_result(struct gg_node *n);

@@ -138,6 +138,7 @@ struct peer {
 	uint64_t next_dial_us[GG_MESH_MAX_STREAMS];
 	uint64_t backoff_us[GG_MESH_MAX_STREAMS];
 	uint64_t instance_id;          /* 0 until the first HELLO */
+	uint64_t inflight_bytes;       /* the peer's inflight_per_peer, from its HELLO; 0 until then */
 	struct out *unacked;           /* DATA written or waiting, until ACKed */
 	uint64_t unacked_bytes;
 	struct out *waiting;           /* DATA held back by the in-flight bound */
@@ -190,6 +191,7 @@ struct gg_mesh {
 	struct gg_wire_hello hello;
 	struct gg_net_buffer_limits buffer_limits;
 	bool buffer_warned[2]; /* socket_buffer_capped logged: receive, send */
+	bool test_own_window;  /* gg_mesh_test_own_window() */
 	size_t max_payload;
 	struct gg_mesh_stats stats;
 	uint64_t heard[GG_AR_MAX_SITES]; /* last receive from each peer */
@@ -608,13 +610,17 @@ static void hedge(struct gg_mesh *m, unsigned p)
 
 /* Moves DATA from the waiting list onto streams while the peer's window
  * has room and a stream takes it (pick_stream()); runs again when a
- * stream has written a frame. Each lane's mesh has its share of
- * inflight_per_peer, so that all lanes together stay within what the peer
- * keeps of early frames. */
+ * stream has written a frame. The window is the smaller of the two sites'
+ * inflight_per_peer (the peer's from its HELLO), so that what is sent
+ * stays within what the peer keeps of early frames, whatever each site
+ * set; each lane's mesh has its share of it. */
 static void pump_peer(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
-	uint64_t window = m->cfg->limits.inflight_bytes_per_peer / m->lanes;
+	uint64_t window = m->cfg->limits.inflight_bytes_per_peer;
+	if (pe->inflight_bytes && pe->inflight_bytes < window && !m->test_own_window)
+		window = pe->inflight_bytes;
+	window /= m->lanes;
 
 	while (pe->waiting) {
 		struct out *o = pe->waiting;
@@ -1127,6 +1133,7 @@ static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hell
 		peer_lost_state(m, (unsigned)c->peer);
 	}
 	pe->instance_id = h->instance_id;
+	pe->inflight_bytes = h->inflight_bytes;
 	stream_ready(m, ci);
 }
 
@@ -1944,6 +1951,11 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 	}
 	gg_mesh_flush(m);
 	return next;
+}
+
+void gg_mesh_test_own_window(struct gg_mesh *m)
+{
+	m->test_own_window = true;
 }
 
 int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream)

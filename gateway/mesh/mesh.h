@@ -283,6 +283,9 @@ bool gg_mesh_idle(const struct gg_mesh *m);
 
 const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m);
 
+/* Tests: DATA goes to peers within this site's own inflight_per_peer,
+ * whatever the peers' (a peer that ignores their budgets). */
+void gg_mesh_test_own_window(struct gg_mesh *m);
 /* Tests: cuts one stream's TCP connection as a network fault would. */
 GG_MUST_CHECK int gg_mesh_test_cut_stream(struct gg_mesh *m, unsigned peer, int stream);
 /* Tests: the site that dialed the connection `stream` to `peer` is up on

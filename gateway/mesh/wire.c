@@ -141,6 +141,7 @@ ssize_t gg_wire_encode_hello(uint8_t *buf, size_t cap, const struct gg_wire_hell
 		put_u8(&w, hl->algorithm);
 		put_le(&w, hl->chunk_elems, 4);
 		put_u8(&w, hl->zstd);
+		put_le(&w, hl->inflight_bytes, 8);
 	});
 }
 
@@ -370,6 +371,9 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		h->algorithm = (uint8_t)get_le(&r, 1, "algorithm");
 		h->chunk_elems = (uint32_t)get_le(&r, 4, "chunk size");
 		h->zstd = (uint8_t)get_le(&r, 1, "zstd");
+		h->inflight_bytes = get_le(&r, 8, "inflight bytes");
+		if (!r.field && !h->inflight_bytes)
+			return gg_errf(err, err_size, -EBADMSG, "hello: inflight bytes 0");
 		if (!r.field && (h->streams == 0 || h->stream_index >= h->streams))
 			return gg_errf(err, err_size, -EBADMSG, "hello: stream %u of %u", h->stream_index, h->streams);
 		/* 0 stands for "no HELLO seen yet", and would hide a restart. */

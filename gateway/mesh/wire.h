@@ -66,7 +66,7 @@
 #include "gg_common.h"
 
 #define GG_WIRE_MAGIC 0x31574747u
-#define GG_WIRE_VERSION 9
+#define GG_WIRE_VERSION 10
 #define GG_WIRE_HEADER_BYTES 12
 #define GG_WIRE_NAME_MAX 63
 #define GG_WIRE_REASON_MAX 255
@@ -127,6 +127,10 @@ struct gg_wire_hello {
 	uint8_t algorithm;
 	uint32_t chunk_elems;
 	uint8_t zstd;
+	/* The sender's [limits] inflight_per_peer, which need not match: each
+	 * site keeps what it sends a peer within the smaller of the two, so
+	 * that the peer's budget for early frames holds it. */
+	uint64_t inflight_bytes;
 };
 
 /* What identifies one step of one job across sites. */

@@ -533,7 +533,7 @@ static void op_hello(struct run *r, struct script *s)
 {
 	unsigned peer = pick_peer(r, s), stream = pick_stream(r, s);
 	struct gg_wire_hello h = { .stream_index = script_u16(s), .streams = (uint16_t)r->v->streams,
-				   .instance_id = 1, .sites = (uint8_t)r->v->sites };
+				   .instance_id = 1, .sites = (uint8_t)r->v->sites, .inflight_bytes = 256u << 20 };
 	uint8_t buf[1024];
 
 	for (unsigned i = 0; i < r->v->sites; i++)

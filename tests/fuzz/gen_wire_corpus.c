@@ -28,7 +28,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	struct gg_wire_hello h = { .stream_index = 1, .streams = 2, .instance_id = 99, .sites = 3, .codec = 3,
-				   .block_elems = 0, .algorithm = 1, .chunk_elems = 262144, .zstd = 1 };
+				   .block_elems = 0, .algorithm = 1, .chunk_elems = 262144, .zstd = 1,
+				   .inflight_bytes = 256u << 20 };
 	strcpy(h.site_names[0], "site-a");
 	strcpy(h.site_names[1], "site-b");
 	strcpy(h.site_names[2], "site-c");

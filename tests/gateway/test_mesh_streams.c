@@ -223,7 +223,7 @@ static int mesh_set_init_dial(struct mesh_set *ms, unsigned K, int streams, cons
 		struct site *s = &ms->sites[k];
 		s->index = k;
 		s->hello = (struct gg_wire_hello){ .streams = (uint16_t)streams, .sites = (uint8_t)K, .codec = 1,
-						   .block_elems = 256, .chunk_elems = 1024 };
+						   .block_elems = 256, .chunk_elems = 1024, .inflight_bytes = 64u << 20 };
 		memcpy(s->hello.site_names, ms->names, sizeof(ms->names));
 		if ((rc = site_config(ms, k, ports)))
 			return rc;

@@ -63,7 +63,7 @@ struct scenario {
 	bool end_after_lost;  /* and site 0 ends the job at once (it was the last step): its END stands for the DONE */
 	int restart_step;     /* site 1's DONE of this step reaches site 0 only, then site 1 crashes and restarts;
 			       * site 0's reaches site 2 only once site 1 is back */
-	bool flood;           /* site 1 ignores site 0's budget (its own window is 1 GiB): DATA of steps that never
+	bool flood;           /* site 1 ignores site 0's budget (its own window, 1 GiB, not site 0's): DATA of steps that never
 			       * come, for one job and for 40 jobs, before the real steps */
 	int plan_split_step;  /* algorithm auto: site K-1's plan goes ring for every size before this step */
 	bool plan_all;        /* and every other site's too: the step goes by ring everywhere */
@@ -272,8 +272,11 @@ static void *run_site(void *arg)
 		if (gg_node_run_once(node, 20000, NULL, NULL))
 			break;
 	CHECK(gg_node_connected(node), "site %u did not connect to every peer", s->index);
-	if (sc->flood)
+	if (sc->flood) {
+		if (s->index == 1)
+			gg_node_test_own_window(node);
 		flood(node, s->index);
+	}
 	bool frozen = (int)s->index == sc->freeze_site;
 	if (frozen)
 		gg_node_test_freeze_at_result(node);

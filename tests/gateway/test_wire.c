@@ -13,7 +13,8 @@ static struct gg_wire_hello hello(void)
 {
 	struct gg_wire_hello h = { .stream_index = 1, .streams = 4, .instance_id = 0x1122334455667788ull, .sites = 3,
 				   .codec = GG_CODEC_INT8, .scale = GG_SCALE_F16, .block_elems = 256,
-				   .algorithm = GG_ALLREDUCE_RING, .chunk_elems = 262144, .zstd = 1 };
+				   .algorithm = GG_ALLREDUCE_RING, .chunk_elems = 262144, .zstd = 1,
+				   .inflight_bytes = 0x0123456789abcdefull };
 	strcpy(h.site_names[0], "eu-west");
 	strcpy(h.site_names[1], "us-east");
 	strcpy(h.site_names[2], "ap-south");
@@ -236,7 +237,7 @@ int main(void)
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
 	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
-		      !strcmp(err, "protocol version 1, this gateway speaks 9"),
+		      !strcmp(err, "protocol version 1, this gateway speaks 10"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;
 	buf[4] = 9;
@@ -280,6 +281,11 @@ int main(void)
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "hello: instance id 0"),
 	      "%s", err);
 	h = hello();
+	h.inflight_bytes = 0;
+	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "hello: inflight bytes 0"),
+	      "%s", err);
+	h = hello();
 	h.sites = 1;
 	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
 	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
@@ -298,6 +304,8 @@ int main(void)
 	/* Settings that must agree. */
 	struct gg_wire_hello a = hello(), b = hello();
 	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == 0, "same settings");
+	b.inflight_bytes = 1; /* each site keeps to the smaller window: need not agree */
+	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == 0, "another inflight_per_peer");
 	b.codec = GG_CODEC_BF16_SPLIT;
 	CHECK(gg_wire_hello_check(&a, &b, "us-east", err, sizeof(err)) == -EPROTO &&
 		      !strcmp(err, "peer us-east uses codec bf16-split, this site uses int8"),

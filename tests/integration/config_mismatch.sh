@@ -2,7 +2,8 @@
 # Gateways whose configurations disagree on what both sides must share
 # (codec, block scale, algorithm) refuse to form the mesh: both log
 # peer_mismatch naming both values, and no mesh_up. Fixing the config and
-# restarting one side brings the mesh up.
+# restarting one side brings the mesh up. A setting that need not agree,
+# inflight_per_peer, does not keep steps from completing.
 . "$(dirname "$0")/lib.sh"
 
 K=2
@@ -44,4 +45,19 @@ SITE_ALGO=()
 mesh_start
 mesh_up 15
 run_ok agreed 1000 1 1
+
+# inflight_per_peer need not agree: site-b keeps 256KiB of early frames
+# (and a frame per stream), site-a sends up to 8MiB ahead. Each sends
+# within the smaller; where site-a kept to its own, site-b refused its
+# frames for a step whose rank there is late, and the step waited for
+# its deadline.
+gw_stop 1
+sed -i 's/^inflight_per_peer = .*/inflight_per_peer = "256KiB"/' "$work/site-b.toml"
+gw_start 1
+mesh_up 15
+ranks_start windows 2097152 1 4 0
+ranks_start windows 2097152 1 4 1 -- --late 1500@2
+check_ranks
+log "ok: job windows, site-b's rank late to step 2: digest $checked_digest"
+expect_none "$(site_log 1)" 'event=early_data_refused' "site-b kept site-a's early frames"
 mesh_stop
