@@ -659,6 +659,94 @@ fail:
 	return rc;
 }
 
+/* X509_V_OK when cert, with the intermediates in chain, passes the checks
+ * of store (chain, dates, CRL; only the chain where chain_only), else the
+ * first failure. */
+static int verify_with(X509_STORE *store, X509 *cert, STACK_OF(X509) *chain, bool chain_only)
+{
+	X509_STORE_CTX *v = X509_STORE_CTX_new();
+	int e = X509_V_ERR_OUT_OF_MEM;
+
+	if (v && X509_STORE_CTX_init(v, store, cert, chain)) {
+		if (chain_only) {
+			X509_VERIFY_PARAM *p = X509_STORE_CTX_get0_param(v);
+			X509_VERIFY_PARAM_set_flags(p, X509_V_FLAG_NO_CHECK_TIME);
+			X509_VERIFY_PARAM_clear_flags(p, X509_V_FLAG_CRL_CHECK | X509_V_FLAG_CRL_CHECK_ALL);
+		}
+		e = X509_verify_cert(v) == 1 ? X509_V_OK : X509_STORE_CTX_get_error(v);
+	}
+	X509_STORE_CTX_free(v);
+	return e;
+}
+
+/* Up to max of the identities (dNSName and URI subjectAltNames) cert
+ * carries, as configs write them; how many. */
+static unsigned cert_identities(X509 *cert, struct gg_tls_identity *ids, unsigned max)
+{
+	GENERAL_NAMES *names = X509_get_ext_d2i(cert, NID_subject_alt_name, NULL, NULL);
+	unsigned n = 0;
+
+	for (int i = 0; names && i < sk_GENERAL_NAME_num(names) && n < max; i++) {
+		const GENERAL_NAME *gn = sk_GENERAL_NAME_value(names, i);
+		const ASN1_STRING *s = gn->type == GEN_DNS ? gn->d.dNSName : gn->type == GEN_URI ? gn->d.uniformResourceIdentifier
+												: NULL;
+		if (!s || ASN1_STRING_length(s) <= 0 || ASN1_STRING_length(s) >= GG_TLS_IDENTITY_MAX)
+			continue;
+		ids[n].kind = gn->type == GEN_DNS ? GG_TLS_IDENTITY_DNS : GG_TLS_IDENTITY_URI;
+		memcpy(ids[n].name, ASN1_STRING_get0_data(s), (size_t)ASN1_STRING_length(s));
+		ids[n].name[ASN1_STRING_length(s)] = '\0';
+		if (strlen(ids[n].name) == (size_t)ASN1_STRING_length(s)) /* no NUL inside */
+			n++;
+	}
+	GENERAL_NAMES_free(names);
+	return n;
+}
+
+/* What a reload must keep for the peers, which checked the credentials in
+ * use with their own CA file and for this site's identity, and whose
+ * certificates this site checked with its CA file: the new certificate
+ * passes the CA file in use (the peers', as far as this site can tell),
+ * the new CA file passes the certificate in use (issued as the peers'
+ * were), and the new certificate still carries one of the identities of
+ * the one in use (one of them is what the peers check). A move to another
+ * CA so takes two reloads at every site: the new CA added to the CA file,
+ * then the certificates changed. */
+static int check_reload(const struct gg_tls_options *o, SSL_CTX *cur, SSL_CTX *fresh, char *err, size_t size)
+{
+	const char *name = source_name(o->cert_file, o->cert_pem), *ca = source_name(o->ca_file, o->ca_pem);
+	X509 *was = SSL_CTX_get0_certificate(cur), *now = SSL_CTX_get0_certificate(fresh);
+	STACK_OF(X509) *was_chain = NULL, *now_chain = NULL;
+	int e;
+
+	if (!was || !now || !SSL_CTX_get0_chain_certs(cur, &was_chain) || !SSL_CTX_get0_chain_certs(fresh, &now_chain))
+		return fail(err, size, -EINVAL, "certificate '%s': %s", name, openssl_reason());
+	if ((e = verify_with(SSL_CTX_get_cert_store(cur), now, now_chain, false)) != X509_V_OK)
+		return fail(err, size, -EINVAL, "certificate '%s' does not pass the checks of the CA file in use, as the "
+			    "peers check it with theirs: %s: they would refuse it (to move to another CA, add it to every "
+			    "site's CA file and reload first, then change the certificates)", name,
+			    X509_verify_cert_error_string(e));
+	/* The certificate in use may have expired or been revoked: the
+	 * reason to replace it. Only its chain counts. */
+	if ((e = verify_with(SSL_CTX_get_cert_store(fresh), was, was_chain, true)) != X509_V_OK)
+		return fail(err, size, -EINVAL, "CA file '%s' does not pass the certificate in use, whose CA issued the "
+			    "peers' certificates too: %s: with it this site would refuse its peers (to leave a CA, change "
+			    "every site's certificate first)", ca, X509_verify_cert_error_string(e));
+	struct gg_tls_identity ids[8];
+	unsigned n = cert_identities(was, ids, GG_ARRAY_LEN(ids));
+	for (unsigned i = 0; i < n; i++)
+		if (gg_tls_cert_names(now, &ids[i]))
+			return 0;
+	if (n) {
+		char id[GG_TLS_IDENTITY_MAX + 8], list[512] = "";
+		for (unsigned i = 0; i < n; i++)
+			snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? " or " : "",
+				 gg_tls_identity_format(&ids[i], id, sizeof(id)));
+		return fail(err, size, -EINVAL, "certificate '%s' does not name %s, as the certificate in use does: the "
+			    "peers check for this site's identity, and would refuse it", name, list);
+	}
+	return 0;
+}
+
 int gg_tls_context_reload(struct gg_tls_context *ctx, char *err, size_t err_size)
 {
 	SSL_CTX *fresh = NULL, *old;
@@ -666,6 +754,20 @@ int gg_tls_context_reload(struct gg_tls_context *ctx, char *err, size_t err_size
 
 	if (rc)
 		return rc;
+	pthread_mutex_lock(&ctx->lock);
+	old = ctx->ssl_ctx;
+	if (!SSL_CTX_up_ref(old))
+		old = NULL;
+	pthread_mutex_unlock(&ctx->lock);
+	if (!ctx->opts.unchecked_own_cert && (!old || (rc = check_reload(&ctx->opts, old, fresh, err, err_size)))) {
+		if (!old)
+			rc = fail(err, err_size, -ENOMEM, "cannot check the new credentials: %s", openssl_reason());
+		SSL_CTX_free(old);
+		SSL_CTX_free(fresh);
+		ERR_clear_error();
+		return rc;
+	}
+	SSL_CTX_free(old);
 	pthread_mutex_lock(&ctx->lock);
 	old = ctx->ssl_ctx;
 	ctx->ssl_ctx = fresh;

@@ -101,16 +101,24 @@ static void write_file(const char *name, const char *text, mode_t mode)
 	CHECK(chmod(p, mode) == 0);
 }
 
-static void issue(const char *identity, const char *cert_name, const char *key_name)
+/* A certificate of `issuer` naming identity (and also, unless NULL), and
+ * its key, written to files of those names. */
+static void issue_by(struct gg_tls_pki *issuer, const char *identity, const char *also, const char *cert_name,
+		     const char *key_name)
 {
-	struct gg_tls_cert_request req = { .identity = identity, .valid_until_s = 3600 };
+	struct gg_tls_cert_request req = { .identity = identity, .also = also, .valid_until_s = 3600 };
 	char *cert, *key;
 
-	CHECK(gg_tls_pki_issue(ca, &req, &cert, &key) == 0);
+	CHECK(gg_tls_pki_issue(issuer, &req, &cert, &key) == 0);
 	write_file(cert_name, cert, 0644);
 	write_file(key_name, key, 0600);
 	free(cert);
 	free(key);
+}
+
+static void issue(const char *identity, const char *cert_name, const char *key_name)
+{
+	issue_by(ca, identity, NULL, cert_name, key_name);
 }
 
 static int try_context(const char *crl, const char *suites, char *err, size_t size, struct gg_tls_context **out)
@@ -436,8 +444,9 @@ static void test_reload(void)
 	struct gg_tls_engine *s1 = engine(server, GG_TLS_SERVER, "dns:site-b.gradgate.test");
 	CHECK_EQ_INT(drive(c1, s1), 0);
 
-	/* The server's files now hold a certificate for another name. */
-	issue("dns:site-z.gradgate.test", "a.pem", "a.key");
+	/* The server's files now hold a renewed certificate, which names
+	 * another name too. */
+	issue_by(ca, "dns:site-a.gradgate.test", "dns:site-z.gradgate.test", "a.pem", "a.key");
 	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), 0);
 	CHECK_EQ_INT(gg_tls_context_generation(server), 2);
 	exchange(c1, s1);
@@ -467,6 +476,71 @@ static void test_reload(void)
 	gg_tls_engine_free(c1);
 	gg_tls_engine_free(s1);
 	gg_tls_context_free(client);
+}
+
+/* A reload keeps what the peers check: credentials the peers would refuse
+ * (a certificate from another CA, or for another identity, as the files of
+ * another deployment or of a site the config does not know would be), or
+ * a CA file that would refuse the peers, are refused, and what was loaded
+ * stays. A move to another CA in two reloads is taken. */
+static void test_reload_refused(void)
+{
+	struct gg_tls_context *server;
+	struct gg_tls_pki *other;
+	char err[512];
+
+	CHECK(gg_tls_pki_new("Other CA", &other) == 0);
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+	CHECK_EQ_INT(try_context(NULL, NULL, err, sizeof(err), &server), 0);
+
+	issue("dns:site-c.gradgate.test", "a.pem", "a.key");
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), -EINVAL);
+	CHECK_CONTAINS(err, "a.pem' does not name dns:site-a.gradgate.test, as the certificate in use does: the peers "
+			    "check for this site's identity, and would refuse it");
+
+	/* Another deployment's three files. */
+	issue_by(other, "dns:site-a.gradgate.test", NULL, "a.pem", "a.key");
+	write_file("ca.pem", gg_tls_pki_ca_pem(other), 0644);
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), -EINVAL);
+	CHECK_CONTAINS(err, "a.pem' does not pass the checks of the CA file in use, as the peers check it with theirs: "
+			    "unable to get local issuer certificate: they would refuse it (to move to another CA, add it "
+			    "to every site's CA file and reload first, then change the certificates)");
+	CHECK_EQ_INT(gg_tls_context_generation(server), 1);
+
+	/* The move, in order: both CAs, then the new certificate, then the new
+	 * CA alone. */
+	char both[8192];
+	snprintf(both, sizeof(both), "%s%s", gg_tls_pki_ca_pem(ca), gg_tls_pki_ca_pem(other));
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+	write_file("ca.pem", both, 0644);
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), 0);
+	issue_by(other, "dns:site-a.gradgate.test", NULL, "a.pem", "a.key");
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), 0);
+	write_file("ca.pem", gg_tls_pki_ca_pem(other), 0644);
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), 0);
+	CHECK_EQ_INT(gg_tls_context_generation(server), 4);
+	/* Back in one step: refused, as the peers now check with the new CA
+	 * alone. */
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+	write_file("ca.pem", gg_tls_pki_ca_pem(ca), 0644);
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), -EINVAL);
+	CHECK_CONTAINS(err, "does not pass the checks of the CA file in use");
+	/* Both CAs again, and the new one's certificate in use; then the old
+	 * CA alone, with a certificate of its own: that CA file would refuse
+	 * the peers, whose certificates the new CA issued as it did the one
+	 * in use. */
+	issue_by(other, "dns:site-a.gradgate.test", NULL, "a.pem", "a.key");
+	write_file("ca.pem", both, 0644);
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), 0);
+	issue("dns:site-a.gradgate.test", "a.pem", "a.key");
+	write_file("ca.pem", gg_tls_pki_ca_pem(ca), 0644);
+	CHECK_EQ_INT(gg_tls_context_reload(server, err, sizeof(err)), -EINVAL);
+	CHECK_CONTAINS(err, "CA file '");
+	CHECK_CONTAINS(err, "ca.pem' does not pass the certificate in use, whose CA issued the peers' certificates too");
+	CHECK_EQ_INT(gg_tls_context_generation(server), 5);
+
+	gg_tls_context_free(server);
+	gg_tls_pki_free(other);
 }
 
 /* A site's own certificate names none of its peers: one that does is a
@@ -556,6 +630,7 @@ int main(void)
 	test_identity_parse();
 	test_loading();
 	test_reload();
+	test_reload_refused();
 	test_names_peer();
 	test_groups();
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The daemon's signals: SIGHUP reloads the certificates and key (and keeps
-# the old ones when the new ones cannot be loaded) without disturbing the
-# mesh; SIGTERM and SIGINT stop it cleanly, also with a step in progress:
+# the old ones when the new ones cannot be loaded, or the peers would
+# refuse them) without disturbing the mesh; SIGTERM and SIGINT stop it cleanly, also with a step in progress:
 # status 0, 'stopped' in the log, the step failed at its rank with a
 # reason, close_notify to the peers, the control socket removed.
 #
@@ -33,6 +33,29 @@ wait_for "$(site_log 0)" 'event=reload_failed .*names peer site-b \(dns:site-b\.
 	fail "site-a did not refuse site-b's certificate as its own"
 for f in pem key; do mv "$work/certs/site-a.$f.own" "$work/certs/site-a.$f"; done
 run_ok kept 1000 1 1
+# Files the peers would refuse though they name no peer: the certificate of
+# a site this config does not know, from the same CA; and another
+# deployment's CA, certificate and key for site-a, which load together.
+"$MAKE_CERTS" --out "$work/certs" site-x >/dev/null
+"$MAKE_CERTS" --out "$work/other" site-a >/dev/null
+for f in pem key; do cp -p "$work/certs/site-a.$f" "$work/certs/site-a.$f.own"; done
+cp -p "$work/certs/ca.pem" "$work/certs/ca.pem.own"
+cp -p "$work/certs/site-x.pem" "$work/certs/site-a.pem"
+cp -p "$work/certs/site-x.key" "$work/certs/site-a.key"
+kill -HUP "${gw_pid[0]}"
+wait_for "$(site_log 0)" "event=reload_failed .*does not name dns:site-a\.gradgate\.test( or [^ ]+)*, as the certificate in use does.*kept=\"previous credentials\"" 10 ||
+	fail "site-a took an unknown site's certificate as its own"
+for f in ca.pem site-a.pem site-a.key; do cp -p "$work/other/$f" "$work/certs/$f"; done
+kill -HUP "${gw_pid[0]}"
+wait_for "$(site_log 0)" "event=reload_failed .*site-a\.pem' does not pass the checks of the CA file in use.*kept=\"previous credentials\"" 10 ||
+	fail "site-a took another deployment's credentials"
+for f in pem key; do mv "$work/certs/site-a.$f.own" "$work/certs/site-a.$f"; done
+mv "$work/certs/ca.pem.own" "$work/certs/ca.pem"
+# Its streams cut, site-a dials again with what it kept: the mesh comes back.
+gw_stop 1 KILL
+gw_start 1
+mesh_up 15
+run_ok after-refused 1000 1 1
 
 # SIGTERM while site-a's rank waits in a step (site-b has no ranks).
 ranks_start pending 1000 1 1 0
@@ -50,7 +73,7 @@ log "site-a stopped in ${stop_ms} ms"
 # out the 2 s drain for frames nobody will take.
 [ "$stop_ms" -lt 1000 ] || fail "site-a took ${stop_ms} ms to stop with a step pending"
 expect "$(site_log 0)" "event=stopping site=site-a" "site-a's log"
-expect "$(site_log 0)" "event=stopped site=site-a steps_done=3 steps_failed=1" "site-a's log"
+expect "$(site_log 0)" "event=stopped site=site-a steps_done=4 steps_failed=1" "site-a's log"
 ranks_wait
 [ "${rank_rc[pending-s0-r0]}" = 1 ] || fail "the pending rank exited ${rank_rc[pending-s0-r0]}, expected 1"
 expect "$work/pending-s0-r0.err" "step 1 .*(site-a is shutting down|closed the connection)" "the pending rank's error"
