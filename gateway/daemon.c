@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "gg_build_config.h"
@@ -58,6 +59,8 @@ struct daemon {
 	struct gg_node_stats final_stats; /* the node's, as it stopped */
 	uint64_t started_us;
 	double started_unix_s;
+	const char *config_path;
+	struct stat config_st; /* as the gateway started; st_ino 0: unknown */
 };
 
 static double unix_now_s(void)
@@ -314,9 +317,30 @@ static int startup_failed(const struct gg_config *cfg, const char *err)
 	return GG_EXIT_STARTUP;
 }
 
+/* Whether the config file is another, or another version of it, than the
+ * one the gateway started with (a file written anew, edited in place). */
+static bool config_changed(const struct daemon *d)
+{
+	struct stat now;
+	const struct stat *was = &d->config_st;
+
+	if (!was->st_ino)
+		return false;
+	return stat(d->config_path, &now) || now.st_ino != was->st_ino || now.st_dev != was->st_dev ||
+	       now.st_size != was->st_size || now.st_mtim.tv_sec != was->st_mtim.tv_sec ||
+	       now.st_mtim.tv_nsec != was->st_mtim.tv_nsec;
+}
+
 static void reload(struct daemon *d)
 {
 	char err[GG_NODE_ERROR_MAX], safe[GG_ESCAPED_SIZE(GG_NODE_ERROR_MAX)];
+
+	/* Settings are read at start only; the files they name are read
+	 * again. An operator who edited the file and sent SIGHUP hears it. */
+	if (config_changed(d))
+		gg_log(GG_LOG_WARN, "config_changed", "path=%s reason=\"the config file changed since the gateway "
+		       "started: SIGHUP reads again only the files [tls] names, as named at the start; restart the "
+		       "gateway to apply the rest\"", d->config_path);
 
 	if (gg_node_reload(d->node, err, sizeof(err)))
 		gg_log(GG_LOG_ERROR, "reload_failed", "reason=\"%s\" kept=\"previous credentials\"",
@@ -584,9 +608,9 @@ static void raise_file_limit(const struct gg_config *cfg)
 		       cfg->transport.streams_per_peer, cfg->limits.max_clients);
 }
 
-int gg_daemon_run(const struct gg_config *cfg)
+int gg_daemon_run(const struct gg_config *cfg, const char *config_path)
 {
-	struct daemon d = { .cfg = cfg };
+	struct daemon d = { .cfg = cfg, .config_path = config_path };
 	struct gg_host_backend_options hopts;
 	char err[GG_NODE_ERROR_MAX];
 	int status = GG_EXIT_OK;
@@ -598,6 +622,8 @@ int gg_daemon_run(const struct gg_config *cfg)
 	sigaction(SIGHUP, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	raise_file_limit(cfg);
+	if (config_path && stat(config_path, &d.config_st))
+		d.config_st.st_ino = 0;
 
 	if (gg_node_new(cfg, &d.node, err, sizeof(err))) {
 		status = startup_failed(cfg, err);

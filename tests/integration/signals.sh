@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The daemon's signals: SIGHUP reloads the certificates and key (and keeps
 # the old ones when the new ones cannot be loaded, or the peers would
-# refuse them) without disturbing the mesh; SIGTERM and SIGINT stop it cleanly, also with a step in progress:
+# refuse them; and says when the config file changed, which it does not
+# read again) without disturbing the mesh; SIGTERM and SIGINT stop it cleanly, also with a step in progress:
 # status 0, 'stopped' in the log, the step failed at its rank with a
 # reason, close_notify to the peers, the control socket removed.
 #
@@ -51,6 +52,12 @@ wait_for "$(site_log 0)" "event=reload_failed .*site-a\.pem' does not pass the c
 	fail "site-a took another deployment's credentials"
 for f in pem key; do mv "$work/certs/site-a.$f.own" "$work/certs/site-a.$f"; done
 mv "$work/certs/ca.pem.own" "$work/certs/ca.pem"
+# The config file edited, then SIGHUP: its settings are read at start
+# only, which the gateway says.
+sed -i 's/^chunk_size = .*/chunk_size = "2MiB"/' "$work/site-a.toml"
+kill -HUP "${gw_pid[0]}"
+wait_for "$(site_log 0)" "event=config_changed path=$work/site-a\\.toml reason=\".*restart the gateway to apply the rest\"" 10 ||
+	fail "site-a did not say that SIGHUP leaves its edited config file unread"
 # Its streams cut, site-a dials again with what it kept: the mesh comes back.
 gw_stop 1 KILL
 gw_start 1
