@@ -50,6 +50,13 @@ static bool hb_on_cqe(struct gg_site_backend *base, const struct io_uring_cqe *c
 	}
 	if (kind == K_CANCEL) {
 		b->cancels--;
+		/* Only check_socket_path()'s, or only hb_stop()'s, is ever in
+		 * flight. */
+		if (b->old_cancel_queued) {
+			close(b->old_listen_fd);
+			b->old_listen_fd = -1;
+			b->old_cancel_queued = false;
+		}
 		return true;
 	}
 
@@ -67,11 +74,14 @@ static bool hb_on_cqe(struct gg_site_backend *base, const struct io_uring_cqe *c
 	return true;
 }
 
+static void check_socket_path(struct gg_host_backend *b, uint64_t now_us);
+
 static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 {
 	struct gg_host_backend *b = host_of(base);
 	uint64_t next = 0;
 
+	check_socket_path(b, now_us);
 	next = gg_acceptor_tick(&b->accept, now_us, b->stopping);
 	next = hb_min_deadline(next, hb_serve_waiting(b, now_us));
 	for (unsigned i = 0; i < hb_slots(b); i++) {
@@ -418,6 +428,64 @@ static int listen_locked(struct gg_host_backend *b, char *err, size_t err_size)
 	return 0;
 }
 
+/* How often the control socket's path is looked at. */
+#define PATH_CHECK_US 1000000u
+
+/* Cancels the accept of the socket check_socket_path() replaced, which is
+ * closed once that is done (the cancel names it by its descriptor); tried
+ * again at the next tick where the ring has no room. */
+static void cancel_old_accept(struct gg_host_backend *b)
+{
+	if (b->old_listen_fd < 0 || b->old_cancel_queued)
+		return;
+	if (gg_loop_cancel_fd(b->loop, b->old_listen_fd, hb_ud(b, K_CANCEL, NULL)) == 0) {
+		b->cancels++;
+		b->old_cancel_queued = true;
+	}
+}
+
+/* The control socket's path removed while the gateway runs (a clean-up of
+ * its folder, an rm) leaves ranks nothing to connect to, and no word of
+ * why: it is made again, with a new socket (the lock is still held). The
+ * old socket's accept is cancelled, and the acceptor arms again, on the new
+ * one. A path another file took is left to it, and said once. */
+static void check_socket_path(struct gg_host_backend *b, uint64_t now_us)
+{
+	char err[TEXT];
+	struct stat st;
+
+	cancel_old_accept(b);
+	if (b->stopping || b->listen_fd < 0 || b->old_listen_fd >= 0 || now_us < b->path_check_us)
+		return;
+	b->path_check_us = now_us + PATH_CHECK_US;
+	if (!stat(b->path, &st)) {
+		if ((st.st_dev != b->listen_dev || st.st_ino != b->listen_ino) && !b->path_taken_said) {
+			b->path_taken_said = true;
+			hb_log(b, "control socket %s: another file took its path: ranks that connect there do not "
+			       "reach this gateway", b->path);
+		}
+		return;
+	}
+	if (errno != ENOENT)
+		return;
+	const int old = b->listen_fd;
+	if (listen_locked(b, err, sizeof(err))) {
+		if (!b->path_remake_said)
+			hb_log(b, "control socket %s was removed, and cannot be made again (%s): ranks cannot connect; "
+			       "restart the gateway", b->path, err);
+		b->path_remake_said = true;
+		return;
+	}
+	b->path_taken_said = b->path_remake_said = false;
+	if (b->accept.armed) {
+		b->old_listen_fd = old;
+		cancel_old_accept(b);
+	} else {
+		close(old); /* nothing in flight on it: its accept waits to be armed again, on the new one */
+	}
+	hb_log(b, "control socket %s was removed while the gateway ran: made again", b->path);
+}
+
 static int listen_on(struct gg_host_backend *b, char *err, size_t err_size)
 {
 	int rc;
@@ -473,8 +541,12 @@ static bool hb_stop(struct gg_site_backend *base)
 		}
 		hb_serve_waiting(b, b->loop->now_us);
 	}
-	/* Retried on every call should the ring have had no room. */
-	if (b->accept.armed && !b->cancels && gg_loop_cancel_fd(b->loop, b->listen_fd, hb_ud(b, K_CANCEL, NULL)) == 0)
+	/* Retried on every call should the ring have had no room. The accept
+	 * in flight may be a replaced socket's (check_socket_path()), which
+	 * its own cancel ends. */
+	cancel_old_accept(b);
+	if (b->old_listen_fd < 0 && b->accept.armed && !b->cancels &&
+	    gg_loop_cancel_fd(b->loop, b->listen_fd, hb_ud(b, K_CANCEL, NULL)) == 0)
 		b->cancels++;
 	if (b->listen_fd >= 0 && !b->accept.armed && !b->cancels) {
 		struct stat st;
@@ -499,6 +571,8 @@ static void hb_destroy(struct gg_site_backend *base)
 	/* Only reached without start() or after stop() returned true. */
 	if (b->listen_fd >= 0)
 		close(b->listen_fd);
+	if (b->old_listen_fd >= 0)
+		close(b->old_listen_fd);
 	release_lock(b);
 	for (unsigned i = 0; i < b->waiting_count; i++)
 		close(b->waiting[i].fd);
@@ -724,6 +798,7 @@ int gg_host_backend_create(const struct gg_host_backend_options *opts, const str
 	b->core_ops = core_ops;
 	b->core = core;
 	b->listen_fd = -1;
+	b->old_listen_fd = -1;
 	b->lock_fd = -1;
 	b->spare_wait_fd = -1;
 	/* Room for a largest message next to requests still in flight. */

@@ -204,6 +204,12 @@ struct gg_host_backend {
 	struct gg_acceptor accept;
 	unsigned cancels;
 	bool stopping;
+	/* The socket's path, looked at now and then (check_socket_path()). */
+	uint64_t path_check_us;
+	int old_listen_fd;       /* a socket replaced by a new one, until its accept is cancelled; -1: none */
+	bool old_cancel_queued;  /* and the cancel is on its way (one of `cancels`) */
+	bool path_taken_said;    /* another file took the path: said once */
+	bool path_remake_said; /* the path could not be made again: said once */
 
 	struct hb_conn *conns; /* hb_slots(): opts.max_clients + STATUS_SLOTS */
 	struct hb_job *jobs;

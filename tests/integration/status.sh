@@ -3,7 +3,8 @@
 # name the site, the peer with its address and streams, a job whose ranks
 # are still connected, and a step that failed with its code and message;
 # --config finds the socket as --control does. Without a gateway at the
-# socket, it says so and exits 3.
+# socket, it says so and exits 3. A control socket removed under a running
+# gateway is made again.
 . "$(dirname "$0")/lib.sh"
 
 # ---- nothing listens
@@ -138,6 +139,16 @@ expect "$work/lone.out" "^site-b +127\.0\.0\.1:${gw_port[1]} +0/2 .* never$" "th
 python3 -c 'import json, sys; p = json.load(open(sys.argv[1]))["peers"][0]; sys.exit(p["last_heard_s"] is not None)' \
 	"$work/lone.json" || fail "a peer never heard from has last_heard_s $(cat "$work/lone.json")"
 log "lone gateway: $(grep '^site-b' "$work/lone.out")"
+
+# ---- the control socket removed under a running gateway: made again
+# within a second or two, it answers status again
+rm "$work/site-a.sock"
+wait_for "$(site_log 0)" "control socket $work/site-a\\.sock was removed while the gateway ran: made again" 10 ||
+	fail "site-a did not make its removed control socket again"
+"$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/again.out" 2>&1 ||
+	fail "status after the socket was made again: $(cat "$work/again.out")"
+expect "$work/again.out" "^site-b +127\\.0\\.0\\.1:${gw_port[1]} " "status after the socket was made again"
+log "the removed control socket: $(grep -m1 -o 'control socket [^"]*made again' "$(site_log 0)")"
 gw_stop 0
 
 # ---- a gateway that stopped: no answer, exit 3
