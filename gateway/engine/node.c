@@ -1475,11 +1475,26 @@ void gg_node_unreachable_note(const struct gg_node *n, char *buf, size_t size)
 }
 
 /* Why `peer` has no stream up: its last stream's reason or, when none ever
- * came up, what this site's dial setting leaves to the peer. */
+ * came up, what this site's dial setting leaves to the peer. A peer that
+ * refuses this site's dials (its dial for this site is "out") is reached,
+ * so any failure of a dial said before is old news: what keeps the pair
+ * apart is that the peer's own dials do not come (unless this site refuses
+ * them too: the conflict, which the mesh says). */
 static const char *down_reason(const struct gg_node *n, unsigned peer, char *buf, size_t size)
 {
 	const struct gg_peer_config *pc = gg_config_peer(n->cfg, n->names[peer]);
+	bool refused = false;
 
+	for (unsigned l = 0; l < n->nlanes && !refused && !(pc && pc->dial == GG_DIAL_OUT); l++)
+		refused = atomic_load_explicit(&n->lanes[l].denied[peer], memory_order_relaxed);
+	if (refused) {
+		/* Short: a rank's message has 255 bytes for all of it. */
+		snprintf(buf, size, "%s: site %s refuses our dials (dial \"out\" there) and its own do not arrive (its "
+			 "address for %s?)",
+			 atomic_load_explicit(&n->ever_up[peer], memory_order_relaxed) ? "no stream up" : "never connected",
+			 n->names[peer], n->names[n->self]);
+		return buf;
+	}
 	if (n->down_reason[peer][0])
 		return n->down_reason[peer];
 	if (pc && pc->dial == GG_DIAL_IN)

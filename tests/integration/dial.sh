@@ -9,7 +9,8 @@
 # - A site that only dials out (dial = "out" for every peer, "in" at them),
 #   behind a one-way firewall: its peers' address for it is a closed port.
 # - Both "in": nobody dials; the incomplete mesh, and a step that waits for
-#   it, name the dial settings as the likely cause. A peer with another
+#   it, name the dial settings as the likely cause. One "out" whose address
+#   for the other is wrong: the other names its refusal and that address. A peer with another
 #   site's certificate: they name the certificate. Both "out": each site
 #   refuses the other's streams, and each says so, naming the conflict.
 # - A peer a site does not accept inbound (its dial for it is "out") gets a
@@ -180,6 +181,17 @@ step_fails conflict "site site-b is unreachable: .*dial conflict: each site's \[
 	"out/out, the step"
 log "out/out: $(since_start "$(site_log 0)" | grep -m1 -o 'event=dial_refused.*')"
 mesh_stop
+
+# site-b only dials (dial = "out"), but at a closed port: its address for
+# site-a is wrong. site-a, whose dials site-b refuses, says what keeps
+# them apart: not "never connected", nor a dial of its own that failed.
+DIAL=([1-0]=out)
+PEER_ADDR=([1-0]=127.0.0.1:$(free_ports 1))
+mesh_start
+step_fails wa 'site site-b is unreachable: .*never connected: site site-b refuses our dials \(dial "out" there\) and its own do not arrive \(its address for site-a' \
+	"a site that dials out at a wrong address, the step"
+mesh_stop
+PEER_ADDR=()
 
 # site-b presents site-c's certificate, and only site-a dials: each of
 # its dials is refused, and the incomplete mesh and a step that waits for
