@@ -59,8 +59,7 @@ struct daemon {
 	struct gg_node_stats final_stats; /* the node's, as it stopped */
 	uint64_t started_us;
 	double started_unix_s;
-	const char *config_path;
-	struct stat config_st; /* as the gateway started; st_ino 0: unknown */
+	struct stat config_st; /* cfg->source as the gateway started; st_ino 0: unknown */
 };
 
 static double unix_now_s(void)
@@ -326,7 +325,7 @@ static bool config_changed(const struct daemon *d)
 
 	if (!was->st_ino)
 		return false;
-	return stat(d->config_path, &now) || now.st_ino != was->st_ino || now.st_dev != was->st_dev ||
+	return stat(d->cfg->source, &now) || now.st_ino != was->st_ino || now.st_dev != was->st_dev ||
 	       now.st_size != was->st_size || now.st_mtim.tv_sec != was->st_mtim.tv_sec ||
 	       now.st_mtim.tv_nsec != was->st_mtim.tv_nsec;
 }
@@ -340,7 +339,7 @@ static void reload(struct daemon *d)
 	if (config_changed(d))
 		gg_log(GG_LOG_WARN, "config_changed", "path=%s reason=\"the config file changed since the gateway "
 		       "started: SIGHUP reads again only the files [tls] names, as named at the start; restart the "
-		       "gateway to apply the rest\"", d->config_path);
+		       "gateway to apply the rest\"", d->cfg->source);
 
 	if (gg_node_reload(d->node, err, sizeof(err)))
 		gg_log(GG_LOG_ERROR, "reload_failed", "reason=\"%s\" kept=\"previous credentials\"",
@@ -608,9 +607,9 @@ static void raise_file_limit(const struct gg_config *cfg)
 		       cfg->transport.streams_per_peer, cfg->limits.max_clients);
 }
 
-int gg_daemon_run(const struct gg_config *cfg, const char *config_path)
+int gg_daemon_run(const struct gg_config *cfg)
 {
-	struct daemon d = { .cfg = cfg, .config_path = config_path };
+	struct daemon d = { .cfg = cfg };
 	struct gg_host_backend_options hopts;
 	char err[GG_NODE_ERROR_MAX];
 	int status = GG_EXIT_OK;
@@ -622,7 +621,7 @@ int gg_daemon_run(const struct gg_config *cfg, const char *config_path)
 	sigaction(SIGHUP, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	raise_file_limit(cfg);
-	if (config_path && stat(config_path, &d.config_st))
+	if (!cfg->source || stat(cfg->source, &d.config_st))
 		d.config_st.st_ino = 0;
 
 	if (gg_node_new(cfg, &d.node, err, sizeof(err))) {

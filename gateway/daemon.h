@@ -17,10 +17,10 @@ enum gg_daemon_exit {
 };
 
 /* Runs until SIGTERM or SIGINT (then drains and exits GG_EXIT_OK); SIGHUP
- * reloads the certificates and key, and warns when config_path (the file
- * cfg was read from) changed since: the rest of it is read at start only.
+ * reloads the certificates and key, and warns when the file cfg was read
+ * from (cfg->source) changed since: the rest of it is read at start only.
  * Returns an enum gg_daemon_exit. */
-int gg_daemon_run(const struct gg_config *cfg, const char *config_path);
+int gg_daemon_run(const struct gg_config *cfg);
 
 /* The address [metrics] listen (set) resolves to, which must be a loopback
  * one unless allow_remote: 0, or -EINVAL with err saying why (start and

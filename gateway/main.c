@@ -213,7 +213,7 @@ int main(int argc, char **argv)
 		struct gg_config cfg;
 		if (gg_config_load_report(config, &cfg, stderr))
 			return EXIT_CONFIG;
-		int rc = gg_daemon_run(&cfg, config);
+		int rc = gg_daemon_run(&cfg);
 		gg_config_free(&cfg);
 		return rc;
 	}
