@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
@@ -159,6 +160,23 @@ bool gg_tls_cert_names(X509 *cert, const struct gg_tls_identity *id)
 		return uri_san_matches(cert, id->name);
 	return X509_check_host(cert, id->name, strlen(id->name),
 			       X509_CHECK_FLAG_NEVER_CHECK_SUBJECT | X509_CHECK_FLAG_NO_WILDCARDS, NULL) == 1;
+}
+
+int gg_tls_cert_file_names(const char *path, const struct gg_tls_identity *id, bool *names, char *err,
+			   size_t err_size)
+{
+	FILE *f = fopen(path, "r");
+
+	if (!f)
+		return gg_errf(err, err_size, -errno, "cannot read certificate '%s': %s", path, strerror(errno));
+	X509 *cert = PEM_read_X509(f, NULL, NULL, NULL);
+	fclose(f);
+	ERR_clear_error();
+	if (!cert)
+		return gg_errf(err, err_size, -EINVAL, "certificate '%s' holds no PEM certificate", path);
+	*names = gg_tls_cert_names(cert, id);
+	X509_free(cert);
+	return 0;
 }
 
 void gg_tls_format_time(const ASN1_TIME *t, char *buf, size_t size)

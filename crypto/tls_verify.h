@@ -51,6 +51,12 @@ GG_MUST_CHECK int gg_tls_identity_parse(const char *text, struct gg_tls_identity
  * returns buf. */
 const char *gg_tls_identity_format(const struct gg_tls_identity *id, char *buf, size_t size);
 
+/* Whether the certificate in the PEM file at `path` (its first) carries
+ * the identity: 0 with *names set, or a negative errno with err naming the
+ * file and the problem (unreadable, no PEM certificate). */
+GG_MUST_CHECK int gg_tls_cert_file_names(const char *path, const struct gg_tls_identity *id, bool *names,
+					 char *err, size_t err_size);
+
 /* Fills a site from its name and identity text (not denied); -EINVAL
  * (with `why`) when the identity does not parse or the name is too long. */
 GG_MUST_CHECK int gg_tls_site_init(struct gg_tls_site *site, const char *name, const char *identity,

@@ -15,6 +15,8 @@
 #include "net_addr.h"
 #include "node.h"
 #include "status.h"
+#include "tls_verify.h"
+#include "units.h"
 #if HAVE_CUDA
 #include "cuda_probe.h"
 #endif
@@ -39,7 +41,9 @@ static void usage(FILE *out)
 		"                          3 could not start, 4 the event loop failed\n"
 		"  --check-config FILE...  load and validate each site config; print the\n"
 		"                          resolved settings (defaults included), or every\n"
-		"                          problem found; exit 1 if any file has problems\n"
+		"                          problem found; the configs of sites of one mesh\n"
+		"                          are checked against each other too; exit 1 if any\n"
+		"                          file has problems\n"
 		"  status                  ask a running gateway for its status: peers, jobs,\n"
 		"                          recent step failures (gradgate status --help)\n"
 		"  --version               print the version and what this build supports\n"
@@ -62,10 +66,151 @@ static void report(const char *path, struct gg_config_pos at, const char *proble
 	gg_diag_free(&diag);
 }
 
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+#define SITE_SET_MAX ((GG_MAX_PEERS + 1) * 72)
+
+/* The sites a config knows (its own and its peers), sorted: "a,b,c". */
+static const char *site_set(const struct gg_config *c, char *buf, size_t size)
+{
+	const char *names[GG_MAX_PEERS + 1];
+	size_t n = 0, len = 0;
+
+	names[n++] = c->site.name;
+	for (size_t i = 0; i < c->peer_count && n < GG_ARRAY_LEN(names); i++)
+		names[n++] = c->peers[i].site;
+	qsort(names, n, sizeof(*names), by_name);
+	buf[0] = '\0';
+	for (size_t i = 0; i < n && len < size; i++)
+		len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? "," : "", names[i]);
+	return buf;
+}
+
+/* A setting two sites must share that differs: i's value x, j's y. */
+static void differ(struct gg_diag *diag, char **paths, int i, int j, const char *what, const char *x, const char *y)
+{
+	gg_diag_add(diag, "%s: %s is %s, %s's is %s: the two sites refuse each other's streams", paths[j], what, y,
+		    paths[i], x);
+}
+
+/* Whether `a`'s [[peers]] identity for b's site is in b's certificate; a
+ * problem in diag where it is not (or the certificate cannot be read). */
+static void check_identity(struct gg_diag *diag, const char *a_path, const struct gg_config *a,
+			   const struct gg_config *b)
+{
+	const struct gg_peer_config *p = gg_config_peer(a, b->site.name);
+	struct gg_tls_identity id;
+	const char *why;
+	char err[GG_NODE_ERROR_MAX];
+	bool names;
+
+	if (!p || gg_tls_identity_parse(p->identity, &id, &why))
+		return; /* the file's own check said so */
+	if (gg_tls_cert_file_names(b->tls.cert, &id, &names, err, sizeof(err)))
+		gg_diag_add(diag, "%s: %s", b->source, err);
+	else if (!names)
+		gg_diag_add(diag, "%s: its [[peers]] identity for site %s, %s, is not in that site's certificate %s "
+			    "(%s): site %s would refuse site %s", a_path, b->site.name, p->identity, b->tls.cert,
+			    b->source, a->site.name, b->site.name);
+}
+
+/* The configs of sites of one mesh, checked together (each pair of files
+ * of which one lists the other's site as a peer): what their gateways
+ * would refuse of each other when they meet. Returns the problems found,
+ * printed. */
+static size_t cross_check(struct gg_config *cfgs, const bool *ok, char **paths, int count)
+{
+	size_t problems = 0;
+
+	for (int i = 0; i < count; i++) {
+		for (int j = i + 1; j < count; j++) {
+			const struct gg_config *a = &cfgs[i], *b = &cfgs[j];
+			if (!ok[i] || !ok[j])
+				continue;
+			const struct gg_peer_config *ab = gg_config_peer(a, b->site.name), *ba = gg_config_peer(b, a->site.name);
+			if (!ab && !ba)
+				continue; /* not of one mesh */
+			struct gg_diag diag = { 0 };
+			char sa[SITE_SET_MAX], sb[SITE_SET_MAX];
+			if (!strcmp(a->site.name, b->site.name))
+				gg_diag_add(&diag, "%s: site %s, as %s: two gateways of one site", paths[j], b->site.name,
+					    paths[i]);
+			else if (strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb))))
+				gg_diag_add(&diag, "%s: knows the sites [%s], %s knows [%s]: the two refuse each other's "
+					    "streams", paths[j], sb, paths[i], sa);
+			/* What both must share, as HELLO compares it. */
+			const bool blocks = gg_codec_has_blocks(a->compression.codec);
+			char x[32], y[32];
+			if (a->compression.codec != b->compression.codec)
+				differ(&diag, paths, i, j, "[compression] codec", gg_codec_name(a->compression.codec),
+				       gg_codec_name(b->compression.codec));
+			if (blocks && a->compression.block_size != b->compression.block_size) {
+				snprintf(x, sizeof(x), "%d", a->compression.block_size);
+				snprintf(y, sizeof(y), "%d", b->compression.block_size);
+				differ(&diag, paths, i, j, "[compression] block_size", x, y);
+			}
+			if (blocks && a->compression.scale != b->compression.scale)
+				differ(&diag, paths, i, j, "[compression] scale", a->compression.scale == GG_SCALE_F16 ? "fp16" : "fp32",
+				       b->compression.scale == GG_SCALE_F16 ? "fp16" : "fp32");
+			if ((a->compression.zstd_level > 0) != (b->compression.zstd_level > 0))
+				differ(&diag, paths, i, j, "the zstd stage ([compression] zstd_level)",
+				       a->compression.zstd_level > 0 ? "on" : "off", b->compression.zstd_level > 0 ? "on" : "off");
+			if (a->allreduce.algorithm != b->allreduce.algorithm)
+				differ(&diag, paths, i, j, "[allreduce] algorithm", gg_allreduce_algo_name(a->allreduce.algorithm),
+				       gg_allreduce_algo_name(b->allreduce.algorithm));
+			if (a->transport.chunk_bytes != b->transport.chunk_bytes)
+				differ(&diag, paths, i, j, "[transport] chunk_size", gg_format_size(a->transport.chunk_bytes, x, sizeof(x)),
+				       gg_format_size(b->transport.chunk_bytes, y, sizeof(y)));
+			if (a->transport.streams_per_peer != b->transport.streams_per_peer) {
+				snprintf(x, sizeof(x), "%d", a->transport.streams_per_peer);
+				snprintf(y, sizeof(y), "%d", b->transport.streams_per_peer);
+				differ(&diag, paths, i, j, "[transport] streams_per_peer", x, y);
+			}
+			if (ab && ba && ab->dial == GG_DIAL_OUT && ba->dial == GG_DIAL_OUT)
+				gg_diag_add(&diag, "%s: dial = \"out\" for site %s, as %s's for site %s: each refuses the "
+					    "other's streams; set \"in\" or \"both\" at one of them", paths[j], a->site.name,
+					    paths[i], b->site.name);
+			if (ab && ba && ab->dial == GG_DIAL_IN && ba->dial == GG_DIAL_IN)
+				gg_diag_add(&diag, "%s: dial = \"in\" for site %s, as %s's for site %s: neither dials; set "
+					    "\"out\" or \"both\" at one of them", paths[j], a->site.name, paths[i],
+					    b->site.name);
+			if (!ab)
+				gg_diag_add(&diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[i],
+					    b->site.name, paths[j]);
+			if (!ba)
+				gg_diag_add(&diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[j],
+					    a->site.name, paths[i]);
+			if (strcmp(a->site.name, b->site.name)) {
+				check_identity(&diag, paths[i], a, b);
+				check_identity(&diag, paths[j], b, a);
+			}
+			if (diag.count) {
+				problems += diag.count;
+				gg_diag_add(&diag, "%s and %s: %zu problem%s found between the two", paths[i], paths[j],
+					    diag.count, diag.count == 1 ? "" : "s");
+				gg_diag_print(&diag, stderr);
+			}
+			gg_diag_free(&diag);
+		}
+	}
+	return problems;
+}
+
 static int check_configs(int count, char **paths)
 {
+	struct gg_config *cfgs = calloc((size_t)count, sizeof(*cfgs));
+	bool *ok = calloc((size_t)count, sizeof(*ok));
 	int bad = 0;
 
+	if (!cfgs || !ok) {
+		free(cfgs);
+		free(ok);
+		fprintf(stderr, "gradgate: out of memory for %d configs\n", count);
+		return EXIT_CONFIG;
+	}
 	for (int i = 0; i < count; i++) {
 		struct gg_config cfg;
 		if (gg_config_load_report(paths[i], &cfg, stderr)) {
@@ -103,8 +248,17 @@ static int check_configs(int count, char **paths)
 			report(paths[i], (struct gg_config_pos){ 0, 0 }, "out of memory printing its configuration");
 			bad++;
 		}
-		gg_config_free(&cfg);
+		cfgs[i] = cfg;
+		ok[i] = true;
 	}
+	fflush(stdout);
+	if (cross_check(cfgs, ok, paths, count))
+		bad++;
+	for (int i = 0; i < count; i++)
+		if (ok[i])
+			gg_config_free(&cfgs[i]);
+	free(cfgs);
+	free(ok);
 	return bad ? EXIT_CONFIG : EXIT_OK;
 }
 

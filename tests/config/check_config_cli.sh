@@ -336,4 +336,50 @@ else
 	echo "skip files of other users: not root, no users nobody and daemon, no runuser, or nobody may not run $gradgate"
 fi
 
+# The configs of several sites of one mesh are checked against each other
+# too: what their gateways would refuse when they meet.
+mkdir -p "$tmp/mesh"
+for site in a b; do
+	other=$([ $site = a ] && echo b || echo a)
+	cat >"$tmp/mesh/$site.toml" <<TOML
+[site]
+name = "site-$site"
+listen = "127.0.0.1:71$([ $site = a ] && echo 11 || echo 12)"
+control = "unix:$tmp/mesh/$site.sock"
+[tls]
+ca = "../certs/ca.pem"
+cert = "../certs/site-$site.pem"
+key = "../certs/site-$site.key"
+[[peers]]
+site = "site-$other"
+address = "127.0.0.1:71$([ $site = a ] && echo 12 || echo 11)"
+identity = "dns:site-$other.gradgate.test"
+TOML
+done
+chmod 600 "$tmp/mesh/"*.toml
+"$gradgate" --check-config "$tmp/mesh/a.toml" "$tmp/mesh/b.toml" >/dev/null 2>"$tmp/err"
+rc=$?; expect "two sites of one mesh that agree pass: $(head -c 300 "$tmp/err")" $rc
+# cross NAME SED-ON-B WANT: b.toml changed so; the pair must fail, saying WANT.
+cross() {
+	sed "$2" "$tmp/mesh/b.toml" >"$tmp/mesh/b2.toml"
+	chmod 600 "$tmp/mesh/b2.toml"
+	"$gradgate" --check-config "$tmp/mesh/a.toml" "$tmp/mesh/b2.toml" >/dev/null 2>"$tmp/err"
+	expect "$1: exits 1" $(( $? != 1 ))
+	grep -qF -- "$3" "$tmp/err"
+	rc=$?; expect "$1: says so: $(head -c 400 "$tmp/err")" $rc
+	grep -qF "$tmp/mesh/a.toml and $tmp/mesh/b2.toml: 1 problem found between the two" "$tmp/err"
+	expect "$1: counted" $?
+}
+cross "another codec" 's/^\[tls\]/[compression]\ncodec = "int8"\n[tls]/' \
+	"$tmp/mesh/b2.toml: [compression] codec is int8, $tmp/mesh/a.toml's is bf16-split: the two sites refuse each other's streams"
+cross "another chunk size" 's/^\[tls\]/[transport]\nchunk_size = "2MiB"\n[tls]/' \
+	"$tmp/mesh/b2.toml: [transport] chunk_size is 2MiB, $tmp/mesh/a.toml's is 1MiB"
+cross "an identity the certificate lacks" 's/^identity = .*/identity = "dns:site-z.gradgate.test"/' \
+	"$tmp/mesh/b2.toml: its [[peers]] identity for site site-a, dns:site-z.gradgate.test, is not in that site's certificate $tmp/mesh/../certs/site-a.pem ($tmp/mesh/a.toml): site site-b would refuse site site-a"
+cross "another site known" 's/^\[\[peers\]\]/[[peers]]\nsite = "site-c"\naddress = "127.0.0.1:7113"\nidentity = "dns:site-c.gradgate.test"\n[[peers]]/' \
+	"$tmp/mesh/b2.toml: knows the sites [site-a,site-b,site-c], $tmp/mesh/a.toml knows [site-a,site-b]: the two refuse each other's streams"
+sed -i 's/^identity = .*/&\ndial = "out"/' "$tmp/mesh/a.toml"
+cross "both dial out" 's/^identity = .*/&\ndial = "out"/' \
+	"$tmp/mesh/b2.toml: dial = \"out\" for site site-a, as $tmp/mesh/a.toml's for site site-b: each refuses the other's streams"
+
 exit $fail
