@@ -1092,6 +1092,20 @@ static const char *trust_refusal(const char *path, const struct stat *st, char *
  * CRL files writable by anyone else, nor replaceable by anyone else
  * (gg_path_guarded()), and those three must belong to root or the
  * gateway's user. */
+/* Whether the PEM text at the start of fd (its first 64 KiB) holds a
+ * certificate and no private key: a certificate given as the key. */
+static bool pem_holds_only_certificates(int fd)
+{
+	const size_t cap = 64 * 1024;
+	char *text = malloc(cap);
+	ssize_t n = text ? pread(fd, text, cap, 0) : -1;
+	bool only = n > 0 && memmem(text, (size_t)n, "-----BEGIN CERTIFICATE-----", 27) &&
+		    !memmem(text, (size_t)n, "PRIVATE KEY-----", 16);
+
+	free(text);
+	return only;
+}
+
 static void check_files(struct loader *ld, const struct gg_config *cfg)
 {
 	const struct {
@@ -1127,6 +1141,11 @@ static void check_files(struct loader *ld, const struct gg_config *cfg)
 		else if (!S_ISREG(st.st_mode))
 			diag_blame(ld, files[i].setting, NULL, "[tls] %s file '%s' is not a regular file",
 				   files[i].key, path);
+		else if (!strcmp(files[i].key, "key") && pem_holds_only_certificates(fd))
+			/* Said first: a certificate's mode is rightly loose, and
+			 * chmod would not make it a key. */
+			diag_blame(ld, files[i].setting, NULL, "[tls] key file '%s' holds a certificate, not a private key: "
+				   "are [tls] cert and key swapped?", path);
 		else if (!strcmp(files[i].key, "key") && (st.st_mode & 077))
 			/* Any of the bits: a key others may write can be swapped for theirs. */
 			diag_blame(ld, files[i].setting, NULL,

@@ -90,6 +90,17 @@ for c in garbage-cert other-key peer-cert; do
 	grep -qF "$tmp/creds/$c.toml: 1 problem found" "$tmp/err"; expect "$c is counted" $?
 	[ ! -s "$tmp/out" ]; expect "$c prints nothing on stdout" $?
 done
+# cert and key swapped: said so, not as a key file whose mode is loose (a
+# certificate's is, rightly).
+cp "$tmp/cert.pem" "$tmp/creds/"
+cp -p "$tmp/key.pem" "$tmp/creds/"
+sed 's/^cert = .*/cert = "key.pem"/; s/^key = .*/key = "cert.pem"/' "$tmp/good.toml" >"$tmp/creds/swapped.toml"
+chmod 600 "$tmp/creds/swapped.toml"
+"$gradgate" --check-config "$tmp/creds/swapped.toml" >/dev/null 2>"$tmp/err"
+expect "swapped cert and key exit 1" $(( $? != 1 ))
+grep -qF "[tls] key file '$tmp/creds/cert.pem' holds a certificate, not a private key: are [tls] cert and key swapped?" "$tmp/err"
+rc=$?; expect "swapped cert and key are named: $(head -c 300 "$tmp/err")" $rc
+! grep -q chmod "$tmp/err"; expect "swapped cert and key: no chmod advice" $?
 
 "$gradgate" --check-config "$tmp/good.toml" "$tmp/bad.toml" >/dev/null 2>&1
 expect "one bad file among several exits 1" $(( $? != 1 ))
