@@ -659,20 +659,20 @@ fail:
 	return rc;
 }
 
-/* X509_V_OK when cert, with the intermediates in chain, passes the checks
- * of store (chain, dates, CRL; only the chain where chain_only), else the
- * first failure. */
-static int verify_with(X509_STORE *store, X509 *cert, STACK_OF(X509) *chain, bool chain_only)
+/* X509_V_OK when cert, with the intermediates in chain, chains to a CA of
+ * store, else the first failure. Neither dates nor CRLs count: those of
+ * the credentials in use may be why they are replaced (an expired
+ * certificate or CA, a CRL past its next update, which this site alone
+ * checks with), and check_own_chain() holds the new ones to them. */
+static int verify_with(X509_STORE *store, X509 *cert, STACK_OF(X509) *chain)
 {
 	X509_STORE_CTX *v = X509_STORE_CTX_new();
 	int e = X509_V_ERR_OUT_OF_MEM;
 
 	if (v && X509_STORE_CTX_init(v, store, cert, chain)) {
-		if (chain_only) {
-			X509_VERIFY_PARAM *p = X509_STORE_CTX_get0_param(v);
-			X509_VERIFY_PARAM_set_flags(p, X509_V_FLAG_NO_CHECK_TIME);
-			X509_VERIFY_PARAM_clear_flags(p, X509_V_FLAG_CRL_CHECK | X509_V_FLAG_CRL_CHECK_ALL);
-		}
+		X509_VERIFY_PARAM *p = X509_STORE_CTX_get0_param(v);
+		X509_VERIFY_PARAM_set_flags(p, X509_V_FLAG_NO_CHECK_TIME);
+		X509_VERIFY_PARAM_clear_flags(p, X509_V_FLAG_CRL_CHECK | X509_V_FLAG_CRL_CHECK_ALL);
 		e = X509_verify_cert(v) == 1 ? X509_V_OK : X509_STORE_CTX_get_error(v);
 	}
 	X509_STORE_CTX_free(v);
@@ -720,14 +720,12 @@ static int check_reload(const struct gg_tls_options *o, SSL_CTX *cur, SSL_CTX *f
 
 	if (!was || !now || !SSL_CTX_get0_chain_certs(cur, &was_chain) || !SSL_CTX_get0_chain_certs(fresh, &now_chain))
 		return fail(err, size, -EINVAL, "certificate '%s': %s", name, openssl_reason());
-	if ((e = verify_with(SSL_CTX_get_cert_store(cur), now, now_chain, false)) != X509_V_OK)
+	if ((e = verify_with(SSL_CTX_get_cert_store(cur), now, now_chain)) != X509_V_OK)
 		return fail(err, size, -EINVAL, "certificate '%s' does not pass the checks of the CA file in use, as the "
 			    "peers check it with theirs: %s: they would refuse it (to move to another CA, add it to every "
 			    "site's CA file and reload first, then change the certificates)", name,
 			    X509_verify_cert_error_string(e));
-	/* The certificate in use may have expired or been revoked: the
-	 * reason to replace it. Only its chain counts. */
-	if ((e = verify_with(SSL_CTX_get_cert_store(fresh), was, was_chain, true)) != X509_V_OK)
+	if ((e = verify_with(SSL_CTX_get_cert_store(fresh), was, was_chain)) != X509_V_OK)
 		return fail(err, size, -EINVAL, "CA file '%s' does not pass the certificate in use, whose CA issued the "
 			    "peers' certificates too: %s: with it this site would refuse its peers (to leave a CA, change "
 			    "every site's certificate first)", ca, X509_verify_cert_error_string(e));

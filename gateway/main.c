@@ -131,14 +131,22 @@ static size_t cross_check(struct gg_config *cfgs, const bool *ok, char **paths, 
 			if (!ok[i] || !ok[j])
 				continue;
 			const struct gg_peer_config *ab = gg_config_peer(a, b->site.name), *ba = gg_config_peer(b, a->site.name);
-			if (!ab && !ba)
+			const bool same_site = !strcmp(a->site.name, b->site.name);
+			/* Two files of one site: of one mesh where they know the
+			 * same peers (the configs of two gateways for one site). */
+			char sa[SITE_SET_MAX], sb[SITE_SET_MAX];
+			if (!ab && !ba && (!same_site || strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb)))))
 				continue; /* not of one mesh */
 			struct gg_diag diag = { 0 };
-			char sa[SITE_SET_MAX], sb[SITE_SET_MAX];
-			if (!strcmp(a->site.name, b->site.name))
-				gg_diag_add(&diag, "%s: site %s, as %s: two gateways of one site", paths[j], b->site.name,
-					    paths[i]);
-			else if (strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb))))
+			if (same_site) {
+				gg_diag_add(&diag, "%s: site %s, as %s: two gateways of one site would take each other's "
+					    "streams", paths[j], b->site.name, paths[i]);
+				problems++;
+				gg_diag_print(&diag, stderr);
+				gg_diag_free(&diag);
+				continue;
+			}
+			if (strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb))))
 				gg_diag_add(&diag, "%s: knows the sites [%s], %s knows [%s]: the two refuse each other's "
 					    "streams", paths[j], sb, paths[i], sa);
 			/* What both must share, as HELLO compares it. */
@@ -183,10 +191,8 @@ static size_t cross_check(struct gg_config *cfgs, const bool *ok, char **paths, 
 			if (!ba)
 				gg_diag_add(&diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[j],
 					    a->site.name, paths[i]);
-			if (strcmp(a->site.name, b->site.name)) {
-				check_identity(&diag, paths[i], a, b);
-				check_identity(&diag, paths[j], b, a);
-			}
+			check_identity(&diag, paths[i], a, b);
+			check_identity(&diag, paths[j], b, a);
 			if (diag.count) {
 				problems += diag.count;
 				gg_diag_add(&diag, "%s and %s: %zu problem%s found between the two", paths[i], paths[j],

@@ -372,8 +372,11 @@ int gg_wire_decode(enum gg_wire_type type, const uint8_t *payload, size_t len, s
 		h->chunk_elems = (uint32_t)get_le(&r, 4, "chunk size");
 		h->zstd = (uint8_t)get_le(&r, 1, "zstd");
 		h->inflight_bytes = get_le(&r, 8, "inflight bytes");
-		if (!r.field && !h->inflight_bytes)
-			return gg_errf(err, err_size, -EBADMSG, "hello: inflight bytes 0");
+		/* A site's window holds a chunk at least (its config says so):
+		 * less would let the peer keep each lane to a frame at a time. */
+		if (!r.field && h->inflight_bytes < (uint64_t)h->chunk_elems * 4)
+			return gg_errf(err, err_size, -EBADMSG, "hello: inflight bytes %llu, less than a chunk of %u elements",
+				       (unsigned long long)h->inflight_bytes, h->chunk_elems);
 		if (!r.field && (h->streams == 0 || h->stream_index >= h->streams))
 			return gg_errf(err, err_size, -EBADMSG, "hello: stream %u of %u", h->stream_index, h->streams);
 		/* 0 stands for "no HELLO seen yet", and would hide a restart. */

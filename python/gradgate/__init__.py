@@ -201,12 +201,15 @@ def _timeout(timeout_ms):
 # place right after the call in which the library lets go of it.
 
 _retired = {}  # address -> [bytes, mapped here, token of this retirement]
-_retired_lock = threading.Lock()
 # Held from the library's unmapping of a buffer to its retirement here, and
 # from a mapping to its superseding what was retired there: another
 # session's new buffer could otherwise take the addresses in between, and
-# be taken for the one given back. (Inside a session's own lock.)
-_mapping_lock = threading.Lock()
+# be taken for the one given back. (Inside a session's own lock.) Both
+# locks are re-entrant: what runs under them allocates, and a garbage
+# collection then may finalize a session (close()) or an array
+# (_unretire()) on the same thread.
+_retired_lock = threading.RLock()
+_mapping_lock = threading.RLock()
 _retirements = itertools.count()
 _libc = None
 _PROT_READ, _PROT_WRITE = 1, 2
@@ -261,9 +264,11 @@ def _settle():
     """Maps pages in place of the retired buffers the library has let go
     of since they were retired."""
     with _retired_lock:
-        for address, entry in _retired.items():
+        for address, entry in list(_retired.items()):
             if not entry[1]:
                 entry[1] = _map_in_place(address, entry[0])
+                if entry[1] and _retired.get(address) is not entry:
+                    _mm().munmap(address, entry[0])  # its arrays went meanwhile (a collection)
 
 
 def _page_round(nbytes):
@@ -283,7 +288,7 @@ def _supersede(address, size):
 
 def _check_live(ptr, nbytes):
     with _retired_lock:
-        for address, (size, _, _) in _retired.items():
+        for address, (size, _, _) in list(_retired.items()):
             if ptr < address + size and address < ptr + nbytes:
                 raise Error(ERR_INVALID, "the array is in a shared buffer that free_buffer() or close() gave "
                             "back: it must not be used after")

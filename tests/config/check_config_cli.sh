@@ -389,6 +389,12 @@ cross "an identity the certificate lacks" 's/^identity = .*/identity = "dns:site
 	"$tmp/mesh/b2.toml: its [[peers]] identity for site site-a, dns:site-z.gradgate.test, is not in that site's certificate $tmp/mesh/../certs/site-a.pem ($tmp/mesh/a.toml): site site-b would refuse site site-a"
 cross "another site known" 's/^\[\[peers\]\]/[[peers]]\nsite = "site-c"\naddress = "127.0.0.1:7113"\nidentity = "dns:site-c.gradgate.test"\n[[peers]]/' \
 	"$tmp/mesh/b2.toml: knows the sites [site-a,site-b,site-c], $tmp/mesh/a.toml knows [site-a,site-b]: the two refuse each other's streams"
+# Two configs of one site: two gateways that would take each other's streams.
+cp -p "$tmp/mesh/a.toml" "$tmp/mesh/a2.toml"
+"$gradgate" --check-config "$tmp/mesh/a.toml" "$tmp/mesh/a2.toml" >/dev/null 2>"$tmp/err"
+expect "two configs of one site: exits 1" $(( $? != 1 ))
+grep -qF "$tmp/mesh/a2.toml: site site-a, as $tmp/mesh/a.toml: two gateways of one site would take each other's streams" "$tmp/err"
+rc=$?; expect "two configs of one site: says so: $(head -c 300 "$tmp/err")" $rc
 sed -i 's/^identity = .*/&\ndial = "out"/' "$tmp/mesh/a.toml"
 cross "both dial out" 's/^identity = .*/&\ndial = "out"/' \
 	"$tmp/mesh/b2.toml: dial = \"out\" for site site-a, as $tmp/mesh/a.toml's for site site-b: each refuses the other's streams"

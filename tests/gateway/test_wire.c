@@ -283,7 +283,13 @@ int main(void)
 	h = hello();
 	h.inflight_bytes = 0;
 	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
-	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG && !strcmp(err, "hello: inflight bytes 0"),
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "hello: inflight bytes 0, less than a chunk of 262144 elements"),
+	      "%s", err);
+	h.inflight_bytes = 4u * 262144 - 1;
+	n = gg_wire_encode_hello(buf, sizeof(buf), &h);
+	CHECK(decode(buf, (size_t)n, &msg, err, sizeof(err)) == -EBADMSG &&
+		      !strcmp(err, "hello: inflight bytes 1048575, less than a chunk of 262144 elements"),
 	      "%s", err);
 	h = hello();
 	h.sites = 1;
