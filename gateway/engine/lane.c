@@ -1033,9 +1033,14 @@ static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
 
 	/* At once here; the other lanes hear of it from the coordinator. */
 	forget_runs_of(ln, peer);
-	if (!f)
+	if (!f) {
+		/* Nobody would release the held DATA: it goes now, as it would
+		 * have before anything was held. */
+		gg_mesh_release_peer(ln->mesh, peer);
 		return;
+	}
 	f->peer = peer;
+	f->via_lane = ln->index;
 	f->u.restarted.instance_id = instance_id;
 	/* The new instance's stream is not up yet (the mesh tells of the
 	 * restart first), nor is this lane's stream to the old one, which it
@@ -1126,7 +1131,13 @@ void gg_lane_mail(struct lane *ln)
 			lane_forget_job(ln, m->u.job, m->sites, m->run, m->runs);
 			break;
 		case M_PEER_RESET:
+			/* After the M_ENDs of the steps the restart failed, whose
+			 * held DATA they let go. */
 			forget_runs_of(ln, m->peer);
+			gg_mesh_release_peer(ln->mesh, m->peer);
+			break;
+		case M_PEER_RELEASE:
+			gg_mesh_release_peer(ln->mesh, m->peer);
 			break;
 		case M_SEND:
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);

@@ -1427,9 +1427,18 @@ static void coordinator_mail(struct gg_node *n)
 				on_done(n, m->peer, &m->u.msg);
 			break;
 		case M_RESTARTED:
-			/* Every lane that had streams to it tells; the first says it. */
-			if (n->instance_id[m->peer] == m->u.restarted.instance_id)
+			/* Every lane that had streams to it tells; the first says it.
+			 * A later one's held DATA goes once its word is in: the
+			 * M_PEER_RESET that released the others may have come to it
+			 * before it met the new instance. */
+			if (n->instance_id[m->peer] == m->u.restarted.instance_id) {
+				struct mail *r = m->via_lane < n->nlanes ? mail_new(M_PEER_RELEASE) : NULL;
+				if (r) {
+					r->peer = m->peer;
+					post(&n->lanes[m->via_lane].inbox, r);
+				}
 				break;
+			}
 			peer_instance_changed(n, m->peer, m->u.restarted.instance_id);
 			on_peer_restart(n, m->peer, m->u.restarted.down_since_us);
 			forget_peer_runs(n, m->peer);

@@ -79,7 +79,8 @@ enum mail_type {
 	M_CONTROL,      /* lane -> coordinator: ABORT or DONE from a peer */
 	M_RESTARTED,    /* lane -> coordinator: a peer came back with a new instance */
 	M_PEER_RUN,     /* lane -> coordinator: a peer's frames of a job came from a later run */
-	M_PEER_RESET,   /* coordinator -> lane: a peer restarted; forget its runs */
+	M_PEER_RESET,   /* coordinator -> lane: a peer restarted; forget its runs, send the DATA held for it */
+	M_PEER_RELEASE, /* coordinator -> lane: send the DATA held for a restarted peer (a restart told twice) */
 	M_STREAM_READY, /* lane -> coordinator: a stream to a peer is up */
 	M_STREAM_DOWN,  /* lane -> coordinator: a stream to a peer went down, and why */
 	M_FORGET_JOB,   /* coordinator -> lane: the job ended here, or at a site where it never ran here; forget it */
@@ -97,7 +98,8 @@ struct mail {
 	unsigned slot;        /* the coordinator's job */
 	uint64_t seq;
 	unsigned peer;
-	unsigned via_lane;    /* M_DATA, M_ACK_SEND: the lane whose stream the DATA came on */
+	unsigned via_lane;    /* M_DATA, M_ACK_SEND: the lane whose stream the DATA came on; M_RESTARTED: the lane
+			       * that tells */
 	struct gg_mesh_via via;
 	int code;
 	bool forget;          /* M_END: the step failed; unsent DATA of it goes */

@@ -139,6 +139,7 @@ struct peer {
 	uint64_t backoff_us[GG_MESH_MAX_STREAMS];
 	uint64_t instance_id;          /* 0 until the first HELLO */
 	uint64_t inflight_bytes;       /* the peer's inflight_per_peer, from its HELLO; 0 until then */
+	bool held;                     /* DATA kept over a restart waits for gg_mesh_release_peer() */
 	struct out *unacked;           /* DATA written or waiting, until ACKed */
 	uint64_t unacked_bytes;
 	struct out *waiting;           /* DATA held back by the in-flight bound */
@@ -618,6 +619,8 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
 	uint64_t window = m->cfg->limits.inflight_bytes_per_peer;
+	if (pe->held)
+		return;
 	if (pe->inflight_bytes && pe->inflight_bytes < window && !m->test_own_window)
 		window = pe->inflight_bytes;
 	window /= m->lanes;
@@ -871,8 +874,10 @@ void gg_mesh_take_ack(struct gg_mesh *m, unsigned peer, const struct gg_wire_msg
 
 /* `p` restarted: nothing it was sent or owed survives. DATA no stream
  * ever took stays, for the new gateway: a step that began here after the
- * old one was gone goes on with the new one (the owner decides which
- * steps the restart failed, and lets their DATA go: gg_mesh_forget()). */
+ * old one was gone goes on with the new one. It is held back until the
+ * owner decided which steps the restart failed and let their DATA go
+ * (gg_mesh_forget(), then gg_mesh_release_peer()): the new gateway would
+ * keep theirs as frames of a job it does not run. */
 static void peer_lost_state(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
@@ -890,7 +895,16 @@ static void peer_lost_state(struct gg_mesh *m, unsigned p)
 		*pp = o->next;
 		free_out(o);
 	}
+	pe->held = pe->waiting != NULL;
 	m->ops->on_peer_restarted(m->owner, p, pe->instance_id);
+}
+
+void gg_mesh_release_peer(struct gg_mesh *m, unsigned peer)
+{
+	if (peer >= m->sites || !m->peers[peer].held)
+		return;
+	m->peers[peer].held = false;
+	pump_peer(m, peer);
 }
 
 static void send_hello(struct gg_mesh *m, int ci, uint16_t stream)

@@ -101,8 +101,9 @@ struct gg_mesh_ops {
 	 * in progress with it is lost, but for one that began after the last
 	 * stream to the old instance went down. DATA to it that a stream took
 	 * (unacknowledged, or waiting to go again) is dropped before this is
-	 * called; DATA no stream took waits for the new instance, but for the
-	 * steps the owner then lets go (gg_mesh_forget()). */
+	 * called; DATA no stream took is held until gg_mesh_release_peer(),
+	 * once the owner let go of the steps it fails (gg_mesh_forget()), and
+	 * then goes to the new instance. */
 	void (*on_peer_restarted)(void *owner, unsigned peer, uint64_t instance_id);
 	/* Stream `stream` to `peer` became ready (HELLOs exchanged), or stopped
 	 * being ready, or, not ready, was refused by settings that leave the
@@ -270,6 +271,8 @@ struct gg_mesh_stream_tcp {
  * 0, or -ENOENT (not ready here) or the errno of getsockopt. */
 int gg_mesh_stream_tcp(const struct gg_mesh *m, unsigned peer, unsigned stream, struct gg_mesh_stream_tcp *out);
 
+/* Sends again to `peer` the DATA held since it restarted (on_peer_restarted). */
+void gg_mesh_release_peer(struct gg_mesh *m, unsigned peer);
 /* Whether `peer` refused this mesh's last dial with access_denied. */
 bool gg_mesh_peer_denied(const struct gg_mesh *m, unsigned peer);
 bool gg_mesh_connected(const struct gg_mesh *m);
