@@ -139,7 +139,7 @@ struct peer {
 	uint64_t backoff_us[GG_MESH_MAX_STREAMS];
 	uint64_t instance_id;          /* 0 until the first HELLO */
 	uint64_t inflight_bytes;       /* the peer's inflight_per_peer, from its HELLO; 0 until then */
-	bool held;                     /* DATA kept over a restart waits for gg_mesh_release_peer() */
+	uint64_t held_us;              /* DATA kept over a restart waits for gg_mesh_release_peer() since; 0: none */
 	struct out *unacked;           /* DATA written or waiting, until ACKed */
 	uint64_t unacked_bytes;
 	struct out *waiting;           /* DATA held back by the in-flight bound */
@@ -619,7 +619,7 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
 	uint64_t window = m->cfg->limits.inflight_bytes_per_peer;
-	if (pe->held)
+	if (pe->held_us)
 		return;
 	if (pe->inflight_bytes && pe->inflight_bytes < window && !m->test_own_window)
 		window = pe->inflight_bytes;
@@ -895,17 +895,21 @@ static void peer_lost_state(struct gg_mesh *m, unsigned p)
 		*pp = o->next;
 		free_out(o);
 	}
-	pe->held = pe->waiting != NULL;
+	pe->held_us = pe->waiting ? GG_MAX(m->loop->now_us, (uint64_t)1) : 0;
 	m->ops->on_peer_restarted(m->owner, p, pe->instance_id);
 }
 
 void gg_mesh_release_peer(struct gg_mesh *m, unsigned peer)
 {
-	if (peer >= m->sites || !m->peers[peer].held)
+	if (peer >= m->sites || !m->peers[peer].held_us)
 		return;
-	m->peers[peer].held = false;
+	m->peers[peer].held_us = 0;
 	pump_peer(m, peer);
 }
+
+/* The owner's release comes within a turn or two of its loops; past this,
+ * its word was lost (no memory for it) and the DATA goes as it is. */
+#define HELD_MAX_US 2000000u
 
 static void send_hello(struct gg_mesh *m, int ci, uint16_t stream)
 {
@@ -1897,6 +1901,9 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		m->stall_grace_us = now + cfg->transport.heartbeat_timeout_us;
 	m->tick_last_us = now;
 	admit_waiting(m);
+	for (unsigned p = 0; p < m->sites; p++)
+		if (m->peers[p].held_us && now - m->peers[p].held_us > HELD_MAX_US)
+			gg_mesh_release_peer(m, p);
 	next = GG_MIN(next, log_limits_flush(m));
 	for (int ci = 0; ci < m->conn_cap; ci++) {
 		struct conn *c = &m->conns[ci];
