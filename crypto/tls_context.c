@@ -367,8 +367,8 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 		char id[GG_TLS_IDENTITY_MAX + 8];
 		if (gg_tls_cert_names(cert, &o->peers[i].identity))
 			rc = fail(err, size, -EINVAL, "certificate '%s' names peer %s (%s): it is that site's, or passes "
-				  "for it, and no site's own may: every peer would refuse it", name, o->peers[i].name,
-				  gg_tls_identity_format(&o->peers[i].identity, id, sizeof(id)));
+				  "for it, and no site's own may: with it this site could speak as that one", name,
+				  o->peers[i].name, gg_tls_identity_format(&o->peers[i].identity, id, sizeof(id)));
 	}
 	return rc;
 }

@@ -79,7 +79,7 @@ for c in garbage-cert other-key peer-cert; do
 		want="private key '$tmp/creds/key.pem' does not match certificate '$tmp/creds/cert.pem'" ;;
 	# The peer's certificate and key: they match, but they are site-b's.
 	peer-cert) cp "$tmp/certs/site-b.pem" "$tmp/creds/cert.pem"; cp -p "$tmp/certs/site-b.key" "$tmp/creds/key.pem"
-		want="certificate '$tmp/creds/cert.pem' names peer site-b (dns:site-b.gradgate.test): it is that site's, or passes for it, and no site's own may: every peer would refuse it" ;;
+		want="certificate '$tmp/creds/cert.pem' names peer site-b (dns:site-b.gradgate.test): it is that site's, or passes for it, and no site's own may: with it this site could speak as that one" ;;
 	esac
 	cp "$tmp/good.toml" "$tmp/creds/$c.toml"
 	# ([[peers]] is good.toml's last table.)

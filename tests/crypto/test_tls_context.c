@@ -567,7 +567,7 @@ static void test_names_peer(void)
 	issue("dns:site-b.gradgate.test", "a.pem", "a.key");
 	CHECK_EQ_INT(gg_tls_context_reload(ctx, err, sizeof(err)), -EINVAL);
 	snprintf(want, sizeof(want), "certificate '%s' names peer site-b (dns:site-b.gradgate.test): it is that "
-		 "site's, or passes for it, and no site's own may: every peer would refuse it", cert_file);
+		 "site's, or passes for it, and no site's own may: with it this site could speak as that one", cert_file);
 	CHECK_STR(err, want);
 	CHECK_EQ_INT(gg_tls_context_generation(ctx), 1);
 
