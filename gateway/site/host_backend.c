@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,12 +183,24 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 		snprintf(err, err_size, "control socket %s: the path exists and is not a socket", path);
 		return -EADDRINUSE;
 	}
-	int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (probe < 0) {
-		snprintf(err, err_size, "control socket %s: socket: %s", path, strerror(errno));
-		return -errno;
+	int probe = -1, rc;
+	/* A listener whose process is gone is a killed gateway's, whose ring
+	 * holds the socket a few milliseconds more (as its TCP port): asked
+	 * again every 10 ms for up to a second until it lets go. */
+	for (unsigned waited_ms = 0;; waited_ms += 10) {
+		if ((probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0) {
+			snprintf(err, err_size, "control socket %s: socket: %s", path, strerror(errno));
+			return -errno;
+		}
+		rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+		struct ucred was = { .pid = 0 };
+		socklen_t was_len = sizeof(was);
+		if (rc || waited_ms >= 1000 || getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &was, &was_len) || !was.pid ||
+		    !kill(was.pid, 0) || errno != ESRCH)
+			break;
+		close(probe);
+		usleep(10000);
 	}
-	int rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
 	/* A socket that refuses may be one a gateway starting this moment has
 	 * bound and is about to listen on (two started at once with the same
 	 * path): asked again a little later, before it is taken for stale. */

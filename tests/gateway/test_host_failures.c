@@ -812,6 +812,35 @@ static void test_control_socket(void)
 		CHECK(unlink(starting) == 0);
 	}
 
+	/* One whose listening process is gone, held a moment longer (as a
+	 * killed gateway's ring holds its socket): waited for, then taken
+	 * over. The process that listened exits at once; its child keeps the
+	 * socket 300 ms. */
+	{
+		char dying[128];
+		snprintf(dying, sizeof(dying), "%s/dying.sock", h.dir);
+		pid_t pid = fork();
+		if (pid == 0) {
+			char at[128];
+			int s = bound_socket(h.dir, "dying.sock", at, sizeof(at));
+			if (s < 0 || listen(s, 1))
+				_exit(1);
+			if (fork() == 0) {
+				usleep(300000);
+				_exit(0);
+			}
+			_exit(0);
+		}
+		int status = -1;
+		CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+		snprintf(endpoint, sizeof(endpoint), "unix:%s", dying);
+		uint64_t t0 = gg_monotonic_us();
+		CHECK_EQ_INT(try_start(endpoint, err, sizeof(err)), 0);
+		uint64_t waited_ms = (gg_monotonic_us() - t0) / 1000;
+		CHECK(waited_ms >= 250 && waited_ms < 1000);
+		printf("  a dying listener's socket was taken over after %llu ms\n", (unsigned long long)waited_ms);
+	}
+
 	/* A stale one, left by a gateway that died, is replaced. */
 	char stale[128];
 	int fd = bound_socket(h.dir, "stale.sock", stale, sizeof(stale));

@@ -577,19 +577,19 @@ case_peer_restarted() {
 	# or killed) had no part in the gateway that went: the new one's ranks
 	# join it, and every step completes, the first one too, which the
 	# others began before the new gateway was up.
-	local how s i job from=()
+	local how s i job
 	STEPS=3
 	for how in TERM KILL; do
 		job=down$how
-		for ((s = 0; s < last; s++)); do from[$s]=$(grep -c '' "$(site_log "$s")"); done
 		gw_stop "$last" "$how"
-		# Down as the others see it (mesh_degraded: no stream back within
-		# a quarter second): a killed gateway's sockets close a few
-		# milliseconds after it is gone, and a step begun while a stream
-		# to it still seemed up is lost with it.
+		# Down as the others see it (gradgate status: no stream up to it):
+		# a killed gateway's sockets close a few milliseconds after it is
+		# gone, and a step begun while a stream to it still seemed up is
+		# lost with it.
 		for ((s = 0; s < last; s++)); do
 			for ((i = 0; i < 200; i++)); do
-				grep -q 'event=mesh_degraded' <<<"$(tail -n +"${from[$s]}" "$(site_log "$s")")" && break
+				"$GRADGATE" status --control "unix:$work/${SITES[$s]}.sock" 2>/dev/null |
+					grep -Eq "^${SITES[$last]} +[^ ]+ +0/" && break
 				sleep 0.05
 			done
 			[ "$i" -lt 200 ] || fail "${SITES[$s]} did not see ${SITES[$last]} go (SIG$how) within 10 s"
