@@ -175,6 +175,17 @@ static void hb_complete(struct gg_site_backend *base, struct gg_site_step *step,
 /* A control socket path that is in the way: refused when a live gateway
  * still listens on it or it is not a socket; unlinked when stale (its
  * gateway died). Returns 0 once unlinked, or a negative errno with err. */
+/* Connects a new socket (*probe) to addr: 0, or connect()'s negative
+ * errno with *probe open, or socket()'s with *probe -1 and err set. */
+static int probe_connect(const char *path, const struct sockaddr_un *addr, int *probe, char *err, size_t err_size)
+{
+	if ((*probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0) {
+		snprintf(err, err_size, "control socket %s: socket: %s", path, strerror(errno));
+		return -errno;
+	}
+	return connect(*probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+}
+
 static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, char *err, size_t err_size)
 {
 	struct stat st;
@@ -188,11 +199,8 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 	 * holds the socket a few milliseconds more (as its TCP port): asked
 	 * again every 10 ms for up to a second until it lets go. */
 	for (unsigned waited_ms = 0;; waited_ms += 10) {
-		if ((probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0) {
-			snprintf(err, err_size, "control socket %s: socket: %s", path, strerror(errno));
-			return -errno;
-		}
-		rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+		if ((rc = probe_connect(path, addr, &probe, err, err_size)) && probe < 0)
+			return rc;
 		struct ucred was = { .pid = 0 };
 		socklen_t was_len = sizeof(was);
 		if (rc || waited_ms >= 1000 || getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &was, &was_len) || !was.pid ||
@@ -207,11 +215,8 @@ static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, 
 	if (rc == -ECONNREFUSED) {
 		usleep(STALE_RECHECK_US);
 		close(probe);
-		if ((probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0) {
-			snprintf(err, err_size, "control socket %s: socket: %s", path, strerror(errno));
-			return -errno;
-		}
-		rc = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
+		if ((rc = probe_connect(path, addr, &probe, err, err_size)) && probe < 0)
+			return rc;
 	}
 	struct ucred peer = { .pid = 0 };
 	socklen_t peer_len = sizeof(peer);
