@@ -132,10 +132,11 @@ static size_t cross_check(struct gg_config *cfgs, const bool *ok, char **paths, 
 				continue;
 			const struct gg_peer_config *ab = gg_config_peer(a, b->site.name), *ba = gg_config_peer(b, a->site.name);
 			const bool same_site = !strcmp(a->site.name, b->site.name);
+			char sa[SITE_SET_MAX], sb[SITE_SET_MAX];
+			const bool same_sites = !strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb)));
 			/* Two files of one site: of one mesh where they know the
 			 * same peers (the configs of two gateways for one site). */
-			char sa[SITE_SET_MAX], sb[SITE_SET_MAX];
-			if (!ab && !ba && (!same_site || strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb)))))
+			if (!ab && !ba && (!same_site || !same_sites))
 				continue; /* not of one mesh */
 			struct gg_diag diag = { 0 };
 			if (same_site) {
@@ -146,7 +147,7 @@ static size_t cross_check(struct gg_config *cfgs, const bool *ok, char **paths, 
 				gg_diag_free(&diag);
 				continue;
 			}
-			if (strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb))))
+			if (!same_sites)
 				gg_diag_add(&diag, "%s: knows the sites [%s], %s knows [%s]: the two refuse each other's "
 					    "streams", paths[j], sb, paths[i], sa);
 			/* What both must share, as HELLO compares it. */

@@ -1092,12 +1092,8 @@ static void hand_off(void *owner, unsigned lane, struct gg_mesh_handoff *h)
 static bool peer_denied(void *owner, unsigned peer)
 {
 	const struct lane *ln = owner;
-	const struct gg_node *n = ln->node;
 
-	for (unsigned l = 0; l < n->nlanes; l++)
-		if (atomic_load_explicit(&n->lanes[l].denied[peer], memory_order_relaxed))
-			return true;
-	return false;
+	return peer_refuses_dials(ln->node, peer);
 }
 
 static const struct gg_mesh_ops mesh_ops = {

@@ -1492,11 +1492,8 @@ void gg_node_unreachable_note(const struct gg_node *n, char *buf, size_t size)
 static const char *down_reason(const struct gg_node *n, unsigned peer, char *buf, size_t size)
 {
 	const struct gg_peer_config *pc = gg_config_peer(n->cfg, n->names[peer]);
-	bool refused = false;
 
-	for (unsigned l = 0; l < n->nlanes && !refused && !(pc && pc->dial == GG_DIAL_OUT); l++)
-		refused = atomic_load_explicit(&n->lanes[l].denied[peer], memory_order_relaxed);
-	if (refused) {
+	if (!(pc && pc->dial == GG_DIAL_OUT) && peer_refuses_dials(n, peer)) {
 		/* Short: a rank's message has 255 bytes for all of it. */
 		snprintf(buf, size, "%s: site %s refuses our dials (dial \"out\" there) and its own do not arrive (its "
 			 "address for %s?)",

@@ -597,6 +597,16 @@ static inline void publish(atomic_uint_fast64_t *dst, uint64_t v)
 	atomic_store_explicit(dst, v, memory_order_relaxed);
 }
 
+/* Whether `peer` refused the last dial of any lane with access_denied (its
+ * dial for this site is "out"). */
+static inline bool peer_refuses_dials(const struct gg_node *n, unsigned peer)
+{
+	for (unsigned l = 0; l < n->nlanes; l++)
+		if (atomic_load_explicit(&n->lanes[l].denied[peer], memory_order_relaxed))
+			return true;
+	return false;
+}
+
 static inline struct mail *mail_new(enum mail_type type)
 {
 	struct mail *m = calloc(1, sizeof(*m));

@@ -149,6 +149,15 @@ wait_for "$(site_log 0)" "control socket $work/site-a\\.sock was removed while t
 	fail "status after the socket was made again: $(cat "$work/again.out")"
 expect "$work/again.out" "^site-b +127\\.0\\.0\\.1:${gw_port[1]} " "status after the socket was made again"
 log "the removed control socket: $(grep -m1 -o 'control socket [^"]*made again' "$(site_log 0)")"
+# A file put in its place (renamed over it) is left to its owner, and said
+# once.
+: >"$work/other-file"
+mv "$work/other-file" "$work/site-a.sock"
+wait_for "$(site_log 0)" "control socket $work/site-a\\.sock: another file took its path" 10 ||
+	fail "site-a did not say another file took its socket's path"
+sleep 1.2
+[ "$(grep -c 'another file took its path' "$(site_log 0)")" = 1 ] || fail "site-a said more than once that its path was taken"
+[ -f "$work/site-a.sock" ] || fail "site-a replaced the file that took its socket's path"
 gw_stop 0
 
 # ---- a gateway that stopped: no answer, exit 3
