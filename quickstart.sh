@@ -90,11 +90,13 @@ for line in open(sys.argv[1] + "/meson-logs/testlog.json"):
     elif r == "SKIP": s += 1
     else:
         f += 1
-        # Kept for the end of the run, where a log's tail still shows it.
-        tail = (t.get("stdout") or "").rstrip().splitlines()[-15:]
+        # Kept for the end of the run: the lines that say why (a test's
+        # FAIL comes before the logs it dumps), then the output's tail.
+        lines = (t.get("stdout") or "").rstrip().splitlines()
+        why = [l for l in lines[:-15] if l.startswith(("FAIL", "not ok"))][:5]
         with open(sys.argv[2], "a") as out:
             out.write(f"--- {sys.argv[1]}: {t['name']} ({r})\n")
-            out.writelines(f"    {l}\n" for l in tail)
+            out.writelines(f"    {l}\n" for l in why + (["..."] if why else []) + lines[-15:])
 print(p, f, s)
 PY
 )

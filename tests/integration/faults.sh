@@ -256,7 +256,7 @@ case_rank_killed() {
 	within "$(ms_since "$killed")" 8000 "every site hearing of the death"
 	check_steps rk 0:1
 	expect_ok rk 1
-	expect_failed rk 2 -11 "rank 1 of job 'rk' (disconnected|lost its connection) during step 2" 0:1
+	expect_failed rk 2 -11 "rank 1 of job 'rk' (disconnected|lost its connection \\([^)]+\\)) during step 2" 0:1
 }
 
 case_rank_left() {
@@ -303,7 +303,7 @@ case_ranks_gone_first() {
 	for ((r = 0; r < RANKS; r++)); do dead+=("$last:$r"); done
 	check_steps rg "${dead[@]}"
 	for ((t = 1; t <= STEPS; t++)); do
-		expect_failed rg $t -11 "site ${SITES[$last]} ended job 'rg' before its first step: its ranks there are gone: rank [01] of job 'rg' (disconnected|lost its connection) before its first step at site ${SITES[$last]}" "${dead[@]}"
+		expect_failed rg $t -11 "site ${SITES[$last]} ended job 'rg' before its first step: its ranks there are gone: rank [01] of job 'rg' (disconnected|lost its connection \\([^)]+\\)) before its first step at site ${SITES[$last]}" "${dead[@]}"
 	done
 	# The last site's ranks start the job again while the others' ranks
 	# of the old run are still to come: a new run under a name whose old
