@@ -219,11 +219,12 @@ static const struct gg_codec_kernels *pick_kernels(void)
 		for (int i = 0; i < GG_ISA_COUNT; i++)
 			if (!strcmp(env, isa_names[i]))
 				named = i;
+		char safe[GG_ESCAPED_SIZE(32)];
 		if (named < 0)
 			gg_log(GG_LOG_WARN, "codec_isa_ignored",
 			       "variable=GG_CODEC_ISA value=\"%s\" reason=\"not scalar, avx2 or avx512: the best "
 			       "kernels this CPU has are used\"",
-			       env);
+			       gg_escape(safe, sizeof(safe), env, strnlen(env, 32)));
 		else
 			cap = named;
 	}

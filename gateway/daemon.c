@@ -244,12 +244,12 @@ static const struct gg_core_ops core_ops = { core_submit,     core_abort,	  core
 					     core_fail_unstarted, core_job_opened, core_gpu_frees,
 					     core_lost_site,  core_job_failed, core_abort_from };
 
-static void backend_log(void *arg, const char *line)
+static void backend_log(void *arg, bool fault, const char *line)
 {
 	char safe[GG_ESCAPED_SIZE(512)];
 
 	(void)arg;
-	gg_log(GG_LOG_INFO, "control", "msg=\"%s\"", gg_escape(safe, sizeof(safe), line, strlen(line)));
+	gg_log(fault ? GG_LOG_WARN : GG_LOG_INFO, "control", "msg=\"%s\"", gg_escape(safe, sizeof(safe), line, strlen(line)));
 }
 
 /* A stream that goes down is told of only if the mesh is still incomplete
@@ -298,7 +298,7 @@ static void log_mesh(struct daemon *d, struct mesh_watch *w)
 		w->interval_us = GG_MIN(2 * w->interval_us, MESH_REPORT_MAX_US);
 	w->next_us = now + w->interval_us;
 	w->told = true;
-	if (n)
+	if (why[0])
 		gg_log(GG_LOG_WARN, "mesh_degraded", "site=%s unreachable=%u reason=\"%s\"", d->cfg->site.name, n,
 		       gg_escape(safe, sizeof(safe), why, strlen(why)));
 	else
@@ -337,9 +337,9 @@ static void reload(struct daemon *d)
 	/* Settings are read at start only; the files they name are read
 	 * again. An operator who edited the file and sent SIGHUP hears it. */
 	if (config_changed(d))
-		gg_log(GG_LOG_WARN, "config_changed", "path=%s reason=\"the config file changed since the gateway "
+		gg_log(GG_LOG_WARN, "config_changed", "path=\"%s\" reason=\"the config file changed since the gateway "
 		       "started: SIGHUP reads again only the files [tls] names, as named at the start; restart the "
-		       "gateway to apply the rest\"", d->cfg->source);
+		       "gateway to apply the rest\"", gg_escape(safe, sizeof(safe), d->cfg->source, strlen(d->cfg->source)));
 
 	if (gg_node_reload(d->node, err, sizeof(err)))
 		gg_log(GG_LOG_ERROR, "reload_failed", "reason=\"%s\" kept=\"previous credentials\"",
@@ -654,10 +654,12 @@ int gg_daemon_run(const struct gg_config *cfg)
 		char addr[GG_NET_ADDR_TEXT_MAX];
 		snprintf(metrics, sizeof(metrics), "http://%s/metrics", gg_http_server_address(d.metrics, addr, sizeof(addr)));
 	}
+	char control[GG_ESCAPED_SIZE(256)];
+	gg_escape(control, sizeof(control), cfg->site.control, strnlen(cfg->site.control, 256));
 	gg_log(GG_LOG_INFO, "started",
-	       "site=%s listen=%s control=%s sites=%zu codec=%s algorithm=%s streams_per_peer=%d chunk=%s threads=%u "
+	       "site=%s listen=%s control=\"%s\" sites=%zu codec=%s algorithm=%s streams_per_peer=%d chunk=%s threads=%u "
 	       "metrics=%s",
-	       cfg->site.name, cfg->site.listen, cfg->site.control, cfg->peer_count + 1,
+	       cfg->site.name, cfg->site.listen, control, cfg->peer_count + 1,
 	       gg_codec_name(cfg->compression.codec), gg_allreduce_algo_name(cfg->allreduce.algorithm),
 	       cfg->transport.streams_per_peer, gg_format_size(cfg->transport.chunk_bytes, chunk, sizeof(chunk)),
 	       gg_node_lanes(d.node), metrics);

@@ -628,6 +628,57 @@ static bool early_expected(const struct lane_job *lj, uint64_t seq)
 	return lj->last_seq && seq == lj->last_seq + 1;
 }
 
+/* What mail posted for a peer's message costs the lane it goes to. */
+static uint64_t mail_charge(const struct mail *f)
+{
+	return sizeof(*f) + (f->base.type == M_DATA ? f->u.data.payload->cap : 0);
+}
+
+/* Posts mail for peer f->peer's message to lane `to`, within the lane's
+ * budget for that peer (early_limit()): a peer that sends faster than the
+ * lane takes its messages, beyond its window, cannot queue them without
+ * bound. -ENOBUFS (f freed) past it. */
+static int lane_forward(struct lane *ln, unsigned to, struct mail *f)
+{
+	struct lane *t = &ln->node->lanes[to];
+	const uint64_t charge = mail_charge(f);
+
+	if (atomic_fetch_add_explicit(&t->fwd_bytes[f->peer], charge, memory_order_relaxed) + charge >
+	    early_limit(ln->node)) {
+		atomic_fetch_sub_explicit(&t->fwd_bytes[f->peer], charge, memory_order_relaxed);
+		if (f->base.type == M_DATA)
+			gg_buf_put(f->u.data.payload);
+		free(f);
+		return -ENOBUFS;
+	}
+	f->charged = true;
+	post(&t->inbox, f);
+	return 0;
+}
+
+/* Mail taken by this lane gives its charge back. */
+static void lane_forward_taken(struct lane *ln, const struct mail *f)
+{
+	if (f->charged)
+		atomic_fetch_sub_explicit(&ln->fwd_bytes[f->peer], mail_charge(f), memory_order_relaxed);
+}
+
+/* Posts mail for a peer's message to the coordinator, within
+ * PEER_MAILS_MAX of that peer's; -ENOBUFS (f freed) past it. */
+static int coordinator_hears(struct lane *ln, struct mail *f)
+{
+	atomic_uint_fast32_t *count = &ln->node->peer_mails[f->peer];
+
+	if (atomic_fetch_add_explicit(count, 1, memory_order_relaxed) >= PEER_MAILS_MAX) {
+		atomic_fetch_sub_explicit(count, 1, memory_order_relaxed);
+		free(f);
+		return -ENOBUFS;
+	}
+	f->charged = true;
+	tell_coordinator(ln, f);
+	return 0;
+}
+
 /* A walk of the lists to make room for an expected frame looks at no more
  * frames than this: a peer's own expected frames, which it does not let
  * go, cannot make each of its frames cost a walk of all of them. */
@@ -648,9 +699,7 @@ static bool early_expected(const struct lane_job *lj, uint64_t seq)
 static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint64_t seq, uint64_t charge)
 {
 	struct gg_node *n = ln->node;
-	const uint64_t window = n->cfg->limits.inflight_bytes_per_peer;
-	const uint64_t limit = window + window / 2 +
-			       (uint64_t)n->cfg->transport.streams_per_peer * (n->max_payload + EARLY_ENTRY_BYTES);
+	const uint64_t limit = early_limit(n);
 	uint64_t held = atomic_load_explicit(&ln->early_bytes[from], memory_order_relaxed);
 	unsigned dropped = 0, walked = 0;
 
@@ -671,9 +720,8 @@ static bool early_room(struct lane *ln, struct lane_job *lj, unsigned from, uint
 	}
 	if (held + charge <= limit && !dropped)
 		return true;
-	uint64_t refused = atomic_fetch_add_explicit(&ln->early_refused, dropped + (held + charge > limit),
-						     memory_order_relaxed);
-	if (refused < 8 || refused % 1024 == 0)
+	atomic_fetch_add_explicit(&ln->early_refused, dropped + (held + charge > limit), memory_order_relaxed);
+	if (peer_log_now(ln->logs, from, LOG_EARLY_DATA_REFUSED, ln->loop.now_us))
 		gg_log(GG_LOG_WARN, "early_data_refused",
 		       "site=%s job=%s step=%llu held=%llu limit=%llu reason=\"DATA for steps not started here "
 		       "beyond this site's inflight_per_peer, which the peer should keep to; frames this site "
@@ -726,7 +774,7 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 			r->peer = from;
 			r->run = ws->run;
 			snprintf(r->u.job, sizeof(r->u.job), "%s", ws->job);
-			tell_coordinator(ln, r);
+			(void)coordinator_hears(ln, r); /* past its bound, the peer floods: its frame goes on */
 		}
 	}
 	if (lj->ar && ws->step == lj->seq) {
@@ -991,10 +1039,24 @@ static int on_data(void *owner, unsigned from, struct gg_mesh_via via, const str
 	f->via_lane = ln->index;
 	f->via = via;
 	f->u.data.msg = *m;
-	gg_buf_get(payload);
-	f->u.data.payload = payload;
-	post(&ln->node->lanes[to].inbox, f);
-	return 0;
+	/* A small frame in a chunk-sized buffer goes in one of its size: it
+	 * waits, and counts, as what it is. */
+	if (payload->len < payload->cap / 4) {
+		struct gg_buf *small = gg_buf_new(NULL, GG_MAX(payload->len, (size_t)1));
+		if (!small) {
+			free(f);
+			return -ENOMEM;
+		}
+		memcpy(small->data, payload->data, payload->len);
+		small->len = payload->len;
+		f->u.data.payload = small;
+		if (m->u.data.frame) /* it points into the message */
+			f->u.data.msg.u.data.frame = small->data + (m->u.data.frame - payload->data);
+	} else {
+		gg_buf_get(payload);
+		f->u.data.payload = payload;
+	}
+	return lane_forward(ln, to, f);
 }
 
 static int on_foreign_ack(void *owner, unsigned peer, const struct gg_wire_msg *m)
@@ -1009,8 +1071,7 @@ static int on_foreign_ack(void *owner, unsigned peer, const struct gg_wire_msg *
 		return -ENOMEM;
 	f->peer = peer;
 	f->u.msg = *m;
-	post(&ln->node->lanes[to].inbox, f);
-	return 0;
+	return lane_forward(ln, to, f);
 }
 
 static int on_control(void *owner, unsigned from, const struct gg_wire_msg *m)
@@ -1022,8 +1083,7 @@ static int on_control(void *owner, unsigned from, const struct gg_wire_msg *m)
 		return -ENOMEM;
 	f->peer = from;
 	f->u.msg = *m;
-	tell_coordinator(ln, f);
-	return 0;
+	return coordinator_hears(ln, f);
 }
 
 static void on_peer_restarted(void *owner, unsigned peer, uint64_t instance_id)
@@ -1110,6 +1170,8 @@ static const struct gg_mesh_ops mesh_ops = {
 
 void gg_lane_mail(struct lane *ln)
 {
+	if (atomic_load_explicit(&ln->test_hold_mail, memory_order_relaxed))
+		return;
 	for (struct gg_mail *g = gg_mailbox_take(&ln->inbox), *next; g; g = next) {
 		struct mail *m = (struct mail *)g;
 		next = g->next;
@@ -1139,6 +1201,7 @@ void gg_lane_mail(struct lane *ln)
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
 			break;
 		case M_DATA:
+			lane_forward_taken(ln, m);
 			/* Not kept for want of memory, it stays unacknowledged: the
 			 * peer sends it again once a stream to it is cut. */
 			(void)lane_data(ln, m->peer, m->via_lane, m->via, &m->u.data.msg, m->u.data.payload);
@@ -1148,6 +1211,7 @@ void gg_lane_mail(struct lane *ln)
 			gg_mesh_ack(ln->mesh, m->via, m->u.ack.job, m->u.ack.run, m->seq, &m->u.ack.id);
 			break;
 		case M_ACK:
+			lane_forward_taken(ln, m);
 			gg_mesh_take_ack(ln->mesh, m->peer, &m->u.msg);
 			break;
 		case M_CONN:

@@ -61,9 +61,11 @@ static uint64_t post_lanes(struct gg_node *n, const struct mail *proto, uint64_t
 	return told;
 }
 
-static const char *const peer_log_events[PEER_LOGS] = { "abort_recorded", "peer_job_ended",     "rerun_refused",
-							"job_forgotten",  "job_ended",          "early_data_dropped",
-							"data_dropped" };
+static const char *const peer_log_events[PEER_LOGS] = { "abort_recorded",     "peer_job_ended", "rerun_refused",
+							"job_forgotten",      "job_ended",      "early_data_dropped",
+							"data_dropped",       "early_data_refused" };
+static const enum gg_log_level peer_log_levels[PEER_LOGS] = { GG_LOG_INFO, GG_LOG_INFO, GG_LOG_WARN, GG_LOG_INFO,
+							      GG_LOG_INFO, GG_LOG_WARN, GG_LOG_WARN, GG_LOG_WARN };
 
 uint64_t gg_node_peer_logs_flush(const struct gg_node *n, peer_logs logs, uint64_t now_us)
 {
@@ -75,7 +77,7 @@ uint64_t gg_node_peer_logs_flush(const struct gg_node *n, peer_logs logs, uint64
 			snprintf(about, sizeof(about), "site=%s", n->names[p]);
 		for (unsigned k = 0; k < PEER_LOGS; k++)
 			next = GG_MIN(next,
-				      gg_log_limit_flush(&logs[p][k], now_us, GG_LOG_WARN, peer_log_events[k], about));
+				      gg_log_limit_flush(&logs[p][k], now_us, peer_log_levels[k], peer_log_events[k], about));
 	}
 	return next;
 }
@@ -1405,6 +1407,8 @@ static void coordinator_mail(struct gg_node *n)
 		struct mail *m = (struct mail *)g;
 		struct job *j;
 		next = g->next;
+		if (m->charged) /* a peer's message, within PEER_MAILS_MAX */
+			atomic_fetch_sub_explicit(&n->peer_mails[m->peer], 1, memory_order_relaxed);
 		switch ((enum mail_type)g->type) {
 		case M_PART_DONE:
 			if ((j = job_of(n, m->slot, m->seq)) && !j->ending && ++j->parts_done == n->nlanes)
@@ -1526,6 +1530,14 @@ unsigned gg_node_unreachable(const struct gg_node *n, char *buf, size_t size)
 			len += (size_t)snprintf(buf + len, size - len, "%ssite %s: %s", count ? "; " : "", n->names[p],
 						down_reason(n, p, why, sizeof(why)));
 		count++;
+	}
+	/* Then the peers some streams reach, but not all. */
+	for (unsigned p = 0; p < n->sites; p++) {
+		uint64_t up = atomic_load(&n->ready[p]);
+		if (p == n->self || !up || up == n->all_streams || len >= size)
+			continue;
+		len += (size_t)snprintf(buf + len, size - len, "%ssite %s: %d of %d streams up", len ? "; " : "",
+					n->names[p], __builtin_popcountll(up), __builtin_popcountll(n->all_streams));
 	}
 	return count;
 }
@@ -1934,6 +1946,21 @@ int gg_node_test_receive(struct gg_node *n, unsigned peer, unsigned stream, cons
 	if (stream % n->nlanes)
 		return -EINVAL;
 	return gg_mesh_test_receive(n->lanes[0].mesh, peer, stream, bytes, len);
+}
+
+void gg_node_test_hold_mail(struct gg_node *n, unsigned lane, bool hold)
+{
+	if (lane < n->nlanes)
+		atomic_store_explicit(&n->lanes[lane].test_hold_mail, hold, memory_order_relaxed);
+}
+
+uint64_t gg_node_test_mail_waiting(const struct gg_node *n, unsigned peer)
+{
+	uint64_t waiting = atomic_load(&n->peer_mails[peer]);
+
+	for (unsigned l = 0; l < n->nlanes; l++)
+		waiting += atomic_load(&n->lanes[l].fwd_bytes[peer]);
+	return waiting;
 }
 
 void gg_node_test_freeze_at_result(struct gg_node *n)

@@ -52,8 +52,10 @@
 #include "wire.h"
 
 /* What a site whose ranks are all in adds to a step's deadline, with twice
- * its longest round trip (see "Failure" above). */
-#define GG_NODE_DEADLINE_GRACE_US 50000
+ * its longest round trip (see "Failure" above): enough for the ranks of
+ * the sites, which give their deadlines as they enter the step, to enter
+ * it apart by a busy host's scheduling. */
+#define GG_NODE_DEADLINE_GRACE_US 100000
 
 /* Jobs a gateway runs at once: each keeps its place from its first step
  * until its ranks are gone. */
@@ -275,8 +277,10 @@ void gg_node_end_job_why(struct gg_node *n, const char *job, const char *why);
 bool gg_node_connected(const struct gg_node *n);
 /* Peers with no stream up, each as "site X: why" (why its last stream went
  * down, or that it never connected and what this site's [[peers]] dial
- * setting for it leaves to the peer), joined by "; " into buf. Returns how
- * many there are. On lane 0's thread. */
+ * setting for it leaves to the peer), then those with some streams up but
+ * not all ("site X: 1 of 2 streams up": the stream_down lines say why),
+ * joined by "; " into buf. Returns how many have no stream up. On lane
+ * 0's thread. */
 unsigned gg_node_unreachable(const struct gg_node *n, char *buf, size_t size);
 
 /* Reloads certificates and key (SIGHUP); established streams keep theirs. */
@@ -302,6 +306,12 @@ GG_MUST_CHECK int gg_node_test_cut_stream(struct gg_node *n, unsigned peer, int 
  * whatever the peers' (gg_node_test_send_data() as a peer that ignores
  * their budgets). On lane 0's thread. */
 void gg_node_test_own_window(struct gg_node *n);
+/* Tests: lane `lane` takes no mail while `hold`, as a lane busy for long
+ * would not: what is posted to it waits. Let go before the node stops. */
+void gg_node_test_hold_mail(struct gg_node *n, unsigned lane, bool hold);
+/* Tests: what waits of `peer`'s messages for other lanes (bytes) and for
+ * the coordinator (mails): 0 once every lane and the coordinator took it. */
+uint64_t gg_node_test_mail_waiting(const struct gg_node *n, unsigned peer);
 /* Tests: from now on the node stops where a step's result is whole, as a
  * gateway that died at that moment would: no DONE, no completion. */
 void gg_node_test_freeze_at_result(struct gg_node *n);

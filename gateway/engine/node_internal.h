@@ -45,13 +45,14 @@ _Static_assert(LANE_JOBS >= 2 * MAX_JOBS, "a lane holds the jobs that run and as
  * key (an ABORT or END for each of many names, DATA for many jobs): per
  * peer and kind, twice what the jobs a gateway runs make in a second (an
  * abort and an end each); the rest are counted and said at the second's
- * end (gg_node_peer_logs_flush()). The coordinator logs the first five kinds,
- * the lanes the other two, each in a table of its own. The slot of this
+ * end (gg_node_peer_logs_flush()), at the kind's level. The coordinator
+ * logs the first five kinds, the lanes the other three, each in a table of
+ * its own. The slot of this
  * site counts what no peer caused: job_forgotten whatever made the new
  * job, job_ended (local users may open and close sessions at will),
  * early_data_dropped for a step that starts here. */
 enum peer_log { LOG_ABORT_RECORDED, LOG_PEER_JOB_ENDED, LOG_RERUN_REFUSED, LOG_JOB_FORGOTTEN, LOG_JOB_ENDED,
-		LOG_EARLY_DATA_DROPPED, LOG_DATA_DROPPED, PEER_LOGS };
+		LOG_EARLY_DATA_DROPPED, LOG_DATA_DROPPED, LOG_EARLY_DATA_REFUSED, PEER_LOGS };
 #define PEER_LINES (2 * MAX_JOBS)
 typedef struct gg_log_limit peer_logs[GG_AR_MAX_SITES][PEER_LOGS];
 
@@ -103,6 +104,8 @@ struct mail {
 	struct gg_mesh_via via;
 	int code;
 	bool forget;          /* M_END: the step failed; unsent DATA of it goes */
+	bool charged;         /* posted for a peer's message: counted against its budget until taken
+			       * (lane_forward(), coordinator_hears()) */
 	uint32_t sites;       /* M_FORGET_JOB: the sites, by bit, whose frames of the job still on the way are
 			       * let go when they come (the job ended there or here) */
 	uint64_t run;         /* M_FORGET_JOB: the run that ended at the one site in `sites`; 0: it ended
@@ -312,6 +315,11 @@ struct lane {
 	 * EARLY_ENTRY_BYTES (written by the lane only), and frames it let go
 	 * past its budget. */
 	atomic_uint_fast64_t early_bytes[GG_AR_MAX_SITES], early_refused;
+	/* Bytes of the mail other lanes posted here for each peer's messages
+	 * (DATA and ACKs of this lane's chunks), each with its mail, until it
+	 * is taken: within early_limit(), like the early frames. */
+	atomic_uint_fast64_t fwd_bytes[GG_AR_MAX_SITES];
+	atomic_bool test_hold_mail; /* gg_node_test_hold_mail() */
 	/* Its early frames by (job, site, run, step, chunk), to find the copy
 	 * of one sent again without a walk of a list that a peer may make
 	 * long: 2^early_bits chains, grown with the frames it keeps. */
@@ -466,6 +474,9 @@ struct gg_node {
 	struct lane *lanes;
 	/* Streams ready, per peer, by bit: written by the lanes that own them. */
 	atomic_uint_fast64_t ready[GG_AR_MAX_SITES];
+	/* Mail the lanes posted to the coordinator for each peer's messages
+	 * (ABORT, DONE, END, a new run), until it is taken: PEER_MAILS_MAX. */
+	atomic_uint_fast32_t peer_mails[GG_AR_MAX_SITES];
 	/* Since when (gg_monotonic_us()) no stream to the peer was up; 0 while
 	 * one is, or none ever was. Under down_lock, with the change of ready
 	 * that makes it so: lanes' streams go up and down in any order. */
@@ -630,6 +641,24 @@ static inline unsigned chunk_lane(const struct gg_node *n, const struct gg_ar_ch
 {
 	return id->chunk % n->nlanes;
 }
+
+/* What a lane keeps of a peer's frames for steps not started here, each
+ * with EARLY_ENTRY_BYTES, and of the mail other lanes post it for that
+ * peer's messages (each its own budget): half as much again as the
+ * window, and a frame on every stream. A peer that keeps to the window
+ * stays within both. */
+static inline uint64_t early_limit(const struct gg_node *n)
+{
+	const uint64_t window = n->cfg->limits.inflight_bytes_per_peer;
+
+	return window + window / 2 + (uint64_t)n->cfg->transport.streams_per_peer * (n->max_payload + EARLY_ENTRY_BYTES);
+}
+
+/* A peer's ABORT, DONE and END (up to one a stream for every step of every
+ * job) and new runs that wait for the coordinator, about 20 MB of mail:
+ * far past what jobs make, and a bound for a peer that sends them faster
+ * than the coordinator takes them. */
+#define PEER_MAILS_MAX 16384u
 
 static inline bool peer_log_now(peer_logs logs, unsigned site, enum peer_log kind, uint64_t now_us)
 {

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "acceptor.h"
 #include "log.h"
 #include "net_addr.h"
 #include "resolver.h"
@@ -43,6 +44,13 @@
 #define RATE_WINDOW_US 1000000 /* delivery rate: over this much time with DATA in flight */
 #define RTT_MIN_WINDOW_US 10000000 /* the shortest round trip: of this window and the one before */
 #define TUNE_US 250000 /* a stream's unsent bound and buffers are looked at this often */
+/* A stream that goes down within STEADY_US of coming up flapped; after
+ * FLAPS_BEFORE_BACKOFF flaps in a row its coming up no longer starts the
+ * back-off again (retry_later()): a link that resets each connection once
+ * data flows (a middlebox; frames re-sent that fail again) is dialed ever
+ * less often, up to reconnect_max apart, not every reconnect_min. */
+#define STEADY_US 1000000
+#define FLAPS_BEFORE_BACKOFF 3
 
 /* An outgoing message: a small head and, for DATA, a frame. */
 struct out {
@@ -73,6 +81,7 @@ struct conn {
 	bool handshake; /* accepted, HELLO not yet taken: in the handshake pool */
 	uint8_t ip[16]; /* handshake: the peer's address (IPv4 mapped into IPv6) */
 	uint64_t since_us; /* handshake: when it was accepted */
+	uint64_t ready_us; /* when it became ready */
 	int peer;    /* site index, -1 until known */
 	int stream;  /* stream number, -1 until known */
 	struct gg_mesh_handoff *moving; /* being handed to the lane that owns it */
@@ -125,6 +134,7 @@ struct rate_window {
 enum peer_log { PEER_LOG_UP, PEER_LOG_DOWN, PEER_LOG_RESTARTED, PEER_LOG_MISMATCH, PEER_LOGS };
 static const char *const peer_log_events[PEER_LOGS] = { "stream_up", "stream_down", "peer_restarted",
 							"peer_mismatch" };
+static const enum gg_log_level peer_log_levels[PEER_LOGS] = { GG_LOG_INFO, GG_LOG_WARN, GG_LOG_WARN, GG_LOG_ERROR };
 /* Connections that never proved a site's identity, which anyone who
  * reaches the port can make: this many lines a second. */
 #define UNAUTH_LINES 10
@@ -137,6 +147,7 @@ struct peer {
 	int dialing[GG_MESH_MAX_STREAMS];
 	uint64_t next_dial_us[GG_MESH_MAX_STREAMS];
 	uint64_t backoff_us[GG_MESH_MAX_STREAMS];
+	uint8_t flaps[GG_MESH_MAX_STREAMS]; /* the stream went down this often in a row within STEADY_US of up */
 	uint64_t instance_id;          /* 0 until the first HELLO */
 	uint64_t inflight_bytes;       /* the peer's inflight_per_peer, from its HELLO; 0 until then */
 	uint64_t held_us;              /* DATA kept over a restart waits for gg_mesh_release_peer() since; 0: none */
@@ -173,8 +184,8 @@ struct gg_mesh {
 	struct gg_tls_stream_options sopts;
 	struct gg_loop *loop;
 	struct gg_buf_pool *pool;
-	int listen_fd;
-	bool accept_busy; /* the multishot accept is armed */
+	struct gg_acceptor accept; /* the listening socket (fd -1: none) and its accept */
+	struct gg_log_limit accept_log; /* failed accepts: a line a second */
 	/* The table: stream_slots for streams this lane dials or holds, the
 	 * rest for the handshake pool (see size_table()). */
 	struct conn *conns;
@@ -235,6 +246,7 @@ static uint64_t log_limits_flush(struct gg_mesh *m)
 	next = GG_MIN(next, gg_log_limit_flush(&m->slot_warn, now, GG_LOG_WARN, "dial_deferred", ""));
 	next = GG_MIN(next, gg_log_limit_flush(&m->refusal_warn, now, GG_LOG_WARN, "handshake_refused", ""));
 	next = GG_MIN(next, gg_log_limit_flush(&m->evict_warn, now, GG_LOG_INFO, "handshake_evicted", ""));
+	next = GG_MIN(next, gg_log_limit_flush(&m->accept_log, now, GG_LOG_WARN, "accept_failed", ""));
 	for (unsigned p = 0; p < m->sites; p++) {
 		struct peer *pe = &m->peers[p];
 		char about[GG_WIRE_NAME_MAX + 8];
@@ -244,7 +256,7 @@ static uint64_t log_limits_flush(struct gg_mesh *m)
 		next = GG_MIN(next, gg_log_limit_flush(&pe->dial_warn, now, GG_LOG_WARN, "dial_refused", about));
 		next = GG_MIN(next, gg_log_limit_flush(&pe->accept_warn, now, GG_LOG_WARN, "stream_refused", about));
 		for (unsigned k = 0; k < PEER_LOGS; k++)
-			next = GG_MIN(next, gg_log_limit_flush(&pe->log[k], now, GG_LOG_WARN, peer_log_events[k],
+			next = GG_MIN(next, gg_log_limit_flush(&pe->log[k], now, peer_log_levels[k], peer_log_events[k],
 							       about));
 	}
 	return next;
@@ -1045,8 +1057,10 @@ static void stream_ready(struct gg_mesh *m, int ci)
 	struct conn *c = &m->conns[ci];
 
 	c->ready = true;
+	c->ready_us = m->loop->now_us;
 	check_buffers(m, c);
-	m->peers[c->peer].backoff_us[c->stream] = 0;
+	if (m->peers[c->peer].flaps[c->stream] < FLAPS_BEFORE_BACKOFF)
+		m->peers[c->peer].backoff_us[c->stream] = 0;
 	m->stats.peers[c->peer].stream_ups++;
 	if (c->dialer)
 		m->peers[c->peer].denied = false;
@@ -1245,7 +1259,10 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		rc = m->ops->on_control(m->owner, (unsigned)c->peer, &msg);
 		break;
 	}
-	if (rc)
+	if (rc == -ENOBUFS)
+		conn_close(m, ci, "the peer's messages wait here past this site's budget for them: it sends faster "
+			   "than this site takes them, beyond its window");
+	else if (rc)
 		conn_close(m, ci, "no memory for a received message");
 }
 
@@ -1367,7 +1384,8 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 
 /* The next dial of stream s to `p` waits out the stream's back-off, which
  * doubles with each loss up to reconnect_max and starts again from
- * reconnect_min once a connection for it is up. Where both sites dial,
+ * reconnect_min once a connection for it is up (once one stayed up for
+ * STEADY_US, after FLAPS_BEFORE_BACKOFF that did not). Where both sites dial,
  * the one whose name sorts second waits reconnect_min longer, so that the
  * first one's dial, which both keep, usually comes first. */
 static void retry_later(struct gg_mesh *m, unsigned p, int s)
@@ -1402,7 +1420,7 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		m->stats.duplicate_streams++;
 	}
 	if (peer_log_now(m, c->peer, PEER_LOG_DOWN))
-		gg_log(c->ready && !c->duplicate ? GG_LOG_WARN : GG_LOG_INFO, "stream_down",
+		gg_log(c->ready && !c->duplicate && !m->shutting_down ? GG_LOG_WARN : GG_LOG_INFO, "stream_down",
 		       "site=%s stream=%d reason=\"%s\"", c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
 	bool was_ready = c->ready;
 	c->ready = false;
@@ -1418,6 +1436,18 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		return;
 	struct peer *pe = &m->peers[c->peer];
 	bool current = pe->conn[c->stream] == ci;
+	/* A connection that stayed up clears the stream's flaps (whether it
+	 * still carried the stream, or one the peer made took its place); the
+	 * stream's own that goes down early adds one. */
+	if (was_ready && !c->duplicate) {
+		uint8_t *flaps = &pe->flaps[c->stream];
+		if (m->loop->now_us - c->ready_us >= STEADY_US) {
+			*flaps = 0;
+			pe->backoff_us[c->stream] = 0;
+		} else if (current && *flaps < UINT8_MAX) {
+			++*flaps;
+		}
+	}
 	if (c->dialer || (current && was_ready))
 		retry_later(m, (unsigned)c->peer, c->stream);
 	if (pe->dialing[c->stream] == ci)
@@ -1824,12 +1854,12 @@ void gg_mesh_adopt(struct gg_mesh *m, struct gg_mesh_handoff *h)
  * cancelled first, and the socket closed once the accept has ended. */
 static void stop_listening(struct gg_mesh *m)
 {
-	if (m->listen_fd < 0)
+	if (m->accept.fd < 0)
 		return;
-	if (m->accept_busy && !gg_loop_cancel_fd(m->loop, m->listen_fd, gg_loop_ud(GG_OP_CANCEL, LISTENER_INDEX, 0)))
+	if (m->accept.armed && !gg_loop_cancel_fd(m->loop, m->accept.fd, gg_loop_ud(GG_OP_CANCEL, LISTENER_INDEX, 0)))
 		return;
-	close(m->listen_fd);
-	m->listen_fd = -1;
+	close(m->accept.fd);
+	m->accept.fd = -1;
 }
 
 bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
@@ -1838,19 +1868,20 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 	uint32_t i = gg_loop_ud_index(cqe->user_data);
 
 	switch (kind) {
-	case GG_OP_ACCEPT:
-		if (cqe->res >= 0)
-			accept_conn(m, cqe->res);
-		if (cqe->flags & IORING_CQE_F_MORE)
-			return true;
-		m->accept_busy = false;
-		if (m->shutting_down)
+	case GG_OP_ACCEPT: {
+		/* Armed again at once, or, where accepting fails (out of
+		 * descriptors), a little later: peers cannot connect meanwhile,
+		 * which the log says once a second. */
+		int fd = gg_acceptor_on_cqe(&m->accept, cqe, m->shutting_down || m->accept.fd < 0);
+		if (fd >= 0)
+			accept_conn(m, fd);
+		else if (fd != -ECANCELED && !m->shutting_down && gg_log_limit_now(&m->accept_log, m->loop->now_us, 1))
+			gg_log(GG_LOG_WARN, "accept_failed", "listen=%s reason=\"%s: peers cannot connect until it "
+			       "works again\"", m->cfg->site.listen, strerror(-fd));
+		if (m->shutting_down && !m->accept.armed)
 			stop_listening(m);
-		else if (m->listen_fd >= 0 && gg_loop_accept(m->loop, m->listen_fd, cqe->user_data))
-			gg_log(GG_LOG_ERROR, "accept_failed", "reason=\"cannot re-arm accept\"");
-		else
-			m->accept_busy = m->listen_fd >= 0;
 		return true;
+	}
 	case GG_OP_CONNECT:
 	case GG_OP_RECV:
 	case GG_OP_SEND:
@@ -1901,6 +1932,9 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		m->stall_grace_us = now + cfg->transport.heartbeat_timeout_us;
 	m->tick_last_us = now;
 	admit_waiting(m);
+	uint64_t rearm = gg_acceptor_tick(&m->accept, now, m->shutting_down || m->accept.fd < 0);
+	if (rearm)
+		next = GG_MIN(next, rearm);
 	for (unsigned p = 0; p < m->sites; p++)
 		if (m->peers[p].held_us && now - m->peers[p].held_us > HELD_MAX_US)
 			gg_mesh_release_peer(m, p);
@@ -2124,7 +2158,7 @@ bool gg_mesh_flushed(const struct gg_mesh *m)
 
 bool gg_mesh_idle(const struct gg_mesh *m)
 {
-	if (m->accept_busy)
+	if (m->accept.armed)
 		return false;
 	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used)
@@ -2177,7 +2211,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 	m->pool = mc->pool;
 	m->max_payload = mc->max_payload_bytes;
 	m->hello = *mc->hello;
-	m->listen_fd = -1;
+	m->accept = (struct gg_acceptor){ .loop = m->loop, .fd = -1, .ud = gg_loop_ud(GG_OP_ACCEPT, 0, 0) };
 	m->admit_fd = -1;
 	gg_net_buffer_limits(&m->buffer_limits);
 	m->lanes = mc->lanes ? mc->lanes : 1;
@@ -2237,17 +2271,16 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		rc = gg_errf(err, err_size, -EINVAL, "listen address %s: %s", cfg->site.listen, why);
 		goto fail;
 	}
-	m->listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 128);
-	if (m->listen_fd < 0) {
-		rc = gg_errf(err, err_size, m->listen_fd, "cannot listen on %s: %s", cfg->site.listen,
-			     strerror(-m->listen_fd));
+	m->accept.fd = gg_net_listen((struct sockaddr *)&ss, len, 128);
+	if (m->accept.fd < 0) {
+		rc = gg_errf(err, err_size, m->accept.fd, "cannot listen on %s: %s", cfg->site.listen,
+			     strerror(-m->accept.fd));
 		goto fail;
 	}
-	if ((rc = gg_loop_accept(m->loop, m->listen_fd, gg_loop_ud(GG_OP_ACCEPT, 0, 0)))) {
+	if ((rc = gg_acceptor_arm(&m->accept))) {
 		gg_errf(err, err_size, rc, "cannot accept on %s: %s", cfg->site.listen, strerror(-rc));
 		goto fail;
 	}
-	m->accept_busy = true;
 	*out = m;
 	return 0;
 fail:
@@ -2257,7 +2290,7 @@ fail:
 
 static bool in_flight(const struct gg_mesh *m)
 {
-	if (m->accept_busy)
+	if (m->accept.armed)
 		return true;
 	for (int ci = 0; ci < m->conn_cap; ci++)
 		if (m->conns[ci].used && gg_tls_stream_busy(&m->conns[ci].ts))
@@ -2277,7 +2310,7 @@ static void teardown_cqe(void *arg, const struct io_uring_cqe *cqe)
 		if (cqe->res >= 0)
 			close(cqe->res);
 		if (!(cqe->flags & IORING_CQE_F_MORE))
-			m->accept_busy = false;
+			m->accept.armed = false;
 		break;
 	case GG_OP_CONNECT:
 	case GG_OP_RECV:
@@ -2331,8 +2364,8 @@ void gg_mesh_free(struct gg_mesh *m)
 		free_list(m->peers[p].unacked);
 		free_list(m->peers[p].waiting);
 	}
-	if (m->listen_fd >= 0)
-		close(m->listen_fd);
+	if (m->accept.fd >= 0)
+		close(m->accept.fd);
 	if (m->admit_fd >= 0)
 		close(m->admit_fd);
 	if (m->own_resolver)

@@ -82,10 +82,11 @@ struct gg_mesh_via {
 };
 
 /* What the mesh tells its owner, on the mesh's thread. The three that hand
- * over a message return 0, or -ENOMEM when the owner could not take it:
- * the mesh then closes the stream, and the peer sends again, on the next
- * one, what it had not seen acknowledged or answered (DATA, DONE, ABORT,
- * END), as it does after any cut. */
+ * over a message return 0, or -ENOMEM when the owner could not take it,
+ * or -ENOBUFS when the peer's messages already wait past the owner's
+ * bound for them: the mesh then closes the stream (saying which), and the
+ * peer sends again, on the next one, what it had not seen acknowledged or
+ * answered (DATA, DONE, ABORT, END), as it does after any cut. */
 struct gg_mesh_ops {
 	/* DATA from `peer` on stream `via`: `m` points into `payload`, which the
 	 * owner may keep with gg_buf_get(). The owner acknowledges it

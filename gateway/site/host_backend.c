@@ -17,17 +17,32 @@
 
 #include "fileio.h"
 
-void hb_log(struct gg_host_backend *b, const char *fmt, ...)
+GG_PRINTF(3, 0) static void hb_vlog(struct gg_host_backend *b, bool fault, const char *fmt, va_list ap)
 {
 	char line[512];
-	va_list ap;
 
 	if (!b->opts.log)
 		return;
-	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
+	b->opts.log(b->opts.log_arg, fault, line);
+}
+
+void hb_log(struct gg_host_backend *b, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	hb_vlog(b, false, fmt, ap);
 	va_end(ap);
-	b->opts.log(b->opts.log_arg, line);
+}
+
+void hb_warn(struct gg_host_backend *b, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	hb_vlog(b, true, fmt, ap);
+	va_end(ap);
 }
 
 /* ---- the seam ----------------------------------------------------------- */
@@ -64,7 +79,7 @@ static bool hb_on_cqe(struct gg_site_backend *base, const struct io_uring_cqe *c
 	uint32_t index = gg_loop_ud_index(cqe->user_data);
 	struct hb_conn *c = index < hb_slots(b) ? &b->conns[index] : NULL;
 	if (!c || c->state == C_FREE || c->gen != gg_loop_ud_aux(cqe->user_data)) {
-		hb_log(b, "completion for a control connection that is gone (slot %u)", index);
+		hb_warn(b, "completion for a control connection that is gone (slot %u)", index);
 		return true;
 	}
 	if (kind == K_RECV)
@@ -131,8 +146,9 @@ static uint64_t hb_tick(struct gg_site_backend *base, uint64_t now_us)
 		next = hb_min_deadline(next, j->with_core || j->nccl_phase || j->broken ? 0 : j->deadline_us);
 	}
 	/* Lines left out of the log are told once their second is over. */
-	next = hb_tell_held(b, &b->refusal_log, "refused", next);
-	next = hb_tell_held(b, &b->session_log, "ranks came or left", next);
+	next = hb_tell_held(b, &b->refusal_log, false, "refused", next);
+	next = hb_tell_held(b, &b->session_log, false, "ranks came or left", next);
+	next = hb_tell_held(b, &b->accept_log, true, "failed accepts", next);
 	/* Connections held for what was let go of end at the next turn. */
 	if (hb_deferred_free(b))
 		next = hb_min_deadline(next, now_us);
@@ -147,7 +163,7 @@ void gg_host_backend_complete(struct gg_host_backend *b, struct gg_site_step *st
 	if (!message || !*message)
 		message = gg_strerror(status);
 	if (step->backend != &b->base || !j->with_core) {
-		hb_log(b, "the core completed step %llu of job '%s', which it does not hold",
+		hb_warn(b, "the core completed step %llu of job '%s', which it does not hold",
 		       (unsigned long long)step->seq, step->job);
 		return;
 	}
@@ -479,7 +495,7 @@ static void check_socket_path(struct gg_host_backend *b, uint64_t now_us)
 	if (!stat(b->path, &st)) {
 		if ((st.st_dev != b->listen_dev || st.st_ino != b->listen_ino) && !b->path_taken_said) {
 			b->path_taken_said = true;
-			hb_log(b, "control socket %s: another file took its path: ranks that connect there do not "
+			hb_warn(b, "control socket %s: another file took its path: ranks that connect there do not "
 			       "reach this gateway", b->path);
 		}
 		return;
@@ -489,7 +505,7 @@ static void check_socket_path(struct gg_host_backend *b, uint64_t now_us)
 	const int old = b->listen_fd;
 	if (listen_locked(b, err, sizeof(err))) {
 		if (!b->path_remake_said)
-			hb_log(b, "control socket %s was removed, and cannot be made again (%s): ranks cannot connect; "
+			hb_warn(b, "control socket %s was removed, and cannot be made again (%s): ranks cannot connect; "
 			       "restart the gateway", b->path, err);
 		b->path_remake_said = true;
 		return;

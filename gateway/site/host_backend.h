@@ -69,8 +69,10 @@ struct gg_host_backend_options {
 	bool user_shares;
 	unsigned max_jobs;
 	unsigned kind_base;         /* >= GG_OP_USER; kinds kind_base..+GG_HOST_BACKEND_KINDS-1 */
-	/* Called for refusals, protocol errors and failed steps; NULL: quiet. */
-	void (*log)(void *arg, const char *line);
+	/* Called for refusals, protocol errors and failed steps, and with
+	 * `fault` for failures of the gateway's own (its socket, its ring);
+	 * NULL: quiet. */
+	void (*log)(void *arg, bool fault, const char *line);
 	void *log_arg;
 	/* Answers a STATUS request (control_proto.h): writes STATUS_SITE and
 	 * the messages it announces, at most `max`, into `out` and returns how

@@ -36,7 +36,7 @@ void hb_out_kick(struct gg_host_backend *b, struct hb_conn *c)
 	if (rc) {
 		/* Callers may be walking a job's ranks: the connection is
 		 * dropped in the next tick, not under their feet. */
-		hb_log(b, "control connection %u: cannot queue a send: %s", c->index, strerror(-rc));
+		hb_warn(b, "control connection %u: cannot queue a send: %s", c->index, strerror(-rc));
 		c->io_error = rc;
 		return;
 	}
@@ -202,14 +202,17 @@ bool hb_session_log_now(struct gg_host_backend *b)
 	return gg_log_limit_now(&b->session_log, b->loop->now_us, 2 * b->opts.max_clients + 16);
 }
 
-/* Says, once its second is over, how many lines a limit held back; returns
+/* Says, once its second is over, how many lines a limit held back (a
+ * warning where they were: `fault`); returns
  * the earlier of `next` and when to look again. */
-uint64_t hb_tell_held(struct gg_host_backend *b, struct gg_log_limit *l, const char *what, uint64_t next)
+uint64_t hb_tell_held(struct gg_host_backend *b, struct gg_log_limit *l, bool fault, const char *what, uint64_t next)
 {
 	uint64_t again = UINT64_MAX;
 	unsigned held = gg_log_limit_take(l, b->loop->now_us, &again);
 
-	if (held)
+	if (held && fault)
+		hb_warn(b, "control connections: %u more %s, not logged", held, what);
+	else if (held)
 		hb_log(b, "control connections: %u more %s, not logged", held, what);
 	return again == UINT64_MAX ? next : hb_min_deadline(next, again);
 }
@@ -523,7 +526,7 @@ void hb_arm_recv(struct gg_host_backend *b, struct hb_conn *c)
 	c->mh.msg_controllen = sizeof(c->cbuf);
 	int rc = gg_loop_recvmsg(b->loop, c->fd, &c->mh, MSG_TRUNC | MSG_CMSG_CLOEXEC, hb_ud(b, K_RECV, c));
 	if (rc) {
-		hb_log(b, "control connection %u: cannot queue a receive: %s", c->index, strerror(-rc));
+		hb_warn(b, "control connection %u: cannot queue a receive: %s", c->index, strerror(-rc));
 		hb_conn_lost(b, c, rc);
 		return;
 	}

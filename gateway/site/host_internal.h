@@ -215,6 +215,7 @@ struct gg_host_backend {
 	struct hb_job *jobs;
 	struct gg_log_limit refusal_log; /* REFUSALS_LOGGED a second */
 	struct gg_log_limit session_log; /* ranks coming and going: hb_session_log_now() */
+	struct gg_log_limit accept_log;  /* failed accepts: a line a second */
 	/* New connections that found every slot taken while an idle job's
 	 * sessions close: they get the first slots that free, in order, or
 	 * are refused at their deadline. */
@@ -246,6 +247,9 @@ struct gg_host_backend {
 };
 
 GG_PRINTF(2, 3) void hb_log(struct gg_host_backend *b, const char *fmt, ...);
+/* The same for a fault of the gateway's own (its socket, its ring): a
+ * warning, where hb_log()'s lines (ranks, refusals, steps) are news. */
+GG_PRINTF(2, 3) void hb_warn(struct gg_host_backend *b, const char *fmt, ...);
 
 static inline uint64_t hb_ud(const struct gg_host_backend *b, unsigned kind, const struct hb_conn *c)
 {
@@ -281,7 +285,7 @@ bool hb_conn_holds_gpu(const struct gg_host_backend *b, const struct hb_conn *c)
 void hb_conn_settle(struct gg_host_backend *b, struct hb_conn *c, uint64_t now_us);
 bool hb_keep_for_core(struct hb_conn *c, unsigned id);
 bool hb_session_log_now(struct gg_host_backend *b);
-uint64_t hb_tell_held(struct gg_host_backend *b, struct gg_log_limit *l, const char *what, uint64_t next);
+uint64_t hb_tell_held(struct gg_host_backend *b, struct gg_log_limit *l, bool fault, const char *what, uint64_t next);
 void hb_conn_closing(struct gg_host_backend *b, struct hb_conn *c);
 void hb_conn_lost(struct gg_host_backend *b, struct hb_conn *c, int err);
 GG_PRINTF(4, 5) void hb_conn_refuse(struct gg_host_backend *b, struct hb_conn *c, int code, const char *fmt, ...);

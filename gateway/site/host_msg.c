@@ -810,7 +810,7 @@ void hb_arm_accept(struct gg_host_backend *b)
 	int rc = gg_acceptor_arm(&b->accept);
 
 	if (rc)
-		hb_log(b, "control socket %s: cannot queue accept: %s", b->path, strerror(-rc));
+		hb_warn(b, "control socket %s: cannot queue accept: %s", b->path, strerror(-rc));
 }
 
 void hb_on_accept(struct gg_host_backend *b, const struct io_uring_cqe *cqe)
@@ -821,6 +821,8 @@ void hb_on_accept(struct gg_host_backend *b, const struct io_uring_cqe *cqe)
 		hb_refuse_waited(b, fd); /* says the gateway is shutting down */
 	else if (fd >= 0)
 		hb_conn_new(b, fd);
-	else if (fd != -ECANCELED)
-		hb_log(b, "control socket %s: accept: %s", b->path, strerror(-fd));
+	else if (fd != -ECANCELED && gg_log_limit_now(&b->accept_log, b->loop->now_us, 1))
+		/* Tried again every GG_ACCEPT_RETRY_US while it fails (out of
+		 * descriptors): a line a second, and how many more. */
+		hb_warn(b, "control socket %s: accept: %s", b->path, strerror(-fd));
 }

@@ -141,10 +141,10 @@ static int core_abort(void *core, const char *job, uint64_t seq, int code, const
 
 static const struct gg_core_ops core_ops = { .submit = core_submit, .abort = core_abort };
 
-static void log_line(void *arg, const char *line)
+static void log_line(void *arg, bool fault, const char *line)
 {
 	(void)arg;
-	fprintf(stderr, "gateway: %s\n", line);
+	fprintf(stderr, "gateway: %s%s\n", fault ? "(fault) " : "", line);
 }
 
 /* Completes held step i: with the sum, or failed as a lost peer would. */

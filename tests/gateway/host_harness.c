@@ -22,13 +22,15 @@ struct loop_ctx {
 	unsigned aborts_too_late; /* CORE_PROMISED: aborts answered -EALREADY, not yet acted on */
 };
 
-static void on_log(void *arg, const char *line)
+static void on_log(void *arg, bool fault, const char *line)
 {
 	struct harness *h = arg;
 	unsigned held;
 
 	if (getenv("GG_TEST_VERBOSE"))
-		fprintf(stderr, "gateway: %s\n", line);
+		fprintf(stderr, "gateway: %s%s\n", fault ? "(fault) " : "", line);
+	if (fault)
+		atomic_fetch_add(&h->fault_lines, 1);
 	if (!strncmp(line, "control connection", 18) && strstr(line, " refused: ")) {
 		atomic_fetch_add(&h->refusal_lines, 1);
 	} else if (!strncmp(line, "rank ", 5) && strstr(line, " of job '")) {

@@ -86,6 +86,7 @@ struct harness {
 	atomic_uint refusals_unlogged; /* refusals those lines say were left out */
 	atomic_uint session_lines;     /* "rank R of job 'J' ..." lines: a rank came or left */
 	atomic_uint sessions_unlogged; /* such lines the backend says it left out */
+	atomic_uint fault_lines;       /* lines of faults of the gateway's own (warnings) */
 	/* Steps from this one on failed at another site, as the core says
 	 * (fail_unstarted) and fails them when submitted; 0: none. */
 	atomic_ullong failed_from;

@@ -5,6 +5,9 @@
  *   dial-setup-fails  dials fail to start (no file descriptors left): the
  *                     mesh still connects once they come back, and
  *                     shuts down to idle
+ *   accept-fails       a connection comes while no descriptor is left: the
+ *                     listener says so once a second, tries again every
+ *                     100 ms, and takes it once descriptors are back
  *   ack-at-full-queue ACKs owed while the stream they go on has a full
  *                     send queue still reach the sender
  *   teardown-in-flight a mesh freed with I/O in flight leaves nothing in
@@ -33,12 +36,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gg_check.h"
 #include "gg_sites.h"
 #include "log.h"
+#include "log_capture.h"
 #include "mesh.h"
 #include "net_addr.h"
 
@@ -339,6 +345,104 @@ static void dial_setup_fails(void)
 	CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0, "restoring the file limit: %s", strerror(errno));
 	CHECK(!gg_mesh_connected(ms.sites[0].mesh), "s0 connected without file descriptors");
 	CHECK(turn_until(&ms, all_connected, 5), "the mesh did not connect once descriptors were back");
+	mesh_set_fini(&ms);
+}
+
+/* A connection to `listen` from a process of its own, which sends bytes
+ * that are no ClientHello: exits 0 once the listener's side closed it
+ * (accepted, then refused), 1 when nothing came for 10 s. */
+static pid_t connect_elsewhere(const char *listen, const int *fds, int nfds)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	const char *why;
+
+	if (gg_net_addr_parse(listen, &ss, &len, &why))
+		return -1;
+	pid_t pid = fork();
+	if (pid)
+		return pid;
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+	struct timeval tv = { .tv_sec = 10 };
+	char buf[4096];
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) ||
+	    connect(fd, (struct sockaddr *)&ss, len) || send(fd, "hello\r\n", 7, MSG_NOSIGNAL) != 7)
+		_exit(2);
+	ssize_t n;
+	while ((n = recv(fd, buf, sizeof(buf), 0)) > 0)
+		;
+	_exit(n == 0 || errno == ECONNRESET ? 0 : 1);
+}
+
+/* s1 listens while no file descriptor is left, so a connection that comes
+ * cannot be accepted (EMFILE): s1 says so, once a second, and tries again
+ * every 100 ms, where it re-armed the accept at once before, without a
+ * word, to fail again as fast as the kernel answered. Once descriptors
+ * are back, the connection that waited is taken. */
+static void accept_fails(void)
+{
+	struct mesh_set ms;
+	struct rlimit old, low;
+	struct capture cap;
+	static char text[1 << 16];
+	int fill[256], nfill = 0, status = -1;
+
+	if (mesh_set_init(&ms, 2, 1, "2s")) {
+		CHECK(0, "set-up");
+		return;
+	}
+	int lowest = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (lowest < 0 || getrlimit(RLIMIT_NOFILE, &old) || !capture_start(&cap)) {
+		CHECK(0, "file limits: %s", strerror(errno));
+		return;
+	}
+	close(lowest);
+	/* The kernel keeps the limit an accept was armed under: room for
+	 * s1's start, then what is left is taken. */
+	low = old;
+	low.rlim_cur = (rlim_t)lowest + 64;
+	CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0, "lowering the file limit: %s", strerror(errno));
+	if (site_start(&ms, 1)) {
+		CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0, "restoring the file limit: %s", strerror(errno));
+		capture_end(&cap, text, sizeof(text));
+		CHECK(0, "s1 starts: %.500s", text);
+		return;
+	}
+	for (int fd; nfill < (int)GG_ARRAY_LEN(fill) && (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;)
+		fill[nfill++] = fd;
+	pid_t child = connect_elsewhere(ms.sites[1].cfg.site.listen, fill, nfill);
+	CHECK(child > 0, "cannot start the connecting process");
+	uint64_t start = now_us();
+	while (now_us() - start < 1500000)
+		turn(&ms);
+	uint64_t out_us = now_us() - start;
+	while (nfill)
+		close(fill[--nfill]);
+	CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0, "restoring the file limit: %s", strerror(errno));
+	/* Taken once descriptors are back: the child hears the refusal. */
+	for (start = now_us(); child > 0 && now_us() - start < 5000000;) {
+		turn(&ms);
+		if (waitpid(child, &status, WNOHANG) == child)
+			child = 0;
+	}
+	if (child > 0) {
+		kill(child, SIGKILL);
+		waitpid(child, NULL, 0);
+	}
+	capture_end(&cap, text, sizeof(text));
+	unsigned lines = 0;
+	for (const char *p = text; (p = strstr(p, " event=accept_failed ")); p++)
+		lines++;
+	printf("  %u accept_failed lines in %.1f s out of descriptors\n", lines, (double)out_us / 1e6);
+	CHECK(strstr(text, "level=warn event=accept_failed listen=127.0.0.1:") &&
+		      strstr(text, "reason=\"Too many open files: peers cannot connect until it works again\""),
+	      "no accept_failed warning naming the cause: %.500s", text);
+	CHECK(lines >= 1 && lines <= out_us / 1000000 + 1, "%u accept_failed lines in %llu ms", lines,
+	      (unsigned long long)out_us / 1000);
+	CHECK(child == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "the connection that waited was not taken once descriptors were back (status %d)", status);
 	mesh_set_fini(&ms);
 }
 
@@ -740,6 +844,7 @@ static const struct {
 	void (*run)(void);
 } cases[] = {
 	{ "dial-setup-fails", dial_setup_fails },
+	{ "accept-fails", accept_fails },
 	{ "ack-at-full-queue", ack_at_full_queue },
 	{ "teardown-in-flight", teardown_in_flight },
 	{ "at-the-limits", at_the_limits },

@@ -96,6 +96,7 @@
 #include "gradgate.h"
 #include "gg_sites.h"
 #include "log.h"
+#include "log_capture.h"
 #include "net_addr.h"
 #include "node.h"
 
@@ -221,43 +222,6 @@ static void turns(struct gg_node *node, int n)
 {
 	for (int i = 0; i < n; i++)
 		CHECK(gg_node_run_once(node, 0, NULL, NULL) == 0, "the node's loop failed");
-}
-
-/* The node's log lines at info and above, from capture_start() to
- * capture_end(). */
-struct capture {
-	FILE *log;
-	int saved;
-};
-
-static bool capture_start(struct capture *c)
-{
-	c->log = tmpfile();
-	c->saved = dup(STDERR_FILENO);
-	CHECK(c->log && c->saved >= 0, "cannot capture the log");
-	if (!c->log || c->saved < 0) {
-		if (c->log)
-			fclose(c->log);
-		if (c->saved >= 0)
-			close(c->saved);
-		return false;
-	}
-	fflush(stderr);
-	dup2(fileno(c->log), STDERR_FILENO);
-	gg_log_set_level(GG_LOG_INFO);
-	return true;
-}
-
-/* Ends the capture and leaves what it holds in text (cut short to size). */
-static void capture_end(struct capture *c, char *text, size_t size)
-{
-	gg_log_set_level(GG_LOG_ERROR);
-	fflush(stderr);
-	dup2(c->saved, STDERR_FILENO);
-	close(c->saved);
-	rewind(c->log);
-	text[fread(text, 1, size - 1, c->log)] = '\0';
-	fclose(c->log);
 }
 
 /* s0 aborted step 1 of job "acks" before s1 started it; its DATA comes
@@ -847,14 +811,16 @@ static void run_marks(struct gg_node *node, const struct gg_config *cfg, struct 
 }
 
 /* Lines of `event` in the log, and what the lines_unlogged lines of it
- * (with `about`, "" for none) say were left out. */
-static unsigned count_lines(const char *text, const char *event, const char *about, unsigned *unlogged)
+ * (with `about`, "" for none), at the event's `level`, say were left out. */
+static unsigned count_lines(const char *text, const char *event, const char *level, const char *about,
+			    unsigned *unlogged)
 {
 	char key[96], held[160];
 	unsigned lines = 0, n;
 
 	snprintf(key, sizeof(key), " event=%s ", event);
-	snprintf(held, sizeof(held), " event=lines_unlogged of=%s %s%scount=", event, about, *about ? " " : "");
+	snprintf(held, sizeof(held), " level=%s event=lines_unlogged of=%s %s%scount=", level, event, about,
+		 *about ? " " : "");
 	*unlogged = 0;
 	for (const char *p = text; (p = strstr(p, key)); p++)
 		lines++;
@@ -888,16 +854,16 @@ static void run_log_flood(struct gg_node *node, const struct gg_config *cfg, str
 {
 	enum { NAMES = 200, REPEATS = 1000, RECONNECTS = 200, TEXT = 1 << 20 };
 	static const struct {
-		const char *event, *about;
+		const char *event, *level, *about;
 		unsigned limit, sent; /* sent: 0 where the node decides how many (evictions) */
 	} kinds[] = {
-		{ "early_data_dropped", "site=s0", 64, 0 },
-		{ "peer_job_ended", "site=s0", 64, REPEATS },
-		{ "abort_recorded", "site=s0", 64, REPEATS + NAMES },
-		{ "job_forgotten", "", 64, 0 },
-		{ "job_ended", "", 64, NAMES },
-		{ "stream_up", "site=s0", 16, RECONNECTS },
-		{ "peer_restarted", "site=s0", 16, RECONNECTS },
+		{ "early_data_dropped", "warn", "site=s0", 64, 0 },
+		{ "peer_job_ended", "info", "site=s0", 64, REPEATS },
+		{ "abort_recorded", "info", "site=s0", 64, REPEATS + NAMES },
+		{ "job_forgotten", "info", "", 64, 0 },
+		{ "job_ended", "info", "", 64, NAMES },
+		{ "stream_up", "info", "site=s0", 16, RECONNECTS },
+		{ "peer_restarted", "warn", "site=s0", 16, RECONNECTS },
 	};
 	uint8_t msg[512];
 	char job[16];
@@ -949,11 +915,12 @@ static void run_log_flood(struct gg_node *node, const struct gg_config *cfg, str
 	turns_for(node, 1300000);
 	capture_end(&cap, text, TEXT);
 	for (unsigned k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
-		unsigned unlogged, lines = count_lines(text, kinds[k].event, kinds[k].about, &unlogged);
+		unsigned unlogged, lines = count_lines(text, kinds[k].event, kinds[k].level, kinds[k].about, &unlogged);
 		printf("  %s: %u logged, %u left out\n", kinds[k].event, lines, unlogged);
 		CHECK(lines <= seconds * kinds[k].limit, "%u lines of %s, more than %u a second in %u seconds", lines,
 		      kinds[k].event, kinds[k].limit, seconds);
-		CHECK(unlogged > 0, "no lines_unlogged line of %s said what the limit left out", kinds[k].event);
+		CHECK(unlogged > 0, "no lines_unlogged line of %s, at %s, said what the limit left out", kinds[k].event,
+		      kinds[k].level);
 		if (kinds[k].sent)
 			CHECK(lines + unlogged == kinds[k].sent, "%s: %u logged and %u left out, not the %u sent",
 			      kinds[k].event, lines, unlogged, kinds[k].sent);

@@ -19,12 +19,22 @@
  *   codec         s0 sends its frame in int8 where both sites' HELLOs
  *                 agreed on fp32: the step fails, naming both codecs,
  *                 rather than adding int8's numbers.
+ *   lane-flood    two lanes; lane 1 takes no mail meanwhile, as a lane
+ *                 busy for long would not. s0's DATA of lane 1's chunks
+ *                 on lane 0's stream waits for it within lane 1's budget
+ *                 for s0 (early frames': 1.5 x inflight_per_peer and a
+ *                 frame a stream), empty frames counted at their own size
+ *                 and not a chunk's; past it the stream closes, saying
+ *                 why. Then ABORTs for the coordinator, which does not
+ *                 turn meanwhile: 16384 wait, and the next closes the
+ *                 stream. Before, such mail queued without bound.
  *
  *   test_node_peer_frames CERT_DIR  (certificates from examples/make-certs.sh) */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "frame.h"
 #include "gg_check.h"
@@ -32,12 +42,13 @@
 #include "gg_sites.h"
 #include "gradgate.h"
 #include "log.h"
+#include "log_capture.h"
 #include "net_addr.h"
 #include "node.h"
 
 #define COUNT 1000u /* elements: one chunk */
 
-enum scenario { EARLY_FLOOD, BLAME, CODEC };
+enum scenario { EARLY_FLOOD, BLAME, CODEC, LANE_FLOOD };
 
 struct outcome {
 	bool done;
@@ -84,11 +95,11 @@ static void turns(struct gg_node *node, int n)
  * elements, all `value`) as site `origin` sends it by `algorithm`, in
  * `codec`; `frame_bytes` 0 sends an empty frame. Its length; 0 when it
  * cannot be made. */
-static size_t make_data(const struct gg_config *cfg, const char *job, uint64_t step, unsigned origin,
+static size_t make_data(const struct gg_config *cfg, const char *job, uint64_t step, unsigned origin, uint32_t chunk,
 			enum gg_codec codec, bool empty, float value, uint8_t *msg, size_t cap)
 {
 	struct gg_wire_step ws = { .run = 5, .step = step, .count = COUNT, .tensor_id = 1, .dtype = GG_WIRE_F32 };
-	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = (uint8_t)origin, .chunk = 0 };
+	struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = (uint8_t)origin, .chunk = chunk };
 	struct gg_frame_config fc = { .codec = gg_codec_defaults(codec), .max_elems = COUNT };
 	struct gg_frame_encoder enc;
 	static float x[COUNT];
@@ -122,7 +133,7 @@ static void early_flood(struct gg_node *node, const struct gg_config *cfg)
 	uint64_t most = 0;
 
 	for (uint64_t step = 2; step < 2002; step++) {
-		size_t len = make_data(cfg, "flood", step, 0, GG_CODEC_FP32, true, 0, msg, sizeof(msg));
+		size_t len = make_data(cfg, "flood", step, 0, 0, GG_CODEC_FP32, true, 0, msg, sizeof(msg));
 		CHECK(len && gg_node_test_receive(node, 0, 0, msg, len) == 0, "DATA of step %llu",
 		      (unsigned long long)step);
 		turns(node, 1);
@@ -139,6 +150,99 @@ static void early_flood(struct gg_node *node, const struct gg_config *cfg)
 	      (unsigned long long)most, (unsigned long long)window, (unsigned long long)budget);
 	CHECK(st->early_refused > 0, "none of 2000 empty frames was refused: they cost nothing of the budget");
 	CHECK(acks_sent == 0, "%u ACKs of frames for steps not started here", acks_sent);
+}
+
+/* Sends s0's messages made by make(i) on stream 0 until the stream closes
+ * (or `most` went); how many it took before the one it closed on. */
+static unsigned until_closed(struct gg_node *node, size_t (*make)(const struct gg_config *, unsigned, uint8_t *, size_t),
+			     const struct gg_config *cfg, unsigned most)
+{
+	static uint8_t msg[8192];
+
+	for (unsigned i = 0; i < most; i++) {
+		size_t len = make(cfg, i, msg, sizeof(msg));
+		if (!len) {
+			CHECK(0, "cannot make message %u", i);
+			return i;
+		}
+		if (gg_node_test_receive(node, 0, 0, msg, len))
+			return i - 1;
+	}
+	return most;
+}
+
+static size_t full_frame(const struct gg_config *cfg, unsigned i, uint8_t *msg, size_t cap)
+{
+	return make_data(cfg, "lanes", 2 + i, 0, 1, GG_CODEC_FP32, false, 1, msg, cap); /* chunk 1: lane 1's */
+}
+
+static size_t empty_frame(const struct gg_config *cfg, unsigned i, uint8_t *msg, size_t cap)
+{
+	return make_data(cfg, "lanes", 2 + i, 0, 1, GG_CODEC_FP32, true, 0, msg, cap);
+}
+
+static size_t abort_msg(const struct gg_config *cfg, unsigned i, uint8_t *msg, size_t cap)
+{
+	char job[16];
+	(void)cfg;
+	snprintf(job, sizeof(job), "a%u", i % 64);
+	ssize_t len = gg_wire_encode_abort(msg, cap, job, 1, i + 1, i + 1, (uint8_t)-GG_ERR_SITE, "flood");
+	return len > 0 ? (size_t)len : 0;
+}
+
+/* Lets lane 1 take its mail again (at its next wake-up, a tick at most
+ * away), and turns until it and the coordinator took all of s0's. */
+static void let_go(struct gg_node *node)
+{
+	gg_node_test_hold_mail(node, 1, false);
+	for (int i = 0; i < 5000 && gg_node_test_mail_waiting(node, 0); i++) {
+		turns(node, 1);
+		usleep(1000);
+	}
+	CHECK(gg_node_test_mail_waiting(node, 0) == 0, "%llu of s0's mail still waits",
+	      (unsigned long long)gg_node_test_mail_waiting(node, 0));
+}
+
+static void lane_flood(struct gg_node *node, const struct gg_config *cfg)
+{
+	const uint64_t window = cfg->limits.inflight_bytes_per_peer;
+	static uint8_t msg[8192];
+	static char text[1 << 16];
+	struct capture cap;
+
+	size_t full = full_frame(cfg, 0, msg, sizeof(msg));
+	if (!full || !capture_start(&cap)) {
+		CHECK(0, "cannot make a frame or capture the log");
+		return;
+	}
+	gg_node_test_hold_mail(node, 1, true);
+	unsigned fulls = until_closed(node, full_frame, cfg, 1000);
+	/* Lane 1 takes what waits; stream 0 comes back. */
+	let_go(node);
+	gg_node_test_hold_mail(node, 1, true);
+	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
+	unsigned empties = until_closed(node, empty_frame, cfg, 5000);
+	let_go(node);
+	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
+	unsigned aborts = until_closed(node, abort_msg, cfg, 20000);
+	let_go(node);
+	capture_end(&cap, text, sizeof(text));
+	printf("  waited for lane 1: %u DATA of %zu bytes (window %llu), %u empty; for the coordinator: %u ABORTs\n",
+	       fulls, full, (unsigned long long)window, empties, aborts);
+	/* A peer within its window never meets the bound; 1.5 windows and a
+	 * frame per stream, each with its mail (about 1.2 KB), is the most. */
+	CHECK(fulls * full >= window && fulls * full <= window + window / 2 + 2 * 2 * full,
+	      "%u frames of %zu bytes waited for lane 1: not within a window and the budget", fulls, full);
+	CHECK(empties > 3 * fulls && empties * 1000 <= window + window / 2 + 2 * 2 * full,
+	      "%u empty frames waited for lane 1 (%u full ones): not counted at their size, or past the budget",
+	      empties, fulls);
+	CHECK(aborts == 16384, "%u ABORTs waited for the coordinator, not 16384", aborts);
+	const char *why = "reason=\"the peer's messages wait here past this site's budget for them: it sends faster "
+			  "than this site takes them, beyond its window\"";
+	unsigned closes = 0;
+	for (const char *p = text; (p = strstr(p, why)); p++)
+		closes++;
+	CHECK(closes == 3, "%u stream_down lines saying why, not 3: %.600s", closes, text);
 }
 
 /* Step 1 of job "b" here (the node holds st until the step ends), and
@@ -170,13 +274,13 @@ static void blame(struct gg_node *node, const struct gg_config *cfg)
 	const struct outcome *o = &b.o;
 
 	start_b(node);
-	size_t len = make_data(cfg, "b", 1, 1, GG_CODEC_FP32, false, 2, msg, sizeof(b.msg));
+	size_t len = make_data(cfg, "b", 1, 1, 0, GG_CODEC_FP32, false, 2, msg, sizeof(b.msg));
 	CHECK(len > 200, "cannot make s1's DATA");
 	msg[len - 100] ^= 1; /* a byte of the payload: its checksum no longer holds */
 	CHECK(gg_node_test_receive(node, 1, 0, msg, len) == 0, "s1's DATA");
 	turns(node, 3);
 	CHECK(!o->done, "the step ended before s0's frame came: %s", o->message);
-	len = make_data(cfg, "b", 1, 0, GG_CODEC_FP32, false, 3, msg, sizeof(b.msg));
+	len = make_data(cfg, "b", 1, 0, 0, GG_CODEC_FP32, false, 3, msg, sizeof(b.msg));
 	CHECK(len && gg_node_test_receive(node, 0, 0, msg, len) == 0, "s0's DATA");
 	turns(node, 5);
 	printf("  %s\n", o->message);
@@ -192,7 +296,7 @@ static void codec(struct gg_node *node, const struct gg_config *cfg)
 	const struct outcome *o = &b.o;
 
 	start_b(node);
-	size_t len = make_data(cfg, "b", 1, 0, GG_CODEC_INT8, false, 2, msg, sizeof(b.msg));
+	size_t len = make_data(cfg, "b", 1, 0, 0, GG_CODEC_INT8, false, 2, msg, sizeof(b.msg));
 	CHECK(len && gg_node_test_receive(node, 0, 0, msg, len) == 0, "s0's DATA");
 	turns(node, 5);
 	printf("  %s\n", o->message);
@@ -209,6 +313,7 @@ static void run(const char *cert_dir, enum scenario what)
 		[EARLY_FLOOD] = "early-flood: empty frames for steps not started here, within the budget",
 		[BLAME] = "blame: a kept frame that does not decode names its own site",
 		[CODEC] = "codec: a frame in another codec than the sites agreed on",
+		[LANE_FLOOD] = "lane-flood: what waits for another lane, or the coordinator, is bounded",
 	};
 	const unsigned sites = what == BLAME ? 3 : 2, self = sites - 1;
 	char text[4096];
@@ -219,12 +324,13 @@ static void run(const char *cert_dir, enum scenario what)
 	printf("%s\n", title[what]);
 	acks_sent = 0;
 	CHECK(gg_net_free_loopback_ports(ports, sites) == 0, "no free loopback ports");
-	size_t n = gg_test_site_toml(text, sizeof(text), self, sites, ports, 1, cert_dir);
+	const unsigned lanes = what == LANE_FLOOD ? 2 : 1;
+	size_t n = gg_test_site_toml(text, sizeof(text), self, sites, ports, lanes, cert_dir);
 	snprintf(text + n, sizeof(text) - n,
-		 "[transport]\nstreams_per_peer = 1\nchunk_size = \"%s\"\nstep_timeout = \"5s\"\n"
+		 "[transport]\nstreams_per_peer = %u\nchunk_size = \"%s\"\nstep_timeout = \"5s\"\n"
 		 "[compression]\ncodec = \"fp32\"\n[allreduce]\nalgorithm = \"direct\"\n"
 		 "[limits]\ninflight_per_peer = \"64KiB\"\nmax_message = \"1MiB\"\n",
-		 what == EARLY_FLOOD ? "4KiB" : "64KiB");
+		 lanes, what == EARLY_FLOOD || what == LANE_FLOOD ? "4KiB" : "64KiB");
 	if (!(node = gg_check_node_new(text, "peer-frames.toml", &cfg)))
 		return;
 	for (unsigned p = 0; p < self; p++)
@@ -232,6 +338,8 @@ static void run(const char *cert_dir, enum scenario what)
 	turns(node, 3);
 	if (what == EARLY_FLOOD)
 		early_flood(node, &cfg);
+	else if (what == LANE_FLOOD)
+		lane_flood(node, &cfg);
 	else if (what == BLAME)
 		blame(node, &cfg);
 	else
@@ -254,6 +362,7 @@ int main(int argc, char **argv)
 	run(argv[1], EARLY_FLOOD);
 	run(argv[1], BLAME);
 	run(argv[1], CODEC);
+	run(argv[1], LANE_FLOOD);
 	printf("node peer frames: %d failure(s)\n", failures);
 	return failures ? 1 : 0;
 }

@@ -46,6 +46,8 @@ ALGO=ring
 STEP_TIMEOUT=10s
 HEARTBEAT_TIMEOUT=5s
 HEARTBEAT_INTERVAL=500ms
+RECONNECT_MIN=20ms
+RECONNECT_MAX=200ms
 MEMORY=2GiB
 STREAMS=2
 CHUNK=256KiB
@@ -187,6 +189,17 @@ wait_job() {
 	fail "job $2 never $4 at ${SITES[$1]}: $("$GRADGATE" status --control "$sock" 2>&1)"
 }
 
+# wait_streams S P UP SECONDS WHAT: waits until `gradgate status` of site S
+# shows UP streams up to site P; fails the test, saying P was never WHAT.
+wait_streams() {
+	local sock="unix:$work/${SITES[$1]}.sock" deadline=$((${EPOCHREALTIME/[.,]/} + $4 * 1000000))
+	until "$GRADGATE" status --control "$sock" 2>/dev/null | grep -Eq "^${SITES[$2]} +[^ ]+ +$3/"; do
+		[ "${EPOCHREALTIME/[.,]/}" -lt "$deadline" ] ||
+			fail "${SITES[$1]} did not see ${SITES[$2]} $5 within $4 s: $("$GRADGATE" status --control "$sock" 2>&1)"
+		sleep 0.05
+	done
+}
+
 # wait_running S JOB: until site S's gateway runs a step of JOB (every rank
 # there announced it and the step reached the core).
 wait_running() { wait_job "$1" "$2" ".* running " ran; }
@@ -309,8 +322,8 @@ heartbeat_timeout = "$HEARTBEAT_TIMEOUT"
 connect_timeout = "2s"
 handshake_timeout = "2s"
 step_timeout = "$STEP_TIMEOUT"
-reconnect_min = "20ms"
-reconnect_max = "200ms"
+reconnect_min = "$RECONNECT_MIN"
+reconnect_max = "$RECONNECT_MAX"
 $TRANSPORT_EXTRA
 
 [compression]

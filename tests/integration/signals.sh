@@ -56,7 +56,7 @@ mv "$work/certs/ca.pem.own" "$work/certs/ca.pem"
 # only, which the gateway says.
 sed -i 's/^chunk_size = .*/chunk_size = "2MiB"/' "$work/site-a.toml"
 kill -HUP "${gw_pid[0]}"
-wait_for "$(site_log 0)" "event=config_changed path=$work/site-a\\.toml reason=\".*restart the gateway to apply the rest\"" 10 ||
+wait_for "$(site_log 0)" "event=config_changed path=\"$work/site-a\\.toml\" reason=\".*restart the gateway to apply the rest\"" 10 ||
 	fail "site-a did not say that SIGHUP leaves its edited config file unread"
 # Its streams cut, site-a dials again with what it kept: the mesh comes back.
 gw_stop 1 KILL

@@ -143,7 +143,7 @@ log "lone gateway: $(grep '^site-b' "$work/lone.out")"
 # ---- the control socket removed under a running gateway: made again
 # within a second or two, it answers status again
 rm "$work/site-a.sock"
-wait_for "$(site_log 0)" "control socket $work/site-a\\.sock was removed while the gateway ran: made again" 10 ||
+wait_for "$(site_log 0)" "level=info event=control msg=\"control socket $work/site-a\\.sock was removed while the gateway ran: made again" 10 ||
 	fail "site-a did not make its removed control socket again"
 "$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/again.out" 2>&1 ||
 	fail "status after the socket was made again: $(cat "$work/again.out")"
@@ -153,7 +153,7 @@ log "the removed control socket: $(grep -m1 -o 'control socket [^"]*made again' 
 # once.
 : >"$work/other-file"
 mv "$work/other-file" "$work/site-a.sock"
-wait_for "$(site_log 0)" "control socket $work/site-a\\.sock: another file took its path" 10 ||
+wait_for "$(site_log 0)" "level=warn event=control msg=\"control socket $work/site-a\\.sock: another file took its path" 10 ||
 	fail "site-a did not say another file took its socket's path"
 sleep 1.2
 [ "$(grep -c 'another file took its path' "$(site_log 0)")" = 1 ] || fail "site-a said more than once that its path was taken"
