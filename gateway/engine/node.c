@@ -349,7 +349,7 @@ static void fail_step_code(struct gg_node *n, struct job *j, int code, const cha
 
 static void feedback_free(struct gg_node *n, struct feedback_slot *f)
 {
-	n->feedback_bytes -= f->elems * sizeof(float);
+	n->feedback_bytes -= f->cost;
 #if HAVE_CUDA
 	if (f->device)
 		gg_feedback_fini_cuda(&f->gpu);
@@ -470,13 +470,26 @@ static struct job *find_job(struct gg_node *n, const char *name, bool create)
 	return free_slot;
 }
 
+/* Tensors whose error feedback a gateway keeps at once, of all its jobs:
+ * hundreds make a model's buckets; a rank that names a new tensor at each
+ * step (each looked for, at every step, among those kept) stops here. */
+#define FEEDBACK_TENSORS_MAX 65536u
+
+/* What a tensor's error feedback holds: its residuals (a float32 per
+ * element), on the host also the scratch of a chunk, and the slot. */
+static uint64_t feedback_cost(const struct gg_node *n, uint64_t count, bool device)
+{
+	return count * sizeof(float) + (device ? 0 : GG_MIN(count, (uint64_t)n->chunk_elems) * sizeof(float)) +
+	       sizeof(struct feedback_slot) + 64;
+}
+
 /* The error feedback of one tensor of a job, made on its first step, in
  * the memory the tensor is in (device: the gateway's GPU). Returns 0 with
  * *out, or a negative errno with err saying why. */
 static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uint64_t count, bool device,
 			struct feedback_slot **out, char *err, size_t err_size)
 {
-	const uint64_t limit = n->cfg->limits.memory_bytes;
+	const uint64_t limit = n->cfg->limits.memory_bytes, cost = feedback_cost(n, count, device);
 
 	for (unsigned i = 0; i < n->feedback_count; i++) {
 		struct feedback_slot *f = n->feedback[i];
@@ -489,7 +502,12 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 		feedback_drop(n, i); /* the tensor changed size or memory: start afresh */
 		break;
 	}
-	if (count * sizeof(float) > limit - n->feedback_bytes) {
+	if (n->feedback_count >= FEEDBACK_TENSORS_MAX)
+		return gg_errf(err, err_size, -ENOSPC,
+			       "error feedback for tensor %u of job '%s' does not fit: the gateway keeps it for %u "
+			       "tensors at most, and holds it for as many (each job's until it ends)",
+			       tensor, job, FEEDBACK_TENSORS_MAX);
+	if (cost > limit - GG_MIN(limit, n->feedback_bytes)) {
 		char a[32], b[32], held[96] = "";
 		unsigned nheld = 0;
 		for (const struct feedback_slot *f = n->gpu_held; f; f = f->held_next)
@@ -532,11 +550,12 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 			       tensor, (unsigned long long)count);
 	}
 	f->elems = count;
+	f->cost = cost;
 	f->device = device;
 	f->tensor_id = tensor;
 	snprintf(f->job, sizeof(f->job), "%s", job);
 	n->feedback[n->feedback_count++] = f;
-	n->feedback_bytes += count * sizeof(float);
+	n->feedback_bytes += cost;
 	*out = f;
 	return 0;
 }

@@ -443,6 +443,7 @@ struct feedback_slot {
 	char job[GG_WIRE_NAME_MAX + 1];
 	uint32_t tensor_id;
 	uint64_t elems;
+	uint64_t cost; /* what it counts in feedback_bytes: feedback_cost() */
 	bool device;
 	struct gg_feedback fb;
 #if HAVE_CUDA
