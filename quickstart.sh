@@ -33,7 +33,10 @@ done
 export PATH
 
 install_deps() {
-	local pkgs=(meson ninja-build pkg-config gcc clang libclang-rt-14-dev
+	# dpkg-dev: meson asks its dpkg-architecture for Debian's library
+	# folder (lib/x86_64-linux-gnu); without it, it picks lib64, which
+	# neither the loader nor pkg-config reads.
+	local pkgs=(meson ninja-build pkg-config dpkg-dev gcc clang libclang-rt-14-dev
 		liburing-dev libssl-dev libzstd-dev openssl python3 iproute2 bc curl
 		python3-numpy python3-torch)
 	local missing=()

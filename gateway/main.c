@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "daemon.h"
@@ -97,7 +98,9 @@ static void differ(struct gg_diag *diag, char **paths, int i, int j, const char 
 }
 
 /* Whether `a`'s [[peers]] identity for b's site is in b's certificate; a
- * problem in diag where it is not (or the certificate cannot be read). */
+ * problem in diag where it is not, or where b's certificate does not
+ * parse. Another site's certificate need not be on this host: where it
+ * cannot be read, a note on stdout says what was not checked. */
 static void check_identity(struct gg_diag *diag, const char *a_path, const struct gg_config *a,
 			   const struct gg_config *b)
 {
@@ -109,7 +112,10 @@ static void check_identity(struct gg_diag *diag, const char *a_path, const struc
 
 	if (!p || gg_tls_identity_parse(p->identity, &id, &why))
 		return; /* the file's own check said so */
-	if (gg_tls_cert_file_names(b->tls.cert, &id, &names, err, sizeof(err)))
+	if (access(b->tls.cert, R_OK))
+		printf("# %s: its certificate %s cannot be read here (%s): whether it names %s, as %s expects, is "
+		       "not checked\n", b->source, b->tls.cert, strerror(errno), p->identity, a_path);
+	else if (gg_tls_cert_file_names(b->tls.cert, &id, &names, err, sizeof(err)))
 		gg_diag_add(diag, "%s: %s", b->source, err);
 	else if (!names)
 		gg_diag_add(diag, "%s: its [[peers]] identity for site %s, %s, is not in that site's certificate %s "
@@ -206,6 +212,29 @@ static size_t cross_check(struct gg_config *cfgs, const bool *ok, char **paths, 
 	return problems;
 }
 
+/* The checks of the host a config's gateway starts on (its key and
+ * certificate, congestion control, listen, control, [metrics] listen):
+ * 0, or the first that fails in err with the setting's place in *at. */
+static int check_host(const struct gg_config *cfg, struct gg_config_pos *at, char *err, size_t size)
+{
+	struct sockaddr_storage metrics;
+	socklen_t metrics_len;
+	int rc = gg_node_check_host(cfg, at, err, size);
+
+	if (!rc) {
+		*at = cfg->at.control;
+		rc = gg_host_backend_check_control(cfg->site.control, err, size);
+	}
+	if (!rc && cfg->metrics.listen) {
+		*at = cfg->at.metrics_listen;
+		const char *why;
+		rc = gg_daemon_metrics_address(cfg, &metrics, &metrics_len, err, size);
+		if (!rc && (rc = gg_net_addr_is_local((struct sockaddr *)&metrics, metrics_len, &why)))
+			snprintf(err, size, "[metrics] listen %s: %s", cfg->metrics.listen, why);
+	}
+	return rc;
+}
+
 static int check_configs(int count, char **paths)
 {
 	struct gg_config *cfgs = calloc((size_t)count, sizeof(*cfgs));
@@ -220,37 +249,30 @@ static int check_configs(int count, char **paths)
 	}
 	for (int i = 0; i < count; i++) {
 		struct gg_config cfg;
-		if (gg_config_load_report(paths[i], &cfg, stderr)) {
-			bad++;
-			continue;
-		}
-		/* A clean check means the gateway starts (the systemd unit runs
-		 * it first): the files must be what they claim, not just
-		 * readable. */
-		char err[GG_NODE_ERROR_MAX];
-		struct sockaddr_storage metrics;
-		socklen_t metrics_len;
-		struct gg_config_pos at;
-		int rc = gg_node_check_host(&cfg, &at, err, sizeof(err));
-		if (!rc) {
-			at = cfg.at.control;
-			rc = gg_host_backend_check_control(cfg.site.control, err, sizeof(err));
-		}
-		if (!rc && cfg.metrics.listen) {
-			at = cfg.at.metrics_listen;
-			const char *why;
-			rc = gg_daemon_metrics_address(&cfg, &metrics, &metrics_len, err, sizeof(err));
-			if (!rc && (rc = gg_net_addr_is_local((struct sockaddr *)&metrics, metrics_len, &why)))
-				snprintf(err, sizeof(err), "[metrics] listen %s: %s", cfg.metrics.listen, why);
-		}
+		/* The first file is this host's; the others are other sites',
+		 * whose files and host are checked there: here, their settings,
+		 * and how they agree with the first and each other. */
+		int rc = i ? gg_config_load_settings_report(paths[i], &cfg, stderr)
+			   : gg_config_load_report(paths[i], &cfg, stderr);
 		if (rc) {
-			report(paths[i], at, err);
-			gg_config_free(&cfg);
 			bad++;
 			continue;
 		}
-		if (i)
-			putchar('\n');
+		if (i) {
+			printf("\n# %s: its settings (its files and host are checked on its own host)\n", paths[i]);
+		} else {
+			/* A clean check means the gateway starts (the systemd unit
+			 * runs it first): the files must be what they claim, not
+			 * just readable. */
+			char err[GG_NODE_ERROR_MAX];
+			struct gg_config_pos at;
+			if (check_host(&cfg, &at, err, sizeof(err))) {
+				report(paths[i], at, err);
+				gg_config_free(&cfg);
+				bad++;
+				continue;
+			}
+		}
 		if (gg_config_print(&cfg, stdout)) {
 			report(paths[i], (struct gg_config_pos){ 0, 0 }, "out of memory printing its configuration");
 			bad++;

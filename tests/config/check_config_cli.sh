@@ -395,6 +395,26 @@ cp -p "$tmp/mesh/a.toml" "$tmp/mesh/a2.toml"
 expect "two configs of one site: exits 1" $(( $? != 1 ))
 grep -qF "$tmp/mesh/a2.toml: site site-a, as $tmp/mesh/a.toml: two gateways of one site would take each other's streams" "$tmp/err"
 rc=$?; expect "two configs of one site: says so: $(head -c 300 "$tmp/err")" $rc
+# Other sites' files as they are on this host, the first file's: their
+# keys, and their listen addresses, are another host's. They are checked
+# for their settings and against the first; a certificate that cannot be
+# read here is said to be left unchecked.
+sed 's#^key = .*#key = "/nonexistent/site-b.key"#; s/^listen = .*/listen = "192.0.2.10:7112"/' \
+	"$tmp/mesh/b.toml" >"$tmp/mesh/b-elsewhere.toml"
+chmod 600 "$tmp/mesh/b-elsewhere.toml"
+"$gradgate" --check-config "$tmp/mesh/a.toml" "$tmp/mesh/b-elsewhere.toml" >"$tmp/out" 2>"$tmp/err"
+rc=$?; expect "another host's file, as copied here, passes: $(head -c 300 "$tmp/err")" $rc
+grep -qF "# $tmp/mesh/b-elsewhere.toml: its settings (its files and host are checked on its own host)" "$tmp/out"
+expect "another host's file is said to be checked for its settings" $?
+sed -i 's#^cert = .*#cert = "/nonexistent/site-b.pem"#' "$tmp/mesh/b-elsewhere.toml"
+"$gradgate" --check-config "$tmp/mesh/a.toml" "$tmp/mesh/b-elsewhere.toml" >"$tmp/out" 2>"$tmp/err"
+rc=$?; expect "another host's file whose certificate is not here passes: $(head -c 300 "$tmp/err")" $rc
+grep -qF "# $tmp/mesh/b-elsewhere.toml: its certificate /nonexistent/site-b.pem cannot be read here (No such file or directory): whether it names dns:site-b.gradgate.test, as $tmp/mesh/a.toml expects, is not checked" "$tmp/out"
+expect "a certificate not here is said to be unchecked: $(grep -m1 'cannot be read here' "$tmp/out")" $?
+# This host's own file still gets every check.
+"$gradgate" --check-config "$tmp/mesh/b-elsewhere.toml" "$tmp/mesh/a.toml" >/dev/null 2>"$tmp/err"
+expect "another host's file given first exits 1" $(( $? != 1 ))
+grep -qF "$tmp/mesh/b-elsewhere.toml" "$tmp/err"; expect "another host's file given first: its problem named" $?
 sed -i 's/^identity = .*/&\ndial = "out"/' "$tmp/mesh/a.toml"
 cross "both dial out" 's/^identity = .*/&\ndial = "out"/' \
 	"$tmp/mesh/b2.toml: dial = \"out\" for site site-a, as $tmp/mesh/a.toml's for site site-b: each refuses the other's streams"
