@@ -8,13 +8,14 @@
 #include <time.h>
 #include <unistd.h>
 
-static enum gg_log_level min_level = GG_LOG_INFO;
+/* Set at start, and by tests while a node's threads log. */
+static atomic_int min_level = GG_LOG_INFO;
 static atomic_bool tags;
 static _Thread_local char thread_site[64];
 
 void gg_log_set_level(enum gg_log_level level)
 {
-	min_level = level;
+	atomic_store_explicit(&min_level, (int)level, memory_order_relaxed);
 }
 
 void gg_log_set_thread_site(const char *name)
@@ -87,7 +88,7 @@ void gg_log(enum gg_log_level level, const char *event, const char *fmt, ...)
 	struct tm tm;
 	va_list ap;
 
-	if (level < min_level)
+	if ((int)level < atomic_load_explicit(&min_level, memory_order_relaxed))
 		return;
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
