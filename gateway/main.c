@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -112,9 +113,17 @@ static void check_identity(struct gg_diag *diag, const char *a_path, const struc
 
 	if (!p || gg_tls_identity_parse(p->identity, &id, &why))
 		return; /* the file's own check said so */
-	if (access(b->tls.cert, R_OK))
+	/* Read only where a file is there to read: a pipe at the path would
+	 * hold the check up for good. */
+	struct stat st;
+	const char *unread = NULL;
+	if (stat(b->tls.cert, &st) || (S_ISREG(st.st_mode) && access(b->tls.cert, R_OK)))
+		unread = strerror(errno);
+	else if (!S_ISREG(st.st_mode))
+		unread = "not a regular file";
+	if (unread)
 		printf("# %s: its certificate %s cannot be read here (%s): whether it names %s, as %s expects, is "
-		       "not checked\n", b->source, b->tls.cert, strerror(errno), p->identity, a_path);
+		       "not checked\n", b->source, b->tls.cert, unread, p->identity, a_path);
 	else if (gg_tls_cert_file_names(b->tls.cert, &id, &names, err, sizeof(err)))
 		gg_diag_add(diag, "%s: %s", b->source, err);
 	else if (!names)

@@ -628,10 +628,13 @@ static bool early_expected(const struct lane_job *lj, uint64_t seq)
 	return lj->last_seq && seq == lj->last_seq + 1;
 }
 
-/* What mail posted for a peer's message costs the lane it goes to. */
+/* What mail posted for a peer's message counts in the lane it goes to:
+ * DATA as the early frames count, its bytes and EARLY_ENTRY_BYTES (the
+ * window counts the bytes; frames down to 1 KiB fit the budget), an ACK
+ * its mail, which only a peer that makes ACKs up sends in numbers. */
 static uint64_t mail_charge(const struct mail *f)
 {
-	return sizeof(*f) + (f->base.type == M_DATA ? f->u.data.payload->cap : 0);
+	return f->base.type == M_DATA ? f->u.data.payload->len + EARLY_ENTRY_BYTES : sizeof(*f);
 }
 
 /* Posts mail for peer f->peer's message to lane `to`, within the lane's
@@ -767,15 +770,19 @@ static int lane_data(struct lane *ln, unsigned from, unsigned via_lane, struct g
 	 * runs before this one are over there, and their frames go. */
 	if (run_raise(&lj->run_over[from], ws->run - 1))
 		drop_runs_over(lj, 1u << from, ~0u);
-	if (run_raise(&lj->run_seen[from], ws->run)) {
-		/* The coordinator judges the peer's DONE, ABORT and END by it. */
+	if (ws->run && !run_within(ws->run, lj->run_seen[from])) {
+		/* The coordinator judges the peer's DONE, ABORT and END by it:
+		 * the frame is taken only once it is told. */
 		struct mail *r = mail_new(M_PEER_RUN);
-		if (r) {
-			r->peer = from;
-			r->run = ws->run;
-			snprintf(r->u.job, sizeof(r->u.job), "%s", ws->job);
-			(void)coordinator_hears(ln, r); /* past its bound, the peer floods: its frame goes on */
-		}
+		if (!r)
+			return -ENOMEM;
+		r->peer = from;
+		r->run = ws->run;
+		snprintf(r->u.job, sizeof(r->u.job), "%s", ws->job);
+		int rc = coordinator_hears(ln, r);
+		if (rc)
+			return rc;
+		lj->run_seen[from] = ws->run;
 	}
 	if (lj->ar && ws->step == lj->seq) {
 		part_feed(lj, from, via_lane, via, ws, &m->u.data.id, m->u.data.frame, m->u.data.frame_bytes);
@@ -1039,9 +1046,9 @@ static int on_data(void *owner, unsigned from, struct gg_mesh_via via, const str
 	f->via_lane = ln->index;
 	f->via = via;
 	f->u.data.msg = *m;
-	/* A small frame in a chunk-sized buffer goes in one of its size: it
-	 * waits, and counts, as what it is. */
-	if (payload->len < payload->cap / 4) {
+	/* A small frame in a chunk-sized buffer goes in one of its size, as
+	 * early frames do: what waits is then about what is counted. */
+	if (2 * payload->len < payload->cap) {
 		struct gg_buf *small = gg_buf_new(NULL, GG_MAX(payload->len, (size_t)1));
 		if (!small) {
 			free(f);

@@ -516,8 +516,8 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 			snprintf(held, sizeof(held), " (%u of them given up, on the GPU, freed once no NCCL call of the "
 				 "gateway's runs)", nheld);
 		return gg_errf(err, err_size, -ENOSPC,
-			       "error feedback for tensor %u (%llu elements) does not fit: residuals of %u "
-			       "tensors%s take %s of [limits] memory = %s; raise it, or set [compression] "
+			       "error feedback for tensor %u (%llu elements) does not fit: the error feedback of %u "
+			       "tensors%s takes %s of [limits] memory = %s; raise it, or set [compression] "
 			       "error_feedback = false",
 			       tensor, (unsigned long long)count, n->feedback_count + nheld, held,
 			       gg_format_size(n->feedback_bytes, a, sizeof(a)), gg_format_size(limit, b, sizeof(b)));

@@ -411,10 +411,22 @@ sed -i 's#^cert = .*#cert = "/nonexistent/site-b.pem"#' "$tmp/mesh/b-elsewhere.t
 rc=$?; expect "another host's file whose certificate is not here passes: $(head -c 300 "$tmp/err")" $rc
 grep -qF "# $tmp/mesh/b-elsewhere.toml: its certificate /nonexistent/site-b.pem cannot be read here (No such file or directory): whether it names dns:site-b.gradgate.test, as $tmp/mesh/a.toml expects, is not checked" "$tmp/out"
 expect "a certificate not here is said to be unchecked: $(grep -m1 'cannot be read here' "$tmp/out")" $?
-# This host's own file still gets every check.
-"$gradgate" --check-config "$tmp/mesh/b-elsewhere.toml" "$tmp/mesh/a.toml" >/dev/null 2>"$tmp/err"
+# A pipe where the certificate would be is not read (it would hold the
+# check up for good).
+mkfifo "$tmp/mesh/fifo.pem"
+sed -i "s#^cert = .*#cert = \"$tmp/mesh/fifo.pem\"#" "$tmp/mesh/b-elsewhere.toml"
+timeout 10 "$gradgate" --check-config "$tmp/mesh/a.toml" "$tmp/mesh/b-elsewhere.toml" >"$tmp/out" 2>"$tmp/err"
+rc=$?; expect "another host's file whose certificate is a pipe passes at once (status $rc)" $rc
+grep -qF "its certificate $tmp/mesh/fifo.pem cannot be read here (not a regular file)" "$tmp/out"
+expect "a pipe for a certificate is said to be unchecked" $?
+# This host's own file still gets every check: given first, the file
+# whose listen address is another host's is refused for it.
+sed 's/^listen = .*/listen = "192.0.2.10:7112"/' "$tmp/mesh/b.toml" >"$tmp/mesh/b-listen.toml"
+chmod 600 "$tmp/mesh/b-listen.toml"
+"$gradgate" --check-config "$tmp/mesh/b-listen.toml" "$tmp/mesh/a.toml" >/dev/null 2>"$tmp/err"
 expect "another host's file given first exits 1" $(( $? != 1 ))
-grep -qF "$tmp/mesh/b-elsewhere.toml" "$tmp/err"; expect "another host's file given first: its problem named" $?
+grep -qF "192.0.2.10" "$tmp/err" && grep -q "interface of this host" "$tmp/err"
+expect "another host's file given first: its listen address refused: $(head -c 300 "$tmp/err")" $?
 sed -i 's/^identity = .*/&\ndial = "out"/' "$tmp/mesh/a.toml"
 cross "both dial out" 's/^identity = .*/&\ndial = "out"/' \
 	"$tmp/mesh/b2.toml: dial = \"out\" for site site-a, as $tmp/mesh/a.toml's for site site-b: each refuses the other's streams"
