@@ -517,9 +517,10 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 				 "gateway's runs)", nheld);
 		return gg_errf(err, err_size, -ENOSPC,
 			       "error feedback for tensor %u (%llu elements) does not fit: the error feedback of %u "
-			       "tensors%s takes %s of [limits] memory = %s; raise it, or set [compression] "
+			       "tensor%s%s takes %s of [limits] memory = %s; raise it, or set [compression] "
 			       "error_feedback = false",
-			       tensor, (unsigned long long)count, n->feedback_count + nheld, held,
+			       tensor, (unsigned long long)count, n->feedback_count + nheld,
+			       n->feedback_count + nheld == 1 ? "" : "s", held,
 			       gg_format_size(n->feedback_bytes, a, sizeof(a)), gg_format_size(limit, b, sizeof(b)));
 	}
 	if (n->feedback_count == n->feedback_cap) {

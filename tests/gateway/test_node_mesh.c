@@ -466,7 +466,8 @@ static void *run_site(void *arg)
 					    .input = s->input, .result = s->result, .done = on_done, .arg = s };
 		snprintf(big.job, sizeof(big.job), "big");
 		CHECK(gg_node_submit(node, &big, err, sizeof(err)) == -ENOSPC &&
-			      strstr(err, "residuals of 1 tensors (1 of them given up, on the GPU, freed once no NCCL call"),
+			      strstr(err, "the error feedback of 1 tensor (1 of them given up, on the GPU, freed once no NCCL "
+					  "call"),
 		      "site %u: a tensor past the memory left beside held residuals: %s", s->index, err);
 		gg_node_gpu_frees(node, true);
 		gg_node_get_metrics(node, &nm);
