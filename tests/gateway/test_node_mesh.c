@@ -427,6 +427,16 @@ static void *run_site(void *arg)
 		      "site %u: a tensor past the feedback memory was not refused: %s", s->index, err);
 		if (s->index == 0)
 			printf("  site 0: %s\n", err);
+		/* Each tensor's error feedback counts what it holds: the
+		 * residuals, the scratch of a chunk (all of a tensor smaller
+		 * than one) and its slot, not the residuals alone. */
+		struct gg_node_metrics nm;
+		gg_node_get_metrics(node, &nm);
+		const uint64_t held = (uint64_t)sc->steps * sc->count * 2 * sizeof(float);
+		CHECK(nm.feedback_bytes > held && nm.feedback_bytes < held + (uint64_t)sc->steps * 4096,
+		      "site %u: %llu bytes counted for the error feedback of %u tensors of %llu elements, which hold "
+		      "%llu bytes of residuals and scratch", s->index, (unsigned long long)nm.feedback_bytes,
+		      sc->steps, (unsigned long long)sc->count, (unsigned long long)held);
 	}
 	s->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 	if (sc->cut_at_step)
