@@ -128,10 +128,15 @@ static size_t make_data(const struct gg_config *cfg, const char *job, uint64_t s
 static void early_flood(struct gg_node *node, const struct gg_config *cfg)
 {
 	static uint8_t msg[1024];
+	static char text[1 << 18];
 	const struct gg_node_stats *st = gg_node_stats(node);
 	const uint64_t window = cfg->limits.inflight_bytes_per_peer;
 	uint64_t most = 0;
+	struct capture cap;
 
+	if (!capture_start(&cap))
+		return;
+	const uint64_t start_us = gg_monotonic_us();
 	for (uint64_t step = 2; step < 2002; step++) {
 		size_t len = make_data(cfg, "flood", step, 0, 0, GG_CODEC_FP32, true, 0, msg, sizeof(msg));
 		CHECK(len && gg_node_test_receive(node, 0, 0, msg, len) == 0, "DATA of step %llu",
@@ -140,6 +145,24 @@ static void early_flood(struct gg_node *node, const struct gg_config *cfg)
 		most = GG_MAX(most, st->early_bytes);
 	}
 	turns(node, 3);
+	/* The refusals are logged as the peer's other lines are: 64 a second
+	 * (each second that began while a slow machine sent them lets 64
+	 * out), and how many more once the second is over. */
+	const unsigned seconds = (unsigned)((gg_monotonic_us() - start_us) / 1000000) + 2;
+	for (int i = 0; i < 130; i++) {
+		usleep(10000);
+		turns(node, 1);
+	}
+	capture_end(&cap, text, sizeof(text));
+	unsigned lines = 0;
+	for (const char *p = text; (p = strstr(p, " event=early_data_refused site=s0 ")); p++)
+		lines++;
+	const char *rest = strstr(text, "level=warn event=lines_unlogged of=early_data_refused site=s0 count=");
+	printf("  %u early_data_refused lines, then: %.*s\n", lines, rest ? (int)strcspn(rest, "\n") : 7,
+	       rest ? rest : "nothing");
+	CHECK(lines >= 32 && lines <= 64 * seconds && rest,
+	      "%u early_data_refused lines of %llu refusals in %u seconds, and no count of the rest", lines,
+	      (unsigned long long)st->early_refused, seconds);
 	/* The budget as the docs give it: half as much again as the window,
 	 * and a frame (of 4 KiB of fp32 here, under 8 KiB with its message
 	 * head) with its bookkeeping for the one stream. */

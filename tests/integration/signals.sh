@@ -81,6 +81,9 @@ log "site-a stopped in ${stop_ms} ms"
 [ "$stop_ms" -lt 1000 ] || fail "site-a took ${stop_ms} ms to stop with a step pending"
 expect "$(site_log 0)" "event=stopping site=site-a" "site-a's log"
 expect "$(site_log 0)" "event=stopped site=site-a steps_done=4 steps_failed=1" "site-a's log"
+# The streams it closes itself as it stops are news, not warnings.
+expect "$(site_log 0)" 'level=info event=stream_down site=site-b stream=[0-9]+ reason="shutting down"' "site-a's log"
+expect_none "$(site_log 0)" 'level=warn event=stream_down [^"]*reason="shutting down"' "site-a's log"
 ranks_wait
 [ "${rank_rc[pending-s0-r0]}" = 1 ] || fail "the pending rank exited ${rank_rc[pending-s0-r0]}, expected 1"
 expect "$work/pending-s0-r0.err" "step 1 .*(site-a is shutting down|closed the connection)" "the pending rank's error"
