@@ -1087,11 +1087,6 @@ static const char *trust_refusal(const char *path, const struct stat *st, char *
 	return why;
 }
 
-/* The certificate files must be readable now, not at the first handshake;
- * the key must not be accessible to anyone but its owner, nor the CA and
- * CRL files writable by anyone else, nor replaceable by anyone else
- * (gg_path_guarded()), and those three must belong to root or the
- * gateway's user. */
 /* Whether the PEM text at the start of fd (its first 64 KiB) holds a
  * certificate and no private key: a certificate given as the key. */
 static bool pem_holds_only_certificates(int fd)
@@ -1106,6 +1101,11 @@ static bool pem_holds_only_certificates(int fd)
 	return only;
 }
 
+/* The certificate files must be readable now, not at the first handshake;
+ * the key must not be accessible to anyone but its owner, nor the CA and
+ * CRL files writable by anyone else, nor replaceable by anyone else
+ * (gg_path_guarded()), and those three must belong to root or the
+ * gateway's user. */
 static void check_files(struct loader *ld, const struct gg_config *cfg)
 {
 	const struct {

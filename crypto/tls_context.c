@@ -752,20 +752,17 @@ int gg_tls_context_reload(struct gg_tls_context *ctx, char *err, size_t err_size
 
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&ctx->lock);
-	old = ctx->ssl_ctx;
-	if (!SSL_CTX_up_ref(old))
-		old = NULL;
-	pthread_mutex_unlock(&ctx->lock);
-	if (!ctx->opts.unchecked_own_cert && (!old || (rc = check_reload(&ctx->opts, old, fresh, err, err_size)))) {
-		if (!old)
-			rc = fail(err, err_size, -ENOMEM, "cannot check the new credentials: %s", openssl_reason());
-		SSL_CTX_free(old);
-		SSL_CTX_free(fresh);
-		ERR_clear_error();
-		return rc;
+	if (!ctx->opts.unchecked_own_cert) {
+		SSL_CTX *cur = gg_tls_context_get_ssl_ctx(ctx);
+		rc = cur ? check_reload(&ctx->opts, cur, fresh, err, err_size)
+			 : fail(err, err_size, -ENOMEM, "cannot check the new credentials: %s", openssl_reason());
+		SSL_CTX_free(cur);
+		if (rc) {
+			SSL_CTX_free(fresh);
+			ERR_clear_error();
+			return rc;
+		}
 	}
-	SSL_CTX_free(old);
 	pthread_mutex_lock(&ctx->lock);
 	old = ctx->ssl_ctx;
 	ctx->ssl_ctx = fresh;

@@ -73,7 +73,7 @@ static int by_name(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-#define SITE_SET_MAX ((GG_MAX_PEERS + 1) * 72)
+#define SITE_SET_MAX ((GG_MAX_PEERS + 1) * (GG_SITE_NAME_MAX + 1))
 
 /* The sites a config knows (its own and its peers), sorted: "a,b,c". */
 static const char *site_set(const struct gg_config *c, char *buf, size_t size)
@@ -132,6 +132,63 @@ static void check_identity(struct gg_diag *diag, const char *a_path, const struc
 			    b->source, a->site.name, b->site.name);
 }
 
+/* What the gateways of two sites of one mesh (a, b: files i, j) would
+ * refuse of each other when they meet, into diag. */
+static void pair_problems(struct gg_diag *diag, char **paths, int i, int j, const struct gg_config *a,
+			  const struct gg_config *b, const char *sa, const char *sb)
+{
+	const struct gg_peer_config *ab = gg_config_peer(a, b->site.name), *ba = gg_config_peer(b, a->site.name);
+
+	if (strcmp(sa, sb))
+		gg_diag_add(diag, "%s: knows the sites [%s], %s knows [%s]: the two refuse each other's streams",
+			    paths[j], sb, paths[i], sa);
+	/* What both must share, as HELLO compares it. */
+	const bool blocks = gg_codec_has_blocks(a->compression.codec);
+	char x[32], y[32];
+	if (a->compression.codec != b->compression.codec)
+		differ(diag, paths, i, j, "[compression] codec", gg_codec_name(a->compression.codec),
+		       gg_codec_name(b->compression.codec));
+	if (blocks && a->compression.block_size != b->compression.block_size) {
+		snprintf(x, sizeof(x), "%d", a->compression.block_size);
+		snprintf(y, sizeof(y), "%d", b->compression.block_size);
+		differ(diag, paths, i, j, "[compression] block_size", x, y);
+	}
+	if (blocks && a->compression.scale != b->compression.scale)
+		differ(diag, paths, i, j, "[compression] scale", a->compression.scale == GG_SCALE_F16 ? "fp16" : "fp32",
+		       b->compression.scale == GG_SCALE_F16 ? "fp16" : "fp32");
+	if ((a->compression.zstd_level > 0) != (b->compression.zstd_level > 0))
+		differ(diag, paths, i, j, "the zstd stage ([compression] zstd_level)",
+		       a->compression.zstd_level > 0 ? "on" : "off", b->compression.zstd_level > 0 ? "on" : "off");
+	if (a->allreduce.algorithm != b->allreduce.algorithm)
+		differ(diag, paths, i, j, "[allreduce] algorithm", gg_allreduce_algo_name(a->allreduce.algorithm),
+		       gg_allreduce_algo_name(b->allreduce.algorithm));
+	/* Chunks in elements, as HELLO gives them: two sizes that round to
+	 * the same elements agree. */
+	if (gg_node_chunk_elems(a) != gg_node_chunk_elems(b))
+		differ(diag, paths, i, j, "[transport] chunk_size", gg_format_size(a->transport.chunk_bytes, x, sizeof(x)),
+		       gg_format_size(b->transport.chunk_bytes, y, sizeof(y)));
+	if (a->transport.streams_per_peer != b->transport.streams_per_peer) {
+		snprintf(x, sizeof(x), "%d", a->transport.streams_per_peer);
+		snprintf(y, sizeof(y), "%d", b->transport.streams_per_peer);
+		differ(diag, paths, i, j, "[transport] streams_per_peer", x, y);
+	}
+	if (ab && ba && ab->dial == GG_DIAL_OUT && ba->dial == GG_DIAL_OUT)
+		gg_diag_add(diag, "%s: dial = \"out\" for site %s, as %s's for site %s: each refuses the other's "
+			    "streams; set \"in\" or \"both\" at one of them", paths[j], a->site.name, paths[i],
+			    b->site.name);
+	if (ab && ba && ab->dial == GG_DIAL_IN && ba->dial == GG_DIAL_IN)
+		gg_diag_add(diag, "%s: dial = \"in\" for site %s, as %s's for site %s: neither dials; set \"out\" or "
+			    "\"both\" at one of them", paths[j], a->site.name, paths[i], b->site.name);
+	if (!ab)
+		gg_diag_add(diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[i],
+			    b->site.name, paths[j]);
+	if (!ba)
+		gg_diag_add(diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[j],
+			    a->site.name, paths[i]);
+	check_identity(diag, paths[i], a, b);
+	check_identity(diag, paths[j], b, a);
+}
+
 /* The configs of sites of one mesh, checked together (each pair of files
  * of which one lists the other's site as a peer): what their gateways
  * would refuse of each other when they meet. Returns the problems found,
@@ -145,70 +202,20 @@ static size_t cross_check(struct gg_config *cfgs, const bool *ok, char **paths, 
 			const struct gg_config *a = &cfgs[i], *b = &cfgs[j];
 			if (!ok[i] || !ok[j])
 				continue;
-			const struct gg_peer_config *ab = gg_config_peer(a, b->site.name), *ba = gg_config_peer(b, a->site.name);
 			const bool same_site = !strcmp(a->site.name, b->site.name);
 			char sa[SITE_SET_MAX], sb[SITE_SET_MAX];
 			const bool same_sites = !strcmp(site_set(a, sa, sizeof(sa)), site_set(b, sb, sizeof(sb)));
 			/* Two files of one site: of one mesh where they know the
 			 * same peers (the configs of two gateways for one site). */
-			if (!ab && !ba && (!same_site || !same_sites))
+			if (!gg_config_peer(a, b->site.name) && !gg_config_peer(b, a->site.name) &&
+			    (!same_site || !same_sites))
 				continue; /* not of one mesh */
 			struct gg_diag diag = { 0 };
-			if (same_site) {
+			if (same_site)
 				gg_diag_add(&diag, "%s: site %s, as %s: two gateways of one site would take each other's "
 					    "streams", paths[j], b->site.name, paths[i]);
-				problems++;
-				gg_diag_print(&diag, stderr);
-				gg_diag_free(&diag);
-				continue;
-			}
-			if (!same_sites)
-				gg_diag_add(&diag, "%s: knows the sites [%s], %s knows [%s]: the two refuse each other's "
-					    "streams", paths[j], sb, paths[i], sa);
-			/* What both must share, as HELLO compares it. */
-			const bool blocks = gg_codec_has_blocks(a->compression.codec);
-			char x[32], y[32];
-			if (a->compression.codec != b->compression.codec)
-				differ(&diag, paths, i, j, "[compression] codec", gg_codec_name(a->compression.codec),
-				       gg_codec_name(b->compression.codec));
-			if (blocks && a->compression.block_size != b->compression.block_size) {
-				snprintf(x, sizeof(x), "%d", a->compression.block_size);
-				snprintf(y, sizeof(y), "%d", b->compression.block_size);
-				differ(&diag, paths, i, j, "[compression] block_size", x, y);
-			}
-			if (blocks && a->compression.scale != b->compression.scale)
-				differ(&diag, paths, i, j, "[compression] scale", a->compression.scale == GG_SCALE_F16 ? "fp16" : "fp32",
-				       b->compression.scale == GG_SCALE_F16 ? "fp16" : "fp32");
-			if ((a->compression.zstd_level > 0) != (b->compression.zstd_level > 0))
-				differ(&diag, paths, i, j, "the zstd stage ([compression] zstd_level)",
-				       a->compression.zstd_level > 0 ? "on" : "off", b->compression.zstd_level > 0 ? "on" : "off");
-			if (a->allreduce.algorithm != b->allreduce.algorithm)
-				differ(&diag, paths, i, j, "[allreduce] algorithm", gg_allreduce_algo_name(a->allreduce.algorithm),
-				       gg_allreduce_algo_name(b->allreduce.algorithm));
-			if (a->transport.chunk_bytes != b->transport.chunk_bytes)
-				differ(&diag, paths, i, j, "[transport] chunk_size", gg_format_size(a->transport.chunk_bytes, x, sizeof(x)),
-				       gg_format_size(b->transport.chunk_bytes, y, sizeof(y)));
-			if (a->transport.streams_per_peer != b->transport.streams_per_peer) {
-				snprintf(x, sizeof(x), "%d", a->transport.streams_per_peer);
-				snprintf(y, sizeof(y), "%d", b->transport.streams_per_peer);
-				differ(&diag, paths, i, j, "[transport] streams_per_peer", x, y);
-			}
-			if (ab && ba && ab->dial == GG_DIAL_OUT && ba->dial == GG_DIAL_OUT)
-				gg_diag_add(&diag, "%s: dial = \"out\" for site %s, as %s's for site %s: each refuses the "
-					    "other's streams; set \"in\" or \"both\" at one of them", paths[j], a->site.name,
-					    paths[i], b->site.name);
-			if (ab && ba && ab->dial == GG_DIAL_IN && ba->dial == GG_DIAL_IN)
-				gg_diag_add(&diag, "%s: dial = \"in\" for site %s, as %s's for site %s: neither dials; set "
-					    "\"out\" or \"both\" at one of them", paths[j], a->site.name, paths[i],
-					    b->site.name);
-			if (!ab)
-				gg_diag_add(&diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[i],
-					    b->site.name, paths[j]);
-			if (!ba)
-				gg_diag_add(&diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[j],
-					    a->site.name, paths[i]);
-			check_identity(&diag, paths[i], a, b);
-			check_identity(&diag, paths[j], b, a);
+			else
+				pair_problems(&diag, paths, i, j, a, b, sa, sb);
 			if (diag.count) {
 				problems += diag.count;
 				gg_diag_add(&diag, "%s and %s: %zu problem%s found between the two", paths[i], paths[j],

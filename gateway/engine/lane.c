@@ -659,7 +659,8 @@ static int lane_forward(struct lane *ln, unsigned to, struct mail *f)
 	return 0;
 }
 
-/* Mail taken by this lane gives its charge back. */
+/* Mail taken by this lane gives its charge back (mail no other lane
+ * posted for a peer carries none). */
 static void lane_forward_taken(struct lane *ln, const struct mail *f)
 {
 	if (f->charged)
@@ -1182,6 +1183,7 @@ void gg_lane_mail(struct lane *ln)
 	for (struct gg_mail *g = gg_mailbox_take(&ln->inbox), *next; g; g = next) {
 		struct mail *m = (struct mail *)g;
 		next = g->next;
+		lane_forward_taken(ln, m);
 		switch ((enum mail_type)g->type) {
 		case M_START:
 			lane_start(ln, m);
@@ -1208,7 +1210,6 @@ void gg_lane_mail(struct lane *ln)
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
 			break;
 		case M_DATA:
-			lane_forward_taken(ln, m);
 			/* Not kept for want of memory, it stays unacknowledged: the
 			 * peer sends it again once a stream to it is cut. */
 			(void)lane_data(ln, m->peer, m->via_lane, m->via, &m->u.data.msg, m->u.data.payload);
@@ -1218,7 +1219,6 @@ void gg_lane_mail(struct lane *ln)
 			gg_mesh_ack(ln->mesh, m->via, m->u.ack.job, m->u.ack.run, m->seq, &m->u.ack.id);
 			break;
 		case M_ACK:
-			lane_forward_taken(ln, m);
 			gg_mesh_take_ack(ln->mesh, m->peer, &m->u.msg);
 			break;
 		case M_CONN:

@@ -1557,7 +1557,7 @@ unsigned gg_node_unreachable(const struct gg_node *n, char *buf, size_t size)
 		if (p == n->self || !up || up == n->all_streams || len >= size)
 			continue;
 		len += (size_t)snprintf(buf + len, size - len, "%ssite %s: %d of %d streams up", len ? "; " : "",
-					n->names[p], __builtin_popcountll(up), __builtin_popcountll(n->all_streams));
+					n->names[p], __builtin_popcountll(up), n->cfg->transport.streams_per_peer);
 	}
 	return count;
 }
@@ -1886,6 +1886,12 @@ int gg_node_run_once(struct gg_node *n, uint64_t timeout_us, gg_node_cqe_fn *oth
 		n->coord_next_us = ln->loop.now_us;
 	gather_stats(n);
 	return 0;
+}
+
+uint32_t gg_node_chunk_elems(const struct gg_config *cfg)
+{
+	return (uint32_t)GG_MIN(cfg->transport.chunk_bytes / sizeof(float), (uint64_t)UINT32_MAX) /
+	       GG_CODEC_BLOCK_ALIGN_ELEMS * GG_CODEC_BLOCK_ALIGN_ELEMS;
 }
 
 void gg_node_test_own_window(struct gg_node *n)
@@ -2256,8 +2262,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 	n->all_streams = cfg->transport.streams_per_peer >= 64 ? UINT64_MAX
 							      : ((uint64_t)1 << cfg->transport.streams_per_peer) - 1;
 
-	n->chunk_elems = (uint32_t)GG_MIN(cfg->transport.chunk_bytes / sizeof(float), (uint64_t)UINT32_MAX) /
-			 GG_CODEC_BLOCK_ALIGN_ELEMS * GG_CODEC_BLOCK_ALIGN_ELEMS;
+	n->chunk_elems = gg_node_chunk_elems(cfg);
 	n->frame_cfg = (struct gg_frame_config){ .codec = gg_codec_defaults(cfg->compression.codec),
 						 .zstd = cfg->compression.zstd_level > 0,
 						 .zstd_level = cfg->compression.zstd_level > 0 ? cfg->compression.zstd_level : 1,

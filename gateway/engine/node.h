@@ -191,6 +191,10 @@ GG_MUST_CHECK int gg_node_new(const struct gg_config *cfg, struct gg_node **out,
 GG_MUST_CHECK int gg_node_check_host(const struct gg_config *cfg, struct gg_config_pos *at, char *err,
 				     size_t err_size);
 void gg_node_free(struct gg_node *n);
+/* The elements of a chunk under cfg's chunk_size, as its HELLO gives them
+ * and peers compare them: chunk_size / 4, down to a multiple of the codecs'
+ * block alignment. */
+uint32_t gg_node_chunk_elems(const struct gg_config *cfg);
 
 /* The fingerprint that a step's DATA carries (gg_wire_fingerprint()) for
  * ws's identity under cfg's codec settings, sent by `algorithm` in chunks

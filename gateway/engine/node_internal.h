@@ -315,9 +315,10 @@ struct lane {
 	 * EARLY_ENTRY_BYTES (written by the lane only), and frames it let go
 	 * past its budget. */
 	atomic_uint_fast64_t early_bytes[GG_AR_MAX_SITES], early_refused;
-	/* Bytes of the mail other lanes posted here for each peer's messages
-	 * (DATA and ACKs of this lane's chunks), each with its mail, until it
-	 * is taken: within early_limit(), like the early frames. */
+	/* What the mail other lanes posted here for each peer's messages
+	 * (DATA and ACKs of this lane's chunks) counts until it is taken
+	 * (lane.c's mail_charge()): within early_limit(), like the early
+	 * frames. */
 	atomic_uint_fast64_t fwd_bytes[GG_AR_MAX_SITES];
 	atomic_bool test_hold_mail; /* gg_node_test_hold_mail() */
 	/* Its early frames by (job, site, run, step, chunk), to find the copy

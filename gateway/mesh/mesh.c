@@ -630,9 +630,9 @@ static void hedge(struct gg_mesh *m, unsigned p)
 static void pump_peer(struct gg_mesh *m, unsigned p)
 {
 	struct peer *pe = &m->peers[p];
-	uint64_t window = m->cfg->limits.inflight_bytes_per_peer;
 	if (pe->held_us)
 		return;
+	uint64_t window = m->cfg->limits.inflight_bytes_per_peer;
 	if (pe->inflight_bytes && pe->inflight_bytes < window && !m->test_own_window)
 		window = pe->inflight_bytes;
 	window /= m->lanes;
@@ -1872,7 +1872,7 @@ bool gg_mesh_on_cqe(struct gg_mesh *m, const struct io_uring_cqe *cqe)
 		/* Armed again at once, or, where accepting fails (out of
 		 * descriptors), a little later: peers cannot connect meanwhile,
 		 * which the log says once a second. */
-		int fd = gg_acceptor_on_cqe(&m->accept, cqe, m->shutting_down || m->accept.fd < 0);
+		int fd = gg_acceptor_on_cqe(&m->accept, cqe, m->shutting_down);
 		if (fd >= 0)
 			accept_conn(m, fd);
 		else if (fd != -ECANCELED && !m->shutting_down && gg_log_limit_now(&m->accept_log, m->loop->now_us, 1))
@@ -1932,7 +1932,7 @@ uint64_t gg_mesh_tick(struct gg_mesh *m)
 		m->stall_grace_us = now + cfg->transport.heartbeat_timeout_us;
 	m->tick_last_us = now;
 	admit_waiting(m);
-	uint64_t rearm = gg_acceptor_tick(&m->accept, now, m->shutting_down || m->accept.fd < 0);
+	uint64_t rearm = gg_acceptor_tick(&m->accept, now, m->shutting_down);
 	if (rearm)
 		next = GG_MIN(next, rearm);
 	for (unsigned p = 0; p < m->sites; p++)

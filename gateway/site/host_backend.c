@@ -188,9 +188,6 @@ static void hb_complete(struct gg_site_backend *base, struct gg_site_step *step,
 /* How long a socket that refused is given to start listening. */
 #define STALE_RECHECK_US 50000
 
-/* A control socket path that is in the way: refused when a live gateway
- * still listens on it or it is not a socket; unlinked when stale (its
- * gateway died). Returns 0 once unlinked, or a negative errno with err. */
 /* Connects a new socket (*probe) to addr: 0, or connect()'s negative
  * errno with *probe open, or socket()'s with *probe -1 and err set. */
 static int probe_connect(const char *path, const struct sockaddr_un *addr, int *probe, char *err, size_t err_size)
@@ -202,6 +199,9 @@ static int probe_connect(const char *path, const struct sockaddr_un *addr, int *
 	return connect(*probe, (const struct sockaddr *)addr, sizeof(*addr)) ? -errno : 0;
 }
 
+/* A control socket path that is in the way: refused when a live gateway
+ * still listens on it or it is not a socket; unlinked when stale (its
+ * gateway died). Returns 0 once unlinked, or a negative errno with err. */
 static int clear_stale_socket(const char *path, const struct sockaddr_un *addr, char *err, size_t err_size)
 {
 	struct stat st;

@@ -210,10 +210,8 @@ uint64_t hb_tell_held(struct gg_host_backend *b, struct gg_log_limit *l, bool fa
 	uint64_t again = UINT64_MAX;
 	unsigned held = gg_log_limit_take(l, b->loop->now_us, &again);
 
-	if (held && fault)
-		hb_warn(b, "control connections: %u more %s, not logged", held, what);
-	else if (held)
-		hb_log(b, "control connections: %u more %s, not logged", held, what);
+	if (held)
+		(fault ? hb_warn : hb_log)(b, "control connections: %u more %s, not logged", held, what);
 	return again == UINT64_MAX ? next : hb_min_deadline(next, again);
 }
 

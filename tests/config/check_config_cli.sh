@@ -385,6 +385,19 @@ cross "another codec" 's/^\[tls\]/[compression]\ncodec = "int8"\n[tls]/' \
 	"$tmp/mesh/b2.toml: [compression] codec is int8, $tmp/mesh/a.toml's is bf16-split: the two sites refuse each other's streams"
 cross "another chunk size" 's/^\[tls\]/[transport]\nchunk_size = "2MiB"\n[tls]/' \
 	"$tmp/mesh/b2.toml: [transport] chunk_size is 2MiB, $tmp/mesh/a.toml's is 1MiB"
+# Chunk sizes whose elements round to the same (as HELLO gives them) agree.
+sed 's/^\[tls\]/[transport]\nchunk_size = 1048580\n[tls]/' "$tmp/mesh/b.toml" >"$tmp/mesh/b2.toml"
+chmod 600 "$tmp/mesh/b2.toml"
+"$gradgate" --check-config "$tmp/mesh/a.toml" "$tmp/mesh/b2.toml" >/dev/null 2>"$tmp/err"
+rc=$?; expect "chunk sizes of the same elements agree: $(head -c 300 "$tmp/err")" $rc
+for site in a b; do
+	sed 's/^identity = .*/&\ndial = "in"/' "$tmp/mesh/$site.toml" >"$tmp/mesh/$site-in.toml"
+	chmod 600 "$tmp/mesh/$site-in.toml"
+done
+"$gradgate" --check-config "$tmp/mesh/a-in.toml" "$tmp/mesh/b-in.toml" >/dev/null 2>"$tmp/err"
+expect "both dial in: exits 1" $(( $? != 1 ))
+grep -qF "$tmp/mesh/b-in.toml: dial = \"in\" for site site-a, as $tmp/mesh/a-in.toml's for site site-b: neither dials" "$tmp/err"
+rc=$?; expect "both dial in: says so: $(head -c 300 "$tmp/err")" $rc
 cross "an identity the certificate lacks" 's/^identity = .*/identity = "dns:site-z.gradgate.test"/' \
 	"$tmp/mesh/b2.toml: its [[peers]] identity for site site-a, dns:site-z.gradgate.test, is not in that site's certificate $tmp/mesh/../certs/site-a.pem ($tmp/mesh/a.toml): site site-b would refuse site site-a"
 cross "another site known" 's/^\[\[peers\]\]/[[peers]]\nsite = "site-c"\naddress = "127.0.0.1:7113"\nidentity = "dns:site-c.gradgate.test"\n[[peers]]/' \
