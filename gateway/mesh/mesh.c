@@ -20,8 +20,10 @@
 #include "units.h"
 
 #define CTRL_MSG_MAX GG_WIRE_CONTROL_MAX
-#define CONN_TXQ 512      /* messages queued on one stream */
-#define CONN_TXQ_ACKS 65536 /* ... and ACKs past that: see gg_mesh_ack() */
+/* Entries queued on one stream; control messages queued back to back
+ * share an entry (queue_ctrl()), so each holds three ACKs or more. */
+#define CONN_TXQ 512
+#define CONN_TXQ_ACKS 16384 /* ... and entries of ACKs past that: see gg_mesh_ack() */
 /* DATA frames one stream holds unwritten (the one being written among
  * them). A frame goes to a stream that holds fewer, and waits in its
  * peer's list while every stream holds this many; a stream takes the next
@@ -418,13 +420,24 @@ void gg_mesh_flush(struct gg_mesh *m)
 	}
 }
 
-/* Queues a control message on a stream that holds fewer than `limit`
- * messages; whether it did. */
+/* Queues a control message on a stream: after the last one queued there,
+ * in its entry where that has room, else in a new entry where the stream
+ * holds fewer than `limit`; whether it did. Sharing entries keeps what a
+ * stream holds near the messages' own bytes, ACKs above all (about 60
+ * bytes each, against an entry's 550). */
 static bool queue_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len, unsigned limit)
 {
 	struct out *o;
 
-	if (ci < 0 || !m->conns[ci].used || m->conns[ci].txq_count >= limit || len > sizeof(o->head))
+	if (ci < 0 || !m->conns[ci].used || len > sizeof(o->head))
+		return false;
+	o = m->conns[ci].txq_tail;
+	if (o && !o->frame && sizeof(o->head) - o->head_len >= len) {
+		memcpy(o->head + o->head_len, buf, len);
+		o->head_len += len;
+		return true;
+	}
+	if (m->conns[ci].txq_count >= limit)
 		return false;
 	o = calloc(1, sizeof(*o));
 	if (!o)
@@ -789,8 +802,20 @@ static void test_flush(struct conn *c)
 		c->txq_head = o->next;
 		c->txq_count--;
 		c->txq_frames -= o->frame != NULL;
-		c->test_sent(c->test_arg, (unsigned)c->peer, (unsigned)c->stream, o->head, o->head_len,
-			     o->frame ? o->frame->data : NULL, o->frame ? o->frame->len : 0);
+		if (o->frame)
+			c->test_sent(c->test_arg, (unsigned)c->peer, (unsigned)c->stream, o->head, o->head_len,
+				     o->frame->data, o->frame->len);
+		else /* one call for each control message the entry holds */
+			for (size_t at = 0, len; at < o->head_len; at += len) {
+				enum gg_wire_type type;
+				size_t payload;
+				char err[256];
+				if (gg_wire_parse_header(o->head + at, SIZE_MAX, &type, &payload, err, sizeof(err)))
+					abort(); /* this mesh encoded it */
+				len = GG_WIRE_HEADER_BYTES + payload;
+				c->test_sent(c->test_arg, (unsigned)c->peer, (unsigned)c->stream, o->head + at, len, NULL,
+					     0);
+			}
 		free_out(o);
 	}
 	c->txq_tail = NULL;

@@ -458,7 +458,9 @@ static void flood_controls(struct site *s, unsigned peer)
 	uint8_t msg[128];
 	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "flood", 1, 1, NULL, NULL);
 
-	for (int i = 0; len > 0 && i < 600; i++)
+	/* Control messages share the queue's 512 entries, up to 382 bytes
+	 * each: that many DONEs fill it whatever their size. */
+	for (int i = 0; len > 0 && i < 512 * 382 / 20; i++)
 		gg_mesh_send_control(s->mesh, peer, msg, (size_t)len, false);
 }
 
