@@ -438,7 +438,9 @@ static int listen_locked(struct gg_host_backend *b, char *err, size_t err_size)
 	}
 	/* Every folder is there now, some maybe made by another since they
 	 * were checked: checked again before the chmod follows the path. */
+	const bool bound = !rc;
 	if (!rc && (rc = check_socket_folders(b->path, err, err_size))) {
+		unlink(b->path); /* the socket bind made: left, it would hold the path for no one */
 		close(fd);
 		return rc;
 	}
@@ -451,6 +453,8 @@ static int listen_locked(struct gg_host_backend *b, char *err, size_t err_size)
 	if (!rc)
 		rc = stat(b->path, &st) ? -errno : 0;
 	if (rc) {
+		if (bound)
+			unlink(b->path);
 		close(fd);
 		snprintf(err, err_size, "control socket %s: %s", b->path, strerror(-rc));
 		return rc;
@@ -482,7 +486,8 @@ static void cancel_old_accept(struct gg_host_backend *b)
  * its folder, an rm) leaves ranks nothing to connect to, and no word of
  * why: it is made again, with a new socket (the lock is still held). The
  * old socket's accept is cancelled, and the acceptor arms again, on the new
- * one. A path another file took is left to it, and said once. */
+ * one. One that cannot be made is said once, and tried again at each look;
+ * a path another file took is left to it, and said once. */
 static void check_socket_path(struct gg_host_backend *b, uint64_t now_us)
 {
 	char err[TEXT];
@@ -505,8 +510,8 @@ static void check_socket_path(struct gg_host_backend *b, uint64_t now_us)
 	const int old = b->listen_fd;
 	if (listen_locked(b, err, sizeof(err))) {
 		if (!b->path_remake_said)
-			hb_warn(b, "control socket %s was removed, and cannot be made again (%s): ranks cannot connect; "
-			       "restart the gateway", b->path, err);
+			hb_warn(b, "control socket %s was removed, and cannot be made again (%s): ranks cannot connect "
+			       "until it is (tried each second)", b->path, err);
 		b->path_remake_said = true;
 		return;
 	}

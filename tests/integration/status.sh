@@ -4,7 +4,8 @@
 # are still connected, and a step that failed with its code and message;
 # --config finds the socket as --control does. Without a gateway at the
 # socket, it says so and exits 3. A control socket removed under a running
-# gateway is made again.
+# gateway is made again; while its folder is unsafe it is not, and the
+# gateway says so once.
 . "$(dirname "$0")/lib.sh"
 
 # ---- nothing listens
@@ -158,6 +159,22 @@ wait_for "$(site_log 0)" "level=warn event=control msg=\"control socket $work/si
 sleep 1.2
 [ "$(grep -c 'another file took its path' "$(site_log 0)")" = 1 ] || fail "site-a said more than once that its path was taken"
 [ -f "$work/site-a.sock" ] || fail "site-a replaced the file that took its socket's path"
+# Removed while its folder is one that others may write to: not made again
+# there, said once; made again once the folder is safe.
+rm "$work/site-a.sock"
+chmod 0777 "$work"
+wait_for "$(site_log 0)" "level=warn event=control msg=\"control socket $work/site-a\\.sock was removed, and cannot be made again \\(control socket $work/site-a\\.sock: .*\\): ranks cannot connect until it is \\(tried each second\\)" 10 ||
+	{ chmod 0700 "$work"; fail "site-a did not say its control socket cannot be made again in a folder others may write to"; }
+sleep 2.2
+chmod 0700 "$work"
+[ "$(grep -c 'cannot be made again' "$(site_log 0)")" = 1 ] || fail "site-a said more than once that its socket cannot be made again"
+[ -e "$work/site-a.sock" ] && fail "site-a made its control socket again in a folder others may write to"
+log "the socket in an unsafe folder: $(grep -m1 -o 'control socket [^"]*cannot be made again[^"]*' "$(site_log 0)")"
+for ((i = 0; i < 500; i++)); do
+	[ "$(grep -c 'was removed while the gateway ran: made again' "$(site_log 0)")" = 2 ] && break
+	sleep 0.02
+done
+[ "$i" -lt 500 ] || fail "site-a did not make its control socket again once its folder was safe"
 gw_stop 0
 
 # ---- a gateway that stopped: no answer, exit 3
