@@ -502,11 +502,11 @@ static int feedback_for(struct gg_node *n, const char *job, uint32_t tensor, uin
 		feedback_drop(n, i); /* the tensor changed size or memory: start afresh */
 		break;
 	}
-	if (n->feedback_count >= FEEDBACK_TENSORS_MAX)
+	if (n->feedback_count >= n->feedback_max)
 		return gg_errf(err, err_size, -ENOSPC,
 			       "error feedback for tensor %u of job '%s' does not fit: the gateway keeps it for %u "
 			       "tensors at most, and holds it for as many (each job's until it ends)",
-			       tensor, job, FEEDBACK_TENSORS_MAX);
+			       tensor, job, n->feedback_max);
 	if (cost > limit - GG_MIN(limit, n->feedback_bytes)) {
 		char a[32], b[32], held[96] = "";
 		unsigned nheld = 0;
@@ -1989,6 +1989,11 @@ uint64_t gg_node_test_mail_waiting(const struct gg_node *n, unsigned peer)
 	return waiting;
 }
 
+void gg_node_test_feedback_max(struct gg_node *n, unsigned tensors)
+{
+	n->feedback_max = tensors;
+}
+
 void gg_node_test_freeze_at_result(struct gg_node *n)
 {
 	n->test_freeze_at_result = true;
@@ -2263,6 +2268,7 @@ int gg_node_new(const struct gg_config *cfg, struct gg_node **out, char *err, si
 							      : ((uint64_t)1 << cfg->transport.streams_per_peer) - 1;
 
 	n->chunk_elems = gg_node_chunk_elems(cfg);
+	n->feedback_max = FEEDBACK_TENSORS_MAX;
 	n->frame_cfg = (struct gg_frame_config){ .codec = gg_codec_defaults(cfg->compression.codec),
 						 .zstd = cfg->compression.zstd_level > 0,
 						 .zstd_level = cfg->compression.zstd_level > 0 ? cfg->compression.zstd_level : 1,

@@ -316,6 +316,9 @@ void gg_node_test_hold_mail(struct gg_node *n, unsigned lane, bool hold);
 /* Tests: what waits of `peer`'s messages for other lanes (bytes) and for
  * the coordinator (mails): 0 once every lane and the coordinator took it. */
 uint64_t gg_node_test_mail_waiting(const struct gg_node *n, unsigned peer);
+/* Tests: the node keeps error feedback for `tensors` tensors at most, not
+ * 65536. On the thread that submits steps. */
+void gg_node_test_feedback_max(struct gg_node *n, unsigned tensors);
 /* Tests: from now on the node stops where a step's result is whole, as a
  * gateway that died at that moment would: no DONE, no completion. */
 void gg_node_test_freeze_at_result(struct gg_node *n);

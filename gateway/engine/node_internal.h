@@ -549,6 +549,7 @@ struct gg_node {
 	 * (steps hold pointers to them); residuals bounded by [limits] memory. */
 	struct feedback_slot **feedback;
 	unsigned feedback_count, feedback_cap;
+	unsigned feedback_max;   /* slots at most: FEEDBACK_TENSORS_MAX but in tests */
 	uint64_t feedback_bytes; /* those of gpu_held too */
 	/* Slots with residuals on the GPU, dropped while the backend holds GPU
 	 * frees back (an NCCL call of the gateway's may run there): freed once

@@ -427,6 +427,20 @@ static void *run_site(void *arg)
 		      "site %u: a tensor past the feedback memory was not refused: %s", s->index, err);
 		if (s->index == 0)
 			printf("  site 0: %s\n", err);
+		/* ... and the tensors by their number: with room for the job's
+		 * own alone, one more is refused, however small. */
+		char want[GG_NODE_ERROR_MAX];
+		gg_node_test_feedback_max(node, sc->steps);
+		struct gg_node_step more = big;
+		more.tensor_id = 1001;
+		more.count = 1;
+		snprintf(want, sizeof(want),
+			 "error feedback for tensor 1001 of job 'mesh' does not fit: the gateway keeps it for %u tensors "
+			 "at most, and holds it for as many (each job's until it ends)", sc->steps);
+		CHECK(gg_node_submit(node, &more, err, sizeof(err)) == -ENOSPC && !strcmp(err, want),
+		      "site %u: a tensor past the number kept was not refused: %s", s->index, err);
+		if (s->index == 0)
+			printf("  site 0: %s\n", err);
 		/* Each tensor's error feedback counts what it holds: the
 		 * residuals, the scratch of a chunk (all of a tensor smaller
 		 * than one) and its slot, not the residuals alone. */

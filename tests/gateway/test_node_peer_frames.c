@@ -27,7 +27,9 @@
  *                 and not a chunk's; past it the stream closes, saying
  *                 why. Then ABORTs for the coordinator, which does not
  *                 turn meanwhile: 16384 wait, and the next closes the
- *                 stream. Before, such mail queued without bound.
+ *                 stream, as does a frame of a run the coordinator
+ *                 must hear of first (taken once it took its mail).
+ *                 Before, such mail queued without bound.
  *
  *   test_node_peer_frames CERT_DIR  (certificates from examples/make-certs.sh) */
 #include <errno.h>
@@ -204,6 +206,12 @@ static size_t empty_frame(const struct gg_config *cfg, unsigned i, uint8_t *msg,
 	return make_data(cfg, "lanes", 2 + i, 0, 1, GG_CODEC_FP32, true, 0, msg, cap);
 }
 
+static size_t fresh_frame(const struct gg_config *cfg, unsigned i, uint8_t *msg, size_t cap)
+{
+	(void)i; /* the same frame again: the second taken is a duplicate */
+	return make_data(cfg, "fresh", 1, 0, 0, GG_CODEC_FP32, false, 1, msg, cap); /* chunk 0: lane 0's */
+}
+
 static size_t abort_msg(const struct gg_config *cfg, unsigned i, uint8_t *msg, size_t cap)
 {
 	char job[16];
@@ -248,7 +256,17 @@ static void lane_flood(struct gg_node *node, const struct gg_config *cfg)
 	let_go(node);
 	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
 	unsigned aborts = until_closed(node, abort_msg, cfg, 20000);
+	/* The first frame of a run the coordinator has not heard of is taken
+	 * only once it is told, and now cannot be: it is refused, and the
+	 * stream closes; once the coordinator took its mail, it is taken. */
+	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
+	/* (A stream closed by a message refuses the next.) */
+	bool refused = until_closed(node, fresh_frame, cfg, 2) == 0;
 	let_go(node);
+	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
+	bool taken = until_closed(node, fresh_frame, cfg, 2) == 2;
+	CHECK(refused && taken, "a new run's frame was %s while the coordinator's mail from s0 was full, and %s after",
+	      refused ? "refused" : "taken", taken ? "taken" : "refused");
 	capture_end(&cap, text, sizeof(text));
 	printf("  waited for lane 1: %u DATA of %zu bytes (window %llu), %u of %zu; for the coordinator: %u ABORTs\n",
 	       fulls, full, (unsigned long long)window, empties, empty, aborts);
@@ -268,7 +286,7 @@ static void lane_flood(struct gg_node *node, const struct gg_config *cfg)
 	unsigned closes = 0;
 	for (const char *p = text; (p = strstr(p, why)); p++)
 		closes++;
-	CHECK(closes == 3, "%u stream_down lines saying why, not 3: %.600s", closes, text);
+	CHECK(closes == 4, "%u stream_down lines saying why, not 4: %.600s", closes, text);
 }
 
 /* Step 1 of job "b" here (the node holds st until the step ends), and
