@@ -554,7 +554,7 @@ static int server_start(struct server *srv, const struct options *opt, struct cr
 		fprintf(stderr, "gradgate-bench transport: --listen %s: %s\n", listen_addr, why);
 		return -EINVAL;
 	}
-	srv->listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 128);
+	srv->listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 128, (int)opt->socket_buffer_bytes);
 	if (srv->listen_fd < 0) {
 		fprintf(stderr, "gradgate-bench transport: cannot listen on %s: %s\n", listen_addr, strerror(-srv->listen_fd));
 		return srv->listen_fd;

@@ -700,7 +700,7 @@ int gg_http_server_start(const struct gg_http_options *opts, struct gg_loop *loo
 		return gg_errf(err, err_size, -ENOMEM, "HTTP server: out of memory");
 	}
 	gg_net_addr_format(s->opts.addr, where, sizeof(where));
-	int fd = gg_net_listen(s->opts.addr, opts->addr_len, (int)opts->max_conns * 2);
+	int fd = gg_net_listen(s->opts.addr, opts->addr_len, (int)opts->max_conns * 2, 0);
 	if (fd < 0) {
 		gg_http_server_free(s);
 		return gg_errf(err, err_size, fd, "cannot listen on %s: %s", where, strerror(-fd));

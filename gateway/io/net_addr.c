@@ -159,13 +159,21 @@ bool gg_net_local_addr_is(int fd, const struct sockaddr_storage *want)
 	return false;
 }
 
-static int listen_once(const struct sockaddr *sa, socklen_t len, int backlog)
+static int listen_once(const struct sockaddr *sa, socklen_t len, int backlog, int buffer_bytes)
 {
 	int one = 1, rc;
+	uint64_t got;
 	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	if (fd < 0)
 		return -errno;
+	/* Set before listen(): the window scale an accepted connection
+	 * offers in its SYN-ACK comes from the listener's receive buffer. */
+	if (buffer_bytes > 0 && ((rc = gg_net_set_buffer(fd, false, (uint64_t)buffer_bytes, &got)) ||
+				 (rc = gg_net_set_buffer(fd, true, (uint64_t)buffer_bytes, &got)))) {
+		close(fd);
+		return rc;
+	}
 	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) || bind(fd, sa, len) || listen(fd, backlog)) {
 		rc = -errno;
 		close(fd);
@@ -174,9 +182,9 @@ static int listen_once(const struct sockaddr *sa, socklen_t len, int backlog)
 	return fd;
 }
 
-int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
+int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog, int buffer_bytes)
 {
-	int fd = listen_once(sa, len, backlog);
+	int fd = listen_once(sa, len, backlog, buffer_bytes);
 
 	/* A port in use may be on its way to free: a process that listened
 	 * there and was killed keeps it until the kernel has torn down its
@@ -185,7 +193,7 @@ int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog)
 	 * longer on a busy machine). */
 	for (int waited_ms = 0; fd == -EADDRINUSE && waited_ms < GG_NET_LISTEN_WAIT_MS; waited_ms += 10) {
 		usleep(10000);
-		fd = listen_once(sa, len, backlog);
+		fd = listen_once(sa, len, backlog, buffer_bytes);
 	}
 	return fd;
 }
@@ -204,7 +212,7 @@ int gg_net_addr_is_local(const struct sockaddr *sa, socklen_t len, const char **
 		((struct sockaddr_in6 *)&ss)->sin6_port = 0;
 	else
 		return -EAFNOSUPPORT;
-	int fd = gg_net_listen((struct sockaddr *)&ss, len, 1);
+	int fd = gg_net_listen((struct sockaddr *)&ss, len, 1, 0);
 	if (fd < 0) {
 		*why = fd == -EADDRNOTAVAIL ? "no interface of this host has that address" : strerror(-fd);
 		return fd;
@@ -271,18 +279,38 @@ void gg_net_buffer_limits(struct gg_net_buffer_limits *out)
 	out->wmem_max = 2 * proc_figure("/proc/sys/net/core/wmem_max", 0);
 	out->tcp_rmem = proc_figure("/proc/sys/net/ipv4/tcp_rmem", 2);
 	out->tcp_wmem = proc_figure("/proc/sys/net/ipv4/tcp_wmem", 2);
+	int v = 4096, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	out->may_force = fd >= 0 && !setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &v, sizeof(v));
+	if (fd >= 0)
+		close(fd);
 }
 
 void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg_net_buffer_limits *lim,
 			   uint64_t max_bytes, uint64_t *rcv, uint64_t *snd)
 {
-	const uint64_t top = 2 * max_bytes;
-	uint64_t r = GG_MIN(4 * st->rcv_space, top);
+	const uint64_t top = 2 * max_bytes, window_max = (uint64_t)UINT16_MAX << GG_MIN(st->rcv_wscale, 14u);
+	uint64_t r = GG_MIN(GG_MIN(4 * st->rcv_space, top), 2 * window_max);
 	uint64_t s = GG_MIN(GG_MAX(2 * st->snd_now, 4 * st->cwnd_bytes), top);
 
 	/* Autotuning reaches what it can itself: past it only. */
 	*rcv = r > lim->tcp_rmem && r > st->rcv_now ? r : 0;
 	*snd = st->snd_limited && s > lim->tcp_wmem && s > st->snd_now ? s : 0;
+}
+
+uint64_t gg_net_buffer_allowed(const struct gg_net_buffer_limits *lim, bool send, uint64_t want, uint64_t now)
+{
+	uint64_t v = lim->may_force ? want : GG_MIN(want, send ? lim->wmem_max : lim->rmem_max);
+
+	return v > now ? v : 0;
+}
+
+int gg_net_open_window(int fd, uint64_t rcvbuf)
+{
+	int v = (int)GG_MIN(rcvbuf, (uint64_t)INT_MAX);
+
+	return setsockopt(fd, IPPROTO_TCP, TCP_WINDOW_CLAMP, &v, sizeof(v)) ? -errno : 0;
 }
 
 /* The first line of a /proc file, or "?". */

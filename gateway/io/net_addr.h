@@ -42,13 +42,16 @@ const char *gg_net_peer_addr(int fd, char *buf, size_t size);
 /* Whether socket fd's own address is `want`: family, address and port. */
 bool gg_net_local_addr_is(int fd, const struct sockaddr_storage *want);
 
-/* A listening TCP socket (SO_REUSEADDR, close-on-exec). Returns the fd or
- * a negative errno. Port 0 picks a free port: see gg_net_local_addr(). A
+/* A listening TCP socket (SO_REUSEADDR, close-on-exec), with both socket
+ * buffers set to buffer_bytes where that is > 0 (gg_net_set_buffer()):
+ * the window scale of the connections it accepts comes from its receive
+ * buffer, as a dialed one's comes from the dialer's. Returns the fd or a
+ * negative errno. Port 0 picks a free port: see gg_net_local_addr(). A
  * port in use is tried again for up to GG_NET_LISTEN_WAIT_MS, blocking:
  * a gateway restarted on it may find it held a moment longer by the one
  * it replaces. */
 #define GG_NET_LISTEN_WAIT_MS 1000
-GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog);
+GG_MUST_CHECK int gg_net_listen(const struct sockaddr *sa, socklen_t len, int backlog, int buffer_bytes);
 
 /* Whether this host could listen on the address: a listen on it with port
  * 0 tells, without the port, which a running gateway may hold. Returns 0,
@@ -90,9 +93,11 @@ struct gg_net_buffer_limits {
 	uint64_t rmem_max, wmem_max; /* net.core.{r,w}mem_max, doubled: the most a process
 					without CAP_NET_ADMIN may set */
 	uint64_t tcp_rmem, tcp_wmem; /* net.ipv4.tcp_{r,w}mem, third figure: the most autotuning gives */
+	bool may_force;              /* the process may pass {r,w}mem_max (CAP_NET_ADMIN) */
 };
 
-/* This network namespace's limits; a figure it cannot read is 0. */
+/* This network namespace's limits, and whether this process may pass
+ * them; a figure it cannot read is 0. */
 void gg_net_buffer_limits(struct gg_net_buffer_limits *out);
 
 /* Sets the send or receive buffer to hold `bytes` (set_bytes, as SO_SNDBUF
@@ -114,12 +119,30 @@ struct gg_net_buffer_state {
 	uint64_t rcv_space;        /* tcpi_rcv_space */
 	uint64_t cwnd_bytes;       /* tcpi_snd_cwnd x tcpi_snd_mss */
 	bool snd_limited;          /* tcpi_sndbuf_limited grew since the last look */
+	unsigned rcv_wscale;       /* tcpi_rcv_wscale */
 };
 
-/* The sizes to set (doubled, as getsockopt() would report them), or 0
- * for one to leave as it is. */
+/* The sizes the stream needs (doubled, as getsockopt() would report
+ * them), or 0 for one to leave as it is. The receive side needs no more
+ * than twice the largest window its connection may offer: 64 KiB shifted
+ * by the scale fixed when it opened (rcv_wscale), from the larger of
+ * tcp_rmem and rmem_max then. */
 void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg_net_buffer_limits *lim,
 			   uint64_t max_bytes, uint64_t *rcv, uint64_t *snd);
+
+/* What of `want` (a size gg_net_buffer_targets() gave for the send or
+ * receive buffer, which holds `now`) may be set: all of it where the
+ * process may pass the kernel's limit, as much as the limit allows
+ * otherwise, and 0 where that is no more than `now`: a buffer set stops
+ * the kernel's autotuning of it for good, and autotuning may have given
+ * more than the limit allows a process to set. */
+uint64_t gg_net_buffer_allowed(const struct gg_net_buffer_limits *lim, bool send, uint64_t want, uint64_t now);
+
+/* Opens the receive window of a connected socket whose receive buffer was
+ * raised to `rcvbuf` (as getsockopt() reports it) up to that buffer: the
+ * kernel's clamp on it stays where autotuning left it otherwise
+ * (TCP_WINDOW_CLAMP). Returns 0 or a negative errno. */
+int gg_net_open_window(int fd, uint64_t rcvbuf);
 
 /* Whether TCP sockets of this process may use congestion control `name`:
  * 0, or a negative errno with a message that says what this kernel offers

@@ -1038,7 +1038,8 @@ static void tune_stream(struct gg_mesh *m, int ci)
 					  .snd_now = (uint64_t)snd,
 					  .rcv_space = ti.tcpi_rcv_space,
 					  .cwnd_bytes = (uint64_t)ti.tcpi_snd_cwnd * ti.tcpi_snd_mss,
-					  .snd_limited = ti.tcpi_sndbuf_limited > c->sndbuf_limited_us };
+					  .snd_limited = ti.tcpi_sndbuf_limited > c->sndbuf_limited_us,
+					  .rcv_wscale = ti.tcpi_rcv_wscale };
 	c->sndbuf_limited_us = ti.tcpi_sndbuf_limited;
 	/* What the stream moved, not the kernel's rate of its latest
 	 * sample: a stream slowed past its first hop starts at that hop's
@@ -1055,11 +1056,21 @@ static void tune_stream(struct gg_mesh *m, int ci)
 		c->lowat = lowat;
 	if (m->cfg->transport.socket_buffer_bytes)
 		return;
-	uint64_t want[2], got;
+	uint64_t want[2], now[2] = { st.rcv_now, st.snd_now };
 	gg_net_buffer_targets(&st, &m->buffer_limits, m->cfg->transport.socket_buffer_max_bytes, &want[0], &want[1]);
-	for (int send = 0; send < 2; send++)
-		if (want[send] && !gg_net_set_buffer(c->ts.fd, send, want[send] / 2, &got) && got < want[send] / 10 * 9)
+	for (int send = 0; send < 2; send++) {
+		if (!want[send])
+			continue;
+		uint64_t set = gg_net_buffer_allowed(&m->buffer_limits, send, want[send], now[send]), got = now[send];
+		if (set && gg_net_set_buffer(c->ts.fd, send, set / 2, &got))
+			continue;
+		/* A receive buffer raised past where autotuning stopped opens
+		 * the window only with the kernel's clamp on it. */
+		if (set && !send)
+			(void)gg_net_open_window(c->ts.fd, got);
+		if (got < want[send] / 10 * 9)
 			buffer_capped(m, c, send, want[send], got);
+	}
 }
 
 /* A fixed socket_buffer the kernel did not give in full (net.core.*mem_max). */
@@ -2296,7 +2307,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 		rc = gg_errf(err, err_size, -EINVAL, "listen address %s: %s", cfg->site.listen, why);
 		goto fail;
 	}
-	m->accept.fd = gg_net_listen((struct sockaddr *)&ss, len, 128);
+	m->accept.fd = gg_net_listen((struct sockaddr *)&ss, len, 128, (int)cfg->transport.socket_buffer_bytes);
 	if (m->accept.fd < 0) {
 		rc = gg_errf(err, err_size, m->accept.fd, "cannot listen on %s: %s", cfg->site.listen,
 			     strerror(-m->accept.fd));

@@ -200,7 +200,7 @@ static void test_deadline(struct gg_tls_context *ctx, const struct gg_tls_site *
 
 	CHECK(gg_loop_init(&loop, 8) == 0);
 	CHECK(gg_net_addr_parse("127.0.0.1:0", &ss, &len, &why) == 0);
-	CHECK((lfd = gg_net_listen((struct sockaddr *)&ss, len, hang ? 0 : 8)) >= 0);
+	CHECK((lfd = gg_net_listen((struct sockaddr *)&ss, len, hang ? 0 : 8, 0)) >= 0);
 	len = sizeof(ss);
 	CHECK(getsockname(lfd, (struct sockaddr *)&ss, &len) == 0);
 	/* A connection nobody accepts fills a queue of backlog 0; the others
@@ -267,7 +267,7 @@ int main(void)
 
 	CHECK(gg_loop_init(&t.loop, 32) == 0);
 	CHECK(gg_net_addr_parse("127.0.0.1:0", &ss, &len, &why) == 0);
-	CHECK((t.listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 8)) >= 0);
+	CHECK((t.listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 8, 0)) >= 0);
 	len = sizeof(ss);
 	CHECK(getsockname(t.listen_fd, (struct sockaddr *)&ss, &len) == 0);
 	CHECK(gg_loop_accept(&t.loop, t.listen_fd, gg_loop_ud(GG_OP_ACCEPT, 0, 0)) == 0);

@@ -281,7 +281,7 @@ int main(int argc, char **argv)
 		const char *why;
 		char addr[GG_NET_ADDR_TEXT_MAX];
 		if (gg_net_addr_parse("127.0.0.1:0", &ss, &len, &why) ||
-		    (p.listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 64)) < 0 ||
+		    (p.listen_fd = gg_net_listen((struct sockaddr *)&ss, len, 64, 0)) < 0 ||
 		    gg_loop_accept(&p.loop, p.listen_fd, gg_loop_ud(GG_OP_ACCEPT, 0, 0))) {
 			printf("cannot listen\n");
 			return 1;

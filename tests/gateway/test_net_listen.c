@@ -55,7 +55,7 @@ int main(void)
 	CHECK(held >= 0, "cannot hold a port");
 	double t0 = now_s();
 	CHECK(pthread_create(&t, NULL, let_go, &held) == 0, "thread");
-	int fd = gg_net_listen((struct sockaddr *)&sa, sizeof(sa), 8);
+	int fd = gg_net_listen((struct sockaddr *)&sa, sizeof(sa), 8, 0);
 	double took = now_s() - t0;
 	pthread_join(t, NULL);
 	printf("a port let go 200 ms later: %s after %.0f ms\n", fd >= 0 ? "taken" : strerror(-fd), took * 1e3);
@@ -68,7 +68,7 @@ int main(void)
 	held = hold_port(&sa);
 	CHECK(held >= 0, "cannot hold a port");
 	t0 = now_s();
-	fd = gg_net_listen((struct sockaddr *)&sa, sizeof(sa), 8);
+	fd = gg_net_listen((struct sockaddr *)&sa, sizeof(sa), 8, 0);
 	took = now_s() - t0;
 	printf("a port held throughout: %s after %.0f ms\n", fd >= 0 ? "taken" : strerror(-fd), took * 1e3);
 	CHECK(fd == -EADDRINUSE, "a port another socket listens on: %d (%s)", fd, fd < 0 ? strerror(-fd) : "taken");

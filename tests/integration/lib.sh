@@ -7,8 +7,11 @@
 # Everything a test starts is a direct child that stays in the test's
 # process group, so meson's kill of that group on a timeout reaches it too;
 # each is listed in `pids` until reaped, and the EXIT trap stops and reaps
-# what is left and removes the temporary folder (GG_INTEG_KEEP=1 keeps it,
-# GG_INTEG_QUIET=1 leaves out the logs on failure). Waits poll with a
+# what is left, runs the commands a test added to `at_exit` (a namespace
+# to delete) and removes the temporary folder (GG_INTEG_KEEP=1 keeps it,
+# GG_INTEG_QUIET=1 leaves out the logs on failure). A test sets no EXIT
+# trap of its own: under set -e a failing command in one ends it before
+# the processes are stopped. Waits poll with a
 # deadline; nothing sleeps for a fixed time and hopes. The loops that poll
 # start as few processes as they can (a fork costs milliseconds on a small
 # virtual machine, and they poll every 20 ms): clocks come from bash's
@@ -24,6 +27,7 @@ done
 SITES=(site-a site-b site-c site-d) # index order = sorted name order
 work=$(mktemp -d "${TMPDIR:-/tmp}/gg-integ.XXXXXX")
 pids=()
+at_exit=()
 test_name=$(basename "$0" .sh)
 # sleep SECONDS without a process: a read that times out on a pipe nobody
 # writes to (this shell holds its only write end).
@@ -146,6 +150,9 @@ cleanup() {
 			kill -KILL "$pid" 2>/dev/null
 		fi
 		wait "$pid" 2>/dev/null
+	done
+	for cmd in "${at_exit[@]}"; do
+		eval "$cmd"
 	done
 	# A sanitizer report in any process's log fails the test, even one
 	# whose process carried on (ASan leaks at exit, TSan without halting).

@@ -13,7 +13,7 @@ for t in ip ss; do
 	command -v "$t" >/dev/null || { echo "$t is not installed: skipped"; exit 77; }
 done
 ns=gg-names-$$
-trap 'rc=$?; ip netns del "$ns" 2>/dev/null; rm -rf "/etc/netns/$ns"; (exit $rc); cleanup' EXIT
+at_exit+=('ip netns del "$ns" 2>/dev/null; rm -rf "/etc/netns/$ns"')
 # ip netns exec puts /etc/netns/NS/* in place of /etc/* for what it runs.
 mkdir -p "/etc/netns/$ns"
 # A lookup of a name not in hosts waits 5 s for each of its two queries

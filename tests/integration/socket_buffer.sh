@@ -4,8 +4,9 @@
 # gets what the kernel allows and the log says which limit to raise; with
 # "auto" a stream whose kernel autotuning stops short (net.ipv4.tcp_rmem,
 # lowered in a namespace of the test's own) gets larger buffers from what
-# it measures, up to socket_buffer_max. Sizes as `ss -tm` shows them (the
-# kernel counts twice what SO_RCVBUF sets).
+# it measures, up to socket_buffer_max; a fixed size gives the connections
+# a gateway accepts the window scale it gives those it dials. Sizes as
+# `ss -tm` shows them (the kernel counts twice what SO_RCVBUF sets).
 . "$(dirname "$0")/lib.sh"
 
 [ "$(id -u)" = 0 ] || { echo "needs root (CAP_NET_ADMIN, network namespaces): skipped"; exit 77; }
@@ -15,7 +16,7 @@ done
 real=$GRADGATE
 rmem_max=$(cat /proc/sys/net/core/rmem_max)
 ns=gg-sockbuf-$$
-trap 'rc=$?; ip netns del "$ns" 2>/dev/null; (exit $rc); cleanup' EXIT
+at_exit+=('ip netns del "$ns" 2>/dev/null')
 
 # The largest receive buffer among the gateways' connections (kernel count).
 largest_rb() {
@@ -81,4 +82,22 @@ one_run auto 4194304 6 ip netns exec "$ns"
 log "socket_buffer = \"auto\", net.ipv4.tcp_rmem max 131072: the largest receive buffer is $rb"
 [ "$rb" -gt 131072 ] && [ "$rb" -le $((2 * (4 << 20))) ] ||
 	fail "receive buffer $rb: not past autotuning's 131072, or past 2 x socket_buffer_max"
+mesh_stop
+
+# ---- a fixed size, where the namespace's limits alone give a window scale
+# of 7 (windows up to 8 MiB): the connections each gateway accepted offer
+# the larger scale of its buffers, as those it dialed do.
+SOCKET_BUFFER=$((16 << 20))
+TRANSPORT_EXTRA=
+mesh_start
+mesh_up 15
+scales=$(ip netns exec "$ns" ss -tin state established |
+	awk -v a=":${gw_port[0]}" -v b=":${gw_port[1]}" '
+		index($0, a) || index($0, b) { keep = 1; next }
+		keep && match($0, /wscale:[0-9]+,[0-9]+/) { split(substr($0, RSTART + 7, RLENGTH - 7), w, ","); print w[2] }
+		{ keep = 0 }' | sort | uniq -c | tr -s ' \n' ' ')
+log "socket_buffer = 16 MiB, tcp_rmem max 128 KiB: connections by the window scale they offer:$scales"
+# One scale for all four ends, past the 7 the limits alone give.
+[[ "$scales" =~ ^\ ?4\ ([0-9]+)\ ?$ ]] && [ "${BASH_REMATCH[1]}" -gt 7 ] ||
+	fail "the connections' ends offer window scales (count scale): $scales; expected 4 ends at one scale above 7"
 mesh_stop
