@@ -125,8 +125,8 @@ static const struct field tls_fields[] = {
 static const struct field peer_fields[] = {
 	{ "site", F_STRING, PEER(site), true, NULL, 0, 0, NULL, gg_check_site_name,
 	  "the peer's site name" },
-	{ "address", F_STRING, PEER(address), true, NULL, 0, 0, NULL, gg_check_address,
-	  "host:port the peer listens on" },
+	{ "address", F_STRING, PEER(address), false, NULL, 0, 0, NULL, gg_check_address,
+	  "host:port the peer listens on (required unless dial = \"in\": this site never dials it)" },
 	{ "identity", F_STRING, PEER(identity), false, NULL, 0, 0, NULL, gg_check_identity,
 	  "dns:NAME or uri:URI its certificate must carry (default dns:SITE)" },
 	{ "dial", F_ENUM, PEER(dial), false, "both", 0, 0, dial_names, NULL,
@@ -899,12 +899,17 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 		const struct gg_peer_config *p = &cfg->peers[i];
 		const struct gg_toml_pos site_at = peer_pos(pv, i, "site", NULL),
 					 address_at = peer_pos(pv, i, "address", NULL);
-		if (!p->site || !p->address)
+		if (!p->site)
 			continue;
+		/* (An address given but bad is reported as such.) */
+		if (!p->address && p->dial != GG_DIAL_IN &&
+		    !gg_toml_table_get(gg_toml_array_at(pv->u.array, i)->u.table, "address"))
+			gg_diag_add(ld->diag, "%s:%u:%u: missing required key 'address' in [[peers]] #%zu (only a peer "
+				 "this site never dials, with dial = \"in\", may go without one)", AT(ld, address_at), i + 1);
 		if (cfg->site.name && !strcmp(p->site, cfg->site.name))
 			gg_diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu is site '%s', which is this site itself",
 				 AT(ld, site_at), i + 1, p->site);
-		if (cfg->site.listen && gg_address_same_endpoint(cfg->site.listen, p->address, false))
+		if (p->address && cfg->site.listen && gg_address_same_endpoint(cfg->site.listen, p->address, false))
 			gg_diag_add(ld->diag, "%s:%u:%u: [[peers]] #%zu address %s is this site's own listen address (%s)",
 				 AT(ld, address_at), i + 1, p->address, cfg->site.listen);
 		for (size_t j = 0; j < i; j++) {
@@ -912,7 +917,7 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 			if (q->site && !strcmp(p->site, q->site))
 				gg_diag_add(ld->diag, "%s:%u:%u: duplicate peer: site '%s' is already [[peers]] #%zu",
 					 AT(ld, site_at), p->site, j + 1);
-			else if (q->address && !strcmp(p->address, q->address))
+			else if (p->address && q->address && !strcmp(p->address, q->address))
 				gg_diag_add(ld->diag, "%s:%u:%u: duplicate peer address %s: [[peers]] #%zu uses it too",
 					 AT(ld, address_at), p->address, j + 1);
 			else if (q->site) {

@@ -458,7 +458,7 @@ static unsigned status_answer(void *arg, union gg_ctrl_msg *out, unsigned max)
 		const char *name = gg_node_site_name(d->node, p), *address = "";
 		for (size_t i = 0; i < cfg->peer_count; i++)
 			if (!strcmp(cfg->peers[i].site, name))
-				address = cfg->peers[i].address;
+				address = cfg->peers[i].address ? cfg->peers[i].address : "";
 		struct gg_ctrl_status_peer *sp = &out[n].status_peer;
 		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_PEER);
 		sp->streams_up = pm->streams_up;

@@ -175,7 +175,10 @@ static void print_json(const struct answer *a)
 		printf("%s{\"site\":", i ? "," : "");
 		json_string(p->site);
 		printf(",\"address\":");
-		json_string(p->address);
+		if (p->address[0])
+			json_string(p->address);
+		else
+			printf("null"); /* a peer that dials in, to no address of its own */
 		printf(",\"streams_up\":%u,\"streams\":%u,\"rtt_ms\":", p->streams_up, p->streams);
 		if (p->rtt_us)
 			printf("%.3f", (double)p->rtt_us / 1e3);
@@ -275,7 +278,7 @@ static void print_table(const struct answer *a)
 			snprintf(rtt, sizeof(rtt), "%.3f", (double)p->rtt_us / 1e3);
 		else
 			snprintf(rtt, sizeof(rtt), "-");
-		printf("%-20s %-24s %-8s %9s %12s %12s  %s\n", p->site, p->address, streams, rtt,
+		printf("%-20s %-24s %-8s %9s %12s %12s  %s\n", p->site, p->address[0] ? p->address : "-", streams, rtt,
 		       human_size(p->bytes_in, b1, sizeof(b1)), human_size(p->bytes_out, b2, sizeof(b2)),
 		       ago(p->heard_ms_ago, b3, sizeof(b3)));
 	}

@@ -2267,7 +2267,7 @@ int gg_mesh_new(const struct gg_mesh_config *mc, struct gg_mesh **out, char *err
 			rc = gg_errf(err, err_size, -EINVAL, "site %s is not among the configured peers", m->names[i]);
 			goto fail;
 		}
-		snprintf(m->peers[i].address, sizeof(m->peers[i].address), "%s", pc->address);
+		snprintf(m->peers[i].address, sizeof(m->peers[i].address), "%s", pc->address ? pc->address : "");
 		m->peers[i].dial = pc->dial;
 		if (gg_tls_site_init(&m->peers[i].tls_site, pc->site, pc->identity, &why)) {
 			rc = gg_errf(err, err_size, -EINVAL, "peer %s: identity %s: %s", pc->site, pc->identity, why);

@@ -206,8 +206,9 @@ static const char full[] =
 	"groups = [\"P-384\", \"X25519\"]\n"
 	"[[peers]]\nsite = \"us-east-1\"\naddress = \"203.0.113.7:7101\"\n"
 	"identity = \"uri:spiffe://gradgate.test/us-east-1\"\ndial = \"out\"\n"
-	"[[peers]]\nsite = \"ap-south-1\"\naddress = \"[2001:db8::1]:7101\"\nidentity = \"dns:ap.gradgate.test\"\n"
+	"[[peers]]\nsite = \"ap-south-1\"\nidentity = \"dns:ap.gradgate.test\"\n" /* behind NAT: it dials in */
 	"dial = \"in\"\n"
+	"[[peers]]\nsite = \"sa-east-1\"\naddress = \"[2001:db8::1]:7101\"\n"
 	"[transport]\nstreams_per_peer = 16\nchunk_size = 262144\nsocket_buffer = \"16MiB\"\n"
 	"heartbeat_interval = \"250ms\"\nheartbeat_timeout = \"1m30s\"\nconnect_timeout = \"3s\"\n"
 	"handshake_timeout = \"2s\"\nstep_timeout = \"2m\"\nreconnect_min = \"50ms\"\nreconnect_max = \"30s\"\n"
@@ -232,9 +233,10 @@ static void test_full_and_round_trip(void)
 	CHECK(cfg.tls.crl != NULL && strstr(cfg.tls.crl, "/crl.pem"));
 	CHECK_STR(cfg.tls.ciphersuites, "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256");
 	CHECK_STR(cfg.tls.groups, "P-384:X25519");
-	CHECK(cfg.peer_count == 2);
+	CHECK(cfg.peer_count == 3);
 	CHECK_STR(cfg.peers[0].identity, "uri:spiffe://gradgate.test/us-east-1");
-	CHECK_STR(cfg.peers[1].address, "[2001:db8::1]:7101");
+	CHECK(cfg.peers[1].address == NULL);
+	CHECK_STR(cfg.peers[2].address, "[2001:db8::1]:7101");
 	CHECK_STR(cfg.peers[1].identity, "dns:ap.gradgate.test");
 	CHECK(cfg.peers[0].dial == GG_DIAL_OUT && cfg.peers[1].dial == GG_DIAL_IN);
 	CHECK(gg_config_peer(&cfg, "ap-south-1") == &cfg.peers[1] && !gg_config_peer(&cfg, "eu-west-1"));

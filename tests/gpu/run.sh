@@ -11,10 +11,11 @@
 # whatever else the 'gpu' test suite holds. Run it from anywhere on a
 # machine with a GPU; it builds only those tests and the programs they run
 # (in build-gpu/), prints each one's output and a summary, and exits
-# non-zero if any check failed, any was not built, or none ran. On a
-# machine with a GPU a check that skips counts as failed too, but for the
-# PyTorch tests where no PyTorch with CUDA is found; the summary gives
-# every skip's reason.
+# non-zero if any check failed, any was not built, or none ran: 77 where
+# no GPU is found and every check skipped for want of one. On a machine
+# with a GPU a check that skips counts as failed too, but for the PyTorch
+# tests where no PyTorch with CUDA is found; the summary gives every
+# skip's reason.
 #
 #   tests/gpu/run.sh [--debs DIR] [--logs DIR] [--budget SECONDS]
 #
@@ -244,6 +245,9 @@ for t in unrun:
     print(f"  {t:<20} NOT RUN")
 f += len(not_built) + len(unrun)
 print(f"gpu: {p} passed, {f} failed, {s} skipped")
+if not gpus and not f and not p and s:
+    print("gpu: no GPU here: every check skipped")
+    sys.exit(77)
 sys.exit(1 if f or p == 0 else 0)
 PY
 summary=$?
@@ -253,4 +257,5 @@ if [ -n "$logs" ]; then
 	exec >&- 2>&-
 	wait "$tee_pid"
 fi
+[ $summary = 77 ] && exit 77
 [ $summary = 0 ] && [ $rc = 0 ]

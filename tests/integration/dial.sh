@@ -7,7 +7,8 @@
 #   carries steps with exact results; no stream comes or goes once it
 #   settled.
 # - A site that only dials out (dial = "out" for every peer, "in" at them),
-#   behind a one-way firewall: its peers' address for it is a closed port.
+#   behind NAT: its peers have no address for it, and status shows none.
+#   With "both" at them, their address for it is a closed port.
 # - Both "in": nobody dials; the incomplete mesh, and a step that waits for
 #   it, name the dial settings as the likely cause. One "out" whose address
 #   for the other is wrong: the other names its refusal and that address. A peer with another
@@ -129,19 +130,26 @@ done
 log "stream_up per site: ${before[*]}"
 mesh_stop
 
-# A site that only dials out, behind a firewall that lets nothing in: its
-# peers have a closed port for it. site-c dials the others' as usual.
+# A site that only dials out, behind NAT that lets nothing in: its peers
+# have no address for it. site-c dials the others' as usual.
 K=3
 closed=$(free_ports 1)
 DIAL=([1-0]=out [1-2]=out [0-1]=in [2-1]=in)
-PEER_ADDR=([0-1]=127.0.0.1:$closed [2-1]=127.0.0.1:$closed)
+PEER_ADDR=([0-1]=none [2-1]=none)
 mesh_start
 mesh_up 15
 run_ok dial-out-only 100003 1 2
 for i in 0 2; do
 	expect "$(site_log "$i")" 'event=stream_up site=site-b stream=0 dialed_by=site-b ' "${SITES[$i]}: site-b dialed"
 done
+"$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/nat.out" 2>&1 || fail "status: $(cat "$work/nat.out")"
+expect "$work/nat.out" '^site-b +- +2/2 ' "site-a's status of site-b, which has no address there"
+"$GRADGATE" status --control "unix:$work/site-a.sock" --json >"$work/nat.json" 2>&1 || fail "status --json failed"
+python3 -c 'import json, sys; p = [p for p in json.load(open(sys.argv[1]))["peers"] if p["site"] == "site-b"]; sys.exit(not (len(p) == 1 and p[0]["address"] is None))' \
+	"$work/nat.json" || fail "site-b's address in the status JSON is not null: $(cat "$work/nat.json")"
+log "a site behind NAT, as its peers see it: $(grep '^site-b' "$work/nat.out")"
 mesh_stop
+PEER_ADDR=([0-1]=127.0.0.1:$closed [2-1]=127.0.0.1:$closed)
 
 # The same firewall with "both" at its peers: their dials fail (the closed
 # port), site-b's carry the streams.

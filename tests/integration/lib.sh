@@ -65,7 +65,7 @@ declare -A SITE_CODEC=() SITE_SCALE=() SITE_ALGO=() # per-site overrides (a refu
 declare -A SITE_THREADS=()
 declare -A LINK_EXTRA=()  # "i-j": extra linkem options for that link
 declare -A DIAL=()        # "i-j": site i's [[peers]] dial for site j (unset: out/in across a link, else both)
-declare -A PEER_ADDR=()   # "i-j": the address site i dials site j on (unset: j's listen address or link; @PORT@: j's port)
+declare -A PEER_ADDR=()   # "i-j": the address site i dials site j on (unset: j's listen address or link; @PORT@: j's port; none: no address)
 
 declare -a gw_pid gw_port metrics_port
 declare -A link_pid link_addr # "IJ": the link from site I to site J
@@ -308,8 +308,8 @@ EOF
 			fi
 			addr=${PEER_ADDR["$i-$j"]:-$addr}
 			addr=${addr//@PORT@/${gw_port[$j]}}
-			printf '[[peers]]\nsite = "%s"\naddress = "%s"\nidentity = "dns:%s.gradgate.test"\n' \
-				"${SITES[$j]}" "$addr" "${SITES[$j]}"
+			printf '[[peers]]\nsite = "%s"\nidentity = "dns:%s.gradgate.test"\n' "${SITES[$j]}" "${SITES[$j]}"
+			[ "$addr" = none ] || printf 'address = "%s"\n' "$addr"
 			dial=${DIAL["$i-$j"]:-}
 			if [ -z "$dial" ] && [ -n "${link_addr[$((i < j ? i : j))$((i < j ? j : i))]:-}" ]; then
 				# Joined by a link: the first site dials through it and the
