@@ -38,6 +38,27 @@ static cudaError_t gg_launch(void (*kernel)(P...), unsigned blocks, unsigned thr
 
 #include "codec_kernels.cuh"
 
+/* Errors that stay with the CUDA context (a kernel's fault): every later
+ * call of the process on the device fails too. */
+static bool sticky(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorHardwareStackError:
+	case cudaErrorAssert:
+	case cudaErrorLaunchTimeout:
+	case cudaErrorECCUncorrectable:
+		return true;
+	default:
+		return false;
+	}
+}
+
 int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size)
 {
 	int code = -EIO;
@@ -49,8 +70,10 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
 	else if (e == cudaErrorInvalidValue)
 		code = -EINVAL;
 	(void)cudaGetLastError();
-	return gg_errf(err, err_size, code, "%s:%d: %s: %s (%s)", gg_source_path(file), line, what,
-		       cudaGetErrorString(e), cudaGetErrorName(e));
+	return gg_errf(err, err_size, code, "%s:%d: %s: %s (%s)%s", gg_source_path(file), line, what,
+		       cudaGetErrorString(e), cudaGetErrorName(e),
+		       sticky(e) ? "; the gateway's CUDA context is lost with it: every later step on its GPU fails "
+				   "until the gateway restarts" : "");
 }
 
 int gg_cuda_driver_symbol(const char *symbol, void **fn, char *err, size_t err_size)
