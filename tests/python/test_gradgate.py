@@ -269,6 +269,35 @@ class WithGateways(unittest.TestCase):
         gc.collect()
         self.assertIsNone(session(), "the session outlived the last array of its buffers")
 
+    def test_collection_under_the_module_locks(self):
+        """What runs under the package's mapping and retirement locks
+        allocates, so a garbage collection may run there, on that thread,
+        and finalize a session (close()) or a given-back buffer's memory
+        (_unretire()): both take those locks again, which must not hang."""
+        done = []
+
+        def body():
+            s = gradgate.Session("relock", 0, 1, endpoint=self.mesh.endpoint(0))
+            kept = s.buffer(1024)
+            gone = s.buffer(1024)
+            s.free_buffer(gone)  # retired while its array lives
+            cycle = [s, kept, gone]
+            cycle.append(cycle)  # only a collection frees them
+            del s, kept, gone, cycle
+            gc.disable()
+            try:
+                with gradgate._mapping_lock, gradgate._retired_lock:
+                    done.append(gc.collect())
+            finally:
+                gc.enable()
+
+        t = threading.Thread(target=body, daemon=True)
+        t.start()
+        t.join(20)
+        self.assertFalse(t.is_alive(), "a collection under the package's locks hung: a finalizer took them again")
+        self.assertEqual(len(done), 1)
+        self.assertGreater(done[0], 0, "the collection freed nothing: it finalized no session")
+
     def test_buffers_of_sessions_side_by_side(self):
         """Sessions of one process that make and give back shared buffers
         at once: one's new buffer may take the addresses another's just
