@@ -291,7 +291,7 @@ void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg
 			   uint64_t max_bytes, uint64_t *rcv, uint64_t *snd)
 {
 	const uint64_t top = 2 * max_bytes, window_max = (uint64_t)UINT16_MAX << GG_MIN(st->rcv_wscale, 14u);
-	uint64_t r = GG_MIN(GG_MIN(4 * st->rcv_space, top), 2 * window_max);
+	uint64_t r = GG_MIN(GG_MIN(4 * st->rcv_space, top), 4 * window_max);
 	uint64_t s = GG_MIN(GG_MAX(2 * st->snd_now, 4 * st->cwnd_bytes), top);
 
 	/* Autotuning reaches what it can itself: past it only. */
@@ -301,7 +301,9 @@ void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg
 
 uint64_t gg_net_buffer_allowed(const struct gg_net_buffer_limits *lim, bool send, uint64_t want, uint64_t now)
 {
-	uint64_t v = lim->may_force ? want : GG_MIN(want, send ? lim->wmem_max : lim->rmem_max);
+	const uint64_t limit = send ? lim->wmem_max : lim->rmem_max;
+	/* A limit not read (0) is left to the kernel to apply. */
+	uint64_t v = lim->may_force || !limit ? want : GG_MIN(want, limit);
 
 	return v > now ? v : 0;
 }

@@ -124,18 +124,19 @@ struct gg_net_buffer_state {
 
 /* The sizes the stream needs (doubled, as getsockopt() would report
  * them), or 0 for one to leave as it is. The receive side needs no more
- * than twice the largest window its connection may offer: 64 KiB shifted
- * by the scale fixed when it opened (rcv_wscale), from the larger of
- * tcp_rmem and rmem_max then. */
+ * than four times the largest window its connection may offer (the
+ * kernel may count as little as a quarter of a buffer as window): 64 KiB
+ * shifted by the scale fixed when it opened (rcv_wscale), from the larger
+ * of tcp_rmem and rmem_max then. */
 void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg_net_buffer_limits *lim,
 			   uint64_t max_bytes, uint64_t *rcv, uint64_t *snd);
 
 /* What of `want` (a size gg_net_buffer_targets() gave for the send or
  * receive buffer, which holds `now`) may be set: all of it where the
- * process may pass the kernel's limit, as much as the limit allows
- * otherwise, and 0 where that is no more than `now`: a buffer set stops
- * the kernel's autotuning of it for good, and autotuning may have given
- * more than the limit allows a process to set. */
+ * process may pass the kernel's limit (or the limit could not be read),
+ * as much as the limit allows otherwise, and 0 where that is no more than
+ * `now`: a buffer set stops the kernel's autotuning of it for good, and
+ * autotuning may have given more than the limit allows a process to set. */
 uint64_t gg_net_buffer_allowed(const struct gg_net_buffer_limits *lim, bool send, uint64_t want, uint64_t now);
 
 /* Opens the receive window of a connected socket whose receive buffer was

@@ -21,9 +21,9 @@
 
 #define CTRL_MSG_MAX GG_WIRE_CONTROL_MAX
 /* Entries queued on one stream; control messages queued back to back
- * share an entry (queue_ctrl()), so each holds three ACKs or more. */
+ * share an entry (queue_ctrl()), so each holds ten ACKs or more. */
 #define CONN_TXQ 512
-#define CONN_TXQ_ACKS 16384 /* ... and entries of ACKs past that: see gg_mesh_ack() */
+#define CONN_TXQ_ACKS 6144 /* ... and entries of ACKs past that: see gg_mesh_ack() */
 /* DATA frames one stream holds unwritten (the one being written among
  * them). A frame goes to a stream that holds fewer, and waits in its
  * peer's list while every stream holds this many; a stream takes the next
@@ -54,10 +54,12 @@
 #define STEADY_US 1000000
 #define FLAPS_BEFORE_BACKOFF 3
 
-/* An outgoing message: a small head and, for DATA, a frame. */
+/* An outgoing message: a head and, for DATA, a frame. The head holds any
+ * control message (a HELLO of eight sites with long names takes 600
+ * bytes), or several back to back. */
 struct out {
 	struct out *next;
-	uint8_t head[GG_WIRE_HEADER_BYTES + GG_WIRE_DATA_FIXED_BYTES + GG_WIRE_REASON_MAX + 8];
+	uint8_t head[CTRL_MSG_MAX];
 	size_t head_len;
 	struct gg_buf *frame; /* NULL unless DATA */
 	size_t off;           /* bytes of head + frame written */
@@ -423,12 +425,13 @@ void gg_mesh_flush(struct gg_mesh *m)
 /* Queues a control message on a stream: after the last one queued there,
  * in its entry where that has room, else in a new entry where the stream
  * holds fewer than `limit`; whether it did. Sharing entries keeps what a
- * stream holds near the messages' own bytes, ACKs above all (about 60
- * bytes each, against an entry's 550). */
+ * stream holds near the messages' own bytes, ACKs above all (40 to 98
+ * bytes each, against an entry's 1.2 KB). */
 static bool queue_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len, unsigned limit)
 {
 	struct out *o;
 
+	/* (Every control message is encoded into CTRL_MSG_MAX bytes.) */
 	if (ci < 0 || !m->conns[ci].used || len > sizeof(o->head))
 		return false;
 	o = m->conns[ci].txq_tail;
@@ -1001,6 +1004,15 @@ static void buffer_capped(struct gg_mesh *m, const struct conn *c, bool send, ui
 	if (m->buffer_warned[send])
 		return;
 	m->buffer_warned[send] = true;
+	if (!limit) { /* not readable here: the kernel applied it */
+		gg_log(GG_LOG_WARN, "socket_buffer_capped",
+		       "site=%s stream=%d direction=%s wanted=%s got=%s reason=\"the stream's %s buffer is capped by "
+		       "the kernel (net.core.%s, which binds a process without CAP_NET_ADMIN, cannot be read here): "
+		       "raise it or give the gateway CAP_NET_ADMIN\"",
+		       m->names[c->peer], c->stream, send ? "send" : "receive", gg_format_size(want / 2, a, sizeof(a)),
+		       gg_format_size(got / 2, b, sizeof(b)), send ? "send" : "receive", knob);
+		return;
+	}
 	gg_log(GG_LOG_WARN, "socket_buffer_capped",
 	       "site=%s stream=%d direction=%s wanted=%s got=%s reason=\"the stream's %s buffer is capped by "
 	       "net.core.%s = %llu, which binds a process without CAP_NET_ADMIN: raise it (sysctl -w net.core.%s=%llu) "

@@ -437,13 +437,14 @@ static int listen_locked(struct gg_host_backend *b, char *err, size_t err_size)
 		rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) ? -errno : 0;
 	}
 	/* Every folder is there now, some maybe made by another since they
-	 * were checked: checked again before the chmod follows the path. */
-	const bool bound = !rc;
+	 * were checked: checked again before the chmod follows the path.
+	 * The callers checked them before bind too: failing now, another user
+	 * changed them since, and what is at the path may be theirs. */
 	if (!rc && (rc = check_socket_folders(b->path, err, err_size))) {
-		unlink(b->path); /* the socket bind made: left, it would hold the path for no one */
 		close(fd);
 		return rc;
 	}
+	const bool bound = !rc;
 	/* Whatever the umask: ranks of every user connect (what each may do
 	 * is the protocol's to decide: a job belongs to its first rank's user). */
 	if (!rc)
@@ -453,7 +454,7 @@ static int listen_locked(struct gg_host_backend *b, char *err, size_t err_size)
 	if (!rc)
 		rc = stat(b->path, &st) ? -errno : 0;
 	if (rc) {
-		if (bound)
+		if (bound) /* the socket bind made, in folders just found safe */
 			unlink(b->path);
 		close(fd);
 		snprintf(err, err_size, "control socket %s: %s", b->path, strerror(-rc));
@@ -508,7 +509,9 @@ static void check_socket_path(struct gg_host_backend *b, uint64_t now_us)
 	if (errno != ENOENT)
 		return;
 	const int old = b->listen_fd;
-	if (listen_locked(b, err, sizeof(err))) {
+	/* Checked before bind too: a socket made in a folder that is not safe
+	 * would stay there, holding the path, once found so. */
+	if (check_socket_folders(b->path, err, sizeof(err)) || listen_locked(b, err, sizeof(err))) {
 		if (!b->path_remake_said)
 			hb_warn(b, "control socket %s was removed, and cannot be made again (%s): ranks cannot connect "
 			       "until it is (tried each second)", b->path, err);

@@ -13,6 +13,8 @@
  *   teardown-in-flight a mesh freed with I/O in flight leaves nothing in
  *                     flight behind it
  *   at-the-limits      eight sites with 64 streams to each peer connect
+ *   long-names         eight sites whose names have 63 characters (the
+ *                      longest HELLO) connect
  *   dial-pairs         every pair of [[peers]] dial settings that works
  *                      connects, on connections the expected site dialed,
  *                      and carries DATA both ways
@@ -74,6 +76,7 @@ struct mesh_set {
 	int peer_ports[MAX_K][MAX_K];   /* the port site k dials peer p on; 0: its own */
 	int want_dialer;                /* settled(): the site that dialed every stream */
 	struct site sites[MAX_K];
+	bool long_names;                /* sites "sK-aaa...", of GG_WIRE_NAME_MAX characters */
 	char names[GG_AR_MAX_SITES][GG_WIRE_NAME_MAX + 1];
 };
 
@@ -168,6 +171,18 @@ static int site_config(struct mesh_set *ms, unsigned k, const int *ports)
 			      "handshake_timeout = \"%s\"\nreconnect_min = \"20ms\"\nreconnect_max = \"100ms\"\n"
 			      "[limits]\nmemory = \"64MiB\"\ninflight_per_peer = \"4MiB\"\n",
 			      ms->streams, ms->handshake_timeout);
+	/* Long names: each quoted "sP" (a site's name, not its certificate's
+	 * or identity's) becomes the name in ms->names. */
+	for (unsigned p = 0; ms->long_names && p < ms->K; p++) {
+		char from[16], to[GG_WIRE_NAME_MAX + 3], *at;
+		snprintf(from, sizeof(from), "\"s%u\"", p);
+		snprintf(to, sizeof(to), "\"%s\"", ms->names[p]);
+		while ((at = strstr(text, from)) && n + strlen(to) - strlen(from) < sizeof(text)) {
+			memmove(at + strlen(to), at + strlen(from), n - (size_t)(at - text) - strlen(from) + 1);
+			memcpy(at, to, strlen(to));
+			n += strlen(to) - strlen(from);
+		}
+	}
 	snprintf(source, sizeof(source), "s%u.toml", k);
 	int rc = gg_config_load_text(text, n, source, NULL, &ms->sites[k].cfg, &diag);
 	if (rc)
@@ -206,12 +221,13 @@ static int site_start(struct mesh_set *ms, unsigned k)
  * dial[k][p], and `closed_port`, when set, the port site k dials p on
  * where closed[k][p] (a port nothing listens on). */
 static int mesh_set_init_dial(struct mesh_set *ms, unsigned K, int streams, const char *handshake_timeout,
-			      const char *(*dial)[MAX_K], const bool (*closed)[MAX_K])
+			      const char *(*dial)[MAX_K], const bool (*closed)[MAX_K], bool long_names)
 {
 	int ports[MAX_K + 1];
 	int rc;
 
 	memset(ms, 0, sizeof(*ms));
+	ms->long_names = long_names;
 	ms->K = K;
 	ms->streams = streams;
 	ms->handshake_timeout = handshake_timeout;
@@ -223,8 +239,11 @@ static int mesh_set_init_dial(struct mesh_set *ms, unsigned K, int streams, cons
 			ms->dial[k][p] = dial ? dial[k][p] : NULL;
 			ms->peer_ports[k][p] = closed && closed[k][p] ? ports[K] : 0;
 		}
-	for (unsigned k = 0; k < K; k++)
-		snprintf(ms->names[k], sizeof(ms->names[k]), "s%u", k);
+	for (unsigned k = 0; k < K; k++) {
+		int len = snprintf(ms->names[k], sizeof(ms->names[k]), long_names ? "s%u-" : "s%u", k);
+		while (long_names && len < GG_WIRE_NAME_MAX)
+			ms->names[k][len++] = 'a';
+	}
 	for (unsigned k = 0; k < K; k++) {
 		struct site *s = &ms->sites[k];
 		s->index = k;
@@ -239,7 +258,7 @@ static int mesh_set_init_dial(struct mesh_set *ms, unsigned K, int streams, cons
 
 static int mesh_set_init(struct mesh_set *ms, unsigned K, int streams, const char *handshake_timeout)
 {
-	return mesh_set_init_dial(ms, K, streams, handshake_timeout, NULL, NULL);
+	return mesh_set_init_dial(ms, K, streams, handshake_timeout, NULL, NULL, false);
 }
 
 static void on_cqe(void *arg, const struct io_uring_cqe *cqe)
@@ -458,9 +477,9 @@ static void flood_controls(struct site *s, unsigned peer)
 	uint8_t msg[128];
 	ssize_t len = gg_wire_encode_done(msg, sizeof(msg), "flood", 1, 1, NULL, NULL);
 
-	/* Control messages share the queue's 512 entries, up to 382 bytes
+	/* Control messages share the queue's 512 entries, up to 1024 bytes
 	 * each: that many DONEs fill it whatever their size. */
-	for (int i = 0; len > 0 && i < 512 * 382 / 20; i++)
+	for (int i = 0; len > 0 && i < 512 * 1024 / 20; i++)
 		gg_mesh_send_control(s->mesh, peer, msg, (size_t)len, false);
 }
 
@@ -580,6 +599,26 @@ static void at_the_limits(void)
 	mesh_set_fini(&ms);
 }
 
+/* Eight sites whose names have 63 characters: their HELLO, the longest
+ * control message, once did not fit a send-queue entry, and no stream
+ * ever came up, with nothing logged. */
+static void long_names(void)
+{
+	struct mesh_set ms;
+	uint8_t buf[GG_WIRE_CONTROL_MAX];
+
+	CHECK(mesh_set_init_dial(&ms, GG_MAX_PEERS + 1, 1, "10s", NULL, NULL, true) == 0, "set-up");
+	ssize_t len = gg_wire_encode_hello(buf, sizeof(buf), &ms.sites[0].hello);
+	CHECK(len > 382, "a HELLO of %zd bytes: the names are not long", len);
+	for (unsigned k = 0; k < ms.K; k++)
+		CHECK(site_start(&ms, k) == 0, "start %s", ms.names[k]);
+	bool up = turn_until(&ms, all_connected, 20);
+	CHECK(up, "%u sites whose HELLO takes %zd bytes did not connect within 20 s", ms.K, len);
+	if (up)
+		printf("  %u sites named like %s (a HELLO of %zd bytes) connected\n", ms.K, ms.names[0], len);
+	mesh_set_fini(&ms);
+}
+
 /* Turns the loops for `seconds`. */
 static void turn_for(struct mesh_set *ms, double seconds)
 {
@@ -648,7 +687,7 @@ static void pair_settles(const char *what, const char *(*dial)[MAX_K], const boo
 	const unsigned none[2] = { 0, 0 };
 	unsigned ups[2];
 
-	CHECK(mesh_set_init_dial(&ms, 2, 2, "2s", dial, closed) == 0, "%s: set-up", what);
+	CHECK(mesh_set_init_dial(&ms, 2, 2, "2s", dial, closed, false) == 0, "%s: set-up", what);
 	CHECK(site_start(&ms, 0) == 0 && site_start(&ms, 1) == 0, "%s: start", what);
 	ms.want_dialer = dialer;
 	exchange_settles(&ms, what, 8, none, ups);
@@ -702,7 +741,7 @@ static void dial_conflicts(void)
 	for (size_t i = 0; i < GG_ARRAY_LEN(settings); i++) {
 		const char *dial[MAX_K][MAX_K] = { [0][1] = settings[i], [1][0] = settings[i] };
 		struct mesh_set ms;
-		CHECK(mesh_set_init_dial(&ms, 2, 2, "2s", dial, NULL) == 0, "set-up");
+		CHECK(mesh_set_init_dial(&ms, 2, 2, "2s", dial, NULL, false) == 0, "set-up");
 		CHECK(site_start(&ms, 0) == 0 && site_start(&ms, 1) == 0, "start");
 		send_chunks(&ms, 0, 1, 4);
 		turn_for(&ms, 1);
@@ -850,6 +889,7 @@ static const struct {
 	{ "ack-at-full-queue", ack_at_full_queue },
 	{ "teardown-in-flight", teardown_in_flight },
 	{ "at-the-limits", at_the_limits },
+	{ "long-names", long_names },
 	{ "dial-pairs", dial_pairs },
 	{ "one-way", one_way },
 	{ "dial-conflicts", dial_conflicts },

@@ -67,11 +67,11 @@ static void targets(void)
 
 	/* A connection that opened with window scale 7 (tcp_rmem and
 	 * rmem_max of 6 MiB at most then) offers 8 MiB at most: a buffer
-	 * past twice that holds nothing more. */
+	 * past four times that holds nothing more. */
 	st = (struct gg_net_buffer_state){ .rcv_now = 6 * MiB, .rcv_space = 20 * MiB, .rcv_wscale = 7 };
 	gg_net_buffer_targets(&st, &lim, max, &rcv, &snd);
-	CHECK(rcv == 2 * (65535ull << 7), "receive %llu with window scale 7, expected %llu", (unsigned long long)rcv,
-	      2 * (65535ull << 7));
+	CHECK(rcv == 4 * (65535ull << 7), "receive %llu with window scale 7, expected %llu", (unsigned long long)rcv,
+	      4 * (65535ull << 7));
 }
 
 /* What of a target may be set: a process without CAP_NET_ADMIN may not
@@ -96,6 +96,10 @@ static void allowed(void)
 	lim.rmem_max = 8 * MiB;
 	CHECK((v = gg_net_buffer_allowed(&lim, false, 12 * MiB, 6 * MiB)) == 8 * MiB,
 	      "receive %llu, expected the 8 MiB limit", (unsigned long long)v);
+	/* A limit that could not be read is the kernel's to apply. */
+	lim.rmem_max = 0;
+	CHECK((v = gg_net_buffer_allowed(&lim, false, 12 * MiB, 6 * MiB)) == 12 * MiB,
+	      "receive %llu with the limit unknown, expected 12 MiB", (unsigned long long)v);
 	/* With CAP_NET_ADMIN: all of it. */
 	lim.may_force = true;
 	CHECK((v = gg_net_buffer_allowed(&lim, false, 12 * MiB, 6 * MiB)) == 12 * MiB, "receive %llu, expected 12 MiB",

@@ -161,14 +161,16 @@ sleep 1.2
 [ -f "$work/site-a.sock" ] || fail "site-a replaced the file that took its socket's path"
 # Removed while its folder is one that others may write to: not made again
 # there, said once; made again once the folder is safe.
+chmod 0777 "$work" # first: the path is still taken, and not looked at
 rm "$work/site-a.sock"
-chmod 0777 "$work"
 wait_for "$(site_log 0)" "level=warn event=control msg=\"control socket $work/site-a\\.sock was removed, and cannot be made again \\(control socket $work/site-a\\.sock: .*\\): ranks cannot connect until it is \\(tried each second\\)" 10 ||
 	{ chmod 0700 "$work"; fail "site-a did not say its control socket cannot be made again in a folder others may write to"; }
 sleep 2.2
+# Checked before the folder is safe again, when the gateway may remake it.
+said=$(grep -c 'cannot be made again' "$(site_log 0)")
+[ -e "$work/site-a.sock" ] && { chmod 0700 "$work"; fail "site-a made its control socket again in a folder others may write to"; }
 chmod 0700 "$work"
-[ "$(grep -c 'cannot be made again' "$(site_log 0)")" = 1 ] || fail "site-a said more than once that its socket cannot be made again"
-[ -e "$work/site-a.sock" ] && fail "site-a made its control socket again in a folder others may write to"
+[ "$said" = 1 ] || fail "site-a said $said times that its socket cannot be made again, not once"
 log "the socket in an unsafe folder: $(grep -m1 -o 'control socket [^"]*cannot be made again[^"]*' "$(site_log 0)")"
 for ((i = 0; i < 500; i++)); do
 	[ "$(grep -c 'was removed while the gateway ran: made again' "$(site_log 0)")" = 2 ] && break
