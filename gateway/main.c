@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "control_proto.h"
 #include "daemon.h"
 #include "gg_build_config.h"
 #include "gg_common.h"
@@ -19,6 +20,7 @@
 #include "status.h"
 #include "tls_verify.h"
 #include "units.h"
+#include "wire.h"
 #if HAVE_CUDA
 #include "cuda_probe.h"
 #endif
@@ -310,6 +312,8 @@ static int check_configs(int count, char **paths)
 static void print_version(void)
 {
 	printf("gradgate %s\n", GG_VERSION);
+	/* Gateways of different releases work together only where these agree. */
+	printf("protocols: between sites %u, with ranks %u\n", (unsigned)GG_WIRE_VERSION, (unsigned)GG_CTRL_VERSION);
 #if HAVE_CUDA
 	struct gg_cuda_info info;
 	gg_cuda_probe(&info);

@@ -1217,6 +1217,28 @@ static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hell
 	stream_ready(m, ci);
 }
 
+/* A connection of a known peer whose HELLO, or its first header, shows
+ * the two sites cannot work together (another release, other settings):
+ * said at error level and counted as a mismatch. An accepted one answers
+ * with this site's HELLO first, so that the dialer reads the cause too
+ * rather than a closed stream; and while no stream to the peer is up, the
+ * cause is what steps that wait for it, and mesh_degraded, name (a
+ * dialer's own refusal becomes that in conn_lost()). */
+static void refused(struct gg_mesh *m, int ci, const char *why, uint16_t stream)
+{
+	const struct conn *c = &m->conns[ci];
+
+	if (peer_log_now(m, c->peer, PEER_LOG_MISMATCH))
+		gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", m->names[c->peer], why);
+	m->stats.stream_failures[GG_MESH_FAIL_MISMATCH]++;
+	if (!c->dialer) {
+		send_hello(m, ci, stream); /* the close flushes it */
+		if (!gg_mesh_peer_up(m, (unsigned)c->peer))
+			m->ops->on_stream_change(m->owner, (unsigned)c->peer, 0, false, why);
+	}
+	conn_close(m, ci, why);
+}
+
 static void on_hello(struct gg_mesh *m, int ci, const struct gg_wire_msg *msg)
 {
 	struct conn *c = &m->conns[ci];
@@ -1228,14 +1250,7 @@ static void on_hello(struct gg_mesh *m, int ci, const struct gg_wire_msg *msg)
 		return;
 	}
 	if (gg_wire_hello_check(&m->hello, h, m->names[c->peer], err, sizeof(err))) {
-		if (peer_log_now(m, c->peer, PEER_LOG_MISMATCH))
-			gg_log(GG_LOG_ERROR, "peer_mismatch", "site=%s reason=\"%s\"", m->names[c->peer], err);
-		m->stats.stream_failures[GG_MESH_FAIL_MISMATCH]++;
-		/* Our HELLO lets the dialer see the mismatch too, rather than
-		 * only a closed stream; the close flushes it. */
-		if (!c->dialer)
-			send_hello(m, ci, h->stream_index);
-		conn_close(m, ci, err);
+		refused(m, ci, err, h->stream_index);
 		return;
 	}
 	if (c->dialer && h->stream_index != c->stream) {
@@ -1321,7 +1336,16 @@ static bool begin_payload(struct gg_mesh *m, int ci)
 	struct conn *c = &m->conns[ci];
 	char err[256];
 
-	if (gg_wire_parse_header(c->hdr, m->max_payload, &c->type, &c->need, err, sizeof(err))) {
+	int rc = gg_wire_parse_header(c->hdr, m->max_payload, &c->type, &c->need, err, sizeof(err));
+	if (rc == -EPROTO && !c->ready && c->peer >= 0) {
+		/* Another release at the peer: its first message says so. */
+		char why[400];
+		snprintf(why, sizeof(why), "site %s runs another gradgate release (%s): every site must run the "
+			 "same one; upgrade them together", m->names[c->peer], err);
+		refused(m, ci, why, 0);
+		return false;
+	}
+	if (rc) {
 		char why[300];
 		snprintf(why, sizeof(why), "bad message from site %s: %s", c->peer >= 0 ? m->names[c->peer] : "?", err);
 		conn_close(m, ci, why);

@@ -285,7 +285,7 @@ int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_pay
 	if (magic != GG_WIRE_MAGIC)
 		return gg_errf(err, err_size, -EBADMSG, "not a gradgate message (magic %08x)", magic);
 	if (version != GG_WIRE_VERSION)
-		return gg_errf(err, err_size, -EBADMSG, "protocol version %u, this gateway speaks %u", version,
+		return gg_errf(err, err_size, -EPROTO, "protocol version %u, this gateway speaks %u", version,
 			    GG_WIRE_VERSION);
 	if (t < GG_WIRE_HELLO || t > GG_WIRE_END)
 		return gg_errf(err, err_size, -EBADMSG, "unknown message type %u", t);

@@ -18,7 +18,8 @@
  *           per gateway start: a change means the peer restarted),
  *           u8 site count, str site names in index order (sorted),
  *           u8 codec, u8 scale, u32 block elems, u8 algorithm,
- *           u32 chunk elems, u8 zstd on
+ *           u32 chunk elems, u8 zstd on, u64 inflight bytes (the
+ *           sender's inflight_per_peer)
  *   DATA    str job, run, u64 step, u64 count, u32 tensor id, u8 dtype,
  *           u64 collective fingerprint, u8 phase, u8 origin, u32 chunk,
  *           then the payload frame (compress/frame.h) to the end
@@ -212,9 +213,10 @@ uint64_t gg_wire_fingerprint(const struct gg_wire_step *step, uint8_t codec, uin
 /* Every message but DATA has at most this many payload bytes. */
 #define GG_WIRE_CONTROL_MAX 1024
 
-/* Reads a message header: 0 and *payload_bytes, or -EBADMSG (bad magic,
- * version or type) / -E2BIG (a DATA longer than max_payload_bytes, another
- * message longer than GG_WIRE_CONTROL_MAX) with err set. */
+/* Reads a message header: 0 and *payload_bytes, or -EPROTO (another
+ * protocol version: another gradgate release), -EBADMSG (bad magic or
+ * type) / -E2BIG (a DATA longer than max_payload_bytes, another message
+ * longer than GG_WIRE_CONTROL_MAX) with err set. */
 GG_MUST_CHECK int gg_wire_parse_header(const uint8_t hdr[GG_WIRE_HEADER_BYTES], size_t max_payload_bytes,
 				       enum gg_wire_type *type, size_t *payload_bytes, char *err,
 				       size_t err_size);

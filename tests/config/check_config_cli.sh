@@ -175,6 +175,7 @@ expect "no file is a usage error (exit 2)" $(( $? != 2 ))
 "$gradgate" --frobnicate >/dev/null 2>&1
 expect "unknown option is a usage error (exit 2)" $(( $? != 2 ))
 "$gradgate" --version | grep -q '^gradgate [0-9]'; expect "--version prints the version" $?
+"$gradgate" --version | grep -Eq '^protocols: between sites [0-9]+, with ranks [0-9]+$'; expect "--version prints the protocol versions" $?
 "$gradgate" --check-config "$tmp/bad.toml" --version >"$tmp/out" 2>"$tmp/err"
 expect "--version with --check-config is a usage error (exit 2), not a pass" $(( $? != 2 ))
 grep -qF "gradgate: --version takes no other options or arguments" "$tmp/err"; expect "it says why" $?

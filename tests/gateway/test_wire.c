@@ -236,7 +236,7 @@ int main(void)
 	      "%s", err);
 	buf[0] ^= 1;
 	buf[5] = 1; /* a gateway from before DONE and END */
-	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EBADMSG &&
+	CHECK(gg_wire_parse_header(buf, 64, &type, &payload, err, sizeof(err)) == -EPROTO &&
 		      !strcmp(err, "protocol version 1, this gateway speaks 10"),
 	      "%s", err);
 	buf[5] = GG_WIRE_VERSION;

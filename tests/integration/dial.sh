@@ -14,6 +14,8 @@
 #   for the other is wrong: the other names its refusal and that address. A peer with another
 #   site's certificate: they name the certificate. Both "out": each site
 #   refuses the other's streams, and each says so, naming the conflict.
+# - A peer of another release: both versions logged at error level, and
+#   named in a step that waits for it.
 # - A peer a site does not accept inbound (its dial for it is "out") gets a
 #   TLS alert, access_denied: openssl s_client with that peer's certificate
 #   reports it; an identity the site does not know gets bad_certificate.
@@ -221,6 +223,28 @@ mesh_stop
 for ext in pem key; do
 	mv "$certs/site-b.$ext.real" "$certs/site-b.$ext"
 done
+
+# A peer of another release (protocol version 9) that dials in: site-a
+# answers with its own HELLO, so the dialer reads the cause too, logs
+# peer_mismatch naming both versions, and a step that waits for site-b
+# names it, not the dial setting.
+DIAL=([0-1]=in)
+read -r -a gw_port <<<"$(free_ports 2)"
+write_config 0
+gw_start 0 || fail "site-a could not listen on ${gw_port[0]}"
+{ printf 'GGW1\001\011\000\000\000\000\000\000'; sleep 1; } |
+	timeout 10 openssl s_client -connect "127.0.0.1:${gw_port[0]}" -CAfile "$certs/ca.pem" \
+		-cert "$certs/site-b.pem" -key "$certs/site-b.key" -alpn gradgate/1 \
+		-servername site-a.gradgate.test -quiet >"$work/old-release.out" 2>&1 || true
+grep -aq 'GGW1' "$work/old-release.out" || fail "site-a did not answer the other release's HELLO with its own"
+mismatch="site site-b runs another gradgate release \\(protocol version 9, this gateway speaks 10\\): every site must run the same one; upgrade them together"
+wait_for "$(site_log 0)" "level=error event=peer_mismatch site=site-b reason=\"$mismatch\"" 5 ||
+	fail "site-a did not log the other release at error level"
+# (The rank's message, at most 255 bytes, holds the reason's start.)
+step_fails release "site site-b is unreachable: .*its streams are down: site site-b runs another gradgate release \\(protocol version 9" \
+	"a peer of another release, the step"
+gw_stop 0
+DIAL=()
 
 # site-b refuses site-a inbound (dial = "out" for it): a client with
 # site-a's valid certificate is told so with an alert, not a silent close;
