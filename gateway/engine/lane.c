@@ -1123,16 +1123,24 @@ static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool u
 {
 	struct lane *ln = owner;
 	struct gg_node *n = ln->node;
-	uint64_t bit = (uint64_t)1 << stream;
 
 	pthread_mutex_lock(&n->down_lock);
-	if (up) {
-		atomic_fetch_or(&n->ready[peer], bit);
-		n->down_since_us[peer] = 0;
-	} else if (atomic_fetch_and(&n->ready[peer], ~bit) == bit) {
-		n->down_since_us[peer] = gg_monotonic_us();
+	if (stream >= GG_MESH_MAX_STREAMS) {
+		/* A refused connection, no stream: its cause only while none is up. */
+		bool any_up = atomic_load(&n->ready[peer]) != 0;
+		pthread_mutex_unlock(&n->down_lock);
+		if (any_up)
+			return;
+	} else {
+		uint64_t bit = (uint64_t)1 << stream;
+		if (up) {
+			atomic_fetch_or(&n->ready[peer], bit);
+			n->down_since_us[peer] = 0;
+		} else if (atomic_fetch_and(&n->ready[peer], ~bit) == bit) {
+			n->down_since_us[peer] = gg_monotonic_us();
+		}
+		pthread_mutex_unlock(&n->down_lock);
 	}
-	pthread_mutex_unlock(&n->down_lock);
 	struct mail *f = mail_new(up ? M_STREAM_READY : M_STREAM_DOWN);
 	if (!f)
 		return;

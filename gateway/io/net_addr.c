@@ -283,6 +283,16 @@ void gg_net_buffer_limits(struct gg_net_buffer_limits *out)
 	if (fd < 0)
 		fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	out->may_force = fd >= 0 && !setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &v, sizeof(v));
+	/* A limit not readable here (a container's namespace may not show
+	 * net.core.*): what the kernel gives a plain request past any limit. */
+	for (int send = 0; send < 2 && fd >= 0; send++) {
+		uint64_t *limit = send ? &out->wmem_max : &out->rmem_max;
+		int big = INT_MAX / 2, have = 0;
+		socklen_t len = sizeof(have);
+		if (!*limit && !setsockopt(fd, SOL_SOCKET, send ? SO_SNDBUF : SO_RCVBUF, &big, sizeof(big)) &&
+		    !getsockopt(fd, SOL_SOCKET, send ? SO_SNDBUF : SO_RCVBUF, &have, &len) && have > 0)
+			*limit = (uint64_t)have;
+	}
 	if (fd >= 0)
 		close(fd);
 }
@@ -302,8 +312,9 @@ void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg
 uint64_t gg_net_buffer_allowed(const struct gg_net_buffer_limits *lim, bool send, uint64_t want, uint64_t now)
 {
 	const uint64_t limit = send ? lim->wmem_max : lim->rmem_max;
-	/* A limit not read (0) is left to the kernel to apply. */
-	uint64_t v = lim->may_force || !limit ? want : GG_MIN(want, limit);
+	/* A limit not known (0): nothing is set, as a buffer set within it
+	 * could be smaller than autotuning's. */
+	uint64_t v = lim->may_force ? want : GG_MIN(want, limit);
 
 	return v > now ? v : 0;
 }

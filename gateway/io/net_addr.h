@@ -97,7 +97,8 @@ struct gg_net_buffer_limits {
 };
 
 /* This network namespace's limits, and whether this process may pass
- * them; a figure it cannot read is 0. */
+ * them; a figure it cannot read is 0 (rmem_max and wmem_max: what a
+ * request past them gets, where that cannot be read either). */
 void gg_net_buffer_limits(struct gg_net_buffer_limits *out);
 
 /* Sets the send or receive buffer to hold `bytes` (set_bytes, as SO_SNDBUF
@@ -133,8 +134,8 @@ void gg_net_buffer_targets(const struct gg_net_buffer_state *st, const struct gg
 
 /* What of `want` (a size gg_net_buffer_targets() gave for the send or
  * receive buffer, which holds `now`) may be set: all of it where the
- * process may pass the kernel's limit (or the limit could not be read),
- * as much as the limit allows otherwise, and 0 where that is no more than
+ * process may pass the kernel's limit, as much as the limit allows
+ * otherwise (nothing where it is not known), and 0 where that is no more than
  * `now`: a buffer set stops the kernel's autotuning of it for good, and
  * autotuning may have given more than the limit allows a process to set. */
 uint64_t gg_net_buffer_allowed(const struct gg_net_buffer_limits *lim, bool send, uint64_t want, uint64_t now);

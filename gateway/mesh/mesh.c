@@ -54,13 +54,13 @@
 #define STEADY_US 1000000
 #define FLAPS_BEFORE_BACKOFF 3
 
-/* An outgoing message: a head and, for DATA, a frame. The head holds any
- * control message (a HELLO of eight sites with long names takes 600
- * bytes), or several back to back. */
+/* An outgoing message: a head and, for DATA, a frame. A control entry's
+ * head holds any control message (a HELLO of eight sites with long names
+ * takes 600 bytes), or several back to back; a DATA entry's, its header. */
+#define DATA_HEAD_MAX (GG_WIRE_HEADER_BYTES + GG_WIRE_DATA_FIXED_BYTES)
 struct out {
 	struct out *next;
-	uint8_t head[CTRL_MSG_MAX];
-	size_t head_len;
+	size_t head_len, head_cap;
 	struct gg_buf *frame; /* NULL unless DATA */
 	size_t off;           /* bytes of head + frame written */
 	/* DATA only: what the ACK names, and where the message is. */
@@ -72,7 +72,29 @@ struct out {
 	int conn;             /* stream it was written to; -1: waiting */
 	uint64_t raw_bytes;   /* the float32 bytes the frame carries */
 	bool counted;         /* a stream took it once (gg_mesh_peer_stats) */
+	uint8_t head[];       /* head_cap bytes: CTRL_MSG_MAX, or DATA_HEAD_MAX for DATA */
 };
+
+static struct out *out_new(size_t head_cap)
+{
+	struct out *o = calloc(1, sizeof(*o) + head_cap);
+
+	if (o)
+		o->head_cap = head_cap;
+	return o;
+}
+
+/* A second entry for the same DATA (its frame referenced once more). */
+static struct out *out_copy(const struct out *o)
+{
+	struct out *c = malloc(sizeof(*c) + o->head_cap);
+
+	if (c) {
+		memcpy(c, o, sizeof(*c) + o->head_cap);
+		gg_buf_get(c->frame);
+	}
+	return c;
+}
 
 struct conn {
 	struct gg_tls_stream ts;
@@ -432,17 +454,17 @@ static bool queue_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len
 	struct out *o;
 
 	/* (Every control message is encoded into CTRL_MSG_MAX bytes.) */
-	if (ci < 0 || !m->conns[ci].used || len > sizeof(o->head))
+	if (ci < 0 || !m->conns[ci].used || len > CTRL_MSG_MAX)
 		return false;
 	o = m->conns[ci].txq_tail;
-	if (o && !o->frame && sizeof(o->head) - o->head_len >= len) {
+	if (o && !o->frame && o->head_cap - o->head_len >= len) {
 		memcpy(o->head + o->head_len, buf, len);
 		o->head_len += len;
 		return true;
 	}
 	if (m->conns[ci].txq_count >= limit)
 		return false;
-	o = calloc(1, sizeof(*o));
+	o = out_new(CTRL_MSG_MAX);
 	if (!o)
 		return false;
 	memcpy(o->head, buf, len);
@@ -625,11 +647,9 @@ static void hedge(struct gg_mesh *m, unsigned p)
 		if (!too_slow(m, p, c->rate, fast, ahead, len) || !watched_rate(m, p, k->conn, &rate) ||
 		    !too_slow(m, p, rate, fast, ahead, len))
 			continue;
-		struct out *copy = malloc(sizeof(*copy));
+		struct out *copy = out_copy(k);
 		if (!copy)
 			return;
-		*copy = *k;
-		gg_buf_get(copy->frame);
 		copy->conn = ci;
 		conn_enqueue(m, ci, copy);
 		k->hedged = true;
@@ -662,7 +682,7 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 		if (ci < 0)
 			return;
 		/* Written and kept: the unacked list owns a second reference. */
-		struct out *keep = malloc(sizeof(*keep));
+		struct out *keep = out_copy(o);
 		if (!keep)
 			return;
 		pe->waiting = o->next;
@@ -672,8 +692,7 @@ static void pump_peer(struct gg_mesh *m, unsigned p)
 			m->stats.peers[p].data_bytes_out += o->frame->len;
 			m->stats.peers[p].raw_bytes_out += o->raw_bytes;
 		}
-		*keep = *o;
-		gg_buf_get(keep->frame);
+		keep->counted = true;
 		keep->conn = ci;
 		keep->hedged = false;
 		keep->next = pe->unacked;
@@ -693,11 +712,11 @@ int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const struct gg_wire_ste
 		      const struct gg_ar_chunk_id *id, struct gg_buf *frame, uint64_t raw_bytes)
 {
 	struct peer *pe = &m->peers[peer];
-	struct out *o = calloc(1, sizeof(*o));
+	struct out *o = out_new(DATA_HEAD_MAX);
 
 	if (!o)
 		return -ENOMEM;
-	ssize_t len = gg_wire_encode_data_head(o->head, sizeof(o->head), step, id, frame->len);
+	ssize_t len = gg_wire_encode_data_head(o->head, o->head_cap, step, id, frame->len);
 	if (len < 0) {
 		free(o);
 		return (int)len;
@@ -1221,9 +1240,11 @@ static void stream_accepted(struct gg_mesh *m, int ci, const struct gg_wire_hell
  * the two sites cannot work together (another release, other settings):
  * said at error level and counted as a mismatch. An accepted one answers
  * with this site's HELLO first, so that the dialer reads the cause too
- * rather than a closed stream; and while no stream to the peer is up, the
- * cause is what steps that wait for it, and mesh_degraded, name (a
- * dialer's own refusal becomes that in conn_lost()). */
+ * rather than a closed stream; and it is the cause that steps waiting for
+ * the peer, and mesh_degraded, name while no stream to it is up, which
+ * the owner judges (accepted connections come to the handshake pool's
+ * mesh, which holds no stream; a dialer's refusal becomes that in
+ * conn_lost()). */
 static void refused(struct gg_mesh *m, int ci, const char *why, uint16_t stream)
 {
 	const struct conn *c = &m->conns[ci];
@@ -1233,8 +1254,7 @@ static void refused(struct gg_mesh *m, int ci, const char *why, uint16_t stream)
 	m->stats.stream_failures[GG_MESH_FAIL_MISMATCH]++;
 	if (!c->dialer) {
 		send_hello(m, ci, stream); /* the close flushes it */
-		if (!gg_mesh_peer_up(m, (unsigned)c->peer))
-			m->ops->on_stream_change(m->owner, (unsigned)c->peer, 0, false, why);
+		m->ops->on_stream_change(m->owner, (unsigned)c->peer, GG_MESH_MAX_STREAMS, false, why);
 	}
 	conn_close(m, ci, why);
 }

@@ -110,7 +110,10 @@ struct gg_mesh_ops {
 	 * being ready, or, not ready, was refused by settings that leave the
 	 * pair with no streams, or had a dial fail while no stream to the peer
 	 * is up (`why` says why). One connection replacing another for a
-	 * stream is no change. */
+	 * stream is no change. `stream` GG_MESH_MAX_STREAMS: no stream changed,
+	 * but a connection of the peer was refused (another release, other
+	 * settings) for `why`, the cause to name while no stream is up (a mesh
+	 * cannot tell: another lane may hold them). */
 	void (*on_stream_change)(void *owner, unsigned peer, unsigned stream, bool ready, const char *why);
 	/* An accepted stream that lane `lane` owns, ready for gg_mesh_adopt()
 	 * there; the owner takes `h` (malloc'd). */

@@ -439,8 +439,13 @@ static int listen_locked(struct gg_host_backend *b, char *err, size_t err_size)
 	/* Every folder is there now, some maybe made by another since they
 	 * were checked: checked again before the chmod follows the path.
 	 * The callers checked them before bind too: failing now, another user
-	 * changed them since, and what is at the path may be theirs. */
+	 * changed them since, and what is at the path is unlinked only if it
+	 * is still the file bind made (left, it would hold the path). */
+	struct stat made;
+	const bool have_made = !rc && !stat(b->path, &made);
 	if (!rc && (rc = check_socket_folders(b->path, err, err_size))) {
+		if (have_made && !stat(b->path, &st) && st.st_dev == made.st_dev && st.st_ino == made.st_ino)
+			unlink(b->path);
 		close(fd);
 		return rc;
 	}

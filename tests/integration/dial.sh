@@ -225,24 +225,38 @@ for ext in pem key; do
 done
 
 # A peer of another release (protocol version 9) that dials in: site-a
-# answers with its own HELLO, so the dialer reads the cause too, logs
-# peer_mismatch naming both versions, and a step that waits for site-b
-# names it, not the dial setting.
+# answers with its own HELLO (in which a gateway that dialed would read the
+# cause too), logs peer_mismatch naming both versions, and a step that
+# waits for site-b names it, not the dial setting.
 DIAL=([0-1]=in)
 read -r -a gw_port <<<"$(free_ports 2)"
 write_config 0
 gw_start 0 || fail "site-a could not listen on ${gw_port[0]}"
-{ printf 'GGW1\001\011\000\000\000\000\000\000'; sleep 1; } |
-	timeout 10 openssl s_client -connect "127.0.0.1:${gw_port[0]}" -CAfile "$certs/ca.pem" \
-		-cert "$certs/site-b.pem" -key "$certs/site-b.key" -alpn gradgate/1 \
-		-servername site-a.gradgate.test -quiet >"$work/old-release.out" 2>&1 || true
-grep -aq 'GGW1' "$work/old-release.out" || fail "site-a did not answer the other release's HELLO with its own"
+# old_release: a connection to site-a with site-b's certificate whose
+# first message is of protocol version 9.
+old_release() {
+	{ printf 'GGW1\001\011\000\000\000\000\000\000'; sleep 1; } |
+		timeout 10 openssl s_client -connect "127.0.0.1:${gw_port[0]}" -CAfile "$certs/ca.pem" \
+			-cert "$certs/site-b.pem" -key "$certs/site-b.key" -alpn gradgate/1 \
+			-servername site-a.gradgate.test -quiet >"$work/old-release.out" 2>&1 || true
+	grep -aq 'GGW1' "$work/old-release.out" || fail "site-a did not answer the other release's HELLO with its own"
+}
+old_release
 mismatch="site site-b runs another gradgate release \\(protocol version 9, this gateway speaks 10\\): every site must run the same one; upgrade them together"
 wait_for "$(site_log 0)" "level=error event=peer_mismatch site=site-b reason=\"$mismatch\"" 5 ||
 	fail "site-a did not log the other release at error level"
 # (The rank's message, at most 255 bytes, holds the reason's start.)
 step_fails release "site site-b is unreachable: .*its streams are down: site site-b runs another gradgate release \\(protocol version 9" \
 	"a peer of another release, the step"
+# With site-b's own streams up, such a connection in its name changes
+# nothing but the log: both streams stay up.
+write_config 1
+gw_start 1 || fail "site-b could not start"
+wait_streams 0 1 2 10 "with both streams up"
+old_release # (answered: refused)
+"$GRADGATE" status --control "unix:$work/site-a.sock" >"$work/release-up.out" 2>&1 || fail "status failed"
+expect "$work/release-up.out" '^site-b +[^ ]+ +2/2 ' "site-b's streams, still up after a refused connection in its name"
+gw_stop 1
 gw_stop 0
 DIAL=()
 

@@ -273,30 +273,30 @@ class WithGateways(unittest.TestCase):
         """What runs under the package's mapping and retirement locks
         allocates, so a garbage collection may run there, on that thread,
         and finalize a session (close()) or a given-back buffer's memory
-        (_unretire()): both take those locks again, which must not hang."""
-        done = []
-
-        def body():
-            s = gradgate.Session("relock", 0, 1, endpoint=self.mesh.endpoint(0))
+        (_unretire()): both take those locks again, which must not hang.
+        In a process of its own, which a hang cannot leave holding them."""
+        code = """if True:
+            import gc, sys, weakref
+            import gradgate
+            gc.disable()  # no collection but the one under the locks
+            s = gradgate.Session("relock", 0, 1, endpoint=sys.argv[1])
             kept = s.buffer(1024)
             gone = s.buffer(1024)
             s.free_buffer(gone)  # retired while its array lives
+            session = weakref.ref(s)
             cycle = [s, kept, gone]
             cycle.append(cycle)  # only a collection frees them
             del s, kept, gone, cycle
-            gc.disable()
-            try:
-                with gradgate._mapping_lock, gradgate._retired_lock:
-                    done.append(gc.collect())
-            finally:
-                gc.enable()
-
-        t = threading.Thread(target=body, daemon=True)
-        t.start()
-        t.join(20)
-        self.assertFalse(t.is_alive(), "a collection under the package's locks hung: a finalizer took them again")
-        self.assertEqual(len(done), 1)
-        self.assertGreater(done[0], 0, "the collection freed nothing: it finalized no session")
+            with gradgate._mapping_lock, gradgate._retired_lock:
+                gc.collect()
+                print("collected" if session() is None else "the session outlived the collection")
+        """
+        try:
+            out = subprocess.run([sys.executable, "-c", code, self.mesh.endpoint(0)], capture_output=True,
+                                 text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            self.fail("a collection under the package's locks hung: a finalizer took them again")
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, "collected"), out.stderr)
 
     def test_buffers_of_sessions_side_by_side(self):
         """Sessions of one process that make and give back shared buffers
