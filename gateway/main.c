@@ -357,6 +357,11 @@ int main(int argc, char **argv)
 	 * job's first codec kernel. Set before any thread starts or CUDA is
 	 * touched; an operator's own setting stays. */
 	setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+	/* A CUDA stream per lane and NCCL's own share the device's hardware
+	 * queues, 8 by default: work queued behind an NCCL kernel that waits
+	 * on a slow rank would wait with it, one lane's codec kernels behind
+	 * another job's reduce. 32 is the most CUDA gives. */
+	setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
 #endif
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
