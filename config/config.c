@@ -126,7 +126,7 @@ static const struct field peer_fields[] = {
 	{ "site", F_STRING, PEER(site), true, NULL, 0, 0, NULL, gg_check_site_name,
 	  "the peer's site name" },
 	{ "address", F_STRING, PEER(address), false, NULL, 0, 0, NULL, gg_check_address,
-	  "host:port the peer listens on (required unless dial = \"in\": this site never dials it)" },
+	  "host:port the peer listens on; required unless dial = \"in\" (this site never dials it)" },
 	{ "identity", F_STRING, PEER(identity), false, NULL, 0, 0, NULL, gg_check_identity,
 	  "dns:NAME or uri:URI its certificate must carry (default dns:SITE)" },
 	{ "dial", F_ENUM, PEER(dial), false, "both", 0, 0, dial_names, NULL,

@@ -31,7 +31,7 @@ enum gg_peer_dial {
 
 struct gg_peer_config {
 	char *site;     /* the peer's site name, as its own config says */
-	char *address;  /* "host:port" it listens on */
+	char *address;  /* "host:port" it listens on; NULL: none given (dial = "in" only) */
 	char *identity; /* "dns:NAME" or "uri:URI" its certificate must carry */
 	enum gg_peer_dial dial;
 };

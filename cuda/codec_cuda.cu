@@ -39,7 +39,8 @@ static cudaError_t gg_launch(void (*kernel)(P...), unsigned blocks, unsigned thr
 #include "codec_kernels.cuh"
 
 /* Errors that stay with the CUDA context (a kernel's fault): every later
- * call of the process on the device fails too. */
+ * call of the process on the device fails too. The driver API's codes for
+ * them are the same numbers. */
 static bool sticky(cudaError_t e)
 {
 	switch (e) {
@@ -59,6 +60,9 @@ static bool sticky(cudaError_t e)
 	}
 }
 
+#define CONTEXT_LOST "; the gateway's CUDA context is lost with it: every later step on its GPU fails until the " \
+		     "gateway restarts"
+
 int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, char *err, size_t err_size)
 {
 	int code = -EIO;
@@ -71,9 +75,7 @@ int gg_cuda_fail(cudaError_t e, const char *what, const char *file, int line, ch
 		code = -EINVAL;
 	(void)cudaGetLastError();
 	return gg_errf(err, err_size, code, "%s:%d: %s: %s (%s)%s", gg_source_path(file), line, what,
-		       cudaGetErrorString(e), cudaGetErrorName(e),
-		       sticky(e) ? "; the gateway's CUDA context is lost with it: every later step on its GPU fails "
-				   "until the gateway restarts" : "");
+		       cudaGetErrorString(e), cudaGetErrorName(e), sticky(e) ? CONTEXT_LOST : "");
 }
 
 int gg_cuda_driver_symbol(const char *symbol, void **fn, char *err, size_t err_size)
@@ -114,8 +116,8 @@ int gg_cuda_driver_fail(int result, const char *what, const char *file, int line
 {
 	const char *name = driver_error_name(result);
 
-	return gg_errf(err, err_size, -EIO, "%s:%d: %s: %s (CUDA driver error %d)", gg_source_path(file), line, what,
-		       name ? name : "unknown", result);
+	return gg_errf(err, err_size, -EIO, "%s:%d: %s: %s (CUDA driver error %d)%s", gg_source_path(file), line, what,
+		       name ? name : "unknown", result, sticky((cudaError_t)result) ? CONTEXT_LOST : "");
 }
 
 /* Checks the parameters and computes the encoded size of n elements. */

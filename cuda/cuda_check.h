@@ -13,7 +13,9 @@
 extern "C" {
 #endif
 
-/* Writes "file:line: what: CUDA's message (its error name)" into err and
+/* Writes "file:line: what: CUDA's message (its error name)" into err,
+ * with "; the gateway's CUDA context is lost with it: ..." after an error
+ * the context keeps (an illegal address, an uncorrectable ECC error), and
  * returns e as a negative errno: -ENOMEM, -ENODEV (no usable GPU or
  * driver), -EINVAL, or -EIO for the rest. Clears the runtime's last
  * error, so a later launch check does not report this one again. */

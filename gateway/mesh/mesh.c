@@ -56,7 +56,8 @@
 
 /* An outgoing message: a head and, for DATA, a frame. A control entry's
  * head holds any control message (a HELLO of eight sites with long names
- * takes 600 bytes), or several back to back; a DATA entry's, its header. */
+ * takes up to 557 bytes), or several back to back; a DATA entry's, its
+ * header. */
 #define DATA_HEAD_MAX (GG_WIRE_HEADER_BYTES + GG_WIRE_DATA_FIXED_BYTES)
 struct out {
 	struct out *next;
@@ -447,7 +448,7 @@ void gg_mesh_flush(struct gg_mesh *m)
 /* Queues a control message on a stream: after the last one queued there,
  * in its entry where that has room, else in a new entry where the stream
  * holds fewer than `limit`; whether it did. Sharing entries keeps what a
- * stream holds near the messages' own bytes, ACKs above all (40 to 98
+ * stream holds near the messages' own bytes, ACKs above all (36 to 98
  * bytes each, against an entry's 1.2 KB). */
 static bool queue_ctrl(struct gg_mesh *m, int ci, const uint8_t *buf, size_t len, unsigned limit)
 {
@@ -1013,7 +1014,7 @@ static void resend_lost(struct gg_mesh *m, unsigned p)
 }
 
 /* A stream's buffer is smaller than it should be (`want`, as the kernel
- * counts): once per direction, the line says which limit to raise. */
+ * counts): once per direction and lane (a mesh is a lane's), the line says which limit to raise. */
 static void buffer_capped(struct gg_mesh *m, const struct conn *c, bool send, uint64_t want, uint64_t got)
 {
 	char a[32], b[32];
@@ -1023,11 +1024,11 @@ static void buffer_capped(struct gg_mesh *m, const struct conn *c, bool send, ui
 	if (m->buffer_warned[send])
 		return;
 	m->buffer_warned[send] = true;
-	if (!limit) { /* not readable here: the kernel applied it */
+	if (!limit) { /* not known here: a fixed buffer the kernel capped, or auto set none */
 		gg_log(GG_LOG_WARN, "socket_buffer_capped",
-		       "site=%s stream=%d direction=%s wanted=%s got=%s reason=\"the stream's %s buffer is capped by "
-		       "the kernel (net.core.%s, which binds a process without CAP_NET_ADMIN, cannot be read here): "
-		       "raise it or give the gateway CAP_NET_ADMIN\"",
+		       "site=%s stream=%d direction=%s wanted=%s got=%s reason=\"the stream's %s buffer is held by "
+		       "net.core.%s, which binds a process without CAP_NET_ADMIN and cannot be read here: raise it or "
+		       "give the gateway CAP_NET_ADMIN\"",
 		       m->names[c->peer], c->stream, send ? "send" : "receive", gg_format_size(want / 2, a, sizeof(a)),
 		       gg_format_size(got / 2, b, sizeof(b)), send ? "send" : "receive", knob);
 		return;

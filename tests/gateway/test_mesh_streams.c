@@ -609,7 +609,7 @@ static void long_names(void)
 
 	CHECK(mesh_set_init_dial(&ms, GG_MAX_PEERS + 1, 1, "10s", NULL, NULL, true) == 0, "set-up");
 	ssize_t len = gg_wire_encode_hello(buf, sizeof(buf), &ms.sites[0].hello);
-	CHECK(len > 382, "a HELLO of %zd bytes: the names are not long", len);
+	CHECK(len > 382, "a HELLO of %zd bytes: the names are not long", len); /* 382: the entry's head once */
 	for (unsigned k = 0; k < ms.K; k++)
 		CHECK(site_start(&ms, k) == 0, "start %s", ms.names[k]);
 	bool up = turn_until(&ms, all_connected, 20);
