@@ -21,9 +21,12 @@ wait_for "$(site_log 1)" 'event=site_claimed_twice site=site-a instances=[0-9a-f
 	fail "site-b did not tell two gateways of site-a from restarts: $(grep -c peer_restarted "$(site_log 1)") peer_restarted lines"
 log "site-b: $(grep -m1 -o 'event=site_claimed_twice.*' "$(site_log 1)")"
 
-# A job that starts now fails at site-b for what it is.
-rank_start tw 1000 0 1 0 1000 --per-step --check none
-rank_start tw 1000 0 1 1 1000 --per-step --check none
+# A job that starts now fails at site-b for what it is. Its steps take a
+# fraction of a millisecond, and the two gateways take the streams from
+# each other a few times a second: the job runs until a step meets that
+# (1000 steps could all end between two takeovers), and is killed then.
+rank_start tw 1000 0 1 0 200000 --per-step --check none
+rank_start tw 1000 0 1 1 200000 --per-step --check none
 wait_for "$work/tw-s1-r0.err" 'error -12 \(GG_ERR_SITE\): .*two gateways run as site site-a at once' 20 ||
 	fail "site-b's rank was not told of two gateways: $(grep -m3 error "$work/tw-s1-r0.err")"
 log "site-b's rank hears: $(grep -m1 'two gateways' "$work/tw-s1-r0.err" | cut -c1-300)"
