@@ -455,10 +455,9 @@ static unsigned status_answer(void *arg, union gg_ctrl_msg *out, unsigned max)
 		if (p == nm.self)
 			continue;
 		const struct gg_node_peer_metrics *pm = &nm.peers[p];
-		const char *name = gg_node_site_name(d->node, p), *address = "";
-		for (size_t i = 0; i < cfg->peer_count; i++)
-			if (!strcmp(cfg->peers[i].site, name))
-				address = cfg->peers[i].address ? cfg->peers[i].address : "";
+		const char *name = gg_node_site_name(d->node, p);
+		const struct gg_peer_config *pc = gg_config_peer(cfg, name);
+		const char *address = pc && pc->address ? pc->address : "";
 		struct gg_ctrl_status_peer *sp = &out[n].status_peer;
 		gg_ctrl_init(&out[n++], GG_CTRL_STATUS_PEER);
 		sp->streams_up = pm->streams_up;

@@ -1124,23 +1124,20 @@ static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool u
 	struct lane *ln = owner;
 	struct gg_node *n = ln->node;
 
+	/* GG_MESH_MAX_STREAMS: a refused connection, no stream; its cause
+	 * counts only while none is up. */
+	const uint64_t bit = stream < GG_MESH_MAX_STREAMS ? (uint64_t)1 << stream : 0;
 	pthread_mutex_lock(&n->down_lock);
-	if (stream >= GG_MESH_MAX_STREAMS) {
-		/* A refused connection, no stream: its cause only while none is up. */
-		bool any_up = atomic_load(&n->ready[peer]) != 0;
-		pthread_mutex_unlock(&n->down_lock);
-		if (any_up)
-			return;
-	} else {
-		uint64_t bit = (uint64_t)1 << stream;
-		if (up) {
-			atomic_fetch_or(&n->ready[peer], bit);
-			n->down_since_us[peer] = 0;
-		} else if (atomic_fetch_and(&n->ready[peer], ~bit) == bit) {
-			n->down_since_us[peer] = gg_monotonic_us();
-		}
-		pthread_mutex_unlock(&n->down_lock);
+	const bool quiet = !bit && atomic_load(&n->ready[peer]);
+	if (bit && up) {
+		atomic_fetch_or(&n->ready[peer], bit);
+		n->down_since_us[peer] = 0;
+	} else if (bit && atomic_fetch_and(&n->ready[peer], ~bit) == bit) {
+		n->down_since_us[peer] = gg_monotonic_us();
 	}
+	pthread_mutex_unlock(&n->down_lock);
+	if (quiet)
+		return;
 	struct mail *f = mail_new(up ? M_STREAM_READY : M_STREAM_DOWN);
 	if (!f)
 		return;
@@ -1217,11 +1214,22 @@ void gg_lane_mail(struct lane *ln)
 		case M_SEND:
 			gg_mesh_send_control(ln->mesh, m->peer, m->u.send.bytes, m->u.send.len, m->u.send.every_stream);
 			break;
-		case M_DATA:
+		case M_DATA: {
 			/* Not kept for want of memory, it stays unacknowledged: the
-			 * peer sends it again once a stream to it is cut. */
-			(void)lane_data(ln, m->peer, m->via_lane, m->via, &m->u.data.msg, m->u.data.payload);
+			 * peer sends it again once a stream to it is cut. Past the
+			 * peer's budget, the stream it came on is closed, as it would
+			 * be had this lane read it there. */
+			int rc = lane_data(ln, m->peer, m->via_lane, m->via, &m->u.data.msg, m->u.data.payload);
+			struct mail *c;
 			gg_buf_put(m->u.data.payload);
+			if (rc == -ENOBUFS && (c = mail_new(M_CLOSE_VIA))) {
+				c->via = m->via;
+				post(&ln->node->lanes[m->via_lane].inbox, c);
+			}
+			break;
+		}
+		case M_CLOSE_VIA:
+			gg_mesh_close_via(ln->mesh, m->via, GG_MESH_OVER_BUDGET);
 			break;
 		case M_ACK_SEND:
 			gg_mesh_ack(ln->mesh, m->via, m->u.ack.job, m->u.ack.run, m->seq, &m->u.ack.id);

@@ -88,6 +88,7 @@ enum mail_type {
 	M_DATA,         /* lane -> lane: DATA for a chunk of the receiver's */
 	M_ACK,          /* lane -> lane: an ACK for DATA the receiver may hold */
 	M_ACK_SEND,     /* lane -> lane: acknowledge DATA that came on the receiver's stream */
+	M_CLOSE_VIA,    /* lane -> lane: close the receiver's stream the DATA came on (past the peer's budget) */
 	M_CONN,         /* acceptor -> lane: an accepted stream of the receiver's */
 	M_SHUTDOWN,     /* coordinator -> lane: close every stream */
 	M_CUT,          /* tests: cut a stream */
@@ -99,7 +100,7 @@ struct mail {
 	unsigned slot;        /* the coordinator's job */
 	uint64_t seq;
 	unsigned peer;
-	unsigned via_lane;    /* M_DATA, M_ACK_SEND: the lane whose stream the DATA came on; M_RESTARTED: the lane
+	unsigned via_lane;    /* M_DATA, M_ACK_SEND, M_CLOSE_VIA: the lane whose stream the DATA came on; M_RESTARTED: the lane
 			       * that tells */
 	struct gg_mesh_via via;
 	int code;

@@ -768,6 +768,12 @@ void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uin
 		conn_close(m, via.conn, "cannot queue an ACK: the peer leaves too much unread");
 }
 
+void gg_mesh_close_via(struct gg_mesh *m, struct gg_mesh_via via, const char *why)
+{
+	if (via.conn >= 0 && via.conn < m->conn_cap && m->conns[via.conn].used && m->conns[via.conn].gen == via.gen)
+		conn_close(m, via.conn, why);
+}
+
 unsigned gg_mesh_queued(const struct gg_mesh *m, unsigned peer, unsigned limit)
 {
 	const struct peer *pe = &m->peers[peer];
@@ -1017,29 +1023,22 @@ static void resend_lost(struct gg_mesh *m, unsigned p)
  * counts): once per direction and lane (a mesh is a lane's), the line says which limit to raise. */
 static void buffer_capped(struct gg_mesh *m, const struct conn *c, bool send, uint64_t want, uint64_t got)
 {
-	char a[32], b[32];
+	char a[32], b[32], value[48] = " (not readable here)";
 	const char *knob = send ? "wmem_max" : "rmem_max";
 	uint64_t limit = send ? m->buffer_limits.wmem_max : m->buffer_limits.rmem_max;
 
 	if (m->buffer_warned[send])
 		return;
 	m->buffer_warned[send] = true;
-	if (!limit) { /* not known here: a fixed buffer the kernel capped, or auto set none */
-		gg_log(GG_LOG_WARN, "socket_buffer_capped",
-		       "site=%s stream=%d direction=%s wanted=%s got=%s reason=\"the stream's %s buffer is held by "
-		       "net.core.%s, which binds a process without CAP_NET_ADMIN and cannot be read here: raise it or "
-		       "give the gateway CAP_NET_ADMIN\"",
-		       m->names[c->peer], c->stream, send ? "send" : "receive", gg_format_size(want / 2, a, sizeof(a)),
-		       gg_format_size(got / 2, b, sizeof(b)), send ? "send" : "receive", knob);
-		return;
-	}
+	if (limit)
+		snprintf(value, sizeof(value), " = %llu", (unsigned long long)(limit / 2));
 	gg_log(GG_LOG_WARN, "socket_buffer_capped",
 	       "site=%s stream=%d direction=%s wanted=%s got=%s reason=\"the stream's %s buffer is capped by "
-	       "net.core.%s = %llu, which binds a process without CAP_NET_ADMIN: raise it (sysctl -w net.core.%s=%llu) "
+	       "net.core.%s%s, which binds a process without CAP_NET_ADMIN: raise it (sysctl -w net.core.%s=%llu) "
 	       "or give the gateway CAP_NET_ADMIN\"",
 	       m->names[c->peer], c->stream, send ? "send" : "receive", gg_format_size(want / 2, a, sizeof(a)),
-	       gg_format_size(got / 2, b, sizeof(b)), send ? "send" : "receive", knob, (unsigned long long)(limit / 2),
-	       knob, (unsigned long long)(want / 2));
+	       gg_format_size(got / 2, b, sizeof(b)), send ? "send" : "receive", knob, value, knob,
+	       (unsigned long long)(want / 2));
 }
 
 /* Every TUNE_US: the unsent bound follows the stream's delivery rate
@@ -1344,8 +1343,7 @@ static void dispatch(struct gg_mesh *m, int ci, const uint8_t *payload, size_t l
 		break;
 	}
 	if (rc == -ENOBUFS)
-		conn_close(m, ci, "the peer's messages wait here past this site's budget for them: it sends faster "
-			   "than this site takes them, beyond its window");
+		conn_close(m, ci, GG_MESH_OVER_BUDGET);
 	else if (rc)
 		conn_close(m, ci, "no memory for a received message");
 }

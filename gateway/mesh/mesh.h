@@ -231,6 +231,14 @@ GG_MUST_CHECK int gg_mesh_send_data(struct gg_mesh *m, unsigned peer, const stru
  * stream, or on every ready stream with `every_stream` (so one cut after
  * it was queued cannot lose it). Dropped when no stream is ready. */
 void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, size_t len, bool every_stream);
+/* Why a stream is closed whose peer's messages wait past this site's
+ * budget for them (the owner's on_data/on_control returned -ENOBUFS, or
+ * gg_mesh_close_via()). */
+#define GG_MESH_OVER_BUDGET                                                                                      \
+	"the peer's messages wait here past this site's budget for them: it sends faster than this site takes " \
+	"them, beyond its window"
+/* Closes the stream `via` names, for `why`, where it still is that one. */
+void gg_mesh_close_via(struct gg_mesh *m, struct gg_mesh_via via, const char *why);
 /* Acknowledges DATA for (job, run, step, id) on the stream it came on;
  * nothing when that stream is gone (the peer sends the DATA again). A full
  * send queue does not drop it: a stream that cannot take it is closed. */

@@ -29,7 +29,11 @@ static inline bool capture_start(struct capture *c)
 		return false;
 	}
 	fflush(stderr);
-	dup2(fileno(c->log), STDERR_FILENO);
+	if (dup2(fileno(c->log), STDERR_FILENO) < 0) {
+		fclose(c->log);
+		close(c->saved);
+		return false;
+	}
 	gg_log_set_level(GG_LOG_INFO);
 	return true;
 }

@@ -28,7 +28,8 @@
  *                 why. Then ABORTs for the coordinator, which does not
  *                 turn meanwhile: 16384 wait, and the next closes the
  *                 stream, as does a frame of a run the coordinator
- *                 must hear of first (taken once it took its mail).
+ *                 must hear of first (taken once it took its mail),
+ *                 also where another lane's chunk brought it.
  *                 Before, such mail queued without bound.
  *
  *   test_node_peer_frames CERT_DIR  (certificates from examples/make-certs.sh) */
@@ -212,6 +213,8 @@ static size_t fresh_frame(const struct gg_config *cfg, unsigned i, uint8_t *msg,
 	return make_data(cfg, "fresh", 1, 0, 0, GG_CODEC_FP32, false, 1, msg, cap); /* chunk 0: lane 0's */
 }
 
+#define PEER_MAILS 16384u /* PEER_MAILS_MAX: what waits for the coordinator from one peer */
+
 static size_t abort_msg(const struct gg_config *cfg, unsigned i, uint8_t *msg, size_t cap)
 {
 	char job[16];
@@ -262,11 +265,22 @@ static void lane_flood(struct gg_node *node, const struct gg_config *cfg)
 	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
 	/* (A stream closed by a message refuses the next.) */
 	bool refused = until_closed(node, fresh_frame, cfg, 2) == 0;
+	/* ... as is one for another lane's chunk, which that lane refuses:
+	 * the stream it came on closes all the same. */
+	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
+	size_t len = make_data(cfg, "fresh2", 1, 0, 1, GG_CODEC_FP32, false, 1, msg, sizeof(msg)); /* lane 1's */
+	CHECK(len && gg_node_test_receive(node, 0, 0, msg, len) == 0, "lane 1's frame on stream 0");
+	for (int i = 0; i < 5000 && gg_node_test_mail_waiting(node, 0) > PEER_MAILS; i++)
+		usleep(1000); /* lane 1 takes it, and tells lane 0 to close the stream */
+	turns(node, 2);
+	bool forwarded_refused = gg_node_test_receive(node, 0, 0, msg, len) != 0;
 	let_go(node);
 	CHECK(gg_node_test_open_stream(node, 0, 0, 42, on_sent, NULL) == 0, "open stream 0 again");
 	bool taken = until_closed(node, fresh_frame, cfg, 2) == 2;
 	CHECK(refused && taken, "a new run's frame was %s while the coordinator's mail from s0 was full, and %s after",
 	      refused ? "refused" : "taken", taken ? "taken" : "refused");
+	CHECK(forwarded_refused, "a new run's frame for lane 1 was taken while the coordinator's mail from s0 was "
+	      "full: the stream it came on stayed open");
 	capture_end(&cap, text, sizeof(text));
 	printf("  waited for lane 1: %u DATA of %zu bytes (window %llu), %u of %zu; for the coordinator: %u ABORTs\n",
 	       fulls, full, (unsigned long long)window, empties, empty, aborts);
@@ -280,13 +294,13 @@ static void lane_flood(struct gg_node *node, const struct gg_config *cfg)
 	CHECK(empties * (empty + 384) >= window && empties * (empty + 384) <= budget,
 	      "%u frames of %zu bytes waited for lane 1: not counted at their size, or past the budget", empties,
 	      empty);
-	CHECK(aborts == 16384, "%u ABORTs waited for the coordinator, not 16384", aborts);
+	CHECK(aborts == PEER_MAILS, "%u ABORTs waited for the coordinator, not %u", aborts, PEER_MAILS);
 	const char *why = "reason=\"the peer's messages wait here past this site's budget for them: it sends faster "
 			  "than this site takes them, beyond its window\"";
 	unsigned closes = 0;
 	for (const char *p = text; (p = strstr(p, why)); p++)
 		closes++;
-	CHECK(closes == 4, "%u stream_down lines saying why, not 4: %.600s", closes, text);
+	CHECK(closes == 5, "%u stream_down lines saying why, not 5: %.600s", closes, text);
 }
 
 /* Step 1 of job "b" here (the node holds st until the step ends), and
