@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" { /* cuda/ includes this from C++ */
@@ -35,6 +36,17 @@ static inline bool gg_job_name_char_ok(unsigned char c)
 {
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
 	       c == '-';
+}
+
+/* 64-bit FNV-1a of n bytes, going on from h (GG_FNV1A_START to begin):
+ * a hash both ends of a link compute alike, not one an attacker cannot
+ * steer. */
+#define GG_FNV1A_START 0xcbf29ce484222325ull
+static inline uint64_t gg_fnv1a(uint64_t h, const void *p, size_t n)
+{
+	for (const unsigned char *c = (const unsigned char *)p; n--; c++)
+		h = (h ^ *c) * 0x100000001b3ull;
+	return h;
 }
 
 #ifdef __cplusplus

@@ -1473,12 +1473,32 @@ static void conn_free_slot(struct gg_mesh *m, int ci)
 	c->gen = gen;
 }
 
+uint64_t gg_mesh_backoff_wait(uint64_t backoff_us, uint64_t min_us, const char *site_a, const char *site_b,
+			      unsigned stream)
+{
+	if (backoff_us <= min_us)
+		return backoff_us;
+	const char *lo = strcmp(site_a, site_b) < 0 ? site_a : site_b, *hi = lo == site_a ? site_b : site_a;
+	uint8_t nums[12];
+	for (int i = 0; i < 8; i++)
+		nums[i] = (uint8_t)(backoff_us >> (8 * i));
+	for (int i = 0; i < 4; i++)
+		nums[8 + i] = (uint8_t)(stream >> (8 * i));
+	uint64_t h = gg_fnv1a(GG_FNV1A_START, lo, strlen(lo) + 1); /* with its NUL: "ab","c" is not "a","bc" */
+	h = gg_fnv1a(gg_fnv1a(h, hi, strlen(hi) + 1), nums, sizeof(nums));
+	h ^= h >> 32; /* FNV's low bits alone mix poorly */
+	return backoff_us - (backoff_us - min_us) / 4 * (h % 1024) / 1024;
+}
+
 /* The next dial of stream s to `p` waits out the stream's back-off, which
  * doubles with each loss up to reconnect_max and starts again from
  * reconnect_min once a connection for it is up (once one stayed up for
- * STEADY_US, after FLAPS_BEFORE_BACKOFF that did not). Where both sites dial,
- * the one whose name sorts second waits reconnect_min longer, so that the
- * first one's dial, which both keep, usually comes first. */
+ * STEADY_US, after FLAPS_BEFORE_BACKOFF that did not), less a spread
+ * (gg_mesh_backoff_wait()) that sites which lost one peer at once do not
+ * all dial it again in the same instant. Where both sites dial, the one
+ * whose name sorts second waits reconnect_min longer, so that the first
+ * one's dial, which both keep, usually comes first (the spread is the same
+ * at both ends of a pair). */
 static void retry_later(struct gg_mesh *m, unsigned p, int s)
 {
 	const struct gg_config *cfg = m->cfg;
@@ -1486,7 +1506,9 @@ static void retry_later(struct gg_mesh *m, unsigned p, int s)
 	uint64_t *b = &pe->backoff_us[s];
 
 	*b = *b ? GG_MIN(*b * 2, cfg->transport.reconnect_max_us) : cfg->transport.reconnect_min_us;
-	pe->next_dial_us[s] = m->loop->now_us + *b +
+	pe->next_dial_us[s] = m->loop->now_us +
+			      gg_mesh_backoff_wait(*b, cfg->transport.reconnect_min_us, m->names[m->self], m->names[p],
+						   (unsigned)s) +
 			      (pe->dial == GG_DIAL_BOTH && m->self > p ? cfg->transport.reconnect_min_us : 0);
 }
 

@@ -298,6 +298,14 @@ bool gg_mesh_idle(const struct gg_mesh *m);
 
 const struct gg_mesh_stats *gg_mesh_stats(const struct gg_mesh *m);
 
+/* How long a dial waits after a back-off of `backoff_us` (at least min_us,
+ * reconnect_min): the back-off less up to a quarter of what it grew past
+ * min_us, by a hash of the two sites' names (in either order), the stream
+ * and the back-off. Never more than the back-off nor less than min_us; the
+ * first retry waits min_us exactly. */
+uint64_t gg_mesh_backoff_wait(uint64_t backoff_us, uint64_t min_us, const char *site_a, const char *site_b,
+			      unsigned stream);
+
 /* Tests: DATA goes to peers within this site's own inflight_per_peer,
  * whatever the peers' (a peer that ignores their budgets). */
 void gg_mesh_test_own_window(struct gg_mesh *m);

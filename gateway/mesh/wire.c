@@ -488,7 +488,6 @@ uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint3
 {
 	uint8_t buf[GG_WIRE_NAME_MAX + 64];
 	struct writer w = { buf, buf + sizeof(buf), false };
-	uint64_t h = 0xcbf29ce484222325ull;
 
 	put_str(&w, st->job);
 	put_le(&w, st->step, 8);
@@ -499,9 +498,7 @@ uint64_t gg_wire_fingerprint(const struct gg_wire_step *st, uint8_t codec, uint3
 	put_le(&w, block_elems, 4);
 	put_u8(&w, algorithm);
 	put_le(&w, chunk_elems, 4);
-	for (const uint8_t *p = buf; p < w.p; p++)
-		h = (h ^ *p) * 0x100000001b3ull;
-	return h;
+	return gg_fnv1a(GG_FNV1A_START, buf, (size_t)(w.p - buf));
 }
 
 int gg_wire_hello_check(const struct gg_wire_hello *a, const struct gg_wire_hello *b, const char *peer,
