@@ -64,6 +64,8 @@ struct site {
 	unsigned ups, downs;   /* streams that came up or went down, counted each time */
 	uint64_t got;          /* bit c: DATA for chunk c arrived */
 	bool no_ack;           /* DATA is taken but not acknowledged */
+	struct gg_mesh_via via; /* the stream the last DATA came on */
+	char last_down[160];   /* why a stream last went down */
 	/* Called for each DATA received, before it is acknowledged. */
 	void (*before_ack)(struct site *s, unsigned peer);
 };
@@ -96,6 +98,7 @@ static int on_data(void *owner, unsigned peer, struct gg_mesh_via via, const str
 	s->data_in++;
 	if (m->u.data.id.chunk < 64)
 		s->got |= (uint64_t)1 << m->u.data.id.chunk;
+	s->via = via;
 	if (s->before_ack)
 		s->before_ack(s, peer);
 	if (s->no_ack)
@@ -135,9 +138,10 @@ static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool r
 
 	(void)peer;
 	(void)stream;
-	(void)why;
 	s->ups += ready;
 	s->downs += !ready;
+	if (!ready && why)
+		snprintf(s->last_down, sizeof(s->last_down), "%s", why);
 }
 
 static void hand_off(void *owner, unsigned lane, struct gg_mesh_handoff *h)
@@ -530,6 +534,44 @@ static void ack_at_full_queue(void)
 	mesh_set_fini(&ms);
 }
 
+/* In the turn that takes s0's first DATA, s1 acknowledges it more often
+ * than a stream queues ACKs for a peer that does not read them (6144
+ * entries of ten or more): once. */
+static void flood_acks(struct site *s, unsigned peer)
+{
+	const struct gg_ar_chunk_id id = { .phase = GG_AR_DIRECT, .origin = 0, .chunk = 0 };
+	char job[GG_WIRE_NAME_MAX + 1];
+
+	(void)peer;
+	s->before_ack = NULL;
+	memset(job, 'j', sizeof(job) - 1);
+	job[sizeof(job) - 1] = '\0';
+	for (int i = 0; i < 7000 * 10; i++)
+		gg_mesh_ack(s->mesh, s->via, job, 1, 1, &id);
+}
+
+/* A stream that cannot queue one more ACK is closed rather than drop it
+ * (its sender would hold that DATA for good); the DATA goes again on the
+ * stream dialed next and is acknowledged there. */
+static void ack_bound_closes(void)
+{
+	struct mesh_set ms;
+
+	CHECK(mesh_set_init(&ms, 2, 1, "2s") == 0, "set-up");
+	CHECK(site_start(&ms, 1) == 0 && site_start(&ms, 0) == 0, "start");
+	CHECK(turn_until(&ms, all_connected, 5), "the mesh did not connect");
+	ms.sites[1].before_ack = flood_acks;
+	send_chunks(&ms, 0, 1, 1);
+	bool acked = turn_until(&ms, s0_flushed, 5);
+	CHECK(strstr(ms.sites[1].last_down, "cannot queue an ACK: the peer leaves too much unread"),
+	      "s1's stream went down with \"%s\"", ms.sites[1].last_down);
+	CHECK(ms.sites[1].downs == 1 && ms.sites[1].ups == 2, "s1's stream went down %u times and up %u",
+	      ms.sites[1].downs, ms.sites[1].ups);
+	CHECK(acked && ms.sites[1].data_in == 2, "s0 acknowledged: %d, after s1 received DATA %u times (want twice)",
+	      acked, ms.sites[1].data_in);
+	mesh_set_fini(&ms);
+}
+
 static void count_cqe(void *arg, const struct io_uring_cqe *cqe)
 {
 	unsigned *seen = arg;
@@ -887,6 +929,7 @@ static const struct {
 	{ "dial-setup-fails", dial_setup_fails },
 	{ "accept-fails", accept_fails },
 	{ "ack-at-full-queue", ack_at_full_queue },
+	{ "ack-bound-closes", ack_bound_closes },
 	{ "teardown-in-flight", teardown_in_flight },
 	{ "at-the-limits", at_the_limits },
 	{ "long-names", long_names },
