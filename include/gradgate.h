@@ -218,12 +218,12 @@ GRADGATE_API int gg_buffer_free(struct gg_session *s, void *buf, struct gg_error
  *            It is the deadline of the whole step, at every site: the
  *            earliest deadline of any rank of any site wins, and the step
  *            fails everywhere with GG_ERR_TIMEOUT naming what it waited
- *            for. A site whose ranks are all in waits up to 50 ms and
- *            twice its longest round trip to another site (at most 1 s)
- *            past the deadline, for the word of a site still waiting for
- *            a rank of its own, which names that rank where that site's
- *            deadline is no later (where every rank gave the same
- *            timeout); else the message names the data it waited for.
+ *            for. A site whose ranks are all in waits up to 100 ms and
+ *            twice its longest round trip to another site (that part at
+ *            most 1 s) past the deadline, for the word of a site still
+ *            waiting for a rank of its own, which names that rank where
+ *            that site's deadline is no later (where every rank gave the
+ *            same timeout); else the message names the data it waited for.
  *            The step may still complete meanwhile. A site that already
  *            holds the result may answer later, by its answer grace (the
  *            peers' heartbeat_timeout): the other

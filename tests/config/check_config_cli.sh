@@ -182,6 +182,17 @@ grep -qF "gradgate: --version takes no other options or arguments" "$tmp/err"; e
 [ ! -s "$tmp/out" ]; expect "and prints no version" $?
 "$gradgate" --help extra >/dev/null 2>"$tmp/err"
 expect "--help with an argument is a usage error (exit 2)" $(( $? != 2 ))
+"$gradgate" --help >"$tmp/out" 2>"$tmp/err"
+expect "--help exits 0" $?
+head -n1 "$tmp/out" | grep -qF "usage: gradgate --config FILE [--log-level debug|info|warn|error]" && [ ! -s "$tmp/err" ]
+expect "  with the usage on stdout, nothing on stderr" $?
+"$gradgate" status --help >"$tmp/out" 2>"$tmp/err"
+expect "status --help exits 0" $?
+head -n1 "$tmp/out" | grep -qF "usage: gradgate status (--config FILE | --control unix:/PATH) [--json]" && [ ! -s "$tmp/err" ]
+expect "  with status's usage on stdout, nothing on stderr" $?
+"$gradgate" --config "$tmp/good.toml" --log-level loud >/dev/null 2>"$tmp/err"
+expect "an unknown --log-level is a usage error (exit 2)" $(( $? != 2 ))
+grep -qxF "gradgate: --log-level must be debug, info, warn or error" "$tmp/err"; expect "  naming the levels" $?
 "$gradgate" --config "$tmp/good.toml" --check-config "$tmp/bad.toml" >/dev/null 2>"$tmp/err"
 expect "--config with --check-config is a usage error (exit 2)" $(( $? != 2 ))
 grep -qF "gradgate: --check-config takes the files to check as its arguments, not --config" "$tmp/err"
@@ -444,5 +455,36 @@ expect "another host's file given first: its listen address refused: $(head -c 3
 sed -i 's/^identity = .*/&\ndial = "out"/' "$tmp/mesh/a.toml"
 cross "both dial out" 's/^identity = .*/&\ndial = "out"/' \
 	"$tmp/mesh/b2.toml: dial = \"out\" for site site-a, as $tmp/mesh/a.toml's for site site-b: each refuses the other's streams"
+
+# --log-level LEVEL: a gateway logs only lines of LEVEL and above. Run
+# until its control socket is there, then stopped: at warn and error, its
+# peer's refused dials and its start and stop (info) are not logged.
+# run_at LEVEL: the gateway's stderr in $tmp/run-LEVEL.err, its status.
+run_at() {
+	local sock="$tmp/run.sock" pid i port
+	port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	sed "s#^name = \"site-a\"#&\ncontrol = \"unix:$sock\"#; s#^listen = .*#listen = \"127.0.0.1:$port\"#; s#^address = .*#address = \"127.0.0.1:1\"#" \
+		"$tmp/good.toml" >"$tmp/run.toml"
+	chmod 600 "$tmp/run.toml"
+	"$gradgate" --config "$tmp/run.toml" --log-level "$1" 2>"$tmp/run-$1.err" &
+	pid=$!
+	for ((i = 0; i < 100; i++)); do
+		[ ! -S "$sock" ] || break
+		sleep 0.05
+	done
+	sleep 0.3 # a few refused dials
+	kill -TERM "$pid"
+	wait "$pid"
+}
+run_at info
+expect "a gateway at --log-level info stops with 0" $?
+grep -q 'level=info event=started site=site-a' "$tmp/run-info.err" && grep -q 'level=info event=stopped' "$tmp/run-info.err"
+expect "  and logs its start and stop at info" $?
+for level in warn error; do
+	run_at $level
+	expect "a gateway at --log-level $level stops with 0" $?
+	line=$(grep -m1 'level=\(debug\|info\)' "$tmp/run-$level.err")
+	expect "  and logs no info or debug line: $line" $(( ${#line} != 0 ))
+done
 
 exit $fail

@@ -330,3 +330,52 @@ done
 gw_started 1
 log "every stream up had its TCP figures on each of $pages pages read as site-b came back ($seen with streams up)"
 mesh_stop
+
+# ---- failures counted by their cause: a step past its deadline (site-b
+# has no rank for it) at site-a; a dial refused for the dial setting at the
+# site that refuses it; streams of a peer with another codec, at both.
+gw_start 0
+gw_start 1
+mesh_up 15
+rank_start late 1000 0 1 0 1 --timeout-ms 500
+ranks_wait
+eq "the rank of a step site-b has no rank for exits" "${rank_rc[late-s0-r0]}" 1
+scrape 0 a3
+eq "site-a's steps failed by their deadline" "$(val a3 'gradgate_step_failures_total{code="GG_ERR_TIMEOUT"}')" 1
+eq "site-a's steps failed for a site" "$(val a3 'gradgate_step_failures_total{code="GG_ERR_SITE"}')" 0
+mesh_stop
+# failures SITE REASON: site SITE's count of streams that never came up
+# for REASON.
+failures() {
+	curl -s --max-time 5 "http://127.0.0.1:${metrics_port[$1]}/metrics" |
+		awk -v s="gradgate_stream_failures_total{reason=\"$2\"}" '$1 == s { print $2 }'
+}
+# wait_failures SITE REASON: until SITE counted one.
+wait_failures() {
+	local deadline=$((EPOCHSECONDS + 15)) n
+	until n=$(failures "$1" "$2") && [ "${n:-0}" -ge 1 ]; do
+		[ "$EPOCHSECONDS" -lt "$deadline" ] || fail "${SITES[$1]} counted no '$2' stream failure within 15 s"
+		sleep 0.2
+	done
+}
+DIAL["0-1"]=out
+DIAL["1-0"]=both
+write_config 0
+write_config 1
+gw_start 0
+gw_start 1
+wait_failures 0 denied
+eq "denied at site-b, whose dials site-a refuses" "$(failures 1 denied)" 0
+denied=$(failures 0 denied)
+mesh_stop
+unset 'DIAL[0-1]' 'DIAL[1-0]'
+SITE_CODEC[1]=int8
+write_config 0
+write_config 1
+gw_start 0
+gw_start 1
+wait_failures 0 mismatch
+wait_failures 1 mismatch
+log "failures counted: GG_ERR_TIMEOUT 1 at site-a; denied $denied at site-a, 0 at site-b;" \
+	"mismatch $(failures 0 mismatch) at site-a, $(failures 1 mismatch) at site-b"
+mesh_stop

@@ -93,8 +93,14 @@ wait_for "$(site_log 1)" 'event=stream_down site=site-a .*reason="the peer close
 	fail "site-b did not see a clean close from site-a"
 expect_none "$(site_log 1)" 'without close_notify' "site-b"
 
-# SIGINT stops site-b the same way.
-gw_stop 1 INT
-[ "$reaped" = 0 ] || fail "site-b exited $reaped on SIGINT"
+# SIGINT stops site-b the same way; more signals while it stops change
+# nothing.
+gw_signal 1 INT
+gw_signal 1 TERM
+gw_signal 1 INT
+gw_reap 1 INT
+[ "$reaped" = 0 ] || fail "site-b exited $reaped on SIGINT, SIGTERM and SIGINT"
 expect "$(site_log 1)" "event=stopped site=site-b" "site-b's log"
+n=$(since_start "$(site_log 1)" | grep -c 'event=stopping site=site-b' || true)
+[ "$n" = 1 ] || fail "site-b logged 'stopping' $n times for three signals"
 [ ! -e "$work/site-b.sock" ] || fail "site-b left its control socket behind"

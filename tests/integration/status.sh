@@ -41,6 +41,7 @@ log "no gateway: $(head -n1 "$work/none.out")"
 # ---- two gateways: a job done, a step failed, a job waiting
 K=2
 LOG_LEVEL=debug # a step_done line for each completed step, none for a failed one
+started_at=$EPOCHREALTIME
 mesh_start
 mesh_up 15
 run_ok done 1000 1 3
@@ -75,11 +76,21 @@ chmod 644 "$work/certs/site-b.key"
 chmod 600 "$work/certs/site-b.key"
 "$GRADGATE" status --control "unix:$work/site-a.sock" --json >"$work/status-a.json" 2>"$work/status.err" ||
 	fail "status --json exited $?: $(cat "$work/status.err")"
-python3 - "$work/status-a.json" "$work/status-b.json" "${gw_port[0]}" "${gw_port[1]}" "$(id -u)" <<'PY' ||
+python3 - "$work/status-a.json" "$work/status-b.json" "${gw_port[0]}" "${gw_port[1]}" "$(id -u)" \
+	"$(awk -v a="$started_at" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')" <<'PY' ||
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
-port_a, port_b, uid = sys.argv[3], sys.argv[4], int(sys.argv[5])
+port_a, port_b, uid, since_start = sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
 problems = []
+# Up since their start, which came after started_at, exactly (not rounded
+# as the table's "up 489 ms" is); a failure is no older than its gateway.
+for me in (a, b):
+    up = me["uptime_s"]
+    if not (isinstance(up, (int, float)) and 0 < up < since_start):
+        problems.append(f"{me['site']} uptime_s {up!r}, expected between 0 and {since_start:.3f}")
+    for f in me["failures"]:
+        if not (0 <= f["age_s"] <= me["uptime_s"]):
+            problems.append(f"{me['site']} failure age_s {f['age_s']!r} with uptime_s {me['uptime_s']!r}")
 def want(what, got, expected):
     if got != expected:
         problems.append(f"{what}: {got!r}, expected {expected!r}")
@@ -196,6 +207,10 @@ EOT
 	GRADGATE=$work/fd40
 	gw_start 0 || fail "site-a did not start with 40 descriptors"
 	GRADGATE=$real
+	# A hard limit below what the config may hold: said at start, with both
+	# figures, and the gateway goes on.
+	expect "$(site_log 0)" 'level=warn event=file_limit site=site-a limit=40 need=[0-9]+ reason="the open file limit is below what 1 peers x [0-9]+ streams and 16 clients may hold"' \
+		"site-a's log with a hard file limit of 40"
 	open_fds=$(ls "/proc/${gw_pid[0]}/fd" | wc -l)
 	[ "$open_fds" -lt 32 ] || fail "site-a holds $open_fds descriptors at start: too many to fill the rest"
 	start=${EPOCHREALTIME/[.,]/}
@@ -216,6 +231,28 @@ time.sleep(3)' "$work/site-a.sock" || fail "cannot hold 100 connections to site-
 	expect "$(site_log 0)" "level=warn event=control msg=\"control socket $work/site-a\\.sock: accept: Too many open files\"" \
 		"the failed accept, at warn level, naming the socket and the cause"
 	gw_stop 0
+	# A soft limit below that and a hard one above (this shell's): raised
+	# to what it needs, with nothing to say.
+	need=$(grep -o 'event=file_limit site=site-a limit=40 need=[0-9]*' "$(site_log 0)" | head -1)
+	need=${need##*need=}
+	hard=$(ulimit -Hn)
+	if [ "$hard" = unlimited ] || [ "$hard" -ge "$need" ]; then
+		cat >"$work/fd40" <<EOT
+#!/bin/sh
+exec prlimit --nofile=40:$hard -- "$real" "\$@"
+EOT
+		GRADGATE=$work/fd40
+		gw_start 0 || fail "site-a did not start with a soft file limit of 40"
+		GRADGATE=$real
+		soft=$(awk '/^Max open files/ {print $4}' "/proc/${gw_pid[0]}/limits")
+		[ "$soft" = "$need" ] || fail "site-a's soft file limit is $soft, want $need (the need it logged at 40)"
+		n=$(since_start "$(site_log 0)" | grep -c 'event=file_limit' || true)
+		[ "$n" = 0 ] || fail "site-a logged file_limit with the hard limit at $hard"
+		log "file limit: a hard limit of 40 logged file_limit (need $need); a soft one was raised to $soft"
+		gw_stop 0
+	else
+		log "this shell's hard file limit $hard is below $need: raising the soft limit not checked"
+	fi
 else
 	log "prlimit is not installed: failed accepts not checked"
 fi
