@@ -156,7 +156,7 @@ int gg_codec_decode(const struct gg_codec_params *p, const void *src, size_t src
 
 	if (rc)
 		return rc;
-	gg_codec_kernels_active()->decode[p->codec](src, n, p->block_elems, p->scale, dst);
+	gg_decode_whole(gg_codec_kernels_active()->decode[p->codec], p->codec, src, n, p->block_elems, p->scale, dst);
 	return 0;
 }
 
@@ -167,7 +167,24 @@ int gg_codec_decode_acc(const struct gg_codec_params *p, const void *src, size_t
 
 	if (rc)
 		return rc;
-	gg_codec_kernels_active()->decode_acc[p->codec](src, n, p->block_elems, p->scale, acc);
+	gg_decode_whole(gg_codec_kernels_active()->decode_acc[p->codec], p->codec, src, n, p->block_elems, p->scale,
+			acc);
+	return 0;
+}
+
+int gg_codec_decode_span(const struct gg_codec_params *p, const void *src, size_t src_bytes, size_t n, size_t first,
+			 size_t m, float *out, bool acc)
+{
+	int rc = check_sizes(p, n, src_bytes, true);
+
+	if (rc)
+		return rc;
+	if (first > n || m > n - first || first % gg_codec_span_align(p) || (m % gg_codec_span_align(p) && first + m != n))
+		return -EINVAL;
+	const struct gg_codec_kernels *k = gg_codec_kernels_active();
+	const uint8_t *a, *b;
+	gg_decode_parts(p->codec, src, n, first, p->block_elems, p->scale, &a, &b);
+	(acc ? k->decode_acc : k->decode)[p->codec](a, b, m, p->block_elems, p->scale, out);
 	return 0;
 }
 

@@ -151,6 +151,24 @@ GG_MUST_CHECK int gg_codec_decode(const struct gg_codec_params *p, const void *s
 GG_MUST_CHECK int gg_codec_decode_acc(const struct gg_codec_params *p, const void *src,
 				      size_t src_bytes, size_t n, float *acc);
 
+/* Elements a span of gg_codec_decode_span() starts at a multiple of, and
+ * lasts a multiple of (but for the chunk's last span): a block of int8 and
+ * int4 (whose loops start at each block), 64 for the rest (a multiple of
+ * every vector loop): each element takes the path it takes in a decode of
+ * the whole chunk. */
+static inline size_t gg_codec_span_align(const struct gg_codec_params *p)
+{
+	return p->codec == GG_CODEC_INT8 || p->codec == GG_CODEC_INT4 ? p->block_elems : 64;
+}
+
+/* Elements [first, first + m) of the chunk of n elements that src (its
+ * whole payload, checked as gg_codec_decode does) holds, decoded into
+ * out[0..m): stored, or with `acc` added, exactly as gg_codec_decode() and
+ * gg_codec_decode_acc() of the chunk write them. first and m as
+ * gg_codec_span_align() says (-EINVAL otherwise). */
+GG_MUST_CHECK int gg_codec_decode_span(const struct gg_codec_params *p, const void *src, size_t src_bytes,
+				       size_t n, size_t first, size_t m, float *out, bool acc);
+
 /* Instruction sets for the kernels. The best one the CPU has is picked at
  * first use; the environment variable GG_CODEC_ISA=scalar|avx2|avx512 or
  * gg_codec_set_isa() caps it, so tests and benchmarks can compare paths. */

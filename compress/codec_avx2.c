@@ -10,7 +10,7 @@ static inline float tail_absmax(const float *x, size_t n, float m)
 	return t > m ? t : m;
 }
 
-static void fp32_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void fp32_decode_acc_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				 enum gg_scale_kind scale, float *acc)
 {
 	const float *s = (const float *)(const void *)src;
@@ -94,13 +94,13 @@ static inline void bf16_decode_any_avx2(const uint8_t *src, size_t n, float *out
 	}
 }
 
-static void bf16_decode_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_decode_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			     enum gg_scale_kind scale, float *out)
 {
 	bf16_decode_any_avx2(src, n, out, false);
 }
 
-static void bf16_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_decode_acc_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				 enum gg_scale_kind scale, float *acc)
 {
 	bf16_decode_any_avx2(src, n, acc, true);
@@ -126,32 +126,32 @@ static void bf16_split_encode_avx2(const float *src, size_t n, uint32_t block_el
 	}
 }
 
-static inline void bf16_split_decode_any_avx2(const uint8_t *src, size_t n, float *out, bool acc)
+static inline void bf16_split_decode_any_avx2(const uint8_t *src, const uint8_t *rest, size_t n, float *out, bool acc)
 {
 	size_t i = 0;
 
 	for (; i + 16 <= n; i += 16) {
 		__m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
-		__m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(src + n + i));
+		__m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(rest + i));
 		store8(out + i, bf16_widen8(_mm_unpacklo_epi8(lo, hi)), acc);
 		store8(out + i + 8, bf16_widen8(_mm_unpackhi_epi8(lo, hi)), acc);
 	}
 	for (; i < n; i++) {
-		float v = gg_bf16_to_f32((uint16_t)(src[i] | src[n + i] << 8));
+		float v = gg_bf16_to_f32((uint16_t)(src[i] | rest[i] << 8));
 		out[i] = acc ? gg_fadd(out[i], v) : v;
 	}
 }
 
-static void bf16_split_decode_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_split_decode_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				   enum gg_scale_kind scale, float *out)
 {
-	bf16_split_decode_any_avx2(src, n, out, false);
+	bf16_split_decode_any_avx2(src, rest, n, out, false);
 }
 
-static void bf16_split_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_split_decode_acc_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				       enum gg_scale_kind scale, float *acc)
 {
-	bf16_split_decode_any_avx2(src, n, acc, true);
+	bf16_split_decode_any_avx2(src, rest, n, acc, true);
 }
 
 /* Largest finite |x|: on non-negative floats the integer order of the bits
@@ -272,11 +272,11 @@ static inline void dequantize32(__m128i lo16, __m128i hi16, __m256 vs, __m256i m
 	store8(out + 24, dequantize8(_mm_srli_si128(hi16, 8), vs, marker), acc);
 }
 
-static inline void int8_decode_any_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static inline void int8_decode_any_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 					enum gg_scale_kind scale, float *out, bool acc)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	const uint8_t *codes = src + nb * sb;
+	const uint8_t *codes = rest;
 	const __m256i marker = _mm256_set1_epi32(-GG_INT8_QMAX - 1);
 
 	for (size_t k = 0; k < nb; k++) {
@@ -296,23 +296,23 @@ static inline void int8_decode_any_avx2(const uint8_t *src, size_t n, uint32_t b
 	}
 }
 
-static void int8_decode_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int8_decode_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			     enum gg_scale_kind scale, float *out)
 {
-	int8_decode_any_avx2(src, n, block_elems, scale, out, false);
+	int8_decode_any_avx2(src, rest, n, block_elems, scale, out, false);
 }
 
-static void int8_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int8_decode_acc_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				 enum gg_scale_kind scale, float *acc)
 {
-	int8_decode_any_avx2(src, n, block_elems, scale, acc, true);
+	int8_decode_any_avx2(src, rest, n, block_elems, scale, acc, true);
 }
 
-static inline void int4_decode_any_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static inline void int4_decode_any_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 					enum gg_scale_kind scale, float *out, bool acc)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	const uint8_t *codes = src + nb * sb;
+	const uint8_t *codes = rest;
 	const __m256i marker = _mm256_set1_epi32(-GG_INT4_QMAX - 1);
 	const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
 
@@ -337,16 +337,16 @@ static inline void int4_decode_any_avx2(const uint8_t *src, size_t n, uint32_t b
 	}
 }
 
-static void int4_decode_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int4_decode_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			     enum gg_scale_kind scale, float *out)
 {
-	int4_decode_any_avx2(src, n, block_elems, scale, out, false);
+	int4_decode_any_avx2(src, rest, n, block_elems, scale, out, false);
 }
 
-static void int4_decode_acc_avx2(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int4_decode_acc_avx2(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				 enum gg_scale_kind scale, float *acc)
 {
-	int4_decode_any_avx2(src, n, block_elems, scale, acc, true);
+	int4_decode_any_avx2(src, rest, n, block_elems, scale, acc, true);
 }
 
 /* ---- error feedback ------------------------------------------------------ */

@@ -12,7 +12,7 @@ static inline void store16(float *out, __m512 v, bool acc)
 	_mm512_storeu_ps(out, v);
 }
 
-static void fp32_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void fp32_decode_acc_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				   enum gg_scale_kind scale, float *acc)
 {
 	const float *s = (const float *)(const void *)src;
@@ -76,13 +76,13 @@ static inline void bf16_decode_any_avx512(const uint8_t *src, size_t n, float *o
 	}
 }
 
-static void bf16_decode_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_decode_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			       enum gg_scale_kind scale, float *out)
 {
 	bf16_decode_any_avx512(src, n, out, false);
 }
 
-static void bf16_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_decode_acc_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				   enum gg_scale_kind scale, float *acc)
 {
 	bf16_decode_any_avx512(src, n, acc, true);
@@ -105,31 +105,31 @@ static void bf16_split_encode_avx512(const float *src, size_t n, uint32_t block_
 	}
 }
 
-static inline void bf16_split_decode_any_avx512(const uint8_t *src, size_t n, float *out, bool acc)
+static inline void bf16_split_decode_any_avx512(const uint8_t *src, const uint8_t *rest, size_t n, float *out, bool acc)
 {
 	size_t i = 0;
 
 	for (; i + 16 <= n; i += 16) {
 		__m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + i)));
-		__m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + n + i)));
+		__m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(rest + i)));
 		store16(out + i, bf16_widen16(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 8))), acc);
 	}
 	for (; i < n; i++) {
-		float v = gg_bf16_to_f32((uint16_t)(src[i] | src[n + i] << 8));
+		float v = gg_bf16_to_f32((uint16_t)(src[i] | rest[i] << 8));
 		out[i] = acc ? gg_fadd(out[i], v) : v;
 	}
 }
 
-static void bf16_split_decode_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_split_decode_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				     enum gg_scale_kind scale, float *out)
 {
-	bf16_split_decode_any_avx512(src, n, out, false);
+	bf16_split_decode_any_avx512(src, rest, n, out, false);
 }
 
-static void bf16_split_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_split_decode_acc_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 					 enum gg_scale_kind scale, float *acc)
 {
-	bf16_split_decode_any_avx512(src, n, acc, true);
+	bf16_split_decode_any_avx512(src, rest, n, acc, true);
 }
 
 /* See absmax_finite_avx2: an unsigned max of the |x| bit patterns. */
@@ -214,11 +214,11 @@ static inline __m512 dequantize16(__m128i c16, __m512 s, int marker)
 	return _mm512_mask_mov_ps(v, m, _mm512_castsi512_ps(_mm512_set1_epi32((int)GG_NAN_BITS)));
 }
 
-static inline void int8_decode_any_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static inline void int8_decode_any_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 					  enum gg_scale_kind scale, float *out, bool acc)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	const uint8_t *codes = src + nb * sb;
+	const uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off), i = 0;
@@ -235,23 +235,23 @@ static inline void int8_decode_any_avx512(const uint8_t *src, size_t n, uint32_t
 	}
 }
 
-static void int8_decode_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int8_decode_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			       enum gg_scale_kind scale, float *out)
 {
-	int8_decode_any_avx512(src, n, block_elems, scale, out, false);
+	int8_decode_any_avx512(src, rest, n, block_elems, scale, out, false);
 }
 
-static void int8_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int8_decode_acc_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				   enum gg_scale_kind scale, float *acc)
 {
-	int8_decode_any_avx512(src, n, block_elems, scale, acc, true);
+	int8_decode_any_avx512(src, rest, n, block_elems, scale, acc, true);
 }
 
-static inline void int4_decode_any_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static inline void int4_decode_any_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 					  enum gg_scale_kind scale, float *out, bool acc)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	const uint8_t *codes = src + nb * sb;
+	const uint8_t *codes = rest;
 	const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
 
 	for (size_t k = 0; k < nb; k++) {
@@ -276,16 +276,16 @@ static inline void int4_decode_any_avx512(const uint8_t *src, size_t n, uint32_t
 	}
 }
 
-static void int4_decode_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int4_decode_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			       enum gg_scale_kind scale, float *out)
 {
-	int4_decode_any_avx512(src, n, block_elems, scale, out, false);
+	int4_decode_any_avx512(src, rest, n, block_elems, scale, out, false);
 }
 
-static void int4_decode_acc_avx512(const uint8_t *src, size_t n, uint32_t block_elems,
+static void int4_decode_acc_avx512(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				   enum gg_scale_kind scale, float *acc)
 {
-	int4_decode_any_avx512(src, n, block_elems, scale, acc, true);
+	int4_decode_any_avx512(src, rest, n, block_elems, scale, acc, true);
 }
 
 /* ---- error feedback ------------------------------------------------------ */

@@ -21,7 +21,13 @@
 /* One chunk: n elements, params already checked, dst sized exactly. */
 typedef void (*gg_encode_fn)(const float *src, size_t n, uint32_t block_elems,
 			     enum gg_scale_kind scale, uint8_t *dst);
-typedef void (*gg_decode_fn)(const uint8_t *src, size_t n, uint32_t block_elems,
+/* Decoders take the payload as two parts, so that a decoder may take any
+ * run of whole blocks of a chunk (gg_codec_decode_span()): `src` the first
+ * (fp32, bf16: the values; bf16-split: the low plane; int8, int4: the
+ * blocks' scales) and `rest` the second (bf16-split: the high plane; int8,
+ * int4: the codes; else unused). gg_decode_whole() finds them in a chunk's
+ * payload. */
+typedef void (*gg_decode_fn)(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			     enum gg_scale_kind scale, float *out);
 
 /* Error feedback (feedback.h): out[i] = a[i] + b[i]; and r[i] = c[i] - r[i]
@@ -50,7 +56,8 @@ const struct gg_codec_kernels *gg_codec_kernels_active(void);
 
 /* fp32 is a copy both ways, the same for every instruction set (codec_ref.c). */
 void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst);
-void gg_fp32_decode_copy(const uint8_t *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, float *out);
+void gg_fp32_decode_copy(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
+			 enum gg_scale_kind scale, float *out);
 
 /* bf16-input encoders (scalar only). */
 void gg_codec_encode_bf16_ref(enum gg_codec codec, const uint16_t *src, size_t n,
@@ -77,6 +84,45 @@ static inline size_t gg_scale_bytes(enum gg_scale_kind scale)
 static inline size_t gg_block_count(size_t n, uint32_t block_elems)
 {
 	return n / block_elems + (n % block_elems != 0);
+}
+
+/* Where the two parts of a decoder's input (gg_decode_fn) lie: elements
+ * [first, first + m) of a chunk of n elements whose payload is `payload`
+ * (first a multiple of block_elems for int8 and int4, even for int4). */
+static inline void gg_decode_parts(enum gg_codec codec, const uint8_t *payload, size_t n, size_t first,
+				   uint32_t block_elems, enum gg_scale_kind scale, const uint8_t **src,
+				   const uint8_t **rest)
+{
+	size_t sb = gg_scale_bytes(scale);
+
+	*rest = NULL;
+	switch (codec) {
+	case GG_CODEC_BF16:
+		*src = payload + 2 * first;
+		break;
+	case GG_CODEC_BF16_SPLIT:
+		*src = payload + first;
+		*rest = payload + n + first;
+		break;
+	case GG_CODEC_INT8:
+	case GG_CODEC_INT4:
+		*src = payload + first / block_elems * sb;
+		*rest = payload + gg_block_count(n, block_elems) * sb + (codec == GG_CODEC_INT8 ? first : first / 2);
+		break;
+	default:
+		*src = payload + 4 * first;
+		break;
+	}
+}
+
+/* A decoder `fn` of `codec` run on a whole chunk's payload. */
+static inline void gg_decode_whole(gg_decode_fn fn, enum gg_codec codec, const uint8_t *payload, size_t n,
+				   uint32_t block_elems, enum gg_scale_kind scale, float *out)
+{
+	const uint8_t *src, *rest;
+
+	gg_decode_parts(codec, payload, n, 0, block_elems, scale, &src, &rest);
+	fn(src, rest, n, block_elems, scale, out);
 }
 
 /* Computes the block scale from the finite absmax m, stores it at `out`

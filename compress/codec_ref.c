@@ -17,13 +17,13 @@ void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum 
 		memcpy(dst, src, n * sizeof(float));
 }
 
-void gg_fp32_decode_copy(const uint8_t *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, float *out)
+void gg_fp32_decode_copy(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems, enum gg_scale_kind scale, float *out)
 {
 	if (n)
 		memcpy(out, src, n * sizeof(float));
 }
 
-static void fp32_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+static void fp32_decode_acc_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				enum gg_scale_kind scale, float *acc)
 {
 	for (size_t i = 0; i < n; i++) {
@@ -51,13 +51,13 @@ static inline void bf16_decode_any_ref(const uint8_t *src, size_t n, float *out,
 	}
 }
 
-static void bf16_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_decode_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			    enum gg_scale_kind scale, float *out)
 {
 	bf16_decode_any_ref(src, n, out, false);
 }
 
-static void bf16_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_decode_acc_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				enum gg_scale_kind scale, float *acc)
 {
 	bf16_decode_any_ref(src, n, acc, true);
@@ -73,22 +73,22 @@ static void bf16_split_encode_ref(const float *src, size_t n, uint32_t block_ele
 	}
 }
 
-static inline void bf16_split_decode_any_ref(const uint8_t *src, size_t n, float *out, bool acc)
+static inline void bf16_split_decode_any_ref(const uint8_t *src, const uint8_t *rest, size_t n, float *out, bool acc)
 {
 	for (size_t i = 0; i < n; i++)
-		put(out, i, gg_bf16_to_f32((uint16_t)(src[i] | src[n + i] << 8)), acc);
+		put(out, i, gg_bf16_to_f32((uint16_t)(src[i] | rest[i] << 8)), acc);
 }
 
-static void bf16_split_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_split_decode_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				  enum gg_scale_kind scale, float *out)
 {
-	bf16_split_decode_any_ref(src, n, out, false);
+	bf16_split_decode_any_ref(src, rest, n, out, false);
 }
 
-static void bf16_split_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+static void bf16_split_decode_acc_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				      enum gg_scale_kind scale, float *acc)
 {
-	bf16_split_decode_any_ref(src, n, acc, true);
+	bf16_split_decode_any_ref(src, rest, n, acc, true);
 }
 
 static void int8_encode_ref(const float *src, size_t n, uint32_t block_elems,
@@ -120,11 +120,11 @@ static void int4_encode_ref(const float *src, size_t n, uint32_t block_elems,
 }
 
 /* int8 and int4 decoding: qmax tells them apart. */
-static inline void int_decode_any_ref(const uint8_t *src, size_t n, uint32_t block_elems,
+static inline void int_decode_any_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 				      enum gg_scale_kind scale, int qmax, float *out, bool acc)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	const uint8_t *codes = src + nb * sb;
+	const uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
@@ -138,15 +138,15 @@ static inline void int_decode_any_ref(const uint8_t *src, size_t n, uint32_t blo
 
 /* The table's int8 and int4 decoders, storing and accumulating. */
 #define INT_DECODERS_REF(name, qmax)                                                                 \
-	static void name##_decode_ref(const uint8_t *src, size_t n, uint32_t block_elems,           \
+	static void name##_decode_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,           \
 				      enum gg_scale_kind scale, float *out)                          \
 	{                                                                                            \
-		int_decode_any_ref(src, n, block_elems, scale, qmax, out, false);                    \
+		int_decode_any_ref(src, rest, n, block_elems, scale, qmax, out, false);                    \
 	}                                                                                            \
-	static void name##_decode_acc_ref(const uint8_t *src, size_t n, uint32_t block_elems,       \
+	static void name##_decode_acc_ref(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,       \
 					  enum gg_scale_kind scale, float *acc)                      \
 	{                                                                                            \
-		int_decode_any_ref(src, n, block_elems, scale, qmax, acc, true);                     \
+		int_decode_any_ref(src, rest, n, block_elems, scale, qmax, acc, true);                     \
 	}
 
 INT_DECODERS_REF(int8, GG_INT8_QMAX)

@@ -328,19 +328,18 @@ int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t fram
 	return 0;
 }
 
-/* Elements per step of gg_frame_decode_pair's sweep: 16 KiB of float32,
- * a multiple of every kernel's vector loop, so each element takes the same
- * path through the kernels as in a decode of the whole frame. */
-#define PAIR_BLOCK_ELEMS 4096u
+/* Elements per step of gg_frame_decode_pair's sweep: about 16 KiB of
+ * float32, in spans gg_codec_decode_span() takes. */
+#define PAIR_STEP_ELEMS 4096u
 
-/* An fp32 frame without zstd, by its header: its payload is the floats. */
-static bool pairable(const struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes)
+/* A frame without zstd, by its header: its payload lies in the frame
+ * (not in the decoder's scratch), where it stays while another is read. */
+static bool pairable(const struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes,
+		     struct gg_frame_info *fi)
 {
-	struct gg_frame_info fi;
 	char why[8];
 
-	return !gg_frame_parse_header(frame, frame_bytes, &dec->limits, &fi, why, sizeof(why)) &&
-	       fi.params.codec == GG_CODEC_FP32 && !fi.zstd;
+	return !gg_frame_parse_header(frame, frame_bytes, &dec->limits, fi, why, sizeof(why)) && !fi->zstd;
 }
 
 int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0_bytes, const void *f1,
@@ -351,26 +350,28 @@ int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0
 	int rc;
 
 	*bad = 0;
-	if (!pairable(dec, f0, f0_bytes) || !pairable(dec, f1, f1_bytes)) {
+	if (!pairable(dec, f0, f0_bytes, &fi0) || !pairable(dec, f1, f1_bytes, &fi1) ||
+	    memcmp(&fi0.params, &fi1.params, sizeof(fi0.params))) {
 		if ((rc = gg_frame_decode(dec, f0, f0_bytes, out, n, GG_FRAME_STORE, NULL, err, err_size)))
 			return rc;
 		*bad = 1;
 		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
 	}
-	/* Neither payload lies in the decoder's scratch: both stay valid. */
 	if ((rc = gg_frame_unwrap_n(dec, f0, f0_bytes, n, &fi0, &raw0, err, err_size)))
 		return rc;
 	*bad = 1;
 	if ((rc = gg_frame_unwrap_n(dec, f1, f1_bytes, n, &fi1, &raw1, err, err_size)))
 		return rc;
-	for (size_t i = 0; i < n; i += PAIR_BLOCK_ELEMS) {
-		size_t m = GG_MIN((size_t)PAIR_BLOCK_ELEMS, n - i);
+	size_t align = gg_codec_span_align(&fi0.params), step = GG_MAX(align, PAIR_STEP_ELEMS / align * align);
+	for (size_t i = 0; i < n; i += step) {
+		size_t m = GG_MIN(step, n - i);
 		*bad = 0;
-		if ((rc = gg_codec_decode(&fi0.params, raw0 + i * sizeof(float), m * sizeof(float), m, out + i)))
+		if ((rc = gg_codec_decode_span(&fi0.params, raw0, fi0.raw_bytes, n, i, m, out + i, false)))
 			break;
 		*bad = 1;
-		if ((rc = gg_codec_decode_acc(&fi1.params, raw1 + i * sizeof(float), m * sizeof(float), m, out + i)))
+		if ((rc = gg_codec_decode_span(&fi1.params, raw1, fi1.raw_bytes, n, i, m, out + i, true)))
 			break;
 	}
-	return rc ? gg_errf(err, err_size, rc, "frame: codec fp32 refused the payload") : 0;
+	return rc ? gg_errf(err, err_size, rc, "frame: codec %s refused the payload", gg_codec_name(fi0.params.codec))
+		  : 0;
 }

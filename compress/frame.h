@@ -142,8 +142,9 @@ GG_MUST_CHECK int gg_frame_decode(struct gg_frame_decoder *dec, const void *fram
 
 /* The first two frames of a sum: writes exactly what gg_frame_decode of
  * `f0` (STORE) and then of `f1` (ACCUMULATE) write, by the same kernels,
- * but for fp32 frames without zstd in one sweep over out, a few thousand
- * elements at a time, each stored and added to while in cache. Returns as
+ * but for frames of one codec without zstd in one sweep over out, a few
+ * thousand elements at a time, each stored and added to while in cache
+ * (gg_codec_decode_span()). Returns as
  * gg_frame_decode, with *bad the frame at fault (0: f0, 1: f1); out may
  * then hold f0's values. */
 GG_MUST_CHECK int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0_bytes,

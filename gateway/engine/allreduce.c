@@ -29,8 +29,9 @@ struct gg_ar_step {
 	 * chunk is the first to reduce, the chunk already holds what storing
 	 * that frame would write. */
 	bool own_in_place;
-	/* fp32 without zstd: the first two sites' frames of a chunk, when
-	 * both are at hand, are decoded in one sweep (gg_frame_decode_pair). */
+	/* Frames without zstd, on the host: the first two sites' frames of a
+	 * chunk are decoded in one sweep (gg_frame_decode_pair), site 0's
+	 * kept until site 1's is at hand where it is in pending already. */
 	bool pair;
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
@@ -293,9 +294,10 @@ static void deliver(struct gg_ar_step *s, uint64_t offset, uint64_t n)
 }
 
 /* Reduces chunk c as far as the frames present allow, in site order.
- * `frame`, when not NULL, is the frame of the site whose turn it is,
- * decoded in place. */
-static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, size_t len, char *err,
+ * `frame`, when not NULL, is site `from`'s frame of it, at hand rather
+ * than in pending: the frame of the site whose turn it is, or site 1's
+ * where site 0's waits in pending to be decoded in one sweep with it. */
+static int direct_reduce(struct gg_ar_step *s, uint32_t c, unsigned from, const void *frame, size_t len, char *err,
 			 size_t err_size)
 {
 	const unsigned K = s->cfg.sites;
@@ -305,31 +307,39 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, const void *frame, si
 	while (s->next_site[c] < K) {
 		unsigned site = s->next_site[c];
 		struct gg_buf **slot = &s->pending[(size_t)site * s->nchunks + c];
-		if (!frame && !*slot)
+		const void *f = frame && from == site ? frame : *slot ? (*slot)->data : NULL;
+		size_t flen = frame && from == site ? len : *slot ? (*slot)->len : 0;
+		if (!f)
 			return 0;
-		if (!frame) {
-			frame = (*slot)->data;
-			len = (*slot)->len;
-		}
 		id.origin = (uint8_t)site;
 		range_of(&s->cfg, s->shard_lo, &id, &offset, &n);
-		struct gg_buf **next = &s->pending[(size_t)1 * s->nchunks + c];
 		int rc;
 		if (site == 0 && site == s->cfg.self && s->own_in_place) {
 			rc = 0;
-		} else if (site == 0 && s->pair && *next) {
-			/* The second site's frame is here too (this site's own, or
-			 * one that came early): both in one sweep over the chunk. */
-			rc = decode_pair(s, &id, frame, len, (*next)->data, (*next)->len, s->result + offset, n, err,
-					 err_size);
-			gg_buf_put(*next);
-			*next = NULL;
-			s->next_site[c]++;
+		} else if (site == 0 && s->pair && K > 1) {
+			/* The second site's frame too, when at hand (this site's
+			 * own, one that came early, or the one just received):
+			 * both in one sweep over the chunk. Until it is, a frame of
+			 * site 0 kept in pending (this site's own) waits for it. */
+			struct gg_buf **next = &s->pending[(size_t)1 * s->nchunks + c];
+			const void *f1 = frame && from == 1 ? frame : *next ? (*next)->data : NULL;
+			size_t len1 = frame && from == 1 ? len : *next ? (*next)->len : 0;
+			if (f1) {
+				rc = decode_pair(s, &id, f, flen, f1, len1, s->result + offset, n, err, err_size);
+				gg_buf_put(*next);
+				*next = NULL;
+				s->next_site[c]++;
+			} else if (f != frame) {
+				return 0;
+			} else {
+				rc = decode_into(s, site, &id, f, flen, s->result + offset, n, GG_FRAME_STORE, err,
+						 err_size);
+			}
 		} else {
-			rc = decode_into(s, site, &id, frame, len, s->result + offset, n,
+			rc = decode_into(s, site, &id, f, flen, s->result + offset, n,
 					 site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);
 		}
-		frame = NULL;
+		frame = NULL; /* (used: either its site's turn came, or site 1's with site 0's) */
 		gg_buf_put(*slot);
 		*slot = NULL;
 		if (rc)
@@ -367,7 +377,7 @@ static int direct_emit(struct gg_ar_step *s, uint32_t upto, char *err, size_t er
 		for (unsigned to = 0; to < K; to++)
 			if (to != self && (rc = send_frame(s, to, &id, f, err, err_size)))
 				return rc;
-		if ((rc = direct_reduce(s, c, NULL, 0, err, err_size)))
+		if ((rc = direct_reduce(s, c, K, NULL, 0, err, err_size)))
 			return rc;
 	}
 	return 0;
@@ -554,8 +564,9 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 			s->failed = true;
 			return rc;
 		}
-		if (s->next_site[id->chunk] == from) {
-			rc = direct_reduce(s, id->chunk, frame, len, err, err_size);
+		if (s->next_site[id->chunk] == from ||
+		    (from == 1 && s->next_site[id->chunk] == 0 && s->pair && s->pending[id->chunk])) {
+			rc = direct_reduce(s, id->chunk, from, frame, len, err, err_size);
 		} else {
 			if (!(*slot = gg_buf_new(s->cfg.pool, len))) {
 				s->failed = true;
@@ -615,7 +626,7 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	s->result = result;
 	s->own_in_place = input == result && !cfg->feedback && !(cfg->mem && cfg->mem->feedback) &&
 			  cfg->enc->cfg.codec.codec == GG_CODEC_FP32;
-	s->pair = cfg->enc->cfg.codec.codec == GG_CODEC_FP32 && !cfg->enc->cfg.zstd && !cfg->mem;
+	s->pair = !cfg->enc->cfg.zstd && !cfg->mem;
 	shard_bounds(cfg, s->shard_lo);
 	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
 	if (rc) {

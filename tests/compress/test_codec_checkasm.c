@@ -82,15 +82,15 @@ static void check_one(const struct gg_codec_kernels *k, const struct gg_codec_pa
 	for (int in = 0; in < 2; in++) {
 		fill_sentinel_floats(or_, n + 2 * GUARD);
 		fill_sentinel_floats(on, n + 2 * GUARD);
-		ref->decode[p->codec](inputs[in], n, p->block_elems, p->scale, or_ + GUARD);
-		k->decode[p->codec](inputs[in], n, p->block_elems, p->scale, on + GUARD);
+		gg_decode_whole(ref->decode[p->codec], p->codec, inputs[in], n, p->block_elems, p->scale, or_ + GUARD);
+		gg_decode_whole(k->decode[p->codec], p->codec, inputs[in], n, p->block_elems, p->scale, on + GUARD);
 		compare_floats(or_, on, n, in ? "decode(soup)" : "decode", what, isa);
 
 		fill_data(acc0, n, DATA_SPECIAL, r);
 		memcpy(or_ + GUARD, acc0, n * sizeof(float));
 		memcpy(on + GUARD, acc0, n * sizeof(float));
-		ref->decode_acc[p->codec](inputs[in], n, p->block_elems, p->scale, or_ + GUARD);
-		k->decode_acc[p->codec](inputs[in], n, p->block_elems, p->scale, on + GUARD);
+		gg_decode_whole(ref->decode_acc[p->codec], p->codec, inputs[in], n, p->block_elems, p->scale, or_ + GUARD);
+		gg_decode_whole(k->decode_acc[p->codec], p->codec, inputs[in], n, p->block_elems, p->scale, on + GUARD);
 		compare_floats(or_, on, n, in ? "decode_acc(soup)" : "decode_acc", what, isa);
 		cases += 2;
 	}

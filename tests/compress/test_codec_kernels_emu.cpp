@@ -87,10 +87,10 @@ static void decode_one(const struct gg_codec_params *p, unsigned grid, const uin
 	if (acc) {
 		memcpy(b->out_ref, b->acc0, n * sizeof(float));
 		memcpy(b->out_got + GUARD_FLOATS, b->acc0, n * sizeof(float));
-		ref->decode_acc[p->codec](in, n, p->block_elems, p->scale, b->out_ref);
+		gg_decode_whole(ref->decode_acc[p->codec], p->codec, in, n, p->block_elems, p->scale, b->out_ref);
 		CHECK(enqueue_decode<true>(p, grid, nullptr, in, n, b->out_got + GUARD_FLOATS) == cudaSuccess, "launch");
 	} else {
-		ref->decode[p->codec](in, n, p->block_elems, p->scale, b->out_ref);
+		gg_decode_whole(ref->decode[p->codec], p->codec, in, n, p->block_elems, p->scale, b->out_ref);
 		CHECK(enqueue_decode<false>(p, grid, nullptr, in, n, b->out_got + GUARD_FLOATS) == cudaSuccess, "launch");
 	}
 	check_floats(b->out_ref, b->out_got, n, op, what);

@@ -1,8 +1,10 @@
 /* gg_frame_decode_pair writes exactly what storing the first frame and
  * adding the second write, bit for bit (NaN payloads and signed zeros
- * included), on every kernel set, for every codec with and without zstd
- * (the fused sweep is for fp32 without zstd; the others take the two
- * decodes), and names the frame at fault when one is bad. */
+ * included), on every kernel set, for every codec and block size with and
+ * without zstd (the fused sweep is for two frames of one codec without
+ * zstd; the others take the two decodes), and names the frame at fault
+ * when one is bad; gg_codec_decode_span refuses spans that do not start
+ * and end where it says. */
 #include <errno.h>
 
 #include "codec.h"
@@ -87,17 +89,20 @@ static void check_pair(const struct gg_frame_config *c0, const struct gg_frame_c
 	CHECK(test_bits(got[n]) == 0xa5a5a5a5u, "written past the end");
 
 	if (n) {
-		/* A bad checksum in either frame is refused, naming that frame. */
-		f0.bytes[f0.len - 1] ^= 1;
+		/* A bad checksum in either frame is refused, naming that frame.
+		 * (The header's: a flipped bit of a zstd stream may decompress to
+		 * the same bytes.) */
+		const size_t at = 28;
+		f0.bytes[at] ^= 1;
 		CHECK(gg_frame_decode_pair(dec, f0.bytes, f0.len, f1.bytes, f1.len, got, n, &bad, err, sizeof(err)) < 0 &&
 			      bad == 0,
 		      "a bad first frame: bad %u, %s", bad, err);
-		f0.bytes[f0.len - 1] ^= 1;
-		f1.bytes[f1.len - 1] ^= 1;
+		f0.bytes[at] ^= 1;
+		f1.bytes[at] ^= 1;
 		CHECK(gg_frame_decode_pair(dec, f0.bytes, f0.len, f1.bytes, f1.len, got, n, &bad, err, sizeof(err)) < 0 &&
 			      bad == 1,
 		      "a bad second frame: bad %u, %s", bad, err);
-		f1.bytes[f1.len - 1] ^= 1;
+		f1.bytes[at] ^= 1;
 		/* The second frame's element count must be the caller's too. */
 		CHECK(gg_frame_decode_pair(dec, f0.bytes, f0.len, f1.bytes, f1.len, got, n - 1, &bad, err,
 					   sizeof(err)) == -EBADMSG && bad == 0,
@@ -107,6 +112,33 @@ static void check_pair(const struct gg_frame_config *c0, const struct gg_frame_c
 	free(f1.bytes);
 	free(want);
 	free(got);
+}
+
+/* Other block sizes and fp16 scales (a block past the sweep's 4096
+ * elements, one that does not divide it), and two frames of one codec
+ * with other parameters. */
+static int other_params(const size_t *sizes, size_t nsizes, float *x0, float *x1, struct rng *r,
+			struct gg_frame_decoder *dec)
+{
+	static const uint32_t blocks[] = { 32, 96, 8192 };
+	int pairs = 0;
+
+	for (int c = GG_CODEC_INT8; c <= GG_CODEC_INT4; c++)
+		for (size_t b = 0; b < GG_ARRAY_LEN(blocks); b++) {
+			struct gg_frame_config c0 = { .codec = { (enum gg_codec)c, blocks[b], GG_SCALE_F16 },
+						      .max_elems = MAX_ELEMS };
+			struct gg_frame_config c1 = c0;
+			for (size_t si = 0; si < nsizes; si++) {
+				fill_data(x0, sizes[si], DATA_BITS, r);
+				fill_data(x1, sizes[si], DATA_BITS, r);
+				check_pair(&c0, &c1, x0, x1, sizes[si], dec);
+				c1.codec.block_elems = GG_CODEC_DEFAULT_BLOCK_ELEMS;
+				check_pair(&c0, &c1, x0, x1, sizes[si], dec);
+				c1 = c0;
+				pairs += 2;
+			}
+		}
+	return pairs;
 }
 
 int main(void)
@@ -141,6 +173,25 @@ int main(void)
 				}
 			}
 		}
+		pairs += other_params(sizes, GG_ARRAY_LEN(sizes), x0, x1, &r, &dec);
+	}
+	/* Spans start at a multiple of gg_codec_span_align() and last one,
+	 * but for the last; within the chunk. */
+	{
+		struct gg_codec_params p = { GG_CODEC_INT8, 256, GG_SCALE_F32 };
+		uint64_t bytes;
+		CHECK(gg_codec_encoded_bytes(&p, 1000, &bytes) == 0, "int8 size");
+		uint8_t *payload = xmalloc(bytes);
+		CHECK(gg_codec_encode(&p, x0, 1000, payload, bytes) == 0, "int8 encode");
+		CHECK(gg_codec_span_align(&p) == 256, "int8 spans: %zu", gg_codec_span_align(&p));
+		CHECK(gg_codec_decode_span(&p, payload, bytes, 1000, 128, 256, x1, false) == -EINVAL, "span at 128");
+		CHECK(gg_codec_decode_span(&p, payload, bytes, 1000, 0, 300, x1, false) == -EINVAL, "span of 300");
+		CHECK(gg_codec_decode_span(&p, payload, bytes, 1000, 768, 256, x1, false) == -EINVAL, "span past the end");
+		CHECK(gg_codec_decode_span(&p, payload, bytes - 1, 1000, 0, 256, x1, false) == -EBADMSG, "short payload");
+		CHECK(gg_codec_decode_span(&p, payload, bytes, 1000, 768, 232, x1, false) == 0, "the last span");
+		free(payload);
+		struct gg_codec_params q = gg_codec_defaults(GG_CODEC_BF16_SPLIT);
+		CHECK(gg_codec_span_align(&q) == 64, "bf16-split spans: %zu", gg_codec_span_align(&q));
 	}
 	CHECK(isas_run > 0, "no kernel set could be chosen");
 	gg_frame_decoder_fini(&dec);

@@ -97,19 +97,19 @@ static void decode_all(const uint8_t *data, size_t size)
 		abort();
 	n = (size_t)info.elems;
 	const struct gg_codec_params *p = &info.params;
-	gg_codec_kernels_ref.decode[p->codec](raw, n, p->block_elems, p->scale, out);
+	gg_decode_whole(gg_codec_kernels_ref.decode[p->codec], p->codec, raw, n, p->block_elems, p->scale, out);
 	/* The addends: the decoded values themselves, infinities and NaNs
 	 * included. */
 	memcpy(acc, out, n * sizeof(float));
-	gg_codec_kernels_ref.decode_acc[p->codec](raw, n, p->block_elems, p->scale, acc);
+	gg_decode_whole(gg_codec_kernels_ref.decode_acc[p->codec], p->codec, raw, n, p->block_elems, p->scale, acc);
 	for (int isa = GG_ISA_SCALAR + 1; isa < GG_ISA_COUNT; isa++) {
 		const struct gg_codec_kernels *k = gg_codec_kernels_for((enum gg_isa)isa);
 		if (!k)
 			continue;
-		k->decode[p->codec](raw, n, p->block_elems, p->scale, other);
+		gg_decode_whole(k->decode[p->codec], p->codec, raw, n, p->block_elems, p->scale, other);
 		same_or_die(out, other, n, gg_isa_name((enum gg_isa)isa), "decode");
 		memcpy(other, out, n * sizeof(float));
-		k->decode_acc[p->codec](raw, n, p->block_elems, p->scale, other);
+		gg_decode_whole(k->decode_acc[p->codec], p->codec, raw, n, p->block_elems, p->scale, other);
 		same_or_die(acc, other, n, gg_isa_name((enum gg_isa)isa), "decode-and-accumulate");
 	}
 }

@@ -92,11 +92,11 @@ static void check_decode(struct dev *d, struct host *h, const struct gg_codec_pa
 	if (acc0) {
 		CUDA_OK(cudaMemcpyAsync(d->out + GUARD_FLOATS, acc0, n * sizeof(float), cudaMemcpyHostToDevice, d->stream));
 		memcpy(h->out_ref, acc0, n * sizeof(float));
-		ref->decode_acc[p->codec](in, n, p->block_elems, p->scale, h->out_ref);
+		gg_decode_whole(ref->decode_acc[p->codec], p->codec, in, n, p->block_elems, p->scale, h->out_ref);
 		rc = gg_codec_decode_acc_cuda(p, d->enc + GUARD, bytes, n, d->out + GUARD_FLOATS, d->stream, err,
 					      sizeof(err));
 	} else {
-		ref->decode[p->codec](in, n, p->block_elems, p->scale, h->out_ref);
+		gg_decode_whole(ref->decode[p->codec], p->codec, in, n, p->block_elems, p->scale, h->out_ref);
 		rc = gg_codec_decode_cuda(p, d->enc + GUARD, bytes, n, d->out + GUARD_FLOATS, d->stream, err,
 					  sizeof(err));
 	}
@@ -259,7 +259,7 @@ static void check_pinned(struct host *h)
 	fill_data(acc, N, DATA_GAUSSIAN, &r);
 	memcpy(h->out_ref, acc, N * sizeof(float));
 	gg_codec_kernels_ref.encode[p.codec](x, N, p.block_elems, p.scale, h->ref);
-	gg_codec_kernels_ref.decode_acc[p.codec](h->ref, N, p.block_elems, p.scale, h->out_ref);
+	gg_decode_whole(gg_codec_kernels_ref.decode_acc[p.codec], p.codec, h->ref, N, p.block_elems, p.scale, h->out_ref);
 	must(gg_codec_encode_cuda(&p, x, N, enc, bytes, NULL, err, sizeof(err)), err, "encode", "pinned");
 	must(gg_codec_decode_acc_cuda(&p, enc, bytes, N, acc, NULL, err, sizeof(err)), err, "decode_acc", "pinned");
 	CUDA_OK(cudaDeviceSynchronize());

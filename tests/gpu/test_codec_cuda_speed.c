@@ -207,7 +207,8 @@ static void check_bytes(struct bench *b, const struct gg_codec_params *p, const 
 	for (int acc = 0; acc < 2; acc++) {
 		memcpy(out_ref, x, N * sizeof(float));
 		CUDA_OK(cudaMemcpyAsync(b->out, x, N * sizeof(float), cudaMemcpyHostToDevice, b->stream));
-		(acc ? ref->decode_acc : ref->decode)[p->codec](want, N, p->block_elems, p->scale, out_ref);
+		gg_decode_whole((acc ? ref->decode_acc : ref->decode)[p->codec], p->codec, want, N, p->block_elems, p->scale,
+				out_ref);
 		CHECK(run_op(b, p, acc ? OP_DECODE_ACC : OP_DECODE, bytes, err, sizeof(err)) == 0, "%s", err);
 		CUDA_OK(cudaMemcpyAsync(out_got, b->out, N * sizeof(float), cudaMemcpyDeviceToHost, b->stream));
 		CUDA_OK(cudaStreamSynchronize(b->stream));
