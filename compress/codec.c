@@ -134,7 +134,7 @@ int gg_codec_encode(const struct gg_codec_params *p, const float *src, size_t n,
 
 	if (rc)
 		return rc;
-	gg_codec_kernels_active()->encode[p->codec](src, n, p->block_elems, p->scale, dst);
+	gg_encode_whole(gg_codec_kernels_active()->encode[p->codec], p->codec, src, n, p->block_elems, p->scale, dst);
 	return 0;
 }
 
@@ -172,19 +172,47 @@ int gg_codec_decode_acc(const struct gg_codec_params *p, const void *src, size_t
 	return 0;
 }
 
-int gg_codec_decode_span(const struct gg_codec_params *p, const void *src, size_t src_bytes, size_t n, size_t first,
-			 size_t m, float *out, bool acc)
+/* A chunk's payload of payload_bytes for n elements (exactly, or at least
+ * where `exact` is false), and a span [first, first + m) of it as
+ * gg_codec_span_align() says; the span's two parts' offsets. */
+static int span_parts(const struct gg_codec_params *p, size_t payload_bytes, bool exact, size_t n, size_t first,
+		      size_t m, size_t *a, size_t *b)
 {
-	int rc = check_sizes(p, n, src_bytes, true);
+	int rc = check_sizes(p, n, payload_bytes, exact);
 
 	if (rc)
 		return rc;
-	if (first > n || m > n - first || first % gg_codec_span_align(p) || (m % gg_codec_span_align(p) && first + m != n))
+	size_t align = gg_codec_span_align(p);
+	if (first > n || m > n - first || first % align || (m % align && first + m != n))
 		return -EINVAL;
+	gg_payload_parts(p->codec, n, first, p->block_elems, p->scale, a, b);
+	return 0;
+}
+
+int gg_codec_decode_span(const struct gg_codec_params *p, const void *src, size_t src_bytes, size_t n, size_t first,
+			 size_t m, float *out, bool acc)
+{
+	size_t a, b;
+	int rc = span_parts(p, src_bytes, true, n, first, m, &a, &b);
+
+	if (rc)
+		return rc;
 	const struct gg_codec_kernels *k = gg_codec_kernels_active();
-	const uint8_t *a, *b;
-	gg_decode_parts(p->codec, src, n, first, p->block_elems, p->scale, &a, &b);
-	(acc ? k->decode_acc : k->decode)[p->codec](a, b, m, p->block_elems, p->scale, out);
+	(acc ? k->decode_acc : k->decode)[p->codec]((const uint8_t *)src + a, (const uint8_t *)src + b, m,
+						   p->block_elems, p->scale, out);
+	return 0;
+}
+
+int gg_codec_encode_span(const struct gg_codec_params *p, const float *src, size_t n, size_t first, size_t m,
+			 void *dst, size_t dst_bytes)
+{
+	size_t a, b;
+	int rc = span_parts(p, dst_bytes, false, n, first, m, &a, &b);
+
+	if (rc)
+		return rc == -EBADMSG ? -ENOBUFS : rc;
+	gg_codec_kernels_active()->encode[p->codec](src, m, p->block_elems, p->scale, (uint8_t *)dst + a,
+						    (uint8_t *)dst + b);
 	return 0;
 }
 

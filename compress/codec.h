@@ -151,11 +151,11 @@ GG_MUST_CHECK int gg_codec_decode(const struct gg_codec_params *p, const void *s
 GG_MUST_CHECK int gg_codec_decode_acc(const struct gg_codec_params *p, const void *src,
 				      size_t src_bytes, size_t n, float *acc);
 
-/* Elements a span of gg_codec_decode_span() starts at a multiple of, and
- * lasts a multiple of (but for the chunk's last span): a block of int8 and
- * int4 (whose loops start at each block), 64 for the rest (a multiple of
- * every vector loop): each element takes the path it takes in a decode of
- * the whole chunk. */
+/* Elements a span of gg_codec_decode_span() and gg_codec_encode_span()
+ * starts at a multiple of, and lasts a multiple of (but for the chunk's
+ * last span): a block of int8 and int4 (whose loops start at each block),
+ * 64 for the rest (a multiple of every vector loop): each element takes
+ * the path it takes in a decode or encode of the whole chunk. */
 static inline size_t gg_codec_span_align(const struct gg_codec_params *p)
 {
 	return p->codec == GG_CODEC_INT8 || p->codec == GG_CODEC_INT4 ? p->block_elems : 64;
@@ -168,6 +168,12 @@ static inline size_t gg_codec_span_align(const struct gg_codec_params *p)
  * gg_codec_span_align() says (-EINVAL otherwise). */
 GG_MUST_CHECK int gg_codec_decode_span(const struct gg_codec_params *p, const void *src, size_t src_bytes,
 				       size_t n, size_t first, size_t m, float *out, bool acc);
+/* The other way: src[0..m), elements [first, first + m) of a chunk of n
+ * elements, encoded into their places in dst, the chunk's payload (which
+ * must hold gg_codec_encoded_bytes() of n: -ENOBUFS), byte for byte as
+ * gg_codec_encode() of the chunk writes them there. */
+GG_MUST_CHECK int gg_codec_encode_span(const struct gg_codec_params *p, const float *src, size_t n, size_t first,
+				       size_t m, void *dst, size_t dst_bytes);
 
 /* Instruction sets for the kernels. The best one the CPU has is picked at
  * first use; the environment variable GG_CODEC_ISA=scalar|avx2|avx512 or

@@ -65,7 +65,7 @@ static inline void store8(float *out, __m256 v, bool acc)
 }
 
 static void bf16_encode_avx2(const float *src, size_t n, uint32_t block_elems,
-			     enum gg_scale_kind scale, uint8_t *dst)
+			     enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t i = 0;
 
@@ -107,7 +107,7 @@ static void bf16_decode_acc_avx2(const uint8_t *src, const uint8_t *rest, size_t
 }
 
 static void bf16_split_encode_avx2(const float *src, size_t n, uint32_t block_elems,
-				   enum gg_scale_kind scale, uint8_t *dst)
+				   enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	const __m256i planes = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
 						0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
@@ -117,12 +117,12 @@ static void bf16_split_encode_avx2(const float *src, size_t n, uint32_t block_el
 		__m256i v = _mm256_shuffle_epi8(bf16_round16(src + i), planes);
 		v = _mm256_permute4x64_epi64(v, 0xd8);
 		_mm_storeu_si128((__m128i *)(void *)(dst + i), _mm256_castsi256_si128(v));
-		_mm_storeu_si128((__m128i *)(void *)(dst + n + i), _mm256_extracti128_si256(v, 1));
+		_mm_storeu_si128((__m128i *)(void *)(rest + i), _mm256_extracti128_si256(v, 1));
 	}
 	for (; i < n; i++) {
 		uint16_t b = gg_bf16_from_f32(src[i]);
 		dst[i] = (uint8_t)b;
-		dst[n + i] = (uint8_t)(b >> 8);
+		rest[i] = (uint8_t)(b >> 8);
 	}
 }
 
@@ -217,10 +217,10 @@ static inline __m256i quantize32(const float *x, float s, int qmax)
 }
 
 static void int8_encode_avx2(const float *src, size_t n, uint32_t block_elems,
-			     enum gg_scale_kind scale, uint8_t *dst)
+			     enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	uint8_t *codes = dst + nb * sb;
+	uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off), i = 0;
@@ -233,10 +233,10 @@ static void int8_encode_avx2(const float *src, size_t n, uint32_t block_elems,
 }
 
 static void int4_encode_avx2(const float *src, size_t n, uint32_t block_elems,
-			     enum gg_scale_kind scale, uint8_t *dst)
+			     enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	uint8_t *codes = dst + nb * sb;
+	uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off), i = 0;

@@ -48,7 +48,7 @@ static inline __m512 bf16_widen16(__m512i u32)
 }
 
 static void bf16_encode_avx512(const float *src, size_t n, uint32_t block_elems,
-			       enum gg_scale_kind scale, uint8_t *dst)
+			       enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t i = 0;
 
@@ -89,19 +89,19 @@ static void bf16_decode_acc_avx512(const uint8_t *src, const uint8_t *rest, size
 }
 
 static void bf16_split_encode_avx512(const float *src, size_t n, uint32_t block_elems,
-				     enum gg_scale_kind scale, uint8_t *dst)
+				     enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t i = 0;
 
 	for (; i + 16 <= n; i += 16) {
 		__m512i r = bf16_round16(src + i);
 		_mm_storeu_si128((__m128i *)(void *)(dst + i), _mm512_cvtepi32_epi8(r));
-		_mm_storeu_si128((__m128i *)(void *)(dst + n + i), _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8)));
+		_mm_storeu_si128((__m128i *)(void *)(rest + i), _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8)));
 	}
 	for (; i < n; i++) {
 		uint16_t b = gg_bf16_from_f32(src[i]);
 		dst[i] = (uint8_t)b;
-		dst[n + i] = (uint8_t)(b >> 8);
+		rest[i] = (uint8_t)(b >> 8);
 	}
 }
 
@@ -168,10 +168,10 @@ static inline __m128i quantize16(const float *x, float s, int qmax)
 }
 
 static void int8_encode_avx512(const float *src, size_t n, uint32_t block_elems,
-			       enum gg_scale_kind scale, uint8_t *dst)
+			       enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	uint8_t *codes = dst + nb * sb;
+	uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off), i = 0;
@@ -184,10 +184,10 @@ static void int8_encode_avx512(const float *src, size_t n, uint32_t block_elems,
 }
 
 static void int4_encode_avx512(const float *src, size_t n, uint32_t block_elems,
-			       enum gg_scale_kind scale, uint8_t *dst)
+			       enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	uint8_t *codes = dst + nb * sb;
+	uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off), i = 0;

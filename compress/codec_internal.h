@@ -18,9 +18,10 @@
 #error "compress/ stores host floats as little-endian bytes; add byte swapping for this target"
 #endif
 
-/* One chunk: n elements, params already checked, dst sized exactly. */
+/* n elements, params already checked, into the payload's two parts (as
+ * gg_decode_fn takes them; gg_encode_whole() finds them in a chunk's). */
 typedef void (*gg_encode_fn)(const float *src, size_t n, uint32_t block_elems,
-			     enum gg_scale_kind scale, uint8_t *dst);
+			     enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest);
 /* Decoders take the payload as two parts, so that a decoder may take any
  * run of whole blocks of a chunk (gg_codec_decode_span()): `src` the first
  * (fp32, bf16: the values; bf16-split: the low plane; int8, int4: the
@@ -55,7 +56,8 @@ const struct gg_codec_kernels *gg_codec_kernels_for(enum gg_isa isa);
 const struct gg_codec_kernels *gg_codec_kernels_active(void);
 
 /* fp32 is a copy both ways, the same for every instruction set (codec_ref.c). */
-void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst);
+void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst,
+			 uint8_t *rest);
 void gg_fp32_decode_copy(const uint8_t *src, const uint8_t *rest, size_t n, uint32_t block_elems,
 			 enum gg_scale_kind scale, float *out);
 
@@ -86,31 +88,31 @@ static inline size_t gg_block_count(size_t n, uint32_t block_elems)
 	return n / block_elems + (n % block_elems != 0);
 }
 
-/* Where the two parts of a decoder's input (gg_decode_fn) lie: elements
- * [first, first + m) of a chunk of n elements whose payload is `payload`
- * (first a multiple of block_elems for int8 and int4, even for int4). */
-static inline void gg_decode_parts(enum gg_codec codec, const uint8_t *payload, size_t n, size_t first,
-				   uint32_t block_elems, enum gg_scale_kind scale, const uint8_t **src,
-				   const uint8_t **rest)
+/* Where the two parts of a codec's payload (gg_decode_fn) for elements
+ * [first, first + m) of a chunk of n elements begin, as offsets into the
+ * chunk's payload (first a multiple of block_elems for int8 and int4; the
+ * second part is at 0 where the codec has none). */
+static inline void gg_payload_parts(enum gg_codec codec, size_t n, size_t first, uint32_t block_elems,
+				    enum gg_scale_kind scale, size_t *src, size_t *rest)
 {
 	size_t sb = gg_scale_bytes(scale);
 
-	*rest = NULL;
+	*rest = 0;
 	switch (codec) {
 	case GG_CODEC_BF16:
-		*src = payload + 2 * first;
+		*src = 2 * first;
 		break;
 	case GG_CODEC_BF16_SPLIT:
-		*src = payload + first;
-		*rest = payload + n + first;
+		*src = first;
+		*rest = n + first;
 		break;
 	case GG_CODEC_INT8:
 	case GG_CODEC_INT4:
-		*src = payload + first / block_elems * sb;
-		*rest = payload + gg_block_count(n, block_elems) * sb + (codec == GG_CODEC_INT8 ? first : first / 2);
+		*src = first / block_elems * sb;
+		*rest = gg_block_count(n, block_elems) * sb + (codec == GG_CODEC_INT8 ? first : first / 2);
 		break;
 	default:
-		*src = payload + 4 * first;
+		*src = 4 * first;
 		break;
 	}
 }
@@ -119,10 +121,20 @@ static inline void gg_decode_parts(enum gg_codec codec, const uint8_t *payload, 
 static inline void gg_decode_whole(gg_decode_fn fn, enum gg_codec codec, const uint8_t *payload, size_t n,
 				   uint32_t block_elems, enum gg_scale_kind scale, float *out)
 {
-	const uint8_t *src, *rest;
+	size_t a, b;
 
-	gg_decode_parts(codec, payload, n, 0, block_elems, scale, &src, &rest);
-	fn(src, rest, n, block_elems, scale, out);
+	gg_payload_parts(codec, n, 0, block_elems, scale, &a, &b);
+	fn(payload + a, payload + b, n, block_elems, scale, out);
+}
+
+/* An encoder `fn` of `codec` run on a whole chunk, into its payload. */
+static inline void gg_encode_whole(gg_encode_fn fn, enum gg_codec codec, const float *src, size_t n,
+				   uint32_t block_elems, enum gg_scale_kind scale, uint8_t *payload)
+{
+	size_t a, b;
+
+	gg_payload_parts(codec, n, 0, block_elems, scale, &a, &b);
+	fn(src, n, block_elems, scale, payload + a, payload + b);
 }
 
 /* Computes the block scale from the finite absmax m, stores it at `out`

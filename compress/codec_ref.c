@@ -11,7 +11,7 @@ static inline void put(float *out, size_t i, float v, bool acc)
 }
 
 /* fp32 is a copy both ways: every kernel table uses these two. */
-void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst)
+void gg_fp32_encode_copy(const float *src, size_t n, uint32_t block_elems, enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	if (n)
 		memcpy(dst, src, n * sizeof(float));
@@ -34,7 +34,7 @@ static void fp32_decode_acc_ref(const uint8_t *src, const uint8_t *rest, size_t 
 }
 
 static void bf16_encode_ref(const float *src, size_t n, uint32_t block_elems,
-			    enum gg_scale_kind scale, uint8_t *dst)
+			    enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	for (size_t i = 0; i < n; i++) {
 		uint16_t b = gg_bf16_from_f32(src[i]);
@@ -64,12 +64,12 @@ static void bf16_decode_acc_ref(const uint8_t *src, const uint8_t *rest, size_t 
 }
 
 static void bf16_split_encode_ref(const float *src, size_t n, uint32_t block_elems,
-				  enum gg_scale_kind scale, uint8_t *dst)
+				  enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	for (size_t i = 0; i < n; i++) {
 		uint16_t b = gg_bf16_from_f32(src[i]);
 		dst[i] = (uint8_t)b;
-		dst[n + i] = (uint8_t)(b >> 8);
+		rest[i] = (uint8_t)(b >> 8);
 	}
 }
 
@@ -92,10 +92,10 @@ static void bf16_split_decode_acc_ref(const uint8_t *src, const uint8_t *rest, s
 }
 
 static void int8_encode_ref(const float *src, size_t n, uint32_t block_elems,
-			    enum gg_scale_kind scale, uint8_t *dst)
+			    enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	uint8_t *codes = dst + nb * sb;
+	uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);
@@ -106,10 +106,10 @@ static void int8_encode_ref(const float *src, size_t n, uint32_t block_elems,
 }
 
 static void int4_encode_ref(const float *src, size_t n, uint32_t block_elems,
-			    enum gg_scale_kind scale, uint8_t *dst)
+			    enum gg_scale_kind scale, uint8_t *dst, uint8_t *rest)
 {
 	size_t nb = gg_block_count(n, block_elems), sb = gg_scale_bytes(scale);
-	uint8_t *codes = dst + nb * sb;
+	uint8_t *codes = rest;
 
 	for (size_t k = 0; k < nb; k++) {
 		size_t off = k * block_elems, len = GG_MIN((size_t)block_elems, n - off);

@@ -61,6 +61,10 @@ int gg_feedback_commit(struct gg_feedback *fb, const struct gg_codec_params *p, 
 	return 0;
 }
 
+/* Elements per span of gg_feedback_encode(): about 16 KiB of float32,
+ * compensated, encoded, decoded and left as residual while in cache. */
+#define SPAN_ELEMS 4096u
+
 int gg_feedback_encode(struct gg_feedback *fb, const struct gg_codec_params *p, size_t offset,
 		       const float *in, size_t n, void *dst, size_t dst_bytes, float *scratch)
 {
@@ -69,15 +73,27 @@ int gg_feedback_encode(struct gg_feedback *fb, const struct gg_codec_params *p, 
 			return -EINVAL;
 		scratch = fb->scratch;
 	}
-	int rc = gg_feedback_compensate(fb, offset, in, n, scratch);
-	if (rc)
-		return rc;
+	if (!in_range(fb, offset, n))
+		return -EINVAL;
 	uint64_t bytes;
-	rc = gg_codec_encoded_bytes(p, n, &bytes);
+	int rc = gg_codec_encoded_bytes(p, n, &bytes);
 	if (rc)
 		return rc;
-	rc = gg_codec_encode(p, scratch, n, dst, dst_bytes);
-	if (rc)
-		return rc;
-	return gg_feedback_commit(fb, p, offset, scratch, n, dst, bytes);
+	if (dst_bytes < bytes)
+		return -ENOBUFS;
+	/* The four passes of compensate, encode, commit, span by span: what
+	 * each writes is what the whole-chunk passes write, element for
+	 * element (their rules are per element, the codec's per block). */
+	const struct gg_codec_kernels *k = gg_codec_kernels_active();
+	size_t align = gg_codec_span_align(p), step = GG_MAX(align, SPAN_ELEMS / align * align);
+	float *r = fb->residual + offset;
+	for (size_t i = 0; i < n; i += step) {
+		size_t m = GG_MIN(step, n - i);
+		gg_f32_add(in + i, r + i, m, scratch + i);
+		if ((rc = gg_codec_encode_span(p, scratch + i, n, i, m, dst, (size_t)bytes)) ||
+		    (rc = gg_codec_decode_span(p, dst, (size_t)bytes, n, i, m, r + i, false)))
+			return rc;
+		k->residual(scratch + i, r + i, m);
+	}
+	return 0;
 }

@@ -64,8 +64,8 @@ static void check_one(const struct gg_codec_kernels *k, const struct gg_codec_pa
 	uint8_t *er = xmalloc(bytes + 2 * GUARD + 1), *en = xmalloc(bytes + 2 * GUARD + 1);
 	fill_sentinel_bytes(er, bytes + 2 * GUARD + 1);
 	fill_sentinel_bytes(en, bytes + 2 * GUARD + 1);
-	ref->encode[p->codec](x, n, p->block_elems, p->scale, er + GUARD + 1);
-	k->encode[p->codec](x, n, p->block_elems, p->scale, en + GUARD + 1);
+	gg_encode_whole(ref->encode[p->codec], p->codec, x, n, p->block_elems, p->scale, er + GUARD + 1);
+	gg_encode_whole(k->encode[p->codec], p->codec, x, n, p->block_elems, p->scale, en + GUARD + 1);
 	for (size_t i = 0; i < bytes + 2 * GUARD + 1; i++)
 		CHECK(er[i] == en[i], "%s encode %s: byte %zd: ref 0x%02x, %s 0x%02x%s", isa, what,
 		      (ptrdiff_t)i - GUARD - 1, er[i], isa, en[i],

@@ -105,7 +105,7 @@ static void check_case(const struct gg_codec_params *p, const float *x, size_t n
 	char what[160];
 
 	CHECK(gg_codec_encoded_bytes(p, n, &bytes) == 0, "size");
-	gg_codec_kernels_ref.encode[p->codec](x, n, p->block_elems, p->scale, b->want);
+	gg_encode_whole(gg_codec_kernels_ref.encode[p->codec], p->codec, x, n, p->block_elems, p->scale, b->want);
 	for (size_t i = 0; i < bytes; i++)
 		b->soup[i] = (uint8_t)rng_next(r);
 	memset(b->want + bytes, POISON_BYTE, GUARD);

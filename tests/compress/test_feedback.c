@@ -3,7 +3,9 @@
  * the inputs, while the same codec without feedback drifts away. Also: a
  * non-finite input resets its residual instead of poisoning later steps,
  * and every instruction set compensates with the bits of the element rule
- * the GPU runs (codec_elem.h), NaN inputs included. */
+ * the GPU runs (codec_elem.h), NaN inputs included; gg_feedback_encode,
+ * which runs its passes span by span, writes the bytes and residuals of
+ * the whole-chunk passes, for every codec, block size and instruction set. */
 #include <errno.h>
 
 #include "codec.h"
@@ -130,6 +132,69 @@ static void compensate_matches_elem(void)
 	gg_feedback_fini(&fb);
 }
 
+/* gg_feedback_encode against compensate, gg_codec_encode and commit of
+ * the whole chunk, three steps in a row (the residuals carry), on chunks
+ * of every size around the spans' bounds. */
+static void spans_match_whole(void)
+{
+	enum { MAX = 70000 };
+	static const struct gg_codec_params params[] = {
+		{ GG_CODEC_BF16, 0, GG_SCALE_F32 },      { GG_CODEC_BF16_SPLIT, 0, GG_SCALE_F32 },
+		{ GG_CODEC_INT8, 256, GG_SCALE_F16 },    { GG_CODEC_INT4, 256, GG_SCALE_F16 },
+		{ GG_CODEC_INT8, 96, GG_SCALE_F32 },     { GG_CODEC_INT4, 32, GG_SCALE_F32 },
+		{ GG_CODEC_INT8, 8192, GG_SCALE_F16 },   { GG_CODEC_INT4, 65536, GG_SCALE_F16 },
+	};
+	static const size_t sizes[] = { 1, 63, 64, 65, 4095, 4096, 4097, 8193, 65539 };
+	static float x[MAX], want_r[MAX];
+	static uint8_t got[MAX * 4 + 4096], want[MAX * 4 + 4096];
+	struct gg_feedback a, b;
+	struct rng r = { 11 };
+	int cases = 0;
+
+	CHECK(gg_feedback_init(&a, MAX, MAX) == 0 && gg_feedback_init(&b, MAX, MAX) == 0, "init");
+	for (int isa = GG_ISA_SCALAR; isa < GG_ISA_COUNT; isa++) {
+		if (gg_codec_set_isa((enum gg_isa)isa))
+			continue;
+		for (size_t pi = 0; pi < GG_ARRAY_LEN(params); pi++)
+			for (size_t si = 0; si < GG_ARRAY_LEN(sizes); si++) {
+				const struct gg_codec_params *p = &params[pi];
+				size_t n = sizes[si], off = MAX - n;
+				uint64_t bytes;
+				CHECK(gg_codec_encoded_bytes(p, n, &bytes) == 0 && bytes <= sizeof(got), "size");
+				gg_feedback_reset(&a);
+				gg_feedback_reset(&b);
+				for (int step = 0; step < 3; step++, cases++) {
+					fill_data(x, n, step == 1 ? DATA_BITS : DATA_GAUSSIAN, &r);
+					CHECK(gg_feedback_encode(&a, p, off, x, n, got, bytes, NULL) == 0, "encode");
+					CHECK(gg_feedback_compensate(&b, off, x, n, b.scratch) == 0 &&
+						      gg_codec_encode(p, b.scratch, n, want, bytes) == 0 &&
+						      gg_feedback_commit(&b, p, off, b.scratch, n, want, bytes) == 0,
+					      "the whole-chunk passes");
+					CHECK(!memcmp(got, want, bytes), "%s %s block %u, %zu elements, step %d: bytes differ",
+					      gg_isa_name((enum gg_isa)isa), gg_codec_name(p->codec), p->block_elems, n, step);
+					memcpy(want_r, b.residual + off, n * sizeof(float));
+					for (size_t i = 0; i < n; i++)
+						CHECK(test_bits(a.residual[off + i]) == test_bits(want_r[i]),
+						      "%s %s block %u, %zu elements, step %d: residual %zu is 0x%08x, not 0x%08x",
+						      gg_isa_name((enum gg_isa)isa), gg_codec_name(p->codec), p->block_elems, n,
+						      step, i, test_bits(a.residual[off + i]), test_bits(want_r[i]));
+				}
+			}
+	}
+	CHECK(gg_codec_set_isa(GG_ISA_SCALAR) == 0, "scalar");
+	/* A payload too small, a span that does not start on a block. */
+	struct gg_codec_params p = { GG_CODEC_INT8, 256, GG_SCALE_F32 };
+	uint64_t bytes;
+	CHECK(gg_codec_encoded_bytes(&p, 1000, &bytes) == 0, "size");
+	CHECK(gg_feedback_encode(&a, &p, 0, x, 1000, got, bytes - 1, NULL) == -ENOBUFS, "a short payload");
+	CHECK(gg_codec_encode_span(&p, x, 1000, 0, 256, got, bytes - 1) == -ENOBUFS, "a short payload, one span");
+	CHECK(gg_codec_encode_span(&p, x, 1000, 100, 256, got, bytes) == -EINVAL, "a span at 100");
+	CHECK(gg_codec_encode_span(&p, x, 1000, 768, 256, got, bytes) == -EINVAL, "a span past the end");
+	gg_feedback_fini(&a);
+	gg_feedback_fini(&b);
+	printf("feedback spans: %d steps, each the whole-chunk passes' bytes and residuals\n", cases);
+}
+
 int main(void)
 {
 	static const enum gg_codec codecs[] = { GG_CODEC_INT8, GG_CODEC_INT4, GG_CODEC_BF16, GG_CODEC_BF16_SPLIT };
@@ -154,5 +219,6 @@ int main(void)
 	}
 	non_finite_resets();
 	compensate_matches_elem();
+	spans_match_whole();
 	return 0;
 }

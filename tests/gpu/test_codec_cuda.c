@@ -119,7 +119,7 @@ static void check_case(struct dev *d, struct host *h, const struct gg_codec_para
 	snprintf(what, sizeof(what), "%s/%s/block %u/%s/n=%zu", gg_codec_name(p->codec), p->scale ? "f16" : "f32",
 		 p->block_elems, kind, n);
 
-	gg_codec_kernels_ref.encode[p->codec](x, n, p->block_elems, p->scale, h->ref);
+	gg_encode_whole(gg_codec_kernels_ref.encode[p->codec], p->codec, x, n, p->block_elems, p->scale, h->ref);
 	CUDA_OK(cudaMemsetAsync(d->enc, SENTINEL_BYTE, bytes + 2 * GUARD, d->stream));
 	must(gg_codec_encode_cuda(p, d->x + 1, n, d->enc + GUARD, bytes, d->stream, err, sizeof(err)), err, "encode",
 	     what);
@@ -258,7 +258,7 @@ static void check_pinned(struct host *h)
 	fill_data(x, N, DATA_SPECIAL, &r);
 	fill_data(acc, N, DATA_GAUSSIAN, &r);
 	memcpy(h->out_ref, acc, N * sizeof(float));
-	gg_codec_kernels_ref.encode[p.codec](x, N, p.block_elems, p.scale, h->ref);
+	gg_encode_whole(gg_codec_kernels_ref.encode[p.codec], p.codec, x, N, p.block_elems, p.scale, h->ref);
 	gg_decode_whole(gg_codec_kernels_ref.decode_acc[p.codec], p.codec, h->ref, N, p.block_elems, p.scale, h->out_ref);
 	must(gg_codec_encode_cuda(&p, x, N, enc, bytes, NULL, err, sizeof(err)), err, "encode", "pinned");
 	must(gg_codec_decode_acc_cuda(&p, enc, bytes, N, acc, NULL, err, sizeof(err)), err, "decode_acc", "pinned");

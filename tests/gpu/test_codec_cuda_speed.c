@@ -198,7 +198,7 @@ static void check_bytes(struct bench *b, const struct gg_codec_params *p, const 
 	struct gg_feedback fb;
 	char err[256];
 
-	ref->encode[p->codec](x, N, p->block_elems, p->scale, want);
+	gg_encode_whole(ref->encode[p->codec], p->codec, x, N, p->block_elems, p->scale, want);
 	CHECK(gg_codec_encode_cuda(p, b->x, N, b->enc, bytes, b->stream, err, sizeof(err)) == 0, "%s", err);
 	CUDA_OK(cudaMemcpyAsync(got, b->enc, bytes, cudaMemcpyDeviceToHost, b->stream));
 	CUDA_OK(cudaStreamSynchronize(b->stream));
