@@ -703,8 +703,13 @@ bool gg_ar_step_first_missing(const struct gg_ar_step *s, unsigned *from, struct
 			 * room on the streams, names no peer that failed to send. */
 			if (s->next_site[c] == s->cfg.self && c >= s->next_own)
 				continue;
-			if (s->next_site[c] < s->cfg.sites) {
-				*from = s->next_site[c];
+			/* Site 0's frame, at hand, may wait for site 1's to be
+			 * decoded with it (direct_reduce()): site 1's is missing. */
+			unsigned site = s->next_site[c];
+			if (site == 0 && s->pending[c] && s->cfg.sites > 1)
+				site = 1;
+			if (site < s->cfg.sites) {
+				*from = site;
 				*id = (struct gg_ar_chunk_id){ GG_AR_DIRECT, (uint8_t)*from, c };
 				return true;
 			}

@@ -812,6 +812,60 @@ static void check_refusals(bool other)
 		site_fini(&sites[k]);
 }
 
+/* The site a waiting direct step names as missing: the first whose frame
+ * of a chunk is not at hand, site 1 where site 0 keeps its own frame for
+ * site 1's (a lossy codec without zstd: the two are decoded in one sweep). */
+static void check_missing(void)
+{
+	enum { K = 3, N = 4096, CHUNK = 1024 };
+	static const struct gg_ar_ops send_only = { .send = net_send };
+	struct site sites[K];
+	struct net net = { .rng = 5 };
+	struct gg_ar_step *step[K];
+	char err[GG_AR_ERROR_MAX];
+
+	lossy_zstd = false;
+	for (unsigned k = 0; k < K; k++)
+		if (site_init(&sites[k], &net, k, GG_CODEC_INT8, CHUNK, N, false, false))
+			return;
+	lossy_zstd = true;
+	for (unsigned k = 0; k < K; k++) {
+		struct gg_ar_config cfg = { .sites = K, .self = k, .algo = GG_ALLREDUCE_DIRECT, .count = N,
+					    .chunk_elems = CHUNK, .enc = &sites[k].enc, .dec = &sites[k].dec };
+		memset(sites[k].step_input, 0, N * sizeof(float));
+		CHECK(gg_ar_step_start(&step[k], &cfg, sites[k].step_input, sites[k].step_result, &send_only, &sites[k],
+				       err, sizeof(err)) == 0 &&
+			      gg_ar_step_resume(step[k], err, sizeof(err)) == 0,
+		      "site %u: %s", k, err);
+	}
+	/* expect_missing SITE FROM: SITE's step names FROM, chunk 0. */
+	unsigned from;
+	struct gg_ar_chunk_id id;
+#define EXPECT_MISSING(k, want)                                                                               \
+	CHECK(gg_ar_step_first_missing(step[k], &from, &id) && from == (want) && id.origin == (want) && !id.chunk, \
+	      "site %u names site %u chunk %u as missing, not site %u chunk 0", k, from, id.chunk, want)
+	EXPECT_MISSING(0, 1); /* its own frame waits for site 1's */
+	EXPECT_MISSING(1, 0);
+	EXPECT_MISSING(2, 0);
+	/* Site 1's frames come: site 0 decodes them with its own and waits
+	 * for site 2's; site 2 keeps them and still waits for site 0's. */
+	for (size_t i = 0; i < net.len; i++)
+		if (net.q[i].from == 1 && net.q[i].to != 1)
+			CHECK(gg_ar_step_on_frame(step[net.q[i].to], 1, &net.q[i].id, net.q[i].frame->data,
+						  net.q[i].frame->len, err, sizeof(err)) == 0,
+			      "site %u: %s", net.q[i].to, err);
+	EXPECT_MISSING(0, 2);
+	EXPECT_MISSING(2, 0);
+#undef EXPECT_MISSING
+	for (unsigned k = 0; k < K; k++)
+		gg_ar_step_free(step[k]);
+	for (size_t i = 0; i < net.len; i++)
+		gg_buf_put(net.q[i].frame);
+	free(net.q);
+	for (unsigned k = 0; k < K; k++)
+		site_fini(&sites[k]);
+}
+
 /* The link model algorithm auto decides by: its times, and the crossover
  * at which both are equal. */
 static void check_model(void)
@@ -991,6 +1045,7 @@ int main(void)
 	check_feedback(GG_ALLREDUCE_RING);
 	check_refusals(false);
 	check_refusals(true);
+	check_missing();
 	check_model();
 	check_auto_chunk();
 #ifdef GG_SIM_CUDA_DOUBLE
