@@ -901,9 +901,12 @@ static void check_peers(struct loader *ld, const struct gg_config *cfg, const st
 					 address_at = peer_pos(pv, i, "address", NULL);
 		if (!p->site)
 			continue;
-		/* (An address given but bad is reported as such.) */
-		if (!p->address && p->dial != GG_DIAL_IN &&
-		    !gg_toml_table_get(gg_toml_array_at(pv->u.array, i)->u.table, "address"))
+		/* (An address given but bad is reported as such, and so is a dial
+		 * setting, which may have been meant as "in".) */
+		const struct gg_toml_table *t = gg_toml_array_at(pv->u.array, i)->u.table;
+		const struct gg_toml_value *dial = gg_toml_table_get(t, "dial");
+		bool dial_ok = !dial || (dial->kind == GG_TOML_STRING && !strcmp(dial->u.str.ptr, dial_names[p->dial]));
+		if (!p->address && p->dial != GG_DIAL_IN && dial_ok && !gg_toml_table_get(t, "address"))
 			gg_diag_add(ld->diag, "%s:%u:%u: missing required key 'address' in [[peers]] #%zu (only a peer "
 				 "this site never dials, with dial = \"in\", may go without one)", AT(ld, address_at), i + 1);
 		if (cfg->site.name && !strcmp(p->site, cfg->site.name))
