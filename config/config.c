@@ -858,6 +858,9 @@ static void load_peers(struct loader *ld, const struct gg_toml_value *v, struct 
 			continue;
 		}
 		load_table(ld, &peers_section, where, e->u.table, e->pos, &cfg->peers[i]);
+		const struct gg_toml_value *dial = gg_toml_table_get(e->u.table, "dial");
+		if (dial)
+			cfg->peers[i].dial_at = (struct gg_config_pos){ dial->pos.line, dial->pos.col };
 	}
 }
 

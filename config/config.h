@@ -29,17 +29,18 @@ enum gg_peer_dial {
 	GG_DIAL_IN,   /* this site never dials the peer: it takes the peer's connections */
 };
 
+/* Where a value is in its file: line and column, from 1. Line 0: the file
+ * leaves the setting at its default. */
+struct gg_config_pos {
+	unsigned line, col;
+};
+
 struct gg_peer_config {
 	char *site;     /* the peer's site name, as its own config says */
 	char *address;  /* "host:port" it listens on; NULL: none given (dial = "in" only) */
 	char *identity; /* "dns:NAME" or "uri:URI" its certificate must carry */
 	enum gg_peer_dial dial;
-};
-
-/* Where a value is in its file: line and column, from 1. Line 0: the file
- * leaves the setting at its default. */
-struct gg_config_pos {
-	unsigned line, col;
+	struct gg_config_pos dial_at; /* for --check-config's problems between files */
 };
 
 struct gg_config {

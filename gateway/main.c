@@ -175,12 +175,14 @@ static void pair_problems(struct gg_diag *diag, char **paths, int i, int j, cons
 		differ(diag, paths, i, j, "[transport] streams_per_peer", x, y);
 	}
 	if (ab && ba && ab->dial == GG_DIAL_OUT && ba->dial == GG_DIAL_OUT)
-		gg_diag_add(diag, "%s: dial = \"out\" for site %s, as %s's for site %s: each refuses the other's "
-			    "streams; set \"in\" or \"both\" at one of them", paths[j], a->site.name, paths[i],
-			    b->site.name);
+		gg_diag_add(diag, "%s:%u:%u: dial = \"out\" for site %s, as %s's for site %s (%s:%u:%u): each refuses "
+			    "the other's streams; set \"in\" or \"both\" at one of them", paths[j], ba->dial_at.line,
+			    ba->dial_at.col, a->site.name, paths[i], b->site.name, paths[i], ab->dial_at.line,
+			    ab->dial_at.col);
 	if (ab && ba && ab->dial == GG_DIAL_IN && ba->dial == GG_DIAL_IN)
-		gg_diag_add(diag, "%s: dial = \"in\" for site %s, as %s's for site %s: neither dials; set \"out\" or "
-			    "\"both\" at one of them", paths[j], a->site.name, paths[i], b->site.name);
+		gg_diag_add(diag, "%s:%u:%u: dial = \"in\" for site %s, as %s's for site %s (%s:%u:%u): neither dials; "
+			    "set \"out\" or \"both\" at one of them", paths[j], ba->dial_at.line, ba->dial_at.col,
+			    a->site.name, paths[i], b->site.name, paths[i], ab->dial_at.line, ab->dial_at.col);
 	if (!ab)
 		gg_diag_add(diag, "%s: no [[peers]] entry for site %s, which %s knows as a peer", paths[i],
 			    b->site.name, paths[j]);

@@ -408,7 +408,8 @@ for site in a b; do
 done
 "$gradgate" --check-config "$tmp/mesh/a-in.toml" "$tmp/mesh/b-in.toml" >/dev/null 2>"$tmp/err"
 expect "both dial in: exits 1" $(( $? != 1 ))
-grep -qF "$tmp/mesh/b-in.toml: dial = \"in\" for site site-a, as $tmp/mesh/a-in.toml's for site site-b: neither dials" "$tmp/err"
+la=$(grep -n '^dial = "in"' "$tmp/mesh/a-in.toml" | cut -d: -f1) lb=$(grep -n '^dial = "in"' "$tmp/mesh/b-in.toml" | cut -d: -f1)
+grep -qF "$tmp/mesh/b-in.toml:$lb:8: dial = \"in\" for site site-a, as $tmp/mesh/a-in.toml's for site site-b ($tmp/mesh/a-in.toml:$la:8): neither dials" "$tmp/err"
 rc=$?; expect "both dial in: says so: $(head -c 300 "$tmp/err")" $rc
 cross "an identity the certificate lacks" 's/^identity = .*/identity = "dns:site-z.gradgate.test"/' \
 	"$tmp/mesh/b2.toml: its [[peers]] identity for site site-a, dns:site-z.gradgate.test, is not in that site's certificate $tmp/mesh/../certs/site-a.pem ($tmp/mesh/a.toml): site site-b would refuse site site-a"
@@ -453,8 +454,9 @@ expect "another host's file given first exits 1" $(( $? != 1 ))
 grep -qF "192.0.2.10" "$tmp/err" && grep -q "interface of this host" "$tmp/err"
 expect "another host's file given first: its listen address refused: $(head -c 300 "$tmp/err")" $?
 sed -i 's/^identity = .*/&\ndial = "out"/' "$tmp/mesh/a.toml"
+la=$(grep -n '^dial = "out"' "$tmp/mesh/a.toml" | cut -d: -f1) lb=$(grep -n '^identity = ' "$tmp/mesh/b.toml" | cut -d: -f1)
 cross "both dial out" 's/^identity = .*/&\ndial = "out"/' \
-	"$tmp/mesh/b2.toml: dial = \"out\" for site site-a, as $tmp/mesh/a.toml's for site site-b: each refuses the other's streams"
+	"$tmp/mesh/b2.toml:$((lb + 1)):8: dial = \"out\" for site site-a, as $tmp/mesh/a.toml's for site site-b ($tmp/mesh/a.toml:$la:8): each refuses the other's streams"
 
 # --log-level LEVEL: a gateway logs only lines of LEVEL and above. Run
 # until its control socket is there, then stopped: at warn and error, its
