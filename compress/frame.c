@@ -328,50 +328,53 @@ int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t fram
 	return 0;
 }
 
-/* Elements per step of gg_frame_decode_pair's sweep: about 16 KiB of
+/* Elements per step of gg_frame_decode_sum's sweep: about 16 KiB of
  * float32, in spans gg_codec_decode_span() takes. */
-#define PAIR_STEP_ELEMS 4096u
+#define SUM_STEP_ELEMS 4096u
 
 /* A frame without zstd, by its header: its payload lies in the frame
  * (not in the decoder's scratch), where it stays while another is read. */
-static bool pairable(const struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes,
-		     struct gg_frame_info *fi)
+static bool sweepable(const struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes,
+		      struct gg_frame_info *fi)
 {
 	char why[8];
 
 	return !gg_frame_parse_header(frame, frame_bytes, &dec->limits, fi, why, sizeof(why)) && !fi->zstd;
 }
 
-int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0_bytes, const void *f1,
-			 size_t f1_bytes, float *out, size_t n, unsigned *bad, char *err, size_t err_size)
+int gg_frame_decode_sum(struct gg_frame_decoder *dec, const void *const *frames, const size_t *frame_bytes,
+			unsigned count, float *out, size_t n, unsigned *bad, char *err, size_t err_size)
 {
-	struct gg_frame_info fi0, fi1;
-	const uint8_t *raw0 = NULL, *raw1 = NULL;
-	int rc;
+	struct gg_frame_info fi[GG_FRAME_SUM_MAX];
+	const uint8_t *raw[GG_FRAME_SUM_MAX];
+	bool sweep = count >= 2 && count <= GG_FRAME_SUM_MAX;
+	int rc = 0;
 
 	*bad = 0;
-	if (!pairable(dec, f0, f0_bytes, &fi0) || !pairable(dec, f1, f1_bytes, &fi1) ||
-	    memcmp(&fi0.params, &fi1.params, sizeof(fi0.params))) {
-		if ((rc = gg_frame_decode(dec, f0, f0_bytes, out, n, GG_FRAME_STORE, NULL, err, err_size)))
+	for (unsigned f = 0; f < count && sweep; f++)
+		sweep = sweepable(dec, frames[f], frame_bytes[f], &fi[f]) &&
+			!memcmp(&fi[f].params, &fi[0].params, sizeof(fi[0].params));
+	if (!sweep) {
+		for (unsigned f = 0; f < count && !rc; f++) {
+			*bad = f;
+			rc = gg_frame_decode(dec, frames[f], frame_bytes[f], out, n,
+					     f ? GG_FRAME_ACCUMULATE : GG_FRAME_STORE, NULL, err, err_size);
+		}
+		return rc;
+	}
+	for (unsigned f = 0; f < count; f++) {
+		*bad = f;
+		if ((rc = gg_frame_unwrap_n(dec, frames[f], frame_bytes[f], n, &fi[f], &raw[f], err, err_size)))
 			return rc;
-		*bad = 1;
-		return gg_frame_decode(dec, f1, f1_bytes, out, n, GG_FRAME_ACCUMULATE, NULL, err, err_size);
 	}
-	if ((rc = gg_frame_unwrap_n(dec, f0, f0_bytes, n, &fi0, &raw0, err, err_size)))
-		return rc;
-	*bad = 1;
-	if ((rc = gg_frame_unwrap_n(dec, f1, f1_bytes, n, &fi1, &raw1, err, err_size)))
-		return rc;
-	size_t align = gg_codec_span_align(&fi0.params), step = GG_MAX(align, PAIR_STEP_ELEMS / align * align);
-	for (size_t i = 0; i < n; i += step) {
+	size_t align = gg_codec_span_align(&fi[0].params), step = GG_MAX(align, SUM_STEP_ELEMS / align * align);
+	for (size_t i = 0; i < n && !rc; i += step) {
 		size_t m = GG_MIN(step, n - i);
-		*bad = 0;
-		if ((rc = gg_codec_decode_span(&fi0.params, raw0, fi0.raw_bytes, n, i, m, out + i, false)))
-			break;
-		*bad = 1;
-		if ((rc = gg_codec_decode_span(&fi1.params, raw1, fi1.raw_bytes, n, i, m, out + i, true)))
-			break;
+		for (unsigned f = 0; f < count && !rc; f++) {
+			*bad = f;
+			rc = gg_codec_decode_span(&fi[f].params, raw[f], fi[f].raw_bytes, n, i, m, out + i, f > 0);
+		}
 	}
-	return rc ? gg_errf(err, err_size, rc, "frame: codec %s refused the payload", gg_codec_name(fi0.params.codec))
+	return rc ? gg_errf(err, err_size, rc, "frame: codec %s refused the payload", gg_codec_name(fi[0].params.codec))
 		  : 0;
 }

@@ -140,15 +140,18 @@ GG_MUST_CHECK int gg_frame_decode(struct gg_frame_decoder *dec, const void *fram
 				  float *out, size_t n, enum gg_frame_op op, struct gg_frame_info *info,
 				  char *err, size_t err_size);
 
-/* The first two frames of a sum: writes exactly what gg_frame_decode of
- * `f0` (STORE) and then of `f1` (ACCUMULATE) write, by the same kernels,
- * but for frames of one codec without zstd in one sweep over out, a few
- * thousand elements at a time, each stored and added to while in cache
- * (gg_codec_decode_span()). Returns as
- * gg_frame_decode, with *bad the frame at fault (0: f0, 1: f1); out may
- * then hold f0's values. */
-GG_MUST_CHECK int gg_frame_decode_pair(struct gg_frame_decoder *dec, const void *f0, size_t f0_bytes,
-				       const void *f1, size_t f1_bytes, float *out, size_t n, unsigned *bad,
-				       char *err, size_t err_size);
+/* The most frames gg_frame_decode_sum() sweeps together: a sum's sites. */
+#define GG_FRAME_SUM_MAX 8
+
+/* The first `count` frames of a sum: writes exactly what gg_frame_decode of
+ * frames[0] (STORE) and then of each other in turn (ACCUMULATE) write, by
+ * the same kernels, but for 2 to GG_FRAME_SUM_MAX frames of one codec
+ * without zstd in one sweep over out, a few thousand elements at a time,
+ * each stored and added to while in cache (gg_codec_decode_span()).
+ * Returns as gg_frame_decode, with *bad the index of the frame at fault;
+ * out may then hold the sum of the frames before it. */
+GG_MUST_CHECK int gg_frame_decode_sum(struct gg_frame_decoder *dec, const void *const *frames,
+				      const size_t *frame_bytes, unsigned count, float *out, size_t n, unsigned *bad,
+				      char *err, size_t err_size);
 
 #endif

@@ -29,9 +29,10 @@ struct gg_ar_step {
 	 * chunk is the first to reduce, the chunk already holds what storing
 	 * that frame would write. */
 	bool own_in_place;
-	/* Frames without zstd, on the host: the first two sites' frames of a
-	 * chunk are decoded in one sweep (gg_frame_decode_pair), site 0's
-	 * kept until site 1's is at hand where it is in pending already. */
+	/* Frames without zstd, on the host: the frames of the first sites of
+	 * a chunk that are at hand are decoded in one sweep
+	 * (gg_frame_decode_sum), site 0's kept until site 1's is at hand where
+	 * it is in pending already. */
 	bool pair;
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
@@ -245,18 +246,20 @@ static int decode_into(struct gg_ar_step *s, unsigned from, const struct gg_ar_c
 	return 0;
 }
 
-/* Sites 0 and 1's frames of direct chunk `id` into result (n elements):
- * the first stored and the second added, as two decode_into() would. */
-static int decode_pair(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, const void *f0, size_t len0,
-		       const void *f1, size_t len1, float *out, uint64_t n, char *err, size_t err_size)
+/* Sites 0 to count - 1's frames of direct chunk `id` into result (n
+ * elements): the first stored and the others added, as that many
+ * decode_into() would. */
+_Static_assert(GG_FRAME_SUM_MAX >= GG_AR_MAX_SITES, "a sum's frames in one sweep");
+static int decode_sum(struct gg_ar_step *s, const struct gg_ar_chunk_id *id, const void *const *frames,
+		      const size_t *lens, unsigned count, float *out, uint64_t n, char *err, size_t err_size)
 {
 	char why[GG_AR_ERROR_MAX];
 	unsigned bad;
 	uint64_t t0 = s->cfg.times ? now_ns() : 0;
-	int rc = gg_frame_decode_pair(s->cfg.dec, f0, len0, f1, len1, out, n, &bad, why, sizeof(why));
+	int rc = gg_frame_decode_sum(s->cfg.dec, frames, lens, count, out, n, &bad, why, sizeof(why));
 	timed(s, false, t0);
 	if (bad != s->cfg.self && (rc == -EBADMSG || rc == -EILSEQ || rc == -E2BIG))
-		s->fault_site = bad; /* the pair is sites 0 and 1 */
+		s->fault_site = bad; /* frame i is site i's */
 	if (rc && err_size)
 		snprintf(err, err_size, "site %u, %s chunk %u of %u: %s", bad, gg_ar_phase_name(id->phase), id->chunk,
 			 bad, why);
@@ -317,24 +320,33 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, unsigned from, const 
 		if (site == 0 && site == s->cfg.self && s->own_in_place) {
 			rc = 0;
 		} else if (site == 0 && s->pair && K > 1) {
-			/* The second site's frame too, when at hand (this site's
-			 * own, one that came early, or the one just received):
-			 * both in one sweep over the chunk. Until it is, a frame of
-			 * site 0 kept in pending (this site's own) waits for it. */
-			struct gg_buf **next = &s->pending[(size_t)1 * s->nchunks + c];
-			const void *f1 = frame && from == 1 ? frame : *next ? (*next)->data : NULL;
-			size_t len1 = frame && from == 1 ? len : *next ? (*next)->len : 0;
-			if (f1) {
-				rc = decode_pair(s, &id, f, flen, f1, len1, s->result + offset, n, err, err_size);
-				gg_buf_put(*next);
-				*next = NULL;
-				s->next_site[c]++;
-			} else if (f != frame) {
-				return 0;
-			} else {
-				rc = decode_into(s, site, &id, f, flen, s->result + offset, n, GG_FRAME_STORE, err,
-						 err_size);
+			/* The frames of the sites after it that are at hand too (this
+			 * site's own, ones that came early, the one just received):
+			 * all in one sweep over the chunk. Until site 1's is, a frame
+			 * of site 0 kept in pending (this site's own) waits for it. */
+			const void *fs[GG_AR_MAX_SITES] = { f };
+			size_t lens[GG_AR_MAX_SITES] = { flen };
+			unsigned count = 1;
+			for (; count < K; count++) {
+				struct gg_buf *p = s->pending[(size_t)count * s->nchunks + c];
+				if (frame && from == count) {
+					fs[count] = frame;
+					lens[count] = len;
+				} else if (p) {
+					fs[count] = p->data;
+					lens[count] = p->len;
+				} else {
+					break;
+				}
 			}
+			if (count == 1 && f != frame)
+				return 0;
+			rc = decode_sum(s, &id, fs, lens, count, s->result + offset, n, err, err_size);
+			for (unsigned j = 1; j < count; j++) {
+				gg_buf_put(s->pending[(size_t)j * s->nchunks + c]);
+				s->pending[(size_t)j * s->nchunks + c] = NULL;
+			}
+			s->next_site[c] += (uint8_t)(count - 1);
 		} else {
 			rc = decode_into(s, site, &id, f, flen, s->result + offset, n,
 					 site == 0 ? GG_FRAME_STORE : GG_FRAME_ACCUMULATE, err, err_size);

@@ -1,10 +1,11 @@
-/* gg_frame_decode_pair writes exactly what storing the first frame and
- * adding the second write, bit for bit (NaN payloads and signed zeros
+/* gg_frame_decode_sum writes exactly what storing the first frame and
+ * adding the others write, bit for bit (NaN payloads and signed zeros
  * included), on every kernel set, for every codec and block size with and
- * without zstd (the fused sweep is for two frames of one codec without
- * zstd; the others take the two decodes), and names the frame at fault
- * when one is bad; gg_codec_decode_span refuses spans that do not start
- * and end where it says. */
+ * without zstd (the fused sweep is for frames of one codec without zstd;
+ * the others take the separate decodes), for two frames and for up to
+ * eight, and names the frame at fault when one is bad;
+ * gg_codec_decode_span refuses spans that do not start and end where it
+ * says. */
 #include <errno.h>
 
 #include "codec.h"
@@ -65,6 +66,16 @@ static void fill_clashing(float *x0, float *x1, size_t n, struct rng *r)
 	}
 }
 
+/* gg_frame_decode_sum of two frames. */
+static int decode_two(struct gg_frame_decoder *dec, const struct framed *f0, const struct framed *f1, float *out,
+		      size_t n, unsigned *bad)
+{
+	const void *frames[2] = { f0->bytes, f1->bytes };
+	const size_t lens[2] = { f0->len, f1->len };
+
+	return gg_frame_decode_sum(dec, frames, lens, 2, out, n, bad, err, sizeof(err));
+}
+
 static void check_pair(const struct gg_frame_config *c0, const struct gg_frame_config *c1, const float *x0,
 		       const float *x1, size_t n, struct gg_frame_decoder *dec)
 {
@@ -79,7 +90,7 @@ static void check_pair(const struct gg_frame_config *c0, const struct gg_frame_c
 	CHECK(gg_frame_decode(dec, f1.bytes, f1.len, want, n, GG_FRAME_ACCUMULATE, NULL, err, sizeof(err)) == 0,
 	      "%s", err);
 	memset(got, 0xa5, (n + 1) * sizeof(float));
-	CHECK(gg_frame_decode_pair(dec, f0.bytes, f0.len, f1.bytes, f1.len, got, n, &bad, err, sizeof(err)) == 0,
+	CHECK(decode_two(dec, &f0, &f1, got, n, &bad) == 0,
 	      "%s + %s, %zu elements: %s", gg_codec_name(c0->codec.codec), gg_codec_name(c1->codec.codec), n, err);
 	for (size_t i = 0; i < n; i++)
 		CHECK(test_bits(got[i]) == test_bits(want[i]), "%s%s + %s%s, %zu elements: element %zu is %08x, the two "
@@ -94,24 +105,67 @@ static void check_pair(const struct gg_frame_config *c0, const struct gg_frame_c
 		 * the same bytes.) */
 		const size_t at = 28;
 		f0.bytes[at] ^= 1;
-		CHECK(gg_frame_decode_pair(dec, f0.bytes, f0.len, f1.bytes, f1.len, got, n, &bad, err, sizeof(err)) < 0 &&
+		CHECK(decode_two(dec, &f0, &f1, got, n, &bad) < 0 &&
 			      bad == 0,
 		      "a bad first frame: bad %u, %s", bad, err);
 		f0.bytes[at] ^= 1;
 		f1.bytes[at] ^= 1;
-		CHECK(gg_frame_decode_pair(dec, f0.bytes, f0.len, f1.bytes, f1.len, got, n, &bad, err, sizeof(err)) < 0 &&
+		CHECK(decode_two(dec, &f0, &f1, got, n, &bad) < 0 &&
 			      bad == 1,
 		      "a bad second frame: bad %u, %s", bad, err);
 		f1.bytes[at] ^= 1;
 		/* The second frame's element count must be the caller's too. */
-		CHECK(gg_frame_decode_pair(dec, f0.bytes, f0.len, f1.bytes, f1.len, got, n - 1, &bad, err,
-					   sizeof(err)) == -EBADMSG && bad == 0,
+		CHECK(decode_two(dec, &f0, &f1, got, n - 1, &bad) == -EBADMSG && bad == 0,
 		      "n - 1 elements: %s", err);
 	}
 	free(f0.bytes);
 	free(f1.bytes);
 	free(want);
 	free(got);
+}
+
+/* Three to eight frames of one codec (or with one of zstd among them),
+ * against the separate decodes; a bad checksum in the last names it. */
+static int check_many(const struct gg_frame_config *cfg, size_t n, struct rng *r, struct gg_frame_decoder *dec)
+{
+	struct framed f[GG_FRAME_SUM_MAX];
+	const void *frames[GG_FRAME_SUM_MAX];
+	size_t lens[GG_FRAME_SUM_MAX];
+	float *x = xmalloc((n + 1) * sizeof(float)), *want = xmalloc((n + 1) * sizeof(float)),
+	      *got = xmalloc((n + 1) * sizeof(float));
+	int sums = 0;
+
+	for (unsigned count = 3; count <= GG_FRAME_SUM_MAX; count++, sums++) {
+		for (unsigned i = 0; i < count; i++) {
+			struct gg_frame_config c = *cfg;
+			c.zstd = cfg->zstd && i == count / 2;
+			fill_data(x, n, i == 1 ? DATA_BITS : DATA_GAUSSIAN, r);
+			make_frame(&c, x, n, &f[i]);
+			frames[i] = f[i].bytes;
+			lens[i] = f[i].len;
+			CHECK(gg_frame_decode(dec, f[i].bytes, f[i].len, want, n, i ? GG_FRAME_ACCUMULATE : GG_FRAME_STORE,
+					      NULL, err, sizeof(err)) == 0,
+			      "%s", err);
+		}
+		unsigned bad = 99;
+		memset(got, 0xa5, (n + 1) * sizeof(float));
+		CHECK(gg_frame_decode_sum(dec, frames, lens, count, got, n, &bad, err, sizeof(err)) == 0, "%u frames: %s",
+		      count, err);
+		for (size_t i = 0; i < n; i++)
+			CHECK(test_bits(got[i]) == test_bits(want[i]), "%s%s, %u frames of %zu elements: element %zu is "
+			      "%08x, the separate decodes give %08x", gg_codec_name(cfg->codec.codec),
+			      cfg->zstd ? " (one with zstd)" : "", count, n, i, test_bits(got[i]), test_bits(want[i]));
+		CHECK(test_bits(got[n]) == 0xa5a5a5a5u, "written past the end");
+		f[count - 1].bytes[28] ^= 1;
+		CHECK(gg_frame_decode_sum(dec, frames, lens, count, got, n, &bad, err, sizeof(err)) < 0 && bad == count - 1,
+		      "%u frames, the last bad: bad %u, %s", count, bad, err);
+		for (unsigned i = 0; i < count; i++)
+			free(f[i].bytes);
+	}
+	free(x);
+	free(want);
+	free(got);
+	return sums;
 }
 
 /* Other block sizes and fp16 scales (a block past the sweep's 4096
@@ -174,6 +228,12 @@ int main(void)
 			}
 		}
 		pairs += other_params(sizes, GG_ARRAY_LEN(sizes), x0, x1, &r, &dec);
+		for (int c = GG_CODEC_FIRST; c <= GG_CODEC_LAST; c++)
+			for (int z = 0; z < 2; z++) {
+				struct gg_frame_config cfg = { .codec = gg_codec_defaults((enum gg_codec)c), .zstd = z,
+							       .zstd_level = 1, .max_elems = MAX_ELEMS };
+				pairs += check_many(&cfg, 4097, &r, &dec) + check_many(&cfg, 70001, &r, &dec);
+			}
 	}
 	/* Spans start at a multiple of gg_codec_span_align() and last one,
 	 * but for the last; within the chunk. */
@@ -197,6 +257,6 @@ int main(void)
 	gg_frame_decoder_fini(&dec);
 	free(x0);
 	free(x1);
-	printf("frame pairs: %d pairs on %d kernel sets, each bit for bit the two decodes\n", pairs, isas_run);
+	printf("frame sums: %d sums on %d kernel sets, each bit for bit the separate decodes\n", pairs, isas_run);
 	return 0;
 }
