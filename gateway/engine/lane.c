@@ -1263,23 +1263,31 @@ static void part_missed_deadline(struct lane_job *lj)
 	const struct gg_node *n = lj->lane->node;
 	unsigned from;
 	struct gg_ar_chunk_id id;
-	char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 48) + 32];
+	char buf[32], down[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 48) + 32], hint[GG_NODE_ERROR_MAX];
 
-	gg_node_unreachable_note(n, down, sizeof(down));
 	gg_format_duration(lj->timeout_us, buf, sizeof(buf));
-	if (gg_ar_step_first_missing(lj->ar, &from, &id))
+	if (gg_ar_step_first_missing(lj->ar, &from, &id)) {
+		/* A site this one has no stream to did not start late: say why
+		 * there is none (a peer of other settings, a refused dial). */
+		char why[GG_NODE_ERROR_MAX];
+		if (!atomic_load(&n->ready[from]))
+			snprintf(hint, sizeof(hint), " (no connection to it: %s)",
+				 gg_node_down_reason(n, from, why, sizeof(why)));
+		else
+			snprintf(hint, sizeof(hint), "%s",
+				 gg_ar_step_heard_from(lj->ar, from)
+					 ? ""
+					 : " (no frame of the step came from it: has it started the step?)");
+		gg_node_unreachable_note(n, from, down, sizeof(down));
 		part_fail(lj, GG_ERR_TIMEOUT,
 			  "step %llu of job '%s' missed its %s deadline: site %s never sent %s data for shard %u chunk "
 			  "%u%s%s", (unsigned long long)lj->seq, lj->name, buf, n->names[from],
-			  gg_ar_phase_name(id.phase),
-			  id.origin, id.chunk,
-			  gg_ar_step_heard_from(lj->ar, from)
-				  ? ""
-				  : " (no frame of the step came from it: has it started the step?)",
-			  down);
-	else
+			  gg_ar_phase_name(id.phase), id.origin, id.chunk, hint, down);
+	} else {
+		gg_node_unreachable_note(n, n->sites, down, sizeof(down));
 		part_fail(lj, GG_ERR_TIMEOUT, "step %llu of job '%s' missed its %s deadline%s",
 			  (unsigned long long)lj->seq, lj->name, buf, down);
+	}
 }
 
 #define TCP_INFO_EVERY_US 250000

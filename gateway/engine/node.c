@@ -1491,13 +1491,13 @@ static void coordinator_mail(struct gg_node *n)
  * when a site is gone, what a step waits for may be held up by it rather
  * than by the site the step waits on. A peer only it may dial (dial =
  * "in" here) is marked so: if it never dials, no stream ever comes. */
-void gg_node_unreachable_note(const struct gg_node *n, char *buf, size_t size)
+void gg_node_unreachable_note(const struct gg_node *n, unsigned except, char *buf, size_t size)
 {
 	size_t len = 0;
 
 	buf[0] = '\0';
 	for (unsigned p = 0; p < n->sites && len < size; p++) {
-		if (p == n->self || atomic_load(&n->ready[p]))
+		if (p == n->self || p == except || atomic_load(&n->ready[p]))
 			continue;
 		const struct gg_peer_config *pc = gg_config_peer(n->cfg, n->names[p]);
 		len += (size_t)snprintf(buf + len, size - len, "%s site %s%s", len ? "," : " (no connection to",
@@ -1513,7 +1513,7 @@ void gg_node_unreachable_note(const struct gg_node *n, char *buf, size_t size)
  * so any failure of a dial said before is old news: what keeps the pair
  * apart is that the peer's own dials do not come (unless this site refuses
  * them too: the conflict, which the mesh says). */
-static const char *down_reason(const struct gg_node *n, unsigned peer, char *buf, size_t size)
+const char *gg_node_down_reason(const struct gg_node *n, unsigned peer, char *buf, size_t size)
 {
 	const struct gg_peer_config *pc = gg_config_peer(n->cfg, n->names[peer]);
 
@@ -1548,7 +1548,7 @@ unsigned gg_node_unreachable(const struct gg_node *n, char *buf, size_t size)
 			continue;
 		if (len < size)
 			len += (size_t)snprintf(buf + len, size - len, "%ssite %s: %s", count ? "; " : "", n->names[p],
-						down_reason(n, p, why, sizeof(why)));
+						gg_node_down_reason(n, p, why, sizeof(why)));
 		count++;
 	}
 	/* Then the peers some streams reach, but not all. */
@@ -1589,7 +1589,7 @@ static bool lost_site(struct gg_node *n, uint64_t now, char *why, size_t why_siz
 		char down[GG_NODE_ERROR_MAX];
 		snprintf(why, why_size, "site %s is unreachable: nothing heard from it for %.1f s (%s%s)", n->names[p],
 			 (double)(now - heard) / 1e6, up ? "its streams are up but silent" : "its streams are down: ",
-			 up ? "" : down_reason(n, p, down, sizeof(down)));
+			 up ? "" : gg_node_down_reason(n, p, down, sizeof(down)));
 		return true;
 	}
 	return false;
@@ -1698,7 +1698,7 @@ static uint64_t coordinator_timers(struct gg_node *n)
 		char waiting[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 2) + 1] = "";
 		char silent[GG_AR_MAX_SITES * (GG_WIRE_NAME_MAX + 40) + 1] = "";
 		size_t len = 0, slen = 0;
-		gg_node_unreachable_note(n, down, sizeof(down));
+		gg_node_unreachable_note(n, n->sites, down, sizeof(down));
 		for (unsigned p = 0; p < n->sites; p++) {
 			if (p == n->self || (j->done_from & (1u << p)))
 				continue;

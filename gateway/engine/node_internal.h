@@ -696,8 +696,12 @@ static inline bool run_raise(uint64_t *known, uint64_t run)
 /* Says what a table of peer_logs held back, once its second is over;
  * returns when to look again. */
 uint64_t gg_node_peer_logs_flush(const struct gg_node *n, peer_logs logs, uint64_t now_us);
-/* " (no connection to site X, site Y)" for peers with no stream up, or "". */
-void gg_node_unreachable_note(const struct gg_node *n, char *buf, size_t size);
+/* " (no connection to site X, site Y)" for peers with no stream up but
+ * `except` (n->sites: none), or "". */
+void gg_node_unreachable_note(const struct gg_node *n, unsigned except, char *buf, size_t size);
+/* Why `peer` has no stream up (the last stream's or dial's reason, or what
+ * the dial settings leave to it), in buf or a string of the node's. */
+const char *gg_node_down_reason(const struct gg_node *n, unsigned peer, char *buf, size_t size);
 
 /* ---- lane.c --------------------------------------------------------------- */
 

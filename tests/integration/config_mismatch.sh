@@ -8,8 +8,10 @@
 
 K=2
 
-# check_refused WHAT A_SEES B_SEES: starts the mesh as configured, expects
-# each side to log the mismatch as given, and no mesh; stops it.
+# check_refused WHAT A_SEES B_SEES [STEP]: starts the mesh as configured,
+# expects each side to log the mismatch as given, and no mesh; with STEP,
+# a rank's step at site-a to fail at its deadline naming the mismatch as
+# why site-b sent nothing; stops it.
 check_refused() {
 	local what=$1 a_sees=$2 b_sees=$3 i
 	mesh_start
@@ -21,12 +23,21 @@ check_refused() {
 		! wait_for_since "$(site_log "$i")" 'event=mesh_up' 0 || fail "$what: ${SITES[$i]} formed a mesh"
 	done
 	log "$what: $(since_start "$(site_log 1)" | grep -m1 -o 'reason=.*')"
+	if [ -n "${4:-}" ]; then
+		rank_start "$4" 1000 0 1 0 1 --timeout-ms 1500
+		ranks_wait
+		[ "${rank_rc[$4-s0-r0]}" = 1 ] || fail "$what: site-a's rank exited ${rank_rc[$4-s0-r0]}, not 1"
+		expect "$work/$4-s0-r0.err" "step 1 of job '$4' missed its 1500ms deadline: site site-b never sent [a-z-]+ data for shard 0 chunk 0 \\(no connection to it: $a_sees\\)" \
+			"$what: the step's error at site-a"
+		log "$what: $(cat "$work/$4-s0-r0.err")"
+	fi
 	mesh_stop
 }
 
 CODEC=fp32
 SITE_CODEC[1]=int8
-check_refused codec "peer site-b uses codec int8, this site uses fp32" "peer site-a uses codec fp32, this site uses int8"
+check_refused codec "peer site-b uses codec int8, this site uses fp32" "peer site-a uses codec fp32, this site uses int8" \
+	codec-step
 
 SITE_CODEC=()
 CODEC=int8
