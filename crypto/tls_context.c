@@ -18,6 +18,7 @@
 #include <openssl/x509v3.h>
 
 #include "fileio.h"
+#include "log.h"
 #include "tls_internal.h"
 
 struct gg_tls_context {
@@ -317,6 +318,36 @@ static bool is_ca(X509 *cert)
  * file gives, is not revoked by the configured CRL, and may serve both
  * ends of a connection (a gateway dials and accepts). Otherwise every
  * peer would refuse it, each naming only its own side of the problem. */
+/* "; its issuer is DN, the CA file's certificates are DN, ..." where
+ * `error` says the issuer was not found among them, or "". */
+static void issuer_note(int error, X509 *cert, X509_STORE *store, char *buf, size_t size)
+{
+	char dn[128], safe[3 * sizeof(dn)];
+	size_t len;
+
+	buf[0] = '\0';
+	if (error != X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT && error != X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY &&
+	    error != X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE)
+		return;
+	X509_NAME_oneline(X509_get_issuer_name(cert), dn, sizeof(dn));
+	len = (size_t)snprintf(buf, size, "; its issuer is %s, the CA file's certificates are",
+			       gg_escape(safe, sizeof(safe), dn, strlen(dn)));
+	STACK_OF(X509_OBJECT) *objs = X509_STORE_get0_objects(store);
+	int shown = 0;
+	for (int i = 0; objs && i < sk_X509_OBJECT_num(objs) && len < size; i++) {
+		X509 *ca = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(objs, i));
+		if (!ca)
+			continue;
+		if (shown++ == 3) {
+			len += (size_t)snprintf(buf + len, size - len, ", ...");
+			break;
+		}
+		X509_NAME_oneline(X509_get_subject_name(ca), dn, sizeof(dn));
+		len += (size_t)snprintf(buf + len, size - len, "%s %s%s", shown > 1 ? "," : "",
+					gg_escape(safe, sizeof(safe), dn, strlen(dn)), is_ca(ca) ? "" : " (not a CA)");
+	}
+}
+
 static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
 {
 	static const struct {
@@ -350,9 +381,13 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 				rc = fail(err, size, -EINVAL, "certificate '%s' is not issued for TLS %s authentication (its key "
 					  "usage or extended key usage), which a gateway needs: every peer would refuse it",
 					  name, uses[i].use);
-			else
+			else {
+				char note[600];
+				issuer_note(e, cert, SSL_CTX_get_cert_store(sc), note, sizeof(note));
 				rc = fail(err, size, -EINVAL, "certificate '%s' does not pass the checks peers make with CA "
-					  "'%s': %s: every peer would refuse it", name, ca, X509_verify_cert_error_string(e));
+					  "'%s': %s%s: every peer would refuse it", name, ca, X509_verify_cert_error_string(e),
+					  note);
+			}
 		}
 		X509_STORE_CTX_free(v);
 	}

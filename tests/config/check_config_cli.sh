@@ -170,6 +170,16 @@ chmod 1777 "$tmp/open"
 rc=$?; expect "with the sticky bit on the folder, it passes: $(head -c 300 "$tmp/err")" $rc
 chmod 777 "$tmp/open"
 
+# A site's own certificate given as the CA: the check names what the CA
+# file holds, and that it is no CA.
+sed 's/^ca = .*/ca = "cert.pem"/' "$tmp/good.toml" >"$tmp/leaf-ca.toml"
+chmod 600 "$tmp/leaf-ca.toml"
+"$gradgate" --check-config "$tmp/leaf-ca.toml" >/dev/null 2>"$tmp/err"
+expect "a certificate given as the CA fails the check (exit 1)" $(( $? != 1 ))
+grep -qF "certificate '$tmp/cert.pem' does not pass the checks peers make with CA '$tmp/cert.pem': unable to get local issuer certificate; its issuer is /O=gradgate/CN=gradgate demo CA" "$tmp/err" &&
+	grep -qF "the CA file's certificates are /O=gradgate/CN=site-a (not a CA): every peer would refuse it" "$tmp/err"
+rc=$?; expect "  naming the issuer and what the CA file holds: $(head -c 400 "$tmp/err")" $rc
+
 "$gradgate" --check-config >/dev/null 2>"$tmp/err"
 expect "no file is a usage error (exit 2)" $(( $? != 2 ))
 "$gradgate" --frobnicate >/dev/null 2>&1
