@@ -623,7 +623,15 @@ int gg_daemon_run(const struct gg_config *cfg)
 	if (!cfg->source || stat(cfg->source, &d.config_st))
 		d.config_st.st_ino = 0;
 
-	if (gg_node_new(cfg, &d.node, err, sizeof(err))) {
+	int rc = gg_node_new(cfg, &d.node, err, sizeof(err));
+	if (rc) {
+		/* Its port taken: by a gateway of this very config, most likely,
+		 * which its control socket's lock names. */
+		char pid[24];
+		size_t len = strlen(err);
+		if (rc == -EADDRINUSE && gg_host_backend_held(cfg->site.control, pid, sizeof(pid)) && len < sizeof(err))
+			snprintf(err + len, sizeof(err) - len, "; a gateway with this config's control socket runs%s%s%s: "
+				 "stop it first", *pid ? " (pid " : "", pid, *pid ? ")" : "");
 		status = startup_failed(cfg, err);
 		goto out;
 	}

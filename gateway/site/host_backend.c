@@ -369,6 +369,38 @@ static const char *lock_path(const struct gg_host_backend *b, char lock[LOCK_PAT
 	return lock;
 }
 
+/* The pid in a held lock file `fd` ("" where it says none). */
+static void lock_pid(int fd, char *pid, size_t size)
+{
+	ssize_t n = pread(fd, pid, size - 1, 0);
+
+	pid[n > 0 ? n : 0] = '\0';
+	pid[strcspn(pid, "\n")] = '\0';
+}
+
+bool gg_host_backend_held(const char *control, char *pid, size_t size)
+{
+	char lock[sizeof(((struct gg_host_backend *)0)->path) + 16];
+	bool held = false;
+
+	pid[0] = '\0';
+	if (!control || strncmp(control, "unix:/", 6) ||
+	    (size_t)snprintf(lock, sizeof(lock), "%s.lock", control + 5) >= sizeof(lock))
+		return false;
+	int fd = open(lock, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return false;
+	struct stat st;
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode)) {
+		if (flock(fd, LOCK_SH | LOCK_NB) && errno == EWOULDBLOCK) {
+			held = true;
+			lock_pid(fd, pid, size);
+		}
+	}
+	close(fd); /* (and with it a shared lock it took) */
+	return held;
+}
+
 static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
 {
 	char lock[LOCK_PATH_MAX], pid[24] = "";
@@ -380,9 +412,7 @@ static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
 	}
 	if (flock(fd, LOCK_EX | LOCK_NB)) {
 		const int e = errno;
-		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
-		pid[n > 0 ? n : 0] = '\0';
-		pid[strcspn(pid, "\n")] = '\0';
+		lock_pid(fd, pid, sizeof(pid));
 		close(fd);
 		if (e == EWOULDBLOCK) {
 			snprintf(err, err_size, "control socket %s: another gateway holds it%s%s%s (its lock file %s)", b->path,

@@ -127,6 +127,11 @@ void gg_host_backend_options_from_config(const struct gg_config *cfg, struct gg_
  * for --check-config. Returns 0, or a negative errno with err. */
 GG_MUST_CHECK int gg_host_backend_check_control(const char *control, char *err, size_t err_size);
 
+/* Whether a running gateway holds the lock of control socket `control`
+ * ("unix:/path"), with its pid in pid ("" where its lock file says none):
+ * for the message of a gateway that cannot start beside it. */
+bool gg_host_backend_held(const char *control, char *pid, size_t size);
+
 /* Creates a backend (not yet listening) that hands steps to `core_ops`
  * with `core`, both of which must outlive it. Returns 0 with *out set, or
  * -EINVAL / -ENOMEM with `err` saying why. */

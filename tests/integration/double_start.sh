@@ -38,7 +38,7 @@ ranks_start ds 65536 1 6 0 -- --late 6000@3
 ranks_start ds 65536 1 6 1
 sleep 1 # steps 1 and 2 done, step 3 begun at site-b alone
 
-start_copy same-config '' 'cannot listen on 127\.0\.0\.1:[0-9]+: Address already in use'
+start_copy same-config '' "cannot listen on 127\\.0\\.0\\.1:[0-9]+: Address already in use; a gateway with this config's control socket runs \\(pid ${gw_pid[0]}\\): stop it first\""
 # (The first listen line is [site]'s, the last [metrics]'.)
 start_copy same-control "0,/^listen = .*/s//listen = \"127.0.0.1:${spare[0]}\"/; \$s/:[0-9]*\"\$/:${spare[2]}\"/" \
 	'control socket [^ ]+: another gateway holds it \(pid [0-9]+\)'
