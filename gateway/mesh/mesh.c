@@ -1532,9 +1532,17 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		c->duplicate = true;
 		m->stats.duplicate_streams++;
 	}
+	/* A stream lost is news; so is a dial of ours that the peer's
+	 * certificate failed, or ours failed at the peer: that is a matter of
+	 * the two sites' certificates, which no retry mends. A dial that found
+	 * the peer down is not: it is tried again and again. */
+	enum gg_tls_failure tf = c->ts.tls_failure;
+	bool certs = c->dialer && tf != GG_TLS_FAIL_DENIED &&
+		     ((tf >= GG_TLS_FAIL_NO_CERT && tf <= GG_TLS_FAIL_BAD_CERT) || tf == GG_TLS_FAIL_REFUSED);
 	if (peer_log_now(m, c->peer, PEER_LOG_DOWN))
-		gg_log(c->ready && !c->duplicate && !m->shutting_down ? GG_LOG_WARN : GG_LOG_INFO, "stream_down",
-		       "site=%s stream=%d reason=\"%s\"", c->peer >= 0 ? m->names[c->peer] : "?", c->stream, why);
+		gg_log((c->ready && !c->duplicate && !m->shutting_down) || certs ? GG_LOG_WARN : GG_LOG_INFO,
+		       "stream_down", "site=%s stream=%d reason=\"%s\"", c->peer >= 0 ? m->names[c->peer] : "?",
+		       c->stream, why);
 	bool was_ready = c->ready;
 	c->ready = false;
 	if (was_ready && c->peer >= 0)

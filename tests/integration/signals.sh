@@ -104,3 +104,18 @@ expect "$(site_log 1)" "event=stopped site=site-b" "site-b's log"
 n=$(since_start "$(site_log 1)" | grep -c 'event=stopping site=site-b' || true)
 [ "$n" = 1 ] || fail "site-b logged 'stopping' $n times for three signals"
 [ ! -e "$work/site-b.sock" ] || fail "site-b left its control socket behind"
+
+# Site-b with another deployment's CA and certificate: each site refuses
+# the other's certificate, for good. A dial that fails at the certificate
+# is a warning (no retry mends it), unlike one that finds its peer down.
+"$MAKE_CERTS" --out "$work/other" site-b >/dev/null
+sed -i "s#^ca = .*#ca = \"$work/other/ca.pem\"#; s#^cert = .*#cert = \"$work/other/site-b.pem\"#; s#^key = .*#key = \"$work/other/site-b.key\"#" \
+	"$work/site-b.toml"
+gw_start 0
+gw_start 1
+for i in 0 1; do
+	wait_for_since "$(site_log "$i")" "level=warn event=stream_down site=${SITES[1 - i]} stream=[0-9]+ reason=\"[^\"]*certificate" 10 ||
+		fail "${SITES[$i]} did not warn that its dial failed at the certificates"
+done
+log "another CA: $(since_start "$(site_log 0)" | grep -m1 -o 'level=warn event=stream_down.*')"
+mesh_stop
