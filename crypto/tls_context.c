@@ -313,11 +313,6 @@ static bool is_ca(X509 *cert)
 	return X509_get_extension_flags(cert) & EXFLAG_CA;
 }
 
-/* This site's certificate must pass the checks its peers make of it: it
- * chains to the configured CA (which peers share), with the chain the
- * file gives, is not revoked by the configured CRL, and may serve both
- * ends of a connection (a gateway dials and accepts). Otherwise every
- * peer would refuse it, each naming only its own side of the problem. */
 /* "; its issuer is DN, the CA file's certificates are DN, ..." where
  * `error` says the issuer was not found among them, or "". */
 static void issuer_note(int error, X509 *cert, X509_STORE *store, char *buf, size_t size)
@@ -348,6 +343,11 @@ static void issuer_note(int error, X509 *cert, X509_STORE *store, char *buf, siz
 	}
 }
 
+/* This site's certificate must pass the checks its peers make of it: it
+ * chains to the configured CA (which peers share), with the chain the
+ * file gives, is not revoked by the configured CRL, and may serve both
+ * ends of a connection (a gateway dials and accepts). Otherwise every
+ * peer would refuse it, each naming only its own side of the problem. */
 static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *err, size_t size)
 {
 	static const struct {
@@ -382,10 +382,11 @@ static int check_own_chain(const struct gg_tls_options *o, SSL_CTX *sc, char *er
 					  "usage or extended key usage), which a gateway needs: every peer would refuse it",
 					  name, uses[i].use);
 			else {
-				char note[600];
+				/* (The names last: where they do not fit, they are cut.) */
+				char note[400];
 				issuer_note(e, cert, SSL_CTX_get_cert_store(sc), note, sizeof(note));
 				rc = fail(err, size, -EINVAL, "certificate '%s' does not pass the checks peers make with CA "
-					  "'%s': %s%s: every peer would refuse it", name, ca, X509_verify_cert_error_string(e),
+					  "'%s': %s: every peer would refuse it%s", name, ca, X509_verify_cert_error_string(e),
 					  note);
 			}
 		}

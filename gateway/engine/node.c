@@ -1475,7 +1475,9 @@ static void coordinator_mail(struct gg_node *n)
 			resend_done(n, m->peer);
 			break;
 		case M_STREAM_DOWN:
+			pthread_mutex_lock(&n->down_lock);
 			snprintf(n->down_reason[m->peer], sizeof(n->down_reason[m->peer]), "%.250s", m->u.text);
+			pthread_mutex_unlock(&n->down_lock);
 			break;
 		case M_RERUN:
 			rerun_seen(n, m->peer, m->u.job);
@@ -1525,8 +1527,15 @@ const char *gg_node_down_reason(const struct gg_node *n, unsigned peer, char *bu
 			 n->names[peer], n->names[n->self]);
 		return buf;
 	}
-	if (n->down_reason[peer][0])
-		return n->down_reason[peer];
+	/* (The lock is no part of the node's state this reads: taking it
+	 * leaves a const node as it was. Nodes are never const objects.) */
+	pthread_mutex_lock((pthread_mutex_t *)&n->down_lock);
+	const bool known = n->down_reason[peer][0];
+	if (known)
+		snprintf(buf, size, "%s", n->down_reason[peer]);
+	pthread_mutex_unlock((pthread_mutex_t *)&n->down_lock);
+	if (known)
+		return buf;
 	if (pc && pc->dial == GG_DIAL_IN)
 		/* Named: the step's message reaches other sites too. */
 		snprintf(buf, size, "never connected: site %s's [[peers]] dial for %s is \"in\", so %s must dial it "

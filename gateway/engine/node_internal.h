@@ -544,7 +544,9 @@ struct gg_node {
 	unsigned returns[GG_AR_MAX_SITES];
 	uint64_t return_first_us[GG_AR_MAX_SITES], return_last_us[GG_AR_MAX_SITES];
 	uint64_t twin_us[GG_AR_MAX_SITES], twin_logged_us[GG_AR_MAX_SITES];
-	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2]; /* why a peer's last stream went down */
+	/* Why a peer's last stream went down: written by the coordinator,
+	 * read by any lane (gg_node_down_reason()), under down_lock. */
+	char down_reason[GG_AR_MAX_SITES][GG_NODE_ERROR_MAX / 2];
 	atomic_bool ever_up[GG_AR_MAX_SITES]; /* a stream to the peer was ready once (for the metrics' readers) */
 	/* Error feedback, one slot per (job, tensor), each allocated on its own
 	 * (steps hold pointers to them); residuals bounded by [limits] memory. */
@@ -700,7 +702,8 @@ uint64_t gg_node_peer_logs_flush(const struct gg_node *n, peer_logs logs, uint64
  * `except` (n->sites: none), or "". */
 void gg_node_unreachable_note(const struct gg_node *n, unsigned except, char *buf, size_t size);
 /* Why `peer` has no stream up (the last stream's or dial's reason, or what
- * the dial settings leave to it), in buf or a string of the node's. */
+ * the dial settings leave to it), in buf, which it returns; from any
+ * thread. */
 const char *gg_node_down_reason(const struct gg_node *n, unsigned peer, char *buf, size_t size);
 
 /* ---- lane.c --------------------------------------------------------------- */

@@ -1532,15 +1532,17 @@ static void conn_lost(struct gg_mesh *m, int ci, const char *why)
 		c->duplicate = true;
 		m->stats.duplicate_streams++;
 	}
-	/* A stream lost is news; so is a dial of ours that the peer's
-	 * certificate failed, or ours failed at the peer: that is a matter of
-	 * the two sites' certificates, which no retry mends. A dial that found
-	 * the peer down is not: it is tried again and again. */
-	enum gg_tls_failure tf = c->ts.tls_failure;
-	bool certs = c->dialer && tf != GG_TLS_FAIL_DENIED &&
-		     ((tf >= GG_TLS_FAIL_NO_CERT && tf <= GG_TLS_FAIL_BAD_CERT) || tf == GG_TLS_FAIL_REFUSED);
+	/* A stream lost is news; so is a dial of ours whose handshake failed
+	 * at what the two sites present (a certificate either refuses, a
+	 * protocol, groups, an alert from the peer): no retry mends that. A
+	 * dial that found the peer down, or slow, is not news: it is tried
+	 * again and again (and one refused for the dial setting says so in a
+	 * line of its own). */
+	const enum gg_tls_failure tf = c->ts.tls_failure;
+	const bool settled = c->dialer && tf != GG_TLS_OK && tf != GG_TLS_FAIL_TIMEOUT && tf != GG_TLS_FAIL_CLOSED &&
+			     tf != GG_TLS_FAIL_DENIED && tf != GG_TLS_FAIL_PROTOCOL;
 	if (peer_log_now(m, c->peer, PEER_LOG_DOWN))
-		gg_log((c->ready && !c->duplicate && !m->shutting_down) || certs ? GG_LOG_WARN : GG_LOG_INFO,
+		gg_log((c->ready && !c->duplicate && !m->shutting_down) || settled ? GG_LOG_WARN : GG_LOG_INFO,
 		       "stream_down", "site=%s stream=%d reason=\"%s\"", c->peer >= 0 ? m->names[c->peer] : "?",
 		       c->stream, why);
 	bool was_ready = c->ready;

@@ -275,8 +275,8 @@ static void test_loading(void)
 	install_own(other, &foreign);
 	gg_tls_pki_free(other);
 	expect_refused(-EINVAL, "certificate 'DIR/a.pem' does not pass the checks peers make with CA 'DIR/ca.pem': "
-				"unable to get local issuer certificate; its issuer is /CN=other CA, the CA file's "
-				"certificates are /CN=Test CA: every peer would refuse it", NULL, NULL);
+				"unable to get local issuer certificate: every peer would refuse it; its issuer is "
+				"/CN=other CA, the CA file's certificates are /CN=Test CA", NULL, NULL);
 	struct gg_tls_cert_request server_only = { .identity = "dns:site-a.gradgate.test", .valid_until_s = 3600,
 						   .no_client_auth = true };
 	install_own(ca, &server_only);

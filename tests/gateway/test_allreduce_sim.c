@@ -826,8 +826,11 @@ static void check_missing(void)
 
 	lossy_zstd = false;
 	for (unsigned k = 0; k < K; k++)
-		if (site_init(&sites[k], &net, k, GG_CODEC_INT8, CHUNK, N, false, false))
+		if (site_init(&sites[k], &net, k, GG_CODEC_INT8, CHUNK, N, false, false)) {
+			lossy_zstd = true;
+			CHECK(false, "site %u: no memory", k);
 			return;
+		}
 	lossy_zstd = true;
 	for (unsigned k = 0; k < K; k++) {
 		struct gg_ar_config cfg = { .sites = K, .self = k, .algo = GG_ALLREDUCE_DIRECT, .count = N,

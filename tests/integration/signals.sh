@@ -93,9 +93,10 @@ wait_for "$(site_log 1)" 'event=stream_down site=site-a .*reason="the peer close
 	fail "site-b did not see a clean close from site-a"
 expect_none "$(site_log 1)" 'without close_notify' "site-b"
 
-# SIGINT stops site-b the same way; more signals while it stops change
-# nothing.
+# SIGINT stops site-b the same way; more signals once it is stopping
+# change nothing.
 gw_signal 1 INT
+wait_for_since "$(site_log 1)" 'event=stopping site=site-b' 10 || fail "site-b logged no 'stopping' on SIGINT"
 gw_signal 1 TERM
 gw_signal 1 INT
 gw_reap 1 INT

@@ -41,7 +41,7 @@ log "no gateway: $(head -n1 "$work/none.out")"
 # ---- two gateways: a job done, a step failed, a job waiting
 K=2
 LOG_LEVEL=debug # a step_done line for each completed step, none for a failed one
-started_at=$EPOCHREALTIME
+started_at=${EPOCHREALTIME/[.,]/}
 mesh_start
 mesh_up 15
 run_ok done 1000 1 3
@@ -77,10 +77,10 @@ chmod 600 "$work/certs/site-b.key"
 "$GRADGATE" status --control "unix:$work/site-a.sock" --json >"$work/status-a.json" 2>"$work/status.err" ||
 	fail "status --json exited $?: $(cat "$work/status.err")"
 python3 - "$work/status-a.json" "$work/status-b.json" "${gw_port[0]}" "${gw_port[1]}" "$(id -u)" \
-	"$(awk -v a="$started_at" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')" <<'PY' ||
+	"$((${EPOCHREALTIME/[.,]/} - started_at))" <<'PY' ||
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
-port_a, port_b, uid, since_start = sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
+port_a, port_b, uid, since_start = sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]) / 1e6
 problems = []
 # Up since their start, which came after started_at, exactly (not rounded
 # as the table's "up 489 ms" is); a failure is no older than its gateway.
