@@ -33,7 +33,7 @@ struct gg_ar_step {
 	 * a chunk that are at hand are decoded in one sweep
 	 * (gg_frame_decode_sum), site 0's kept until site 1's is at hand where
 	 * it is in pending already. */
-	bool pair;
+	bool sweep;
 	/* direct */
 	uint8_t *next_site;      /* per chunk: the site whose frame is reduced next */
 	struct gg_buf **pending; /* [site * nchunks + chunk]: frames awaiting their turn */
@@ -319,7 +319,7 @@ static int direct_reduce(struct gg_ar_step *s, uint32_t c, unsigned from, const 
 		int rc;
 		if (site == 0 && site == s->cfg.self && s->own_in_place) {
 			rc = 0;
-		} else if (site == 0 && s->pair && K > 1) {
+		} else if (site == 0 && s->sweep && K > 1) {
 			/* The frames of the sites after it that are at hand too (this
 			 * site's own, ones that came early, the one just received):
 			 * all in one sweep over the chunk. Until site 1's is, a frame
@@ -577,7 +577,7 @@ int gg_ar_step_on_frame(struct gg_ar_step *s, unsigned from, const struct gg_ar_
 			return rc;
 		}
 		if (s->next_site[id->chunk] == from ||
-		    (from == 1 && s->next_site[id->chunk] == 0 && s->pair && s->pending[id->chunk])) {
+		    (from == 1 && s->next_site[id->chunk] == 0 && s->sweep && s->pending[id->chunk])) {
 			rc = direct_reduce(s, id->chunk, from, frame, len, err, err_size);
 		} else {
 			if (!(*slot = gg_buf_new(s->cfg.pool, len))) {
@@ -638,7 +638,7 @@ int gg_ar_step_start(struct gg_ar_step **out, const struct gg_ar_config *cfg, co
 	s->result = result;
 	s->own_in_place = input == result && !cfg->feedback && !(cfg->mem && cfg->mem->feedback) &&
 			  cfg->enc->cfg.codec.codec == GG_CODEC_FP32;
-	s->pair = !cfg->enc->cfg.zstd && !cfg->mem;
+	s->sweep = !cfg->enc->cfg.zstd && !cfg->mem;
 	shard_bounds(cfg, s->shard_lo);
 	rc = gg_frame_bound(&cfg->enc->cfg.codec, cfg->chunk_elems, &s->frame_cap);
 	if (rc) {
