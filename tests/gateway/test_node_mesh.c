@@ -224,13 +224,17 @@ static void flood(struct gg_node *node, unsigned index)
 			snprintf(job, sizeof(job), "never-%u", j);
 			CHECK(gg_node_test_send_data(node, 0, job, 1, 0, 1024) == 0, "more jobs");
 		}
-		/* The flooder ends its jobs: site 0 lets their frames go. */
-		gg_node_end_job(node, "flood");
+		/* The flooder ends its jobs: site 0 lets their frames go. Of
+		 * more jobs ended at once than a lane's table holds, the late
+		 * frames of the first ones may find their entries taken by the
+		 * last ones' and be kept as early frames until a job needs the
+		 * room: "flood", whose late frames are megabytes, ends last. */
 		for (unsigned j = 0; j < GG_NODE_LANE_JOBS + 8; j++) {
 			char job[16];
 			snprintf(job, sizeof(job), "never-%u", j);
 			gg_node_end_job(node, job);
 		}
+		gg_node_end_job(node, "flood");
 	}
 	/* Up to 10 s: a loaded machine may take a while to carry the ENDs. */
 	const uint64_t left = 1u << 20;
