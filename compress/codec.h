@@ -161,6 +161,16 @@ static inline size_t gg_codec_span_align(const struct gg_codec_params *p)
 	return p->codec == GG_CODEC_INT8 || p->codec == GG_CODEC_INT4 ? p->block_elems : 64;
 }
 
+/* The span a pass over a chunk takes at a time while it stays in cache:
+ * about 4096 elements (16 KiB of float32), whole spans (a block where one
+ * is larger). */
+static inline size_t gg_codec_span_step(const struct gg_codec_params *p)
+{
+	const size_t align = gg_codec_span_align(p);
+
+	return GG_MAX(align, 4096 / align * align);
+}
+
 /* Elements [first, first + m) of the chunk of n elements that src (its
  * whole payload, checked as gg_codec_decode does) holds, decoded into
  * out[0..m): stored, or with `acc` added, exactly as gg_codec_decode() and

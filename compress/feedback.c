@@ -61,10 +61,6 @@ int gg_feedback_commit(struct gg_feedback *fb, const struct gg_codec_params *p, 
 	return 0;
 }
 
-/* Elements per span of gg_feedback_encode(): about 16 KiB of float32,
- * compensated, encoded, decoded and left as residual while in cache. */
-#define SPAN_ELEMS 4096u
-
 int gg_feedback_encode(struct gg_feedback *fb, const struct gg_codec_params *p, size_t offset,
 		       const float *in, size_t n, void *dst, size_t dst_bytes, float *scratch)
 {
@@ -85,7 +81,7 @@ int gg_feedback_encode(struct gg_feedback *fb, const struct gg_codec_params *p, 
 	 * each writes is what the whole-chunk passes write, element for
 	 * element (their rules are per element, the codec's per block). */
 	const struct gg_codec_kernels *k = gg_codec_kernels_active();
-	size_t align = gg_codec_span_align(p), step = GG_MAX(align, SPAN_ELEMS / align * align);
+	const size_t step = gg_codec_span_step(p);
 	float *r = fb->residual + offset;
 	for (size_t i = 0; i < n; i += step) {
 		size_t m = GG_MIN(step, n - i);

@@ -328,10 +328,6 @@ int gg_frame_decode(struct gg_frame_decoder *dec, const void *frame, size_t fram
 	return 0;
 }
 
-/* Elements per step of gg_frame_decode_sum's sweep: about 16 KiB of
- * float32, in spans gg_codec_decode_span() takes. */
-#define SUM_STEP_ELEMS 4096u
-
 /* A frame without zstd, by its header: its payload lies in the frame
  * (not in the decoder's scratch), where it stays while another is read. */
 static bool sweepable(const struct gg_frame_decoder *dec, const void *frame, size_t frame_bytes,
@@ -367,7 +363,7 @@ int gg_frame_decode_sum(struct gg_frame_decoder *dec, const void *const *frames,
 		if ((rc = gg_frame_unwrap_n(dec, frames[f], frame_bytes[f], n, &fi[f], &raw[f], err, err_size)))
 			return rc;
 	}
-	size_t align = gg_codec_span_align(&fi[0].params), step = GG_MAX(align, SUM_STEP_ELEMS / align * align);
+	const size_t step = gg_codec_span_step(&fi[0].params);
 	for (size_t i = 0; i < n && !rc; i += step) {
 		size_t m = GG_MIN(step, n - i);
 		for (unsigned f = 0; f < count && !rc; f++) {

@@ -629,7 +629,7 @@ int gg_daemon_run(const struct gg_config *cfg)
 		 * which its control socket's lock names. */
 		char pid[24];
 		size_t len = strlen(err);
-		if (rc == -EADDRINUSE && gg_host_backend_held(cfg->site.control, pid, sizeof(pid)) && len < sizeof(err))
+		if (rc == -EADDRINUSE && gg_host_backend_held(cfg->site.control, pid, sizeof(pid)))
 			snprintf(err + len, sizeof(err) - len, "; a gateway with this config's control socket runs%s%s%s: "
 				 "stop it first", *pid ? " (pid " : "", pid, *pid ? ")" : "");
 		status = startup_failed(cfg, err);

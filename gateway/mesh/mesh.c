@@ -751,12 +751,20 @@ void gg_mesh_send_control(struct gg_mesh *m, unsigned peer, const uint8_t *msg, 
 	}
 }
 
+/* The connection `via` names, while it is the same one: its index, or -1. */
+static int via_conn(const struct gg_mesh *m, struct gg_mesh_via via)
+{
+	return via.conn >= 0 && via.conn < m->conn_cap && m->conns[via.conn].used && m->conns[via.conn].gen == via.gen
+		       ? via.conn
+		       : -1;
+}
+
 void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uint64_t run, uint64_t step,
 		 const struct gg_ar_chunk_id *id)
 {
 	uint8_t buf[CTRL_MSG_MAX];
 
-	if (via.conn < 0 || via.conn >= m->conn_cap || m->conns[via.conn].gen != via.gen || !m->conns[via.conn].ready)
+	if (via_conn(m, via) < 0 || !m->conns[via.conn].ready)
 		return;
 	ssize_t len = gg_wire_encode_ack(buf, sizeof(buf), job, run, step, id);
 	/* Never dropped while the stream lives: the sender would keep the DATA
@@ -770,7 +778,7 @@ void gg_mesh_ack(struct gg_mesh *m, struct gg_mesh_via via, const char *job, uin
 
 void gg_mesh_close_via(struct gg_mesh *m, struct gg_mesh_via via, const char *why)
 {
-	if (via.conn >= 0 && via.conn < m->conn_cap && m->conns[via.conn].used && m->conns[via.conn].gen == via.gen)
+	if (via_conn(m, via) >= 0)
 		conn_close(m, via.conn, why);
 }
 

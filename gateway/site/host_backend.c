@@ -364,31 +364,24 @@ static int make_socket_folder(const char *path, char *err, size_t err_size)
  * err. */
 #define LOCK_PATH_MAX (sizeof(((struct gg_host_backend *)0)->path) + 8)
 
-static const char *lock_path(const struct gg_host_backend *b, char lock[LOCK_PATH_MAX])
+/* The lock file of the control socket at `path` (at most the backend's
+ * path's size). */
+static const char *lock_path(const char *path, char lock[LOCK_PATH_MAX])
 {
-	snprintf(lock, LOCK_PATH_MAX, "%s.lock", b->path);
+	snprintf(lock, LOCK_PATH_MAX, "%s.lock", path);
 	return lock;
-}
-
-/* The pid in a held lock file `fd` ("" where it says none). */
-static void lock_pid(int fd, char *pid, size_t size)
-{
-	ssize_t n = pread(fd, pid, size - 1, 0);
-
-	pid[n > 0 ? n : 0] = '\0';
-	pid[strcspn(pid, "\n")] = '\0';
 }
 
 bool gg_host_backend_held(const char *control, char *pid, size_t size)
 {
-	char lock[sizeof(((struct gg_host_backend *)0)->path) + 16], line[256];
+	char lock[LOCK_PATH_MAX], line[256];
 	struct stat st;
 	bool held = false;
 
 	pid[0] = '\0';
 	if (!control || strncmp(control, "unix:/", 6) ||
-	    (size_t)snprintf(lock, sizeof(lock), "%s.lock", control + 5) >= sizeof(lock) || lstat(lock, &st) ||
-	    !S_ISREG(st.st_mode))
+	    strlen(control + 5) >= sizeof(((struct gg_host_backend *)0)->path) ||
+	    lstat(lock_path(control + 5, lock), &st) || !S_ISREG(st.st_mode))
 		return false;
 	/* Read, not tried: a lock taken here, however briefly, could refuse a
 	 * gateway that starts in that instant. */
@@ -415,7 +408,7 @@ bool gg_host_backend_held(const char *control, char *pid, size_t size)
 static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
 {
 	char lock[LOCK_PATH_MAX], pid[24] = "";
-	int fd = open(lock_path(b, lock), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	int fd = open(lock_path(b->path, lock), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 
 	if (fd < 0) {
 		snprintf(err, err_size, "control socket %s: its lock file %s: %s", b->path, lock, strerror(errno));
@@ -423,7 +416,9 @@ static int take_lock(struct gg_host_backend *b, char *err, size_t err_size)
 	}
 	if (flock(fd, LOCK_EX | LOCK_NB)) {
 		const int e = errno;
-		lock_pid(fd, pid, sizeof(pid));
+		ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
 		close(fd);
 		if (e == EWOULDBLOCK) {
 			snprintf(err, err_size, "control socket %s: another gateway holds it%s%s%s (its lock file %s)", b->path,
@@ -451,7 +446,7 @@ static void release_lock(struct gg_host_backend *b)
 
 	if (b->lock_fd < 0)
 		return;
-	unlink(lock_path(b, lock));
+	unlink(lock_path(b->path, lock));
 	close(b->lock_fd);
 	b->lock_fd = -1;
 }
