@@ -484,6 +484,8 @@ run_at() {
 		[ ! -S "$sock" ] || break
 		sleep 0.05
 	done
+	[ -S "$sock" ] || echo "FAIL the gateway at --log-level $1 made no control socket within 5 s"
+	[ -S "$sock" ] || fail=1
 	sleep 0.3 # a few refused dials
 	kill -TERM "$pid"
 	wait "$pid"

@@ -65,7 +65,7 @@ struct site {
 	uint64_t got;          /* bit c: DATA for chunk c arrived */
 	bool no_ack;           /* DATA is taken but not acknowledged */
 	struct gg_mesh_via via; /* the stream the last DATA came on */
-	char last_down[160];   /* why a stream last went down */
+	char first_down[160];  /* why a stream first went down */
 	/* Called for each DATA received, before it is acknowledged. */
 	void (*before_ack)(struct site *s, unsigned peer);
 };
@@ -140,8 +140,8 @@ static void on_stream_change(void *owner, unsigned peer, unsigned stream, bool r
 	(void)stream;
 	s->ups += ready;
 	s->downs += !ready;
-	if (!ready && why)
-		snprintf(s->last_down, sizeof(s->last_down), "%s", why);
+	if (!ready && why && !s->first_down[0])
+		snprintf(s->first_down, sizeof(s->first_down), "%s", why);
 }
 
 static void hand_off(void *owner, unsigned lane, struct gg_mesh_handoff *h)
@@ -563,12 +563,15 @@ static void ack_bound_closes(void)
 	ms.sites[1].before_ack = flood_acks;
 	send_chunks(&ms, 0, 1, 1);
 	bool acked = turn_until(&ms, s0_flushed, 5);
-	CHECK(strstr(ms.sites[1].last_down, "cannot queue an ACK: the peer leaves too much unread"),
-	      "s1's stream went down with \"%s\"", ms.sites[1].last_down);
-	CHECK(ms.sites[1].downs == 1 && ms.sites[1].ups == 2, "s1's stream went down %u times and up %u",
-	      ms.sites[1].downs, ms.sites[1].ups);
-	CHECK(acked && ms.sites[1].data_in == 2, "s0 acknowledged: %d, after s1 received DATA %u times (want twice)",
-	      acked, ms.sites[1].data_in);
+	CHECK(strstr(ms.sites[1].first_down, "cannot queue an ACK: the peer leaves too much unread"),
+	      "s1's stream went down first with \"%s\"", ms.sites[1].first_down);
+	/* Both sites redial: a duplicate connection may take the stream over
+	 * once more. What came up and did not go down is the one stream. */
+	CHECK(ms.sites[1].downs >= 1 && ms.sites[1].ups == ms.sites[1].downs + 1,
+	      "s1's stream went down %u times and up %u", ms.sites[1].downs, ms.sites[1].ups);
+	CHECK(acked && ms.sites[1].data_in >= 2,
+	      "s0 acknowledged: %d, after s1 received DATA %u times (want it again after the close)", acked,
+	      ms.sites[1].data_in);
 	mesh_set_fini(&ms);
 }
 

@@ -14,7 +14,7 @@
 
 static void check_runtime(cudaError_t e, int code, const char *name, bool lost)
 {
-	char err[512], want[128];
+	char err[512], want[256];
 
 	CHECK(gg_cuda_fail(e, "cudaMemcpyAsync(d, s, n)", "../cuda/site_cuda.cu", 42, err, sizeof(err)) == code,
 	      "%s: errno", name);
@@ -35,7 +35,8 @@ static void check_driver(int result, bool lost)
 	      "driver error %d: errno", result);
 	char want[96];
 	snprintf(want, sizeof(want), "(CUDA driver error %d)", result);
-	CHECK(!strncmp(err, "gateway/client/cuda_driver.c:7: cuMemcpyDtoHAsync: ", 51) && strstr(err, want),
+	static const char head[] = "gateway/client/cuda_driver.c:7: cuMemcpyDtoHAsync: ";
+	CHECK(!strncmp(err, head, strlen(head)) && strstr(err, want),
 	      "driver error %d: \"%s\"", result, err);
 	size_t n = strlen(err), l = strlen(LOST);
 	CHECK(lost == (n >= l && !strcmp(err + n - l, LOST)), "driver error %d: \"%s\" %s say the context is lost",
